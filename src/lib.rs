@@ -1,0 +1,11 @@
+//! wanbake: bake WAN / Stable Audio 3 checkpoints with LoRA-family adapters into exact,
+//! streaming, hash-verified releases.
+//!
+//! The binary (`src/main.rs`, `src/cli/`) only parses arguments and prints; everything that
+//! does work lives in this library, one module per concept.
+
+#![deny(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+
+pub mod io;
