@@ -1,0 +1,355 @@
+//! WAN 2.1 / 2.2 transformer configurations and their complete parameter tables.
+//!
+//! Owns: `WanConfig` (the fields of diffusers' `WanTransformer3DModel` config.json), the
+//! released configs of spec wan.md §1.3, and `diffusers_params`, the complete list of
+//! parameter names and PyTorch-layout shapes a config implies (spec wan.md §1.2). Does not
+//! own: other naming conventions (`layout`) or the forward pass (`runner`).
+
+use serde::{Deserialize, Serialize};
+
+/// The config fields of `WanTransformer3DModel` that determine parameters and the forward
+/// pass. Unknown fields of a real config.json are ignored (diffusers adds `_class_name`,
+/// `_diffusers_version`, ...).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct WanConfig {
+    /// (pt, ph, pw).
+    pub patch_size: [usize; 3],
+    /// H.
+    pub num_attention_heads: usize,
+    /// Dh.
+    pub attention_head_dim: usize,
+    /// C_in.
+    pub in_channels: usize,
+    /// C_out (`None` means C_in).
+    pub out_channels: Option<usize>,
+    /// T, the text encoder width.
+    pub text_dim: usize,
+    /// Fq, the sinusoidal timestep width.
+    pub freq_dim: usize,
+    /// F.
+    pub ffn_dim: usize,
+    /// L.
+    pub num_layers: usize,
+    /// Affine LayerNorm before cross-attention.
+    pub cross_attn_norm: bool,
+    /// Ignored by diffusers (always RMSNorm over D); kept for round-tripping.
+    pub qk_norm: Option<String>,
+    /// Norm epsilon.
+    pub eps: f64,
+    /// I (CLIP width) for Wan2.1 I2V/FLF2V.
+    pub image_dim: Option<usize>,
+    /// A (added k/v input width) for Wan2.1 I2V/FLF2V.
+    pub added_kv_proj_dim: Option<usize>,
+    /// Length of the RoPE table per axis.
+    pub rope_max_seq_len: usize,
+    /// P for FLF2V.
+    pub pos_embed_seq_len: Option<usize>,
+}
+
+impl Default for WanConfig {
+    fn default() -> Self {
+        // diffusers' defaults (spec wan.md §1.1).
+        WanConfig {
+            patch_size: [1, 2, 2],
+            num_attention_heads: 40,
+            attention_head_dim: 128,
+            in_channels: 16,
+            out_channels: Some(16),
+            text_dim: 4096,
+            freq_dim: 256,
+            ffn_dim: 13824,
+            num_layers: 40,
+            cross_attn_norm: true,
+            qk_norm: Some("rms_norm_across_heads".into()),
+            eps: 1e-6,
+            image_dim: None,
+            added_kv_proj_dim: None,
+            rope_max_seq_len: 1024,
+            pos_embed_seq_len: None,
+        }
+    }
+}
+
+/// A released WAN model (spec wan.md §1.3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum WanVariant {
+    /// Wan2.1-T2V-1.3B.
+    T2V1_3B,
+    /// Wan2.1-T2V-14B; also each expert of Wan2.2-T2V-A14B.
+    T2V14B,
+    /// Wan2.1-I2V-14B (480P and 720P).
+    I2V14B,
+    /// Wan2.1-FLF2V-14B-720P.
+    FLF2V14B,
+    /// Wan2.2-I2V-A14B, one expert.
+    I2VA14B,
+    /// Wan2.2-TI2V-5B.
+    TI2V5B,
+}
+
+impl WanVariant {
+    /// Every released variant.
+    pub const ALL: [WanVariant; 6] = [
+        WanVariant::T2V1_3B,
+        WanVariant::T2V14B,
+        WanVariant::I2V14B,
+        WanVariant::FLF2V14B,
+        WanVariant::I2VA14B,
+        WanVariant::TI2V5B,
+    ];
+
+    /// A human name.
+    pub fn name(self) -> &'static str {
+        match self {
+            WanVariant::T2V1_3B => "Wan2.1-T2V-1.3B",
+            WanVariant::T2V14B => "Wan2.1-T2V-14B (or one Wan2.2-T2V-A14B expert)",
+            WanVariant::I2V14B => "Wan2.1-I2V-14B",
+            WanVariant::FLF2V14B => "Wan2.1-FLF2V-14B",
+            WanVariant::I2VA14B => "Wan2.2-I2V-A14B expert",
+            WanVariant::TI2V5B => "Wan2.2-TI2V-5B",
+        }
+    }
+
+    /// A short identifier for JSON and file names.
+    pub fn id(self) -> &'static str {
+        match self {
+            WanVariant::T2V1_3B => "wan2.1-t2v-1.3b",
+            WanVariant::T2V14B => "wan2.1-t2v-14b",
+            WanVariant::I2V14B => "wan2.1-i2v-14b",
+            WanVariant::FLF2V14B => "wan2.1-flf2v-14b",
+            WanVariant::I2VA14B => "wan2.2-i2v-a14b",
+            WanVariant::TI2V5B => "wan2.2-ti2v-5b",
+        }
+    }
+
+    /// The released config (values from `get_transformer_config` of diffusers'
+    /// `convert_wan_to_diffusers.py`, spec wan.md §1.3).
+    pub fn config(self) -> WanConfig {
+        let base = WanConfig::default();
+        match self {
+            WanVariant::T2V1_3B => WanConfig {
+                num_attention_heads: 12,
+                ffn_dim: 8960,
+                num_layers: 30,
+                ..base
+            },
+            WanVariant::T2V14B => base,
+            WanVariant::I2V14B => WanConfig {
+                in_channels: 36,
+                image_dim: Some(1280),
+                added_kv_proj_dim: Some(5120),
+                ..base
+            },
+            WanVariant::FLF2V14B => WanConfig {
+                in_channels: 36,
+                image_dim: Some(1280),
+                added_kv_proj_dim: Some(5120),
+                pos_embed_seq_len: Some(514),
+                ..base
+            },
+            WanVariant::I2VA14B => WanConfig {
+                in_channels: 36,
+                ..base
+            },
+            WanVariant::TI2V5B => WanConfig {
+                num_attention_heads: 24,
+                in_channels: 48,
+                out_channels: Some(48),
+                ffn_dim: 14336,
+                num_layers: 30,
+                ..base
+            },
+        }
+    }
+
+    /// Total parameter count of spec wan.md §1.5.
+    pub fn expected_params(self) -> u64 {
+        match self {
+            WanVariant::T2V1_3B => 1_418_996_800,
+            WanVariant::T2V14B => 14_288_491_584,
+            WanVariant::I2V14B => 16_394_878_784,
+            WanVariant::FLF2V14B => 16_395_536_704,
+            WanVariant::I2VA14B => 14_288_901_184,
+            WanVariant::TI2V5B => 4_999_787_712,
+        }
+    }
+}
+
+/// One parameter of a model: its name and PyTorch-layout shape.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ParamSpec {
+    /// Full parameter name in this naming.
+    pub name: String,
+    /// Shape.
+    pub shape: Vec<usize>,
+}
+
+impl ParamSpec {
+    fn new(name: impl Into<String>, shape: &[usize]) -> ParamSpec {
+        ParamSpec {
+            name: name.into(),
+            shape: shape.to_vec(),
+        }
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> u64 {
+        self.shape.iter().map(|&d| d as u64).product()
+    }
+}
+
+impl WanConfig {
+    /// D = H · Dh.
+    pub fn inner_dim(&self) -> usize {
+        self.num_attention_heads * self.attention_head_dim
+    }
+
+    /// C_out.
+    pub fn out_channels(&self) -> usize {
+        self.out_channels.unwrap_or(self.in_channels)
+    }
+
+    /// pt · ph · pw.
+    pub fn patch_volume(&self) -> usize {
+        self.patch_size.iter().product()
+    }
+
+    /// True when the model has the Wan2.1 CLIP image branch (image embedder, add_k/add_v).
+    pub fn has_image_branch(&self) -> bool {
+        self.image_dim.is_some() || self.added_kv_proj_dim.is_some()
+    }
+
+    /// Parses a diffusers config.json.
+    pub fn from_json(text: &str) -> Result<WanConfig, serde_json::Error> {
+        serde_json::from_str(text)
+    }
+
+    /// Every parameter of the diffusers `WanTransformer3DModel` for this config, with
+    /// PyTorch-layout shapes (spec wan.md §1.2), in a fixed order: top-level parameters
+    /// first, then blocks 0..L.
+    pub fn diffusers_params(&self) -> Vec<ParamSpec> {
+        let d = self.inner_dim();
+        let [pt, ph, pw] = self.patch_size;
+        let mut p = vec![
+            ParamSpec::new("patch_embedding.weight", &[d, self.in_channels, pt, ph, pw]),
+            ParamSpec::new("patch_embedding.bias", &[d]),
+        ];
+        let ce = "condition_embedder";
+        let linear = |p: &mut Vec<ParamSpec>, name: &str, out: usize, inp: usize| {
+            p.push(ParamSpec::new(format!("{name}.weight"), &[out, inp]));
+            p.push(ParamSpec::new(format!("{name}.bias"), &[out]));
+        };
+        linear(
+            &mut p,
+            &format!("{ce}.time_embedder.linear_1"),
+            d,
+            self.freq_dim,
+        );
+        linear(&mut p, &format!("{ce}.time_embedder.linear_2"), d, d);
+        linear(&mut p, &format!("{ce}.time_proj"), 6 * d, d);
+        linear(
+            &mut p,
+            &format!("{ce}.text_embedder.linear_1"),
+            d,
+            self.text_dim,
+        );
+        linear(&mut p, &format!("{ce}.text_embedder.linear_2"), d, d);
+        if let Some(i) = self.image_dim {
+            let ie = format!("{ce}.image_embedder");
+            p.push(ParamSpec::new(format!("{ie}.norm1.weight"), &[i]));
+            p.push(ParamSpec::new(format!("{ie}.norm1.bias"), &[i]));
+            linear(&mut p, &format!("{ie}.ff.net.0.proj"), i, i);
+            linear(&mut p, &format!("{ie}.ff.net.2"), d, i);
+            p.push(ParamSpec::new(format!("{ie}.norm2.weight"), &[d]));
+            p.push(ParamSpec::new(format!("{ie}.norm2.bias"), &[d]));
+            if let Some(pos) = self.pos_embed_seq_len {
+                p.push(ParamSpec::new(format!("{ie}.pos_embed"), &[1, pos, i]));
+            }
+        }
+        for b in 0..self.num_layers {
+            self.push_block_params(&mut p, b);
+        }
+        p.push(ParamSpec::new("scale_shift_table", &[1, 2, d]));
+        let proj = self.out_channels() * self.patch_volume();
+        linear(&mut p, "proj_out", proj, d);
+        p
+    }
+
+    fn push_block_params(&self, p: &mut Vec<ParamSpec>, b: usize) {
+        let d = self.inner_dim();
+        let pre = format!("blocks.{b}");
+        let linear = |p: &mut Vec<ParamSpec>, name: String, out: usize, inp: usize| {
+            p.push(ParamSpec::new(format!("{name}.weight"), &[out, inp]));
+            p.push(ParamSpec::new(format!("{name}.bias"), &[out]));
+        };
+        p.push(ParamSpec::new(
+            format!("{pre}.scale_shift_table"),
+            &[1, 6, d],
+        ));
+        for attn in ["attn1", "attn2"] {
+            for proj in ["to_q", "to_k", "to_v", "to_out.0"] {
+                linear(p, format!("{pre}.{attn}.{proj}"), d, d);
+            }
+            p.push(ParamSpec::new(format!("{pre}.{attn}.norm_q.weight"), &[d]));
+            p.push(ParamSpec::new(format!("{pre}.{attn}.norm_k.weight"), &[d]));
+        }
+        if let Some(a) = self.added_kv_proj_dim {
+            linear(p, format!("{pre}.attn2.add_k_proj"), d, a);
+            linear(p, format!("{pre}.attn2.add_v_proj"), d, a);
+            p.push(ParamSpec::new(
+                format!("{pre}.attn2.norm_added_k.weight"),
+                &[d],
+            ));
+        }
+        if self.cross_attn_norm {
+            p.push(ParamSpec::new(format!("{pre}.norm2.weight"), &[d]));
+            p.push(ParamSpec::new(format!("{pre}.norm2.bias"), &[d]));
+        }
+        linear(p, format!("{pre}.ffn.net.0.proj"), self.ffn_dim, d);
+        linear(p, format!("{pre}.ffn.net.2"), d, self.ffn_dim);
+    }
+
+    /// Total parameter count.
+    pub fn param_count(&self) -> u64 {
+        self.diffusers_params().iter().map(ParamSpec::numel).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn released_configs_have_the_spec_parameter_totals() {
+        for v in WanVariant::ALL {
+            assert_eq!(
+                v.config().param_count(),
+                v.expected_params(),
+                "{}",
+                v.name()
+            );
+        }
+    }
+
+    #[test]
+    fn per_block_count_of_1_3b_matches_spec() {
+        let cfg = WanVariant::T2V1_3B.config();
+        let block: u64 = cfg
+            .diffusers_params()
+            .iter()
+            .filter(|p| p.name.starts_with("blocks.0."))
+            .map(ParamSpec::numel)
+            .sum();
+        assert_eq!(block, 46_440_704);
+    }
+
+    #[test]
+    fn config_json_with_extra_fields_parses() {
+        let cfg = WanConfig::from_json(
+            r#"{"_class_name":"WanTransformer3DModel","num_attention_heads":12,"ffn_dim":8960,"num_layers":30,"image_dim":null}"#,
+        )
+        .unwrap();
+        assert_eq!(cfg, WanVariant::T2V1_3B.config());
+    }
+}
