@@ -8,5 +8,6 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+pub mod cli;
 pub mod io;
 pub mod model;

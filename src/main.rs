@@ -1,27 +1,37 @@
-//! The `wanbake` command line.
+//! The `wanbake` binary: parse, dispatch, choose the exit code. All work is in the library.
 
 use std::process::ExitCode;
 
+use clap::Parser;
+use wanbake::cli::{self, Cli, Status};
+
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.first().map(String::as_str) != Some("inspect") || args.len() < 2 {
-        eprintln!("usage: wanbake inspect FILE...");
-        return ExitCode::from(2);
-    }
-    let mut status = 0u8;
-    for p in &args[1..] {
-        match wanbake::io::SafetensorsFile::open(std::path::Path::new(p)) {
-            Ok(f) => {
-                println!("{p}: {} tensors, {} bytes", f.infos().len(), f.len());
-                for t in f.infos() {
-                    println!("  {} {} {:?}", t.name, t.dtype, t.shape);
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return match e.kind() {
+                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
+                    ExitCode::SUCCESS
                 }
-            }
-            Err(e) => {
-                eprintln!("error: {e}");
-                status = 1;
-            }
+                _ => ExitCode::from(Status::Usage.code()),
+            };
+        }
+    };
+    match cli::execute(cli) {
+        Ok(status) => ExitCode::from(status.code()),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(exit_code_for(&e).code())
         }
     }
-    ExitCode::from(status)
+}
+
+/// Usage errors (bad flag combinations detected after parsing) exit 2; everything else 1.
+fn exit_code_for(e: &anyhow::Error) -> Status {
+    if e.downcast_ref::<cli::UsageError>().is_some() {
+        Status::Usage
+    } else {
+        Status::Failed
+    }
 }
