@@ -9,5 +9,9 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod cli;
+pub mod inspect;
 pub mod io;
+pub mod manifest;
 pub mod model;
+pub mod release;
+pub mod synth;
