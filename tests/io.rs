@@ -222,7 +222,8 @@ fn index(dir: &Path, map: &[(&str, &str)]) {
 
 #[test]
 fn malformed_sharded_checkpoints_fail_cleanly() {
-    let cases: Vec<(&str, &str, Box<dyn Fn(&Path)>)> = vec![
+    type Build = Box<dyn Fn(&Path)>;
+    let cases: Vec<(&str, &str, Build)> = vec![
         (
             "missing_shard",
             "does not exist",
