@@ -10,6 +10,7 @@
 
 pub mod adapter;
 pub mod cli;
+pub mod convert;
 pub mod inspect;
 pub mod io;
 pub mod manifest;
