@@ -152,7 +152,7 @@ pub fn convert_release(spec: &ConvertSpec) -> Result<Release, ReleaseError> {
     let req = ReleaseRequest {
         dest: &spec.out,
         plan,
-        input_paths: &[spec.input.clone()],
+        input_paths: std::slice::from_ref(&spec.input),
         inputs,
         command: "convert",
         options,
