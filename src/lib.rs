@@ -15,5 +15,6 @@ pub mod inspect;
 pub mod io;
 pub mod manifest;
 pub mod model;
+pub mod recipe;
 pub mod release;
 pub mod synth;
