@@ -10,4 +10,5 @@
 
 pub mod cli;
 pub mod io;
+pub mod layout;
 pub mod model;
