@@ -98,12 +98,13 @@ pub struct AdapterReport {
 }
 
 impl AdapterReport {
-    /// Problems that make `inspect` exit non-zero.
-    pub fn problems(&self) -> Vec<String> {
+    /// Problems that make `inspect` exit non-zero, each a full message naming `path`.
+    pub fn problems(&self, path: &Path) -> Vec<String> {
+        let p = path.display();
         let mut v: Vec<String> = self
             .unparsed
             .iter()
-            .map(|k| format!("key `{}` is not used: {}", k.key, k.reason))
+            .map(|k| format!("{p}: key `{}` is not used: {}", k.key, k.reason))
             .collect();
         for b in &self.bindings {
             if let Some(e) = &b.error {
@@ -111,7 +112,7 @@ impl AdapterReport {
             }
             for u in &b.unmatched {
                 v.push(format!(
-                    "`{}` ({}) binds to nothing in {}: {}",
+                    "{p}: `{}` ({}) binds to nothing in {}: {}",
                     u.module, u.kind, b.base, u.reason
                 ));
             }
