@@ -135,8 +135,8 @@ pub fn module_type(m: &str) -> String {
     }
     let s = out.join(".");
     // kohya spelling: blocks_N_
-    let re = regex::Regex::new(r"blocks_\d+_").ok();
-    match re {
+    static KOHYA_BLOCK: std::sync::OnceLock<Option<regex::Regex>> = std::sync::OnceLock::new();
+    match KOHYA_BLOCK.get_or_init(|| regex::Regex::new(r"blocks_\d+_").ok()) {
         Some(r) => r.replace_all(&s, "blocks_*_").into_owned(),
         None => s,
     }
