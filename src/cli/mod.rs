@@ -8,6 +8,7 @@ pub mod convert;
 pub mod inspect;
 pub mod printer;
 pub mod synth;
+pub mod translate;
 pub mod verify;
 
 pub use printer::Printer;
@@ -63,6 +64,8 @@ pub enum Command {
     Synth(synth::Args),
     /// Convert the float tensors of any checkpoint to another dtype (mirrors its naming).
     Convert(convert::Args),
+    /// Write an adapter in another convention (PEFT, diffusers, ComfyUI, kohya, SA3, NNX).
+    Translate(translate::Args),
 }
 
 /// Runs the parsed command line.
@@ -93,6 +96,10 @@ pub fn execute(cli: Cli) -> anyhow::Result<Status> {
         Command::Convert(a) => {
             let mut p = Printer::new(a.json, quiet);
             convert::execute(a, &mut p)
+        }
+        Command::Translate(a) => {
+            let mut p = Printer::new(a.json, quiet);
+            translate::execute(a, &mut p)
         }
     }
 }
