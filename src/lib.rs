@@ -9,3 +9,4 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod io;
+pub mod linalg;
