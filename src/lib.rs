@@ -11,6 +11,7 @@
 pub mod adapter;
 pub mod cli;
 pub mod convert;
+pub mod gpu;
 pub mod inspect;
 pub mod io;
 pub mod linalg;
