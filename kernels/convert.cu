@@ -2,7 +2,8 @@
 //
 // Owns: widening BF16/F16/F32 storage to f32 (`widen_{dtype}`), narrowing f32 to BF16/F16/F32
 // with one round-to-nearest-even (`narrow_{dtype}`), and the fused final step of a merge,
-// `add_narrow_{dtype}`: out = RNE(base + delta) with wanbake's NaN rule.
+// `add_narrow_{dtype}`: out = RNE(base + delta) with wanbake's NaN rule, reporting the first
+// element whose f32 sum is not finite (the merge refuses to write those).
 //
 // Compiled at run time by NVRTC (src/gpu/kernels.rs) with --fmad=false --ftz=false
 // --prec-div=true --prec-sqrt=true; the source is embedded in the binary with include_str!.
@@ -116,12 +117,21 @@ __device__ __forceinline__ u32 sum_bits(float base, float delta) {
         GRID_STRIDE(i, n) { dst[i] = (STORE_T)narrow_bits_##NAME(__float_as_uint(src[i])); } \
     }
 
-// add_narrow_{NAME}(const float* base, const float* delta, STORE_T* dst, u64 n)
+// add_narrow_{NAME}(const float* base, const float* delta, STORE_T* dst,
+//                   u64* first_non_finite, u64 n)
+// *first_non_finite (set to all ones by the caller) ends as the smallest index whose f32 sum
+// is infinite or NaN: atomicMin gives the same answer in any execution order.
 #define ADD_NARROW(NAME, STORE_T)                                                           \
     extern "C" __global__ void add_narrow_##NAME(const float* __restrict__ base,           \
                                                  const float* __restrict__ delta,          \
-                                                 STORE_T* __restrict__ dst, u64 n) {       \
-        GRID_STRIDE(i, n) { dst[i] = (STORE_T)narrow_bits_##NAME(sum_bits(base[i], delta[i])); } \
+                                                 STORE_T* __restrict__ dst,                \
+                                                 u64* __restrict__ first_non_finite,       \
+                                                 u64 n) {                                  \
+        GRID_STRIDE(i, n) {                                                                \
+            u32 s = sum_bits(base[i], delta[i]);                                           \
+            if ((s & 0x7F800000u) == 0x7F800000u) atomicMin(first_non_finite, i);         \
+            dst[i] = (STORE_T)narrow_bits_##NAME(s);                                       \
+        }                                                                                  \
     }
 
 WIDEN(bf16, u16)

@@ -19,8 +19,8 @@ use faer::Par;
 use wanbake::gpu::device::Library;
 use wanbake::gpu::kernels::{Target, compile};
 use wanbake::gpu::{
-    Backend, CpuBackend, CudaDevice, DeviceChoice, GpuError, KernelFile, MatShape, arith, probe,
-    select,
+    Backend, CpuBackend, CudaDevice, DeviceChoice, GpuError, KernelFile, MatShape, NonFinite,
+    arith, probe, select,
 };
 use wanbake::io::DType;
 use wanbake::io::dtype::{narrow_from_f32, round_to_bf16, round_to_f16, widen_to_f32};
@@ -166,15 +166,16 @@ fn every_kernel_file_compiles_to_ptx_with_exactly_the_expected_entry_points() {
         assert_eq!(found, expected_entries(file), "{}", file.path());
         all.extend(found);
     }
-    // 3 conversions × 3 dtypes + 2 norms + 4 scale steps, each named `{op}_{dtype}`, none
-    // defined in two files.
+    // 3 conversions × 3 dtypes + 2 norms + 2 scale vectors + 2 accumulations, each named
+    // `{op}_{dtype}`, none defined in two files.
     assert_eq!(all.len(), 15);
     for name in [
         "widen_bf16",
         "narrow_f16",
         "add_narrow_bf16",
         "row_norms_f32",
-        "scale_cols_f32",
+        "col_scales_f32",
+        "accumulate_normalised_f32",
     ] {
         assert!(all.contains(name), "{name}");
     }
@@ -601,7 +602,15 @@ fn add_narrow_rounds_the_f32_sum_once<B: Backend>(b: &mut B) -> TestResult {
     let delta: Vec<f32> = cases.iter().map(|c| c.1).collect();
     let (B0, D) = (b.upload(&base, 3, 3)?, b.upload(&delta, 3, 3)?);
     let mut out = vec![0u8; 18];
-    b.add_narrow(&B0, &D, DType::BF16, &mut out)?;
+    // The first non-finite sum is MAX + MAX (index 4), whatever comes after it.
+    let first = b.add_narrow(&B0, &D, DType::BF16, &mut out)?;
+    assert_eq!(
+        first,
+        Some(NonFinite {
+            index: 4,
+            value: f32::INFINITY
+        })
+    );
     for (i, c) in cases.iter().enumerate() {
         assert_eq!(
             u16::from_le_bytes([out[2 * i], out[2 * i + 1]]),
@@ -640,7 +649,14 @@ fn unchanged_base_round_trips_except_negative_zero_and_signalling_nan<B: Backend
     let W0 = b.widen(DType::BF16, &bytes, 256, 256)?;
     let D = b.zeros(256, 256)?;
     let mut out = vec![0u8; bytes.len()];
-    b.add_narrow(&W0, &D, DType::BF16, &mut out)?;
+    let first = b.add_narrow(&W0, &D, DType::BF16, &mut out)?;
+    assert_eq!(
+        first,
+        Some(NonFinite {
+            index: 0x7F80,
+            value: f32::INFINITY
+        })
+    );
     for h in 0..=u16::MAX {
         let got = u16::from_le_bytes([out[2 * h as usize], out[2 * h as usize + 1]]);
         let signalling = h & 0x7F80 == 0x7F80 && h & 0x7F != 0 && h & 0x40 == 0;
@@ -786,49 +802,70 @@ fn norms_match_hand_values_and_the_cpu_bits<B: Backend>(b: &mut B) -> TestResult
 }
 
 fn dora_steps_match_hand_values_and_the_host_reference<B: Backend>(b: &mut B) -> TestResult {
-    // Exact by hand: ε = 1e-12 vanishes next to norms 1 and 2 in f32.
-    let m = b.upload(&[3.0, 6.0], 2, 1)?;
-    let n = b.upload(&[1.0, 2.0], 2, 1)?;
-    let c = b.magnitude_ratio(&m, &n, 1e-12)?;
-    assert_eq!(b.download(&c)?, [3.0, 3.0]);
-    let mut X = b.upload(&[1.0, 2.0, 3.0, -1.0, -2.0, -3.0], 2, 3)?;
-    let c = b.upload(&[2.0, 0.5], 2, 1)?;
-    b.scale_rows(&mut X, &c)?;
-    assert_eq!(b.download(&X)?, [2.0, 4.0, 6.0, -0.5, -1.0, -1.5]);
-    let c = b.upload(&[1.0, -1.0, 0.5], 1, 3)?;
-    b.scale_cols(&mut X, &c)?;
-    assert_eq!(b.download(&X)?, [2.0, -4.0, 3.0, -0.5, 1.0, -0.75]);
-    let W0 = b.upload(&[1.0, 1.0, 1.0, 1.0, 1.0, 1.0], 2, 3)?;
-    let mut D = b.upload(&[0.5; 6], 2, 3)?;
-    b.accumulate_difference(&mut D, 0.25, &X, &W0)?;
-    assert_eq!(b.download(&D)?, [0.75, -0.75, 1.0, 0.125, 0.5, 0.0625]);
-    // Random inputs: the same bits as the host reference of each kernel, element by element.
+    // Exact by hand (ε = 0, PEFT's DoRA): V rows have norms 2.5 and 10, so α = m_r/‖V_i‖ =
+    // [2, 0.5]; H = α ⊙ V = [[3, 4], [4, 3]] has column norms 5 and 5, so β = m_c/5 = [2, 3].
+    let V = b.upload(&[1.5, 2.0, 8.0, 6.0], 2, 2)?;
+    let (m_r, m_c) = (b.upload(&[5.0, 5.0], 2, 1)?, b.upload(&[10.0, 15.0], 1, 2)?);
+    let alpha = b.row_scales(&V, &m_r, 0.0)?;
+    assert_eq!(b.download_scales(&alpha)?, [2.0, 0.5]);
+    let beta = b.col_scales(&V, Some(&alpha), &m_c, 0.0)?;
+    assert_eq!(b.download_scales(&beta)?, [2.0, 3.0]);
+    // dora-cols: no row factors; the columns of V2 = [[3, 4], [4, 3]] have norm 5.
+    let V2 = b.upload(&[3.0, 4.0, 4.0, 3.0], 2, 2)?;
+    let beta2 = b.col_scales(&V2, None, &m_c, 0.0)?;
+    assert_eq!(b.download_scales(&beta2)?, [2.0, 3.0]);
+    // D += 0.5·(β_j·(α_i·V_ij) − 1) = 0.5·([[6, 12], [8, 9]] − 1), then D += 2·X.
+    let W0 = b.upload(&[1.0; 4], 2, 2)?;
+    let mut D = b.upload(&[0.25; 4], 2, 2)?;
+    b.accumulate_normalised(&mut D, 0.5, &V, &W0, Some(&alpha), Some(&beta))?;
+    assert_eq!(b.download(&D)?, [2.75, 5.75, 3.75, 4.25]);
+    let X = b.upload(&[1.0, 2.0, 3.0, 4.0], 2, 2)?;
+    b.accumulate_scaled(&mut D, 2.0, &X)?;
+    assert_eq!(b.download(&D)?, [4.75, 9.75, 9.75, 12.25]);
+    // A missing factor is exactly 1: rows only gives 0.5·(α_i·V_ij − 1).
+    let mut D = b.zeros(2, 2)?;
+    b.accumulate_normalised(&mut D, 0.5, &V, &W0, Some(&alpha), None)?;
+    assert_eq!(b.download(&D)?, [1.0, 1.5, 1.5, 1.0]);
+
+    // Random inputs at mixed magnitudes: the same bits as the host reference of each kernel.
     let mut rng = Rng(99);
     let (r, k) = (19, 33);
-    let xs: Vec<f32> = (0..r * k).map(|_| rng.unit() * 7.0).collect();
+    let v: Vec<f32> = (0..r * k)
+        .map(|i| rng.unit() * if i % 4 == 0 { 300.0 } else { 0.7 })
+        .collect();
     let w0: Vec<f32> = (0..r * k).map(|_| rng.unit()).collect();
-    let mags: Vec<f32> = (0..r).map(|_| rng.unit().abs() * 2.0).collect();
-    let norms: Vec<f32> = (0..r).map(|_| rng.unit().abs() + 1e-6).collect();
-    let colc: Vec<f32> = (0..k).map(|_| rng.unit()).collect();
-    let (mags_m, norms_m) = (b.upload(&mags, r, 1)?, b.upload(&norms, r, 1)?);
-    let c = b.magnitude_ratio(&mags_m, &norms_m, 1e-12)?;
-    let c_host = b.download(&c)?;
-    let mut X = b.upload(&xs, r, k)?;
-    b.scale_rows(&mut X, &c)?;
-    let colc_m = b.upload(&colc, 1, k)?;
-    b.scale_cols(&mut X, &colc_m)?;
+    let x: Vec<f32> = (0..r * k).map(|_| rng.unit()).collect();
+    let mr: Vec<f32> = (0..r).map(|_| rng.unit() * 2.0).collect();
+    let mc: Vec<f32> = (0..k).map(|_| rng.unit() * 2.0).collect();
+    let (Vm, W0m, Xm) = (
+        b.upload(&v, r, k)?,
+        b.upload(&w0, r, k)?,
+        b.upload(&x, r, k)?,
+    );
+    let (mrm, mcm) = (b.upload(&mr, r, 1)?, b.upload(&mc, 1, k)?);
+    let alpha = b.row_scales(&Vm, &mrm, 1e-12)?;
+    let beta = b.col_scales(&Vm, Some(&alpha), &mcm, 1e-12)?;
     let mut D = b.zeros(r, k)?;
-    let w0_m = b.upload(&w0, r, k)?;
-    b.accumulate_difference(&mut D, 0.3, &X, &w0_m)?;
-    let got = b.download(&D)?;
+    b.accumulate_normalised(&mut D, 0.3, &Vm, &W0m, Some(&alpha), Some(&beta))?;
+    b.accumulate_scaled(&mut D, -0.7, &Xm)?;
+    let (alpha, beta, got) = (
+        b.download_scales(&alpha)?,
+        b.download_scales(&beta)?,
+        b.download(&D)?,
+    );
     for i in 0..r {
-        let ci = arith::magnitude_ratio(mags[i], norms[i], 1e-12);
-        assert_eq!(c_host[i].to_bits(), ci.to_bits(), "ratio {i}");
-        for j in 0..k {
-            let x = arith::scaled(colc[j], arith::scaled(ci, xs[i * k + j]));
-            let want = arith::accumulate_difference(0.0, 0.3, x, w0[i * k + j]);
-            assert_eq!(got[i * k + j].to_bits(), want.to_bits(), "({i}, {j})");
-        }
+        let want = arith::row_scale(&v[i * k..(i + 1) * k], mr[i], 1e-12);
+        assert_eq!(alpha[i].to_bits(), want.to_bits(), "alpha {i}");
+    }
+    for j in 0..k {
+        let want = arith::col_scale((0..r).map(|i| (alpha[i], v[i * k + j])), mc[j], 1e-12);
+        assert_eq!(beta[j].to_bits(), want.to_bits(), "beta {j}");
+    }
+    for (e, &g) in got.iter().enumerate() {
+        let (a, bj) = (alpha[e / k], beta[e % k]);
+        let d = arith::normalised_contribution(0.0, 0.3, v[e], w0[e], a, bj);
+        let want = arith::scaled_contribution(d, -0.7, x[e]);
+        assert_eq!(g.to_bits(), want.to_bits(), "element {e}");
     }
     Ok(())
 }
@@ -853,18 +890,19 @@ struct Adapter<'a> {
     m_c: &'a [f32],
 }
 
-/// `D += a·(f(W0) − W0)` for one rank-1 adapter with σ = 1 (spec §1.4, §2.1), on any backend.
+/// `D += a·(f(W0) − W0)` for one rank-1 adapter with σ = 1 (spec §1.4, §2.1), on any backend,
+/// with the op sequence of `merge::math`.
 fn add_contribution<B: Backend>(
     b: &mut B,
     D: &mut B::Mat,
     W0: &B::Mat,
     W0_host: &[f32],
-    a: f32,
+    a: f64,
     ad: &Adapter<'_>,
 ) -> TestResult {
     let (out, inp) = (W0.rows(), W0.cols());
-    let eps = 1e-12f32;
-    // V = W0 + σΔ, with Δ = B·A or U·M·Vᵀ.
+    let eps = 1e-12;
+    // T += s·Δ, with Δ = B·A or U·M·Vᵀ.
     let delta_into = |b: &mut B, T: &mut B::Mat, s: f32| -> TestResult {
         match ad.xs {
             None => {
@@ -883,40 +921,37 @@ fn add_contribution<B: Backend>(
         }
     };
     if let Kind::Lora = ad.kind {
-        return delta_into(b, D, a);
+        return delta_into(b, D, a as f32);
     }
+    // V = W0 + σΔ.
     let mut V = b.duplicate(W0)?;
     delta_into(b, &mut V, 1.0)?;
-    match ad.kind {
+    let (alpha, beta) = match ad.kind {
         Kind::DoraRows => {
-            let (m, n) = (b.upload(ad.m_r, out, 1)?, b.row_norms(&V)?);
-            let c = b.magnitude_ratio(&m, &n, eps)?;
-            b.scale_rows(&mut V, &c)?;
+            let m = b.upload(ad.m_r, out, 1)?;
+            (Some(b.row_scales(&V, &m, eps)?), None)
         }
         Kind::DoraCols => {
-            let (m, n) = (b.upload(ad.m_c, 1, inp)?, b.col_norms(&V)?);
-            let c = b.magnitude_ratio(&m, &n, eps)?;
-            b.scale_cols(&mut V, &c)?;
+            let m = b.upload(ad.m_c, 1, inp)?;
+            (None, Some(b.col_scales(&V, None, &m, eps)?))
         }
         Kind::Bora => {
             // Normalise rows, scale by m_r; then the columns of that intermediate (§1.4).
-            let (m, n) = (b.upload(ad.m_r, out, 1)?, b.row_norms(&V)?);
-            let alpha = b.magnitude_ratio(&m, &n, eps)?;
-            b.scale_rows(&mut V, &alpha)?;
-            let (m, n) = (b.upload(ad.m_c, 1, inp)?, b.col_norms(&V)?);
-            let beta = b.magnitude_ratio(&m, &n, eps)?;
-            b.scale_cols(&mut V, &beta)?;
+            let (mr, mc) = (b.upload(ad.m_r, out, 1)?, b.upload(ad.m_c, 1, inp)?);
+            let alpha = b.row_scales(&V, &mr, eps)?;
+            let beta = b.col_scales(&V, Some(&alpha), &mc, eps)?;
+            (Some(alpha), Some(beta))
         }
         Kind::Lora => unreachable!(),
-    }
-    b.accumulate_difference(D, a, &V, W0)
+    };
+    b.accumulate_normalised(D, a, &V, W0, alpha.as_ref(), beta.as_ref())
 }
 
 /// `W0 + Σ a_i (f_i(W0) − W0)` in f32, read back through `add_narrow(F32)`.
 fn merged<B: Backend>(
     b: &mut B,
     W: &[f32],
-    adapters: &[(f32, Adapter<'_>)],
+    adapters: &[(f64, Adapter<'_>)],
 ) -> Result<Vec<f32>, GpuError> {
     let W0 = b.upload(W, 2, 3)?;
     let mut D = b.zeros(2, 3)?;
@@ -924,7 +959,7 @@ fn merged<B: Backend>(
         add_contribution(b, &mut D, &W0, W, *a, ad)?;
     }
     let mut out = vec![0u8; 24];
-    b.add_narrow(&W0, &D, DType::F32, &mut out)?;
+    assert_eq!(b.add_narrow(&W0, &D, DType::F32, &mut out)?, None);
     Ok(out
         .chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
@@ -1247,12 +1282,11 @@ impl MergeCase {
         );
         let mut V = b.duplicate(&W0)?;
         b.add_scaled_product(&mut V, 1.0, &B2, &A2)?;
-        let (m, n) = (b.upload(&self.magnitude, out, 1)?, b.row_norms(&V)?);
-        let c = b.magnitude_ratio(&m, &n, 1e-12)?;
-        b.scale_rows(&mut V, &c)?;
-        b.accumulate_difference(&mut D, 0.5, &V, &W0)?;
+        let m = b.upload(&self.magnitude, out, 1)?;
+        let alpha = b.row_scales(&V, &m, 1e-12)?;
+        b.accumulate_normalised(&mut D, 0.5, &V, &W0, Some(&alpha), None)?;
         let mut bytes = vec![0u8; out * inp * 2];
-        b.add_narrow(&W0, &D, DType::BF16, &mut bytes)?;
+        assert_eq!(b.add_narrow(&W0, &D, DType::BF16, &mut bytes)?, None);
         Ok(bytes)
     }
 }

@@ -138,31 +138,50 @@ pub fn add_narrow_f32(base: f32, delta: f32) -> u32 {
     sum_bits(base, delta)
 }
 
-/// DoRA's per-row (or per-column) factor `m / (‖V‖ + ε)` (`magnitude_ratio_f32`).
-#[inline(always)]
-pub fn magnitude_ratio(m: f32, norm: f32, eps: f32) -> f32 {
-    m / (norm + eps)
+/// `sqrt(Σ x²)` with the squares summed in f64 in iteration order (the `row_root` of
+/// `kernels/norms.cu`; `merge::math::row_norm`).
+pub fn root_sum_squares(values: impl Iterator<Item = f32>) -> f64 {
+    values
+        .fold(0.0f64, |acc, x| {
+            let x = f64::from(x);
+            acc + x * x
+        })
+        .sqrt()
 }
 
-/// One element of a row or column scaling, `c · x` (`scale_rows_f32`, `scale_cols_f32`).
-#[inline(always)]
-pub fn scaled(c: f32, x: f32) -> f32 {
-    c * x
-}
-
-/// One element of summing a contribution, `d + a·(x − w0)` (`accumulate_difference_f32`).
-#[inline(always)]
-pub fn accumulate_difference(d: f32, a: f32, x: f32, w0: f32) -> f32 {
-    d + a * (x - w0)
-}
-
-/// The L2 norm of `values` as the norm kernels compute it: squares of the f64-widened values
-/// summed in f64 in iteration order, root in f64, one rounding to f32 (`row_norms_f32`,
-/// `col_norms_f32`; `linalg::norms` does the same).
+/// The L2 norm as `row_norms_f32` / `col_norms_f32` compute it: [`root_sum_squares`] rounded
+/// once to f32 (what `linalg::norms` does).
 pub fn norm_in_order(values: impl Iterator<Item = f32>) -> f32 {
-    let sum = values.fold(0.0f64, |acc, x| {
-        let x = f64::from(x);
-        acc + x * x
+    root_sum_squares(values) as f32
+}
+
+/// One row factor of DoRA/BoRA, `α = m / (‖row‖ + ε)` in f64 (`row_scales_f32`).
+pub fn row_scale(row: &[f32], m: f32, eps: f64) -> f64 {
+    f64::from(m) / (root_sum_squares(row.iter().copied()) + eps)
+}
+
+/// One column factor, `β = m / (sqrt(Σ_i (α_i·x_i)²) + ε)` in f64 with `h = α_i·x_i` rounded
+/// in f64 before squaring, rows in order (`col_scales_f32`; `merge::math::column_scales`).
+/// dora-cols passes α = 1 (exact).
+pub fn col_scale(column: impl Iterator<Item = (f64, f32)>, m: f32, eps: f64) -> f64 {
+    let sum = column.fold(0.0f64, |acc, (alpha, x)| {
+        let h = alpha * f64::from(x);
+        acc + h * h
     });
-    sum.sqrt() as f32
+    f64::from(m) / (sum.sqrt() + eps)
+}
+
+/// One element of a DoRA/BoRA contribution, `d + f32(w·(β·(α·v) − w0))`: the combination in
+/// f64, rounded once, added in f32 (`accumulate_normalised_f32`;
+/// `merge::math::add_contribution`). A missing α or β is 1 (exact).
+#[inline(always)]
+pub fn normalised_contribution(d: f32, w: f64, v: f32, w0: f32, alpha: f64, beta: f64) -> f32 {
+    let f = beta * (alpha * f64::from(v));
+    d + (w * (f - f64::from(w0))) as f32
+}
+
+/// One element of a full-tensor diff, `d + f32(coef·x)` (`accumulate_scaled_f32`).
+#[inline(always)]
+pub fn scaled_contribution(d: f32, coef: f64, x: f32) -> f32 {
+    d + (coef * f64::from(x)) as f32
 }

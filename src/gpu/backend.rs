@@ -10,14 +10,21 @@
 //! ```text
 //! W0 = b.widen(base dtype, base bytes, out, in)          // f32, exact
 //! D  = b.zeros(out, in)                                  // Σ of contributions
-//! lora / lora-xs:      b.add_scaled_product(D, a·σ, B, A) / b.add_xs_update(D, a·σ, U, M, V)
-//! dora-rows:           V = b.duplicate(W0); b.add_scaled_product(V, σ, B, A)
-//!                      c = b.magnitude_ratio(m, b.row_norms(V), ε); b.scale_rows(V, c)
-//!                      b.accumulate_difference(D, a, V, W0)
-//! dora-cols:           … col_norms / scale_cols …
-//! bora:                … scale_rows with α, then col_norms of the result, scale_cols with β …
-//! out bytes          = b.add_narrow(W0, D, out dtype)    // RNE(W0 + D), once
+//! lora:        b.add_scaled_product(D, w·σ, B, A)        // lora-xs: add_xs_update
+//! dora-rows:   V = b.duplicate(W0); b.add_scaled_product(V, σ, B, A)
+//!              α = b.row_scales(V, m, ε)
+//!              b.accumulate_normalised(D, w, V, W0, Some(α), None)
+//! dora-cols:   β = b.col_scales(V, None, m, ε);  accumulate_normalised(…, None, Some(β))
+//! bora:        α = b.row_scales(V, m_r, ε); β = b.col_scales(V, Some(α), m_c, ε)
+//!              b.accumulate_normalised(D, w, V, W0, Some(α), Some(β))
+//! diff:        b.accumulate_scaled(D, w·scale, X)
+//! out bytes  = b.add_narrow(W0, D, out dtype)            // RNE(W0 + D), once; reports the
+//!                                                        // first non-finite sum
 //! ```
+//!
+//! This is `merge::math`'s arithmetic op for op (f64 norms and scales, the combination in f64
+//! rounded once into the f32 accumulator), so on one machine the two backends differ only
+//! where a GEMM is involved.
 //!
 //! Matrices are row-major f32; a vector is an (n, 1) or (1, n) matrix. Shape preconditions are
 //! programmer errors and panic (`#[track_caller]`); user shape errors are caught when binding
@@ -58,12 +65,35 @@ pub trait MatShape {
     }
 }
 
-/// The op set of a merge, in f32 with one rounding at the end. Every op gives the same bits
-/// on every backend except the two GEMM ops (`add_scaled_product`, `add_xs_update`), which
-/// agree to f32 rounding (see the `gpu` module doc), and `xs_bases` (the SVD engine differs).
+/// The length of a backend scale vector.
+pub trait ScalesLen {
+    /// Number of values.
+    fn len(&self) -> usize;
+    /// True when empty.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The first element of a merged tensor whose f32 value `W0 + D` is infinite or NaN.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct NonFinite {
+    /// Row-major element index.
+    pub index: usize,
+    /// Its f32 value (NaN payloads follow [`arith::sum_bits`]).
+    pub value: f32,
+}
+
+/// The op set of a merge, in f32 (f64 where `merge::math` uses f64) with one rounding at the
+/// end. Every op gives the same bits on every backend except the two GEMM ops
+/// (`add_scaled_product`, `add_xs_update`), which agree to f32 rounding (see the `gpu` module
+/// doc), and `xs_bases` (the SVD engine differs).
 pub trait Backend {
     /// A row-major f32 matrix held by this backend.
     type Mat: MatShape;
+
+    /// A vector of f64 row or column factors held by this backend.
+    type Scales: ScalesLen;
 
     /// Which backend this is.
     fn kind(&self) -> BackendKind;
@@ -107,45 +137,66 @@ pub trait Backend {
         V: &Self::Mat,
     ) -> Result<(), GpuError>;
 
-    /// The (rows, 1) row norms of `X` (f64 accumulation in index order, `linalg::norms`).
+    /// The (rows, 1) row norms of `X` rounded to f32 (f64 accumulation in index order,
+    /// `linalg::norms`).
     fn row_norms(&mut self, X: &Self::Mat) -> Result<Self::Mat, GpuError>;
 
-    /// The (1, cols) column norms of `X` (f64 accumulation in index order).
+    /// The (1, cols) column norms of `X` rounded to f32 (f64 accumulation in index order).
     fn col_norms(&mut self, X: &Self::Mat) -> Result<Self::Mat, GpuError>;
 
-    /// `c = m / (norms + ε)` element-wise; `c` has the shape of `norms`.
-    fn magnitude_ratio(
+    /// DoRA's row factors `α_i = m_i / (‖V_i‖ + ε)` in f64 (`m` holds `V.rows()` values).
+    fn row_scales(
         &mut self,
+        V: &Self::Mat,
         m: &Self::Mat,
-        norms: &Self::Mat,
-        eps: f32,
-    ) -> Result<Self::Mat, GpuError>;
+        eps: f64,
+    ) -> Result<Self::Scales, GpuError>;
 
-    /// `X[i, j] ← c[i]·X[i, j]` (`c` holds `X.rows()` values).
-    fn scale_rows(&mut self, X: &mut Self::Mat, c: &Self::Mat) -> Result<(), GpuError>;
+    /// The column factors `β_j = m_j / (‖(α ⊙ V)_j‖ + ε)` in f64, with `α` the row factors
+    /// (BoRA) or 1 (dora-cols); `m` holds `V.cols()` values.
+    fn col_scales(
+        &mut self,
+        V: &Self::Mat,
+        alpha: Option<&Self::Scales>,
+        m: &Self::Mat,
+        eps: f64,
+    ) -> Result<Self::Scales, GpuError>;
 
-    /// `X[i, j] ← c[j]·X[i, j]` (`c` holds `X.cols()` values).
-    fn scale_cols(&mut self, X: &mut Self::Mat, c: &Self::Mat) -> Result<(), GpuError>;
-
-    /// `D ← D + a·(X − W0)` element-wise (one adapter's contribution `a·(f(W0) − W0)`).
-    fn accumulate_difference(
+    /// One DoRA/BoRA contribution: `D_ij ← D_ij + f32(w·(β_j·(α_i·V_ij) − W0_ij))`, the
+    /// combination in f64, a missing `α` or `β` being 1.
+    #[allow(clippy::too_many_arguments)]
+    fn accumulate_normalised(
         &mut self,
         D: &mut Self::Mat,
-        a: f32,
-        X: &Self::Mat,
+        w: f64,
+        V: &Self::Mat,
         W0: &Self::Mat,
+        alpha: Option<&Self::Scales>,
+        beta: Option<&Self::Scales>,
     ) -> Result<(), GpuError>;
+
+    /// One full-tensor diff: `D ← D + f32(coef·X)` element-wise.
+    fn accumulate_scaled(
+        &mut self,
+        D: &mut Self::Mat,
+        coef: f64,
+        X: &Self::Mat,
+    ) -> Result<(), GpuError>;
+
+    /// The values of a scale vector.
+    fn download_scales(&mut self, s: &Self::Scales) -> Result<Vec<f64>, GpuError>;
 
     /// Writes `RNE(base + delta)` as `dtype` (BF16, F16 or F32) into `out`
     /// (`base.len() · dtype size` bytes, little-endian), with the NaN rule of
-    /// [`arith::sum_bits`].
+    /// [`arith::sum_bits`], and returns the first element whose f32 sum is not finite (the
+    /// merge refuses to write such a tensor).
     fn add_narrow(
         &mut self,
         base: &Self::Mat,
         delta: &Self::Mat,
         dtype: DType,
         out: &mut [u8],
-    ) -> Result<(), GpuError>;
+    ) -> Result<Option<NonFinite>, GpuError>;
 
     /// Writes `src` rounded once to `dtype` (BF16, F16 or F32) into `out`, exactly as
     /// `io::dtype::narrow_from_f32`.
@@ -269,6 +320,16 @@ impl MatShape for HostMat {
     }
 }
 
+/// A vector of f64 factors in host memory.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostScales(pub Vec<f64>);
+
+impl ScalesLen for HostScales {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
 /// The CPU backend: `io::dtype` for conversions, `linalg` for GEMMs, norms and SVD, and
 /// [`arith`] for the element-wise steps. It is the reference the CUDA backend is compared to.
 #[derive(Clone, Copy, Debug)]
@@ -286,6 +347,7 @@ impl CpuBackend {
 
 impl Backend for CpuBackend {
     type Mat = HostMat;
+    type Scales = HostScales;
 
     fn kind(&self) -> BackendKind {
         BackendKind::Cpu
@@ -373,64 +435,107 @@ impl Backend for CpuBackend {
     }
 
     #[track_caller]
-    fn magnitude_ratio(
-        &mut self,
-        m: &HostMat,
-        norms: &HostMat,
-        eps: f32,
-    ) -> Result<HostMat, GpuError> {
-        check::vector("magnitude_ratio: m", m, norms.len());
-        let data = m
-            .data
-            .iter()
-            .zip(&norms.data)
-            .map(|(&m, &n)| arith::magnitude_ratio(m, n, eps))
-            .collect();
-        Ok(HostMat {
-            rows: norms.rows,
-            cols: norms.cols,
-            data,
-        })
-    }
-
-    #[track_caller]
-    fn scale_rows(&mut self, X: &mut HostMat, c: &HostMat) -> Result<(), GpuError> {
-        check::vector("scale_rows: c", c, X.rows);
-        if X.cols > 0 {
-            for (row, &ci) in X.data.chunks_exact_mut(X.cols).zip(&c.data) {
-                row.iter_mut().for_each(|x| *x = arith::scaled(ci, *x));
-            }
+    fn row_scales(&mut self, V: &HostMat, m: &HostMat, eps: f64) -> Result<HostScales, GpuError> {
+        check::vector("row_scales: m", m, V.rows);
+        if V.cols == 0 {
+            return Ok(HostScales(
+                m.data.iter().map(|&m| f64::from(m) / eps).collect(),
+            ));
         }
-        Ok(())
+        Ok(HostScales(
+            V.data
+                .chunks_exact(V.cols)
+                .zip(&m.data)
+                .map(|(row, &m)| arith::row_scale(row, m, eps))
+                .collect(),
+        ))
     }
 
     #[track_caller]
-    fn scale_cols(&mut self, X: &mut HostMat, c: &HostMat) -> Result<(), GpuError> {
-        check::vector("scale_cols: c", c, X.cols);
-        if X.cols > 0 {
-            for row in X.data.chunks_exact_mut(X.cols) {
-                for (x, &cj) in row.iter_mut().zip(&c.data) {
-                    *x = arith::scaled(cj, *x);
+    fn col_scales(
+        &mut self,
+        V: &HostMat,
+        alpha: Option<&HostScales>,
+        m: &HostMat,
+        eps: f64,
+    ) -> Result<HostScales, GpuError> {
+        check::vector("col_scales: m", m, V.cols);
+        let ones = vec![1.0f64; V.rows];
+        let alpha = alpha.map_or(&ones[..], |a| &a.0[..]);
+        assert_eq!(
+            alpha.len(),
+            V.rows,
+            "col_scales: alpha holds one value per row"
+        );
+        // Column sums run over rows in order, all columns at once (merge::math's loop order;
+        // each column's sum sees the same sequence of additions either way).
+        let mut sums = vec![0.0f64; V.cols];
+        if V.cols > 0 {
+            for (row, &a) in V.data.chunks_exact(V.cols).zip(alpha) {
+                for (s, &x) in sums.iter_mut().zip(row) {
+                    let h = a * f64::from(x);
+                    *s += h * h;
                 }
             }
         }
+        let beta = sums
+            .iter()
+            .zip(&m.data)
+            .map(|(s, &m)| f64::from(m) / (s.sqrt() + eps))
+            .collect();
+        Ok(HostScales(beta))
+    }
+
+    #[track_caller]
+    fn accumulate_normalised(
+        &mut self,
+        D: &mut HostMat,
+        w: f64,
+        V: &HostMat,
+        W0: &HostMat,
+        alpha: Option<&HostScales>,
+        beta: Option<&HostScales>,
+    ) -> Result<(), GpuError> {
+        check::same("accumulate_normalised: D, V", D, V);
+        check::same("accumulate_normalised: D, W0", D, W0);
+        let (rows, cols) = (D.rows, D.cols);
+        let (ones_r, ones_c) = (vec![1.0f64; rows], vec![1.0f64; cols]);
+        let alpha = alpha.map_or(&ones_r[..], |a| &a.0[..]);
+        let beta = beta.map_or(&ones_c[..], |b| &b.0[..]);
+        assert!(
+            alpha.len() == rows && beta.len() == cols,
+            "accumulate_normalised: {} row and {} column factors for ({rows}, {cols})",
+            alpha.len(),
+            beta.len()
+        );
+        if cols == 0 {
+            return Ok(());
+        }
+        let rows_iter = D.data.chunks_exact_mut(cols).zip(V.data.chunks_exact(cols));
+        for ((Di, Vi), (W0i, &a)) in rows_iter.zip(W0.data.chunks_exact(cols).zip(alpha)) {
+            for (((d, &v), &w0), &b) in Di.iter_mut().zip(Vi).zip(W0i).zip(beta) {
+                *d = arith::normalised_contribution(*d, w, v, w0, a, b);
+            }
+        }
         Ok(())
     }
 
     #[track_caller]
-    fn accumulate_difference(
+    fn accumulate_scaled(
         &mut self,
         D: &mut HostMat,
-        a: f32,
+        coef: f64,
         X: &HostMat,
-        W0: &HostMat,
     ) -> Result<(), GpuError> {
-        check::same("accumulate_difference: D, X", D, X);
-        check::same("accumulate_difference: D, W0", D, W0);
-        for ((d, &x), &w) in D.data.iter_mut().zip(&X.data).zip(&W0.data) {
-            *d = arith::accumulate_difference(*d, a, x, w);
+        check::same("accumulate_scaled: D, X", D, X);
+        for (d, &x) in D.data.iter_mut().zip(&X.data) {
+            *d = arith::scaled_contribution(*d, coef, x);
         }
         Ok(())
+    }
+
+    fn download_scales(&mut self, s: &HostScales) -> Result<Vec<f64>, GpuError> {
+        Ok(s.0.clone())
     }
 
     #[track_caller]
@@ -440,7 +545,7 @@ impl Backend for CpuBackend {
         delta: &HostMat,
         dtype: DType,
         out: &mut [u8],
-    ) -> Result<(), GpuError> {
+    ) -> Result<Option<NonFinite>, GpuError> {
         check::same("add_narrow: base, delta", base, delta);
         let size = output_size(dtype)?;
         assert_eq!(
@@ -448,28 +553,26 @@ impl Backend for CpuBackend {
             base.len() * size,
             "add_narrow: output byte length"
         );
-        let pairs = base.data.iter().zip(&delta.data);
-        match dtype {
-            DType::BF16 => out
-                .chunks_exact_mut(2)
-                .zip(pairs)
-                .for_each(|(o, (&b, &d))| {
-                    o.copy_from_slice(&arith::add_narrow_bf16(b, d).to_le_bytes())
-                }),
-            DType::F16 => out
-                .chunks_exact_mut(2)
-                .zip(pairs)
-                .for_each(|(o, (&b, &d))| {
-                    o.copy_from_slice(&arith::add_narrow_f16(b, d).to_le_bytes())
-                }),
-            _ => out
-                .chunks_exact_mut(4)
-                .zip(pairs)
-                .for_each(|(o, (&b, &d))| {
-                    o.copy_from_slice(&arith::add_narrow_f32(b, d).to_le_bytes())
-                }),
+        let mut first = None;
+        let sums = base
+            .data
+            .iter()
+            .zip(&delta.data)
+            .map(|(&b, &d)| arith::sum_bits(b, d));
+        for (index, (o, s)) in out.chunks_exact_mut(size).zip(sums).enumerate() {
+            if first.is_none() && !f32::from_bits(s).is_finite() {
+                first = Some(NonFinite {
+                    index,
+                    value: f32::from_bits(s),
+                });
+            }
+            match dtype {
+                DType::BF16 => o.copy_from_slice(&arith::narrow_bits_bf16(s).to_le_bytes()),
+                DType::F16 => o.copy_from_slice(&arith::narrow_bits_f16(s).to_le_bytes()),
+                _ => o.copy_from_slice(&s.to_le_bytes()),
+            }
         }
-        Ok(())
+        Ok(first)
     }
 
     #[track_caller]

@@ -36,7 +36,8 @@ use cudarc::driver::{
     CudaContext, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits,
 };
 
-use super::backend::{Backend, BackendKind, MatShape, check, output_size};
+use super::arith;
+use super::backend::{Backend, BackendKind, MatShape, NonFinite, ScalesLen, check, output_size};
 use super::blas::{self, WORKSPACE_BYTES, row_major};
 use super::device::CudaDevice;
 use super::error::GpuError;
@@ -65,6 +66,20 @@ impl MatShape for DeviceMat {
     }
     fn cols(&self) -> usize {
         self.cols
+    }
+}
+
+/// A vector of f64 factors in device memory.
+#[derive(Debug)]
+pub struct DeviceScales {
+    len: usize,
+    /// At least `max(len, 1)` values.
+    buf: CudaSlice<f64>,
+}
+
+impl ScalesLen for DeviceScales {
+    fn len(&self) -> usize {
+        self.len
     }
 }
 
@@ -202,56 +217,77 @@ fn storage_kernel_dtype(dtype: DType) -> Option<KernelDType> {
 }
 
 impl CudaBackend {
-    /// Runs `narrow_*` or `add_narrow_*` into a device buffer of 16-bit values and copies it
-    /// into `out`.
+    /// Runs `narrow_{bf16,f16}` into a device buffer of 16-bit values and copies it to `out`.
     fn narrow16(
         &mut self,
-        op: Op,
         dtype: KernelDType,
-        base: &DeviceMat,
-        delta: Option<&DeviceMat>,
+        src: &DeviceMat,
         out: &mut [u8],
     ) -> Result<(), GpuError> {
-        let n = base.len();
+        let n = src.len();
         let mut dst = self.alloc::<u16>(n, "the narrowed tensor")?;
-        let (kernel, f) = self.kernel(op, dtype)?;
+        let (kernel, f) = self.kernel(Op::Narrow, dtype)?;
         let n64 = n as u64;
         let mut args = self.stream.launch_builder(f);
-        args.arg(&base.buf);
-        if let Some(delta) = delta {
-            args.arg(&delta.buf);
-        }
-        args.arg(&mut dst).arg(&n64);
-        // SAFETY: narrow_{bf16,f16}(const float* src, u16* dst, u64 n) — 3 arguments — or
-        // add_narrow_{bf16,f16}(const float* base, const float* delta, u16* dst, u64 n) — 4
-        // arguments — pushed in that order with those types (`delta` is pushed exactly when
-        // `op` is AddNarrow, checked by the caller). base and delta hold ≥ n f32 (same shape,
-        // checked), dst max(n, 1) u16; the kernel touches indices < n only.
+        args.arg(&src.buf).arg(&mut dst).arg(&n64);
+        // SAFETY: narrow_{bf16,f16}(const float* src, u16* dst, u64 n): 3 arguments in this
+        // order with these types; src holds ≥ n f32, dst max(n, 1) u16; the kernel touches
+        // indices < n only.
         unsafe { args.launch(grid_1d(n)) }.map_err(|e| launch_error(kernel, e))?;
         self.staging.download(&self.stream, &dst, out)
     }
 
-    /// Runs `add_narrow_f32` into a device buffer of 32-bit values and copies it into `out`.
-    fn add_narrow32(
+    /// Runs `add_narrow_{dtype}` with output elements of type `T` (u16 for bf16/f16, u32 for
+    /// f32), copies the result to `out` and returns the first non-finite sum.
+    fn add_narrow_as<T: DeviceRepr + ValidAsZeroBits>(
         &mut self,
+        dtype: KernelDType,
         base: &DeviceMat,
         delta: &DeviceMat,
         out: &mut [u8],
-    ) -> Result<(), GpuError> {
+    ) -> Result<Option<NonFinite>, GpuError> {
         let n = base.len();
-        let mut dst = self.alloc::<u32>(n, "the summed tensor")?;
-        let (kernel, f) = self.kernel(Op::AddNarrow, KernelDType::F32)?;
+        let mut dst = self.alloc::<T>(n, "the merged tensor")?;
+        let mut first = self
+            .stream
+            .clone_htod(&[u64::MAX])
+            .map_err(|e| GpuError::cuda("uploading the non-finite marker", e))?;
+        let (kernel, f) = self.kernel(Op::AddNarrow, dtype)?;
         let n64 = n as u64;
         let mut args = self.stream.launch_builder(f);
-        args.arg(&base.buf).arg(&delta.buf).arg(&mut dst).arg(&n64);
-        // SAFETY: add_narrow_f32(const float* base, const float* delta, u32* dst, u64 n): 4
-        // arguments in this order with these types; base and delta hold ≥ n f32 (same shape,
-        // checked), dst max(n, 1) u32; the kernel touches indices < n only.
+        args.arg(&base.buf)
+            .arg(&delta.buf)
+            .arg(&mut dst)
+            .arg(&mut first)
+            .arg(&n64);
+        // SAFETY: add_narrow_{bf16,f16,f32}(const float* base, const float* delta, T* dst, u64*
+        // first_non_finite, u64 n): 5 arguments in this order with these types, T = u16 for
+        // bf16/f16 and u32 for f32 (the caller pairs them); base and delta hold ≥ n f32 (same
+        // shape, checked), dst max(n, 1) T, first_non_finite one u64; the kernel touches
+        // indices < n only.
         unsafe { args.launch(grid_1d(n)) }.map_err(|e| launch_error(kernel, e))?;
-        self.staging.download(&self.stream, &dst, out)
+        self.staging.download(&self.stream, &dst, out)?;
+        let first = self
+            .stream
+            .clone_dtoh(&first)
+            .map_err(|e| GpuError::cuda("downloading the non-finite marker", e))?;
+        let index = match first.first() {
+            Some(&i) if i != u64::MAX => i as usize,
+            _ => return Ok(None),
+        };
+        let element = |m: &DeviceMat| {
+            self.stream
+                .clone_dtoh(&m.buf.slice(index..index + 1))
+                .map_err(|e| GpuError::cuda("downloading a non-finite element", e))
+        };
+        let (b, d) = (element(base)?, element(delta)?);
+        Ok(Some(NonFinite {
+            index,
+            value: f32::from_bits(arith::sum_bits(b[0], d[0])),
+        }))
     }
 
-    /// One of the two norm kernels: `dst` gets `len` norms of `X`.
+    /// One of the two f32 norm kernels: `len` norms of `X`.
     fn norms(
         &mut self,
         op: Op,
@@ -276,26 +312,17 @@ impl CudaBackend {
         Ok(dst)
     }
 
-    /// `scale_rows_f32` or `scale_cols_f32`.
-    fn scale(&mut self, op: Op, X: &mut DeviceMat, c: &DeviceMat) -> Result<(), GpuError> {
-        self.bind()?;
-        if X.is_empty() {
-            return Ok(());
-        }
-        let (kernel, f) = self.kernel(op, KernelDType::F32)?;
-        let (rows, cols) = (X.rows as u64, X.cols as u64);
-        let mut args = self.stream.launch_builder(f);
-        args.arg(&mut X.buf).arg(&c.buf).arg(&rows).arg(&cols);
-        // SAFETY: scale_rows_f32 / scale_cols_f32(float* X, const float* c, u64 rows, u64 cols):
-        // 4 arguments in this order with these types; X holds rows·cols f32, c holds rows
-        // (scale_rows) or cols (scale_cols) f32 (checked by the caller); indices stay below.
-        unsafe { args.launch(grid_2d(X.rows, X.cols)) }.map_err(|e| launch_error(kernel, e))?;
-        Ok(())
+    /// `len` ones (a missing α or β).
+    fn ones(&self, len: usize) -> Result<CudaSlice<f64>, GpuError> {
+        self.stream
+            .clone_htod(&vec![1.0f64; len.max(1)])
+            .map_err(|e| GpuError::cuda(format!("uploading {len} unit factors"), e))
     }
 }
 
 impl Backend for CudaBackend {
     type Mat = DeviceMat;
+    type Scales = DeviceScales;
 
     fn kind(&self) -> BackendKind {
         BackendKind::Cuda
@@ -433,74 +460,171 @@ impl Backend for CudaBackend {
     }
 
     #[track_caller]
-    fn magnitude_ratio(
+    fn row_scales(
         &mut self,
+        V: &DeviceMat,
         m: &DeviceMat,
-        norms: &DeviceMat,
-        eps: f32,
-    ) -> Result<DeviceMat, GpuError> {
-        check::vector("magnitude_ratio: m", m, norms.len());
+        eps: f64,
+    ) -> Result<DeviceScales, GpuError> {
+        check::vector("row_scales: m", m, V.rows);
         self.bind()?;
-        let mut c = self.mat(norms.rows, norms.cols, "magnitude ratios")?;
-        let n = c.len();
-        if n == 0 {
-            return Ok(c);
+        let rows = V.rows;
+        let mut alpha = DeviceScales {
+            len: rows,
+            buf: self.alloc::<f64>(rows, "row factors")?,
+        };
+        if rows == 0 {
+            return Ok(alpha);
         }
-        let (kernel, f) = self.kernel(Op::MagnitudeRatio, KernelDType::F32)?;
-        let n64 = n as u64;
+        let (kernel, f) = self.kernel(Op::RowScales, KernelDType::F32)?;
+        let (rows64, cols64) = (rows as u64, V.cols as u64);
         let mut args = self.stream.launch_builder(f);
-        args.arg(&m.buf)
-            .arg(&norms.buf)
+        args.arg(&V.buf)
+            .arg(&m.buf)
             .arg(&eps)
-            .arg(&mut c.buf)
-            .arg(&n64);
-        // SAFETY: magnitude_ratio_f32(const float* m, const float* norm, float eps, float* c,
-        // u64 n): 5 arguments in this order with these types; m, norm and c hold n f32
-        // (checked); the kernel touches indices < n only.
-        unsafe { args.launch(grid_1d(n)) }.map_err(|e| launch_error(kernel, e))?;
-        Ok(c)
+            .arg(&mut alpha.buf)
+            .arg(&rows64)
+            .arg(&cols64);
+        // SAFETY: row_scales_f32(const float* V, const float* m, double eps, double* alpha, u64
+        // rows, u64 cols): 6 arguments in this order with these types; V holds rows·cols f32,
+        // m and alpha hold rows values (checked / allocated above); one thread per row < rows.
+        unsafe { args.launch(grid_1d(rows)) }.map_err(|e| launch_error(kernel, e))?;
+        Ok(alpha)
     }
 
     #[track_caller]
-    fn scale_rows(&mut self, X: &mut DeviceMat, c: &DeviceMat) -> Result<(), GpuError> {
-        check::vector("scale_rows: c", c, X.rows);
-        self.scale(Op::ScaleRows, X, c)
+    fn col_scales(
+        &mut self,
+        V: &DeviceMat,
+        alpha: Option<&DeviceScales>,
+        m: &DeviceMat,
+        eps: f64,
+    ) -> Result<DeviceScales, GpuError> {
+        check::vector("col_scales: m", m, V.cols);
+        if let Some(a) = alpha {
+            assert_eq!(a.len, V.rows, "col_scales: alpha holds one value per row");
+        }
+        self.bind()?;
+        let cols = V.cols;
+        let mut beta = DeviceScales {
+            len: cols,
+            buf: self.alloc::<f64>(cols, "column factors")?,
+        };
+        if cols == 0 {
+            return Ok(beta);
+        }
+        let ones;
+        let alpha = match alpha {
+            Some(a) => &a.buf,
+            None => {
+                ones = self.ones(V.rows)?;
+                &ones
+            }
+        };
+        let (kernel, f) = self.kernel(Op::ColScales, KernelDType::F32)?;
+        let (rows64, cols64) = (V.rows as u64, cols as u64);
+        let mut args = self.stream.launch_builder(f);
+        args.arg(&V.buf)
+            .arg(alpha)
+            .arg(&m.buf)
+            .arg(&eps)
+            .arg(&mut beta.buf)
+            .arg(&rows64)
+            .arg(&cols64);
+        // SAFETY: col_scales_f32(const float* V, const double* alpha, const float* m, double
+        // eps, double* beta, u64 rows, u64 cols): 7 arguments in this order with these types;
+        // V holds rows·cols f32, alpha max(rows, 1) f64, m and beta cols values (checked /
+        // allocated above); one thread per column < cols.
+        unsafe { args.launch(grid_1d(cols)) }.map_err(|e| launch_error(kernel, e))?;
+        Ok(beta)
     }
 
     #[track_caller]
-    fn scale_cols(&mut self, X: &mut DeviceMat, c: &DeviceMat) -> Result<(), GpuError> {
-        check::vector("scale_cols: c", c, X.cols);
-        self.scale(Op::ScaleCols, X, c)
-    }
-
-    #[track_caller]
-    fn accumulate_difference(
+    fn accumulate_normalised(
         &mut self,
         D: &mut DeviceMat,
-        a: f32,
-        X: &DeviceMat,
+        w: f64,
+        V: &DeviceMat,
         W0: &DeviceMat,
+        alpha: Option<&DeviceScales>,
+        beta: Option<&DeviceScales>,
     ) -> Result<(), GpuError> {
-        check::same("accumulate_difference: D, X", D, X);
-        check::same("accumulate_difference: D, W0", D, W0);
+        check::same("accumulate_normalised: D, V", D, V);
+        check::same("accumulate_normalised: D, W0", D, W0);
+        let (rows, cols) = (D.rows, D.cols);
+        assert!(
+            alpha.is_none_or(|a| a.len == rows) && beta.is_none_or(|b| b.len == cols),
+            "accumulate_normalised: factor lengths do not match ({rows}, {cols})"
+        );
+        self.bind()?;
+        if D.is_empty() {
+            return Ok(());
+        }
+        let (ones_r, ones_c);
+        let alpha = match alpha {
+            Some(a) => &a.buf,
+            None => {
+                ones_r = self.ones(rows)?;
+                &ones_r
+            }
+        };
+        let beta = match beta {
+            Some(b) => &b.buf,
+            None => {
+                ones_c = self.ones(cols)?;
+                &ones_c
+            }
+        };
+        let (kernel, f) = self.kernel(Op::AccumulateNormalised, KernelDType::F32)?;
+        let (rows64, cols64) = (rows as u64, cols as u64);
+        let mut args = self.stream.launch_builder(f);
+        args.arg(&mut D.buf)
+            .arg(&w)
+            .arg(&V.buf)
+            .arg(&W0.buf)
+            .arg(alpha)
+            .arg(beta)
+            .arg(&rows64)
+            .arg(&cols64);
+        // SAFETY: accumulate_normalised_f32(float* D, double w, const float* V, const float*
+        // W0, const double* alpha, const double* beta, u64 rows, u64 cols): 8 arguments in this
+        // order with these types; D, V and W0 hold rows·cols f32 (same shape, checked), alpha
+        // rows f64 and beta cols f64 (checked, or unit vectors of those lengths); indices stay
+        // below rows and cols.
+        unsafe { args.launch(grid_2d(rows, cols)) }.map_err(|e| launch_error(kernel, e))?;
+        Ok(())
+    }
+
+    #[track_caller]
+    fn accumulate_scaled(
+        &mut self,
+        D: &mut DeviceMat,
+        coef: f64,
+        X: &DeviceMat,
+    ) -> Result<(), GpuError> {
+        check::same("accumulate_scaled: D, X", D, X);
         self.bind()?;
         let n = D.len();
         if n == 0 {
             return Ok(());
         }
-        let (kernel, f) = self.kernel(Op::AccumulateDifference, KernelDType::F32)?;
+        let (kernel, f) = self.kernel(Op::AccumulateScaled, KernelDType::F32)?;
         let n64 = n as u64;
         let mut args = self.stream.launch_builder(f);
-        args.arg(&mut D.buf)
-            .arg(&a)
-            .arg(&X.buf)
-            .arg(&W0.buf)
-            .arg(&n64);
-        // SAFETY: accumulate_difference_f32(float* D, float a, const float* X, const float* W0,
-        // u64 n): 5 arguments in this order with these types; D, X and W0 hold n f32 (same
-        // shape, checked); the kernel touches indices < n only.
+        args.arg(&mut D.buf).arg(&coef).arg(&X.buf).arg(&n64);
+        // SAFETY: accumulate_scaled_f32(float* D, double coef, const float* X, u64 n): 4
+        // arguments in this order with these types; D and X hold n f32 (same shape, checked);
+        // the kernel touches indices < n only.
         unsafe { args.launch(grid_1d(n)) }.map_err(|e| launch_error(kernel, e))?;
         Ok(())
+    }
+
+    fn download_scales(&mut self, s: &DeviceScales) -> Result<Vec<f64>, GpuError> {
+        self.bind()?;
+        let mut values = vec![0.0f64; s.len];
+        self.staging
+            .download(&self.stream, &s.buf, bytemuck::cast_slice_mut(&mut values))?;
+        Ok(values)
     }
 
     #[track_caller]
@@ -510,7 +634,7 @@ impl Backend for CudaBackend {
         delta: &DeviceMat,
         dtype: DType,
         out: &mut [u8],
-    ) -> Result<(), GpuError> {
+    ) -> Result<Option<NonFinite>, GpuError> {
         check::same("add_narrow: base, delta", base, delta);
         let size = output_size(dtype)?;
         assert_eq!(
@@ -520,11 +644,13 @@ impl Backend for CudaBackend {
         );
         self.bind()?;
         if base.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
         match storage_kernel_dtype(dtype) {
-            Some(KernelDType::F32) | None => self.add_narrow32(base, delta, out),
-            Some(k) => self.narrow16(Op::AddNarrow, k, base, Some(delta), out),
+            Some(k @ (KernelDType::Bf16 | KernelDType::F16)) => {
+                self.add_narrow_as::<u16>(k, base, delta, out)
+            }
+            _ => self.add_narrow_as::<u32>(KernelDType::F32, base, delta, out),
         }
     }
 
@@ -537,9 +663,9 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         match storage_kernel_dtype(dtype) {
+            Some(k @ (KernelDType::Bf16 | KernelDType::F16)) => self.narrow16(k, src, out),
             // f32 → f32 is the identity on bits.
-            Some(KernelDType::F32) | None => self.staging.download(&self.stream, &src.buf, out),
-            Some(k) => self.narrow16(Op::Narrow, k, src, None, out),
+            _ => self.staging.download(&self.stream, &src.buf, out),
         }
     }
 

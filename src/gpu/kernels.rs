@@ -31,20 +31,24 @@ pub enum KernelFile {
     Convert,
     /// `kernels/norms.cu`: row and column L2 norms.
     Norms,
-    /// `kernels/scale.cu`: DoRA/BoRA element-wise steps.
-    Scale,
+    /// `kernels/accumulate.cu`: adding a contribution into the accumulator.
+    Accumulate,
 }
 
 impl KernelFile {
     /// Every kernel file, in slot order.
-    pub const ALL: [KernelFile; 3] = [KernelFile::Convert, KernelFile::Norms, KernelFile::Scale];
+    pub const ALL: [KernelFile; 3] = [
+        KernelFile::Convert,
+        KernelFile::Norms,
+        KernelFile::Accumulate,
+    ];
 
     /// The path in the repository, used in every message about the file.
     pub fn path(self) -> &'static str {
         match self {
             KernelFile::Convert => "kernels/convert.cu",
             KernelFile::Norms => "kernels/norms.cu",
-            KernelFile::Scale => "kernels/scale.cu",
+            KernelFile::Accumulate => "kernels/accumulate.cu",
         }
     }
 
@@ -53,7 +57,7 @@ impl KernelFile {
         match self {
             KernelFile::Convert => include_str!("../../kernels/convert.cu"),
             KernelFile::Norms => include_str!("../../kernels/norms.cu"),
-            KernelFile::Scale => include_str!("../../kernels/scale.cu"),
+            KernelFile::Accumulate => include_str!("../../kernels/accumulate.cu"),
         }
     }
 
@@ -78,20 +82,20 @@ pub enum Op {
     Widen,
     /// f32 → storage with one round-to-nearest-even.
     Narrow,
-    /// `RNE(base + delta)` with wanbake's NaN rule.
+    /// `RNE(base + delta)` with wanbake's NaN rule, reporting the first non-finite sum.
     AddNarrow,
-    /// Row L2 norms, f64 accumulation in index order.
+    /// Row L2 norms, f64 accumulation in index order, rounded to f32.
     RowNorms,
-    /// Column L2 norms, f64 accumulation in index order.
+    /// Column L2 norms, f64 accumulation in index order, rounded to f32.
     ColNorms,
-    /// `m / (norm + ε)`.
-    MagnitudeRatio,
-    /// `X[i, j] ← c[i]·X[i, j]`.
-    ScaleRows,
-    /// `X[i, j] ← c[j]·X[i, j]`.
-    ScaleCols,
-    /// `D ← D + a·(X − W0)`.
-    AccumulateDifference,
+    /// `α_i = m_i / (‖V_i‖ + ε)` in f64.
+    RowScales,
+    /// `β_j = m_j / (‖(α ⊙ V)_j‖ + ε)` in f64.
+    ColScales,
+    /// `D += f32(w·(β_j·(α_i·V) − W0))`.
+    AccumulateNormalised,
+    /// `D += f32(coef·X)`.
+    AccumulateScaled,
 }
 
 impl Op {
@@ -102,10 +106,10 @@ impl Op {
         Op::AddNarrow,
         Op::RowNorms,
         Op::ColNorms,
-        Op::MagnitudeRatio,
-        Op::ScaleRows,
-        Op::ScaleCols,
-        Op::AccumulateDifference,
+        Op::RowScales,
+        Op::ColScales,
+        Op::AccumulateNormalised,
+        Op::AccumulateScaled,
     ];
 
     /// The op part of the entry point names.
@@ -116,10 +120,10 @@ impl Op {
             Op::AddNarrow => "add_narrow",
             Op::RowNorms => "row_norms",
             Op::ColNorms => "col_norms",
-            Op::MagnitudeRatio => "magnitude_ratio",
-            Op::ScaleRows => "scale_rows",
-            Op::ScaleCols => "scale_cols",
-            Op::AccumulateDifference => "accumulate_difference",
+            Op::RowScales => "row_scales",
+            Op::ColScales => "col_scales",
+            Op::AccumulateNormalised => "accumulate_normalised",
+            Op::AccumulateScaled => "accumulate_scaled",
         }
     }
 
@@ -127,10 +131,8 @@ impl Op {
     pub fn file(self) -> KernelFile {
         match self {
             Op::Widen | Op::Narrow | Op::AddNarrow => KernelFile::Convert,
-            Op::RowNorms | Op::ColNorms => KernelFile::Norms,
-            Op::MagnitudeRatio | Op::ScaleRows | Op::ScaleCols | Op::AccumulateDifference => {
-                KernelFile::Scale
-            }
+            Op::RowNorms | Op::ColNorms | Op::RowScales | Op::ColScales => KernelFile::Norms,
+            Op::AccumulateNormalised | Op::AccumulateScaled => KernelFile::Accumulate,
         }
     }
 

@@ -16,12 +16,13 @@
 //! [`GpuError::Unavailable`], never a panic.
 //!
 //! # Same semantics as the CPU path
-//! * Conversions (`widen`, `narrow`, `add_narrow`) and the DoRA/BoRA element-wise steps are
-//!   bit-identical on both backends: the kernels are integer bit arithmetic or fixed
-//!   sequences of single IEEE operations, written once in [`arith`] (used by the CPU backend
-//!   and checked against `io::dtype` by the tests) and mirrored in `kernels/*.cu`.
-//! * Row/column norms are bit-identical: f64 accumulation in index order, one thread per sum,
-//!   exactly `linalg::norms`.
+//! * Conversions (`widen`, `narrow`, `add_narrow`) and the DoRA/BoRA and diff accumulation
+//!   steps are bit-identical on both backends: the kernels are integer bit arithmetic or fixed
+//!   sequences of single IEEE operations (f64 where `merge::math` computes in f64), written
+//!   once in [`arith`] (used by the CPU backend and checked against `io::dtype` by the tests)
+//!   and mirrored in `kernels/*.cu`.
+//! * Row/column norms and DoRA/BoRA scales are bit-identical: f64 accumulation in index order,
+//!   one thread per sum, exactly `linalg::norms` and `merge::math`.
 //! * Low-rank products are f32 GEMMs: cuBLAS (pedantic math, no TF32, no atomics, one handle
 //!   per stream) versus faer. Both are deterministic run to run, but they sum in different
 //!   orders, so products agree to f32 rounding, not bit for bit; after the final rounding to
@@ -41,8 +42,10 @@ mod blas;
 mod staging;
 mod svd;
 
-pub use backend::{Backend, BackendKind, CpuBackend, HostMat, MatShape};
-pub use cuda::{CudaBackend, DeviceMat};
+pub use backend::{
+    Backend, BackendKind, CpuBackend, HostMat, HostScales, MatShape, NonFinite, ScalesLen,
+};
+pub use cuda::{CudaBackend, DeviceMat, DeviceScales};
 pub use device::{CudaDevice, DeviceChoice, DeviceInfo, Selected, Selection, probe, select};
 pub use error::GpuError;
 pub use kernels::{Kernel, KernelDType, KernelFile, Op};
