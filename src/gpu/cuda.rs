@@ -248,10 +248,10 @@ impl CudaBackend {
     ) -> Result<Option<NonFinite>, GpuError> {
         let n = base.len();
         let mut dst = self.alloc::<T>(n, "the merged tensor")?;
-        let mut first = self
-            .stream
-            .clone_htod(&[u64::MAX])
-            .map_err(|e| GpuError::cuda("uploading the non-finite marker", e))?;
+        // All ones = "none yet"; uploaded through the pinned staging, so nothing waits.
+        let mut first = self.alloc::<u64>(1, "the non-finite marker")?;
+        self.staging
+            .upload(&self.stream, &u64::MAX.to_le_bytes(), &mut first)?;
         let (kernel, f) = self.kernel(Op::AddNarrow, dtype)?;
         let n64 = n as u64;
         let mut args = self.stream.launch_builder(f);
@@ -312,11 +312,13 @@ impl CudaBackend {
         Ok(dst)
     }
 
-    /// `len` ones (a missing α or β).
-    fn ones(&self, len: usize) -> Result<CudaSlice<f64>, GpuError> {
-        self.stream
-            .clone_htod(&vec![1.0f64; len.max(1)])
-            .map_err(|e| GpuError::cuda(format!("uploading {len} unit factors"), e))
+    /// `len` ones (a missing α or β), uploaded through the pinned staging (no stream sync).
+    fn ones(&mut self, len: usize) -> Result<CudaSlice<f64>, GpuError> {
+        let mut buf = self.alloc::<f64>(len, "unit factors")?;
+        let ones = vec![1.0f64; len];
+        self.staging
+            .upload(&self.stream, bytemuck::cast_slice(&ones), &mut buf)?;
+        Ok(buf)
     }
 }
 
