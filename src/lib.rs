@@ -8,7 +8,12 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+pub mod adapter;
 pub mod cli;
+pub mod inspect;
 pub mod io;
 pub mod layout;
+pub mod manifest;
 pub mod model;
+pub mod release;
+pub mod synth;
