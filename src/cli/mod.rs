@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 
 pub mod inspect;
 pub mod printer;
+pub mod restack;
 pub mod synth;
 pub mod verify;
 
@@ -60,6 +61,8 @@ pub enum Command {
     Verify(verify::Args),
     /// Write a synthetic checkpoint with the real shapes of a released model.
     Synth(synth::Args),
+    /// Convert a WAN transformer between the diffusers, wan, nnx and nnx-scanned layouts.
+    Restack(restack::Args),
 }
 
 /// Runs the parsed command line.
@@ -86,6 +89,10 @@ pub fn execute(cli: Cli) -> anyhow::Result<Status> {
         Command::Synth(a) => {
             let mut p = Printer::new(a.json, quiet);
             synth::execute(a, &mut p)
+        }
+        Command::Restack(a) => {
+            let mut p = Printer::new(a.json, quiet);
+            restack::execute(a, &mut p)
         }
     }
 }
