@@ -1640,3 +1640,45 @@ mod restack_cli {
         assert_eq!(skipped[0]["shape"], serde_json::json!([32]));
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Benchmark (ignored): the executor alone on a 1.3B-shaped checkpoint. Generate the input
+// with `wanbake synth --model wan2.1-t2v-1.3b --dtype f32 --fill random --out /tmp/wan13b-f32`
+// and run
+// `cargo test --release --test layout -- --ignored --nocapture bench_executor_1_3b`
+// (see BENCHMARKS.md, "Restack (layout)").
+
+fn peak_rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+#[ignore = "benchmark: needs a 5.7 GB synthetic checkpoint (see the comment above)"]
+fn bench_executor_1_3b_f32_to_nnx_scanned_bf16() {
+    let input = std::env::var("WANBAKE_BENCH_IN")
+        .unwrap_or_else(|_| "/tmp/wan13b-f32/diffusion_pytorch_model.safetensors".into());
+    let output = std::env::var("WANBAKE_BENCH_OUT")
+        .unwrap_or_else(|_| "/tmp/wanbake-bench-nnx-bf16.safetensors".into());
+    let start = std::time::Instant::now();
+    let conv = restack_file(
+        std::path::Path::new(&input),
+        std::path::Path::new(&output),
+        Layout::NnxScanned,
+        OutputDType::BF16,
+    );
+    let elapsed = start.elapsed();
+    let bytes = std::fs::metadata(&output).unwrap().len();
+    println!(
+        "executor: {} -> {} ({} tensors, {bytes} bytes) in {:.2} s, peak RSS {} MiB",
+        input,
+        output,
+        conv.write.tensors.len(),
+        elapsed.as_secs_f64(),
+        peak_rss_kib() / 1024
+    );
+}

@@ -456,7 +456,9 @@ impl TensorSource for TensorSet {
         self.get(name).map(|t| t.view)
     }
 
-    fn release(&self, name: &str) {
+    fn release(&self, name: &str, _bytes: std::ops::Range<usize>) {
+        // SafetensorsFile releases whole tensors only (see the report: a ranged release
+        // would keep the other layers of a stacked input mapped).
         if let Some(t) = self.get(name) {
             t.file.release(t.position);
         }
