@@ -10,10 +10,12 @@
 
 pub mod adapter;
 pub mod cli;
+pub mod convert;
 pub mod inspect;
 pub mod io;
 pub mod layout;
 pub mod manifest;
 pub mod model;
+pub mod recipe;
 pub mod release;
 pub mod synth;

@@ -4,6 +4,7 @@
 
 use clap::{Parser, Subcommand};
 
+pub mod convert;
 pub mod inspect;
 pub mod printer;
 pub mod restack;
@@ -61,6 +62,8 @@ pub enum Command {
     Verify(verify::Args),
     /// Write a synthetic checkpoint with the real shapes of a released model.
     Synth(synth::Args),
+    /// Convert the float tensors of any checkpoint to another dtype (mirrors its naming).
+    Convert(convert::Args),
     /// Convert a WAN transformer between the diffusers, wan, nnx and nnx-scanned layouts.
     Restack(restack::Args),
 }
@@ -89,6 +92,10 @@ pub fn execute(cli: Cli) -> anyhow::Result<Status> {
         Command::Synth(a) => {
             let mut p = Printer::new(a.json, quiet);
             synth::execute(a, &mut p)
+        }
+        Command::Convert(a) => {
+            let mut p = Printer::new(a.json, quiet);
+            convert::execute(a, &mut p)
         }
         Command::Restack(a) => {
             let mut p = Printer::new(a.json, quiet);
