@@ -2,8 +2,9 @@
 //! literals, bit-exact round trips through all four layouts on tiny configs, parameter
 //! counts of every released config in every layout, NNX values checked by index arithmetic
 //! written from spec wan.md §4.2, keep-f32 policies against the lists of spec §2.6 / §4.4,
-//! error reports, the MaxDiffusion golden files when present, and the 1.3B benchmark
-//! (ignored).
+//! error reports, the golden NNX layouts of `golden/nnx/` (a numpy re-implementation of
+//! MaxDiffusion's converter on diffusers-built models), `restack` on the golden models, and
+//! the 1.3B benchmark (ignored).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -1399,8 +1400,8 @@ fn check_golden(model_dir: &std::path::Path, golden: &std::path::Path, layout: L
 }
 
 // ---------------------------------------------------------------------------------------
-// Parameter counts as canonical ParamSpecs survive WritePlan → ReadPlan for wan names with
-// a prefix in a real file too (A14B experts are T2V/I2V-shaped).
+// The A14B experts (T2V- and I2V-shaped, spec wan.md §1.3) read back from their scanned
+// names alone to the released parameter list.
 
 #[test]
 fn released_experts_read_back_from_nnx_scanned_names() {
