@@ -9,6 +9,7 @@ pub mod inspect;
 pub mod printer;
 pub mod restack;
 pub mod synth;
+pub mod translate;
 pub mod verify;
 
 pub use printer::Printer;
@@ -64,6 +65,8 @@ pub enum Command {
     Synth(synth::Args),
     /// Convert the float tensors of any checkpoint to another dtype (mirrors its naming).
     Convert(convert::Args),
+    /// Write an adapter in another convention (PEFT, diffusers, ComfyUI, kohya, SA3, NNX).
+    Translate(translate::Args),
     /// Convert a WAN transformer between the diffusers, wan, nnx and nnx-scanned layouts.
     Restack(restack::Args),
 }
@@ -96,6 +99,10 @@ pub fn execute(cli: Cli) -> anyhow::Result<Status> {
         Command::Convert(a) => {
             let mut p = Printer::new(a.json, quiet);
             convert::execute(a, &mut p)
+        }
+        Command::Translate(a) => {
+            let mut p = Printer::new(a.json, quiet);
+            translate::execute(a, &mut p)
         }
         Command::Restack(a) => {
             let mut p = Printer::new(a.json, quiet);
