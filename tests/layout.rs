@@ -1371,11 +1371,11 @@ fn check_golden(model_dir: &std::path::Path, golden: &std::path::Path, layout: L
             .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
             .collect();
         for (i, want) in e["first8"].as_array().unwrap().iter().enumerate() {
-            // The JSON holds exact f32 values in 17 digits; serde_json's default float parser
-            // may be one f64 ulp off, which cannot change the nearest f32.
+            // The JSON holds the exact f32 values in 17 digits, and serde_json parses with
+            // float_roundtrip, so the widened value must match exactly.
             assert_eq!(
-                values[i],
-                want.as_f64().unwrap() as f32,
+                values[i] as f64,
+                want.as_f64().unwrap(),
                 "{}: {key} first8[{i}]",
                 golden.display()
             );
