@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 pub mod convert;
 pub mod inspect;
 pub mod printer;
+pub mod restack;
 pub mod synth;
 pub mod translate;
 pub mod verify;
@@ -66,6 +67,8 @@ pub enum Command {
     Convert(convert::Args),
     /// Write an adapter in another convention (PEFT, diffusers, ComfyUI, kohya, SA3, NNX).
     Translate(translate::Args),
+    /// Convert a WAN transformer between the diffusers, wan, nnx and nnx-scanned layouts.
+    Restack(restack::Args),
 }
 
 /// Runs the parsed command line.
@@ -100,6 +103,10 @@ pub fn execute(cli: Cli) -> anyhow::Result<Status> {
         Command::Translate(a) => {
             let mut p = Printer::new(a.json, quiet);
             translate::execute(a, &mut p)
+        }
+        Command::Restack(a) => {
+            let mut p = Printer::new(a.json, quiet);
+            restack::execute(a, &mut p)
         }
     }
 }
