@@ -11,3 +11,4 @@
 pub mod cli;
 pub mod io;
 pub mod model;
+pub mod runner;

@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 
 pub mod inspect;
 pub mod printer;
+pub mod run;
 
 pub use printer::Printer;
 
@@ -51,6 +52,8 @@ pub struct Cli {
 pub enum Command {
     /// Describe checkpoints and adapters: files, tensors, dtypes, model fingerprint.
     Inspect(inspect::Args),
+    /// Run the bundled WAN transformer on CPU: one forward, or N sampling steps with CFG.
+    Run(run::Args),
 }
 
 /// Runs the parsed command line.
@@ -60,6 +63,10 @@ pub fn execute(cli: Cli) -> anyhow::Result<Status> {
         Command::Inspect(a) => {
             let mut p = Printer::new(a.json, quiet);
             inspect::execute(a, &mut p)
+        }
+        Command::Run(a) => {
+            let mut p = Printer::new(a.json, quiet);
+            run::execute(a, &mut p)
         }
     }
 }

@@ -1,0 +1,292 @@
+//! The N-step flow-matching Euler sampling loop of diffusers' Wan pipelines (spec wan.md
+//! §3.3, §3.4), with classifier-free guidance batched into one forward and the Wan2.2
+//! A14B expert switch.
+//!
+//! Owns: `Experts` (the high-noise `transformer`, the optional low-noise `transformer_2`
+//! and the boundary), `SampleOptions`, `SampleInputs` and `sample`. Semantics follow
+//! `WanPipeline.__call__`: guidance is on when `guidance > 1` (the first scale, as
+//! `do_classifier_free_guidance` reads it); at step i the expert is `transformer` when
+//! `t_i ≥ boundary_ratio·1000` (compared in f32, as torch compares a float tensor with a
+//! Python float) with `guidance`, else `transformer_2` with `guidance_2` (default
+//! `guidance`); `v = v_u + g·(v_c − v_u)` in f32; then the scheduler's Euler step. For I2V
+//! models (C_in > C_out) the channels after the first C_out of `hidden_states` are the
+//! fixed condition, concatenated after the latents at every step (as
+//! `WanImageToVideoPipeline` does); the result has C_out channels. When the inputs'
+//! timestep is per token (B, S), every token gets t_i (Wan2.2 TI2V text-to-video with
+//! `expand_timesteps`, whose mask is all ones). Does not own: the forward
+//! (`runner::forward`).
+
+use std::time::Instant;
+
+use super::error::RunError;
+use super::forward::{ForwardInputs, WanTransformer};
+use super::scheduler::{FlowMatchEuler, NUM_TRAIN_TIMESTEPS};
+use super::tensor::Tensor;
+
+/// One or two transformers and the rule that picks between them.
+#[derive(Debug)]
+pub struct Experts<'w> {
+    /// `transformer`: the only model, or the high-noise expert of Wan2.2 A14B.
+    pub transformer: WanTransformer<'w>,
+    /// `transformer_2`: the low-noise expert.
+    pub transformer_2: Option<WanTransformer<'w>>,
+    /// `boundary_ratio`; required exactly when `transformer_2` is present.
+    pub boundary_ratio: Option<f64>,
+}
+
+/// Sampling settings.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SampleOptions {
+    /// Number of Euler steps N ≥ 1.
+    pub steps: usize,
+    /// Scheduler shift.
+    pub shift: f64,
+    /// Guidance scale of `transformer`; CFG runs when it is > 1.
+    pub guidance: f64,
+    /// Guidance scale of `transformer_2` (default: `guidance`).
+    pub guidance_2: Option<f64>,
+}
+
+/// The tensors sampling starts from.
+#[derive(Clone, Copy, Debug)]
+pub struct SampleInputs<'a> {
+    /// Initial latents (B, C_out, F, H, W), followed for I2V models by the condition
+    /// channels: (B, C_in, F, H, W).
+    pub hidden_states: &'a Tensor,
+    /// Its shape selects per-item (B) or per-token (B, S) timesteps; its values are unused.
+    pub timestep: &'a Tensor,
+    /// Conditional text embeds (B, L, T).
+    pub encoder_hidden_states: &'a Tensor,
+    /// Unconditional text embeds (B, L, T), required when guidance > 1.
+    pub negative_encoder_hidden_states: Option<&'a Tensor>,
+    /// Image embeds for Wan2.1 I2V/FLF2V, shared by both CFG halves.
+    pub encoder_hidden_states_image: Option<&'a Tensor>,
+}
+
+/// What happened at one step, for timing reports.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepReport {
+    /// Step index i.
+    pub index: usize,
+    /// t_i.
+    pub timestep: f32,
+    /// "transformer" or "transformer_2".
+    pub expert: &'static str,
+    /// Guidance applied (None when CFG is off).
+    pub guidance: Option<f64>,
+    /// Wall time of the step in seconds.
+    pub seconds: f64,
+}
+
+impl Experts<'_> {
+    /// Checks that the experts agree and that the boundary fits them.
+    pub fn check(&self) -> Result<(), RunError> {
+        match (&self.transformer_2, self.boundary_ratio) {
+            (Some(low), Some(r)) => {
+                let (a, b) = (self.transformer.config(), low.config());
+                if a.in_channels != b.in_channels || a.out_channels() != b.out_channels() || a.patch_size != b.patch_size {
+                    return Err(RunError::Options(format!(
+                        "transformer and transformer_2 disagree on in/out channels or patch size \
+                         ({} / {} / {:?} vs {} / {} / {:?})",
+                        a.in_channels,
+                        a.out_channels(),
+                        a.patch_size,
+                        b.in_channels,
+                        b.out_channels(),
+                        b.patch_size
+                    )));
+                }
+                if !(0.0..=1.0).contains(&r) {
+                    return Err(RunError::Options(format!("boundary ratio {r} is outside [0, 1]")));
+                }
+                Ok(())
+            }
+            (Some(_), None) => Err(RunError::Options(
+                "the model has transformer_2 but no boundary ratio (none in model_index.json); pass --boundary-ratio".into(),
+            )),
+            (None, Some(r)) => Err(RunError::Options(format!(
+                "boundary ratio {r} given, but the model has no transformer_2 to switch to"
+            ))),
+            (None, None) => Ok(()),
+        }
+    }
+
+    /// The expert, its name and its guidance scale at timestep `t`.
+    fn pick(&self, t: f32, opts: &SampleOptions) -> (&WanTransformer<'_>, &'static str, f64) {
+        match (&self.transformer_2, self.boundary_ratio) {
+            (Some(low), Some(r)) if t < (r * NUM_TRAIN_TIMESTEPS as f64) as f32 => (
+                low,
+                "transformer_2",
+                opts.guidance_2.unwrap_or(opts.guidance),
+            ),
+            _ => (&self.transformer, "transformer", opts.guidance),
+        }
+    }
+}
+
+/// Runs N Euler steps from `inputs.hidden_states`; returns the latents (B, C_out, F, H, W).
+pub fn sample(
+    experts: &Experts<'_>,
+    inputs: &SampleInputs<'_>,
+    opts: &SampleOptions,
+    on_step: &mut dyn FnMut(&StepReport),
+) -> Result<Tensor, RunError> {
+    experts.check()?;
+    if opts.steps == 0 {
+        return Err(RunError::Options("sampling needs at least one step".into()));
+    }
+    if opts.guidance_2.is_some() && experts.transformer_2.is_none() {
+        return Err(RunError::Options(
+            "guidance_2 is only used with a second expert (transformer_2 and a boundary ratio)"
+                .into(),
+        ));
+    }
+    let cfg = experts.transformer.config();
+    let (c_in, c_out) = (cfg.in_channels, cfg.out_channels());
+    let hs = inputs.hidden_states;
+    // Full shape checks happen in the first forward; these make the channel split safe.
+    let &[batch, c, fl, hl, wl] = hs.shape.as_slice() else {
+        return Err(RunError::input(
+            "hidden_states",
+            format!("expected (B, {c_in}, F, H, W), found {:?}", hs.shape),
+        ));
+    };
+    if c != c_in || c_in < c_out {
+        return Err(RunError::input(
+            "hidden_states",
+            format!(
+                "expected {c_in} channels ({c_out} latent + {} condition), found {c}",
+                c_in.saturating_sub(c_out)
+            ),
+        ));
+    }
+    let cfg_on = opts.guidance > 1.0;
+    let negative = match (cfg_on, inputs.negative_encoder_hidden_states) {
+        (true, Some(n)) => {
+            if n.shape != inputs.encoder_hidden_states.shape {
+                return Err(RunError::input(
+                    "negative_encoder_hidden_states",
+                    format!(
+                        "expected the shape of encoder_hidden_states {:?} (both halves run as one batch), found {:?}",
+                        inputs.encoder_hidden_states.shape, n.shape
+                    ),
+                ));
+            }
+            Some(n)
+        }
+        (true, None) => {
+            return Err(RunError::input(
+                "negative_encoder_hidden_states",
+                format!(
+                    "missing: guidance {} > 1 needs the unconditional text embeds",
+                    opts.guidance
+                ),
+            ));
+        }
+        (false, _) => None,
+    };
+    let frame = fl * hl * wl;
+    let (mut latents, condition) = split_channels(&hs.data, batch, c_in, c_out, frame);
+    let schedule = FlowMatchEuler::new(opts.steps, opts.shift);
+    let copies = if cfg_on { 2 } else { 1 };
+    let text = match negative {
+        Some(n) => concat(&[inputs.encoder_hidden_states, n]),
+        None => inputs.encoder_hidden_states.clone(),
+    };
+    let image = inputs
+        .encoder_hidden_states_image
+        .map(|img| concat(&vec![img; copies]));
+    let per_token = inputs.timestep.rank() == 2;
+    let tokens_per_item = if per_token {
+        inputs.timestep.shape[1]
+    } else {
+        1
+    };
+    for (i, &t) in schedule.timesteps.iter().enumerate() {
+        let start = Instant::now();
+        let (model, expert, g) = experts.pick(t, opts);
+        let model_in = join_channels(&latents, &condition, batch, c_out, c_in - c_out, frame);
+        let hidden = Tensor::new(
+            vec![batch * copies, c_in, fl, hl, wl],
+            model_in.repeat(copies),
+        );
+        let timestep = if per_token {
+            Tensor::new(
+                vec![batch * copies, tokens_per_item],
+                vec![t; batch * copies * tokens_per_item],
+            )
+        } else {
+            Tensor::new(vec![batch * copies], vec![t; batch * copies])
+        };
+        let v = model.forward(&ForwardInputs {
+            hidden_states: &hidden,
+            timestep: &timestep,
+            encoder_hidden_states: &text,
+            encoder_hidden_states_image: image.as_ref(),
+        })?;
+        let half = latents.len();
+        let velocity: Vec<f32> = if cfg_on {
+            let (cond, uncond) = v.data.split_at(half);
+            let g32 = g as f32;
+            uncond
+                .iter()
+                .zip(cond)
+                .map(|(u, c)| u + g32 * (c - u))
+                .collect()
+        } else {
+            v.data
+        };
+        schedule.step(i, &mut latents, &velocity);
+        on_step(&StepReport {
+            index: i,
+            timestep: t,
+            expert,
+            guidance: cfg_on.then_some(g),
+            seconds: start.elapsed().as_secs_f64(),
+        });
+    }
+    Ok(Tensor::new(vec![batch, c_out, fl, hl, wl], latents))
+}
+
+/// Splits (B, C_in, …) into the first `c_out` channels and the rest, per item.
+fn split_channels(
+    data: &[f32],
+    batch: usize,
+    c_in: usize,
+    c_out: usize,
+    frame: usize,
+) -> (Vec<f32>, Vec<f32>) {
+    let mut lat = Vec::with_capacity(batch * c_out * frame);
+    let mut cond = Vec::with_capacity(batch * (c_in - c_out) * frame);
+    for item in data.chunks(c_in * frame) {
+        lat.extend_from_slice(&item[..c_out * frame]);
+        cond.extend_from_slice(&item[c_out * frame..]);
+    }
+    (lat, cond)
+}
+
+/// Per item, latents channels then condition channels.
+fn join_channels(
+    lat: &[f32],
+    cond: &[f32],
+    batch: usize,
+    c_lat: usize,
+    c_cond: usize,
+    frame: usize,
+) -> Vec<f32> {
+    let mut out = Vec::with_capacity(batch * (c_lat + c_cond) * frame);
+    for b in 0..batch {
+        out.extend_from_slice(&lat[b * c_lat * frame..(b + 1) * c_lat * frame]);
+        out.extend_from_slice(&cond[b * c_cond * frame..(b + 1) * c_cond * frame]);
+    }
+    out
+}
+
+/// Concatenation along the first axis (shapes otherwise equal, checked by the caller or by
+/// the forward's shape check).
+fn concat(parts: &[&Tensor]) -> Tensor {
+    let mut shape = parts[0].shape.clone();
+    shape[0] = parts.iter().map(|p| p.shape[0]).sum();
+    let data = parts.iter().flat_map(|p| p.data.iter().copied()).collect();
+    Tensor::new(shape, data)
+}
