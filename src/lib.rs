@@ -8,7 +8,14 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+pub mod adapter;
 pub mod cli;
+pub mod convert;
+pub mod inspect;
 pub mod io;
+pub mod manifest;
 pub mod model;
+pub mod recipe;
+pub mod release;
 pub mod runner;
+pub mod synth;

@@ -6,6 +6,7 @@ use clap::Parser;
 use wanbake::cli::{self, Cli, Status};
 
 fn main() -> ExitCode {
+    wanbake::io::staging::install_signal_guards();
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {

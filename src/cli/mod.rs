@@ -4,9 +4,12 @@
 
 use clap::{Parser, Subcommand};
 
+pub mod convert;
 pub mod inspect;
 pub mod printer;
 pub mod run;
+pub mod synth;
+pub mod verify;
 
 pub use printer::Printer;
 
@@ -40,8 +43,11 @@ impl Status {
 #[command(name = "wanbake", version, about, long_about = None)]
 pub struct Cli {
     /// Print nothing but errors.
-    #[arg(long, global = true)]
+    #[arg(short, long, global = true)]
     pub quiet: bool,
+    /// Worker threads (default: all cores). Outputs are identical for any value.
+    #[arg(long, global = true)]
+    pub threads: Option<usize>,
     /// The subcommand.
     #[command(subcommand)]
     pub command: Command,
@@ -52,6 +58,12 @@ pub struct Cli {
 pub enum Command {
     /// Describe checkpoints and adapters: files, tensors, dtypes, model fingerprint.
     Inspect(inspect::Args),
+    /// Recompute every hash of a release and compare with its manifest (exit 3 on mismatch).
+    Verify(verify::Args),
+    /// Write a synthetic checkpoint with the real shapes of a released model.
+    Synth(synth::Args),
+    /// Convert the float tensors of any checkpoint to another dtype (mirrors its naming).
+    Convert(convert::Args),
     /// Run the bundled WAN transformer on CPU: one forward, or N sampling steps with CFG.
     Run(run::Args),
 }
@@ -59,10 +71,31 @@ pub enum Command {
 /// Runs the parsed command line.
 pub fn execute(cli: Cli) -> anyhow::Result<Status> {
     let quiet = cli.quiet;
+    if let Some(n) = cli.threads {
+        if n == 0 {
+            return Err(UsageError("--threads must be at least 1".into()).into());
+        }
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build_global()
+            .map_err(|e| anyhow::anyhow!("cannot start {n} worker threads: {e}"))?;
+    }
     match cli.command {
         Command::Inspect(a) => {
             let mut p = Printer::new(a.json, quiet);
             inspect::execute(a, &mut p)
+        }
+        Command::Verify(a) => {
+            let mut p = Printer::new(a.json, quiet);
+            verify::execute(a, &mut p)
+        }
+        Command::Synth(a) => {
+            let mut p = Printer::new(a.json, quiet);
+            synth::execute(a, &mut p)
+        }
+        Command::Convert(a) => {
+            let mut p = Printer::new(a.json, quiet);
+            convert::execute(a, &mut p)
         }
         Command::Run(a) => {
             let mut p = Printer::new(a.json, quiet);

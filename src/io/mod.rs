@@ -2,15 +2,23 @@
 //!
 //! Owns: element types and their conversions (`dtype`), the header parser and canonical
 //! header layout (`header`), read-only memory maps (`mmap`, the only `unsafe` of this layer),
-//! single files (`file`), multi-file checkpoints and folders (`checkpoint`), and the
-//! streaming, atomic writer (`writer`, `staging`). Does not own: what tensors mean (`model`,
-//! `adapter`) or how they are computed (`merge`).
+//! single files (`file`), multi-file checkpoints and folders (`checkpoint`), hashing
+//! (`digest`), what an output will contain (`writer`) and the atomic, durable writing of it
+//! (`staging`). Does not own: what tensors mean (`model`, `adapter`) or how they are
+//! computed (`merge`).
 
+pub mod checkpoint;
+pub mod digest;
 pub mod dtype;
 pub mod file;
 pub mod header;
 pub mod mmap;
+pub mod staging;
+pub mod writer;
 
+pub use checkpoint::{Checkpoint, Component, TensorRef, TensorSet};
 pub use dtype::DType;
 pub use file::{ReadError, SafetensorsFile, TensorView};
-pub use header::{FormatError, Header, TensorInfo};
+pub use header::{FormatError, Header, PlannedTensor, TensorInfo};
+pub use staging::{Staging, WriteError};
+pub use writer::{ComponentOutput, OutputPlan, Slot};

@@ -1,6 +1,9 @@
 //! Model families wanbake knows: their configs, parameter tables and fingerprints.
 //!
-//! Owns: WAN configs and parameter lists (`wan`). Naming conventions other than diffusers
+//! Owns: WAN configs and parameter lists (`wan`), SA3 sizes and shapes (`sa3`), and
+//! recognising a released model from tensor names and shapes (`fingerprint`). Naming conventions other than diffusers
 //! live in `layout`; adapter naming lives in `adapter`.
 
+pub mod fingerprint;
+pub mod sa3;
 pub mod wan;

@@ -1,7 +1,7 @@
-//! Opening what `wanbake run --model` names: a diffusers transformer (folder or
-//! .safetensors file beside its config.json) or a diffusers pipeline folder with
-//! `transformer/`, optional `transformer_2/` and `model_index.json` (whose
-//! `boundary_ratio` is the default expert switch of Wan2.2 A14B).
+//! Opening what `wanbake run --model` names, through `io::checkpoint`: a diffusers
+//! transformer (model folder, .safetensors file or shard index beside its config.json) or
+//! a diffusers pipeline folder with `transformer/`, optional `transformer_2/` and
+//! `model_index.json` (whose `boundary_ratio` is the default expert switch of Wan2.2 A14B).
 //!
 //! Owns: `ModelSet` (the opened weight sources and the boundary found on disk). Does not
 //! own: the weights' validation (`runner::weights`) or the switch rule (`runner::sampler`).
@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 
 use super::error::RunError;
 use super::weights::{DiffusersCheckpoint, WeightSource};
+use crate::io::checkpoint::{Checkpoint, SourceKind};
 
 /// The transformers of one model path.
 pub struct ModelSet {
@@ -40,52 +41,66 @@ impl std::fmt::Debug for ModelSet {
 impl ModelSet {
     /// Opens `path` (see the module doc).
     pub fn open(path: &Path) -> Result<ModelSet, RunError> {
-        let sub = path.join("transformer");
-        if path.is_dir() && sub.is_dir() {
-            let transformer: Box<dyn WeightSource> =
-                Box::new(DiffusersCheckpoint::open_path(&sub)?);
-            let sub2 = path.join("transformer_2");
-            let transformer_2: Option<Box<dyn WeightSource>> = if sub2.is_dir() {
-                Some(Box::new(DiffusersCheckpoint::open_path(&sub2)?))
-            } else {
-                None
-            };
-            let boundary_ratio = read_boundary_ratio(&path.join("model_index.json"))?;
+        let ckpt = Checkpoint::open(path)?;
+        if ckpt.kind != SourceKind::Pipeline {
+            let mut components = ckpt.components;
+            let only = components.remove(0);
             return Ok(ModelSet {
                 path: path.to_path_buf(),
-                transformer,
-                transformer_2,
-                boundary_ratio,
+                transformer: Box::new(DiffusersCheckpoint::from_component(path, only)?),
+                transformer_2: None,
+                boundary_ratio: None,
             });
         }
+        let boundary_ratio = match ckpt
+            .root_files
+            .iter()
+            .find(|f| f.name == "model_index.json")
+        {
+            Some(f) => boundary_ratio_of(&f.json, &f.path)?,
+            None => None,
+        };
+        let mut transformer = None;
+        let mut transformer_2 = None;
+        for c in ckpt.components {
+            let slot = match c.name.as_str() {
+                "transformer" => &mut transformer,
+                "transformer_2" => &mut transformer_2,
+                other => {
+                    return Err(RunError::ModelLayout {
+                        path: path.join(other),
+                        reason: format!(
+                            "`{other}/` holds original-layout Wan 2.2 weights, which the runner \
+                             reads only in diffusers layout (transformer/, transformer_2/)"
+                        ),
+                    });
+                }
+            };
+            let source: Box<dyn WeightSource> =
+                Box::new(DiffusersCheckpoint::from_component(path, c)?);
+            *slot = Some(source);
+        }
+        let transformer = transformer.ok_or_else(|| RunError::ModelLayout {
+            path: path.to_path_buf(),
+            reason: "pipeline folder has transformer_2/ but no transformer/".into(),
+        })?;
         Ok(ModelSet {
             path: path.to_path_buf(),
-            transformer: Box::new(DiffusersCheckpoint::open_path(path)?),
-            transformer_2: None,
-            boundary_ratio: None,
+            transformer,
+            transformer_2,
+            boundary_ratio,
         })
     }
 }
 
-/// `boundary_ratio` of a pipeline's model_index.json; None when the file is absent or the
+/// `boundary_ratio` of a pipeline's parsed model_index.json (at `path`); None when the
 /// field is absent or null.
-pub fn read_boundary_ratio(path: &Path) -> Result<Option<f64>, RunError> {
-    if !path.is_file() {
-        return Ok(None);
-    }
-    let bad = |reason: String| RunError::Config {
-        path: path.to_path_buf(),
-        reason,
-    };
-    let text = fs_err::read_to_string(path).map_err(|e| bad(e.to_string()))?;
-    let json: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
+pub fn boundary_ratio_of(json: &serde_json::Value, path: &Path) -> Result<Option<f64>, RunError> {
     match json.get("boundary_ratio") {
         None | Some(serde_json::Value::Null) => Ok(None),
-        Some(v) => v.as_f64().map(Some).ok_or_else(|| {
-            bad(format!(
-                "boundary_ratio must be a number or null, found {v}"
-            ))
+        Some(v) => v.as_f64().map(Some).ok_or_else(|| RunError::Config {
+            path: path.to_path_buf(),
+            reason: format!("boundary_ratio must be a number or null, found {v}"),
         }),
     }
 }

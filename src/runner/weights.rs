@@ -2,20 +2,21 @@
 //!
 //! Owns: the `WeightSource` trait (a config plus f32 tensors in diffusers naming and
 //! PyTorch layout, fetched one at a time when a layer runs) and `DiffusersCheckpoint`, a
-//! diffusers-layout model: one safetensors file plus its config.json, any float dtype,
+//! diffusers-layout model (one file or shards, plus its config.json), any float dtype,
 //! validated against the complete parameter table of its config at open time and read
 //! straight from the memory map (f32 weights are borrowed, others widened per tensor when
-//! asked). Does not own: other naming conventions (`layout`), multi-file checkpoints and
-//! pipeline folders (`io::checkpoint`, see `runner::model_dir`).
+//! asked). Does not own: finding files and folders (`io::checkpoint`), other naming
+//! conventions (`layout`), or which transformer is which (`runner::model_dir`).
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use rayon::prelude::*;
 
 use super::error::RunError;
-use crate::io::{DType, SafetensorsFile};
+use crate::io::DType;
+use crate::io::checkpoint::{Checkpoint, Component, TensorSet};
 use crate::model::wan::WanConfig;
 
 /// A WAN transformer's weights in diffusers naming and PyTorch layout, as f32.
@@ -39,11 +40,12 @@ pub fn is_ignored_on_load(name: &str) -> bool {
     name.split('.').any(|t| t == "norm_added_q")
 }
 
-/// A diffusers-layout `WanTransformer3DModel` in one safetensors file with its config.json.
+/// A diffusers-layout `WanTransformer3DModel`: one file or the shards of an index
+/// (`io::checkpoint::TensorSet`), with its config.json.
 pub struct DiffusersCheckpoint {
     name: String,
     config: WanConfig,
-    file: SafetensorsFile,
+    tensors: TensorSet,
 }
 
 impl std::fmt::Debug for DiffusersCheckpoint {
@@ -60,33 +62,89 @@ pub fn read_config(path: &Path) -> Result<WanConfig, RunError> {
         path: path.to_path_buf(),
         reason: e.to_string(),
     })?;
-    WanConfig::from_json(&text).map_err(|e| RunError::Config {
+    parse_config(&text, path)
+}
+
+/// Parses the text of a diffusers `config.json` read from `path`.
+pub fn parse_config(text: &str, path: &Path) -> Result<WanConfig, RunError> {
+    WanConfig::from_json(text).map_err(|e| RunError::Config {
         path: path.to_path_buf(),
         reason: format!("not a WanTransformer3DModel config: {e}"),
     })
 }
 
 impl DiffusersCheckpoint {
-    /// Opens `weights` (a .safetensors file) with the config at `config_path`, and checks
-    /// that the file holds exactly the parameters of that config, with their shapes and
-    /// float dtypes.
-    pub fn open(weights: &Path, config_path: &Path) -> Result<DiffusersCheckpoint, RunError> {
-        let config = read_config(config_path)?;
-        let file = SafetensorsFile::open(weights)?;
+    /// Wraps `tensors` (named `name` in messages) with `config`, checking that they hold
+    /// exactly the parameters of that config, with their shapes and float dtypes.
+    pub fn new(
+        name: String,
+        config: WanConfig,
+        tensors: TensorSet,
+    ) -> Result<DiffusersCheckpoint, RunError> {
         let ckpt = DiffusersCheckpoint {
-            name: weights.display().to_string(),
+            name,
             config,
-            file,
+            tensors,
         };
         ckpt.validate()?;
         Ok(ckpt)
     }
 
-    /// Opens a transformer folder (config.json + one .safetensors file) or a .safetensors
-    /// file whose folder holds config.json.
+    /// Opens a diffusers transformer: a model folder (config.json + one file or a shard
+    /// index), or a .safetensors / index file whose folder holds config.json.
     pub fn open_path(path: &Path) -> Result<DiffusersCheckpoint, RunError> {
-        let (weights, config) = locate_single_file(path)?;
-        DiffusersCheckpoint::open(&weights, &config)
+        let mut ckpt = Checkpoint::open(path)?;
+        if ckpt.components.len() != 1 {
+            return Err(RunError::ModelLayout {
+                path: path.to_path_buf(),
+                reason: format!(
+                    "holds {} transformers; open it with ModelSet::open",
+                    ckpt.components.len()
+                ),
+            });
+        }
+        let component = ckpt.components.remove(0);
+        Self::from_component(path, component)
+    }
+
+    /// Wraps one component of an opened checkpoint; its config comes from its config.json
+    /// sidecar, or, for a bare file, from config.json beside `path`.
+    pub fn from_component(
+        path: &Path,
+        component: Component,
+    ) -> Result<DiffusersCheckpoint, RunError> {
+        let folder = path.join(&component.rel_dir);
+        let config = match component.sidecar("config.json") {
+            Some(s) => parse_config(&s.text, &s.path)?,
+            None => {
+                let dir = if folder.is_dir() {
+                    folder.as_path()
+                } else {
+                    path.parent().unwrap_or(Path::new("."))
+                };
+                let beside = if dir.as_os_str().is_empty() {
+                    Path::new("config.json").to_path_buf()
+                } else {
+                    dir.join("config.json")
+                };
+                if !beside.is_file() {
+                    return Err(RunError::ModelLayout {
+                        path: path.to_path_buf(),
+                        reason: format!(
+                            "no config.json for this transformer (looked for {})",
+                            beside.display()
+                        ),
+                    });
+                }
+                read_config(&beside)?
+            }
+        };
+        let name = if component.rel_dir.as_os_str().is_empty() {
+            path.display().to_string()
+        } else {
+            folder.display().to_string()
+        };
+        DiffusersCheckpoint::new(name, config, component.tensors)
     }
 
     fn weight_error(&self, tensor: &str, reason: impl Into<String>) -> RunError {
@@ -103,24 +161,25 @@ impl DiffusersCheckpoint {
         for p in &expected {
             wanted.insert(&p.name, &p.shape);
         }
-        for info in self.file.infos() {
-            match wanted.remove(info.name.as_str()) {
+        for t in self.tensors.tensors() {
+            let view = t.view;
+            match wanted.remove(view.name) {
                 Some(shape) => {
-                    if info.shape != shape {
+                    if view.shape != shape {
                         return Err(self.weight_error(
-                            &info.name,
+                            view.name,
                             format!(
                                 "expected shape {shape:?} from config.json, found {:?}",
-                                info.shape
+                                view.shape
                             ),
                         ));
                     }
-                    check_float(info.dtype).map_err(|r| self.weight_error(&info.name, r))?;
+                    check_float(view.dtype).map_err(|r| self.weight_error(view.name, r))?;
                 }
-                None if is_ignored_on_load(&info.name) => {}
+                None if is_ignored_on_load(view.name) => {}
                 None => {
                     return Err(self.weight_error(
-                        &info.name,
+                        view.name,
                         "not a parameter of WanTransformer3DModel for this config.json \
                          (wrong config, or not a diffusers-layout checkpoint?)",
                     ));
@@ -184,52 +243,10 @@ impl WeightSource for DiffusersCheckpoint {
 
     fn tensor(&self, name: &str) -> Result<Cow<'_, [f32]>, RunError> {
         let view = self
-            .file
-            .view(name)
-            .ok_or_else(|| self.weight_error(name, "missing from the checkpoint"))?;
+            .tensors
+            .get(name)
+            .ok_or_else(|| self.weight_error(name, "missing from the checkpoint"))?
+            .view;
         widen(view.dtype, view.bytes).map_err(|r| self.weight_error(name, r))
-    }
-}
-
-/// Finds (weights file, config.json) for a single-file diffusers transformer given as a
-/// folder or as its .safetensors file.
-pub fn locate_single_file(path: &Path) -> Result<(PathBuf, PathBuf), RunError> {
-    let layout_error = |reason: String| RunError::ModelLayout {
-        path: path.to_path_buf(),
-        reason,
-    };
-    if path.is_dir() {
-        let config = path.join("config.json");
-        if !config.is_file() {
-            return Err(layout_error(
-                "folder has no config.json (expected a diffusers transformer folder, or a \
-                 pipeline folder with transformer/)"
-                    .into(),
-            ));
-        }
-        let mut files: Vec<PathBuf> = fs_err::read_dir(path)
-            .map_err(|e| layout_error(e.to_string()))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
-            .collect();
-        files.sort();
-        match files.len() {
-            1 => Ok((files.remove(0), config)),
-            0 => Err(layout_error("folder has no .safetensors file".into())),
-            n => Err(layout_error(format!(
-                "folder has {n} .safetensors files; sharded checkpoints are read through \
-                 io::checkpoint, which this build does not have yet"
-            ))),
-        }
-    } else {
-        let dir = path.parent().unwrap_or(Path::new("."));
-        let config = dir.join("config.json");
-        if !config.is_file() {
-            return Err(layout_error(format!(
-                "no config.json beside the weights (looked for {})",
-                config.display()
-            )));
-        }
-        Ok((path.to_path_buf(), config))
     }
 }

@@ -1,0 +1,216 @@
+//! The canonical adapter form every convention parses into and renders from.
+//!
+//! Owns: `Kind` (what an adapter entry does to its target), `ParamRole` (the tensors a kind
+//! needs, in PyTorch layout), `ScaleSource` (where σ came from), `TensorSource` (how to
+//! produce one parameter as f32 from an adapter file, lazily, so a 1 GB adapter is never held
+//! in memory at once) and `Entry` (one kind applied to one target). Conventions (`peft`,
+//! `diffusers`, `comfy`, `kohya`, `sa3`, `nnx`) translate their files to and from this form
+//! only: N parsers and N renderers, never N² converters.
+//!
+//! Shapes, all PyTorch layout, on the 2-D view (out, in') of the target (Conv1d/Conv3d
+//! weights flattened row-major, spec sa3_lora.md §1.2):
+//! `A` (r, in'), `B` (out, r), `M` (r, r), `Magnitude` (out,) for row kinds or (in',) for
+//! column kinds, `MagnitudeR` (out,), `MagnitudeC` (in',), `Diff` (target shape),
+//! `DiffBias` / `LoraBias` (out,).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// What an entry does to its target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Kind {
+    /// W' = W + σ·B·A.
+    Lora,
+    /// PEFT DoRA: W' = m ⊙ (W + σBA) / ‖W + σBA‖_row, no ε (spec conventions.md §2.5).
+    PeftDora,
+    /// SA3 dora-rows: row norms, ε = 1e-12 added (spec sa3_lora.md §1.4).
+    DoraRows,
+    /// SA3 dora-cols: column norms, ε added.
+    DoraCols,
+    /// SA3 BoRA: rows then columns of the row-scaled intermediate.
+    Bora,
+    /// SA3 lora-xs: W' = W + σ·U·M·Vᵀ with U, V from the base's SVD.
+    LoraXs,
+    /// SA3 dora-rows-xs.
+    DoraRowsXs,
+    /// SA3 dora-cols-xs.
+    DoraColsXs,
+    /// SA3 bora-xs.
+    BoraXs,
+    /// W' = W + diff (full weight, norm scale or parameter offset; `.diff`, `.diff_m`).
+    Diff,
+    /// b' = b + diff_b (`.diff_b`).
+    DiffBias,
+    /// b' = b + σ·lora_B.bias (PEFT `lora_bias=True`).
+    LoraBias,
+}
+
+impl Kind {
+    /// The tensors this kind needs.
+    pub fn roles(self) -> &'static [ParamRole] {
+        use ParamRole::*;
+        match self {
+            Kind::Lora => &[A, B],
+            Kind::PeftDora | Kind::DoraRows | Kind::DoraCols => &[A, B, Magnitude],
+            Kind::Bora => &[A, B, MagnitudeR, MagnitudeC],
+            Kind::LoraXs => &[M],
+            Kind::DoraRowsXs | Kind::DoraColsXs => &[M, Magnitude],
+            Kind::BoraXs => &[M, MagnitudeR, MagnitudeC],
+            Kind::Diff => &[Diff],
+            Kind::DiffBias => &[DiffBias],
+            Kind::LoraBias => &[LoraBias],
+        }
+    }
+
+    /// True for the kinds whose U, V come from an SVD of the base weight.
+    pub fn is_xs(self) -> bool {
+        matches!(
+            self,
+            Kind::LoraXs | Kind::DoraRowsXs | Kind::DoraColsXs | Kind::BoraXs
+        )
+    }
+
+    /// True for kinds that are not linear in the adapter (strength semantics matter).
+    pub fn is_normalised(self) -> bool {
+        matches!(
+            self,
+            Kind::PeftDora
+                | Kind::DoraRows
+                | Kind::DoraCols
+                | Kind::Bora
+                | Kind::DoraRowsXs
+                | Kind::DoraColsXs
+                | Kind::BoraXs
+        )
+    }
+
+    /// The SA3 `adapter_type` spelling, for the SA3 kinds.
+    pub fn sa3_name(self) -> Option<&'static str> {
+        Some(match self {
+            Kind::Lora => "lora",
+            Kind::DoraRows => "dora-rows",
+            Kind::DoraCols => "dora-cols",
+            Kind::Bora => "bora",
+            Kind::LoraXs => "lora-xs",
+            Kind::DoraRowsXs => "dora-rows-xs",
+            Kind::DoraColsXs => "dora-cols-xs",
+            Kind::BoraXs => "bora-xs",
+            _ => return None,
+        })
+    }
+}
+
+/// One tensor an entry uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ParamRole {
+    /// Down projection (r, in').
+    A,
+    /// Up projection (out, r).
+    B,
+    /// -xs core (r, r).
+    M,
+    /// DoRA magnitude (out,) or (in',).
+    Magnitude,
+    /// BoRA row magnitude (out,).
+    MagnitudeR,
+    /// BoRA column magnitude (in',).
+    MagnitudeC,
+    /// Full delta of the target's shape.
+    Diff,
+    /// Bias delta (out,).
+    DiffBias,
+    /// PEFT lora_B.bias (out,), scaled by σ.
+    LoraBias,
+}
+
+/// Where the scale σ of an entry came from (reported in the manifest).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "source")]
+pub enum ScaleSource {
+    /// A `.alpha` tensor in the file: σ = α/r.
+    FileAlpha,
+    /// No alpha in a convention whose rule is α = r: σ = 1.
+    DefaultAlphaIsRank,
+    /// PEFT `adapter_config.json`: σ = lora_alpha/r (or /√r with rsLoRA).
+    PeftConfig {
+        /// use_rslora.
+        rslora: bool,
+    },
+    /// PEFT rank_pattern / alpha_pattern matched this module.
+    PeftPattern {
+        /// The pattern key that matched.
+        pattern: String,
+        /// use_rslora.
+        rslora: bool,
+    },
+    /// diffusers `lora_adapter_metadata` in the file header.
+    DiffusersMetadata,
+    /// α already folded into the factors by the producing tool: σ = 1.
+    Folded,
+    /// SA3 `lora_config` metadata: σ = alpha/rank.
+    Sa3Metadata,
+    /// MaxText/Qwix `lora_alpha` / `lora_rank` metadata.
+    NnxMetadata,
+    /// Given by the user on the command line or in the recipe.
+    User,
+    /// Full-tensor deltas (`diff`, `diff_b`) have no scale: σ = 1.
+    Unscaled,
+}
+
+/// How to produce one parameter in PyTorch layout from a file of the adapter.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TensorSource {
+    /// Index of the file in the adapter set.
+    pub file: usize,
+    /// Tensor name in that file.
+    pub key: String,
+    /// For a stacked (L, …) tensor: which layer.
+    pub layer: Option<usize>,
+    /// Transpose the last two axes after slicing (Flax/Qwix `(in, r)` → PyTorch `(r, in)`).
+    pub transpose: bool,
+    /// Shape after slicing and transposing, in PyTorch layout.
+    pub shape: Vec<usize>,
+}
+
+/// One adapter contribution to one base tensor.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Entry {
+    /// The module (or parameter) name as the adapter spells it, without the tensor suffix.
+    pub module: String,
+    /// The base checkpoint's own tensor name this entry changes, once bound.
+    pub target: Option<String>,
+    /// What it does.
+    pub kind: Kind,
+    /// Its tensors.
+    pub params: BTreeMap<ParamRole, TensorSource>,
+    /// Rank r (rows of A / size of M), for low-rank kinds.
+    pub rank: Option<usize>,
+    /// α as stored, when the convention stores one.
+    pub alpha: Option<f64>,
+    /// σ applied to the low-rank update (α/r, α/√r, 1, ...).
+    pub scale: f64,
+    /// Where σ came from.
+    pub scale_source: ScaleSource,
+    /// Every adapter-file key this entry consumed.
+    pub source_keys: Vec<String>,
+}
+
+impl Entry {
+    /// The source of one role, if present.
+    pub fn param(&self, role: ParamRole) -> Option<&TensorSource> {
+        self.params.get(&role)
+    }
+
+    /// Roles the kind needs but the entry lacks.
+    pub fn missing_roles(&self) -> Vec<ParamRole> {
+        self.kind
+            .roles()
+            .iter()
+            .copied()
+            .filter(|r| !self.params.contains_key(r))
+            .collect()
+    }
+}

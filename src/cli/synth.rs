@@ -1,0 +1,93 @@
+//! `wanbake synth --model ID --out DIR [--dtype ..] [--fill zero|random] [--seed N]
+//! [--layers L] [--shard-size BYTES]`: synthetic checkpoints with the real shapes of
+//! released models (for benchmarks and dry runs of real-world recipes).
+
+use std::path::PathBuf;
+
+use super::{Printer, Status, UsageError};
+use crate::io::DType;
+use crate::io::staging::Replace;
+use crate::synth::{Fill, SynthModel, SynthSpec, synth_release};
+
+/// Arguments of `synth`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Model to imitate: wan2.1-t2v-1.3b, wan2.1-t2v-14b, wan2.1-i2v-14b, wan2.1-flf2v-14b,
+    /// wan2.2-i2v-a14b, wan2.2-ti2v-5b, wan2.2-t2v-a14b, sa3-small, sa3-medium.
+    #[arg(long)]
+    pub model: String,
+    /// Output directory.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Storage dtype: f32, f16 or bf16.
+    #[arg(long, default_value = "f32")]
+    pub dtype: String,
+    /// zero (sparse files, no disk used) or random.
+    #[arg(long, default_value = "random")]
+    pub fill: String,
+    /// Seed for random values.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Override the number of WAN blocks.
+    #[arg(long)]
+    pub layers: Option<usize>,
+    /// Shard the weights into files of at most this many bytes.
+    #[arg(long)]
+    pub shard_size: Option<u64>,
+    /// Replace an existing output directory.
+    #[arg(long)]
+    pub overwrite: bool,
+    /// Print the manifest summary as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Parses `f32`, `f16`, `bf16` (any case).
+pub fn parse_float_dtype(s: &str) -> Result<DType, UsageError> {
+    match s.to_ascii_lowercase().as_str() {
+        "f32" | "float32" => Ok(DType::F32),
+        "f16" | "float16" | "fp16" => Ok(DType::F16),
+        "bf16" | "bfloat16" => Ok(DType::BF16),
+        other => Err(UsageError(format!(
+            "unknown dtype `{other}` (expected f32, f16 or bf16)"
+        ))),
+    }
+}
+
+/// Runs `synth`.
+pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
+    let model = SynthModel::parse(&args.model).ok_or_else(|| {
+        UsageError(format!(
+            "unknown model `{}` (one of: {})",
+            args.model,
+            SynthModel::names().join(", ")
+        ))
+    })?;
+    let fill = match args.fill.as_str() {
+        "zero" => Fill::Zero,
+        "random" => Fill::Random { seed: args.seed },
+        other => return Err(UsageError(format!("unknown fill `{other}` (zero or random)")).into()),
+    };
+    let spec = SynthSpec {
+        model,
+        dtype: parse_float_dtype(&args.dtype)?,
+        fill,
+        layers: args.layers,
+        shard_bytes: args.shard_size,
+    };
+    let replace = if args.overwrite {
+        Replace::Overwrite
+    } else {
+        Replace::Never
+    };
+    let r = synth_release(&spec, &args.out, replace)?;
+    let bytes: u64 = r.manifest.files.iter().map(|f| f.bytes).sum();
+    p.line(format!(
+        "wrote {} ({} files, {} bytes)",
+        r.dir.display(),
+        r.manifest.files.len(),
+        bytes
+    ));
+    p.json(&serde_json::json!({"dir": r.dir, "files": r.manifest.files.len(), "bytes": bytes}));
+    Ok(Status::Ok)
+}

@@ -1,0 +1,51 @@
+//! `wanbake verify DIR [--json]`: recomputes every hash of a release and compares it with the
+//! manifest; exit 3 and a list of every difference on mismatch.
+
+use std::path::PathBuf;
+
+use super::{Printer, Status};
+use crate::manifest::verify_dir;
+
+/// Arguments of `verify`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Output directory written by wanbake (holds wanbake.manifest.json).
+    pub dir: PathBuf,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs `verify`.
+pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
+    let report = verify_dir(&args.dir)?;
+    p.json(&serde_json::to_value(&report)?);
+    if report.ok() {
+        p.line(format!(
+            "{}: OK ({} files, {} tensors verified; status {})",
+            args.dir.display(),
+            report.files_checked,
+            report.tensors_checked,
+            report.status
+        ));
+        if report.status != "ok" {
+            p.warn(format!("the manifest records status `{}`", report.status));
+            return Ok(Status::VerifyFailed);
+        }
+        return Ok(Status::Ok);
+    }
+    for m in &report.mismatches {
+        let t = m
+            .tensor
+            .as_deref()
+            .map(|t| format!(" tensor `{t}`"))
+            .unwrap_or_default();
+        eprintln!("mismatch: {}{t}: {}", m.path, m.what);
+    }
+    eprintln!(
+        "error: {}: verification failed ({} mismatch(es))",
+        args.dir.display(),
+        report.mismatches.len()
+    );
+    Ok(Status::VerifyFailed)
+}

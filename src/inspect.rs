@@ -1,0 +1,318 @@
+//! What `wanbake inspect` reports about a checkpoint or adapter, as data.
+//!
+//! Owns: `InspectReport` (files, tensor counts, dtype histogram, parameter count, bytes,
+//! metadata, model fingerprint, ignored files) built from a `Checkpoint`. Adapter-specific
+//! details (convention, kinds, ranks, scales, binding against a base) are added by the
+//! `adapter` module through `InspectReport::adapter`. Printing is the CLI's job.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::io::checkpoint::{Checkpoint, Component, SourceKind};
+use crate::io::{DType, ReadError, digest};
+use crate::model::fingerprint::{Fingerprint, fingerprint};
+use crate::model::wan::WanVariant;
+
+/// Counts per dtype.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct DtypeStats {
+    /// Number of tensors.
+    pub tensors: usize,
+    /// Number of elements.
+    pub parameters: u64,
+    /// Bytes of data.
+    pub bytes: u64,
+}
+
+/// One file of a component.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct FileReport {
+    /// Path.
+    pub path: String,
+    /// Size.
+    pub bytes: u64,
+    /// Tensors in it.
+    pub tensors: usize,
+    /// sha256, with `--hash`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+}
+
+/// One state dict of the checkpoint.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ComponentReport {
+    /// `""` for a plain model, `transformer` / `transformer_2` in a pipeline.
+    pub name: String,
+    /// `model` or `adapter` (from the tensor names).
+    pub role: String,
+    /// Weight files.
+    pub files: Vec<FileReport>,
+    /// Shard index, when sharded.
+    pub index: Option<String>,
+    /// Number of tensors.
+    pub tensor_count: usize,
+    /// Number of elements over all tensors.
+    pub parameter_count: u64,
+    /// Bytes of tensor data.
+    pub data_bytes: u64,
+    /// Histogram by dtype.
+    pub dtypes: BTreeMap<DType, DtypeStats>,
+    /// `__metadata__` of the (first) file.
+    pub metadata: BTreeMap<String, String>,
+    /// What model this is (for models).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fingerprint: Option<Fingerprint>,
+    /// Sidecar files read (config.json, adapter_config.json).
+    pub sidecars: Vec<String>,
+    /// Adapter details, filled by the adapter module.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub adapter: Option<serde_json::Value>,
+}
+
+/// The whole report for one path.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct InspectReport {
+    /// The path inspected.
+    pub path: String,
+    /// What it is.
+    pub kind: SourceKind,
+    /// Its state dicts.
+    pub components: Vec<ComponentReport>,
+    /// Whole-checkpoint verdict for pipelines (e.g. Wan2.2-T2V-A14B).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pipeline: Option<String>,
+    /// Present but not read.
+    pub ignored: Vec<String>,
+}
+
+/// Suffixes that only adapter files use.
+const ADAPTER_MARKERS: &[&str] = &[
+    ".lora_A.weight",
+    ".lora_B.weight",
+    ".lora_down.weight",
+    ".lora_up.weight",
+    ".lora_A.default.weight",
+    ".alpha",
+    ".diff",
+    ".diff_b",
+    ".diff_m",
+    ".lora_magnitude_vector",
+    "_lora_a",
+    "_lora_b",
+    ".hada_w1_a",
+    ".lokr_w1",
+];
+
+fn looks_like_adapter(c: &Component) -> bool {
+    c.sidecar("adapter_config.json").is_some()
+        || c.tensors.names().any(|n| {
+            ADAPTER_MARKERS.iter().any(|m| n.ends_with(m))
+                || n.contains(".parametrizations.weight.")
+        })
+}
+
+/// Builds the report; with `hash`, every weight file is hashed (in parallel).
+pub fn inspect(ckpt: &Checkpoint, hash: bool) -> Result<InspectReport, ReadError> {
+    let mut components = Vec::new();
+    for c in &ckpt.components {
+        components.push(component_report(c, hash)?);
+    }
+    let pipeline = pipeline_verdict(ckpt, &components);
+    Ok(InspectReport {
+        path: ckpt.path.display().to_string(),
+        kind: ckpt.kind,
+        components,
+        pipeline,
+        ignored: ckpt
+            .ignored
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect(),
+    })
+}
+
+fn component_report(c: &Component, hash: bool) -> Result<ComponentReport, ReadError> {
+    use rayon::prelude::*;
+    let files: Vec<FileReport> = c
+        .tensors
+        .files()
+        .par_iter()
+        .map(|f| {
+            let sha256 = if hash {
+                Some(digest::sha256_file(f.path())?.1)
+            } else {
+                None
+            };
+            Ok(FileReport {
+                path: f.path().display().to_string(),
+                bytes: f.len() as u64,
+                tensors: f.infos().len(),
+                sha256,
+            })
+        })
+        .collect::<Result<_, ReadError>>()?;
+    let mut dtypes: BTreeMap<DType, DtypeStats> = BTreeMap::new();
+    for t in c.tensors.tensors() {
+        let s = dtypes.entry(t.view.dtype).or_default();
+        s.tensors += 1;
+        s.parameters += t.view.numel() as u64;
+        s.bytes += t.view.bytes.len() as u64;
+    }
+    let role = if looks_like_adapter(c) {
+        "adapter"
+    } else {
+        "model"
+    };
+    let mut fp = (role == "model").then(|| fingerprint(&c.tensors));
+    let parameter_count = dtypes.values().map(|s| s.parameters).sum();
+    if let Some(f) = fp.as_mut() {
+        check_param_total(f, parameter_count);
+    }
+    Ok(ComponentReport {
+        name: c.name.clone(),
+        role: role.into(),
+        files,
+        index: c.tensors.index_path().map(|p| p.display().to_string()),
+        tensor_count: c.tensors.len(),
+        parameter_count,
+        data_bytes: dtypes.values().map(|s| s.bytes).sum(),
+        dtypes,
+        metadata: c.tensors.metadata(),
+        fingerprint: fp,
+        sidecars: c.sidecars.iter().map(|s| s.name.clone()).collect(),
+        adapter: None,
+    })
+}
+
+/// A recognised WAN variant must also have the spec's parameter total.
+fn check_param_total(f: &mut Fingerprint, count: u64) {
+    let Some(id) = &f.variant else { return };
+    let Some(v) = WanVariant::ALL.iter().find(|v| v.id() == id) else {
+        return;
+    };
+    let expected = v.expected_params();
+    if count != expected {
+        f.notes.push(format!(
+            "shapes match {} but the checkpoint has {count} parameters, expected {expected} \
+             (tensors missing or extra; norm_added_q is one known extra)",
+            v.name()
+        ));
+    }
+}
+
+fn pipeline_verdict(ckpt: &Checkpoint, comps: &[ComponentReport]) -> Option<String> {
+    if ckpt.kind != SourceKind::Pipeline {
+        return None;
+    }
+    let ids: Vec<Option<&str>> = comps
+        .iter()
+        .map(|c| c.fingerprint.as_ref().and_then(|f| f.variant.as_deref()))
+        .collect();
+    let two = comps.len() == 2;
+    Some(match ids.as_slice() {
+        [Some("wan2.1-t2v-14b"), Some("wan2.1-t2v-14b")] if two => {
+            "Wan2.2-T2V-A14B (high-noise + low-noise experts)".into()
+        }
+        [Some("wan2.2-i2v-a14b"), Some("wan2.2-i2v-a14b")] if two => {
+            "Wan2.2-I2V-A14B (high-noise + low-noise experts)".into()
+        }
+        _ => format!("pipeline with {} transformer component(s)", comps.len()),
+    })
+}
+
+/// Human-readable rendering of a report.
+pub fn render_text(r: &InspectReport) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let _ = writeln!(s, "{} ({:?})", r.path, r.kind);
+    if let Some(p) = &r.pipeline {
+        let _ = writeln!(s, "  pipeline: {p}");
+    }
+    for c in &r.components {
+        let title = if c.name.is_empty() {
+            c.role.clone()
+        } else {
+            format!("{} ({})", c.name, c.role)
+        };
+        let _ = writeln!(s, "  {title}");
+        if let Some(f) = &c.fingerprint {
+            let naming = f
+                .naming
+                .as_deref()
+                .map(|n| format!(", {n} naming"))
+                .unwrap_or_default();
+            let _ = writeln!(s, "    model:      {}{naming}", f.description);
+            for n in &f.notes {
+                let _ = writeln!(s, "                {n}");
+            }
+        }
+        let _ = writeln!(
+            s,
+            "    tensors:    {} ({} parameters, {} bytes)",
+            c.tensor_count,
+            group_digits(c.parameter_count),
+            group_digits(c.data_bytes)
+        );
+        let hist: Vec<String> = c
+            .dtypes
+            .iter()
+            .map(|(d, st)| {
+                format!(
+                    "{d}: {} tensors / {} params",
+                    st.tensors,
+                    group_digits(st.parameters)
+                )
+            })
+            .collect();
+        let _ = writeln!(s, "    dtypes:     {}", hist.join(", "));
+        for f in &c.files {
+            let sha = f
+                .sha256
+                .as_deref()
+                .map(|h| format!("  sha256 {h}"))
+                .unwrap_or_default();
+            let _ = writeln!(
+                s,
+                "    file:       {} ({} bytes, {} tensors){sha}",
+                f.path,
+                group_digits(f.bytes),
+                f.tensors
+            );
+        }
+        if let Some(i) = &c.index {
+            let _ = writeln!(s, "    index:      {i}");
+        }
+        for (k, v) in &c.metadata {
+            let shown: String = if v.chars().count() > 100 {
+                format!("{}…", v.chars().take(100).collect::<String>())
+            } else {
+                v.clone()
+            };
+            let _ = writeln!(s, "    metadata:   {k} = {shown}");
+        }
+        if let Some(a) = &c.adapter {
+            let _ = writeln!(
+                s,
+                "    adapter:    {}",
+                serde_json::to_string(a).unwrap_or_default()
+            );
+        }
+    }
+    for i in &r.ignored {
+        let _ = writeln!(s, "  ignored:    {i}");
+    }
+    s
+}
+
+fn group_digits(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, ch) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(ch);
+    }
+    out
+}

@@ -1,0 +1,118 @@
+//! sha256 digests of files and of the tensors inside safetensors files.
+//!
+//! Owns: `sha256_file` (streaming, bounded memory), `digest_safetensors` (one sequential pass
+//! that hashes the whole file and every tensor's bytes), and hex encoding. Used by the
+//! manifest writer and by `verify`, so both compute hashes the same way.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::Path;
+
+use sha2::{Digest, Sha256};
+
+use super::dtype::DType;
+use super::file::{ReadError, SafetensorsFile};
+
+/// Lower-case hex of a digest.
+pub fn hex(bytes: &[u8]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for &b in bytes {
+        s.push(HEX[(b >> 4) as usize] as char);
+        s.push(HEX[(b & 15) as usize] as char);
+    }
+    s
+}
+
+/// sha256 of a byte slice, as hex.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex(&Sha256::digest(bytes))
+}
+
+/// Size and sha256 of a file, read in 4 MiB chunks (memory does not grow with file size).
+pub fn sha256_file(path: &Path) -> Result<(u64, String), ReadError> {
+    let mut f = std::fs::File::open(path).map_err(|e| ReadError::io(path, e))?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 4 << 20];
+    let mut total = 0u64;
+    loop {
+        let n = f.read(&mut buf).map_err(|e| ReadError::io(path, e))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+        total += n as u64;
+    }
+    Ok((total, hex(&h.finalize())))
+}
+
+/// Digest of one tensor.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TensorDigest {
+    /// Element type.
+    pub dtype: DType,
+    /// Shape.
+    pub shape: Vec<usize>,
+    /// sha256 of the tensor's bytes.
+    pub sha256: String,
+}
+
+/// Digest of a safetensors file: the whole file and each tensor.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SafetensorsDigest {
+    /// File length.
+    pub bytes: u64,
+    /// sha256 of the whole file.
+    pub sha256: String,
+    /// Per-tensor digests by name.
+    pub tensors: BTreeMap<String, TensorDigest>,
+}
+
+/// Validates `path` as safetensors and hashes it and each tensor in one sequential pass.
+/// Pages are released from this process after hashing, so memory stays bounded.
+pub fn digest_safetensors(path: &Path) -> Result<SafetensorsDigest, ReadError> {
+    let f = SafetensorsFile::open(path)?;
+    let bytes = f.bytes();
+    let data_start = f.header().data_start;
+    let mut whole = Sha256::new();
+    whole.update(&bytes[..data_start]);
+    let mut tensors = BTreeMap::new();
+    for (i, t) in f.infos().iter().enumerate() {
+        if i + 1 < f.infos().len() {
+            f.prefetch(i + 1);
+        }
+        let data = f.view_at(i).bytes;
+        whole.update(data);
+        tensors.insert(
+            t.name.clone(),
+            TensorDigest {
+                dtype: t.dtype,
+                shape: t.shape.clone(),
+                sha256: sha256_hex(data),
+            },
+        );
+        f.release(i);
+    }
+    Ok(SafetensorsDigest {
+        bytes: bytes.len() as u64,
+        sha256: hex(&whole.finalize()),
+        tensors,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn known_answer() {
+        assert_eq!(
+            sha256_hex(b"abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        assert_eq!(
+            sha256_hex(b""),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+    }
+}

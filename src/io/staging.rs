@@ -1,0 +1,489 @@
+//! Atomic, durable output: a temporary sibling directory that becomes the destination only
+//! when everything in it is written, fsynced and re-read.
+//!
+//! Owns: refusing to write over an input, the free-space check, pre-sized output files
+//! (`fallocate`, so running out of space fails before the first tensor), positional writes
+//! from any number of threads (`write_at`: the header is known in advance, so tensors and
+//! slices of stacked tensors land in place in any order), the final re-read and hashing,
+//! the rename into place, and the cleanup of temporaries left by killed runs (each run
+//! holds an advisory lock on a sibling `.lock` file; a lock nobody holds means its owner is
+//! dead). A `Staging` dropped before `commit` removes its temporary directory.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use super::digest::{self, SafetensorsDigest};
+use super::file::ReadError;
+use super::writer::{OutputPlan, Slot};
+
+/// Name of the manifest every output directory carries.
+pub const MANIFEST_NAME: &str = "wanbake.manifest.json";
+
+const TMP_MARK: &str = ".wanbake-tmp-";
+
+/// Why an output could not be written. Every variant names the path.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    /// The destination exists and overwriting was not asked for.
+    #[error("{}: already exists; choose another output path or pass --overwrite", path.display())]
+    Exists {
+        /// The destination.
+        path: PathBuf,
+    },
+    /// The destination is, contains, or lies inside an input.
+    #[error("{}: refusing to write here: it overlaps the input {}", dest.display(), input.display())]
+    OverlapsInput {
+        /// The destination.
+        dest: PathBuf,
+        /// The input.
+        input: PathBuf,
+    },
+    /// Not enough free space for the planned output.
+    #[error("{}: not enough free space: the output needs {needed} bytes, {available} are available", path.display())]
+    NoSpace {
+        /// The directory checked.
+        path: PathBuf,
+        /// Planned bytes.
+        needed: u64,
+        /// Free bytes.
+        available: u64,
+    },
+    /// An OS error.
+    #[error("{}: {source}{}", path.display(), hint(source))]
+    Io {
+        /// The file or folder.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Re-reading a written file failed (disk or filesystem trouble).
+    #[error("re-reading the written output failed: {0}")]
+    Reread(#[from] ReadError),
+    /// A write outside the planned slot (a bug in the producer).
+    #[error(
+        "internal error: write of {len} bytes at offset {offset} does not fit tensor `{tensor}` ({size} bytes)"
+    )]
+    OutOfSlot {
+        /// The tensor.
+        tensor: String,
+        /// Offset inside the tensor.
+        offset: usize,
+        /// Length written.
+        len: usize,
+        /// Tensor size.
+        size: usize,
+    },
+}
+
+fn hint(e: &std::io::Error) -> &'static str {
+    match e.raw_os_error() {
+        Some(code) if code == rustix::io::Errno::NOSPC.raw_os_error() => {
+            " (the disk is full: free space or choose another output location)"
+        }
+        Some(code) if code == rustix::io::Errno::FBIG.raw_os_error() => {
+            " (file size limit reached: check `ulimit -f`)"
+        }
+        _ => "",
+    }
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> WriteError + '_ {
+    move |source| WriteError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Makes "file size limit exceeded" an error instead of a kill: with the default action a
+/// write past `ulimit -f` terminates the process with SIGXFSZ before it can clean up or say
+/// why. Called once by the binary at startup.
+pub fn install_signal_guards() {
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicBool;
+    let _ = signal_hook::flag::register(
+        signal_hook::consts::SIGXFSZ,
+        Arc::new(AtomicBool::new(false)),
+    );
+}
+
+/// How the destination may be treated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Replace {
+    /// Fail if the destination exists.
+    Never,
+    /// Replace an existing destination atomically (the old one is removed afterwards).
+    Overwrite,
+}
+
+/// How file space is reserved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Allocation {
+    /// Reserve every byte up front (`fallocate`): out-of-space fails before writing.
+    Reserve,
+    /// Sparse files (`set_len` only): for synthetic all-zero checkpoints.
+    Sparse,
+}
+
+/// An output being written.
+pub struct Staging {
+    dest: PathBuf,
+    tmp: PathBuf,
+    lock_path: PathBuf,
+    _lock: File,
+    files: Vec<File>,
+    plan: OutputPlan,
+    replace: Replace,
+    committed: bool,
+}
+
+impl std::fmt::Debug for Staging {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Staging")
+            .field("dest", &self.dest)
+            .field("tmp", &self.tmp)
+            .finish()
+    }
+}
+
+/// Refuses a destination that equals, contains or lies inside any input path.
+pub fn check_not_input(dest: &Path, inputs: &[PathBuf]) -> Result<(), WriteError> {
+    let d = absolute_clean(dest);
+    for input in inputs {
+        let i = absolute_clean(input);
+        if d == i || d.starts_with(&i) || i.starts_with(&d) {
+            return Err(WriteError::OverlapsInput {
+                dest: dest.to_path_buf(),
+                input: input.clone(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Absolute, symlink-resolved where the path exists (its existing prefix otherwise).
+fn absolute_clean(p: &Path) -> PathBuf {
+    if let Ok(c) = std::fs::canonicalize(p) {
+        return c;
+    }
+    let abs = std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+    match (abs.parent(), abs.file_name()) {
+        (Some(parent), Some(name)) => absolute_clean(parent).join(name),
+        _ => abs,
+    }
+}
+
+impl Staging {
+    /// Checks the destination, cleans stale temporaries, reserves space, creates every
+    /// planned file with its header and every aux file.
+    pub fn begin(
+        dest: &Path,
+        plan: OutputPlan,
+        inputs: &[PathBuf],
+        replace: Replace,
+        allocation: Allocation,
+    ) -> Result<Staging, WriteError> {
+        check_not_input(dest, inputs)?;
+        if replace == Replace::Never && dest.symlink_metadata().is_ok() {
+            return Err(WriteError::Exists {
+                path: dest.to_path_buf(),
+            });
+        }
+        let parent = parent_dir(dest);
+        std::fs::create_dir_all(&parent).map_err(io_err(&parent))?;
+        clean_stale(dest);
+        if allocation == Allocation::Reserve {
+            check_space(&parent, plan.total_bytes())?;
+        }
+        let (tmp, lock_path, lock) = create_tmp(dest)?;
+        let mut staging = Staging {
+            dest: dest.to_path_buf(),
+            tmp,
+            lock_path,
+            _lock: lock,
+            files: Vec::new(),
+            plan,
+            replace,
+            committed: false,
+        };
+        staging.create_files(allocation)?;
+        Ok(staging)
+    }
+
+    fn create_files(&mut self, allocation: Allocation) -> Result<(), WriteError> {
+        for f in &self.plan.files {
+            let path = self.tmp.join(&f.rel_path);
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+            }
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .open(&path)
+                .map_err(io_err(&path))?;
+            let len = f.layout.file_len() as u64;
+            match allocation {
+                Allocation::Reserve => reserve(&file, len).map_err(io_err(&path))?,
+                Allocation::Sparse => file.set_len(len).map_err(io_err(&path))?,
+            }
+            file.write_all_at(&f.layout.prefix, 0)
+                .map_err(io_err(&path))?;
+            self.files.push(file);
+        }
+        for a in &self.plan.aux {
+            let path = self.tmp.join(&a.rel_path);
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+            }
+            std::fs::write(&path, &a.bytes).map_err(io_err(&path))?;
+        }
+        Ok(())
+    }
+
+    /// The plan being written.
+    pub fn plan(&self) -> &OutputPlan {
+        &self.plan
+    }
+
+    /// The temporary directory (for diagnostics and tests).
+    pub fn tmp_dir(&self) -> &Path {
+        &self.tmp
+    }
+
+    /// Writes `bytes` at `offset` inside the tensor at `slot`. Safe to call from many
+    /// threads at once for disjoint ranges.
+    pub fn write(&self, slot: Slot, offset: usize, bytes: &[u8]) -> Result<(), WriteError> {
+        let f = &self.plan.files[slot.file];
+        let t = &f.layout.tensors[slot.tensor];
+        if offset
+            .checked_add(bytes.len())
+            .is_none_or(|end| end > t.nbytes())
+        {
+            return Err(WriteError::OutOfSlot {
+                tensor: t.name.clone(),
+                offset,
+                len: bytes.len(),
+                size: t.nbytes(),
+            });
+        }
+        self.files[slot.file]
+            .write_all_at(bytes, (t.begin + offset) as u64)
+            .map_err(|source| WriteError::Io {
+                path: self.tmp.join(&f.rel_path),
+                source,
+            })
+    }
+
+    /// Flushes every file to disk, re-reads and hashes them (validating each header), and
+    /// returns the digests of the weight files (plan order) and aux files.
+    pub fn seal(&mut self) -> Result<Sealed, WriteError> {
+        for (f, p) in self.files.iter().zip(&self.plan.files) {
+            f.sync_all().map_err(io_err(&self.tmp.join(&p.rel_path)))?;
+        }
+        use rayon::prelude::*;
+        let weights: Vec<SafetensorsDigest> = self
+            .plan
+            .files
+            .par_iter()
+            .map(|p| digest::digest_safetensors(&self.tmp.join(&p.rel_path)))
+            .collect::<Result<_, _>>()?;
+        let mut aux = BTreeMap::new();
+        for a in &self.plan.aux {
+            let path = self.tmp.join(&a.rel_path);
+            File::open(&path)
+                .and_then(|f| f.sync_all())
+                .map_err(io_err(&path))?;
+            aux.insert(
+                a.rel_path.clone(),
+                (a.bytes.len() as u64, digest::sha256_hex(&a.bytes)),
+            );
+        }
+        Ok(Sealed { weights, aux })
+    }
+
+    /// Writes the manifest, fsyncs the tree, and renames the temporary directory into place.
+    pub fn commit(mut self, manifest: &[u8]) -> Result<PathBuf, WriteError> {
+        let mpath = self.tmp.join(MANIFEST_NAME);
+        write_durable(&mpath, manifest)?;
+        sync_tree(&self.tmp)?;
+        match self.replace {
+            Replace::Overwrite if self.dest.symlink_metadata().is_ok() => {
+                rustix::fs::renameat_with(
+                    rustix::fs::CWD,
+                    &self.tmp,
+                    rustix::fs::CWD,
+                    &self.dest,
+                    rustix::fs::RenameFlags::EXCHANGE,
+                )
+                .map_err(|e| WriteError::Io {
+                    path: self.dest.clone(),
+                    source: e.into(),
+                })?;
+                // `tmp` now holds the previous release; remove it.
+                let _ = std::fs::remove_dir_all(&self.tmp);
+            }
+            _ => {
+                rustix::fs::renameat_with(
+                    rustix::fs::CWD,
+                    &self.tmp,
+                    rustix::fs::CWD,
+                    &self.dest,
+                    rustix::fs::RenameFlags::NOREPLACE,
+                )
+                .map_err(|e| WriteError::Io {
+                    path: self.dest.clone(),
+                    source: e.into(),
+                })?;
+            }
+        }
+        self.committed = true;
+        let parent = parent_dir(&self.dest);
+        File::open(&parent)
+            .and_then(|d| d.sync_all())
+            .map_err(io_err(&parent))?;
+        let _ = std::fs::remove_file(&self.lock_path);
+        Ok(self.dest.clone())
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = std::fs::remove_dir_all(&self.tmp);
+            let _ = std::fs::remove_file(&self.lock_path);
+        }
+    }
+}
+
+/// Digests of a sealed output.
+#[derive(Debug)]
+pub struct Sealed {
+    /// One per planned weight file, in plan order.
+    pub weights: Vec<SafetensorsDigest>,
+    /// (bytes, sha256) of each aux file by relative path.
+    pub aux: BTreeMap<PathBuf, (u64, String)>,
+}
+
+/// Writes a file and fsyncs it.
+pub fn write_durable(path: &Path, bytes: &[u8]) -> Result<(), WriteError> {
+    use std::io::Write;
+    let mut f = File::create(path).map_err(io_err(path))?;
+    f.write_all(bytes).map_err(io_err(path))?;
+    f.sync_all().map_err(io_err(path))
+}
+
+/// Replaces `path` atomically with `bytes` (temp file + fsync + rename + parent fsync).
+pub fn replace_file_durable(path: &Path, bytes: &[u8]) -> Result<(), WriteError> {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
+    let tmp = parent_dir(path).join(format!(".{name}{TMP_MARK}{}", std::process::id()));
+    write_durable(&tmp, bytes)?;
+    std::fs::rename(&tmp, path).map_err(io_err(path))?;
+    let parent = parent_dir(path);
+    File::open(&parent)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err(&parent))
+}
+
+fn sync_tree(dir: &Path) -> Result<(), WriteError> {
+    for entry in std::fs::read_dir(dir).map_err(io_err(dir))? {
+        let entry = entry.map_err(io_err(dir))?;
+        let p = entry.path();
+        if p.is_dir() {
+            sync_tree(&p)?;
+        }
+    }
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err(dir))
+}
+
+fn parent_dir(p: &Path) -> PathBuf {
+    match p.parent() {
+        Some(x) if !x.as_os_str().is_empty() => x.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+fn dest_name(dest: &Path) -> String {
+    dest.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "out".into())
+}
+
+fn create_tmp(dest: &Path) -> Result<(PathBuf, PathBuf, File), WriteError> {
+    let parent = parent_dir(dest);
+    let name = dest_name(dest);
+    let nonce = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let id = format!("{}-{nonce}", std::process::id());
+    let lock_path = parent.join(format!(".{name}{TMP_MARK}{id}.lock"));
+    let tmp = parent.join(format!(".{name}{TMP_MARK}{id}"));
+    let lock = File::create(&lock_path).map_err(io_err(&lock_path))?;
+    lock.try_lock().map_err(|e| WriteError::Io {
+        path: lock_path.clone(),
+        source: std::io::Error::other(e.to_string()),
+    })?;
+    std::fs::create_dir(&tmp).map_err(io_err(&tmp))?;
+    Ok((tmp, lock_path, lock))
+}
+
+/// Removes temporaries of `dest` whose owning process is gone (its lock is free).
+fn clean_stale(dest: &Path) {
+    let parent = parent_dir(dest);
+    let prefix = format!(".{}{TMP_MARK}", dest_name(dest));
+    let Ok(rd) = std::fs::read_dir(&parent) else {
+        return;
+    };
+    for entry in rd.flatten() {
+        let fname = entry.file_name().to_string_lossy().into_owned();
+        let Some(id) = fname
+            .strip_prefix(&prefix)
+            .and_then(|r| r.strip_suffix(".lock"))
+        else {
+            continue;
+        };
+        let lock_path = entry.path();
+        let Ok(f) = File::open(&lock_path) else {
+            continue;
+        };
+        if f.try_lock().is_ok() {
+            let _ = std::fs::remove_dir_all(parent.join(format!("{prefix}{id}")));
+            let _ = std::fs::remove_file(&lock_path);
+        }
+    }
+}
+
+fn check_space(dir: &Path, needed: u64) -> Result<(), WriteError> {
+    let Ok(st) = rustix::fs::statvfs(dir) else {
+        return Ok(());
+    };
+    let available = st.f_bavail.saturating_mul(st.f_frsize);
+    // Leave a small margin for directory entries and the manifest.
+    let margin = 1 << 20;
+    if needed.saturating_add(margin) > available {
+        return Err(WriteError::NoSpace {
+            path: dir.to_path_buf(),
+            needed,
+            available,
+        });
+    }
+    Ok(())
+}
+
+fn reserve(file: &File, len: u64) -> std::io::Result<()> {
+    if len == 0 {
+        return Ok(());
+    }
+    match rustix::fs::fallocate(file, rustix::fs::FallocateFlags::empty(), 0, len) {
+        Ok(()) => Ok(()),
+        Err(e) if e == rustix::io::Errno::OPNOTSUPP || e == rustix::io::Errno::NOSYS => {
+            file.set_len(len)
+        }
+        Err(e) => Err(e.into()),
+    }
+}

@@ -1,0 +1,237 @@
+//! What an output directory will contain, decided before any byte is written.
+//!
+//! Owns: `OutputPlan` (every output file with its complete canonical header, HF-style
+//! sharding and `*.safetensors.index.json`, JSON sidecars such as config.json), and the
+//! lookup from (component, tensor name) to the file and slot a producer writes into.
+//! Does not own: the bytes on disk (`staging`).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use super::header::{HeaderLayout, LayoutError, PlannedTensor};
+
+/// One component (model or pipeline transformer) of an output, as the producer sees it.
+#[derive(Clone, Debug)]
+pub struct ComponentOutput {
+    /// Folder relative to the output root (empty for the root).
+    pub rel_dir: PathBuf,
+    /// Stem of the weight files (`diffusion_pytorch_model`, `model`, ...).
+    pub stem: String,
+    /// Every tensor to write, in any order.
+    pub tensors: Vec<PlannedTensor>,
+    /// `__metadata__` of each weight file.
+    pub metadata: BTreeMap<String, String>,
+    /// JSON or text files written next to the weights (name, bytes), e.g. config.json.
+    pub sidecars: Vec<(String, Vec<u8>)>,
+    /// Split into shards of at most this many tensor bytes (a single tensor larger than
+    /// the limit gets a shard of its own); `None` writes one file.
+    pub max_shard_bytes: Option<u64>,
+}
+
+/// A weight file of the plan.
+#[derive(Clone, Debug)]
+pub struct PlannedFile {
+    /// Path relative to the output root.
+    pub rel_path: PathBuf,
+    /// Its complete header and tensor offsets.
+    pub layout: HeaderLayout,
+    /// Index of the component it belongs to.
+    pub component: usize,
+}
+
+/// A non-weight file of the plan (index, config.json, model_index.json).
+#[derive(Clone, Debug)]
+pub struct AuxFile {
+    /// Path relative to the output root.
+    pub rel_path: PathBuf,
+    /// Its bytes.
+    pub bytes: Vec<u8>,
+}
+
+/// Where a tensor goes: file index and tensor index inside that file's layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Slot {
+    /// Index into `OutputPlan::files`.
+    pub file: usize,
+    /// Index into that file's `layout.tensors`.
+    pub tensor: usize,
+}
+
+/// Everything an output directory will contain.
+#[derive(Clone, Debug, Default)]
+pub struct OutputPlan {
+    /// Weight files.
+    pub files: Vec<PlannedFile>,
+    /// Other files.
+    pub aux: Vec<AuxFile>,
+    slots: BTreeMap<(usize, String), Slot>,
+}
+
+impl OutputPlan {
+    /// Lays out every component: shards, headers, index files, sidecars. Deterministic in
+    /// its arguments; the tensor order inside `ComponentOutput::tensors` does not matter.
+    pub fn build(
+        components: &[ComponentOutput],
+        root_files: &[AuxFile],
+    ) -> Result<OutputPlan, LayoutError> {
+        let mut plan = OutputPlan {
+            aux: root_files.to_vec(),
+            ..OutputPlan::default()
+        };
+        for (ci, c) in components.iter().enumerate() {
+            plan.add_component(ci, c)?;
+        }
+        Ok(plan)
+    }
+
+    fn add_component(&mut self, ci: usize, c: &ComponentOutput) -> Result<(), LayoutError> {
+        let mut sorted: Vec<&PlannedTensor> = c.tensors.iter().collect();
+        sorted.sort_by(|a, b| a.name.cmp(&b.name));
+        let shards = split_shards(&sorted, c.max_shard_bytes)?;
+        let n = shards.len();
+        let mut weight_map = BTreeMap::new();
+        let mut total = 0u64;
+        for (si, shard) in shards.iter().enumerate() {
+            let name = if n == 1 {
+                format!("{}.safetensors", c.stem)
+            } else {
+                format!("{}-{:05}-of-{:05}.safetensors", c.stem, si + 1, n)
+            };
+            let owned: Vec<PlannedTensor> = shard.iter().map(|t| (*t).clone()).collect();
+            let layout = HeaderLayout::build(&owned, &c.metadata)?;
+            let file = self.files.len();
+            for (ti, t) in layout.tensors.iter().enumerate() {
+                self.slots
+                    .insert((ci, t.name.clone()), Slot { file, tensor: ti });
+                weight_map.insert(t.name.clone(), serde_json::Value::String(name.clone()));
+                total += t.nbytes() as u64;
+            }
+            self.files.push(PlannedFile {
+                rel_path: c.rel_dir.join(&name),
+                layout,
+                component: ci,
+            });
+        }
+        if n > 1 {
+            let index = serde_json::json!({
+                "metadata": { "total_size": total },
+                "weight_map": serde_json::Value::Object(weight_map.into_iter().collect()),
+            });
+            let mut bytes =
+                serde_json::to_vec_pretty(&index).expect("JSON values always serialise");
+            bytes.push(b'\n');
+            self.aux.push(AuxFile {
+                rel_path: c.rel_dir.join(format!("{}.safetensors.index.json", c.stem)),
+                bytes,
+            });
+        }
+        for (name, bytes) in &c.sidecars {
+            self.aux.push(AuxFile {
+                rel_path: c.rel_dir.join(name),
+                bytes: bytes.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The slot of tensor `name` of component `component`.
+    pub fn slot(&self, component: usize, name: &str) -> Option<Slot> {
+        self.slots.get(&(component, name.to_string())).copied()
+    }
+
+    /// Every slot, ordered by (component, name).
+    pub fn slots(&self) -> impl Iterator<Item = (usize, &str, Slot)> {
+        self.slots.iter().map(|((c, n), s)| (*c, n.as_str(), *s))
+    }
+
+    /// Total bytes of all planned files.
+    pub fn total_bytes(&self) -> u64 {
+        self.files
+            .iter()
+            .map(|f| f.layout.file_len() as u64)
+            .sum::<u64>()
+            + self.aux.iter().map(|a| a.bytes.len() as u64).sum::<u64>()
+    }
+
+    /// Number of tensors planned.
+    pub fn tensor_count(&self) -> usize {
+        self.slots.len()
+    }
+}
+
+fn split_shards<'a>(
+    sorted: &[&'a PlannedTensor],
+    max: Option<u64>,
+) -> Result<Vec<Vec<&'a PlannedTensor>>, LayoutError> {
+    let Some(max) = max else {
+        return Ok(vec![sorted.to_vec()]);
+    };
+    let mut shards: Vec<Vec<&PlannedTensor>> = vec![Vec::new()];
+    let mut size = 0u64;
+    for &t in sorted {
+        let n = t.nbytes().ok_or_else(|| LayoutError::Overflow {
+            name: t.name.clone(),
+        })? as u64;
+        let current = shards.last_mut().expect("never empty");
+        if !current.is_empty() && size + n > max {
+            shards.push(Vec::new());
+            size = 0;
+        }
+        shards.last_mut().expect("never empty").push(t);
+        size += n;
+    }
+    Ok(shards)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::io::DType;
+
+    fn t(name: &str, n: usize) -> PlannedTensor {
+        PlannedTensor {
+            name: name.into(),
+            dtype: DType::F32,
+            shape: vec![n],
+        }
+    }
+
+    #[test]
+    fn shards_greedily_in_name_order_and_writes_an_index() {
+        let c = ComponentOutput {
+            rel_dir: "transformer".into(),
+            stem: "diffusion_pytorch_model".into(),
+            tensors: vec![t("c", 10), t("a", 10), t("b", 10), t("d", 100)],
+            metadata: BTreeMap::new(),
+            sidecars: vec![("config.json".into(), b"{}".to_vec())],
+            max_shard_bytes: Some(80),
+        };
+        let plan = OutputPlan::build(&[c], &[]).unwrap();
+        let names: Vec<String> = plan
+            .files
+            .iter()
+            .map(|f| f.rel_path.display().to_string())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "transformer/diffusion_pytorch_model-00001-of-00003.safetensors",
+                "transformer/diffusion_pytorch_model-00002-of-00003.safetensors",
+                "transformer/diffusion_pytorch_model-00003-of-00003.safetensors"
+            ]
+        );
+        let idx = &plan.aux[0];
+        assert_eq!(
+            idx.rel_path.display().to_string(),
+            "transformer/diffusion_pytorch_model.safetensors.index.json"
+        );
+        let v: serde_json::Value = serde_json::from_slice(&idx.bytes).unwrap();
+        assert_eq!(v["metadata"]["total_size"], 520);
+        assert_eq!(
+            v["weight_map"]["d"],
+            "diffusion_pytorch_model-00003-of-00003.safetensors"
+        );
+        assert_eq!(plan.slot(0, "b").unwrap().file, 0);
+        assert_eq!(plan.slot(0, "c").unwrap().file, 1);
+    }
+}

@@ -1,0 +1,83 @@
+//! The one write path every producing command shares (synth, merge, restack, bake):
+//! plan → stage (temp sibling, reserved space) → produce tensors in parallel → seal (fsync,
+//! re-read, hash) → manifest → atomic rename.
+//!
+//! Owns: `ReleaseRequest` and `write_release`. Producers only fill slots; they never see
+//! paths, temp files or manifests, so no command can forget a step.
+
+use std::path::{Path, PathBuf};
+
+use crate::io::staging::{Allocation, Replace, Staging, WriteError};
+use crate::io::writer::OutputPlan;
+use crate::manifest::{InputRecord, Manifest};
+
+/// Everything needed to write one release directory.
+pub struct ReleaseRequest<'a> {
+    /// Destination directory.
+    pub dest: &'a Path,
+    /// What it will contain.
+    pub plan: OutputPlan,
+    /// Input paths the destination must not overlap.
+    pub input_paths: &'a [PathBuf],
+    /// Hashed inputs for the manifest.
+    pub inputs: Vec<InputRecord>,
+    /// Subcommand name for the manifest.
+    pub command: &'a str,
+    /// Options (or normalised recipe) for the manifest.
+    pub options: serde_json::Value,
+    /// Replace an existing destination?
+    pub replace: Replace,
+    /// Reserve space up front (normal) or write sparse files (zero-filled synthetic data).
+    pub allocation: Allocation,
+}
+
+/// What was written.
+#[derive(Debug)]
+pub struct Release {
+    /// The destination.
+    pub dir: PathBuf,
+    /// The manifest as written.
+    pub manifest: Manifest,
+}
+
+/// Why a release could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum ReleaseError {
+    /// Writing failed; nothing is left at the destination.
+    #[error(transparent)]
+    Write(#[from] WriteError),
+    /// The producer failed; nothing is left at the destination.
+    #[error("{0:#}")]
+    Produce(anyhow::Error),
+}
+
+/// Writes a release: `produce` fills every slot of the plan (from any number of threads,
+/// through `Staging::write`) and returns the report object for the manifest. On any error
+/// the temporary directory is removed and the destination is untouched.
+pub fn write_release(
+    req: ReleaseRequest<'_>,
+    produce: impl FnOnce(&Staging) -> anyhow::Result<serde_json::Value>,
+) -> Result<Release, ReleaseError> {
+    let mut staging = Staging::begin(
+        req.dest,
+        req.plan,
+        req.input_paths,
+        req.replace,
+        req.allocation,
+    )?;
+    let report = produce(&staging).map_err(ReleaseError::Produce)?;
+    let sealed = staging.seal()?;
+    let manifest = Manifest::new(
+        req.command,
+        req.inputs,
+        req.options,
+        staging.plan(),
+        &sealed,
+        report,
+    );
+    let bytes = manifest.to_canonical_bytes();
+    let dir = staging.commit(&bytes)?;
+    let manifest =
+        Manifest::from_bytes(&bytes).map_err(|e| ReleaseError::Produce(anyhow::anyhow!(e)))?;
+    Ok(Release { dir, manifest })
+}

@@ -1,0 +1,292 @@
+//! Synthetic checkpoints with the real shapes of released models, for benchmarks, the
+//! dry-run checks of real-world recipes, and tests that need multi-GB inputs.
+//!
+//! Owns: `SynthModel`, `SynthSpec` and `synth_release`. Values are either zero (written as
+//! sparse files: a 28 GB checkpoint costs no disk and no time) or a seeded pseudo-random
+//! stream per tensor (independent of thread count and of tensor order).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use rayon::prelude::*;
+
+use crate::io::header::PlannedTensor;
+use crate::io::staging::{Allocation, Replace};
+use crate::io::writer::{ComponentOutput, OutputPlan};
+use crate::io::{DType, dtype};
+use crate::model::sa3::{Sa3Variant, sa3_params};
+use crate::model::wan::{ParamSpec, WanConfig, WanVariant};
+use crate::release::{Release, ReleaseError, ReleaseRequest, write_release};
+
+/// The model to imitate.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SynthModel {
+    /// A released WAN transformer (diffusers model folder).
+    Wan(WanVariant),
+    /// Wan 2.2 A14B: a pipeline folder with transformer/ and transformer_2/.
+    WanA14B,
+    /// Any WAN config (e.g. fewer layers for a quick test).
+    WanConfig(WanConfig),
+    /// A released SA3 size (single `model.safetensors`).
+    Sa3(Sa3Variant),
+}
+
+impl SynthModel {
+    /// Parses `wan2.1-t2v-1.3b`, `wan2.2-t2v-a14b`, `sa3-small`, ... (the ids of `inspect`).
+    pub fn parse(s: &str) -> Option<SynthModel> {
+        if s == "wan2.2-t2v-a14b" {
+            return Some(SynthModel::WanA14B);
+        }
+        if let Some(v) = WanVariant::ALL.iter().find(|v| v.id() == s) {
+            return Some(SynthModel::Wan(*v));
+        }
+        Sa3Variant::ALL
+            .iter()
+            .find(|v| v.id() == s)
+            .map(|v| SynthModel::Sa3(*v))
+    }
+
+    /// Every accepted name.
+    pub fn names() -> Vec<&'static str> {
+        let mut v: Vec<&str> = WanVariant::ALL.iter().map(|v| v.id()).collect();
+        v.push("wan2.2-t2v-a14b");
+        v.extend(Sa3Variant::ALL.iter().map(|v| v.id()));
+        v
+    }
+}
+
+/// How tensors are filled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fill {
+    /// All zeros, written as sparse files.
+    Zero,
+    /// Seeded pseudo-random values of weight-like magnitude.
+    Random {
+        /// Seed.
+        seed: u64,
+    },
+}
+
+/// A synthetic checkpoint request.
+#[derive(Clone, Debug)]
+pub struct SynthSpec {
+    /// Model to imitate.
+    pub model: SynthModel,
+    /// Storage dtype (F32, F16 or BF16).
+    pub dtype: DType,
+    /// Values.
+    pub fill: Fill,
+    /// Override the number of WAN blocks (smaller test models).
+    pub layers: Option<usize>,
+    /// Shard size in bytes, if sharded output is wanted.
+    pub shard_bytes: Option<u64>,
+}
+
+fn wan_component(
+    cfg: &WanConfig,
+    rel_dir: &str,
+    dtype: DType,
+    shard: Option<u64>,
+) -> ComponentOutput {
+    let mut config = serde_json::to_value(cfg).expect("config serialises");
+    if let serde_json::Value::Object(m) = &mut config {
+        m.insert("_class_name".into(), "WanTransformer3DModel".into());
+    }
+    let mut cbytes = serde_json::to_vec_pretty(&config).expect("config serialises");
+    cbytes.push(b'\n');
+    ComponentOutput {
+        rel_dir: rel_dir.into(),
+        stem: "diffusion_pytorch_model".into(),
+        tensors: planned(&cfg.diffusers_params(), dtype),
+        metadata: BTreeMap::from([("format".to_string(), "pt".to_string())]),
+        sidecars: vec![("config.json".into(), cbytes)],
+        max_shard_bytes: shard,
+    }
+}
+
+fn planned(params: &[ParamSpec], dtype: DType) -> Vec<PlannedTensor> {
+    params
+        .iter()
+        .map(|p| PlannedTensor {
+            name: p.name.clone(),
+            dtype,
+            shape: p.shape.clone(),
+        })
+        .collect()
+}
+
+/// The output plan of a synthetic checkpoint.
+pub fn synth_plan(spec: &SynthSpec) -> Result<OutputPlan, crate::io::header::LayoutError> {
+    let wan = |mut cfg: WanConfig| {
+        if let Some(l) = spec.layers {
+            cfg.num_layers = l;
+        }
+        cfg
+    };
+    let (components, root) = match &spec.model {
+        SynthModel::Wan(v) => (
+            vec![wan_component(
+                &wan(v.config()),
+                "",
+                spec.dtype,
+                spec.shard_bytes,
+            )],
+            vec![],
+        ),
+        SynthModel::WanConfig(c) => (
+            vec![wan_component(
+                &wan(c.clone()),
+                "",
+                spec.dtype,
+                spec.shard_bytes,
+            )],
+            vec![],
+        ),
+        SynthModel::WanA14B => {
+            let cfg = wan(WanVariant::T2V14B.config());
+            let index = serde_json::json!({
+                "_class_name": "WanPipeline",
+                "boundary_ratio": 0.875,
+                "transformer": ["diffusers", "WanTransformer3DModel"],
+                "transformer_2": ["diffusers", "WanTransformer3DModel"],
+            });
+            let mut bytes = serde_json::to_vec_pretty(&index).expect("serialises");
+            bytes.push(b'\n');
+            (
+                vec![
+                    wan_component(&cfg, "transformer", spec.dtype, spec.shard_bytes),
+                    wan_component(&cfg, "transformer_2", spec.dtype, spec.shard_bytes),
+                ],
+                vec![crate::io::writer::AuxFile {
+                    rel_path: "model_index.json".into(),
+                    bytes,
+                }],
+            )
+        }
+        SynthModel::Sa3(v) => (
+            vec![ComponentOutput {
+                rel_dir: PathBuf::new(),
+                stem: "model".into(),
+                tensors: planned(&sa3_params(*v), spec.dtype),
+                metadata: BTreeMap::new(),
+                sidecars: vec![],
+                max_shard_bytes: spec.shard_bytes,
+            }],
+            vec![],
+        ),
+    };
+    OutputPlan::build(&components, &root)
+}
+
+/// Writes a synthetic checkpoint as a release (with manifest) at `dest`.
+pub fn synth_release(
+    spec: &SynthSpec,
+    dest: &Path,
+    replace: Replace,
+) -> Result<Release, ReleaseError> {
+    let plan = synth_plan(spec).map_err(|e| ReleaseError::Produce(e.into()))?;
+    let allocation = match spec.fill {
+        Fill::Zero => Allocation::Sparse,
+        Fill::Random { .. } => Allocation::Reserve,
+    };
+    let options = serde_json::json!({
+        "model": format!("{:?}", spec.model),
+        "dtype": spec.dtype.as_str(),
+        "fill": format!("{:?}", spec.fill),
+        "layers": spec.layers,
+        "shard_bytes": spec.shard_bytes,
+    });
+    let req = ReleaseRequest {
+        dest,
+        plan,
+        input_paths: &[],
+        inputs: vec![],
+        command: "synth",
+        options,
+        replace,
+        allocation,
+    };
+    let fill = spec.fill;
+    write_release(req, |staging| {
+        let plan = staging.plan();
+        let jobs: Vec<(String, crate::io::Slot)> =
+            plan.slots().map(|(_, n, s)| (n.to_string(), s)).collect();
+        jobs.par_iter()
+            .try_for_each(|(name, slot)| -> anyhow::Result<()> {
+                let Fill::Random { seed } = fill else {
+                    return Ok(());
+                };
+                let info = &plan.files[slot.file].layout.tensors[slot.tensor];
+                fill_random(staging, *slot, info, seed)
+                    .map_err(|e| anyhow::anyhow!("tensor `{name}`: {e}"))
+            })?;
+        Ok(serde_json::json!({ "tensors": plan.tensor_count() }))
+    })
+}
+
+fn fill_random(
+    staging: &crate::io::Staging,
+    slot: crate::io::Slot,
+    info: &crate::io::TensorInfo,
+    seed: u64,
+) -> Result<(), crate::io::WriteError> {
+    const CHUNK: usize = 1 << 20;
+    let numel = info.numel();
+    let fan_in: usize = info.shape.iter().skip(1).product::<usize>().max(1);
+    let is_norm =
+        info.shape.len() == 1 && (info.name.contains("norm") || info.name.contains("scale"));
+    let amp = if info.shape.len() >= 2 {
+        1.0 / (fan_in as f32).sqrt()
+    } else {
+        0.1
+    };
+    let mut rng = SplitMix64::new(seed ^ fnv1a(info.name.as_bytes()));
+    let size = info.dtype.size().unwrap_or(4);
+    let mut vals = vec![0f32; CHUNK.min(numel)];
+    let mut bytes = vec![0u8; vals.len() * size];
+    let mut done = 0;
+    while done < numel {
+        let n = CHUNK.min(numel - done);
+        for v in &mut vals[..n] {
+            let u = rng.next_unit() * 2.0 - 1.0;
+            *v = if is_norm { 1.0 + 0.1 * u } else { amp * u };
+        }
+        dtype::narrow_from_f32(info.dtype, &vals[..n], &mut bytes[..n * size]).map_err(|e| {
+            crate::io::WriteError::Io {
+                path: info.name.clone().into(),
+                source: std::io::Error::other(e),
+            }
+        })?;
+        staging.write(slot, done * size, &bytes[..n * size])?;
+        done += n;
+    }
+    Ok(())
+}
+
+/// FNV-1a, to derive a per-tensor seed from its name.
+fn fnv1a(b: &[u8]) -> u64 {
+    b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &x| {
+        (h ^ x as u64).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+/// SplitMix64: tiny, fast, and fully specified, so synthetic data never changes with a
+/// dependency upgrade.
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn new(seed: u64) -> Self {
+        SplitMix64(seed)
+    }
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [0, 1) with 24 random bits.
+    fn next_unit(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
+    }
+}

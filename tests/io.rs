@@ -1,0 +1,752 @@
+//! I/O core acceptance: hostile inputs, round trips, determinism, verify, crash safety,
+//! running out of space, and model fingerprints of real-shaped synthetic checkpoints.
+
+mod common;
+
+use std::path::Path;
+
+use common::*;
+use wanbake::io::DType;
+use wanbake::io::header::{HeaderLayout, PlannedTensor};
+use wanbake::io::staging::Replace;
+use wanbake::model::sa3::{Sa3Variant, sa3_params};
+use wanbake::model::wan::{ParamSpec, WanConfig, WanVariant};
+use wanbake::synth::{Fill, SynthModel, SynthSpec, synth_release};
+
+const T1: &str = r#""a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}"#;
+
+/// One malformed input: file name, bytes, and a fragment the error must contain.
+struct Bad {
+    name: &'static str,
+    bytes: Vec<u8>,
+    expect: &'static str,
+}
+
+fn bad(name: &'static str, bytes: Vec<u8>, expect: &'static str) -> Bad {
+    Bad {
+        name,
+        bytes,
+        expect,
+    }
+}
+
+fn malformed_files() -> Vec<Bad> {
+    let mut huge = u64::MAX.to_le_bytes().to_vec();
+    huge.extend_from_slice(b"{}");
+    let mut past = 4096u64.to_le_bytes().to_vec();
+    past.extend_from_slice(b"{}");
+    let mut utf8 = 4u64.to_le_bytes().to_vec();
+    utf8.extend_from_slice(&[b'{', 0xC3, 0x28, b'}']);
+    let mut zip = b"PK\x03\x04\x14\x00\x00\x00".to_vec();
+    zip.extend_from_slice(&[0u8; 64]);
+    let mut pickle = vec![0x80, 0x02, 0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20];
+    pickle.extend_from_slice(&[0u8; 32]);
+    vec![
+        bad("empty.safetensors", vec![], "0 bytes long"),
+        bad(
+            "truncated_header.safetensors",
+            vec![1, 0, 0],
+            "8-byte header length",
+        ),
+        bad("past_eof.safetensors", past, "runs past the end"),
+        bad("huge_header.safetensors", huge, "limit is 100000000"),
+        bad("bad_utf8.safetensors", utf8, "not valid UTF-8"),
+        bad(
+            "not_json.safetensors",
+            st_bytes("{\"a\":", &[]),
+            "not a JSON object",
+        ),
+        bad(
+            "json_array.safetensors",
+            st_bytes("[1,2,3]", &[]),
+            "not a JSON object",
+        ),
+        bad(
+            "duplicate.safetensors",
+            st_bytes(
+                &format!("{{{T1},{}}}", T1.replace("[0,8]", "[8,16]")),
+                &[0; 16],
+            ),
+            "names `a` twice",
+        ),
+        bad(
+            "bad_dtype.safetensors",
+            st_bytes(
+                r#"{"a":{"dtype":"Q8","shape":[2],"data_offsets":[0,2]}}"#,
+                &[0; 2],
+            ),
+            "unknown dtype `Q8`",
+        ),
+        bad(
+            "size_mismatch.safetensors",
+            st_bytes(
+                r#"{"a":{"dtype":"F32","shape":[4],"data_offsets":[0,8]}}"#,
+                &[0; 8],
+            ),
+            "needs 16 bytes",
+        ),
+        bad(
+            "overlap.safetensors",
+            st_bytes(
+                &format!(
+                    "{{{T1},\"b\":{{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}}}"
+                ),
+                &[0; 8],
+            ),
+            "overlap",
+        ),
+        bad(
+            "gap.safetensors",
+            st_bytes(
+                r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}"#,
+                &[0; 8],
+            ),
+            "belong to no tensor",
+        ),
+        bad(
+            "trailing.safetensors",
+            st_bytes(&format!("{{{T1}}}"), &[0; 12]),
+            "4 trailing bytes",
+        ),
+        bad(
+            "data_truncated.safetensors",
+            st_bytes(&format!("{{{T1}}}"), &[0; 5]),
+            "truncated file",
+        ),
+        bad(
+            "metadata_not_strings.safetensors",
+            st_bytes(r#"{"__metadata__":{"rank":4}}"#, &[]),
+            "must map strings to strings",
+        ),
+        bad(
+            "reversed.safetensors",
+            st_bytes(
+                r#"{"a":{"dtype":"F32","shape":[0],"data_offsets":[8,0]}}"#,
+                &[0; 8],
+            ),
+            "end before they begin",
+        ),
+        bad(
+            "overflow.safetensors",
+            st_bytes(
+                r#"{"a":{"dtype":"F64","shape":[4294967296,4294967296],"data_offsets":[0,8]}}"#,
+                &[0; 8],
+            ),
+            "representable byte size",
+        ),
+        bad(
+            "extra_field.safetensors",
+            st_bytes(
+                r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"crc":1}}"#,
+                &[0; 4],
+            ),
+            "unexpected field `crc`",
+        ),
+        bad(
+            "zip_named.safetensors",
+            zip,
+            "refusing to read a zip archive",
+        ),
+        bad(
+            "pickle_named.safetensors",
+            pickle,
+            "refusing to read a pickle stream",
+        ),
+        bad(
+            "weights.bin",
+            b"anything".to_vec(),
+            "refusing to read a `.bin` file",
+        ),
+        bad(
+            "weights.pt",
+            b"anything".to_vec(),
+            "refusing to read a `.pt` file",
+        ),
+        bad(
+            "weights.ckpt",
+            b"anything".to_vec(),
+            "refusing to read a `.ckpt` file",
+        ),
+        bad(
+            "notes.txt",
+            b"hello".to_vec(),
+            "expected a .safetensors file",
+        ),
+    ]
+}
+
+#[test]
+fn malformed_single_files_fail_cleanly_with_a_named_reason() {
+    let dir = tmp();
+    let cases = malformed_files();
+    assert!(cases.len() >= 15);
+    for c in &cases {
+        std::fs::write(dir.path().join(c.name), &c.bytes).unwrap();
+        let (code, out, err) = parts(&run(dir.path(), &["inspect", c.name]));
+        assert_eq!(code, 1, "{}: exit {code}\n{out}\n{err}", c.name);
+        assert!(!err.contains("panicked"), "{}: panic\n{err}", c.name);
+        assert!(
+            err.contains(c.name),
+            "{}: error does not name the file:\n{err}",
+            c.name
+        );
+        assert!(
+            err.contains(c.expect),
+            "{}: expected `{}` in:\n{err}",
+            c.name,
+            c.expect
+        );
+    }
+    // All at once: every path is reported, exit 1.
+    let names: Vec<&str> = cases.iter().map(|c| c.name).collect();
+    let mut args = vec!["inspect", "--json"];
+    args.extend(&names);
+    let (code, out, _) = parts(&run(dir.path(), &args));
+    assert_eq!(code, 1);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v.as_array().unwrap().len(), names.len());
+}
+
+fn shard(dir: &Path, name: &str, tensors: &[(&str, Vec<usize>, Vec<f32>)]) {
+    write_f32(&dir.join(name), tensors);
+}
+
+fn index(dir: &Path, map: &[(&str, &str)]) {
+    let m: serde_json::Map<String, serde_json::Value> = map
+        .iter()
+        .map(|(k, v)| (k.to_string(), serde_json::Value::String(v.to_string())))
+        .collect();
+    let doc = serde_json::json!({"metadata": {"total_size": 0}, "weight_map": m});
+    std::fs::write(dir.join("model.safetensors.index.json"), doc.to_string()).unwrap();
+}
+
+#[test]
+fn malformed_sharded_checkpoints_fail_cleanly() {
+    type Build = Box<dyn Fn(&Path)>;
+    let cases: Vec<(&str, &str, Build)> = vec![
+        (
+            "missing_shard",
+            "does not exist",
+            Box::new(|d: &Path| {
+                shard(d, "a.safetensors", &[("x", vec![1], vec![1.0])]);
+                index(d, &[("x", "a.safetensors"), ("y", "b.safetensors")]);
+            }),
+        ),
+        (
+            "duplicate_across_shards",
+            "stored in two shards",
+            Box::new(|d: &Path| {
+                shard(d, "a.safetensors", &[("x", vec![1], vec![1.0])]);
+                shard(
+                    d,
+                    "b.safetensors",
+                    &[("x", vec![1], vec![2.0]), ("y", vec![1], vec![2.0])],
+                );
+                index(d, &[("x", "a.safetensors"), ("y", "b.safetensors")]);
+            }),
+        ),
+        (
+            "unlisted_tensor",
+            "does not list",
+            Box::new(|d: &Path| {
+                shard(
+                    d,
+                    "a.safetensors",
+                    &[("x", vec![1], vec![1.0]), ("z", vec![1], vec![1.0])],
+                );
+                index(d, &[("x", "a.safetensors")]);
+            }),
+        ),
+        (
+            "map_entry_not_in_shard",
+            "does not contain it",
+            Box::new(|d: &Path| {
+                shard(d, "a.safetensors", &[("x", vec![1], vec![1.0])]);
+                shard(d, "b.safetensors", &[("y", vec![1], vec![1.0])]);
+                index(
+                    d,
+                    &[
+                        ("x", "a.safetensors"),
+                        ("y", "b.safetensors"),
+                        ("w", "b.safetensors"),
+                    ],
+                );
+            }),
+        ),
+        (
+            "escaping_path",
+            "must not leave the checkpoint folder",
+            Box::new(|d: &Path| {
+                shard(d, "a.safetensors", &[("x", vec![1], vec![1.0])]);
+                index(d, &[("x", "../a.safetensors")]);
+            }),
+        ),
+        (
+            "bad_shard_inside",
+            "needs 8 bytes",
+            Box::new(|d: &Path| {
+                std::fs::write(
+                    d.join("a.safetensors"),
+                    st_bytes(
+                        r#"{"x":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}}"#,
+                        &[0; 4],
+                    ),
+                )
+                .unwrap();
+                index(d, &[("x", "a.safetensors")]);
+            }),
+        ),
+        (
+            "two_files_no_index",
+            "point at the one you mean",
+            Box::new(|d: &Path| {
+                shard(d, "a.safetensors", &[("x", vec![1], vec![1.0])]);
+                shard(d, "b.safetensors", &[("y", vec![1], vec![1.0])]);
+            }),
+        ),
+    ];
+    for (name, expect, build) in cases {
+        let root = tmp();
+        let d = root.path().join(name);
+        std::fs::create_dir(&d).unwrap();
+        build(&d);
+        let (code, _, err) = parts(&run(root.path(), &["inspect", name]));
+        assert_eq!(code, 1, "{name}: {err}");
+        assert!(!err.contains("panicked"), "{name}: {err}");
+        assert!(
+            err.contains(expect),
+            "{name}: expected `{expect}` in:\n{err}"
+        );
+    }
+}
+
+#[test]
+fn a_valid_sharded_folder_reads_through_its_index() {
+    let root = tmp();
+    let d = root.path();
+    shard(d, "m-1.safetensors", &[("x", vec![2], vec![1.0, 2.0])]);
+    shard(d, "m-2.safetensors", &[("y", vec![1], vec![3.0])]);
+    shard(d, "stray.safetensors", &[("z", vec![1], vec![3.0])]);
+    index(d, &[("x", "m-1.safetensors"), ("y", "m-2.safetensors")]);
+    let out = ok(run(d, &["inspect", "--json", "."]));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v[0]["components"][0]["tensor_count"], 2);
+    assert!(
+        v[0]["ignored"][0]
+            .as_str()
+            .unwrap()
+            .ends_with("stray.safetensors")
+    );
+}
+
+fn tiny_wan() -> WanConfig {
+    WanConfig {
+        num_attention_heads: 2,
+        attention_head_dim: 8,
+        in_channels: 4,
+        out_channels: Some(4),
+        text_dim: 12,
+        freq_dim: 16,
+        ffn_dim: 24,
+        num_layers: 2,
+        rope_max_seq_len: 16,
+        ..WanConfig::default()
+    }
+}
+
+fn synth_tiny(dest: &Path, dtype: DType) {
+    let spec = SynthSpec {
+        model: SynthModel::WanConfig(tiny_wan()),
+        dtype,
+        fill: Fill::Random { seed: 7 },
+        layers: None,
+        shard_bytes: Some(6000),
+    };
+    synth_release(&spec, dest, Replace::Never).expect("synth");
+}
+
+#[test]
+fn round_trip_is_exact_and_output_bytes_do_not_depend_on_thread_count() {
+    let root = tmp();
+    let one = root.path().join("one");
+    let many = root.path().join("many");
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap()
+        .install(|| synth_tiny(&one, DType::BF16));
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(8)
+        .build()
+        .unwrap()
+        .install(|| synth_tiny(&many, DType::BF16));
+    let files = tree(&one);
+    assert_eq!(files, tree(&many));
+    assert!(
+        files.iter().filter(|f| f.ends_with(".safetensors")).count() > 1,
+        "sharded: {files:?}"
+    );
+    for f in &files {
+        let (a, b) = (one.join(f), many.join(f));
+        if a.is_file() {
+            assert_eq!(
+                std::fs::read(&a).unwrap(),
+                std::fs::read(&b).unwrap(),
+                "{f} differs"
+            );
+        }
+    }
+    // Read back through the index: every planned tensor is present with its shape.
+    let ck = wanbake::io::Checkpoint::open(&one).unwrap();
+    let c = ck.single().unwrap();
+    let params = tiny_wan().diffusers_params();
+    assert_eq!(c.tensors.len(), params.len());
+    for p in &params {
+        let t = c.tensors.get(&p.name).unwrap();
+        assert_eq!(t.view.shape, &p.shape[..]);
+        assert_eq!(t.view.dtype, DType::BF16);
+    }
+    ok(run(root.path(), &["verify", "one"]));
+}
+
+#[test]
+fn written_values_read_back_identically() {
+    use wanbake::io::writer::{ComponentOutput, OutputPlan};
+    use wanbake::release::{ReleaseRequest, write_release};
+    let root = tmp();
+    let vals: Vec<f32> = (0..30).map(|i| (i as f32 - 15.0) * 0.37).collect();
+    let comp = ComponentOutput {
+        rel_dir: "".into(),
+        stem: "model".into(),
+        tensors: vec![
+            PlannedTensor {
+                name: "w".into(),
+                dtype: DType::F32,
+                shape: vec![5, 6],
+            },
+            PlannedTensor {
+                name: "h".into(),
+                dtype: DType::F16,
+                shape: vec![30],
+            },
+        ],
+        metadata: [("k".to_string(), "v".to_string())].into(),
+        sidecars: vec![],
+        max_shard_bytes: None,
+    };
+    let plan = OutputPlan::build(&[comp], &[]).unwrap();
+    let dest = root.path().join("out");
+    let req = ReleaseRequest {
+        dest: &dest,
+        plan,
+        input_paths: &[],
+        inputs: vec![],
+        command: "test",
+        options: serde_json::json!({}),
+        replace: Replace::Never,
+        allocation: wanbake::io::staging::Allocation::Reserve,
+    };
+    write_release(req, |s| {
+        let p = s.plan();
+        let w: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+        // Written in two pieces, second first, to exercise positional writes.
+        let slot = p.slot(0, "w").unwrap();
+        assert!(
+            s.write(slot, 119, &[0, 0]).is_err(),
+            "a write past the slot must be refused"
+        );
+        s.write(slot, 60, &w[60..])?;
+        s.write(slot, 0, &w[..60])?;
+        let h = wanbake::io::dtype::from_f32_vec(DType::F16, &vals)?;
+        s.write(p.slot(0, "h").unwrap(), 0, &h)?;
+        Ok(serde_json::json!({}))
+    })
+    .unwrap();
+    let f = wanbake::io::SafetensorsFile::open(&dest.join("model.safetensors")).unwrap();
+    assert_eq!(f.read_f32("w").unwrap(), vals);
+    let h = f.read_f32("h").unwrap();
+    for (a, b) in h.iter().zip(&vals) {
+        assert_eq!(*a, half::f16::from_f32(*b).to_f32());
+    }
+    assert_eq!(f.metadata()["k"], "v");
+}
+
+#[test]
+fn verify_catches_a_flipped_byte_anywhere() {
+    let root = tmp();
+    let dest = root.path().join("rel");
+    synth_tiny(&dest, DType::F32);
+    ok(run(root.path(), &["verify", "rel"]));
+    let shard1 = dest.join(
+        tree(&dest)
+            .into_iter()
+            .find(|f| f.starts_with("diffusion_pytorch_model-00001-of-"))
+            .expect("a sharded output"),
+    );
+    let len = std::fs::metadata(&shard1).unwrap().len() as usize;
+    let manifest = dest.join("wanbake.manifest.json");
+    let mlen = std::fs::metadata(&manifest).unwrap().len() as usize;
+    let targets: Vec<(std::path::PathBuf, usize)> = vec![
+        (shard1.clone(), 0),       // header length prefix
+        (shard1.clone(), 20),      // inside the header JSON
+        (shard1.clone(), len / 2), // tensor data
+        (shard1.clone(), len - 1), // last byte
+        (dest.join("config.json"), 3),
+        (
+            dest.join("diffusion_pytorch_model.safetensors.index.json"),
+            10,
+        ),
+        (manifest.clone(), mlen / 2),
+        (manifest.clone(), mlen - 2),
+    ];
+    for (path, pos) in targets {
+        let orig = std::fs::read(&path).unwrap();
+        let mut bad = orig.clone();
+        bad[pos] ^= 0x04;
+        std::fs::write(&path, &bad).unwrap();
+        let (code, _, err) = parts(&run(root.path(), &["verify", "rel"]));
+        assert_eq!(
+            code,
+            3,
+            "flip in {} at {pos} not caught: {err}",
+            path.display()
+        );
+        assert!(err.contains("mismatch"), "{err}");
+        std::fs::write(&path, &orig).unwrap();
+    }
+    ok(run(root.path(), &["verify", "rel"]));
+    // An extra file is a mismatch too.
+    std::fs::write(dest.join("extra.txt"), b"x").unwrap();
+    assert_eq!(parts(&run(root.path(), &["verify", "rel"])).0, 3);
+}
+
+fn leftovers(parent: &Path) -> Vec<String> {
+    tree(parent)
+        .into_iter()
+        .filter(|e| e.contains("wanbake-tmp"))
+        .collect()
+}
+
+#[test]
+fn kill_during_a_large_write_leaves_no_destination_and_the_next_run_cleans_up() {
+    let root = tmp();
+    // One block of the 1.3B model: about 290 MB of f32.
+    let mut child = std::process::Command::new(bin())
+        .args([
+            "synth",
+            "--model",
+            "wan2.1-t2v-1.3b",
+            "--layers",
+            "1",
+            "--out",
+            "big",
+        ])
+        .current_dir(root.path())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while leftovers(root.path()).is_empty() && t0.elapsed().as_secs() < 30 {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(150));
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    assert!(
+        !root.path().join("big").exists(),
+        "destination exists after kill"
+    );
+    assert!(
+        !leftovers(root.path()).is_empty(),
+        "expected the killed run's temporary to remain"
+    );
+    // A second run to the same destination removes the dead run's temporary.
+    ok(run(
+        root.path(),
+        &[
+            "synth",
+            "--model",
+            "wan2.1-t2v-1.3b",
+            "--layers",
+            "1",
+            "--dtype",
+            "bf16",
+            "--out",
+            "big",
+        ],
+    ));
+    assert!(
+        leftovers(root.path()).is_empty(),
+        "stale temporaries: {:?}",
+        leftovers(root.path())
+    );
+    ok(run(root.path(), &["verify", "big"]));
+}
+
+#[test]
+fn running_out_of_space_fails_cleanly() {
+    let root = tmp();
+    let cmd = format!(
+        "ulimit -f 20000; exec {} synth --model wan2.1-t2v-1.3b --layers 1 --out full",
+        bin().display()
+    );
+    let o = std::process::Command::new("bash")
+        .args(["-c", &cmd])
+        .current_dir(root.path())
+        .output()
+        .unwrap();
+    let (code, out, err) = parts(&o);
+    assert_eq!(code, 1, "{out}\n{err}");
+    assert!(err.contains("file size limit"), "{err}");
+    assert!(!root.path().join("full").exists());
+    assert!(
+        leftovers(root.path()).is_empty(),
+        "{:?}",
+        leftovers(root.path())
+    );
+}
+
+#[test]
+fn writing_over_an_input_or_an_existing_output_is_refused() {
+    let root = tmp();
+    synth_tiny(&root.path().join("rel"), DType::F32);
+    let (code, _, err) = parts(&run(
+        root.path(),
+        &[
+            "synth",
+            "--model",
+            "sa3-small",
+            "--fill",
+            "zero",
+            "--out",
+            "rel",
+        ],
+    ));
+    assert_eq!(code, 1);
+    assert!(err.contains("already exists"), "{err}");
+    let err = wanbake::io::staging::check_not_input(
+        &root.path().join("rel/sub"),
+        &[root.path().join("rel")],
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("overlaps the input"), "{err}");
+    let err = wanbake::io::staging::check_not_input(
+        root.path(),
+        &[root.path().join("rel/x.safetensors")],
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("overlaps the input"), "{err}");
+}
+
+/// A sparse safetensors file with the given parameters (all zeros, no disk used).
+fn sparse_checkpoint(path: &Path, params: &[ParamSpec], dtype: DType) {
+    let planned: Vec<PlannedTensor> = params
+        .iter()
+        .map(|p| PlannedTensor {
+            name: p.name.clone(),
+            dtype,
+            shape: p.shape.clone(),
+        })
+        .collect();
+    let layout = HeaderLayout::build(&planned, &Default::default()).unwrap();
+    let f = std::fs::File::create(path).unwrap();
+    f.set_len(layout.file_len() as u64).unwrap();
+    use std::os::unix::fs::FileExt;
+    f.write_all_at(&layout.prefix, 0).unwrap();
+}
+
+#[test]
+fn inspect_fingerprints_real_shaped_synthetic_checkpoints() {
+    let root = tmp();
+    let mut cases: Vec<(String, Vec<ParamSpec>, &str)> = [
+        WanVariant::T2V1_3B,
+        WanVariant::T2V14B,
+        WanVariant::I2V14B,
+        WanVariant::FLF2V14B,
+        WanVariant::TI2V5B,
+    ]
+    .iter()
+    .map(|v| {
+        (
+            format!("{}.safetensors", v.id()),
+            v.config().diffusers_params(),
+            v.id(),
+        )
+    })
+    .collect();
+    for v in Sa3Variant::ALL {
+        cases.push((format!("{}.safetensors", v.id()), sa3_params(v), v.id()));
+    }
+    for (file, params, id) in &cases {
+        sparse_checkpoint(&root.path().join(file), params, DType::BF16);
+        let out = ok(run(root.path(), &["inspect", "--json", file]));
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let fp = &v[0]["components"][0]["fingerprint"];
+        assert_eq!(fp["variant"], *id, "{file}: {fp}");
+        assert_eq!(
+            fp["notes"].as_array().map_or(0, |a| a.len()),
+            0,
+            "{file}: {fp}"
+        );
+        let text = ok(run(root.path(), &["inspect", file]));
+        assert!(text.contains("model:"), "{text}");
+    }
+    // A 1.3B LoRA-sized base mistaken for 14B: one changed dim is explained.
+    let mut cfg = WanVariant::T2V14B.config();
+    cfg.num_layers = 39;
+    sparse_checkpoint(
+        &root.path().join("odd.safetensors"),
+        &cfg.diffusers_params(),
+        DType::BF16,
+    );
+    let out = ok(run(root.path(), &["inspect", "odd.safetensors"]));
+    assert!(out.contains("num_layers is 39 (expected 40)"), "{out}");
+}
+
+#[test]
+fn convert_mirrors_naming_and_rounds_each_value_once() {
+    let root = tmp();
+    synth_tiny(&root.path().join("src"), DType::F32);
+    ok(run(
+        root.path(),
+        &[
+            "convert",
+            "src",
+            "--dtype",
+            "bf16",
+            "--shard-size",
+            "3000",
+            "--out",
+            "dst",
+        ],
+    ));
+    ok(run(root.path(), &["verify", "dst"]));
+    let names = |d: &str| -> Vec<String> {
+        tree(&root.path().join(d))
+            .into_iter()
+            .filter(|f| !f.ends_with("manifest.json"))
+            .collect()
+    };
+    // Every tensor is exactly half as large, so the same greedy split at half the limit.
+    assert_eq!(names("src"), names("dst"));
+    let a = wanbake::io::Checkpoint::open(&root.path().join("src")).unwrap();
+    let b = wanbake::io::Checkpoint::open(&root.path().join("dst")).unwrap();
+    let (a, b) = (a.single().unwrap(), b.single().unwrap());
+    for t in a.tensors.tensors() {
+        let src = t.view.to_f32().unwrap();
+        let u = b.tensors.get(t.view.name).unwrap();
+        assert_eq!(u.view.dtype, DType::BF16);
+        let expect: Vec<u8> = src
+            .iter()
+            .flat_map(|x| half::bf16::from_f32(*x).to_bits().to_le_bytes())
+            .collect();
+        assert_eq!(u.view.bytes, &expect[..], "{}", t.view.name);
+    }
+    // Converting onto its own input is refused and writes nothing.
+    let (code, _, err) = parts(&run(
+        root.path(),
+        &["convert", "src", "--dtype", "bf16", "--out", "src/x"],
+    ));
+    assert_eq!(code, 1);
+    assert!(err.contains("overlaps the input"), "{err}");
+    assert!(!root.path().join("src/x").exists());
+}
