@@ -750,3 +750,29 @@ fn convert_mirrors_naming_and_rounds_each_value_once() {
     assert!(err.contains("overlaps the input"), "{err}");
     assert!(!root.path().join("src/x").exists());
 }
+
+#[test]
+fn inspect_flags_a_config_that_disagrees_with_the_weights() {
+    // spec wan.md §1.3: a config with image_dim / added_kv_proj_dim but no image weights.
+    let root = tmp();
+    let dir = root.path().join("m");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::copy(
+        repo().join("golden/models/t2v/diffusion_pytorch_model.safetensors"),
+        dir.join("diffusion_pytorch_model.safetensors"),
+    )
+    .unwrap();
+    let mut cfg: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(repo().join("golden/models/t2v/config.json")).unwrap(),
+    )
+    .unwrap();
+    cfg["image_dim"] = 1280.into();
+    std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+    let out = ok(run(root.path(), &["inspect", "m"]));
+    assert!(
+        out.contains("config.json says image_dim = Some(1280) but the weights imply None"),
+        "{out}"
+    );
+    let clean = ok(run(&repo(), &["inspect", "golden/models/t2v"]));
+    assert!(!clean.contains("config.json says"), "{clean}");
+}

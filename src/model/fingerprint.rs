@@ -27,6 +27,9 @@ pub struct Fingerprint {
     pub derived: serde_json::Value,
     /// Why the answer is "unknown", or notes about a recognised one.
     pub notes: Vec<String>,
+    /// The WAN config the shapes imply (heads assume 128-wide heads).
+    #[serde(skip)]
+    pub wan: Option<WanConfig>,
 }
 
 /// Shape lookup by name over a checkpoint's tensors.
@@ -63,6 +66,7 @@ pub fn fingerprint(src: &dyn ShapeSource) -> Fingerprint {
         description: "unknown model".into(),
         naming: None,
         derived: serde_json::Value::Null,
+        wan: None,
         notes: vec![
             "no WAN key (patch_embedding + blocks.N.attn1/self_attn) and no SA3 key \
              (transformer.layers.N.self_attn.to_qkv) found"
@@ -168,9 +172,10 @@ fn fingerprint_wan(src: &dyn ShapeSource, names: &[String]) -> Option<Fingerprin
     let patch = pt * ph * pw;
     let cfg = WanConfig {
         patch_size: [pt, ph, pw],
-        // Shapes fix D only; every released WAN has 128-wide heads.
-        num_attention_heads: d / 128,
-        attention_head_dim: 128,
+        // Shapes fix D only; every released WAN has 128-wide heads. Other widths keep D
+        // exact with a single head.
+        num_attention_heads: if d.is_multiple_of(128) { d / 128 } else { 1 },
+        attention_head_dim: if d.is_multiple_of(128) { 128 } else { d },
         in_channels: c_in,
         out_channels: dim0("proj_out.weight").map(|o| o / patch.max(1)),
         text_dim: dim1("condition_embedder.text_embedder.linear_1.weight").unwrap_or(0),
@@ -208,10 +213,13 @@ fn fingerprint_wan(src: &dyn ShapeSource, names: &[String]) -> Option<Fingerprin
             naming: Some(n.naming.into()),
             derived,
             notes,
+            wan: Some(cfg),
         }),
         None => {
             notes.push(closest_wan_difference(&cfg));
-            Some(unknown_wan(&n, derived, notes))
+            let mut f = unknown_wan(&n, derived, notes);
+            f.wan = Some(cfg);
+            Some(f)
         }
     }
 }
@@ -224,7 +232,26 @@ fn unknown_wan(n: &WanNames, derived: serde_json::Value, notes: Vec<String>) -> 
         naming: Some(n.naming.into()),
         derived,
         notes,
+        wan: None,
     }
+}
+
+/// Notes where a diffusers `config.json` disagrees with the weights (spec wan.md §1.3: a
+/// Wan2.2 config with `image_dim` set but no image weights would build randomly initialised
+/// layers and break inference).
+pub fn config_disagreements(config: &WanConfig, from_shapes: &WanConfig) -> Vec<String> {
+    wan_fields(config)
+        .iter()
+        .zip(wan_fields(from_shapes).iter())
+        .filter(|(a, b)| a.1 != b.1)
+        .map(|(a, b)| {
+            format!(
+                "config.json says {} = {} but the weights imply {}: a loader trusting the \
+                 config builds layers the weights do not fill",
+                a.0, a.1, b.1
+            )
+        })
+        .collect()
 }
 
 /// The fields shapes can reveal.
@@ -302,6 +329,7 @@ fn fingerprint_sa3(src: &dyn ShapeSource, names: &[String]) -> Option<Fingerprin
         naming: Some(naming.into()),
         derived,
         notes,
+        wan: None,
     })
 }
 
