@@ -2,9 +2,10 @@
 //! over the full width and 3D RoPE, un-gated cross-attention to the text (and, for Wan2.1
 //! I2V/FLF2V, the image tokens through add_k/add_v), and the modulated GELU(tanh) FFN.
 //!
-//! Owns: the block's arithmetic and the modulation lookup (per item, or per token for
-//! Wan2.2 TI2V). Weights are fetched from the `WeightSource` when the block runs and
-//! dropped when it ends. Does not own: the embeddings or the output head
+//! Owns: the block's arithmetic, the modulation lookup (per item, or per token for
+//! Wan2.2 TI2V), and `CrossKv`, the cross-attention keys and values that depend only on the
+//! context (computed once per sampling run). Weights are fetched from the `WeightSource`
+//! when the block runs and dropped when it ends. Does not own: the embeddings or the output head
 //! (`runner::forward`).
 
 use super::attention::{AttentionShape, attention};
@@ -35,12 +36,64 @@ pub struct BlockInputs<'a> {
     pub rope_cos: &'a [f32],
     /// RoPE sin per token, (S, Dh/2).
     pub rope_sin: &'a [f32],
-    /// Text context after the text embedder, (B, Lt, D).
-    pub text: &'a [f32],
-    /// Lt.
-    pub text_len: usize,
-    /// Image context for the add_k/add_v branch, (B, Li, D), and Li.
-    pub image: Option<(&'a [f32], usize)>,
+}
+
+/// Keys and values of one attention branch over a fixed context: (B, len, D) each.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KeyValues {
+    /// RMS-normalised keys.
+    pub k: Vec<f32>,
+    /// Values.
+    pub v: Vec<f32>,
+    /// Context tokens per item.
+    pub len: usize,
+}
+
+/// The cross-attention keys and values of one block: they depend only on the text (and
+/// image) context and the block's weights, so a sampler computes them once per run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CrossKv {
+    /// Text branch (to_k / norm_k, to_v).
+    pub text: KeyValues,
+    /// Image branch of Wan2.1 I2V/FLF2V (add_k_proj / norm_added_k, add_v_proj).
+    pub image: Option<KeyValues>,
+}
+
+/// Block `index`'s cross-attention keys and values for a text context (B, Lt, D) and, for
+/// a model with add_k_proj, an image context (B, Li, D).
+pub fn cross_kv(
+    w: &dyn WeightSource,
+    index: usize,
+    batch: usize,
+    text: (&[f32], usize),
+    image: Option<(&[f32], usize)>,
+) -> Result<CrossKv, RunError> {
+    let cfg = w.config();
+    let (d, eps) = (cfg.inner_dim(), cfg.eps as f32);
+    let a = format!("blocks.{index}.attn2");
+    let branch = |ctx: &[f32], len: usize, k_name: &str, norm: &str, v_name: &str, k_in: usize| {
+        let rows = batch * len;
+        let mut k = apply_linear(w, &format!("{a}.{k_name}"), ctx, rows, k_in, d)?;
+        rms_norm(&mut k, d, eps, &w.tensor(&format!("{a}.{norm}.weight"))?);
+        let v = apply_linear(w, &format!("{a}.{v_name}"), ctx, rows, k_in, d)?;
+        Ok::<_, RunError>(KeyValues { k, v, len })
+    };
+    let text = branch(text.0, text.1, "to_k", "norm_k", "to_v", d)?;
+    let image = match image {
+        Some((ctx, len)) => {
+            let kv_in = cfg.added_kv_proj_dim.unwrap_or(d);
+            Some(branch(
+                ctx,
+                len,
+                "add_k_proj",
+                "norm_added_k",
+                "add_v_proj",
+                kv_in,
+            )?)
+        }
+        None => None,
+    };
+    Ok(CrossKv { text, image })
 }
 
 impl BlockInputs<'_> {
@@ -50,12 +103,14 @@ impl BlockInputs<'_> {
     }
 }
 
-/// Runs block `index` on x (B·S, D) in place.
+/// Runs block `index` on x (B·S, D) in place, with that block's cross-attention keys and
+/// values.
 pub fn run_block(
     w: &dyn WeightSource,
     index: usize,
     x: &mut [f32],
     inp: &BlockInputs<'_>,
+    kv: &CrossKv,
 ) -> Result<(), RunError> {
     let cfg = w.config();
     let d = cfg.inner_dim();
@@ -84,7 +139,7 @@ pub fn run_block(
         let b = w.tensor(&format!("{pre}.norm2.bias"))?;
         layer_norm(&mut n, d, eps, Some((&g, &b)));
     }
-    let o = cross_attention(w, &pre, &n, inp)?;
+    let o = cross_attention(w, &pre, &n, inp, kv)?;
     for (xv, ov) in x.iter_mut().zip(&o) {
         *xv += ov;
     }
@@ -177,13 +232,14 @@ fn self_attention(
     Ok(attention(&q, &k, &v, shape))
 }
 
-/// Cross-attention of n (B·S, D) to the text context, plus the image context through
-/// add_k/add_v when present; returns to_out applied to the (summed) attention.
+/// Cross-attention of n (B·S, D) to the text keys/values, plus the image branch when
+/// present (`a_txt + a_img`, one shared q); returns to_out applied to the sum.
 fn cross_attention(
     w: &dyn WeightSource,
     pre: &str,
     n: &[f32],
     inp: &BlockInputs<'_>,
+    kv: &CrossKv,
 ) -> Result<Vec<f32>, RunError> {
     let cfg = w.config();
     let (d, eps) = (cfg.inner_dim(), cfg.eps as f32);
@@ -192,10 +248,6 @@ fn cross_attention(
     let a = format!("{pre}.attn2");
     let mut q = apply_linear(w, &format!("{a}.to_q"), n, m, d, d)?;
     rms_norm(&mut q, d, eps, &w.tensor(&format!("{a}.norm_q.weight"))?);
-    let text_rows = inp.batch * inp.text_len;
-    let mut k = apply_linear(w, &format!("{a}.to_k"), inp.text, text_rows, d, d)?;
-    rms_norm(&mut k, d, eps, &w.tensor(&format!("{a}.norm_k.weight"))?);
-    let v = apply_linear(w, &format!("{a}.to_v"), inp.text, text_rows, d, d)?;
     let shape = |keys| AttentionShape {
         batch: inp.batch,
         queries: inp.tokens,
@@ -203,19 +255,9 @@ fn cross_attention(
         heads,
         head_dim: dh,
     };
-    let mut out = attention(&q, &k, &v, shape(inp.text_len));
-    if let Some((image, image_len)) = inp.image {
-        let kv_in = cfg.added_kv_proj_dim.unwrap_or(d);
-        let image_rows = inp.batch * image_len;
-        let mut k_img = apply_linear(w, &format!("{a}.add_k_proj"), image, image_rows, kv_in, d)?;
-        rms_norm(
-            &mut k_img,
-            d,
-            eps,
-            &w.tensor(&format!("{a}.norm_added_k.weight"))?,
-        );
-        let v_img = apply_linear(w, &format!("{a}.add_v_proj"), image, image_rows, kv_in, d)?;
-        let out_img = attention(&q, &k_img, &v_img, shape(image_len));
+    let mut out = attention(&q, &kv.text.k, &kv.text.v, shape(kv.text.len));
+    if let Some(img) = &kv.image {
+        let out_img = attention(&q, &img.k, &img.v, shape(img.len));
         for (o, i) in out.iter_mut().zip(&out_img) {
             *o += i;
         }

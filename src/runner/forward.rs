@@ -6,7 +6,7 @@
 //! shape rules an input must satisfy. Does not own: sampling (`runner::sampler`) or files
 //! (`runner::inputs`).
 
-use super::block::{BlockInputs, modulated_norm, run_block};
+use super::block::{BlockInputs, CrossKv, cross_kv, modulated_norm, run_block};
 use super::embed::{
     apply_linear, image_embedding, patch_embedding, text_embedding, time_embedding,
 };
@@ -50,6 +50,20 @@ pub struct Geometry {
     pub text_len: usize,
     /// Image tokens per item after the FLF2V reshape (0 without image).
     pub image_len: usize,
+}
+
+/// The cross-attention context of one transformer for fixed text (and image) embeds: the
+/// keys and values of every block. It depends only on those embeds and the weights, so a
+/// sampler computes it once per expert and reuses it at every step (bit-identical to
+/// recomputing it).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Context {
+    /// Shape of the `encoder_hidden_states` it was built from.
+    pub text_shape: Vec<usize>,
+    /// Shape of the `encoder_hidden_states_image` it was built from.
+    pub image_shape: Option<Vec<usize>>,
+    /// Per block.
+    pub blocks: Vec<CrossKv>,
 }
 
 /// A WAN transformer ready to run: its weights and RoPE tables.
@@ -126,15 +140,34 @@ impl<'w> WanTransformer<'w> {
 
     /// The velocity prediction (B, C_out, F, H, W).
     pub fn forward(&self, inputs: &ForwardInputs<'_>) -> Result<Tensor, RunError> {
-        let g = self.check(inputs)?;
+        self.check(inputs)?;
+        let context = self.context(
+            inputs.encoder_hidden_states,
+            inputs.encoder_hidden_states_image,
+        )?;
+        self.forward_with(inputs.hidden_states, inputs.timestep, &context)
+    }
+
+    /// The forward for a prepared context (see [`Context`]); `hidden_states` and `timestep`
+    /// must have the context's batch size.
+    pub fn forward_with(
+        &self,
+        hidden_states: &Tensor,
+        timestep: &Tensor,
+        context: &Context,
+    ) -> Result<Tensor, RunError> {
+        let g = check_shapes(
+            self.config(),
+            &hidden_states.shape,
+            &timestep.shape,
+            &context.text_shape,
+            context.image_shape.as_deref(),
+        )?;
         let w = self.weights;
         let cfg = w.config();
-        let d = cfg.inner_dim();
-        let mut x = patch_embedding(w, &inputs.hidden_states.data, g.batch, g.latent)?;
-        let (temb, timestep_proj) = time_embedding(w, &inputs.timestep.data)?;
-        let (text, image) = self.context(inputs, &g)?;
+        let mut x = patch_embedding(w, &hidden_states.data, g.batch, g.latent)?;
+        let (temb, timestep_proj) = time_embedding(w, &timestep.data)?;
         let (rope_cos, rope_sin) = self.rope.token_tables(g.grid);
-        let (text_len, image_len) = (text.len() / (g.batch * d), image.len() / (g.batch * d));
         let block_inputs = BlockInputs {
             batch: g.batch,
             tokens: g.tokens,
@@ -142,49 +175,56 @@ impl<'w> WanTransformer<'w> {
             per_token: g.per_token,
             rope_cos: &rope_cos,
             rope_sin: &rope_sin,
-            text: &text,
-            text_len,
-            image: cfg.added_kv_proj_dim.map(|_| (image.as_slice(), image_len)),
         };
-        for i in 0..cfg.num_layers {
-            run_block(w, i, &mut x, &block_inputs)?;
+        for (i, kv) in context.blocks.iter().enumerate().take(cfg.num_layers) {
+            run_block(w, i, &mut x, &block_inputs, kv)?;
         }
         self.head(x, &temb, &block_inputs, &g)
     }
 
-    /// The cross-attention context per item: diffusers concatenates [image, text] and, for
-    /// a model with add_k_proj, splits it again at length − 512. Returns (text part,
-    /// image part), each (B, len, D).
-    fn context(
+    /// Embeds the text (and image) context and computes every block's cross-attention keys
+    /// and values. diffusers concatenates [image, text] and, for a model with add_k_proj,
+    /// splits it again at length − 512 (image part first).
+    pub fn context(
         &self,
-        inputs: &ForwardInputs<'_>,
-        g: &Geometry,
-    ) -> Result<(Vec<f32>, Vec<f32>), RunError> {
+        encoder_hidden_states: &Tensor,
+        image: Option<&Tensor>,
+    ) -> Result<Context, RunError> {
         let w = self.weights;
         let cfg = w.config();
         let d = cfg.inner_dim();
-        let text = text_embedding(w, &inputs.encoder_hidden_states.data, g.batch * g.text_len)?;
-        let image = match inputs.encoder_hidden_states_image {
-            Some(img) => image_embedding(w, &img.data, g.batch * g.image_len, g.image_len)?,
+        let (batch, text_len, image_len) = check_context(
+            cfg,
+            &encoder_hidden_states.shape,
+            image.map(|t| t.shape.as_slice()),
+        )?;
+        let text = text_embedding(w, &encoder_hidden_states.data, batch * text_len)?;
+        let image_emb = match image {
+            Some(img) => image_embedding(w, &img.data, batch * image_len, image_len)?,
             None => Vec::new(),
         };
-        if cfg.added_kv_proj_dim.is_none() {
-            // Plain concatenation; every token goes through to_k/to_v.
-            return Ok((
-                concat_per_item(&image, g.image_len, &text, g.text_len, g.batch, d),
-                Vec::new(),
-            ));
-        }
-        let total = g.image_len + g.text_len;
-        let split = total - TEXT_CONTEXT_LEN; // check_inputs guarantees total ≥ 512
-        let full = concat_per_item(&image, g.image_len, &text, g.text_len, g.batch, d);
-        let mut img_part = Vec::with_capacity(g.batch * split * d);
-        let mut txt_part = Vec::with_capacity(g.batch * TEXT_CONTEXT_LEN * d);
+        let full = concat_per_item(&image_emb, image_len, &text, text_len, batch, d);
+        let total = image_len + text_len;
+        let split = if cfg.added_kv_proj_dim.is_some() {
+            total - TEXT_CONTEXT_LEN
+        } else {
+            0
+        };
+        let mut img_part = Vec::with_capacity(batch * split * d);
+        let mut txt_part = Vec::with_capacity(batch * (total - split) * d);
         for item in full.chunks(total * d) {
             img_part.extend_from_slice(&item[..split * d]);
             txt_part.extend_from_slice(&item[split * d..]);
         }
-        Ok((txt_part, img_part))
+        let image_branch = cfg.added_kv_proj_dim.map(|_| (img_part.as_slice(), split));
+        let blocks = (0..cfg.num_layers)
+            .map(|i| cross_kv(w, i, batch, (&txt_part, total - split), image_branch))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Context {
+            text_shape: encoder_hidden_states.shape.clone(),
+            image_shape: image.map(|t| t.shape.clone()),
+            blocks,
+        })
     }
 
     /// norm_out modulated by (table + temb), proj_out, unpatchify.
@@ -260,21 +300,40 @@ fn shape_error(tensor: &str, expected: String, found: &[usize]) -> RunError {
 
 /// The shape rules of spec wan.md §2.0 against `cfg`.
 pub fn check_inputs(cfg: &WanConfig, inputs: &ForwardInputs<'_>) -> Result<Geometry, RunError> {
-    let hs = inputs.hidden_states;
+    check_shapes(
+        cfg,
+        &inputs.hidden_states.shape,
+        &inputs.timestep.shape,
+        &inputs.encoder_hidden_states.shape,
+        inputs
+            .encoder_hidden_states_image
+            .map(|t| t.shape.as_slice()),
+    )
+}
+
+/// [`check_inputs`] on shapes: hidden_states, timestep, encoder_hidden_states and the
+/// optional image embeds.
+pub fn check_shapes(
+    cfg: &WanConfig,
+    hs: &[usize],
+    ts: &[usize],
+    ehs: &[usize],
+    image: Option<&[usize]>,
+) -> Result<Geometry, RunError> {
     let [pt, ph, pw] = cfg.patch_size;
     let c_in = cfg.in_channels;
-    let &[batch, c, fl, hl, wl] = hs.shape.as_slice() else {
+    let &[batch, c, fl, hl, wl] = hs else {
         return Err(shape_error(
             "hidden_states",
             format!("(B, {c_in}, F, H, W)"),
-            &hs.shape,
+            hs,
         ));
     };
     if c != c_in || batch == 0 {
         return Err(shape_error(
             "hidden_states",
             format!("(B ≥ 1, in_channels = {c_in}, F, H, W)"),
-            &hs.shape,
+            hs,
         ));
     }
     for (axis, len, p) in [("F", fl, pt), ("H", hl, ph), ("W", wl, pw)] {
@@ -299,8 +358,7 @@ pub fn check_inputs(cfg: &WanConfig, inputs: &ForwardInputs<'_>) -> Result<Geome
         ));
     }
     let tokens = grid.iter().product();
-    let ts = &inputs.timestep.shape;
-    let per_token = match ts.as_slice() {
+    let per_token = match ts {
         [b] if *b == batch => false,
         [b, s] if *b == batch && *s == tokens => true,
         _ => {
@@ -311,25 +369,15 @@ pub fn check_inputs(cfg: &WanConfig, inputs: &ForwardInputs<'_>) -> Result<Geome
             ));
         }
     };
-    let ehs = &inputs.encoder_hidden_states.shape;
-    let text_len = match ehs.as_slice() {
-        [b, l, t] if *b == batch && *t == cfg.text_dim && *l > 0 => *l,
-        _ => {
-            return Err(shape_error(
-                "encoder_hidden_states",
-                format!("({batch}, L, text_dim = {})", cfg.text_dim),
-                ehs,
-            ));
-        }
-    };
-    let image_len = check_image(cfg, inputs.encoder_hidden_states_image, batch)?;
-    if cfg.added_kv_proj_dim.is_some() && image_len + text_len <= TEXT_CONTEXT_LEN {
-        return Err(RunError::input(
+    let (text_batch, text_len, image_len) = check_context(cfg, ehs, image)?;
+    if text_batch != batch {
+        return Err(shape_error(
             "encoder_hidden_states",
             format!(
-                "an I2V model splits the context at length − {TEXT_CONTEXT_LEN} (diffusers' hard-coded text length); \
-                 {image_len} image + {text_len} text tokens leave no image tokens (pad the text to 512 tokens)"
+                "({batch}, L, text_dim = {}) (the batch of hidden_states)",
+                cfg.text_dim
             ),
+            ehs,
         ));
     }
     Ok(Geometry {
@@ -343,8 +391,37 @@ pub fn check_inputs(cfg: &WanConfig, inputs: &ForwardInputs<'_>) -> Result<Geome
     })
 }
 
+/// The context's shape rules; returns (B, text tokens, image tokens per item).
+fn check_context(
+    cfg: &WanConfig,
+    ehs: &[usize],
+    image: Option<&[usize]>,
+) -> Result<(usize, usize, usize), RunError> {
+    let (batch, text_len) = match ehs {
+        [b, l, t] if *t == cfg.text_dim && *l > 0 && *b > 0 => (*b, *l),
+        _ => {
+            return Err(shape_error(
+                "encoder_hidden_states",
+                format!("(B, L, text_dim = {})", cfg.text_dim),
+                ehs,
+            ));
+        }
+    };
+    let image_len = check_image(cfg, image, batch)?;
+    if cfg.added_kv_proj_dim.is_some() && image_len + text_len <= TEXT_CONTEXT_LEN {
+        return Err(RunError::input(
+            "encoder_hidden_states",
+            format!(
+                "an I2V model splits the context at length − {TEXT_CONTEXT_LEN} (diffusers' hard-coded text length); \
+                 {image_len} image + {text_len} text tokens leave no image tokens (pad the text to 512 tokens)"
+            ),
+        ));
+    }
+    Ok((batch, text_len, image_len))
+}
+
 /// Image embeds against the config; returns image tokens per item (0 when absent).
-fn check_image(cfg: &WanConfig, image: Option<&Tensor>, batch: usize) -> Result<usize, RunError> {
+fn check_image(cfg: &WanConfig, image: Option<&[usize]>, batch: usize) -> Result<usize, RunError> {
     const NAME: &str = "encoder_hidden_states_image";
     let Some(image) = image else {
         if cfg.added_kv_proj_dim.is_some() {
@@ -361,7 +438,7 @@ fn check_image(cfg: &WanConfig, image: Option<&Tensor>, batch: usize) -> Result<
             "given, but the model has no image embedder (image_dim is null in config.json)",
         ));
     };
-    match (image.shape.as_slice(), cfg.pos_embed_seq_len) {
+    match (image, cfg.pos_embed_seq_len) {
         ([b, n, c], None) if *b == batch && *c == i && *n > 0 => Ok(*n),
         ([b, n, c], Some(p)) if *b == 2 * batch && *c == i && 2 * n == p => Ok(p),
         (found, None) => Err(shape_error(

@@ -37,7 +37,7 @@ pub mod tensor;
 pub mod weights;
 
 pub use error::RunError;
-pub use forward::{ForwardInputs, Geometry, WanTransformer};
+pub use forward::{Context, ForwardInputs, Geometry, WanTransformer};
 pub use inputs::RunInputs;
 pub use model_dir::ModelSet;
 pub use sampler::{Experts, SampleInputs, SampleOptions, StepReport, sample};

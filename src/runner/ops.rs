@@ -14,7 +14,7 @@ use rayon::prelude::*;
 /// Rows of the activation handled by one matmul tile.
 pub const ROW_TILE: usize = 256;
 /// Output features handled by one matmul tile.
-pub const COL_TILE: usize = 128;
+pub const COL_TILE: usize = 64;
 /// Rows per parallel task in the row-wise kernels (norms, activations).
 pub const NORM_ROWS: usize = 64;
 

@@ -19,7 +19,7 @@
 use std::time::Instant;
 
 use super::error::RunError;
-use super::forward::{ForwardInputs, WanTransformer};
+use super::forward::{Context, WanTransformer};
 use super::scheduler::{FlowMatchEuler, NUM_TRAIN_TIMESTEPS};
 use super::tensor::Tensor;
 
@@ -111,15 +111,20 @@ impl Experts<'_> {
         }
     }
 
-    /// The expert, its name and its guidance scale at timestep `t`.
-    fn pick(&self, t: f32, opts: &SampleOptions) -> (&WanTransformer<'_>, &'static str, f64) {
+    /// The expert, its slot (0 or 1), its name and its guidance scale at timestep `t`.
+    fn pick(
+        &self,
+        t: f32,
+        opts: &SampleOptions,
+    ) -> (&WanTransformer<'_>, usize, &'static str, f64) {
         match (&self.transformer_2, self.boundary_ratio) {
             (Some(low), Some(r)) if t < (r * NUM_TRAIN_TIMESTEPS as f64) as f32 => (
                 low,
+                1,
                 "transformer_2",
                 opts.guidance_2.unwrap_or(opts.guidance),
             ),
-            _ => (&self.transformer, "transformer", opts.guidance),
+            _ => (&self.transformer, 0, "transformer", opts.guidance),
         }
     }
 }
@@ -202,9 +207,19 @@ pub fn sample(
     } else {
         1
     };
+    // Per expert, the cross-attention context of the (batched) text and image embeds,
+    // built on the expert's first step and reused after.
+    let mut contexts: [Option<Context>; 2] = [None, None];
     for (i, &t) in schedule.timesteps.iter().enumerate() {
         let start = Instant::now();
-        let (model, expert, g) = experts.pick(t, opts);
+        let (model, slot, expert, g) = experts.pick(t, opts);
+        if slot == 1 {
+            contexts[0] = None; // t only decreases: the high-noise expert is done.
+        }
+        let context = match &mut contexts[slot] {
+            Some(c) => c,
+            empty => empty.insert(model.context(&text, image.as_ref())?),
+        };
         let model_in = join_channels(&latents, &condition, batch, c_out, c_in - c_out, frame);
         let hidden = Tensor::new(
             vec![batch * copies, c_in, fl, hl, wl],
@@ -218,12 +233,7 @@ pub fn sample(
         } else {
             Tensor::new(vec![batch * copies], vec![t; batch * copies])
         };
-        let v = model.forward(&ForwardInputs {
-            hidden_states: &hidden,
-            timestep: &timestep,
-            encoder_hidden_states: &text,
-            encoder_hidden_states_image: image.as_ref(),
-        })?;
+        let v = model.forward_with(&hidden, &timestep, context)?;
         let half = latents.len();
         let velocity: Vec<f32> = if cfg_on {
             let (cond, uncond) = v.data.split_at(half);
