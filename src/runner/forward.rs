@@ -58,6 +58,8 @@ pub struct Geometry {
 /// recomputing it).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Context {
+    /// Name of the weights it was built with.
+    pub weights: String,
     /// Shape of the `encoder_hidden_states` it was built from.
     pub text_shape: Vec<usize>,
     /// Shape of the `encoder_hidden_states_image` it was built from.
@@ -165,6 +167,15 @@ impl<'w> WanTransformer<'w> {
         )?;
         let w = self.weights;
         let cfg = w.config();
+        if context.weights != w.name() || context.blocks.len() != cfg.num_layers {
+            return Err(RunError::Options(format!(
+                "a cross-attention context built for {} ({} blocks) cannot run on {} ({} blocks)",
+                context.weights,
+                context.blocks.len(),
+                w.name(),
+                cfg.num_layers
+            )));
+        }
         let mut x = patch_embedding(w, &hidden_states.data, g.batch, g.latent)?;
         let (temb, timestep_proj) = time_embedding(w, &timestep.data)?;
         let (rope_cos, rope_sin) = self.rope.token_tables(g.grid);
@@ -176,7 +187,7 @@ impl<'w> WanTransformer<'w> {
             rope_cos: &rope_cos,
             rope_sin: &rope_sin,
         };
-        for (i, kv) in context.blocks.iter().enumerate().take(cfg.num_layers) {
+        for (i, kv) in context.blocks.iter().enumerate() {
             run_block(w, i, &mut x, &block_inputs, kv)?;
         }
         self.head(x, &temb, &block_inputs, &g)
@@ -221,6 +232,7 @@ impl<'w> WanTransformer<'w> {
             .map(|i| cross_kv(w, i, batch, (&txt_part, total - split), image_branch))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Context {
+            weights: w.name().to_string(),
             text_shape: encoder_hidden_states.shape.clone(),
             image_shape: image.map(|t| t.shape.clone()),
             blocks,
