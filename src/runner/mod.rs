@@ -43,4 +43,4 @@ pub use model_dir::ModelSet;
 pub use sampler::{Experts, SampleInputs, SampleOptions, StepReport, sample};
 pub use scheduler::FlowMatchEuler;
 pub use tensor::Tensor;
-pub use weights::{DiffusersCheckpoint, WeightSource};
+pub use weights::{DiffusersCheckpoint, MemoryWeights, WeightSource};

@@ -300,3 +300,75 @@ fn concat(parts: &[&Tensor]) -> Tensor {
     let data = parts.iter().flat_map(|p| p.data.iter().copied()).collect();
     Tensor::new(shape, data)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::wan::WanConfig;
+    use crate::runner::weights::MemoryWeights;
+
+    fn zeros(name: &str) -> MemoryWeights {
+        let cfg = WanConfig {
+            num_attention_heads: 1,
+            attention_head_dim: 12,
+            in_channels: 4,
+            out_channels: Some(4),
+            text_dim: 8,
+            freq_dim: 8,
+            ffn_dim: 8,
+            num_layers: 1,
+            rope_max_seq_len: 8,
+            ..WanConfig::default()
+        };
+        let tensors = cfg
+            .diffusers_params()
+            .into_iter()
+            .map(|p| (p.name.clone(), vec![0.0; p.numel() as usize]))
+            .collect();
+        MemoryWeights::new(name, cfg, tensors).unwrap()
+    }
+
+    #[test]
+    fn expert_switch_is_t_at_least_boundary_in_f32() {
+        let (high, low) = (zeros("high"), zeros("low"));
+        let experts = Experts {
+            transformer: WanTransformer::new(&high).unwrap(),
+            transformer_2: Some(WanTransformer::new(&low).unwrap()),
+            boundary_ratio: Some(0.875),
+        };
+        let opts = SampleOptions {
+            steps: 1,
+            shift: 1.0,
+            guidance: 4.0,
+            guidance_2: Some(3.0),
+        };
+        // t = 875 exactly stays on the high-noise expert (pipeline: `t >= boundary_timestep`).
+        let (_, slot, name, g) = experts.pick(875.0, &opts);
+        assert_eq!((slot, name, g), (0, "transformer", 4.0));
+        let below = f32::from_bits(875.0f32.to_bits() - 1);
+        let (_, slot, name, g) = experts.pick(below, &opts);
+        assert_eq!((slot, name, g), (1, "transformer_2", 3.0));
+        // guidance_2 defaults to guidance.
+        let (_, _, _, g) = experts.pick(
+            below,
+            &SampleOptions {
+                guidance_2: None,
+                ..opts
+            },
+        );
+        assert_eq!(g, 4.0);
+    }
+
+    #[test]
+    fn contradictory_expert_settings_are_refused() {
+        let high = zeros("high");
+        let lone = Experts {
+            transformer: WanTransformer::new(&high).unwrap(),
+            transformer_2: None,
+            boundary_ratio: Some(0.9),
+        };
+        assert!(
+            matches!(lone.check(), Err(RunError::Options(m)) if m.contains("no transformer_2"))
+        );
+    }
+}

@@ -250,3 +250,90 @@ impl WeightSource for DiffusersCheckpoint {
         widen(view.dtype, view.bytes).map_err(|r| self.weight_error(name, r))
     }
 }
+
+/// Weights held in memory (diffusers names, PyTorch layout, f32): for callers that compute
+/// weights themselves (a merge checked before it is written) and for tests.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MemoryWeights {
+    name: String,
+    config: WanConfig,
+    tensors: BTreeMap<String, Vec<f32>>,
+}
+
+impl MemoryWeights {
+    /// Checks that `tensors` are exactly the parameters of `config` (names and element
+    /// counts; `norm_added_q` entries are ignored, as diffusers ignores them).
+    pub fn new(
+        name: impl Into<String>,
+        config: WanConfig,
+        tensors: BTreeMap<String, Vec<f32>>,
+    ) -> Result<MemoryWeights, RunError> {
+        let name = name.into();
+        let err = |tensor: &str, reason: String| RunError::Weight {
+            source_name: name.clone(),
+            tensor: tensor.to_string(),
+            reason,
+        };
+        let mut tensors = tensors;
+        tensors.retain(|k, _| !is_ignored_on_load(k));
+        let params = config.diffusers_params();
+        for p in &params {
+            let numel = p.numel() as usize;
+            match tensors.get(&p.name) {
+                Some(v) if v.len() == numel => {}
+                Some(v) => {
+                    return Err(err(
+                        &p.name,
+                        format!(
+                            "expected {numel} values for shape {:?}, found {}",
+                            p.shape,
+                            v.len()
+                        ),
+                    ));
+                }
+                None => {
+                    return Err(err(
+                        &p.name,
+                        format!("missing (expected shape {:?})", p.shape),
+                    ));
+                }
+            }
+        }
+        if tensors.len() != params.len()
+            && let Some(extra) = tensors
+                .keys()
+                .find(|k| !params.iter().any(|p| &p.name == *k))
+        {
+            return Err(err(
+                extra,
+                "not a parameter of WanTransformer3DModel for this config".into(),
+            ));
+        }
+        Ok(MemoryWeights {
+            name,
+            config,
+            tensors,
+        })
+    }
+}
+
+impl WeightSource for MemoryWeights {
+    fn config(&self) -> &WanConfig {
+        &self.config
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn tensor(&self, name: &str) -> Result<Cow<'_, [f32]>, RunError> {
+        self.tensors
+            .get(name)
+            .map(|v| Cow::Borrowed(v.as_slice()))
+            .ok_or_else(|| RunError::Weight {
+                source_name: self.name.clone(),
+                tensor: name.to_string(),
+                reason: "missing".into(),
+            })
+    }
+}
