@@ -81,60 +81,15 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
     let mut metadata = BTreeMap::new();
     metadata.insert("wanbake.run.steps".to_string(), args.steps.to_string());
     let (name, result) = if args.steps == 0 {
-        let started = Instant::now();
-        let (model, expert) = pick_for_forward(&experts, &inputs.timestep)?;
-        let out = model
-            .forward(&ForwardInputs {
-                hidden_states: &inputs.hidden_states,
-                timestep: &inputs.timestep,
-                encoder_hidden_states: &inputs.encoder_hidden_states,
-                encoder_hidden_states_image: inputs.encoder_hidden_states_image.as_ref(),
-            })
-            .map_err(|e| with_origin(e, &args.inputs))?;
-        metadata.insert("wanbake.run.expert".to_string(), expert.to_string());
-        steps.push(StepReport {
-            index: 0,
-            timestep: inputs.timestep.data.first().copied().unwrap_or(0.0),
-            expert,
-            guidance: None,
-            seconds: started.elapsed().as_secs_f64(),
-        });
-        ("noise_pred", out)
+        (
+            "noise_pred",
+            forward_once(&args, &experts, &inputs, &mut steps, &mut metadata)?,
+        )
     } else {
-        let opts = SampleOptions {
-            steps: args.steps,
-            shift: args.shift,
-            guidance: args.guidance,
-            guidance_2: args.guidance_2,
-        };
-        for (k, v) in [
-            ("shift", args.shift.to_string()),
-            ("guidance", args.guidance.to_string()),
-            (
-                "guidance_2",
-                args.guidance_2.map_or("none".into(), |g| g.to_string()),
-            ),
-            (
-                "boundary_ratio",
-                experts
-                    .boundary_ratio
-                    .map_or("none".into(), |r| r.to_string()),
-            ),
-            ("scheduler", "FlowMatchEulerDiscreteScheduler".into()),
-        ] {
-            metadata.insert(format!("wanbake.run.{k}"), v);
-        }
-        let sample_inputs = SampleInputs {
-            hidden_states: &inputs.hidden_states,
-            timestep: &inputs.timestep,
-            encoder_hidden_states: &inputs.encoder_hidden_states,
-            negative_encoder_hidden_states: inputs.negative_encoder_hidden_states.as_ref(),
-            encoder_hidden_states_image: inputs.encoder_hidden_states_image.as_ref(),
-        };
-        let mut record = |s: &StepReport| steps.push(s.clone());
-        let out = sample(&experts, &sample_inputs, &opts, &mut record)
-            .map_err(|e| with_origin(e, &args.inputs))?;
-        ("latents", out)
+        (
+            "latents",
+            sample_run(&args, &experts, &inputs, &mut steps, &mut metadata)?,
+        )
     };
     write_f32_file(&args.out, &[(name, &result)], &metadata)?;
     report(
@@ -147,6 +102,76 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
         total.elapsed().as_secs_f64(),
     );
     Ok(Status::Ok)
+}
+
+/// `--steps 0`: one conditional forward at the inputs' timestep.
+fn forward_once(
+    args: &Args,
+    experts: &Experts<'_>,
+    inputs: &RunInputs,
+    steps: &mut Vec<StepReport>,
+    metadata: &mut BTreeMap<String, String>,
+) -> Result<Tensor, RunError> {
+    let started = Instant::now();
+    let (model, expert) = pick_for_forward(experts, &inputs.timestep)?;
+    let out = model
+        .forward(&ForwardInputs {
+            hidden_states: &inputs.hidden_states,
+            timestep: &inputs.timestep,
+            encoder_hidden_states: &inputs.encoder_hidden_states,
+            encoder_hidden_states_image: inputs.encoder_hidden_states_image.as_ref(),
+        })
+        .map_err(|e| with_origin(e, &args.inputs))?;
+    metadata.insert("wanbake.run.expert".to_string(), expert.to_string());
+    steps.push(StepReport {
+        index: 0,
+        timestep: inputs.timestep.data.first().copied().unwrap_or(0.0),
+        expert,
+        guidance: None,
+        seconds: started.elapsed().as_secs_f64(),
+    });
+    Ok(out)
+}
+
+/// `--steps N`: the sampler, recording each step and the settings in the metadata.
+fn sample_run(
+    args: &Args,
+    experts: &Experts<'_>,
+    inputs: &RunInputs,
+    steps: &mut Vec<StepReport>,
+    metadata: &mut BTreeMap<String, String>,
+) -> Result<Tensor, RunError> {
+    let opts = SampleOptions {
+        steps: args.steps,
+        shift: args.shift,
+        guidance: args.guidance,
+        guidance_2: args.guidance_2,
+    };
+    let none = || "none".to_string();
+    for (k, v) in [
+        ("shift", args.shift.to_string()),
+        ("guidance", args.guidance.to_string()),
+        (
+            "guidance_2",
+            args.guidance_2.map_or_else(none, |g| g.to_string()),
+        ),
+        (
+            "boundary_ratio",
+            experts.boundary_ratio.map_or_else(none, |r| r.to_string()),
+        ),
+        ("scheduler", "FlowMatchEulerDiscreteScheduler".into()),
+    ] {
+        metadata.insert(format!("wanbake.run.{k}"), v);
+    }
+    let sample_inputs = SampleInputs {
+        hidden_states: &inputs.hidden_states,
+        timestep: &inputs.timestep,
+        encoder_hidden_states: &inputs.encoder_hidden_states,
+        negative_encoder_hidden_states: inputs.negative_encoder_hidden_states.as_ref(),
+        encoder_hidden_states_image: inputs.encoder_hidden_states_image.as_ref(),
+    };
+    let mut record = |s: &StepReport| steps.push(s.clone());
+    sample(experts, &sample_inputs, &opts, &mut record).map_err(|e| with_origin(e, &args.inputs))
 }
 
 /// For a single forward of a two-expert model, the pipeline's rule on the inputs' timestep

@@ -136,77 +136,8 @@ pub fn sample(
     opts: &SampleOptions,
     on_step: &mut dyn FnMut(&StepReport),
 ) -> Result<Tensor, RunError> {
-    experts.check()?;
-    if opts.steps == 0 {
-        return Err(RunError::Options("sampling needs at least one step".into()));
-    }
-    if opts.guidance_2.is_some() && experts.transformer_2.is_none() {
-        return Err(RunError::Options(
-            "guidance_2 is only used with a second expert (transformer_2 and a boundary ratio)"
-                .into(),
-        ));
-    }
-    let cfg = experts.transformer.config();
-    let (c_in, c_out) = (cfg.in_channels, cfg.out_channels());
-    let hs = inputs.hidden_states;
-    // Full shape checks happen in the first forward; these make the channel split safe.
-    let &[batch, c, fl, hl, wl] = hs.shape.as_slice() else {
-        return Err(RunError::input(
-            "hidden_states",
-            format!("expected (B, {c_in}, F, H, W), found {:?}", hs.shape),
-        ));
-    };
-    if c != c_in || c_in < c_out {
-        return Err(RunError::input(
-            "hidden_states",
-            format!(
-                "expected {c_in} channels ({c_out} latent + {} condition), found {c}",
-                c_in.saturating_sub(c_out)
-            ),
-        ));
-    }
-    let cfg_on = opts.guidance > 1.0;
-    let negative = match (cfg_on, inputs.negative_encoder_hidden_states) {
-        (true, Some(n)) => {
-            if n.shape != inputs.encoder_hidden_states.shape {
-                return Err(RunError::input(
-                    "negative_encoder_hidden_states",
-                    format!(
-                        "expected the shape of encoder_hidden_states {:?} (both halves run as one batch), found {:?}",
-                        inputs.encoder_hidden_states.shape, n.shape
-                    ),
-                ));
-            }
-            Some(n)
-        }
-        (true, None) => {
-            return Err(RunError::input(
-                "negative_encoder_hidden_states",
-                format!(
-                    "missing: guidance {} > 1 needs the unconditional text embeds",
-                    opts.guidance
-                ),
-            ));
-        }
-        (false, _) => None,
-    };
-    let frame = fl * hl * wl;
-    let (mut latents, condition) = split_channels(&hs.data, batch, c_in, c_out, frame);
+    let (run, mut latents) = Batched::prepare(experts, inputs, opts)?;
     let schedule = FlowMatchEuler::new(opts.steps, opts.shift);
-    let copies = if cfg_on { 2 } else { 1 };
-    let text = match negative {
-        Some(n) => concat(&[inputs.encoder_hidden_states, n]),
-        None => inputs.encoder_hidden_states.clone(),
-    };
-    let image = inputs
-        .encoder_hidden_states_image
-        .map(|img| concat(&vec![img; copies]));
-    let per_token = inputs.timestep.rank() == 2;
-    let tokens_per_item = if per_token {
-        inputs.timestep.shape[1]
-    } else {
-        1
-    };
     // Per expert, the cross-attention context of the (batched) text and image embeds,
     // built on the expert's first step and reused after.
     let mut contexts: [Option<Context>; 2] = [None, None];
@@ -218,44 +149,164 @@ pub fn sample(
         }
         let context = match &mut contexts[slot] {
             Some(c) => c,
-            empty => empty.insert(model.context(&text, image.as_ref())?),
+            empty => empty.insert(model.context(&run.text, run.image.as_ref())?),
         };
-        let model_in = join_channels(&latents, &condition, batch, c_out, c_in - c_out, frame);
-        let hidden = Tensor::new(
-            vec![batch * copies, c_in, fl, hl, wl],
-            model_in.repeat(copies),
-        );
-        let timestep = if per_token {
-            Tensor::new(
-                vec![batch * copies, tokens_per_item],
-                vec![t; batch * copies * tokens_per_item],
-            )
-        } else {
-            Tensor::new(vec![batch * copies], vec![t; batch * copies])
-        };
+        let (hidden, timestep) = run.model_inputs(&latents, t);
         let v = model.forward_with(&hidden, &timestep, context)?;
-        let half = latents.len();
-        let velocity: Vec<f32> = if cfg_on {
-            let (cond, uncond) = v.data.split_at(half);
-            let g32 = g as f32;
-            uncond
-                .iter()
-                .zip(cond)
-                .map(|(u, c)| u + g32 * (c - u))
-                .collect()
-        } else {
-            v.data
-        };
+        let velocity = run.guide(v.data, g);
         schedule.step(i, &mut latents, &velocity);
         on_step(&StepReport {
             index: i,
             timestep: t,
             expert,
-            guidance: cfg_on.then_some(g),
+            guidance: run.cfg.then_some(g),
             seconds: start.elapsed().as_secs_f64(),
         });
     }
-    Ok(Tensor::new(vec![batch, c_out, fl, hl, wl], latents))
+    let [b, _, f, h, w] = run.shape;
+    Ok(Tensor::new(vec![b, run.c_out, f, h, w], latents))
+}
+
+/// What stays fixed over a sampling run: sizes, the condition channels, and the text and
+/// image embeds batched for CFG (conditional half first).
+struct Batched {
+    /// (B, C_in, F, H, W) of the inputs.
+    shape: [usize; 5],
+    c_out: usize,
+    /// Classifier-free guidance on (batch 2B).
+    cfg: bool,
+    condition: Vec<f32>,
+    text: Tensor,
+    image: Option<Tensor>,
+    /// S when the timestep is per token.
+    tokens: Option<usize>,
+}
+
+impl Batched {
+    /// Checks the options and inputs; returns the run and the initial latents.
+    fn prepare(
+        experts: &Experts<'_>,
+        inputs: &SampleInputs<'_>,
+        opts: &SampleOptions,
+    ) -> Result<(Batched, Vec<f32>), RunError> {
+        experts.check()?;
+        if opts.steps == 0 {
+            return Err(RunError::Options("sampling needs at least one step".into()));
+        }
+        if opts.guidance_2.is_some() && experts.transformer_2.is_none() {
+            return Err(RunError::Options(
+                "guidance_2 is only used with a second expert (transformer_2 and a boundary ratio)"
+                    .into(),
+            ));
+        }
+        let cfg = experts.transformer.config();
+        let (c_in, c_out) = (cfg.in_channels, cfg.out_channels());
+        let hs = inputs.hidden_states;
+        // Full shape checks happen in the first forward; these make the channel split safe.
+        let &[batch, c, fl, hl, wl] = hs.shape.as_slice() else {
+            return Err(RunError::input(
+                "hidden_states",
+                format!("expected (B, {c_in}, F, H, W), found {:?}", hs.shape),
+            ));
+        };
+        if c != c_in || c_in < c_out {
+            return Err(RunError::input(
+                "hidden_states",
+                format!(
+                    "expected {c_in} channels ({c_out} latent + {} condition), found {c}",
+                    c_in.saturating_sub(c_out)
+                ),
+            ));
+        }
+        let negative = negative_embeds(inputs, opts)?;
+        let copies = if negative.is_some() { 2 } else { 1 };
+        let text = match negative {
+            Some(n) => concat(&[inputs.encoder_hidden_states, n]),
+            None => inputs.encoder_hidden_states.clone(),
+        };
+        let image = inputs
+            .encoder_hidden_states_image
+            .map(|img| concat(&vec![img; copies]));
+        let (latents, condition) = split_channels(&hs.data, batch, c_in, c_out, fl * hl * wl);
+        let run = Batched {
+            shape: [batch, c_in, fl, hl, wl],
+            c_out,
+            cfg: negative.is_some(),
+            condition,
+            text,
+            image,
+            tokens: (inputs.timestep.rank() == 2).then(|| inputs.timestep.shape[1]),
+        };
+        Ok((run, latents))
+    }
+
+    /// The model's hidden_states (latents then condition channels, twice under CFG) and
+    /// timestep (t per item, or per token) at timestep `t`.
+    fn model_inputs(&self, latents: &[f32], t: f32) -> (Tensor, Tensor) {
+        let [batch, c_in, f, h, w] = self.shape;
+        let copies = if self.cfg { 2 } else { 1 };
+        let frame = f * h * w;
+        let one = join_channels(
+            latents,
+            &self.condition,
+            batch,
+            self.c_out,
+            c_in - self.c_out,
+            frame,
+        );
+        let hidden = Tensor::new(vec![batch * copies, c_in, f, h, w], one.repeat(copies));
+        let items = batch * copies;
+        let timestep = match self.tokens {
+            Some(s) => Tensor::new(vec![items, s], vec![t; items * s]),
+            None => Tensor::new(vec![items], vec![t; items]),
+        };
+        (hidden, timestep)
+    }
+
+    /// `v_u + g·(v_c − v_u)` in f32 under CFG (v holds the conditional half first), else v.
+    fn guide(&self, v: Vec<f32>, g: f64) -> Vec<f32> {
+        if !self.cfg {
+            return v;
+        }
+        let (cond, uncond) = v.split_at(v.len() / 2);
+        let g32 = g as f32;
+        uncond
+            .iter()
+            .zip(cond)
+            .map(|(u, c)| u + g32 * (c - u))
+            .collect()
+    }
+}
+
+/// The unconditional embeds when guidance is on (`guidance > 1`), checked to batch with
+/// the conditional ones.
+fn negative_embeds<'a>(
+    inputs: &SampleInputs<'a>,
+    opts: &SampleOptions,
+) -> Result<Option<&'a Tensor>, RunError> {
+    const NAME: &str = "negative_encoder_hidden_states";
+    if opts.guidance <= 1.0 {
+        return Ok(None);
+    }
+    let Some(n) = inputs.negative_encoder_hidden_states else {
+        return Err(RunError::input(
+            NAME,
+            format!(
+                "missing: guidance {} > 1 needs the unconditional text embeds",
+                opts.guidance
+            ),
+        ));
+    };
+    if n.shape != inputs.encoder_hidden_states.shape {
+        return Err(RunError::input(
+            NAME,
+            format!(
+                "expected the shape of encoder_hidden_states {:?} (both halves run as one batch), found {:?}",
+                inputs.encoder_hidden_states.shape, n.shape
+            ),
+        ));
+    }
+    Ok(Some(n))
 }
 
 /// Splits (B, C_in, …) into the first `c_out` channels and the rest, per item.
