@@ -13,6 +13,7 @@ pub mod cli;
 pub mod convert;
 pub mod inspect;
 pub mod io;
+pub mod layout;
 pub mod manifest;
 pub mod model;
 pub mod recipe;

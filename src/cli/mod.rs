@@ -9,6 +9,7 @@ pub mod inspect;
 pub mod printer;
 pub mod run;
 pub mod synth;
+pub mod translate;
 pub mod verify;
 
 pub use printer::Printer;
@@ -64,6 +65,8 @@ pub enum Command {
     Synth(synth::Args),
     /// Convert the float tensors of any checkpoint to another dtype (mirrors its naming).
     Convert(convert::Args),
+    /// Write an adapter in another convention (PEFT, diffusers, ComfyUI, kohya, SA3, NNX).
+    Translate(translate::Args),
     /// Run the bundled WAN transformer on CPU: one forward, or N sampling steps with CFG.
     Run(run::Args),
 }
@@ -96,6 +99,10 @@ pub fn execute(cli: Cli) -> anyhow::Result<Status> {
         Command::Convert(a) => {
             let mut p = Printer::new(a.json, quiet);
             convert::execute(a, &mut p)
+        }
+        Command::Translate(a) => {
+            let mut p = Printer::new(a.json, quiet);
+            translate::execute(a, &mut p)
         }
         Command::Run(a) => {
             let mut p = Printer::new(a.json, quiet);
