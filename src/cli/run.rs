@@ -21,10 +21,16 @@ use crate::runner::{
 /// Arguments of `run`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// A diffusers transformer folder, its .safetensors file (config.json beside it), or a
+    /// A WAN transformer in any layout (diffusers, original Wan / ComfyUI, NNX, NNX-scanned):
+    /// a model folder, a .safetensors file or shard index (config.json beside it), or a
     /// pipeline folder with transformer/ [and transformer_2/ + model_index.json].
     #[arg(long)]
     pub model: PathBuf,
+    /// config.json to use instead of the one beside the weights (a single original-layout
+    /// file has none): a diffusers WanTransformer3DModel config, or an original WanModel
+    /// config (its num_heads completes the config read from the shapes).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
     /// Safetensors file with hidden_states, timestep, encoder_hidden_states
     /// [, negative_encoder_hidden_states, encoder_hidden_states_image].
     #[arg(long)]
@@ -62,7 +68,7 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
         );
     }
     let total = Instant::now();
-    let models = ModelSet::open(&args.model)?;
+    let models = ModelSet::open(&args.model, args.config.as_deref())?;
     let transformer = WanTransformer::new(models.transformer.as_ref())?;
     let transformer_2 = match &models.transformer_2 {
         Some(t) => Some(WanTransformer::new(t.as_ref())?),

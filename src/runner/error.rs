@@ -37,6 +37,15 @@ pub enum RunError {
         /// Expected vs found.
         reason: String,
     },
+    /// A checkpoint's keys or shapes do not fit a layout and config.
+    #[error("{source_name}: {source}")]
+    Plan {
+        /// The checkpoint (file or folder).
+        source_name: String,
+        /// What does not fit.
+        #[source]
+        source: crate::layout::PlanError,
+    },
     /// An input tensor is missing, mis-shaped or inconsistent with the model.
     #[error("{origin}: input `{tensor}`: {reason}")]
     Input {

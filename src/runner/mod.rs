@@ -7,7 +7,8 @@
 //! Module map: `tensor` (the activation type), `ops` (matmul and elementwise kernels),
 //! `rope`, `embed` (patch, time, text and image embeddings), `attention`, `block`,
 //! `forward` (the model), `scheduler` (FlowMatchEulerDiscreteScheduler), `sampler` (CFG
-//! loop and expert switch), `weights` (the `WeightSource` trait and diffusers checkpoints),
+//! loop and expert switch), `weights` (the `WeightSource` trait, checkpoints of any layout
+//! through `layout::ReadPlan`, in-memory weights),
 //! `model_dir` (what `--model` may name), `inputs` and `output` (the files of `wanbake
 //! run`), `error`.
 //!
@@ -43,4 +44,4 @@ pub use model_dir::ModelSet;
 pub use sampler::{Experts, SampleInputs, SampleOptions, StepReport, sample};
 pub use scheduler::FlowMatchEuler;
 pub use tensor::Tensor;
-pub use weights::{DiffusersCheckpoint, MemoryWeights, WeightSource};
+pub use weights::{CheckpointWeights, ConfigSource, MemoryWeights, WeightSource};

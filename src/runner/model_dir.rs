@@ -1,7 +1,8 @@
-//! Opening what `wanbake run --model` names, through `io::checkpoint`: a diffusers
-//! transformer (model folder, .safetensors file or shard index beside its config.json) or
-//! a diffusers pipeline folder with `transformer/`, optional `transformer_2/` and
-//! `model_index.json` (whose `boundary_ratio` is the default expert switch of Wan2.2 A14B).
+//! Opening what `wanbake run --model` names, through `io::checkpoint`: a transformer in any
+//! layout (model folder, .safetensors file or shard index, with or beside its config.json)
+//! or a pipeline folder with `transformer/` (or Wan 2.2's `high_noise_model/`), optional
+//! `transformer_2/` (`low_noise_model/`) and `model_index.json` (whose `boundary_ratio` is
+//! the default expert switch of Wan2.2 A14B).
 //!
 //! Owns: `ModelSet` (the opened weight sources and the boundary found on disk). Does not
 //! own: the weights' validation (`runner::weights`) or the switch rule (`runner::sampler`).
@@ -9,7 +10,7 @@
 use std::path::{Path, PathBuf};
 
 use super::error::RunError;
-use super::weights::{DiffusersCheckpoint, WeightSource};
+use super::weights::{CheckpointWeights, WeightSource};
 use crate::io::checkpoint::{Checkpoint, SourceKind};
 
 /// The transformers of one model path.
@@ -39,15 +40,16 @@ impl std::fmt::Debug for ModelSet {
 }
 
 impl ModelSet {
-    /// Opens `path` (see the module doc).
-    pub fn open(path: &Path) -> Result<ModelSet, RunError> {
+    /// Opens `path` (see the module doc); `config` replaces every transformer's
+    /// config.json.
+    pub fn open(path: &Path, config: Option<&Path>) -> Result<ModelSet, RunError> {
         let ckpt = Checkpoint::open(path)?;
         if ckpt.kind != SourceKind::Pipeline {
             let mut components = ckpt.components;
             let only = components.remove(0);
             return Ok(ModelSet {
                 path: path.to_path_buf(),
-                transformer: Box::new(DiffusersCheckpoint::from_component(path, only)?),
+                transformer: Box::new(CheckpointWeights::from_component(path, only, config)?),
                 transformer_2: None,
                 boundary_ratio: None,
             });
@@ -63,26 +65,30 @@ impl ModelSet {
         let mut transformer = None;
         let mut transformer_2 = None;
         for c in ckpt.components {
+            // Wan 2.2 original folders name the experts high_noise_model / low_noise_model.
             let slot = match c.name.as_str() {
-                "transformer" => &mut transformer,
-                "transformer_2" => &mut transformer_2,
-                other => {
-                    return Err(RunError::ModelLayout {
-                        path: path.join(other),
-                        reason: format!(
-                            "`{other}/` holds original-layout Wan 2.2 weights, which the runner \
-                             reads only in diffusers layout (transformer/, transformer_2/)"
-                        ),
-                    });
-                }
+                "transformer" | "high_noise_model" => &mut transformer,
+                _ => &mut transformer_2,
             };
+            if slot.is_some() {
+                return Err(RunError::ModelLayout {
+                    path: path.to_path_buf(),
+                    reason: format!(
+                        "`{}/` is a second copy of an expert (transformer/ and \
+                         high_noise_model/, or transformer_2/ and low_noise_model/)",
+                        c.name
+                    ),
+                });
+            }
             let source: Box<dyn WeightSource> =
-                Box::new(DiffusersCheckpoint::from_component(path, c)?);
+                Box::new(CheckpointWeights::from_component(path, c, config)?);
             *slot = Some(source);
         }
         let transformer = transformer.ok_or_else(|| RunError::ModelLayout {
             path: path.to_path_buf(),
-            reason: "pipeline folder has transformer_2/ but no transformer/".into(),
+            reason: "pipeline folder has a low-noise expert but no transformer/ (or \
+                     high_noise_model/)"
+                .into(),
         })?;
         Ok(ModelSet {
             path: path.to_path_buf(),

@@ -1,23 +1,25 @@
 //! Where the runner's weights come from.
 //!
 //! Owns: the `WeightSource` trait (a config plus f32 tensors in diffusers naming and
-//! PyTorch layout, fetched one at a time when a layer runs) and `DiffusersCheckpoint`, a
-//! diffusers-layout model (one file or shards, plus its config.json), any float dtype,
-//! validated against the complete parameter table of its config at open time and read
-//! straight from the memory map (f32 weights are borrowed, others widened per tensor when
-//! asked). Does not own: finding files and folders (`io::checkpoint`), other naming
-//! conventions (`layout`), or which transformer is which (`runner::model_dir`).
+//! PyTorch layout, fetched one at a time when a layer runs), `CheckpointWeights` (a
+//! checkpoint in any layout and float dtype, planned and validated at open time by
+//! `layout::ReadPlan`, read straight from the memory map: f32 diffusers-layout weights are
+//! borrowed, everything else widened and transposed per tensor when asked) and
+//! `MemoryWeights`. Does not own: finding files and folders (`io::checkpoint`), the name
+//! tables and transforms (`layout`), or which transformer is which (`runner::model_dir`).
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
 
 use super::error::RunError;
 use crate::io::DType;
 use crate::io::checkpoint::{Checkpoint, Component, TensorSet};
-use crate::model::wan::WanConfig;
+use crate::layout::transform::{SrcTensor, Transform, convert};
+use crate::layout::{Layout, PlanError, ReadPlan, StoredTensor, resolve_layout};
+use crate::model::wan::{WanConfig, WanVariant};
 
 /// A WAN transformer's weights in diffusers naming and PyTorch layout, as f32.
 ///
@@ -40,19 +42,51 @@ pub fn is_ignored_on_load(name: &str) -> bool {
     name.split('.').any(|t| t == "norm_added_q")
 }
 
-/// A diffusers-layout `WanTransformer3DModel`: one file or the shards of an index
-/// (`io::checkpoint::TensorSet`), with its config.json.
-pub struct DiffusersCheckpoint {
+/// A WAN transformer checkpoint in any layout (`layout::Layout`: diffusers, original Wan /
+/// ComfyUI, NNX, NNX-scanned), one file or the shards of an index, read through a
+/// `layout::ReadPlan`: every stored key is accounted for, every shape checked against the
+/// config, and each canonical parameter is widened to f32 and transformed back to the
+/// PyTorch layout (a layer sliced out of a stacked tensor) when a layer asks for it.
+pub struct CheckpointWeights {
     name: String,
-    config: WanConfig,
+    plan: ReadPlan,
+    config_source: ConfigSource,
     tensors: TensorSet,
 }
 
-impl std::fmt::Debug for DiffusersCheckpoint {
+impl std::fmt::Debug for CheckpointWeights {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DiffusersCheckpoint")
+        f.debug_struct("CheckpointWeights")
             .field("name", &self.name)
+            .field("layout", &self.plan.layout)
             .finish()
+    }
+}
+
+/// Where a checkpoint's config came from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ConfigSource {
+    /// A diffusers `WanTransformer3DModel` config.json at this path.
+    Diffusers(PathBuf),
+    /// Inferred from the shapes, with the head count of an original `WanModel` config.json.
+    Original(PathBuf),
+    /// Inferred from the shapes and equal to this released model's config.
+    Released(WanVariant),
+}
+
+impl std::fmt::Display for ConfigSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConfigSource::Diffusers(p) => write!(f, "{}", p.display()),
+            ConfigSource::Original(p) => {
+                write!(
+                    f,
+                    "tensor shapes, heads from the WanModel config {}",
+                    p.display()
+                )
+            }
+            ConfigSource::Released(v) => write!(f, "tensor shapes (the {} config)", v.name()),
+        }
     }
 }
 
@@ -73,26 +107,114 @@ pub fn parse_config(text: &str, path: &Path) -> Result<WanConfig, RunError> {
     })
 }
 
-impl DiffusersCheckpoint {
-    /// Wraps `tensors` (named `name` in messages) with `config`, checking that they hold
-    /// exactly the parameters of that config, with their shapes and float dtypes.
+/// A parsed config.json: a diffusers config, or the head count of an original one.
+enum ConfigFile {
+    Diffusers(WanConfig),
+    Original(Option<usize>),
+}
+
+fn classify_config(path: &Path, text: &str) -> Result<ConfigFile, RunError> {
+    let bad = |reason: String| RunError::Config {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let json: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
+    match json.get("_class_name").and_then(serde_json::Value::as_str) {
+        None | Some("WanTransformer3DModel") => parse_config(text, path).map(ConfigFile::Diffusers),
+        Some("WanModel") => Ok(ConfigFile::Original(
+            json.get("num_heads")
+                .and_then(serde_json::Value::as_u64)
+                .map(|n| n as usize),
+        )),
+        Some(other) => Err(bad(format!(
+            "describes a `{other}`, not a WAN transformer (WanTransformer3DModel or WanModel)"
+        ))),
+    }
+}
+
+impl CheckpointWeights {
+    /// Plans reading `tensors` (named `name` in messages). `config` is the config.json to
+    /// use (path and text), if any; `layout` forces the layout, else config.json's
+    /// `_wanbake_layout` or the keys decide. Without a diffusers config.json the config is
+    /// inferred from the shapes and accepted only when the head count is known: from an
+    /// original `WanModel` config.json, or because the shapes are a released model's.
     pub fn new(
         name: String,
-        config: WanConfig,
         tensors: TensorSet,
-    ) -> Result<DiffusersCheckpoint, RunError> {
-        let ckpt = DiffusersCheckpoint {
-            name,
-            config,
-            tensors,
+        config: Option<(&Path, &str)>,
+        layout: Option<Layout>,
+    ) -> Result<CheckpointWeights, RunError> {
+        let plan_error = |source: PlanError| RunError::Plan {
+            source_name: name.clone(),
+            source,
         };
-        ckpt.validate()?;
-        Ok(ckpt)
+        let stored: Vec<StoredTensor> = tensors
+            .tensors()
+            .map(|t| StoredTensor {
+                name: t.view.name.to_string(),
+                dtype: t.view.dtype,
+                shape: t.view.shape.to_vec(),
+            })
+            .collect();
+        let names: Vec<&str> = stored.iter().map(|t| t.name.as_str()).collect();
+        let (file, json) = match config {
+            Some((path, text)) => {
+                let json: Option<serde_json::Value> = serde_json::from_str(text).ok();
+                (Some((path, classify_config(path, text)?)), json)
+            }
+            None => (None, None),
+        };
+        let layout = resolve_layout(layout, json.as_ref(), &names).map_err(plan_error)?;
+        let given = match &file {
+            Some((_, ConfigFile::Diffusers(c))) => Some(c),
+            _ => None,
+        };
+        let mut plan = ReadPlan::new(layout, &stored, given).map_err(plan_error)?;
+        let config_source = match file {
+            Some((path, ConfigFile::Diffusers(_))) => ConfigSource::Diffusers(path.to_path_buf()),
+            Some((path, ConfigFile::Original(heads))) => {
+                let d = plan.config.inner_dim();
+                match heads.filter(|&h| h > 0 && d % h == 0) {
+                    Some(h) => {
+                        plan.config.num_attention_heads = h;
+                        plan.config.attention_head_dim = d / h;
+                        ConfigSource::Original(path.to_path_buf())
+                    }
+                    None => {
+                        return Err(RunError::Config {
+                            path: path.to_path_buf(),
+                            reason: format!(
+                                "WanModel config without a num_heads that divides dim {d}"
+                            ),
+                        });
+                    }
+                }
+            }
+            None => match WanVariant::ALL.iter().find(|v| v.config() == plan.config) {
+                Some(v) => ConfigSource::Released(*v),
+                None => {
+                    return Err(RunError::ModelLayout {
+                        path: PathBuf::from(&name),
+                        reason: "no config.json, and the shapes are not those of a released \
+                                 WAN model, so the head count is unknown; put the model's \
+                                 config.json beside the weights or pass --config"
+                            .into(),
+                    });
+                }
+            },
+        };
+        Ok(CheckpointWeights {
+            name,
+            plan,
+            config_source,
+            tensors,
+        })
     }
 
-    /// Opens a diffusers transformer: a model folder (config.json + one file or a shard
-    /// index), or a .safetensors / index file whose folder holds config.json.
-    pub fn open_path(path: &Path) -> Result<DiffusersCheckpoint, RunError> {
+    /// Opens a transformer checkpoint (model folder, file or shard index); see
+    /// [`CheckpointWeights::from_component`].
+    pub fn open_path(path: &Path, config: Option<&Path>) -> Result<CheckpointWeights, RunError> {
         let mut ckpt = Checkpoint::open(path)?;
         if ckpt.components.len() != 1 {
             return Err(RunError::ModelLayout {
@@ -104,47 +226,63 @@ impl DiffusersCheckpoint {
             });
         }
         let component = ckpt.components.remove(0);
-        Self::from_component(path, component)
+        Self::from_component(path, component, config)
     }
 
-    /// Wraps one component of an opened checkpoint; its config comes from its config.json
-    /// sidecar, or, for a bare file, from config.json beside `path`.
+    /// Wraps one component of an opened checkpoint at `path`. Its config is `config` when
+    /// given, else its config.json sidecar, else (a bare file) a config.json beside the
+    /// file, else inferred (see [`CheckpointWeights::new`]).
     pub fn from_component(
         path: &Path,
         component: Component,
-    ) -> Result<DiffusersCheckpoint, RunError> {
+        config: Option<&Path>,
+    ) -> Result<CheckpointWeights, RunError> {
         let folder = path.join(&component.rel_dir);
-        let config = match component.sidecar("config.json") {
-            Some(s) => parse_config(&s.text, &s.path)?,
-            None => {
-                let dir = if folder.is_dir() {
-                    folder.as_path()
-                } else {
-                    path.parent().unwrap_or(Path::new("."))
-                };
-                let beside = if dir.as_os_str().is_empty() {
-                    Path::new("config.json").to_path_buf()
-                } else {
-                    dir.join("config.json")
-                };
-                if !beside.is_file() {
-                    return Err(RunError::ModelLayout {
-                        path: path.to_path_buf(),
-                        reason: format!(
-                            "no config.json for this transformer (looked for {})",
-                            beside.display()
-                        ),
-                    });
-                }
-                read_config(&beside)?
-            }
-        };
         let name = if component.rel_dir.as_os_str().is_empty() {
             path.display().to_string()
         } else {
             folder.display().to_string()
         };
-        DiffusersCheckpoint::new(name, config, component.tensors)
+        let read = |p: &Path| {
+            fs_err::read_to_string(p).map_err(|e| RunError::Config {
+                path: p.to_path_buf(),
+                reason: e.to_string(),
+            })
+        };
+        let found: Option<(PathBuf, String)> = match (config, component.sidecar("config.json")) {
+            (Some(p), _) => Some((p.to_path_buf(), read(p)?)),
+            (None, Some(s)) => Some((s.path.clone(), s.text.clone())),
+            (None, None) => {
+                let beside = match path.parent() {
+                    Some(dir) if !path.is_dir() && !dir.as_os_str().is_empty() => {
+                        dir.join("config.json")
+                    }
+                    _ if !path.is_dir() => PathBuf::from("config.json"),
+                    _ => folder.join("config.json"),
+                };
+                if beside.is_file() {
+                    Some((beside.clone(), read(&beside)?))
+                } else {
+                    None
+                }
+            }
+        };
+        CheckpointWeights::new(
+            name,
+            component.tensors,
+            found.as_ref().map(|(p, t)| (p.as_path(), t.as_str())),
+            None,
+        )
+    }
+
+    /// The layout the weights are stored in.
+    pub fn layout(&self) -> Layout {
+        self.plan.layout
+    }
+
+    /// Where the config came from.
+    pub fn config_source(&self) -> &ConfigSource {
+        &self.config_source
     }
 
     fn weight_error(&self, tensor: &str, reason: impl Into<String>) -> RunError {
@@ -153,46 +291,6 @@ impl DiffusersCheckpoint {
             tensor: tensor.to_string(),
             reason: reason.into(),
         }
-    }
-
-    fn validate(&self) -> Result<(), RunError> {
-        let expected = self.config.diffusers_params();
-        let mut wanted: BTreeMap<&str, &[usize]> = BTreeMap::new();
-        for p in &expected {
-            wanted.insert(&p.name, &p.shape);
-        }
-        for t in self.tensors.tensors() {
-            let view = t.view;
-            match wanted.remove(view.name) {
-                Some(shape) => {
-                    if view.shape != shape {
-                        return Err(self.weight_error(
-                            view.name,
-                            format!(
-                                "expected shape {shape:?} from config.json, found {:?}",
-                                view.shape
-                            ),
-                        ));
-                    }
-                    check_float(view.dtype).map_err(|r| self.weight_error(view.name, r))?;
-                }
-                None if is_ignored_on_load(view.name) => {}
-                None => {
-                    return Err(self.weight_error(
-                        view.name,
-                        "not a parameter of WanTransformer3DModel for this config.json \
-                         (wrong config, or not a diffusers-layout checkpoint?)",
-                    ));
-                }
-            }
-        }
-        if let Some((missing, shape)) = wanted.into_iter().next() {
-            return Err(self.weight_error(
-                missing,
-                format!("missing from the checkpoint (expected shape {shape:?})"),
-            ));
-        }
-        Ok(())
     }
 }
 
@@ -232,9 +330,9 @@ pub fn widen(dtype: DType, bytes: &[u8]) -> Result<Cow<'_, [f32]>, String> {
     Ok(Cow::Owned(out))
 }
 
-impl WeightSource for DiffusersCheckpoint {
+impl WeightSource for CheckpointWeights {
     fn config(&self) -> &WanConfig {
-        &self.config
+        &self.plan.config
     }
 
     fn name(&self) -> &str {
@@ -242,12 +340,42 @@ impl WeightSource for DiffusersCheckpoint {
     }
 
     fn tensor(&self, name: &str) -> Result<Cow<'_, [f32]>, RunError> {
+        let src = self
+            .plan
+            .get(name)
+            .ok_or_else(|| self.weight_error(name, "not a parameter of this model"))?;
         let view = self
             .tensors
-            .get(name)
-            .ok_or_else(|| self.weight_error(name, "missing from the checkpoint"))?
+            .get(&src.stored)
+            .ok_or_else(|| self.weight_error(&src.stored, "missing from the checkpoint"))?
             .view;
-        widen(view.dtype, view.bytes).map_err(|r| self.weight_error(name, r))
+        let bytes = match src.layer {
+            None => view.bytes,
+            Some(l) => {
+                let per = view.bytes.len() / view.shape.first().copied().unwrap_or(1).max(1);
+                view.bytes.get(l * per..(l + 1) * per).ok_or_else(|| {
+                    self.weight_error(&src.stored, format!("layer {l} is out of range"))
+                })?
+            }
+        };
+        if src.to_canonical == Transform::Identity {
+            return widen(src.dtype, bytes).map_err(|r| self.weight_error(&src.stored, r));
+        }
+        let numel: usize = src.shape.iter().product();
+        let mut out = vec![0f32; numel];
+        let source = SrcTensor {
+            dtype: src.dtype,
+            shape: &src.stored_shape,
+            bytes,
+        };
+        convert(
+            src.to_canonical,
+            source,
+            DType::F32,
+            bytemuck::cast_slice_mut(&mut out),
+        )
+        .map_err(|e| self.weight_error(&src.stored, e.to_string()))?;
+        Ok(Cow::Owned(out))
     }
 }
 
