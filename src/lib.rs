@@ -11,9 +11,11 @@
 pub mod adapter;
 pub mod cli;
 pub mod convert;
+pub mod gpu;
 pub mod inspect;
 pub mod io;
 pub mod layout;
+pub mod linalg;
 pub mod manifest;
 pub mod model;
 pub mod recipe;
