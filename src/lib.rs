@@ -20,4 +20,5 @@ pub mod manifest;
 pub mod model;
 pub mod recipe;
 pub mod release;
+pub mod runner;
 pub mod synth;

@@ -8,6 +8,7 @@ pub mod convert;
 pub mod inspect;
 pub mod printer;
 pub mod restack;
+pub mod run;
 pub mod synth;
 pub mod translate;
 pub mod verify;
@@ -69,6 +70,8 @@ pub enum Command {
     Translate(translate::Args),
     /// Convert a WAN transformer between the diffusers, wan, nnx and nnx-scanned layouts.
     Restack(restack::Args),
+    /// Run the bundled WAN transformer on CPU: one forward, or N sampling steps with CFG.
+    Run(run::Args),
 }
 
 /// Runs the parsed command line.
@@ -107,6 +110,10 @@ pub fn execute(cli: Cli) -> anyhow::Result<Status> {
         Command::Restack(a) => {
             let mut p = Printer::new(a.json, quiet);
             restack::execute(a, &mut p)
+        }
+        Command::Run(a) => {
+            let mut p = Printer::new(a.json, quiet);
+            run::execute(a, &mut p)
         }
     }
 }
