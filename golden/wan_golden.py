@@ -1538,6 +1538,7 @@ def runner_goldens(manifest: dict) -> None:
         entries[name]["sample4"] = rel(write_runner(f"{name}__sample4", record, meta))
     a14b_sampler(entries, all_inputs["t2v"])
     adapter_runtime_goldens(entries, all_inputs)
+    demo_goldens(entries, all_inputs)
     manifest["runner"] = entries
 
 
@@ -1596,6 +1597,29 @@ def adapter_runtime_goldens(entries: dict, all_inputs: dict) -> None:
                                "Loaded with low_cpu_mem_usage=False: with the default (True) the LoRA parameters absent from the "
                                "file (lora_B.bias of modules without diff_b, lora_A/B of a module with only diff_b) stay on the meta "
                                f"device and the unfused forward fails ({default_failure}); fuse_lora skips them silently.")
+
+
+def demo_goldens(entries: dict, all_inputs: dict) -> None:
+    """Oracle of recipes/demo.toml: t2v + peft_plain at 1.0 + kohya_lora at 0.5, both fused
+    by the reference tools themselves (PEFT merge_and_unload, then diffusers load_lora_weights
+    + fuse_lora(lora_scale=0.5) on the result). For plain LoRAs, fusing one after the other
+    is the sum of the two deltas, which is what wanbake's merge computes."""
+    inputs = all_inputs["t2v"]
+    torch.manual_seed(0)
+    merged = PeftModel.from_pretrained(load_model("t2v"), str(ADAPTERS / "peft_plain")).merge_and_unload()
+    pipe = make_pipe(merged)
+    kohya = ADAPTERS / "kohya_lora" / "kohya_lora.safetensors"
+    pipe.load_lora_weights(str(kohya.parent), weight_name=kohya.name)
+    pipe.fuse_lora(lora_scale=0.5)
+    pipe.unload_lora_weights()
+    fused = forward(pipe.transformer, inputs)
+    record, meta = sample_loop([pipe.transformer], inputs, guidance=SAMPLE_GUIDANCE)
+    how = (f"{PEFT_TOOL} merge_and_unload of adapters/peft_plain (strength 1), then {DIFFUSERS_TOOL} "
+           "load_lora_weights(adapters/kohya_lora) + fuse_lora(lora_scale=0.5)")
+    common = {"model": rel(MODELS / "t2v"), "inputs": rel(RUNNER / "t2v__inputs.safetensors"), "what": how}
+    fwd = write_runner("t2v__demo__fused_forward", {"noise_pred": fused}, common)
+    smp = write_runner("t2v__demo__fused_sample4", record, dict(meta, **common))
+    entries.setdefault("adapters", {})["t2v__demo"] = {"fused_forward": rel(fwd), "fused_sample4": rel(smp)}
 
 
 def _write_adapter_runner(entries, model_name, case, runtime, fused, record, meta, *, runtime_how, fused_how, note=""):
