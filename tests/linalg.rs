@@ -1232,3 +1232,22 @@ fn svd_timing_report() {
         );
     }
 }
+
+/// Cost of a cache lookup's key: sha256 over the base tensor's bytes (bf16 5120×5120 and
+/// 13824×5120), the part of a hit that grows with the base.
+#[test]
+#[ignore = "measurement for BENCHMARKS.md"]
+fn cache_key_hash_throughput() {
+    no_global_parallelism();
+    for (out, inp) in [(5120usize, 5120usize), (13824, 5120)] {
+        let bytes = vec![0x3cu8; out * inp * 2];
+        let (_, wall, cpu) = timed(|| basis_key(DType::BF16, &[out, inp], &bytes, 64));
+        eprintln!(
+            "basis_key {out}x{inp} bf16 ({:.1} MB): wall {:.1} ms, cpu {:.1} ms, {:.2} GB/s of CPU time",
+            bytes.len() as f64 / 1e6,
+            wall * 1e3,
+            cpu * 1e3,
+            bytes.len() as f64 / cpu.max(1e-9) / 1e9
+        );
+    }
+}
