@@ -23,9 +23,10 @@
 //! - against torch's f32 answer (the reference), relative error of ΔW = U·M·Vᵀ for a random
 //!   core M: f64 1.3e-5 … 5.5e-5, exactly the distance of the exact answer itself, while
 //!   faer f32 is 1.5e-4 … 2.9e-4, 2.8–13× farther (its own round-off adds to torch's);
-//! - cost: f64 takes 1.7–2.0× the CPU time of faer f32 (5120²: 118 vs 67 CPU-s;
-//!   13824×5120: 199 vs 101 CPU-s on the 2-core development machine), a one-off per base
-//!   weight that the cache (`super::cache`) removes.
+//! - cost: f64 takes 1.6–2.0× the CPU time of faer f32 (5120²: 116 vs 60 CPU-s;
+//!   13824×5120: 195 vs 99 CPU-s on the 2-core development machine) and about 0.8× the wall
+//!   time of torch's own f64 SVD; a one-off per base weight that the cache (`super::cache`)
+//!   removes.
 //!
 //! # Determinism
 //! faer's SVD does NOT give the same bits for different `Par` values: measured, `Par::Seq`,
