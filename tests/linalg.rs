@@ -9,8 +9,9 @@
 
 use std::time::Instant;
 
+use faer::dyn_stack::{MemBuffer, MemStack};
 use faer::linalg::matmul::matmul;
-use faer::{Accum, Mat, Par};
+use faer::{Accum, Mat, MatRef, Par};
 use wanbake::io::DType;
 use wanbake::io::TensorView;
 use wanbake::linalg::{
@@ -49,10 +50,51 @@ impl Rng {
     }
 }
 
-/// An n×k matrix with orthonormal columns: the thin Q of a QR of a seeded Gaussian matrix.
+/// An n×k matrix with orthonormal columns: the thin Q of a QR of a seeded Gaussian matrix
+/// (faer's low-level QR with explicit `Par`: the tests run with faer's global parallelism
+/// disabled).
 fn orthonormal(n: usize, k: usize, rng: &mut Rng) -> Mat<f64> {
-    let G = Mat::<f64>::from_fn(n, k, |_, _| rng.normal());
-    G.qr().compute_thin_Q()
+    use faer::linalg::householder as hh;
+    use faer::linalg::qr::no_pivoting::factor as qr;
+    let mut G = Mat::<f64>::from_fn(n, k, |_, _| rng.normal());
+    let bs = qr::recommended_block_size::<f64>(n, k);
+    let mut H = Mat::<f64>::zeros(bs, k);
+    let par = Par::rayon(0);
+    let scratch = qr::qr_in_place_scratch::<f64>(n, k, bs, par, Default::default());
+    let mut mem = MemBuffer::new(scratch);
+    qr::qr_in_place(
+        G.as_mut(),
+        H.as_mut(),
+        par,
+        MemStack::new(&mut mem),
+        Default::default(),
+    );
+    let mut Q = Mat::<f64>::identity(n, k);
+    let scratch =
+        hh::apply_block_householder_sequence_on_the_left_in_place_scratch::<f64>(n, bs, k);
+    let mut mem = MemBuffer::new(scratch);
+    hh::apply_block_householder_sequence_on_the_left_in_place_with_conj(
+        G.as_ref(),
+        H.as_ref(),
+        faer::Conj::No,
+        Q.as_mut(),
+        par,
+        MemStack::new(&mut mem),
+    );
+    Q
+}
+
+/// A·B in f64 with explicit `Par`.
+fn mul(A: MatRef<'_, f64>, B: MatRef<'_, f64>) -> Mat<f64> {
+    let mut C = Mat::<f64>::zeros(A.nrows(), B.ncols());
+    matmul(C.as_mut(), Accum::Replace, A, B, 1.0, Par::rayon(0));
+    C
+}
+
+/// Every test starts here: faer's global parallelism is disabled, so any faer call inside
+/// `wanbake::linalg` (or these tests) that reads it instead of an explicit `Par` panics.
+fn no_global_parallelism() {
+    faer::disable_global_parallelism();
 }
 
 /// W = U0·diag(s)·V0ᵀ computed in f64 and rounded to f32, with its exact factors.
@@ -212,6 +254,7 @@ fn check_canonical(U: &[f32], n: usize, r: usize) {
 
 #[test]
 fn bases_match_known_factors_across_shapes() {
+    no_global_parallelism();
     let shapes = [
         (1, 1),
         (1, 5),
@@ -234,6 +277,7 @@ fn bases_match_known_factors_across_shapes() {
 
 #[test]
 fn rank_above_min_dim_is_an_error_naming_both_numbers() {
+    no_global_parallelism();
     let W = vec![1.0f32; 6 * 8];
     let err = xs_bases(&W, 6, 8, 7, Par::Seq).unwrap_err();
     assert_eq!(
@@ -258,6 +302,7 @@ fn rank_above_min_dim_is_an_error_naming_both_numbers() {
 
 #[test]
 fn non_finite_weight_is_an_error_naming_the_entry() {
+    no_global_parallelism();
     let mut W = vec![0.5f32; 3 * 4];
     W[2 * 4 + 1] = f32::NAN;
     match xs_bases(&W, 3, 4, 2, Par::Seq) {
@@ -269,6 +314,7 @@ fn non_finite_weight_is_an_error_naming_the_entry() {
 /// Spec sa3_lora §7.3: W = [[1,−2,0.5],[−0.5,1.5,2]].
 #[test]
 fn spec_reference_vectors() {
+    no_global_parallelism();
     let W = [1.0f32, -2.0, 0.5, -0.5, 1.5, 2.0];
     let b = xs_bases(&W, 2, 3, 2, Par::Seq).unwrap();
     let U1 = [b.U[0], b.U[2]];
@@ -293,6 +339,7 @@ fn spec_reference_vectors() {
 /// Spec §7.2 inputs (r = 1, α = 1, M = 0.5) and §7.3's lora and lora-xs results.
 #[test]
 fn spec_lora_and_lora_xs_merges() {
+    no_global_parallelism();
     let W0 = [1.0f32, -2.0, 0.5, -0.5, 1.5, 2.0];
     let mut W = W0;
     add_scaled_product(
@@ -330,6 +377,7 @@ fn spec_lora_and_lora_xs_merges() {
 /// Degenerate matrices: what is unique is checked; what is not is documented.
 #[test]
 fn degenerate_matrices() {
+    no_global_parallelism();
     // Zeros: S = 0; U, V are any orthonormal bases (not unique), but must be orthonormal,
     // canonical and finite.
     let b = xs_bases(&[0.0; 12], 3, 4, 3, Par::Seq).unwrap();
@@ -369,6 +417,7 @@ fn degenerate_matrices() {
 /// between σ₂ and σ₃ (r = 2) picks an arbitrary vector of the plane: `truncation_gap` is 0.
 #[test]
 fn repeated_singular_value() {
+    no_global_parallelism();
     let (out, inp) = (8, 6);
     let K = known(out, inp, vec![1.0, 0.5, 0.5, 0.25, 0.125, 0.0625], 77);
     let k = 6;
@@ -422,6 +471,7 @@ fn product_UVt(U: &[f32], V: &[f32], m: usize, n: usize, r: usize, s: usize) -> 
 
 #[test]
 fn canonicalize_signs_public_entry_matches_independent_version() {
+    no_global_parallelism();
     let mut rng = Rng(5);
     let (out, k, inp) = (7, 4, 5);
     let mut U0 = Mat::<f64>::from_fn(out, k, |_, _| rng.normal());
@@ -467,6 +517,7 @@ fn bits(b: &wanbake::linalg::XsBases) -> (Vec<u32>, Vec<u32>, Vec<u64>) {
 /// for each of these `Par` values on these shapes; see `linalg::svd`'s module doc.)
 #[test]
 fn svd_bits_do_not_depend_on_threads() {
+    no_global_parallelism();
     for (seed, &(out, inp)) in [(320, 300), (700, 260), (260, 700)].iter().enumerate() {
         let W = Rng(40 + seed as u64).normal_f32s(out * inp, 0.02);
         let r = 64;
@@ -491,6 +542,7 @@ fn svd_bits_do_not_depend_on_threads() {
 
 #[test]
 fn kernels_bits_do_not_depend_on_threads() {
+    no_global_parallelism();
     let mut rng = Rng(9);
     for &(out, inp, r) in &[
         (512, 384, 64),
@@ -532,6 +584,7 @@ fn kernels_bits_do_not_depend_on_threads() {
 
 #[test]
 fn scaled_product_matches_f64_loop() {
+    no_global_parallelism();
     let mut rng = Rng(11);
     for &(out, inp, r) in &[
         (1, 1, 1),
@@ -574,6 +627,7 @@ fn scaled_product_matches_f64_loop() {
 
 #[test]
 fn xs_update_matches_f64_loop() {
+    no_global_parallelism();
     let mut rng = Rng(12);
     for &(out, inp, r) in &[(1, 1, 1), (9, 6, 4), (120, 80, 32), (50, 400, 50)] {
         let W0 = rng.normal_f32s(out * inp, 1.0);
@@ -612,6 +666,7 @@ fn xs_update_matches_f64_loop() {
 /// rounding), so an independent loop must give the same bits.
 #[test]
 fn norms_match_specified_arithmetic_and_spec_values() {
+    no_global_parallelism();
     let W = [1.0f32, -2.0, 0.5, -0.5, 1.5, 2.0];
     let close = |got: &[f32], want: &[f64]| {
         got.iter()
@@ -686,6 +741,7 @@ impl Base {
 
 #[test]
 fn cache_miss_then_hit_returns_the_computed_bits() {
+    no_global_parallelism();
     let dir = tempfile::tempdir().unwrap();
     let cache = SvdCache::open(dir.path()).unwrap();
     let base = Base::new(384, 256, 21);
@@ -747,6 +803,7 @@ fn check_damage_is_repaired(
 
 #[test]
 fn cache_detects_a_flipped_data_byte() {
+    no_global_parallelism();
     check_damage_is_repaired(
         |p| {
             let mut b = std::fs::read(p).unwrap();
@@ -760,6 +817,7 @@ fn cache_detects_a_flipped_data_byte() {
 
 #[test]
 fn cache_detects_a_flipped_header_byte() {
+    no_global_parallelism();
     check_damage_is_repaired(
         |p| {
             let mut b = std::fs::read(p).unwrap();
@@ -773,6 +831,7 @@ fn cache_detects_a_flipped_header_byte() {
 
 #[test]
 fn cache_detects_a_truncated_entry() {
+    no_global_parallelism();
     check_damage_is_repaired(
         |p| {
             let b = std::fs::read(p).unwrap();
@@ -790,6 +849,7 @@ fn cache_detects_a_truncated_entry() {
 /// checksum), as a buggy or foreign writer could produce.
 #[test]
 fn cache_detects_a_wrong_shape_entry() {
+    no_global_parallelism();
     use std::collections::BTreeMap;
     use wanbake::io::header::{HeaderLayout, PlannedTensor};
     check_damage_is_repaired(
@@ -834,6 +894,7 @@ fn sha256_hex(data: &[u8]) -> String {
 
 #[test]
 fn cache_keys_cover_content_rank_dtype_and_shape() {
+    no_global_parallelism();
     let base = Base::new(16, 12, 23);
     let v = base.view();
     let k = basis_key(v.dtype, v.shape, v.bytes, 4);
@@ -862,6 +923,7 @@ fn cache_keys_cover_content_rank_dtype_and_shape() {
 
 #[test]
 fn cache_errors_name_the_problem() {
+    no_global_parallelism();
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("nope");
     let e = SvdCache::open(&missing).unwrap_err().to_string();
@@ -903,4 +965,289 @@ fn cache_errors_name_the_problem() {
         bytes: &[0; 16],
     };
     assert!(cache.get_or_compute(&ints, 1, Par::Seq).is_err());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Real-shaped checks and measurements (ignored: minutes on 2 cores). Commands and results in
+// BENCHMARKS.md, section "SVD (linalg)".
+// ---------------------------------------------------------------------------------------------
+
+/// CPU seconds used so far by this process, all threads (utime + stime of /proc/self/stat).
+/// On a shared machine this, not wall time, is what the computation itself costs.
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after_name = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("");
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    // Fields 14 and 15 of stat(5); `after_name` starts at field 3.
+    let ticks: f64 = fields.get(11..13).map_or(0.0, |f| {
+        f.iter().filter_map(|x| x.parse::<f64>().ok()).sum()
+    });
+    ticks / rustix::param::clock_ticks_per_second() as f64
+}
+
+/// Runs `f`, returning its result, wall seconds and CPU seconds.
+fn timed<R>(f: impl FnOnce() -> R) -> (R, f64, f64) {
+    let (t, c) = (Instant::now(), cpu_seconds());
+    let r = f();
+    (r, t.elapsed().as_secs_f64(), cpu_seconds() - c)
+}
+
+/// Top-r error of `xs_bases` against the known factors, with the Wedin tolerance per vector.
+fn real_shape_check(out: usize, inp: usize, seed: u64) {
+    let t = Instant::now();
+    let K = known(out, inp, power_law(out.min(inp)), seed);
+    let build = t.elapsed();
+    let r = 256;
+    let (b, wall, cpu) = timed(|| xs_bases(&K.W, out, inp, r, Par::rayon(0)).unwrap());
+    let (mut U0, mut V0) = (K.U0.clone(), K.V0.clone());
+    sa3_signs(&mut U0, &mut V0);
+    let (mut worst64, mut worst256, mut worst_ratio) = (0.0f64, 0.0f64, 0.0f64);
+    for j in 0..r {
+        let tol = vector_tolerance(&K.s, j, out != inp, K.rounding, out.max(inp));
+        let du = (0..out).map(|i| (f64::from(b.U[i * r + j]) - U0[(i, j)]).abs());
+        let dv = (0..inp).map(|i| (f64::from(b.V[i * r + j]) - V0[(i, j)]).abs());
+        let err = du.chain(dv).fold(0.0, f64::max);
+        assert!(err <= tol, "vector {j}: {err:e} > {tol:e}");
+        if j < 64 {
+            worst64 = worst64.max(err);
+        }
+        worst256 = worst256.max(err);
+        worst_ratio = worst_ratio.max(err / tol);
+    }
+    check_orthonormal(&b.U, out, r);
+    check_orthonormal(&b.V, inp, r);
+    eprintln!(
+        "{out}x{inp} power-law: build {build:.1?}, xs_bases(r=256, f64, {} threads) wall {wall:.1}s cpu {cpu:.1}s; \
+         ‖W_f32−W‖_F = {:.2e}; max |U,V − exact| top-64 {worst64:.2e}, top-256 {worst256:.2e} \
+         (worst error/tolerance {worst_ratio:.3})",
+        rayon::current_num_threads(),
+        K.rounding
+    );
+}
+
+#[test]
+#[ignore = "real shape, ~1 min on 2 cores"]
+fn real_shape_1536x1536_power_law() {
+    no_global_parallelism();
+    real_shape_check(1536, 1536, 1536);
+}
+
+#[test]
+#[ignore = "real shape, ~2 min on 2 cores"]
+fn real_shape_1536x8960_power_law() {
+    no_global_parallelism();
+    real_shape_check(1536, 8960, 8960);
+}
+
+/// faer f32 thin SVD with the same canonicalisation, top `r` columns as row-major f32.
+fn faer_f32_bases(W: &[f32], out: usize, inp: usize, r: usize, par: Par) -> (Vec<f32>, Vec<f32>) {
+    use faer::linalg::svd::{ComputeSvdVectors, svd, svd_scratch};
+    let k = out.min(inp);
+    let A = Mat::<f32>::from_fn(out, inp, |i, j| W[i * inp + j]);
+    let (mut S, mut U, mut V) = (
+        faer::Col::<f32>::zeros(k),
+        Mat::<f32>::zeros(out, k),
+        Mat::<f32>::zeros(inp, k),
+    );
+    let params = Default::default();
+    let thin = ComputeSvdVectors::Thin;
+    let mut mem = MemBuffer::new(svd_scratch::<f32>(out, inp, thin, thin, par, params));
+    svd(
+        A.as_ref(),
+        S.as_diagonal_mut(),
+        Some(U.as_mut()),
+        Some(V.as_mut()),
+        par,
+        MemStack::new(&mut mem),
+        params,
+    )
+    .unwrap();
+    wanbake::linalg::canonicalize_signs_mat(U.as_mut(), V.as_mut().transpose_mut());
+    let take = |X: &Mat<f32>| {
+        (0..X.nrows())
+            .flat_map(|i| (0..r).map(move |j| (i, j)))
+            .map(|(i, j)| X[(i, j)])
+            .collect()
+    };
+    (take(&U), take(&V))
+}
+
+/// ‖U₁MV₁ᵀ − U₂MV₂ᵀ‖_F / ‖U₂MV₂ᵀ‖_F for the leading `r` of the `ld` stored columns
+/// (explicit out×in products in f64).
+#[allow(clippy::too_many_arguments)]
+fn delta_rel_error(
+    (U1, V1): (&[f32], &[f32]),
+    (U2, V2): (&[f32], &[f32]),
+    out: usize,
+    inp: usize,
+    ld: usize,
+    M: &Mat<f64>,
+) -> f64 {
+    let r = M.nrows();
+    let to_mat = |X: &[f32], n: usize| Mat::<f64>::from_fn(n, r, |i, j| f64::from(X[i * ld + j]));
+    let delta = |U: &[f32], V: &[f32]| {
+        let UM = mul(to_mat(U, out).as_ref(), M.as_ref());
+        let mut D = Mat::<f64>::zeros(out, inp);
+        matmul(
+            D.as_mut(),
+            Accum::Replace,
+            UM.as_ref(),
+            to_mat(V, inp).transpose(),
+            1.0,
+            Par::rayon(0),
+        );
+        D
+    };
+    let (D1, D2) = (delta(U1, V1), delta(U2, V2));
+    (&D1 - &D2).norm_l2() / D2.norm_l2()
+}
+
+/// Max |X₁ − X₂| over the leading `r` of `ld` stored columns of two (n, ld) arrays.
+fn max_diff(X1: &[f32], X2: &[f32], ld: usize, r: usize) -> f64 {
+    X1.chunks(ld)
+        .zip(X2.chunks(ld))
+        .flat_map(|(a, b)| {
+            a[..r]
+                .iter()
+                .zip(&b[..r])
+                .map(|(x, y)| (f64::from(*x) - f64::from(*y)).abs())
+        })
+        .fold(0.0, f64::max)
+}
+
+/// Writes named f32 tensors to a safetensors file (for the torch comparison script).
+fn dump(path: &std::path::Path, tensors: &[(&str, Vec<usize>, &[f32])]) {
+    use wanbake::io::header::{HeaderLayout, PlannedTensor};
+    let planned: Vec<PlannedTensor> = tensors
+        .iter()
+        .map(|(n, s, _)| PlannedTensor {
+            name: n.to_string(),
+            dtype: DType::F32,
+            shape: s.clone(),
+        })
+        .collect();
+    let layout = HeaderLayout::build(&planned, &Default::default()).unwrap();
+    let mut bytes = layout.prefix.clone();
+    for t in &layout.tensors {
+        let (_, _, data) = tensors.iter().find(|(n, _, _)| *n == t.name).unwrap();
+        bytes.extend(data.iter().flat_map(|x| x.to_le_bytes()));
+    }
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// f32 vs f64 faer SVD on power-law spectra: distance of each from the exact vectors, ΔW
+/// error for a random core M, and timings. Shapes from `WANBAKE_SVD_SHAPES` (e.g.
+/// `1536x1536,1536x8960,5120x5120,13824x5120`); with `WANBAKE_SVD_DUMP=DIR`, writes W and
+/// both answers to DIR/<out>x<in>.safetensors for the torch comparison in BENCHMARKS.md.
+#[test]
+#[ignore = "measurement for BENCHMARKS.md, tens of minutes on 2 cores"]
+fn svd_precision_and_timing_report() {
+    no_global_parallelism();
+    let shapes = std::env::var("WANBAKE_SVD_SHAPES").unwrap_or_else(|_| "1536x1536".into());
+    let dump_dir = std::env::var_os("WANBAKE_SVD_DUMP").map(std::path::PathBuf::from);
+    for shape in shapes.split(',') {
+        let (out, inp) = shape.split_once('x').unwrap();
+        let (out, inp): (usize, usize) = (out.parse().unwrap(), inp.parse().unwrap());
+        let t = Instant::now();
+        let K = known(
+            out,
+            inp,
+            power_law(out.min(inp)),
+            7 + out as u64 * 31 + inp as u64,
+        );
+        eprintln!("{out}x{inp}: built in {:.1?}", t.elapsed());
+        let ld = 256;
+        let (b, t64, c64) = timed(|| xs_bases(&K.W, out, inp, ld, Par::rayon(0)).unwrap());
+        let degree = Par::rayon(wanbake::linalg::SVD_PARTITION_DEGREE);
+        let ((U32, V32), t32, c32) = timed(|| faer_f32_bases(&K.W, out, inp, ld, degree));
+        let (mut U0, mut V0) = (K.U0.clone(), K.V0.clone());
+        sa3_signs(&mut U0, &mut V0);
+        let exact = |X: &Mat<f64>| -> Vec<f32> {
+            (0..X.nrows())
+                .flat_map(|i| (0..ld).map(move |j| (i, j)))
+                .map(|(i, j)| X[(i, j)] as f32)
+                .collect()
+        };
+        let (Ue, Ve) = (exact(&U0), exact(&V0));
+        eprintln!(
+            "{out}x{inp}: f64 wall {t64:.1}s cpu {c64:.1}s, f32 wall {t32:.1}s cpu {c32:.1}s ({} threads, degree {})",
+            rayon::current_num_threads(),
+            wanbake::linalg::SVD_PARTITION_DEGREE
+        );
+        let mut rng = Rng(99);
+        for r in [64, 256] {
+            let M = Mat::<f64>::from_fn(r, r, |_, _| rng.normal());
+            let diff_f32 = max_diff(&b.U, &U32, ld, r).max(max_diff(&b.V, &V32, ld, r));
+            let diff_f64_exact = max_diff(&b.U, &Ue, ld, r).max(max_diff(&b.V, &Ve, ld, r));
+            let diff_f32_exact = max_diff(&U32, &Ue, ld, r).max(max_diff(&V32, &Ve, ld, r));
+            let dw_f32 = delta_rel_error((&U32, &V32), (&b.U, &b.V), out, inp, ld, &M);
+            let dw_f64 = delta_rel_error((&b.U, &b.V), (&Ue, &Ve), out, inp, ld, &M);
+            eprintln!(
+                "  r={r}: max|U,V| diff: f64-f32 {diff_f32:.2e}, f64-construction {diff_f64_exact:.2e}, \
+                 f32-construction {diff_f32_exact:.2e}; dW rel err: f32 vs f64 {dw_f32:.2e}, \
+                 f64 vs construction {dw_f64:.2e}"
+            );
+        }
+        if let Some(dir) = &dump_dir {
+            let path = dir.join(format!("{out}x{inp}.safetensors"));
+            let s: Vec<f32> = K.s.iter().map(|&x| x as f32).collect();
+            dump(
+                &path,
+                &[
+                    ("W", vec![out, inp], &K.W),
+                    ("s_exact", vec![s.len()], &s),
+                    ("U_f64", vec![out, ld], &b.U),
+                    ("V_f64", vec![inp, ld], &b.V),
+                    ("U_f32", vec![out, ld], &U32),
+                    ("V_f32", vec![inp, ld], &V32),
+                ],
+            );
+            eprintln!("  wrote {}", path.display());
+        }
+    }
+}
+
+/// Wall and CPU time of `xs_bases` (f64, the shipped path) and of faer's f32 SVD on a
+/// Gaussian matrix (timing only; the spectrum barely matters for the cost). Shapes from
+/// `WANBAKE_SVD_TIMING_SHAPES` (default `5120x5120,13824x5120`).
+#[test]
+#[ignore = "measurement for BENCHMARKS.md, tens of minutes on 2 cores"]
+fn svd_timing_report() {
+    no_global_parallelism();
+    let shapes = std::env::var("WANBAKE_SVD_TIMING_SHAPES")
+        .unwrap_or_else(|_| "5120x5120,13824x5120".into());
+    for shape in shapes.split(',') {
+        let (out, inp) = shape.split_once('x').unwrap();
+        let (out, inp): (usize, usize) = (out.parse().unwrap(), inp.parse().unwrap());
+        let W = Rng(out as u64 ^ inp as u64).normal_f32s(out * inp, 0.02);
+        let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+        let (_, w64, c64) = timed(|| xs_bases(&W, out, inp, 64, Par::rayon(0)).unwrap());
+        let degree = Par::rayon(wanbake::linalg::SVD_PARTITION_DEGREE);
+        let (_, w32, c32) = timed(|| faer_f32_bases(&W, out, inp, 64, degree));
+        eprintln!(
+            "{out}x{inp} gaussian: xs_bases f64 wall {w64:.1}s cpu {c64:.1}s; faer f32 wall {w32:.1}s cpu {c32:.1}s \
+             ({} threads; loadavg before: {})",
+            rayon::current_num_threads(),
+            load.trim()
+        );
+    }
+}
+
+/// Cost of a cache lookup's key: sha256 over the base tensor's bytes (bf16 5120×5120 and
+/// 13824×5120), the part of a hit that grows with the base.
+#[test]
+#[ignore = "measurement for BENCHMARKS.md"]
+fn cache_key_hash_throughput() {
+    no_global_parallelism();
+    for (out, inp) in [(5120usize, 5120usize), (13824, 5120)] {
+        let bytes = vec![0x3cu8; out * inp * 2];
+        let (_, wall, cpu) = timed(|| basis_key(DType::BF16, &[out, inp], &bytes, 64));
+        eprintln!(
+            "basis_key {out}x{inp} bf16 ({:.1} MB): wall {:.1} ms, cpu {:.1} ms, {:.2} GB/s of CPU time",
+            bytes.len() as f64 / 1e6,
+            wall * 1e3,
+            cpu * 1e3,
+            bytes.len() as f64 / cpu.max(1e-9) / 1e9
+        );
+    }
 }

@@ -12,13 +12,21 @@
 //! thin SVD (faer's bidiagonalisation + divide and conquer) is used here.
 //!
 //! The reference (SA3) runs `torch.linalg.svd` on the f32 weight on the CPU. Its answer is the
-//! exact SVD of that f32 matrix plus LAPACK's own f32 round-off, which is roughly
-//! `ε₃₂·‖W‖/gapᵢ` per vector and is not reproducible by anyone else. The best reproducible
-//! estimate of the reference is therefore the exact SVD of the same f32 matrix: the SVD is
-//! computed in f64 from the f32 values (widening is exact), and the vectors are rounded once
-//! to f32 at the end. Measured on power-law spectra (BENCHMARKS.md, "SVD (linalg)"): faer f64
-//! is 7–9 orders of magnitude closer to the exact vectors than faer f32, and as close to
-//! torch's f32 answer as any f32 implementation can be; it costs about 2× the time of faer f32.
+//! exact SVD of that f32 matrix plus LAPACK's own f32 round-off (roughly `ε₃₂·‖W‖/gapᵢ` per
+//! vector), which nobody else can reproduce. The best reproducible estimate of the reference
+//! is therefore the exact SVD of the same f32 matrix: the SVD is computed in f64 from the f32
+//! values (widening is exact) and the vectors are rounded once to f32 at the end.
+//! Measured on power-law spectra σᵢ = i^-½ at 1536², 1536×8960 and 5120² (BENCHMARKS.md,
+//! "SVD (linalg)"), for the top 64 and 256 vectors:
+//! - against the exact vectors (torch f64): f64 max |ΔU|, |ΔV| ≤ 3.7e-9 (the final f32
+//!   rounding), faer f32 2.1e-5 … 9.7e-5;
+//! - against torch's f32 answer (the reference), relative error of ΔW = U·M·Vᵀ for a random
+//!   core M: f64 1.3e-5 … 5.5e-5, exactly the distance of the exact answer itself, while
+//!   faer f32 is 1.5e-4 … 2.9e-4, 2.8–13× farther (its own round-off adds to torch's);
+//! - cost: f64 takes 1.6–2.0× the CPU time of faer f32 (5120²: 116 vs 60 CPU-s;
+//!   13824×5120: 195 vs 99 CPU-s on the 2-core development machine) and about 0.8× the wall
+//!   time of torch's own f64 SVD; a one-off per base weight that the cache (`super::cache`)
+//!   removes.
 //!
 //! # Determinism
 //! faer's SVD does NOT give the same bits for different `Par` values: measured, `Par::Seq`,
@@ -32,8 +40,9 @@
 //!
 //! So the SVD always runs with the fixed degree [`SVD_PARTITION_DEGREE`], and the caller's
 //! `par` only chooses how many threads execute those partitions (`Par::Seq` → a private
-//! one-thread pool). On the 2-core development machine degree 16 is as fast as degree 2
-//! (BENCHMARKS.md). The degree is part of [`super::cache::SVD_BASIS_VERSION`].
+//! one-thread pool). On the 2-core development machine degree 16 was no slower than
+//! degree 2 at 1536² (BENCHMARKS.md). The degree is part of
+//! [`super::cache::SVD_BASIS_VERSION`].
 //! Bits may still differ between CPUs with different SIMD widths (faer's vectorised
 //! reductions sum in lane order, AVX2 vs AVX-512); a cached basis (`super::cache`) is the
 //! portable artefact.
@@ -125,7 +134,8 @@ impl XsBases {
     /// and any implementation (including the trainer's) may have returned a different one.
     pub fn truncation_gap(&self) -> Option<f64> {
         let s = &self.singular_values;
-        let (first, last, next) = (s.first()?, s.get(self.rank - 1)?, s.get(self.rank)?);
+        let last = s.get(self.rank.checked_sub(1)?)?;
+        let (first, next) = (s.first()?, s.get(self.rank)?);
         (*first > 0.0).then(|| (last - next) / first)
     }
 }
