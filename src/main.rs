@@ -7,6 +7,9 @@ use wanbake::cli::{self, Cli, Status};
 
 fn main() -> ExitCode {
     wanbake::io::staging::install_signal_guards();
+    // Every faer call in wanbake passes its parallelism explicitly; an accidental high-level
+    // call that reads faer's global default (whose results depend on the core count) panics.
+    faer::disable_global_parallelism();
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
