@@ -1,0 +1,906 @@
+//! Tests of `wanbake::linalg`: SVD bases against matrices whose SVD is known by construction
+//! and against the spec's reference vectors, determinism across thread counts, the basis
+//! cache, and the low-rank/norm kernels against naive f64 loops.
+//!
+//! The `#[ignore]`d tests at the end are the real-shaped checks and the measurements quoted
+//! in BENCHMARKS.md ("SVD (linalg)"); run them by hand with the commands given there.
+
+#![allow(non_snake_case)]
+
+use std::time::Instant;
+
+use faer::linalg::matmul::matmul;
+use faer::{Accum, Mat, Par};
+use wanbake::io::DType;
+use wanbake::io::TensorView;
+use wanbake::linalg::{
+    CacheOutcome, CacheProblem, LinalgError, SvdCache, add_scaled_product, add_xs_update,
+    basis_key, canonicalize_signs, col_norms, row_norms, xs_bases,
+};
+
+const EPS32: f64 = f32::EPSILON as f64;
+
+// ---------------------------------------------------------------------------------------------
+// Fixtures: seeded random numbers and matrices with a known SVD.
+// ---------------------------------------------------------------------------------------------
+
+/// SplitMix64: tiny, seeded, good enough for test matrices.
+struct Rng(u64);
+
+impl Rng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in (0, 1).
+    fn uniform(&mut self) -> f64 {
+        ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    }
+    /// Standard normal (Box–Muller).
+    fn normal(&mut self) -> f64 {
+        let (a, b) = (self.uniform(), self.uniform());
+        (-2.0 * a.ln()).sqrt() * (2.0 * std::f64::consts::PI * b).cos()
+    }
+    fn normal_f32s(&mut self, n: usize, scale: f64) -> Vec<f32> {
+        (0..n).map(|_| (self.normal() * scale) as f32).collect()
+    }
+}
+
+/// An n×k matrix with orthonormal columns: the thin Q of a QR of a seeded Gaussian matrix.
+fn orthonormal(n: usize, k: usize, rng: &mut Rng) -> Mat<f64> {
+    let G = Mat::<f64>::from_fn(n, k, |_, _| rng.normal());
+    G.qr().compute_thin_Q()
+}
+
+/// W = U0·diag(s)·V0ᵀ computed in f64 and rounded to f32, with its exact factors.
+struct Known {
+    out: usize,
+    inp: usize,
+    W: Vec<f32>,
+    U0: Mat<f64>,
+    s: Vec<f64>,
+    V0: Mat<f64>,
+    /// ‖W_f32 − U0·diag(s)·V0ᵀ‖_F: the perturbation the f32 rounding of W adds.
+    rounding: f64,
+}
+
+fn known(out: usize, inp: usize, s: Vec<f64>, seed: u64) -> Known {
+    let k = out.min(inp);
+    assert_eq!(s.len(), k);
+    let mut rng = Rng(seed);
+    let U0 = orthonormal(out, k, &mut rng);
+    let V0 = orthonormal(inp, k, &mut rng);
+    let US = Mat::<f64>::from_fn(out, k, |i, j| U0[(i, j)] * s[j]);
+    let mut W64 = Mat::<f64>::zeros(out, inp);
+    matmul(
+        W64.as_mut(),
+        Accum::Replace,
+        US.as_ref(),
+        V0.transpose(),
+        1.0,
+        Par::Seq,
+    );
+    let mut W = Vec::with_capacity(out * inp);
+    let mut rounding = 0.0f64;
+    for i in 0..out {
+        for j in 0..inp {
+            let x = W64[(i, j)] as f32;
+            rounding += (f64::from(x) - W64[(i, j)]).powi(2);
+            W.push(x);
+        }
+    }
+    Known {
+        out,
+        inp,
+        W,
+        U0,
+        s,
+        V0,
+        rounding: rounding.sqrt(),
+    }
+}
+
+/// The power-law spectrum s_i = i^-0.5, i = 1..k (distinct values).
+fn power_law(k: usize) -> Vec<f64> {
+    (1..=k).map(|i| (i as f64).powf(-0.5)).collect()
+}
+
+/// SA3's convention written independently of the library: for each column j of U, the first
+/// row of largest |U[i,j]|; if that entry is negative, negate column j of U and of V.
+fn sa3_signs(U: &mut Mat<f64>, V: &mut Mat<f64>) {
+    for j in 0..U.ncols() {
+        let mut idx = 0;
+        for i in 1..U.nrows() {
+            if U[(i, j)].abs() > U[(idx, j)].abs() {
+                idx = i;
+            }
+        }
+        if U[(idx, j)] < 0.0 {
+            for i in 0..U.nrows() {
+                U[(i, j)] = -U[(i, j)];
+            }
+            for i in 0..V.nrows() {
+                V[(i, j)] = -V[(i, j)];
+            }
+        }
+    }
+}
+
+/// Allowed |error| of singular vector i (Wedin: ‖Δu_i‖ ≤ √2·‖E‖₂/gap_i; we allow 4·‖E‖_F/gap)
+/// plus the final f32 rounding of the output and f64 round-off of the solver.
+fn vector_tolerance(s: &[f64], i: usize, rectangular: bool, rounding: f64, n: usize) -> f64 {
+    let mut gap = f64::INFINITY;
+    for (j, sj) in s.iter().enumerate() {
+        if j != i {
+            gap = gap.min((s[i] - sj).abs());
+        }
+    }
+    if rectangular {
+        gap = gap.min(s[i]); // the complement's zero singular values
+    }
+    4.0 * rounding / gap + EPS32 + 64.0 * f64::EPSILON * (n as f64).sqrt() / gap.min(1.0)
+}
+
+/// Checks `xs_bases` of a constructed matrix against its known canonical factors.
+fn check_against_known(K: &Known, r: usize) {
+    let (out, inp) = (K.out, K.inp);
+    let b = xs_bases(&K.W, out, inp, r, Par::Seq).unwrap();
+    assert_eq!((b.out, b.inp, b.rank), (out, inp, r));
+    assert_eq!((b.U.len(), b.V.len()), (out * r, inp * r));
+    let (mut U0, mut V0) = (K.U0.clone(), K.V0.clone());
+    sa3_signs(&mut U0, &mut V0);
+    let n = out.max(inp);
+    for j in 0..r {
+        let tol = vector_tolerance(&K.s, j, out != inp, K.rounding, n);
+        let du = (0..out).map(|i| (f64::from(b.U[i * r + j]) - U0[(i, j)]).abs());
+        let dv = (0..inp).map(|i| (f64::from(b.V[i * r + j]) - V0[(i, j)]).abs());
+        let err = du.chain(dv).fold(0.0, f64::max);
+        assert!(
+            err <= tol,
+            "({out}x{inp}) r={r} vector {j}: max error {err:e} > {tol:e}"
+        );
+    }
+    for (j, (got, want)) in b.singular_values.iter().zip(&K.s).enumerate() {
+        let tol = K.rounding + 64.0 * f64::EPSILON * (n as f64).sqrt();
+        assert!((got - want).abs() <= tol, "σ_{j}: {got} vs {want}");
+    }
+    check_orthonormal(&b.U, out, r);
+    check_orthonormal(&b.V, inp, r);
+    check_canonical(&b.U, out, r);
+}
+
+/// max |XᵀX − I| for X (n, r) row-major f32 within c·ε₃₂·√n.
+fn check_orthonormal(X: &[f32], n: usize, r: usize) {
+    let tol = 4.0 * EPS32 * (n as f64).sqrt();
+    for a in 0..r {
+        for b in 0..r {
+            let dot: f64 = (0..n)
+                .map(|i| f64::from(X[i * r + a]) * f64::from(X[i * r + b]))
+                .sum();
+            let want = if a == b { 1.0 } else { 0.0 };
+            assert!(
+                (dot - want).abs() <= tol,
+                "(XᵀX)[{a},{b}] = {dot}, tolerance {tol:e}"
+            );
+        }
+    }
+}
+
+/// Every column's first largest-magnitude entry is ≥ 0.
+fn check_canonical(U: &[f32], n: usize, r: usize) {
+    for j in 0..r {
+        let mut idx = 0;
+        for i in 1..n {
+            if U[i * r + j].abs() > U[idx * r + j].abs() {
+                idx = i;
+            }
+        }
+        assert!(
+            U[idx * r + j] >= 0.0,
+            "column {j}: pivot U[{idx}] = {}",
+            U[idx * r + j]
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// SVD bases: oracle by construction.
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn bases_match_known_factors_across_shapes() {
+    let shapes = [
+        (1, 1),
+        (1, 5),
+        (5, 1),
+        (6, 6),
+        (9, 4),
+        (4, 9),
+        (40, 25),
+        (25, 40),
+        (70, 30),
+    ];
+    for (seed, &(out, inp)) in shapes.iter().enumerate() {
+        let k = out.min(inp);
+        let K = known(out, inp, power_law(k), 1000 + seed as u64);
+        for r in [1, k.div_ceil(2), k] {
+            check_against_known(&K, r);
+        }
+    }
+}
+
+#[test]
+fn rank_above_min_dim_is_an_error_naming_both_numbers() {
+    let W = vec![1.0f32; 6 * 8];
+    let err = xs_bases(&W, 6, 8, 7, Par::Seq).unwrap_err();
+    assert_eq!(
+        err,
+        LinalgError::RankTooLarge {
+            rank: 7,
+            out: 6,
+            inp: 8
+        }
+    );
+    let msg = err.to_string();
+    assert!(msg.contains("rank 7") && msg.contains("= 6"), "{msg}");
+    assert!(matches!(
+        xs_bases(&W, 6, 8, 0, Par::Seq),
+        Err(LinalgError::RankZero { .. })
+    ));
+    assert!(matches!(
+        xs_bases(&[], 0, 3, 1, Par::Seq),
+        Err(LinalgError::RankTooLarge { .. })
+    ));
+}
+
+#[test]
+fn non_finite_weight_is_an_error_naming_the_entry() {
+    let mut W = vec![0.5f32; 3 * 4];
+    W[2 * 4 + 1] = f32::NAN;
+    match xs_bases(&W, 3, 4, 2, Par::Seq) {
+        Err(LinalgError::NonFinite { row: 2, col: 1, .. }) => {}
+        other => panic!("expected NonFinite at (2, 1), got {other:?}"),
+    }
+}
+
+/// Spec sa3_lora §7.3: W = [[1,−2,0.5],[−0.5,1.5,2]].
+#[test]
+fn spec_reference_vectors() {
+    let W = [1.0f32, -2.0, 0.5, -0.5, 1.5, 2.0];
+    let b = xs_bases(&W, 2, 3, 2, Par::Seq).unwrap();
+    let U1 = [b.U[0], b.U[2]];
+    let V1 = [b.V[0], b.V[2], b.V[4]];
+    let close = |got: &[f32], want: &[f64]| {
+        got.iter()
+            .zip(want)
+            .all(|(g, w)| (f64::from(*g) - w).abs() <= 1e-7)
+    };
+    assert!(close(&U1, &[-0.61541221, 0.78820544]), "U1 = {U1:?}");
+    assert!(
+        close(&V1, &[-0.34724381, 0.83004751, 0.43639759]),
+        "V1 = {V1:?}"
+    );
+    let S = &b.singular_values;
+    assert!(
+        (S[0] - 2.90722222).abs() <= 1e-7 && (S[1] - 1.81605589).abs() <= 1e-7,
+        "{S:?}"
+    );
+}
+
+/// Spec §7.2 inputs (r = 1, α = 1, M = 0.5) and §7.3's lora and lora-xs results.
+#[test]
+fn spec_lora_and_lora_xs_merges() {
+    let W0 = [1.0f32, -2.0, 0.5, -0.5, 1.5, 2.0];
+    let mut W = W0;
+    add_scaled_product(
+        &mut W,
+        2,
+        3,
+        1.0,
+        &[0.5, -0.25],
+        &[0.25, -0.5, 1.0],
+        1,
+        Par::Seq,
+    );
+    let want = [1.125, -2.25, 1.0, -0.5625, 1.625, 1.75];
+    assert_eq!(W, want, "lora: these values are exact in f32");
+
+    let b = xs_bases(&W0, 2, 3, 1, Par::Seq).unwrap();
+    let mut W = W0;
+    add_xs_update(&mut W, 2, 3, 1.0, &b.U, &[0.5], &b.V, 1, Par::Seq);
+    let want = [
+        1.10684904,
+        -2.25541069,
+        0.36571780,
+        -0.63684973,
+        1.82712398,
+        2.17198548,
+    ];
+    for (g, w) in W.iter().zip(want) {
+        assert!(
+            (f64::from(*g) - w).abs() <= 4.0 * EPS32 * 2.0,
+            "lora-xs: {W:?} vs {want:?}"
+        );
+    }
+}
+
+/// Degenerate matrices: what is unique is checked; what is not is documented.
+#[test]
+fn degenerate_matrices() {
+    // Zeros: S = 0; U, V are any orthonormal bases (not unique), but must be orthonormal,
+    // canonical and finite.
+    let b = xs_bases(&[0.0; 12], 3, 4, 3, Par::Seq).unwrap();
+    assert!(b.singular_values.iter().all(|&s| s == 0.0));
+    check_orthonormal(&b.U, 3, 3);
+    check_orthonormal(&b.V, 4, 3);
+    check_canonical(&b.U, 3, 3);
+
+    // All ones (m×n): rank 1, σ₁ = √(mn), u₁ = 1/√m, v₁ = 1/√n (unique, positive after the
+    // convention); the rest span the complement and are not unique.
+    let (m, n) = (5, 7);
+    let b = xs_bases(&vec![1.0; m * n], m, n, 5, Par::Seq).unwrap();
+    let tol = 8.0 * EPS32;
+    assert!((b.singular_values[0] - ((m * n) as f64).sqrt()).abs() <= 1e-12 * 8.0);
+    assert!(b.singular_values[1..].iter().all(|&s| s.abs() <= 1e-13));
+    assert!((0..m).all(|i| (f64::from(b.U[i * 5]) - 1.0 / (m as f64).sqrt()).abs() <= tol));
+    assert!((0..n).all(|i| (f64::from(b.V[i * 5]) - 1.0 / (n as f64).sqrt()).abs() <= tol));
+    check_orthonormal(&b.U, m, 5);
+    check_orthonormal(&b.V, n, 5);
+
+    // Identity: all σ = 1, so U is any orthogonal Q and V = Q; only U·Vᵀ = I is unique.
+    let n = 6;
+    let I: Vec<f32> = (0..n * n)
+        .map(|x| if x % (n + 1) == 0 { 1.0 } else { 0.0 })
+        .collect();
+    let b = xs_bases(&I, n, n, n, Par::Seq).unwrap();
+    assert!(b.singular_values.iter().all(|&s| (s - 1.0).abs() <= 1e-14));
+    let UVt = product_UVt(&b.U, &b.V, n, n, n, n);
+    for (x, e) in UVt.iter().zip(&I) {
+        assert!((x - f64::from(*e)).abs() <= 4.0 * EPS32);
+    }
+    check_canonical(&b.U, n, n);
+}
+
+/// A repeated singular value σ₂ = σ₃: u₂, u₃ are unique only up to a rotation inside their
+/// plane, so only the plane and U₂₃·V₂₃ᵀ are checked; u₁ and u₄ stay unique. Truncating
+/// between σ₂ and σ₃ (r = 2) picks an arbitrary vector of the plane: `truncation_gap` is 0.
+#[test]
+fn repeated_singular_value() {
+    let (out, inp) = (8, 6);
+    let K = known(out, inp, vec![1.0, 0.5, 0.5, 0.25, 0.125, 0.0625], 77);
+    let k = 6;
+    let b = xs_bases(&K.W, out, inp, k, Par::Seq).unwrap();
+    let (mut U0, mut V0) = (K.U0.clone(), K.V0.clone());
+    sa3_signs(&mut U0, &mut V0);
+    for j in [0, 3] {
+        let tol = vector_tolerance(&K.s, j, true, K.rounding, out);
+        for i in 0..out {
+            assert!((f64::from(b.U[i * k + j]) - U0[(i, j)]).abs() <= tol);
+        }
+    }
+    // U₂₃·V₂₃ᵀ is rotation invariant: (UQ)(VQ)ᵀ = UVᵀ.
+    let pick = |X: &[f32], n: usize| -> Vec<f32> {
+        (0..n).flat_map(|i| [X[i * k + 1], X[i * k + 2]]).collect()
+    };
+    let got = product_UVt(&pick(&b.U, out), &pick(&b.V, inp), out, inp, 2, 2);
+    for i in 0..out {
+        for j in 0..inp {
+            let want = U0[(i, 1)] * V0[(j, 1)] + U0[(i, 2)] * V0[(j, 2)];
+            assert!(
+                (got[i * inp + j] - want).abs() <= 1e-5,
+                "plane product ({i},{j})"
+            );
+        }
+    }
+    let b2 = xs_bases(&K.W, out, inp, 2, Par::Seq).unwrap();
+    assert!(b2.truncation_gap().unwrap() < 1e-6);
+    assert!(b.truncation_gap().is_none());
+    assert!(
+        xs_bases(&K.W, out, inp, 1, Par::Seq)
+            .unwrap()
+            .truncation_gap()
+            .unwrap()
+            > 0.4
+    );
+}
+
+/// (U·Vᵀ) for U (m, r) and V (n, r) given with row strides `su`, `sv`, in f64.
+fn product_UVt(U: &[f32], V: &[f32], m: usize, n: usize, r: usize, s: usize) -> Vec<f64> {
+    let mut P = vec![0.0f64; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            P[i * n + j] = (0..r)
+                .map(|l| f64::from(U[i * s + l]) * f64::from(V[j * s + l]))
+                .sum();
+        }
+    }
+    P
+}
+
+#[test]
+fn canonicalize_signs_public_entry_matches_independent_version() {
+    let mut rng = Rng(5);
+    let (out, k, inp) = (7, 4, 5);
+    let mut U0 = Mat::<f64>::from_fn(out, k, |_, _| rng.normal());
+    let mut V0 = Mat::<f64>::from_fn(inp, k, |_, _| rng.normal());
+    let mut U: Vec<f64> = (0..out)
+        .flat_map(|i| (0..k).map(move |j| (i, j)))
+        .map(|(i, j)| U0[(i, j)])
+        .collect();
+    let mut Vt: Vec<f64> = (0..k)
+        .flat_map(|j| (0..inp).map(move |i| (i, j)))
+        .map(|(i, j)| V0[(i, j)])
+        .collect();
+    canonicalize_signs(&mut U, out, k, &mut Vt, inp);
+    sa3_signs(&mut U0, &mut V0);
+    for i in 0..out {
+        for j in 0..k {
+            assert_eq!(U[i * k + j].to_bits(), U0[(i, j)].to_bits());
+        }
+    }
+    for j in 0..k {
+        for i in 0..inp {
+            assert_eq!(Vt[j * inp + i].to_bits(), V0[(i, j)].to_bits());
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Determinism.
+// ---------------------------------------------------------------------------------------------
+
+/// Bit pattern of everything `xs_bases` returns.
+fn bits(b: &wanbake::linalg::XsBases) -> (Vec<u32>, Vec<u32>, Vec<u64>) {
+    (
+        b.U.iter().map(|x| x.to_bits()).collect(),
+        b.V.iter().map(|x| x.to_bits()).collect(),
+        b.singular_values.iter().map(|x| x.to_bits()).collect(),
+    )
+}
+
+/// Same bits for `Par::Seq`, 1, 2 and 7 rayon threads, and for `Par::rayon(0)` inside pools
+/// of 1 and 4 threads, on shapes that cross faer's parallel thresholds (square path, tall
+/// QR-first path, wide/transposed path), and run to run. (faer alone gives different bits
+/// for each of these `Par` values on these shapes; see `linalg::svd`'s module doc.)
+#[test]
+fn svd_bits_do_not_depend_on_threads() {
+    for (seed, &(out, inp)) in [(320, 300), (700, 260), (260, 700)].iter().enumerate() {
+        let W = Rng(40 + seed as u64).normal_f32s(out * inp, 0.02);
+        let r = 64;
+        let reference = bits(&xs_bases(&W, out, inp, r, Par::Seq).unwrap());
+        for par in [Par::Seq, Par::rayon(1), Par::rayon(2), Par::rayon(7)] {
+            let got = bits(&xs_bases(&W, out, inp, r, par).unwrap());
+            assert!(
+                got == reference,
+                "({out}x{inp}) {par:?} differs from Par::Seq"
+            );
+        }
+        for threads in [1, 4] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let got = pool.install(|| bits(&xs_bases(&W, out, inp, r, Par::rayon(0)).unwrap()));
+            assert!(got == reference, "({out}x{inp}) pool of {threads} differs");
+        }
+    }
+}
+
+#[test]
+fn kernels_bits_do_not_depend_on_threads() {
+    let mut rng = Rng(9);
+    for &(out, inp, r) in &[
+        (512, 384, 64),
+        (300, 520, 600),
+        (37, 1200, 16),
+        (1, 5000, 64),
+        (4000, 1, 300),
+        (1, 300, 300),
+        (3000, 40, 1),
+    ] {
+        let W0 = rng.normal_f32s(out * inp, 0.02);
+        let B = rng.normal_f32s(out * r, 0.1);
+        let A = rng.normal_f32s(r * inp, 0.1);
+        let M = rng.normal_f32s(r * r, 0.1);
+        let run = |par: Par| {
+            let mut W = W0.clone();
+            add_scaled_product(&mut W, out, inp, 0.75, &B, &A, r, par);
+            let mut X = W0.clone();
+            let V: Vec<f32> = A.clone(); // any (inp, r) matrix
+            add_xs_update(&mut X, out, inp, 0.5, &B, &M, &V, r, par);
+            let rn = row_norms(&W, out, inp, par);
+            let cn = col_norms(&W, out, inp, par);
+            let b = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            (b(&W), b(&X), b(&rn), b(&cn))
+        };
+        let reference = run(Par::Seq);
+        for par in [Par::rayon(1), Par::rayon(2), Par::rayon(3), Par::rayon(8)] {
+            assert!(
+                run(par) == reference,
+                "({out},{inp},{r}) {par:?} differs from Par::Seq"
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Low-rank kernels and norms against naive f64 loops.
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn scaled_product_matches_f64_loop() {
+    let mut rng = Rng(11);
+    for &(out, inp, r) in &[
+        (1, 1, 1),
+        (7, 5, 3),
+        (64, 48, 16),
+        (300, 200, 32),
+        (33, 900, 8),
+        (40, 30, 700),
+    ] {
+        let W0 = rng.normal_f32s(out * inp, 1.0);
+        let B = rng.normal_f32s(out * r, 1.0);
+        let A = rng.normal_f32s(r * inp, 1.0);
+        let s = -1.25f32;
+        let mut W = W0.clone();
+        add_scaled_product(&mut W, out, inp, s, &B, &A, r, Par::rayon(2));
+        for i in 0..out {
+            for j in 0..inp {
+                let (mut exact, mut mag) = (0.0f64, 0.0f64);
+                for l in 0..r {
+                    let p = f64::from(B[i * r + l]) * f64::from(A[l * inp + j]);
+                    exact += p;
+                    mag += p.abs();
+                }
+                let w0 = f64::from(W0[i * inp + j]);
+                let want = w0 + f64::from(s) * exact;
+                let tol = (r as f64 + 2.0) * EPS32 * (w0.abs() + f64::from(s).abs() * mag);
+                let got = f64::from(W[i * inp + j]);
+                assert!(
+                    (got - want).abs() <= tol,
+                    "({out},{inp},{r}) [{i},{j}] {got} vs {want}"
+                );
+            }
+        }
+    }
+    // r = 0: nothing to add, W unchanged.
+    let mut W = vec![1.5f32; 6];
+    add_scaled_product(&mut W, 2, 3, 1.0, &[], &[], 0, Par::Seq);
+    assert_eq!(W, [1.5; 6]);
+}
+
+#[test]
+fn xs_update_matches_f64_loop() {
+    let mut rng = Rng(12);
+    for &(out, inp, r) in &[(1, 1, 1), (9, 6, 4), (120, 80, 32), (50, 400, 50)] {
+        let W0 = rng.normal_f32s(out * inp, 1.0);
+        let U = rng.normal_f32s(out * r, 1.0);
+        let M = rng.normal_f32s(r * r, 1.0);
+        let V = rng.normal_f32s(inp * r, 1.0);
+        let s = 0.5f32;
+        let mut W = W0.clone();
+        add_xs_update(&mut W, out, inp, s, &U, &M, &V, r, Par::rayon(2));
+        for i in 0..out {
+            for j in 0..inp {
+                let (mut exact, mut mag) = (0.0f64, 0.0f64);
+                for a in 0..r {
+                    for c in 0..r {
+                        let p = f64::from(U[i * r + a])
+                            * f64::from(M[a * r + c])
+                            * f64::from(V[j * r + c]);
+                        exact += p;
+                        mag += p.abs();
+                    }
+                }
+                let w0 = f64::from(W0[i * inp + j]);
+                let want = w0 + f64::from(s) * exact;
+                let tol = (2.0 * r as f64 + 3.0) * EPS32 * (w0.abs() + f64::from(s) * mag);
+                let got = f64::from(W[i * inp + j]);
+                assert!(
+                    (got - want).abs() <= tol,
+                    "({out},{inp},{r}) [{i},{j}] {got} vs {want}"
+                );
+            }
+        }
+    }
+}
+
+/// The norms' arithmetic is specified (f64 squares summed in index order, sqrt in f64, one
+/// rounding), so an independent loop must give the same bits.
+#[test]
+fn norms_match_specified_arithmetic_and_spec_values() {
+    let W = [1.0f32, -2.0, 0.5, -0.5, 1.5, 2.0];
+    let close = |got: &[f32], want: &[f64]| {
+        got.iter()
+            .zip(want)
+            .all(|(g, w)| (f64::from(*g) - w).abs() <= 1e-7)
+    };
+    assert!(close(
+        &row_norms(&W, 2, 3, Par::Seq),
+        &[2.29128785, 2.54950976]
+    ));
+    assert!(close(
+        &col_norms(&W, 2, 3, Par::Seq),
+        &[1.11803399, 2.5, 2.06155281]
+    ));
+
+    let mut rng = Rng(13);
+    for &(out, inp) in &[(1, 1), (3, 1), (1, 3), (257, 129), (64, 3000)] {
+        let W = rng.normal_f32s(out * inp, 3.0);
+        let rows: Vec<f32> = (0..out)
+            .map(|i| {
+                let mut acc = 0.0f64;
+                for j in 0..inp {
+                    acc += f64::from(W[i * inp + j]) * f64::from(W[i * inp + j]);
+                }
+                acc.sqrt() as f32
+            })
+            .collect();
+        let cols: Vec<f32> = (0..inp)
+            .map(|j| {
+                let mut acc = 0.0f64;
+                for i in 0..out {
+                    acc += f64::from(W[i * inp + j]) * f64::from(W[i * inp + j]);
+                }
+                acc.sqrt() as f32
+            })
+            .collect();
+        assert_eq!(row_norms(&W, out, inp, Par::rayon(2)), rows);
+        assert_eq!(col_norms(&W, out, inp, Par::rayon(2)), cols);
+    }
+    assert_eq!(row_norms(&[], 3, 0, Par::Seq), [0.0; 3]);
+    assert_eq!(col_norms(&[], 0, 2, Par::Seq), [0.0; 2]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The basis cache.
+// ---------------------------------------------------------------------------------------------
+
+/// A bf16 base tensor (as real checkpoints hold them).
+struct Base {
+    shape: Vec<usize>,
+    bytes: Vec<u8>,
+}
+
+impl Base {
+    fn new(out: usize, inp: usize, seed: u64) -> Base {
+        let W = Rng(seed).normal_f32s(out * inp, 0.02);
+        let bytes = wanbake::io::dtype::from_f32_vec(DType::BF16, &W).unwrap();
+        Base {
+            shape: vec![out, inp],
+            bytes,
+        }
+    }
+    fn view(&self) -> TensorView<'_> {
+        TensorView {
+            name: "blocks.0.attn1.to_q.weight",
+            dtype: DType::BF16,
+            shape: &self.shape,
+            bytes: &self.bytes,
+        }
+    }
+}
+
+#[test]
+fn cache_miss_then_hit_returns_the_computed_bits() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = SvdCache::open(dir.path()).unwrap();
+    let base = Base::new(384, 256, 21);
+    let W = base.view().to_f32().unwrap();
+    let direct = xs_bases(&W, 384, 256, 32, Par::Seq).unwrap();
+
+    let t = Instant::now();
+    let miss = cache.get_or_compute(&base.view(), 32, Par::Seq).unwrap();
+    let miss_time = t.elapsed();
+    assert_eq!(miss.outcome, CacheOutcome::Miss);
+    assert_eq!(bits(&miss.bases), bits(&direct));
+    assert!(cache.entry_path(&miss.key).exists());
+
+    let t = Instant::now();
+    let hit = cache.get_or_compute(&base.view(), 32, Par::Seq).unwrap();
+    let hit_time = t.elapsed();
+    assert_eq!(hit.outcome, CacheOutcome::Hit);
+    assert_eq!(bits(&hit.bases), bits(&direct));
+    eprintln!("svd cache 384x256 bf16 r=32: miss {miss_time:?}, hit {hit_time:?}");
+    assert!(
+        hit_time < miss_time,
+        "hit {hit_time:?} not faster than miss {miss_time:?}"
+    );
+    // No temporary files are left behind.
+    let names: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names.len(), 1, "{names:?}");
+}
+
+/// Runs `damage` on a fresh entry, then expects the next lookup to report `is_expected`,
+/// recompute the same bits, and leave a valid entry behind.
+fn check_damage_is_repaired(
+    damage: impl Fn(&std::path::Path),
+    is_expected: impl Fn(&CacheProblem) -> bool,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = SvdCache::open(dir.path()).unwrap();
+    let base = Base::new(40, 24, 22);
+    let first = cache.get_or_compute(&base.view(), 8, Par::Seq).unwrap();
+    let path = cache.entry_path(&first.key);
+    damage(&path);
+    let again = cache.get_or_compute(&base.view(), 8, Par::Seq).unwrap();
+    match &again.outcome {
+        CacheOutcome::Replaced { problem } => {
+            assert!(is_expected(problem), "unexpected problem: {problem}")
+        }
+        other => panic!("damage not detected: {other:?}"),
+    }
+    assert_eq!(bits(&again.bases), bits(&first.bases));
+    let third = cache.get_or_compute(&base.view(), 8, Par::Seq).unwrap();
+    assert_eq!(
+        third.outcome,
+        CacheOutcome::Hit,
+        "the entry was not rewritten"
+    );
+}
+
+#[test]
+fn cache_detects_a_flipped_data_byte() {
+    check_damage_is_repaired(
+        |p| {
+            let mut b = std::fs::read(p).unwrap();
+            let n = b.len();
+            b[n - 3] ^= 0x10;
+            std::fs::write(p, b).unwrap();
+        },
+        |e| matches!(e, CacheProblem::Checksum { .. }),
+    );
+}
+
+#[test]
+fn cache_detects_a_flipped_header_byte() {
+    check_damage_is_repaired(
+        |p| {
+            let mut b = std::fs::read(p).unwrap();
+            let at = b.windows(4).position(|w| w == b"rank").unwrap();
+            b[at] = b'R';
+            std::fs::write(p, b).unwrap();
+        },
+        |e| matches!(e, CacheProblem::Metadata { field, .. } if field == "rank"),
+    );
+}
+
+#[test]
+fn cache_detects_a_truncated_entry() {
+    check_damage_is_repaired(
+        |p| {
+            let b = std::fs::read(p).unwrap();
+            std::fs::write(p, &b[..b.len() - 10]).unwrap();
+        },
+        |e| matches!(e, CacheProblem::Unreadable { .. }),
+    );
+    check_damage_is_repaired(
+        |p| std::fs::write(p, b"").unwrap(),
+        |e| matches!(e, CacheProblem::Unreadable { .. }),
+    );
+}
+
+/// An entry whose metadata is right but whose U has the wrong shape (self-consistent
+/// checksum), as a buggy or foreign writer could produce.
+#[test]
+fn cache_detects_a_wrong_shape_entry() {
+    use std::collections::BTreeMap;
+    use wanbake::io::header::{HeaderLayout, PlannedTensor};
+    check_damage_is_repaired(
+        |p| {
+            let file = wanbake::io::SafetensorsFile::open(p).unwrap();
+            let mut meta: BTreeMap<String, String> = file.metadata().clone();
+            let planned = vec![
+                PlannedTensor {
+                    name: "S".into(),
+                    dtype: DType::F64,
+                    shape: vec![24],
+                },
+                PlannedTensor {
+                    name: "U".into(),
+                    dtype: DType::F32,
+                    shape: vec![40, 7],
+                },
+                PlannedTensor {
+                    name: "V".into(),
+                    dtype: DType::F32,
+                    shape: vec![24, 8],
+                },
+            ];
+            let layout = HeaderLayout::build(&planned, &meta).unwrap();
+            let data = vec![0u8; layout.data_len];
+            meta.insert("data_sha256".into(), sha256_hex(&data));
+            let layout = HeaderLayout::build(&planned, &meta).unwrap();
+            drop(file);
+            std::fs::write(p, [layout.prefix, data].concat()).unwrap();
+        },
+        |e| matches!(e, CacheProblem::Tensor { tensor, .. } if tensor == "U"),
+    );
+}
+
+fn sha256_hex(data: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(data)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+#[test]
+fn cache_keys_cover_content_rank_dtype_and_shape() {
+    let base = Base::new(16, 12, 23);
+    let v = base.view();
+    let k = basis_key(v.dtype, v.shape, v.bytes, 4);
+    assert_eq!(k, basis_key(v.dtype, v.shape, v.bytes, 4), "pure function");
+    assert_ne!(k, basis_key(v.dtype, v.shape, v.bytes, 5), "rank");
+    let mut other = base.bytes.clone();
+    other[7] ^= 1;
+    assert_ne!(k, basis_key(v.dtype, v.shape, &other, 4), "bytes");
+    assert_ne!(k, basis_key(DType::F16, v.shape, v.bytes, 4), "dtype");
+    assert_ne!(k, basis_key(v.dtype, &[12, 16], v.bytes, 4), "shape");
+    assert_ne!(k, basis_key(v.dtype, &[16, 3, 4], v.bytes, 4), "conv shape");
+    assert_eq!(k.hex().len(), 64);
+    // A different tensor name with the same content shares the entry.
+    let dir = tempfile::tempdir().unwrap();
+    let cache = SvdCache::open(dir.path()).unwrap();
+    cache.get_or_compute(&v, 4, Par::Seq).unwrap();
+    let renamed = TensorView {
+        name: "another.weight",
+        ..v
+    };
+    assert_eq!(
+        cache.get_or_compute(&renamed, 4, Par::Seq).unwrap().outcome,
+        CacheOutcome::Hit
+    );
+}
+
+#[test]
+fn cache_errors_name_the_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nope");
+    let e = SvdCache::open(&missing).unwrap_err().to_string();
+    assert!(e.contains("nope"), "{e}");
+
+    let cache = SvdCache::open(dir.path()).unwrap();
+    // Conv1d (out, in, k) = (4, 2, 3) is viewed as (4, 6): rank 5 > 4.
+    let W = vec![0u8; 4 * 2 * 3 * 2];
+    let conv = TensorView {
+        name: "conv.weight",
+        dtype: DType::BF16,
+        shape: &[4, 2, 3],
+        bytes: &W,
+    };
+    let e = cache
+        .get_or_compute(&conv, 5, Par::Seq)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("conv.weight") && e.contains("rank 5") && e.contains("= 4"),
+        "{e}"
+    );
+    assert!(cache.get_or_compute(&conv, 4, Par::Seq).is_ok());
+    let bias = TensorView {
+        name: "x.bias",
+        dtype: DType::BF16,
+        shape: &[4],
+        bytes: &W[..8],
+    };
+    let e = cache
+        .get_or_compute(&bias, 1, Par::Seq)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("x.bias") && e.contains("2-D"), "{e}");
+    let ints = TensorView {
+        name: "i.weight",
+        dtype: DType::I32,
+        shape: &[2, 2],
+        bytes: &[0; 16],
+    };
+    assert!(cache.get_or_compute(&ints, 1, Par::Seq).is_err());
+}
