@@ -12,6 +12,7 @@ pub mod adapter;
 pub mod cli;
 pub mod inspect;
 pub mod io;
+pub mod layout;
 pub mod linalg;
 pub mod manifest;
 pub mod model;

@@ -1,0 +1,206 @@
+//! Why a layout conversion could not be planned.
+//!
+//! Owns: `PlanError`, the one error type of reading, writing, detection and dtype planning.
+//! Every variant carries the keys it concerns and, for shapes, expected versus found; the
+//! file name is attached by the caller that knows it (`io` or the CLI). Long key lists are
+//! shown in full up to a limit, then counted.
+
+use std::fmt::{self, Write as _};
+
+use super::Layout;
+use crate::io::DType;
+
+/// How many keys an error message lists before it counts the rest.
+pub const LISTED_KEYS: usize = 40;
+
+/// One stored tensor whose shape differs from what the config implies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShapeMismatch {
+    /// The stored tensor name.
+    pub key: String,
+    /// The shape the config implies for it.
+    pub expected: Vec<usize>,
+    /// The shape stored.
+    pub found: Vec<usize>,
+}
+
+/// Why a plan could not be made. Nothing has been written when one is returned.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    /// Keys that are not WAN transformer parameters in this layout.
+    #[error("{} key(s) are not WAN transformer parameters in the `{layout}` layout:{}{}", keys.len(), list(keys), hint_unknown(*layout))]
+    UnknownKeys {
+        /// The layout the keys were read as.
+        layout: Layout,
+        /// The keys.
+        keys: Vec<String>,
+    },
+    /// Parameters the config needs that the checkpoint lacks.
+    #[error("{} parameter(s) the config needs are missing (named as the `{layout}` layout stores them):{}", keys.len(), list(keys))]
+    MissingKeys {
+        /// The layout.
+        layout: Layout,
+        /// The names they would have in that layout.
+        keys: Vec<String>,
+    },
+    /// Valid parameter names that this config does not have (an image branch in a T2V
+    /// config, a block index ≥ L).
+    #[error("{} key(s) are WAN parameters but not of this config (check num_layers, image_dim, added_kv_proj_dim, pos_embed_seq_len, cross_attn_norm in config.json):{}", keys.len(), list(keys))]
+    UnexpectedKeys {
+        /// The layout.
+        layout: Layout,
+        /// The stored keys.
+        keys: Vec<String>,
+    },
+    /// Stored shapes that differ from the config's.
+    #[error("{} tensor(s) have the wrong shape for this config ({layout} layout):{}", mismatches.len(), list_shapes(mismatches))]
+    Shapes {
+        /// The layout.
+        layout: Layout,
+        /// Each mismatch.
+        mismatches: Vec<ShapeMismatch>,
+    },
+    /// Two stored keys are the same parameter (e.g. with and without a `diffusion_model.`
+    /// prefix).
+    #[error("`{first}` and `{second}` are both the parameter `{canonical}`")]
+    Duplicate {
+        /// The canonical name.
+        canonical: String,
+        /// One stored key.
+        first: String,
+        /// The other.
+        second: String,
+    },
+    /// Stacked tensors disagree on L, or a stacked key has no leading axis.
+    #[error(
+        "stacked tensor `{key}` has shape {shape:?}, expected a leading layer axis of {expected}"
+    )]
+    Stack {
+        /// The stored key.
+        key: String,
+        /// Its shape.
+        shape: Vec<usize>,
+        /// The L every stacked tensor must have.
+        expected: usize,
+    },
+    /// A tensor's rank does not fit its transform.
+    #[error("tensor `{key}`: {reason}")]
+    Rank {
+        /// The stored key.
+        key: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A tensor whose dtype is not floating point.
+    #[error("tensor `{key}` has dtype {dtype}; WAN parameters are floating point (F32, F16, BF16)")]
+    NonFloat {
+        /// The stored key.
+        key: String,
+        /// Its dtype.
+        dtype: DType,
+    },
+    /// No layout explains the keys.
+    #[error("cannot tell the layout from the keys: the closest is `{closest}`, which does not know {} of them:{}\nhint: pass --from diffusers|wan|nnx|nnx-scanned to see the full list for one layout", unknown.len(), list(unknown))]
+    Undetectable {
+        /// The layout that explained the most keys.
+        closest: Layout,
+        /// Keys it did not explain.
+        unknown: Vec<String>,
+    },
+    /// More than one layout explains every key.
+    #[error(
+        "the keys fit more than one layout ({}); pass the layout explicitly",
+        join_layouts(candidates)
+    )]
+    Ambiguous {
+        /// The layouts that fit.
+        candidates: Vec<Layout>,
+    },
+    /// The config.json layout field is not a layout name.
+    #[error(
+        "config.json field `{field}` is {value}; expected one of \"diffusers\", \"wan\", \"nnx\", \"nnx-scanned\""
+    )]
+    ConfigField {
+        /// The field name.
+        field: &'static str,
+        /// The value found (JSON).
+        value: String,
+    },
+    /// The config cannot be inferred from the shapes.
+    #[error(
+        "cannot infer the config from the tensor shapes: {0}\nhint: put the model's config.json next to the weights"
+    )]
+    Infer(String),
+    /// A block parameter is missing in some blocks, so it cannot be stacked.
+    #[error("cannot stack `{key}`: {reason}")]
+    Unstackable {
+        /// The output key.
+        key: String,
+        /// Why.
+        reason: String,
+    },
+    /// A canonical parameter name the write plan does not know.
+    #[error("{} canonical parameter(s) are not WAN transformer parameters:{}", keys.len(), list(keys))]
+    UnknownCanonical {
+        /// The names.
+        keys: Vec<String>,
+    },
+    /// The keep-f32 regex does not compile.
+    #[error("--keep-f32 regex `{pattern}`: {reason}")]
+    Regex {
+        /// The pattern.
+        pattern: String,
+        /// The regex error.
+        reason: String,
+    },
+    /// The pieces of one output tensor come in dtypes that `--dtype keep` cannot keep.
+    #[error(
+        "output `{key}` is stacked from pieces of dtypes {dtypes:?}; --dtype keep needs one dtype (pass --dtype bf16|f16|f32)"
+    )]
+    MixedDtypes {
+        /// The output key.
+        key: String,
+        /// The dtypes found.
+        dtypes: Vec<DType>,
+    },
+}
+
+fn list(keys: &[String]) -> String {
+    let mut s = String::new();
+    for k in keys.iter().take(LISTED_KEYS) {
+        let _ = write!(s, "\n  {k}");
+    }
+    if keys.len() > LISTED_KEYS {
+        let _ = write!(s, "\n  ... and {} more", keys.len() - LISTED_KEYS);
+    }
+    s
+}
+
+fn list_shapes(m: &[ShapeMismatch]) -> String {
+    let mut s = String::new();
+    for x in m.iter().take(LISTED_KEYS) {
+        let _ = write!(
+            s,
+            "\n  {}: expected {:?}, found {:?}",
+            x.key, x.expected, x.found
+        );
+    }
+    if m.len() > LISTED_KEYS {
+        let _ = write!(s, "\n  ... and {} more", m.len() - LISTED_KEYS);
+    }
+    s
+}
+
+fn join_layouts(l: &[Layout]) -> String {
+    l.iter().map(|l| l.as_str()).collect::<Vec<_>>().join(", ")
+}
+
+fn hint_unknown(layout: Layout) -> impl fmt::Display {
+    let other = match layout {
+        Layout::Diffusers => "wan, nnx or nnx-scanned",
+        Layout::Wan => "diffusers, nnx or nnx-scanned",
+        Layout::Nnx => "nnx-scanned, diffusers or wan",
+        Layout::NnxScanned => "nnx, diffusers or wan",
+    };
+    format!("\nhint: is this another model, or a checkpoint in the {other} layout?")
+}

@@ -1,0 +1,432 @@
+//! Reading: where each canonical parameter lives in a checkpoint of a given layout.
+//!
+//! Owns: `ReadPlan::new`, which takes the names, dtypes and shapes of a checkpoint's tensors
+//! (no data), a layout and optionally the `WanConfig`, and returns, for every canonical
+//! (diffusers, PyTorch-layout) parameter, the stored tensor it comes from, the layer index
+//! when that tensor is stacked, and the transform back to the PyTorch layout. Also owns
+//! `infer_config`, which recovers the config from shapes when there is no config.json.
+//! Does not own: the name table (`layout::table`) or moving bytes (`layout::exec`).
+//!
+//! Every input key is accounted for: it maps to canonical parameters, or it is skipped and
+//! reported (`norm_added_q`, which every reference ignores), or the plan fails naming it.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use super::Layout;
+use super::error::{PlanError, ShapeMismatch};
+use super::table::{self, Entry, Position, SKIPPED_MARKER};
+use super::transform::Transform;
+use crate::io::{DType, TensorInfo};
+use crate::model::wan::{ParamSpec, WanConfig};
+
+/// A tensor of the input as its header describes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredTensor {
+    /// Name as stored (prefix included).
+    pub name: String,
+    /// Element type.
+    pub dtype: DType,
+    /// Shape as stored.
+    pub shape: Vec<usize>,
+}
+
+impl From<&TensorInfo> for StoredTensor {
+    fn from(t: &TensorInfo) -> StoredTensor {
+        StoredTensor {
+            name: t.name.clone(),
+            dtype: t.dtype,
+            shape: t.shape.clone(),
+        }
+    }
+}
+
+/// Where one canonical parameter lives in the input.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CanonicalSource {
+    /// Canonical (diffusers) name.
+    pub name: String,
+    /// PyTorch-layout shape.
+    pub shape: Vec<usize>,
+    /// The stored tensor holding it.
+    pub stored: String,
+    /// Index along the stored tensor's leading layer axis, for stacked tensors.
+    pub layer: Option<usize>,
+    /// Shape of the stored data for this parameter (the layer's slice when stacked).
+    pub stored_shape: Vec<usize>,
+    /// Stored layout → PyTorch layout.
+    pub to_canonical: Transform,
+    /// Stored element type.
+    pub dtype: DType,
+}
+
+/// A stored key that maps to no parameter on purpose, reported rather than dropped.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SkippedKey {
+    /// Name as stored.
+    pub name: String,
+    /// Shape as stored.
+    pub shape: Vec<usize>,
+    /// Why it is skipped.
+    pub reason: &'static str,
+}
+
+/// For every canonical parameter, where it lives in the input.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReadPlan {
+    /// The input's layout.
+    pub layout: Layout,
+    /// The model config (given, or inferred from shapes).
+    pub config: WanConfig,
+    /// True when `config` was inferred from shapes (its head split is then a guess; see
+    /// [`infer_config`]).
+    pub config_inferred: bool,
+    /// One entry per canonical parameter, in `WanConfig::diffusers_params` order.
+    pub params: Vec<CanonicalSource>,
+    /// Keys skipped on purpose.
+    pub skipped: Vec<SkippedKey>,
+    index: HashMap<String, usize>,
+}
+
+const SKIP_REASON: &str =
+    "norm_added_q is unused by every WAN forward pass; diffusers and MaxDiffusion skip it on load";
+
+/// A key resolved to one canonical parameter, before checking it against the config.
+struct Found<'a> {
+    stored: &'a StoredTensor,
+    entry: &'static Entry,
+    block: Option<usize>,
+    layer: Option<usize>,
+    stored_shape: Vec<usize>,
+    shape: Vec<usize>,
+}
+
+impl ReadPlan {
+    /// Plans reading `tensors` (a whole checkpoint, every shard) stored in `layout`.
+    /// Without `config`, the config is inferred from the shapes ([`infer_config`]).
+    pub fn new(
+        layout: Layout,
+        tensors: &[StoredTensor],
+        config: Option<&WanConfig>,
+    ) -> Result<ReadPlan, PlanError> {
+        let mut skipped = Vec::new();
+        let mut parsed = Vec::new();
+        let mut unknown = Vec::new();
+        for t in tensors {
+            if t.name.contains(SKIPPED_MARKER) {
+                skipped.push(SkippedKey {
+                    name: t.name.clone(),
+                    shape: t.shape.clone(),
+                    reason: SKIP_REASON,
+                });
+            } else if let Some((entry, pos)) = table::parse_stored(layout, &t.name) {
+                parsed.push((t, entry, pos));
+            } else {
+                unknown.push(t.name.clone());
+            }
+        }
+        if !unknown.is_empty() {
+            unknown.sort();
+            return Err(PlanError::UnknownKeys {
+                layout,
+                keys: unknown,
+            });
+        }
+        if let Some((t, _, _)) = parsed.iter().find(|(t, _, _)| !t.dtype.is_float()) {
+            return Err(PlanError::NonFloat {
+                key: t.name.clone(),
+                dtype: t.dtype,
+            });
+        }
+        let num_layers = match config {
+            Some(c) => c.num_layers,
+            None => count_layers(&parsed)?,
+        };
+        let found = expand(layout, &parsed, num_layers)?;
+        let (config, config_inferred) = match config {
+            Some(c) => (c.clone(), false),
+            None => {
+                let shapes = found
+                    .iter()
+                    .map(|f| (name_of(f), f.shape.clone()))
+                    .collect();
+                (infer_config(&shapes, num_layers)?, true)
+            }
+        };
+        let params = check_against_config(layout, &config, found)?;
+        let index = params
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p.name.clone(), i))
+            .collect();
+        Ok(ReadPlan {
+            layout,
+            config,
+            config_inferred,
+            params,
+            skipped,
+            index,
+        })
+    }
+
+    /// The canonical parameters (names and PyTorch shapes), in plan order.
+    pub fn canonical_params(&self) -> Vec<ParamSpec> {
+        self.params
+            .iter()
+            .map(|p| ParamSpec {
+                name: p.name.clone(),
+                shape: p.shape.clone(),
+            })
+            .collect()
+    }
+
+    /// Where the canonical parameter `name` lives.
+    pub fn get(&self, name: &str) -> Option<&CanonicalSource> {
+        self.index.get(name).map(|&i| &self.params[i])
+    }
+}
+
+fn name_of(f: &Found<'_>) -> String {
+    match f.block {
+        Some(b) => format!("blocks.{b}.{}", f.entry.diffusers),
+        None => f.entry.diffusers.to_string(),
+    }
+}
+
+/// L from the keys alone: one more than the largest block index (unscanned), or the
+/// leading axis of the stacked tensors (scanned; they must agree, checked in `expand`).
+fn count_layers(parsed: &[(&StoredTensor, &'static Entry, Position)]) -> Result<usize, PlanError> {
+    let mut stacked: Vec<&StoredTensor> = parsed
+        .iter()
+        .filter(|(_, _, p)| *p == Position::Stacked)
+        .map(|(t, _, _)| *t)
+        .collect();
+    stacked.sort_by(|a, b| a.name.cmp(&b.name));
+    if let Some(first) = stacked.first() {
+        return first
+            .shape
+            .first()
+            .copied()
+            .ok_or_else(|| PlanError::Stack {
+                key: first.name.clone(),
+                shape: first.shape.clone(),
+                expected: 0,
+            });
+    }
+    Ok(parsed
+        .iter()
+        .filter_map(|(_, _, p)| match p {
+            Position::Block(b) => Some(b + 1),
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0))
+}
+
+/// Resolves every parsed key to its canonical parameter(s) with PyTorch shapes; stacked
+/// keys become L parameters.
+fn expand<'a>(
+    layout: Layout,
+    parsed: &[(&'a StoredTensor, &'static Entry, Position)],
+    num_layers: usize,
+) -> Result<Vec<Found<'a>>, PlanError> {
+    let mut found = Vec::new();
+    for &(t, entry, pos) in parsed {
+        let to_canonical = entry.from_canonical(layout).inverse();
+        let stored_shape = match pos {
+            Position::Stacked => match t.shape.split_first() {
+                Some((&l, rest)) if l == num_layers => rest.to_vec(),
+                _ => {
+                    return Err(PlanError::Stack {
+                        key: t.name.clone(),
+                        shape: t.shape.clone(),
+                        expected: num_layers,
+                    });
+                }
+            },
+            _ => t.shape.clone(),
+        };
+        let shape = to_canonical
+            .apply_shape(&stored_shape)
+            .map_err(|e| PlanError::Rank {
+                key: t.name.clone(),
+                reason: e.to_string(),
+            })?;
+        let blocks: Vec<(Option<usize>, Option<usize>)> = match pos {
+            Position::Top => vec![(None, None)],
+            Position::Block(b) => vec![(Some(b), None)],
+            Position::Stacked => (0..num_layers).map(|i| (Some(i), Some(i))).collect(),
+        };
+        for (block, layer) in blocks {
+            found.push(Found {
+                stored: t,
+                entry,
+                block,
+                layer,
+                stored_shape: stored_shape.clone(),
+                shape: shape.clone(),
+            });
+        }
+    }
+    Ok(found)
+}
+
+/// Matches the resolved keys against the config's parameter list: every parameter present
+/// once, nothing extra, every shape right.
+fn check_against_config(
+    layout: Layout,
+    config: &WanConfig,
+    found: Vec<Found<'_>>,
+) -> Result<Vec<CanonicalSource>, PlanError> {
+    let mut by_name: HashMap<String, Found<'_>> = HashMap::with_capacity(found.len());
+    for f in found {
+        let name = name_of(&f);
+        if let Some(prev) = by_name.get(&name) {
+            return Err(PlanError::Duplicate {
+                canonical: name,
+                first: prev.stored.name.clone(),
+                second: f.stored.name.clone(),
+            });
+        }
+        by_name.insert(name, f);
+    }
+    let expected = config.diffusers_params();
+    let expected_names: BTreeSet<&str> = expected.iter().map(|p| p.name.as_str()).collect();
+    let unexpected: BTreeSet<String> = by_name
+        .iter()
+        .filter(|(n, _)| !expected_names.contains(n.as_str()))
+        .map(|(_, f)| f.stored.name.clone())
+        .collect();
+    if !unexpected.is_empty() {
+        return Err(PlanError::UnexpectedKeys {
+            layout,
+            keys: unexpected.into_iter().collect(),
+        });
+    }
+    let missing: BTreeSet<String> = expected
+        .iter()
+        .filter(|p| !by_name.contains_key(&p.name))
+        .map(|p| stored_name_for(layout, &p.name))
+        .collect();
+    if !missing.is_empty() {
+        return Err(PlanError::MissingKeys {
+            layout,
+            keys: missing.into_iter().collect(),
+        });
+    }
+    let mut mismatches: BTreeMap<String, ShapeMismatch> = BTreeMap::new();
+    let mut params = Vec::with_capacity(expected.len());
+    for p in expected {
+        let Some(f) = by_name.remove(&p.name) else {
+            continue; // unreachable: missing names were reported above
+        };
+        if f.shape != p.shape {
+            let to_stored = f.entry.from_canonical(layout);
+            let mut want = to_stored
+                .apply_shape(&p.shape)
+                .unwrap_or_else(|_| p.shape.clone());
+            if f.layer.is_some() {
+                want.insert(0, config.num_layers);
+            }
+            mismatches
+                .entry(f.stored.name.clone())
+                .or_insert(ShapeMismatch {
+                    key: f.stored.name.clone(),
+                    expected: want,
+                    found: f.stored.shape.clone(),
+                });
+            continue;
+        }
+        params.push(CanonicalSource {
+            name: p.name,
+            shape: p.shape,
+            stored: f.stored.name.clone(),
+            layer: f.layer,
+            stored_shape: f.stored_shape,
+            to_canonical: f.entry.from_canonical(layout).inverse(),
+            dtype: f.stored.dtype,
+        });
+    }
+    if !mismatches.is_empty() {
+        return Err(PlanError::Shapes {
+            layout,
+            mismatches: mismatches.into_values().collect(),
+        });
+    }
+    Ok(params)
+}
+
+/// The name a canonical parameter has in `layout` (the stacked name for `nnx-scanned`).
+fn stored_name_for(layout: Layout, canonical: &str) -> String {
+    match table::parse_canonical(canonical) {
+        Some((e, block)) => e.stored_name(layout, block.unwrap_or(0)).0,
+        None => canonical.to_string(),
+    }
+}
+
+/// The head dimension assumed when a config is inferred from shapes: every released WAN
+/// model has `attention_head_dim` 128 (spec wan.md §1.3).
+pub const INFERRED_HEAD_DIM: usize = 128;
+
+/// Recovers a `WanConfig` from canonical parameter shapes (PyTorch layout) and L.
+///
+/// Every field that shapes a parameter is recovered exactly: D, C_in, patch, Fq, T, F,
+/// C_out, I, A, P and cross_attn_norm. The split of D into heads × head_dim shapes no
+/// parameter, so it is a guess: Dh = 128 when D is a multiple of 128 (every released
+/// model), else one head of width D. eps, rope_max_seq_len and qk_norm take diffusers'
+/// defaults.
+pub fn infer_config(
+    shapes: &HashMap<String, Vec<usize>>,
+    num_layers: usize,
+) -> Result<WanConfig, PlanError> {
+    let get = |name: &str, ndim: usize| -> Result<&[usize], PlanError> {
+        match shapes.get(name) {
+            Some(s) if s.len() == ndim => Ok(s),
+            Some(s) => Err(PlanError::Infer(format!(
+                "`{name}` has shape {s:?}, expected {ndim} dimensions"
+            ))),
+            None => Err(PlanError::Infer(format!(
+                "`{name}` (canonical name) is missing"
+            ))),
+        }
+    };
+    let pe = get("patch_embedding.weight", 5)?;
+    let (d, in_channels, patch_size) = (pe[0], pe[1], [pe[2], pe[3], pe[4]]);
+    if num_layers == 0 {
+        return Err(PlanError::Infer("no transformer blocks found".into()));
+    }
+    let proj = get("proj_out.weight", 2)?[0];
+    let patch_volume: usize = patch_size.iter().product();
+    if patch_volume == 0 || proj % patch_volume != 0 {
+        return Err(PlanError::Infer(format!(
+            "proj_out.weight has {proj} rows, not a multiple of the patch volume {patch_volume}"
+        )));
+    }
+    let optional = |name: &str, ndim: usize, axis: usize| -> Result<Option<usize>, PlanError> {
+        if shapes.contains_key(name) {
+            Ok(Some(get(name, ndim)?[axis]))
+        } else {
+            Ok(None)
+        }
+    };
+    let (num_attention_heads, attention_head_dim) = if d % INFERRED_HEAD_DIM == 0 {
+        (d / INFERRED_HEAD_DIM, INFERRED_HEAD_DIM)
+    } else {
+        (1, d)
+    };
+    Ok(WanConfig {
+        patch_size,
+        num_attention_heads,
+        attention_head_dim,
+        in_channels,
+        out_channels: Some(proj / patch_volume),
+        text_dim: get("condition_embedder.text_embedder.linear_1.weight", 2)?[1],
+        freq_dim: get("condition_embedder.time_embedder.linear_1.weight", 2)?[1],
+        ffn_dim: get("blocks.0.ffn.net.0.proj.weight", 2)?[0],
+        num_layers,
+        cross_attn_norm: shapes.contains_key("blocks.0.norm2.weight"),
+        image_dim: optional("condition_embedder.image_embedder.norm1.weight", 1, 0)?,
+        added_kv_proj_dim: optional("blocks.0.attn2.add_k_proj.weight", 2, 1)?,
+        pos_embed_seq_len: optional("condition_embedder.image_embedder.pos_embed", 3, 1)?,
+        ..WanConfig::default()
+    })
+}

@@ -1,0 +1,434 @@
+//! The one name table of the WAN transformer across its four layouts.
+//!
+//! Owns: `ENTRIES`, one row per parameter kind (a top-level parameter, or a parameter every
+//! block has), giving its diffusers name, its original Wan-AI name (spec wan.md §1.4), its
+//! MaxDiffusion NNX path (spec wan.md §4.2, after the renames of §4.3) and the transform
+//! from the PyTorch layout to the NNX layout; and the codecs that turn a (row, block) into
+//! a stored tensor name of a layout and back. Does not own: shapes (`model::wan`), plans
+//! (`layout::read`, `layout::write`).
+//!
+//! The table is the final 1:1 mapping, not a re-implementation of the `str.replace` chains
+//! of the converters (spec wan.md §1.4 says to use the final table).
+
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
+use super::Layout;
+use super::transform::Transform;
+
+/// Whether a parameter sits outside the blocks or inside every block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Scope {
+    /// Once per model.
+    Top,
+    /// Once per block (`blocks.N.` in unscanned layouts, stacked in `nnx-scanned`).
+    Block,
+}
+
+/// One parameter kind in every layout. Block names are relative to `blocks.N.`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Entry {
+    /// Top-level or per block.
+    pub scope: Scope,
+    /// diffusers `WanTransformer3DModel` name (the canonical name).
+    pub diffusers: &'static str,
+    /// Original Wan-AI / ComfyUI name, without any prefix.
+    pub wan: &'static str,
+    /// MaxDiffusion NNX path.
+    pub nnx: &'static str,
+    /// PyTorch layout → NNX layout.
+    pub to_nnx: Transform,
+}
+
+macro_rules! row {
+    ($scope:ident, $d:expr, $w:expr, $n:expr, $t:ident) => {
+        Entry {
+            scope: Scope::$scope,
+            diffusers: $d,
+            wan: $w,
+            nnx: $n,
+            to_nnx: Transform::$t,
+        }
+    };
+}
+
+/// A Linear layer: `.weight` (transposed for NNX, renamed `kernel`) and `.bias`.
+macro_rules! linear {
+    ($scope:ident, $d:literal, $w:literal, $n:literal) => {
+        [
+            row!(
+                $scope,
+                concat!($d, ".weight"),
+                concat!($w, ".weight"),
+                concat!($n, ".kernel"),
+                Transpose
+            ),
+            row!(
+                $scope,
+                concat!($d, ".bias"),
+                concat!($w, ".bias"),
+                concat!($n, ".bias"),
+                Identity
+            ),
+        ]
+    };
+}
+
+/// An affine norm: `.weight` → NNX `.scale`, and `.bias`.
+macro_rules! affine_norm {
+    ($scope:ident, $d:literal, $w:literal, $n:literal) => {
+        [
+            row!(
+                $scope,
+                concat!($d, ".weight"),
+                concat!($w, ".weight"),
+                concat!($n, ".scale"),
+                Identity
+            ),
+            row!(
+                $scope,
+                concat!($d, ".bias"),
+                concat!($w, ".bias"),
+                concat!($n, ".bias"),
+                Identity
+            ),
+        ]
+    };
+}
+
+/// An RMSNorm: `.weight` → NNX `.scale`.
+macro_rules! rms_norm {
+    ($scope:ident, $d:literal, $w:literal, $n:literal) => {
+        [row!(
+            $scope,
+            concat!($d, ".weight"),
+            concat!($w, ".weight"),
+            concat!($n, ".scale"),
+            Identity
+        )]
+    };
+}
+
+fn build_entries() -> Vec<Entry> {
+    let mut e: Vec<Entry> = Vec::with_capacity(56);
+    // Top level (spec wan.md §1.2, §1.4, §4.2).
+    e.push(row!(
+        Top,
+        "patch_embedding.weight",
+        "patch_embedding.weight",
+        "patch_embedding.kernel",
+        OidhwToDhwio
+    ));
+    e.push(row!(
+        Top,
+        "patch_embedding.bias",
+        "patch_embedding.bias",
+        "patch_embedding.bias",
+        Identity
+    ));
+    e.extend(linear!(
+        Top,
+        "condition_embedder.time_embedder.linear_1",
+        "time_embedding.0",
+        "condition_embedder.time_embedder.linear_1"
+    ));
+    e.extend(linear!(
+        Top,
+        "condition_embedder.time_embedder.linear_2",
+        "time_embedding.2",
+        "condition_embedder.time_embedder.linear_2"
+    ));
+    e.extend(linear!(
+        Top,
+        "condition_embedder.time_proj",
+        "time_projection.1",
+        "condition_embedder.time_proj"
+    ));
+    e.extend(linear!(
+        Top,
+        "condition_embedder.text_embedder.linear_1",
+        "text_embedding.0",
+        "condition_embedder.text_embedder.linear_1"
+    ));
+    e.extend(linear!(
+        Top,
+        "condition_embedder.text_embedder.linear_2",
+        "text_embedding.2",
+        "condition_embedder.text_embedder.linear_2"
+    ));
+    e.extend(affine_norm!(
+        Top,
+        "condition_embedder.image_embedder.norm1",
+        "img_emb.proj.0",
+        "condition_embedder.image_embedder.norm1.layer_norm"
+    ));
+    e.extend(linear!(
+        Top,
+        "condition_embedder.image_embedder.ff.net.0.proj",
+        "img_emb.proj.1",
+        "condition_embedder.image_embedder.ff.net_0"
+    ));
+    e.extend(linear!(
+        Top,
+        "condition_embedder.image_embedder.ff.net.2",
+        "img_emb.proj.3",
+        "condition_embedder.image_embedder.ff.net_2"
+    ));
+    e.extend(affine_norm!(
+        Top,
+        "condition_embedder.image_embedder.norm2",
+        "img_emb.proj.4",
+        "condition_embedder.image_embedder.norm2.layer_norm"
+    ));
+    e.push(row!(
+        Top,
+        "condition_embedder.image_embedder.pos_embed",
+        "img_emb.emb_pos",
+        "condition_embedder.image_embedder.pos_embed",
+        Identity
+    ));
+    e.push(row!(
+        Top,
+        "scale_shift_table",
+        "head.modulation",
+        "scale_shift_table",
+        Identity
+    ));
+    e.extend(linear!(Top, "proj_out", "head.head", "proj_out"));
+    // Per block. Note the norm2/norm3 swap between diffusers and the original.
+    e.push(row!(
+        Block,
+        "scale_shift_table",
+        "modulation",
+        "adaln_scale_shift_table",
+        Identity
+    ));
+    e.extend(linear!(Block, "attn1.to_q", "self_attn.q", "attn1.query"));
+    e.extend(linear!(Block, "attn1.to_k", "self_attn.k", "attn1.key"));
+    e.extend(linear!(Block, "attn1.to_v", "self_attn.v", "attn1.value"));
+    e.extend(linear!(
+        Block,
+        "attn1.to_out.0",
+        "self_attn.o",
+        "attn1.proj_attn"
+    ));
+    e.extend(rms_norm!(
+        Block,
+        "attn1.norm_q",
+        "self_attn.norm_q",
+        "attn1.norm_q"
+    ));
+    e.extend(rms_norm!(
+        Block,
+        "attn1.norm_k",
+        "self_attn.norm_k",
+        "attn1.norm_k"
+    ));
+    e.extend(linear!(Block, "attn2.to_q", "cross_attn.q", "attn2.query"));
+    e.extend(linear!(Block, "attn2.to_k", "cross_attn.k", "attn2.key"));
+    e.extend(linear!(Block, "attn2.to_v", "cross_attn.v", "attn2.value"));
+    e.extend(linear!(
+        Block,
+        "attn2.to_out.0",
+        "cross_attn.o",
+        "attn2.proj_attn"
+    ));
+    e.extend(rms_norm!(
+        Block,
+        "attn2.norm_q",
+        "cross_attn.norm_q",
+        "attn2.norm_q"
+    ));
+    e.extend(rms_norm!(
+        Block,
+        "attn2.norm_k",
+        "cross_attn.norm_k",
+        "attn2.norm_k"
+    ));
+    e.extend(linear!(
+        Block,
+        "attn2.add_k_proj",
+        "cross_attn.k_img",
+        "attn2.add_k_proj"
+    ));
+    e.extend(linear!(
+        Block,
+        "attn2.add_v_proj",
+        "cross_attn.v_img",
+        "attn2.add_v_proj"
+    ));
+    e.extend(rms_norm!(
+        Block,
+        "attn2.norm_added_k",
+        "cross_attn.norm_k_img",
+        "attn2.norm_added_k"
+    ));
+    e.extend(affine_norm!(Block, "norm2", "norm3", "norm2.layer_norm"));
+    e.extend(linear!(Block, "ffn.net.0.proj", "ffn.0", "ffn.act_fn.proj"));
+    e.extend(linear!(Block, "ffn.net.2", "ffn.2", "ffn.proj_out"));
+    e
+}
+
+/// Every parameter kind of the WAN transformer (T2V, I2V/FLF2V image branch, TI2V), each
+/// once. Rows exist for optional parameters too; a config decides which are present.
+pub fn entries() -> &'static [Entry] {
+    static ENTRIES: OnceLock<Vec<Entry>> = OnceLock::new();
+    ENTRIES.get_or_init(build_entries)
+}
+
+/// Where a stored tensor sits relative to the blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Position {
+    /// A top-level parameter.
+    Top,
+    /// Block `N` of an unscanned layout.
+    Block(usize),
+    /// All blocks, stacked along a leading axis (`nnx-scanned`).
+    Stacked,
+}
+
+/// Prefixes the `wan` layout accepts on input (spec wan.md §1.4): single-file checkpoints
+/// carry `model.diffusion_model.`, ComfyUI files `diffusion_model.`.
+pub const WAN_PREFIXES: [&str; 2] = ["model.diffusion_model.", "diffusion_model."];
+
+/// The substring that marks keys every reference skips on load (diffusers
+/// `_keys_to_ignore_on_load_unexpected = ["norm_added_q"]`, MaxDiffusion `if "norm_added_q"
+/// in key`): `blocks.N.attn2.norm_added_q.weight`, which no forward pass uses.
+pub const SKIPPED_MARKER: &str = "norm_added_q";
+
+impl Entry {
+    /// This entry's local name in `layout`.
+    pub fn local(&self, layout: Layout) -> &'static str {
+        match layout {
+            Layout::Diffusers => self.diffusers,
+            Layout::Wan => self.wan,
+            Layout::Nnx | Layout::NnxScanned => self.nnx,
+        }
+    }
+
+    /// Transform from the PyTorch layout to `layout`.
+    pub fn from_canonical(&self, layout: Layout) -> Transform {
+        match layout {
+            Layout::Diffusers | Layout::Wan => Transform::Identity,
+            Layout::Nnx | Layout::NnxScanned => self.to_nnx,
+        }
+    }
+
+    /// The stored tensor name in `layout` for block `block` (ignored for top-level rows),
+    /// and the layer index when the layout stacks blocks.
+    pub fn stored_name(&self, layout: Layout, block: usize) -> (String, Option<usize>) {
+        let local = self.local(layout);
+        match (self.scope, layout) {
+            (Scope::Top, _) => (local.to_string(), None),
+            (Scope::Block, Layout::NnxScanned) => (format!("blocks.{local}"), Some(block)),
+            (Scope::Block, _) => (format!("blocks.{block}.{local}"), None),
+        }
+    }
+}
+
+type LocalMaps = HashMap<(Layout, Scope, &'static str), usize>;
+
+fn local_maps() -> &'static LocalMaps {
+    static MAPS: OnceLock<LocalMaps> = OnceLock::new();
+    MAPS.get_or_init(|| {
+        let mut m = HashMap::new();
+        for layout in Layout::ALL {
+            for (i, e) in entries().iter().enumerate() {
+                m.insert((layout, e.scope, e.local(layout)), i);
+            }
+        }
+        m
+    })
+}
+
+/// Parses a stored tensor name of `layout` into (row of [`entries`], position). `None`
+/// when the name is not a WAN parameter of that layout. Block indices must be written in
+/// canonical decimal (no sign, no leading zero).
+pub fn parse_stored(layout: Layout, name: &str) -> Option<(&'static Entry, Position)> {
+    let name = match layout {
+        Layout::Wan => strip_wan_prefix(name),
+        _ => name,
+    };
+    let maps = local_maps();
+    let lookup = |scope, local: &str| maps.get(&(layout, scope, local)).map(|&i| &entries()[i]);
+    if let Some(rest) = name.strip_prefix("blocks.") {
+        if layout == Layout::NnxScanned {
+            return lookup(Scope::Block, rest).map(|e| (e, Position::Stacked));
+        }
+        let (index, local) = rest.split_once('.')?;
+        let block = parse_index(index)?;
+        return lookup(Scope::Block, local).map(|e| (e, Position::Block(block)));
+    }
+    lookup(Scope::Top, name).map(|e| (e, Position::Top))
+}
+
+/// Removes one accepted `wan` prefix, if present.
+pub fn strip_wan_prefix(name: &str) -> &str {
+    WAN_PREFIXES
+        .iter()
+        .find_map(|p| name.strip_prefix(p))
+        .unwrap_or(name)
+}
+
+fn parse_index(s: &str) -> Option<usize> {
+    let canonical =
+        !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) && (s == "0" || !s.starts_with('0'));
+    if canonical { s.parse().ok() } else { None }
+}
+
+/// Splits a canonical (diffusers) parameter name into its row and block index.
+pub fn parse_canonical(name: &str) -> Option<(&'static Entry, Option<usize>)> {
+    match parse_stored(Layout::Diffusers, name)? {
+        (e, Position::Top) => Some((e, None)),
+        (e, Position::Block(b)) => Some((e, Some(b))),
+        (_, Position::Stacked) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_local_name_is_unique_per_layout_and_scope() {
+        for layout in Layout::ALL {
+            let mut seen = std::collections::HashSet::new();
+            for e in entries() {
+                assert!(
+                    seen.insert((e.scope, e.local(layout))),
+                    "{layout}: duplicate {}",
+                    e.local(layout)
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn names_round_trip_through_every_layout() {
+        for layout in Layout::ALL {
+            for e in entries() {
+                let (name, layer) = e.stored_name(layout, 7);
+                let (back, pos) = parse_stored(layout, &name).unwrap();
+                assert_eq!(back, e);
+                let expect = match (e.scope, layer) {
+                    (Scope::Top, _) => Position::Top,
+                    (Scope::Block, Some(_)) => Position::Stacked,
+                    (Scope::Block, None) => Position::Block(7),
+                };
+                assert_eq!(pos, expect, "{name}");
+            }
+        }
+    }
+
+    #[test]
+    fn wan_prefixes_are_stripped_and_odd_indices_refused() {
+        let (e, pos) =
+            parse_stored(Layout::Wan, "model.diffusion_model.blocks.3.norm3.weight").unwrap();
+        assert_eq!((e.diffusers, pos), ("norm2.weight", Position::Block(3)));
+        let (e, _) = parse_stored(Layout::Wan, "diffusion_model.head.head.weight").unwrap();
+        assert_eq!(e.diffusers, "proj_out.weight");
+        assert!(parse_stored(Layout::Diffusers, "blocks.03.attn1.to_q.weight").is_none());
+        assert!(parse_stored(Layout::Diffusers, "blocks.+3.attn1.to_q.weight").is_none());
+        assert!(parse_stored(Layout::Diffusers, "blocks.3.attn2.norm_added_q.weight").is_none());
+    }
+}
