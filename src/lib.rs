@@ -15,6 +15,7 @@ pub mod io;
 pub mod layout;
 pub mod linalg;
 pub mod manifest;
+pub mod merge;
 pub mod model;
 pub mod release;
 pub mod synth;

@@ -1,0 +1,484 @@
+//! Running a merge plan: one base tensor at a time per worker, in bands of rows.
+//!
+//! Owns: the job loop (rayon across jobs; every job's own arithmetic is sequential, so the
+//! bytes never depend on the thread count), the band reader of base rows (dtype widening,
+//! the MLX Conv1d row permutation), loading an entry's tensors, the -xs bases (through the
+//! SVD cache when one is given), and writing each band into its slot. Does not own: the
+//! formulas (`merge::math`), the kernel that copies and converts untouched tensors
+//! (`layout::transform`), or the atomic output (`io::staging`).
+//!
+//! Memory: a worker holds a few bands of at most [`BAND_ELEMS`] f32 values (W0, the
+//! accumulator, V), the factors of the target it works on, and, for -xs kinds, the target's
+//! SVD bases (the SVD itself needs the whole weight). A base tensor's mapped pages are
+//! dropped once its last job is done, and an adapter tensor's once it is loaded, so the
+//! resident set does not grow with the model. A merged tensor written through a permuting
+//! layout (`--layout nnx`) is the exception: it is assembled whole (f32) before it is
+//! transposed.
+
+#![allow(non_snake_case)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use faer::Par;
+use rayon::prelude::*;
+
+use super::error::MergeError;
+use super::math::{Factors, Form, SA3_EPS, Scratch, Update, add_contribution, column_scales};
+use super::plan::{BoundAdapter, Contribution, Job, MergePlan, RowOrder, Target};
+use super::report::SvdReport;
+use crate::adapter::{AdapterSet, Kind, ParamRole, TensorSource};
+use crate::io::dtype::{narrow_from_f32, widen_to_f32};
+use crate::io::{DType, ReadError, Staging, TensorRef, TensorView};
+use crate::layout::Transform;
+use crate::layout::transform::{SrcTensor, convert_rows};
+use crate::linalg::{CacheError, CacheOutcome, SvdCache, XsBases, xs_bases};
+
+/// Largest band of a merged tensor a worker holds in one buffer, in f32 values (4 MiB).
+/// A constant, so the band split (and with it every rounding) never depends on the machine.
+pub const BAND_ELEMS: usize = 1 << 20;
+
+/// Largest band of an untouched tensor converted at once, in output bytes.
+const COPY_BAND_BYTES: usize = 8 << 20;
+
+/// Rows per band of a (·, inp) matrix.
+pub fn band_rows(inp: usize) -> usize {
+    (BAND_ELEMS / inp.max(1)).max(1)
+}
+
+/// Loads one adapter tensor as f32 in PyTorch layout and drops its mapped pages.
+pub fn load_param(set: &AdapterSet, src: &TensorSource) -> Result<Vec<f32>, ReadError> {
+    let v = set.load(src)?;
+    if let Some((f, i)) = set
+        .files
+        .get(src.file)
+        .and_then(|f| f.position(&src.key).map(|i| (f, i)))
+    {
+        f.release(i);
+    }
+    Ok(v)
+}
+
+/// What every job needs.
+pub struct Exec<'a> {
+    /// The base.
+    pub base: &'a crate::io::Checkpoint,
+    /// The adapters.
+    pub adapters: &'a [BoundAdapter],
+    /// The plan.
+    pub plan: &'a MergePlan,
+    /// Where bytes go.
+    pub staging: &'a Staging,
+    /// The SVD basis cache, when given.
+    pub svd_cache: Option<&'a SvdCache>,
+}
+
+#[derive(Default)]
+struct SvdCounters {
+    hits: AtomicUsize,
+    misses: AtomicUsize,
+    replaced: AtomicUsize,
+    computed: AtomicUsize,
+}
+
+impl Exec<'_> {
+    /// Runs every job on the current rayon pool. On error the caller discards the output.
+    pub fn run(&self) -> Result<SvdReport, MergeError> {
+        let mut uses: HashMap<(usize, &str), AtomicUsize> = HashMap::new();
+        for j in &self.plan.jobs {
+            uses.entry((j.component, j.stored.as_str()))
+                .or_insert_with(|| AtomicUsize::new(0))
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        let svd = SvdCounters::default();
+        self.plan
+            .jobs
+            .par_iter()
+            .try_for_each_init(Scratch::default, |scratch, job| {
+                let src = self.stored(job)?;
+                match job.target {
+                    None => self.copy(job, src.view)?,
+                    Some(t) => self.merge(job, &self.plan.targets[t], &src, scratch, &svd)?,
+                }
+                let left = &uses[&(job.component, job.stored.as_str())];
+                if left.fetch_sub(1, Ordering::AcqRel) == 1 {
+                    src.file.release(src.position);
+                }
+                Ok::<(), MergeError>(())
+            })?;
+        Ok(SvdReport {
+            cache: self.svd_cache.is_some(),
+            hits: svd.hits.into_inner(),
+            misses: svd.misses.into_inner(),
+            replaced: svd.replaced.into_inner(),
+            computed: svd.computed.into_inner(),
+        })
+    }
+
+    fn stored(&self, job: &Job) -> Result<TensorRef<'_>, MergeError> {
+        let comp = &self.base.components[job.component];
+        comp.tensors
+            .get(&job.stored)
+            .ok_or_else(|| MergeError::Convert {
+                tensor: job.stored.clone(),
+                reason: "planned but missing from the base".into(),
+            })
+    }
+
+    fn write(&self, job: &Job, offset: usize, bytes: &[u8]) -> Result<(), MergeError> {
+        self.staging
+            .write(job.slot, job.dst_offset + offset, bytes)
+            .map_err(|source| MergeError::Write {
+                tensor: job.output.clone(),
+                source: Box::new(source),
+            })
+    }
+
+    /// An untouched tensor: copied byte for byte (same dtype) or converted once.
+    fn copy(&self, job: &Job, view: TensorView<'_>) -> Result<(), MergeError> {
+        let size = view.dtype.size().unwrap_or(0);
+        let numel: usize = job.stored_shape.iter().product();
+        let start = job.layer.unwrap_or(0) * numel * size;
+        let bytes =
+            view.bytes
+                .get(start..start + numel * size)
+                .ok_or_else(|| MergeError::Convert {
+                    tensor: job.stored.clone(),
+                    reason: format!(
+                        "holds {} bytes, the plan reads {}",
+                        view.bytes.len(),
+                        start + numel * size
+                    ),
+                })?;
+        let src = SrcTensor {
+            dtype: view.dtype,
+            shape: &job.stored_shape,
+            bytes,
+        };
+        self.convert_bands(job, src)
+    }
+
+    /// Writes `transform(src)` converted to the job's dtype, band by band, through the
+    /// layout module's fused kernel (raw byte moves when the dtypes are equal).
+    fn convert_bands(&self, job: &Job, src: SrcTensor<'_>) -> Result<(), MergeError> {
+        let err = |e: crate::layout::transform::KernelError| MergeError::Convert {
+            tensor: job.stored.clone(),
+            reason: e.to_string(),
+        };
+        let size = job.dtype.size().unwrap_or(1);
+        let (rows, row_len) = job
+            .transform
+            .dst_rows(src.shape)
+            .map_err(|e| err(e.into()))?;
+        let row_bytes = (row_len * size).max(1);
+        let band = (COPY_BAND_BYTES / row_bytes).max(1);
+        let mut buf = Vec::new();
+        let mut r0 = 0;
+        while r0 < rows {
+            let r1 = (r0 + band).min(rows);
+            buf.resize((r1 - r0) * row_len * size, 0);
+            convert_rows(job.transform, src, job.dtype, r0..r1, &mut buf).map_err(err)?;
+            self.write(job, r0 * row_len * size, &buf)?;
+            r0 = r1;
+        }
+        Ok(())
+    }
+
+    /// A target: `W' = W0 + Σ w·(f(W0) − W0)`, band by band, checked finite, rounded once.
+    fn merge(
+        &self,
+        job: &Job,
+        t: &Target,
+        src: &TensorRef<'_>,
+        scratch: &mut Scratch,
+        svd: &SvdCounters,
+    ) -> Result<(), MergeError> {
+        let rows = BaseRows::new(t, src)?;
+        let loaded = self.load_factors(t, &rows, svd)?;
+        let updates: Vec<Update<'_>> = loaded.iter().map(Loaded::update).collect();
+        let band = band_rows(t.inp);
+        let col_scales = updates
+            .iter()
+            .map(|u| column_scales(u, t.out, t.inp, band, |r0, n, dst| rows.read(r0, n, dst)))
+            .collect::<Result<Vec<_>, MergeError>>()?;
+        let mut whole = Vec::new();
+        let (mut W0, mut D, mut bytes) = (Vec::new(), Vec::new(), Vec::new());
+        let mut r0 = 0;
+        while r0 < t.out {
+            let n = band.min(t.out - r0);
+            W0.resize(n * t.inp, 0.0);
+            rows.read(r0, n, &mut W0)?;
+            D.clear();
+            D.resize(n * t.inp, 0.0f32);
+            for ((u, l), cs) in updates.iter().zip(&loaded).zip(&col_scales) {
+                let (W0, D) = (&W0[..], &mut D[..]);
+                add_contribution(u, l.weight, cs.as_deref(), W0, r0, n, t.inp, D, scratch);
+            }
+            for (d, w) in D.iter_mut().zip(&W0) {
+                *d += w;
+            }
+            check_finite(t, r0, &D)?;
+            let stored = rows.to_stored_order(&D);
+            if job.transform == Transform::Identity {
+                bytes.resize(stored.len() * job.dtype.size().unwrap_or(4), 0);
+                narrow_from_f32(job.dtype, &stored, &mut bytes).map_err(|e| {
+                    MergeError::Convert {
+                        tensor: t.name.clone(),
+                        reason: e.to_string(),
+                    }
+                })?;
+                self.write(job, r0 * bytes.len() / n, &bytes)?;
+            } else {
+                whole.extend_from_slice(&stored);
+            }
+            r0 += n;
+        }
+        if job.transform != Transform::Identity {
+            let src = SrcTensor {
+                dtype: DType::F32,
+                shape: &job.stored_shape,
+                bytes: bytemuck::cast_slice(&whole),
+            };
+            self.convert_bands(job, src)?;
+        }
+        Ok(())
+    }
+
+    /// The tensors of every contribution to `t`, and the -xs bases (one SVD per rank).
+    fn load_factors(
+        &self,
+        t: &Target,
+        rows: &BaseRows<'_>,
+        svd: &SvdCounters,
+    ) -> Result<Vec<Loaded>, MergeError> {
+        let mut bases: BTreeMap<usize, std::sync::Arc<XsBases>> = BTreeMap::new();
+        let mut loaded = Vec::with_capacity(t.contributions.len());
+        for c in &t.contributions {
+            let set = &self.adapters[c.adapter].set;
+            let entry = &set.entries[c.entry];
+            let mut params = BTreeMap::new();
+            for (&role, src) in &entry.params {
+                params.insert(role, load_param(set, src)?);
+            }
+            let xs = if c.kind.is_xs() {
+                let b = match bases.get(&c.rank) {
+                    Some(b) => b.clone(),
+                    None => {
+                        let b = std::sync::Arc::new(self.xs_bases(t, rows, c.rank, svd)?);
+                        bases.insert(c.rank, b.clone());
+                        b
+                    }
+                };
+                Some(b)
+            } else {
+                None
+            };
+            loaded.push(Loaded {
+                contribution: c.clone(),
+                weight: c.weight,
+                params,
+                xs,
+            });
+        }
+        Ok(loaded)
+    }
+
+    /// LoRA-XS bases of the target's (out, in') view: from the cache when one is given
+    /// (computed and stored on a miss or a rejected entry), else computed.
+    fn xs_bases(
+        &self,
+        t: &Target,
+        rows: &BaseRows<'_>,
+        rank: usize,
+        svd: &SvdCounters,
+    ) -> Result<XsBases, MergeError> {
+        let linalg = |source| CacheError::Linalg {
+            tensor: t.name.clone(),
+            source,
+        };
+        let mut W = vec![0.0f32; t.out * t.inp];
+        let Some(cache) = self.svd_cache else {
+            rows.read(0, t.out, &mut W)?;
+            svd.computed.fetch_add(1, Ordering::Relaxed);
+            return Ok(xs_bases(&W, t.out, t.inp, rank, Par::Seq).map_err(linalg)?);
+        };
+        // The cache keys the stored bytes; an MLX conv is keyed in PyTorch order instead.
+        let cached = match t.rows {
+            RowOrder::Torch => cache.get_or_compute(&rows.view, rank, Par::Seq)?,
+            RowOrder::MlxConv { k, cin } => {
+                rows.read(0, t.out, &mut W)?;
+                let shape = [t.out, cin, k];
+                let view = TensorView {
+                    name: rows.view.name,
+                    dtype: DType::F32,
+                    shape: &shape,
+                    bytes: bytemuck::cast_slice(&W),
+                };
+                cache.get_or_compute(&view, rank, Par::Seq)?
+            }
+        };
+        let counter = match cached.outcome {
+            CacheOutcome::Hit => &svd.hits,
+            CacheOutcome::Miss => &svd.misses,
+            CacheOutcome::Replaced { .. } => &svd.replaced,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        Ok(cached.bases)
+    }
+}
+
+/// NaN/±inf in a merged band is an error naming the tensor and position.
+fn check_finite(t: &Target, r0: usize, merged: &[f32]) -> Result<(), MergeError> {
+    match merged.iter().position(|x| !x.is_finite()) {
+        None => Ok(()),
+        Some(i) => Err(MergeError::NonFiniteResult {
+            tensor: t.name.clone(),
+            component: String::new(),
+            row: r0 + i / t.inp.max(1),
+            col: i % t.inp.max(1),
+            value: merged[i],
+        }),
+    }
+}
+
+/// One contribution's tensors, loaded.
+struct Loaded {
+    contribution: Contribution,
+    weight: f64,
+    params: BTreeMap<ParamRole, Vec<f32>>,
+    xs: Option<std::sync::Arc<XsBases>>,
+}
+
+impl Loaded {
+    fn get(&self, role: ParamRole) -> &[f32] {
+        // Present and of the right size: checked when the merge was planned.
+        self.params.get(&role).map_or(&[][..], Vec::as_slice)
+    }
+
+    /// The formula of this contribution's kind (spec sa3_lora.md §1.4, conventions.md §2.4).
+    fn update(&self) -> Update<'_> {
+        let c = &self.contribution;
+        let (sigma, rank) = (c.sigma, c.rank);
+        let full = |role| Update::Full {
+            diff: self.get(role),
+            scale: sigma,
+        };
+        let form = match c.kind {
+            Kind::Diff => return full(ParamRole::Diff),
+            Kind::DiffBias => return full(ParamRole::DiffBias),
+            Kind::LoraBias => return full(ParamRole::LoraBias),
+            Kind::Lora | Kind::LoraXs => Form::Additive,
+            Kind::PeftDora => Form::Rows {
+                m: self.get(ParamRole::Magnitude),
+                eps: 0.0,
+            },
+            Kind::DoraRows | Kind::DoraRowsXs => Form::Rows {
+                m: self.get(ParamRole::Magnitude),
+                eps: SA3_EPS,
+            },
+            Kind::DoraCols | Kind::DoraColsXs => Form::Cols {
+                m: self.get(ParamRole::Magnitude),
+            },
+            Kind::Bora | Kind::BoraXs => Form::Bora {
+                m_r: self.get(ParamRole::MagnitudeR),
+                m_c: self.get(ParamRole::MagnitudeC),
+            },
+        };
+        let factors = match &self.xs {
+            Some(b) => Factors::Xs {
+                U: &b.U,
+                M: self.get(ParamRole::M),
+                V: &b.V,
+                rank,
+            },
+            None => Factors::BA {
+                B: self.get(ParamRole::B),
+                A: self.get(ParamRole::A),
+                rank,
+            },
+        };
+        Update::LowRank {
+            factors,
+            sigma,
+            form,
+        }
+    }
+}
+
+/// Bands of rows of a base tensor as f32 in the (out, in') PyTorch order.
+struct BaseRows<'a> {
+    view: TensorView<'a>,
+    path: &'a std::path::Path,
+    inp: usize,
+    order: RowOrder,
+    size: usize,
+}
+
+impl<'a> BaseRows<'a> {
+    fn new(t: &Target, src: &TensorRef<'a>) -> Result<BaseRows<'a>, MergeError> {
+        let size = src.view.dtype.size().ok_or_else(|| MergeError::Convert {
+            tensor: t.name.clone(),
+            reason: format!("dtype {} cannot be merged", src.view.dtype),
+        })?;
+        Ok(BaseRows {
+            view: src.view,
+            path: src.file.path(),
+            inp: t.inp,
+            order: t.rows,
+            size,
+        })
+    }
+
+    /// Fills `dst` ((n, inp) f32) with rows `r0 .. r0 + n`.
+    fn read(&self, r0: usize, n: usize, dst: &mut [f32]) -> Result<(), MergeError> {
+        let row = self.inp * self.size;
+        let bytes = &self.view.bytes[r0 * row..(r0 + n) * row];
+        let widen = |dst: &mut [f32]| {
+            widen_to_f32(self.view.dtype, bytes, dst).map_err(|e| {
+                MergeError::Read(ReadError::Tensor {
+                    path: self.path.to_path_buf(),
+                    tensor: self.view.name.to_string(),
+                    reason: e.to_string(),
+                })
+            })
+        };
+        match self.order {
+            RowOrder::Torch => widen(dst),
+            RowOrder::MlxConv { k, cin } => {
+                // Stored row (k, cin) → PyTorch row (cin, k).
+                let mut tmp = vec![0.0f32; dst.len()];
+                widen(&mut tmp)?;
+                for (d, s) in dst
+                    .chunks_exact_mut(self.inp)
+                    .zip(tmp.chunks_exact(self.inp))
+                {
+                    for (j, sj) in s.chunks_exact(cin).enumerate() {
+                        for (i, &x) in sj.iter().enumerate() {
+                            d[i * k + j] = x;
+                        }
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Merged rows in the base's stored order (the MLX permutation undone).
+    fn to_stored_order<'b>(&self, merged: &'b [f32]) -> std::borrow::Cow<'b, [f32]> {
+        let RowOrder::MlxConv { k, cin } = self.order else {
+            return std::borrow::Cow::Borrowed(merged);
+        };
+        let mut out = vec![0.0f32; merged.len()];
+        for (o, m) in out
+            .chunks_exact_mut(self.inp)
+            .zip(merged.chunks_exact(self.inp))
+        {
+            for i in 0..cin {
+                for j in 0..k {
+                    o[j * cin + i] = m[i * k + j];
+                }
+            }
+        }
+        std::borrow::Cow::Owned(out)
+    }
+}
