@@ -292,11 +292,16 @@ pub fn render_text(r: &InspectReport) -> String {
             let _ = writeln!(s, "    metadata:   {k} = {shown}");
         }
         if let Some(a) = &c.adapter {
-            let _ = writeln!(
-                s,
-                "    adapter:    {}",
-                serde_json::to_string(a).unwrap_or_default()
-            );
+            match crate::adapter::report::render_value(a) {
+                Some(text) => s.push_str(&text),
+                None => {
+                    let _ = writeln!(
+                        s,
+                        "    adapter:    {}",
+                        serde_json::to_string(a).unwrap_or_default()
+                    );
+                }
+            }
         }
     }
     for i in &r.ignored {

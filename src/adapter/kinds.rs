@@ -17,6 +17,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::layout::Transform;
+
 /// What an entry does to its target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -196,9 +198,105 @@ pub struct Entry {
     pub scale_source: ScaleSource,
     /// Every adapter-file key this entry consumed.
     pub source_keys: Vec<String>,
+    /// Spatial kernel dims `k` when the file stored conv factors (A as `(r, in, *k)`, B as
+    /// `(out, r, 1, …)`); the params are still given on the 2-D view `(r, in·∏k)`. Kept so
+    /// a renderer can write the factors back in the same shape.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conv_kernel: Option<Vec<usize>>,
+    /// Where the target lives in the base (filled by `AdapterSet::bind` with `target`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub binding: Option<Binding>,
+}
+
+/// The base tensor an entry changes, as found by binding.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Binding {
+    /// The base checkpoint's own tensor name (equal to `Entry::target`).
+    pub tensor: String,
+    /// For a stacked `(L, …)` base tensor (NNX scanned): the layer this entry changes.
+    pub layer: Option<usize>,
+    /// Stored layout → PyTorch layout of the target (`Identity` except for NNX bases:
+    /// `Transpose` for kernels, `DhwioToOidhw` for the Conv3d kernel).
+    #[serde(with = "transform_name")]
+    pub to_canonical: Transform,
+    /// The target's shape in PyTorch layout (after slicing the layer and `to_canonical`).
+    pub shape: Vec<usize>,
+    /// The target's canonical name: the diffusers name for WAN bases, the stored name
+    /// otherwise.
+    pub canonical: String,
+}
+
+/// Serialises a `Transform` by name.
+mod transform_name {
+    use crate::layout::Transform;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    const NAMES: [(Transform, &str); 4] = [
+        (Transform::Identity, "identity"),
+        (Transform::Transpose, "transpose"),
+        (Transform::OidhwToDhwio, "oidhw_to_dhwio"),
+        (Transform::DhwioToOidhw, "dhwio_to_oidhw"),
+    ];
+
+    pub fn serialize<S: Serializer>(t: &Transform, s: S) -> Result<S::Ok, S::Error> {
+        let name = NAMES
+            .iter()
+            .find(|(x, _)| x == t)
+            .map_or("identity", |(_, n)| n);
+        s.serialize_str(name)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Transform, D::Error> {
+        let name = String::deserialize(d)?;
+        NAMES
+            .iter()
+            .find(|(_, n)| *n == name)
+            .map(|(t, _)| *t)
+            .ok_or_else(|| serde::de::Error::custom(format!("unknown transform `{name}`")))
+    }
+}
+
+/// The 2-D view `(out, in')` of a PyTorch-layout weight shape: rows stay, every other axis
+/// is flattened row-major (spec sa3_lora.md §1.2). `None` for shapes below 2-D.
+pub fn view_2d(shape: &[usize]) -> Option<(usize, usize)> {
+    match shape {
+        [] | [_] => None,
+        [out, rest @ ..] => Some((*out, rest.iter().product())),
+    }
 }
 
 impl Entry {
+    /// An entry with no tensors yet, σ = 1 and no target; parsers fill the rest.
+    pub fn new(module: impl Into<String>, kind: Kind) -> Entry {
+        Entry {
+            module: module.into(),
+            target: None,
+            kind,
+            params: BTreeMap::new(),
+            rank: None,
+            alpha: None,
+            scale: 1.0,
+            scale_source: ScaleSource::Unscaled,
+            source_keys: Vec::new(),
+            conv_kernel: None,
+            binding: None,
+        }
+    }
+
+    /// The 2-D view `(out, in')` the entry's own tensors imply for its target, when they
+    /// fix both (A and B, or a full diff); `None` for -xs kinds and bias kinds.
+    pub fn implied_view(&self) -> Option<(usize, usize)> {
+        if let (Some(a), Some(b)) = (self.param(ParamRole::A), self.param(ParamRole::B)) {
+            return Some((*b.shape.first()?, *a.shape.get(1)?));
+        }
+        self.param(ParamRole::Diff).and_then(|d| view_2d(&d.shape))
+    }
+
+    /// True for kinds that change a bias rather than a weight.
+    pub fn targets_bias(&self) -> bool {
+        matches!(self.kind, Kind::DiffBias | Kind::LoraBias)
+    }
+
     /// The source of one role, if present.
     pub fn param(&self, role: ParamRole) -> Option<&TensorSource> {
         self.params.get(&role)

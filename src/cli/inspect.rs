@@ -1,10 +1,13 @@
-//! `wanbake inspect PATH... [--json] [--hash]`: every path is reported, problems included;
-//! the exit code is 1 if any path could not be read.
+//! `wanbake inspect PATH... [--json] [--hash] [--base BASE]`: every path is reported,
+//! problems included; the exit code is 1 if any path could not be read. Adapters get their
+//! convention, kinds, ranks, scales and targets; with `--base`, what each entry binds to
+//! (unused keys, unbound entries and binding errors also make the exit code 1).
 
 use std::path::PathBuf;
 
 use super::{Printer, Status};
-use crate::inspect::{inspect, render_text};
+use crate::adapter::report::describe_path;
+use crate::inspect::{InspectReport, inspect, render_text};
 use crate::io::Checkpoint;
 
 /// Arguments of `inspect`.
@@ -19,16 +22,47 @@ pub struct Args {
     /// Also compute the sha256 of every weight file.
     #[arg(long)]
     pub hash: bool,
+    /// Bind adapters against this base checkpoint: targets, shape checks, variant verdict.
+    #[arg(long)]
+    pub base: Option<PathBuf>,
+}
+
+/// Fills the adapter details of an adapter's report; returns the problems found.
+fn add_adapter_details(
+    path: &std::path::Path,
+    r: &mut InspectReport,
+    base: Option<(&std::path::Path, &Checkpoint)>,
+) -> Vec<String> {
+    let Some(comp) = r.components.iter_mut().find(|c| c.role == "adapter") else {
+        return Vec::new();
+    };
+    match describe_path(path, base) {
+        Ok(a) => {
+            let problems = a.problems();
+            comp.adapter = serde_json::to_value(&a).ok();
+            problems
+        }
+        Err(e) => vec![e.to_string()],
+    }
 }
 
 /// Runs `inspect`.
 pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
     let mut status = Status::Ok;
     let mut docs = Vec::new();
+    let base = match &args.base {
+        Some(b) => Some((b.as_path(), Checkpoint::open(b)?)),
+        None => None,
+    };
     for path in &args.paths {
         let report = Checkpoint::open(path).and_then(|c| inspect(&c, args.hash));
         match report {
-            Ok(r) => {
+            Ok(mut r) => {
+                let base = base.as_ref().map(|(p, c)| (*p, c));
+                for problem in add_adapter_details(path, &mut r, base) {
+                    eprintln!("error: {}: {problem}", path.display());
+                    status = Status::Failed;
+                }
                 p.line(render_text(&r));
                 docs.push(serde_json::to_value(&r)?);
             }

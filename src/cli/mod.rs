@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 pub mod inspect;
 pub mod printer;
 pub mod synth;
+pub mod translate;
 pub mod verify;
 
 pub use printer::Printer;
@@ -60,6 +61,8 @@ pub enum Command {
     Verify(verify::Args),
     /// Write a synthetic checkpoint with the real shapes of a released model.
     Synth(synth::Args),
+    /// Write an adapter in another convention (PEFT, diffusers, ComfyUI, kohya, SA3, NNX).
+    Translate(translate::Args),
 }
 
 /// Runs the parsed command line.
@@ -86,6 +89,10 @@ pub fn execute(cli: Cli) -> anyhow::Result<Status> {
         Command::Synth(a) => {
             let mut p = Printer::new(a.json, quiet);
             synth::execute(a, &mut p)
+        }
+        Command::Translate(a) => {
+            let mut p = Printer::new(a.json, quiet);
+            translate::execute(a, &mut p)
         }
     }
 }

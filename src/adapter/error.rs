@@ -1,0 +1,198 @@
+//! Why an adapter could not be read, bound to a base, or translated.
+//!
+//! Owns: `AdapterError` (every variant names the adapter path and the keys, modules or
+//! entries concerned, with expected versus found where there is a shape), `KeyProblem` (one
+//! adapter key that no entry consumed, and why) and the list formatting shared by the
+//! variants. Does not own: I/O errors of the files themselves (`io::ReadError`, wrapped).
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use super::Convention;
+use crate::io::ReadError;
+
+/// How many items an error message lists before it counts the rest.
+pub const LISTED: usize = 200;
+
+/// One adapter key that no entry consumed.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+pub struct KeyProblem {
+    /// The key as stored.
+    pub key: String,
+    /// Why it was not consumed.
+    pub reason: String,
+}
+
+/// An entry that could not be bound, or not rendered, with the reason.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+pub struct EntryProblem {
+    /// The module as the adapter spells it.
+    pub module: String,
+    /// The entry's kind (`lora`, `diff`, ...).
+    pub kind: String,
+    /// The adapter keys of the entry.
+    pub keys: Vec<String>,
+    /// Why.
+    pub reason: String,
+}
+
+/// Why an adapter could not be used. Nothing has been written when one is returned.
+#[derive(Debug, thiserror::Error)]
+pub enum AdapterError {
+    /// The files could not be read.
+    #[error(transparent)]
+    Read(#[from] ReadError),
+    /// The adapter is a kind wanbake refuses (wrong PEFT type, un-converted PiSSA, ...).
+    #[error("{}: {reason}", path.display())]
+    Refused {
+        /// The adapter.
+        path: PathBuf,
+        /// Why, and what to do.
+        reason: String,
+    },
+    /// adapter_config.json, `lora_adapter_metadata`, `lora_config` or NNX metadata is
+    /// malformed.
+    #[error("{}: {what}: {reason}", path.display())]
+    Config {
+        /// The adapter.
+        path: PathBuf,
+        /// Which config.
+        what: String,
+        /// The problem.
+        reason: String,
+    },
+    /// The keys mix conventions and none was chosen.
+    #[error(
+        "{}: the keys mix adapter conventions ({summary}); pass --from <convention> to read it as one of them",
+        path.display()
+    )]
+    Mixed {
+        /// The adapter.
+        path: PathBuf,
+        /// Counts per convention with an example key each.
+        summary: String,
+    },
+    /// Keys that no entry consumed (unknown, unsupported or malformed).
+    #[error(
+        "{}: {} key(s) are not part of any adapter entry wanbake can apply:{}\nhint: every key must be consumed; pass --allow-unmatched to skip them knowingly",
+        path.display(), problems.len(), list_keys(problems)
+    )]
+    Keys {
+        /// The adapter.
+        path: PathBuf,
+        /// Each key with its reason.
+        problems: Vec<KeyProblem>,
+    },
+    /// A file without a scale where the user must give one.
+    #[error("{}: {reason}", path.display())]
+    NoScale {
+        /// The adapter.
+        path: PathBuf,
+        /// What is missing and how to pass it.
+        reason: String,
+    },
+    /// Entries whose module names no base tensor.
+    #[error(
+        "{}: {} entr(y/ies) bind to no tensor of the base {}:{}{}\nhint: pass --allow-unmatched to skip them knowingly",
+        adapter.display(), entries.len(), base.display(), list_entries(entries), hint_line(hint)
+    )]
+    Unmatched {
+        /// The adapter.
+        adapter: PathBuf,
+        /// The base.
+        base: PathBuf,
+        /// Each entry with the reason.
+        entries: Vec<EntryProblem>,
+        /// The base variant the adapter appears to target, when that explains it.
+        hint: Option<String>,
+    },
+    /// Entries whose tensors do not fit the base tensor they name.
+    #[error(
+        "{}: {} entr(y/ies) do not fit the base {}:{}{}",
+        adapter.display(), entries.len(), base.display(), list_entries(entries), hint_line(hint)
+    )]
+    Shapes {
+        /// The adapter.
+        adapter: PathBuf,
+        /// The base.
+        base: PathBuf,
+        /// Each entry, with expected and found shapes in the reason.
+        entries: Vec<EntryProblem>,
+        /// The base variant the adapter appears to target.
+        hint: Option<String>,
+    },
+    /// Not one entry binds to the base.
+    #[error(
+        "{}: binds to none of the {} tensors of the base {}; {guess}",
+        adapter.display(), base_tensors, base.display()
+    )]
+    NoBinding {
+        /// The adapter.
+        adapter: PathBuf,
+        /// The base.
+        base: PathBuf,
+        /// Number of base tensors.
+        base_tensors: usize,
+        /// What the adapter appears to target.
+        guess: String,
+    },
+    /// Module names that no convention's name table resolves (translation without a base).
+    #[error(
+        "{}: {} module name(s) cannot be resolved without a base:{}\nhint: pass --base BASE so names are matched against the base's own keys",
+        path.display(), entries.len(), list_entries(entries)
+    )]
+    Names {
+        /// The adapter.
+        path: PathBuf,
+        /// Each entry with the reason.
+        entries: Vec<EntryProblem>,
+    },
+    /// Entries the target convention cannot express exactly.
+    #[error(
+        "{}: {} entr(y/ies) cannot be expressed in the {} convention, so nothing was written:{}",
+        path.display(), entries.len(), to.as_str(), list_entries(entries)
+    )]
+    Inexpressible {
+        /// The adapter.
+        path: PathBuf,
+        /// The target convention.
+        to: Convention,
+        /// Each entry with the reason.
+        entries: Vec<EntryProblem>,
+    },
+}
+
+fn list_keys(problems: &[KeyProblem]) -> String {
+    let mut s = String::new();
+    for p in problems.iter().take(LISTED) {
+        let _ = write!(s, "\n  {}: {}", p.key, p.reason);
+    }
+    if problems.len() > LISTED {
+        let _ = write!(s, "\n  … and {} more", problems.len() - LISTED);
+    }
+    s
+}
+
+fn list_entries(entries: &[EntryProblem]) -> String {
+    let mut s = String::new();
+    for e in entries.iter().take(LISTED) {
+        let _ = write!(
+            s,
+            "\n  {} ({}; keys {}): {}",
+            e.module,
+            e.kind,
+            e.keys.join(", "),
+            e.reason
+        );
+    }
+    if entries.len() > LISTED {
+        let _ = write!(s, "\n  … and {} more", entries.len() - LISTED);
+    }
+    s
+}
+
+fn hint_line(hint: &Option<String>) -> String {
+    hint.as_deref()
+        .map(|h| format!("\n{h}"))
+        .unwrap_or_default()
+}

@@ -1,0 +1,55 @@
+//! kohya / musubi-tuner LoRA files: `lora_unet_<original name with . → _>` with
+//! `.lora_down.weight`, `.lora_up.weight`, `.alpha` (α = r when absent), including the
+//! Wan/VideoX-Fun `lora_unet__…` spelling and LyCORIS's `lycoris_…` prefix (spec
+//! conventions.md §6, §7.1).
+//!
+//! Owns: reading them (the suffix grammar is ComfyUI's; module names are only ever looked
+//! up in the base's alias table, never split back into dots) and writing them (LoRA and
+//! alpha only: musubi's and diffusers' kohya loaders accept nothing else).
+
+use std::collections::BTreeMap;
+
+use super::comfy::{alpha_rule, render_lora_alpha};
+use super::grammar::{self, COMFY};
+use super::kinds::Kind;
+use super::names::KOHYA_PREFIX;
+use super::translate::{RenderCtx, Rendered};
+use super::{AdapterError, Convention, EntryProblem, ParseInput, Parsed};
+
+/// Reads a kohya-family file.
+pub fn parse(input: &ParseInput<'_>) -> Result<Parsed, AdapterError> {
+    let (groups, problems) = grammar::group(&input.keys, &COMFY, |m| {
+        (!(m.starts_with(KOHYA_PREFIX) || m.starts_with("lycoris_")))
+            .then(|| format!("kohya keys start with `{KOHYA_PREFIX}` or `lycoris_`"))
+    });
+    Ok(grammar::build(input, groups, problems, &alpha_rule))
+}
+
+/// Renders a musubi-style file.
+pub fn render(ctx: &RenderCtx<'_>) -> Result<Rendered, Vec<EntryProblem>> {
+    let mut tensors = Vec::new();
+    let mut problems = Vec::new();
+    for (i, e) in ctx.set.entries.iter().enumerate() {
+        let name = ctx.ids[i].spell(Convention::Kohya);
+        let r = match e.kind {
+            Kind::Lora => render_lora_alpha(ctx, i, &name, &mut tensors),
+            _ => Err(ctx.problem(
+                i,
+                "kohya/musubi files hold lora_down/lora_up/alpha only (musubi's and diffusers' loaders reject anything else)",
+            )),
+        };
+        if let Err(p) = r {
+            problems.push(p);
+        }
+    }
+    if !problems.is_empty() {
+        return Err(problems);
+    }
+    Ok(Rendered {
+        stem: ctx.stem.clone(),
+        tensors,
+        metadata: BTreeMap::new(),
+        sidecars: Vec::new(),
+        notes: Vec::new(),
+    })
+}
