@@ -160,33 +160,27 @@ pub enum MergeError {
     },
 }
 
-/// An adapter tensor whose shape does not fit its base tensor.
+/// An adapter entry whose tensors do not fit its base tensor.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "{}: `{key}` ({role:?}) has shape {found:?}, but the base tensor `{target}` {target_shape:?} \
-     (2-D view ({out}, {inp})) needs {expected}{hint}",
+    "{}: entry `{module}` ({kind}) does not fit the base tensor `{target}` {target_shape:?}: \
+     {reason}\nhint: {hint}",
     adapter.display()
 )]
 pub struct ShapeMismatch {
     /// The adapter.
     pub adapter: PathBuf,
-    /// The adapter key.
-    pub key: String,
-    /// Its role.
-    pub role: ParamRole,
-    /// Its shape.
-    pub found: Vec<usize>,
+    /// The entry's module.
+    pub module: String,
+    /// The entry's kind.
+    pub kind: String,
     /// The base tensor.
     pub target: String,
-    /// The base tensor's shape.
+    /// Its shape in PyTorch layout.
     pub target_shape: Vec<usize>,
-    /// Rows of the 2-D view.
-    pub out: usize,
-    /// Columns of the 2-D view.
-    pub inp: usize,
-    /// What fits, in words (`[32, r]`, `32 values`).
-    pub expected: String,
-    /// `"\nhint: this adapter seems made for …"` or empty.
+    /// Which tensor does not fit, expected vs found.
+    pub reason: String,
+    /// Which base the adapter seems made for, and what the base is.
     pub hint: String,
 }
 

@@ -24,7 +24,9 @@ use faer::Par;
 use rayon::prelude::*;
 
 use super::error::MergeError;
-use super::math::{Factors, Form, SA3_EPS, Scratch, Update, add_contribution, column_scales};
+use super::math::{
+    Accumulator, Factors, Form, SA3_EPS, Scratch, Update, add_contribution, column_scales,
+};
 use super::plan::{BoundAdapter, Contribution, Job, MergePlan, RowOrder, Target};
 use super::report::SvdReport;
 use crate::adapter::{AdapterSet, Kind, ParamRole, TensorSource};
@@ -115,6 +117,17 @@ impl Exec<'_> {
         })
     }
 
+    /// NaN/±inf at flat index `i` of the band starting at row `r0` of target `t`.
+    fn non_finite(&self, t: &Target, r0: usize, i: usize, value: f32) -> MergeError {
+        MergeError::NonFiniteResult {
+            tensor: t.name.clone(),
+            component: self.base.components[t.component].name.clone(),
+            row: r0 + i / t.inp.max(1),
+            col: i % t.inp.max(1),
+            value,
+        }
+    }
+
     fn stored(&self, job: &Job) -> Result<TensorRef<'_>, MergeError> {
         let comp = &self.base.components[job.component];
         comp.tensors
@@ -136,31 +149,22 @@ impl Exec<'_> {
 
     /// An untouched tensor: copied byte for byte (same dtype) or converted once.
     fn copy(&self, job: &Job, view: TensorView<'_>) -> Result<(), MergeError> {
-        let size = view.dtype.size().unwrap_or(0);
-        let numel: usize = job.stored_shape.iter().product();
-        let start = job.layer.unwrap_or(0) * numel * size;
-        let bytes =
-            view.bytes
-                .get(start..start + numel * size)
-                .ok_or_else(|| MergeError::Convert {
-                    tensor: job.stored.clone(),
-                    reason: format!(
-                        "holds {} bytes, the plan reads {}",
-                        view.bytes.len(),
-                        start + numel * size
-                    ),
-                })?;
         let src = SrcTensor {
             dtype: view.dtype,
             shape: &job.stored_shape,
-            bytes,
+            bytes: layer_bytes(&view, job.layer, &job.stored_shape)?,
         };
-        self.convert_bands(job, src)
+        self.convert_bands(job, job.transform, src)
     }
 
     /// Writes `transform(src)` converted to the job's dtype, band by band, through the
     /// layout module's fused kernel (raw byte moves when the dtypes are equal).
-    fn convert_bands(&self, job: &Job, src: SrcTensor<'_>) -> Result<(), MergeError> {
+    fn convert_bands(
+        &self,
+        job: &Job,
+        transform: Transform,
+        src: SrcTensor<'_>,
+    ) -> Result<(), MergeError> {
         let err = |e: crate::layout::transform::KernelError| MergeError::Convert {
             tensor: job.stored.clone(),
             reason: e.to_string(),
@@ -177,7 +181,7 @@ impl Exec<'_> {
         while r0 < rows {
             let r1 = (r0 + band).min(rows);
             buf.resize((r1 - r0) * row_len * size, 0);
-            convert_rows(job.transform, src, job.dtype, r0..r1, &mut buf).map_err(err)?;
+            convert_rows(transform, src, job.dtype, r0..r1, &mut buf).map_err(err)?;
             self.write(job, r0 * row_len * size, &buf)?;
             r0 = r1;
         }
@@ -193,7 +197,7 @@ impl Exec<'_> {
         scratch: &mut Scratch,
         svd: &SvdCounters,
     ) -> Result<(), MergeError> {
-        let rows = BaseRows::new(t, src)?;
+        let rows = BaseRows::new(t, src, job)?;
         let loaded = self.load_factors(t, &rows, svd)?;
         let updates: Vec<Update<'_>> = loaded.iter().map(Loaded::update).collect();
         let band = band_rows(t.inp);
@@ -201,6 +205,16 @@ impl Exec<'_> {
             .iter()
             .map(|u| column_scales(u, t.out, t.inp, band, |r0, n, dst| rows.read(r0, n, dst)))
             .collect::<Result<Vec<_>, MergeError>>()?;
+        // PyTorch layout → output layout; Identity for every base stored in PyTorch layout.
+        let to_output = t
+            .to_canonical
+            .inverse()
+            .then(job.transform, t.shape.len())
+            .map_err(|e| MergeError::Convert {
+                tensor: t.name.clone(),
+                reason: e.to_string(),
+            })?;
+        let size = job.dtype.size().unwrap_or(4);
         let mut whole = Vec::new();
         let (mut W0, mut D, mut bytes) = (Vec::new(), Vec::new(), Vec::new());
         let mut r0 = 0;
@@ -210,36 +224,46 @@ impl Exec<'_> {
             rows.read(r0, n, &mut W0)?;
             D.clear();
             D.resize(n * t.inp, 0.0f32);
+            let mut acc = Accumulator::Zero;
             for ((u, l), cs) in updates.iter().zip(&loaded).zip(&col_scales) {
                 let (W0, D) = (&W0[..], &mut D[..]);
-                add_contribution(u, l.weight, cs.as_deref(), W0, r0, n, t.inp, D, scratch);
+                add_contribution(
+                    u,
+                    l.weight,
+                    cs.as_deref(),
+                    W0,
+                    r0,
+                    n,
+                    t.inp,
+                    D,
+                    acc,
+                    scratch,
+                );
+                acc = Accumulator::Partial;
             }
-            for (d, w) in D.iter_mut().zip(&W0) {
-                *d += w;
-            }
-            check_finite(t, r0, &D)?;
+            finish_band(&mut D, &W0).map_err(|i| self.non_finite(t, r0, i, D[i]))?;
             let stored = rows.to_stored_order(&D);
-            if job.transform == Transform::Identity {
-                bytes.resize(stored.len() * job.dtype.size().unwrap_or(4), 0);
+            if to_output == Transform::Identity {
+                bytes.resize(stored.len() * size, 0);
                 narrow_from_f32(job.dtype, &stored, &mut bytes).map_err(|e| {
                     MergeError::Convert {
                         tensor: t.name.clone(),
                         reason: e.to_string(),
                     }
                 })?;
-                self.write(job, r0 * bytes.len() / n, &bytes)?;
+                self.write(job, r0 * t.inp * size, &bytes)?;
             } else {
                 whole.extend_from_slice(&stored);
             }
             r0 += n;
         }
-        if job.transform != Transform::Identity {
+        if to_output != Transform::Identity {
             let src = SrcTensor {
                 dtype: DType::F32,
-                shape: &job.stored_shape,
+                shape: &t.shape,
                 bytes: bytemuck::cast_slice(&whole),
             };
-            self.convert_bands(job, src)?;
+            self.convert_bands(job, to_output, src)?;
         }
         Ok(())
     }
@@ -302,16 +326,16 @@ impl Exec<'_> {
             svd.computed.fetch_add(1, Ordering::Relaxed);
             return Ok(xs_bases(&W, t.out, t.inp, rank, Par::Seq).map_err(linalg)?);
         };
-        // The cache keys the stored bytes; an MLX conv is keyed in PyTorch order instead.
-        let cached = match t.rows {
-            RowOrder::Torch => cache.get_or_compute(&rows.view, rank, Par::Seq)?,
-            RowOrder::MlxConv { k, cin } => {
+        // The cache keys the stored bytes when they are the PyTorch-layout matrix, else the
+        // f32 PyTorch-layout copy (MLX Conv1d, NNX kernels).
+        let cached = match rows.direct_view() {
+            Some(view) => cache.get_or_compute(&view, rank, Par::Seq)?,
+            None => {
                 rows.read(0, t.out, &mut W)?;
-                let shape = [t.out, cin, k];
                 let view = TensorView {
-                    name: rows.view.name,
+                    name: &t.name,
                     dtype: DType::F32,
-                    shape: &shape,
+                    shape: &t.shape,
                     bytes: bytemuck::cast_slice(&W),
                 };
                 cache.get_or_compute(&view, rank, Par::Seq)?
@@ -327,17 +351,17 @@ impl Exec<'_> {
     }
 }
 
-/// NaN/±inf in a merged band is an error naming the tensor and position.
-fn check_finite(t: &Target, r0: usize, merged: &[f32]) -> Result<(), MergeError> {
-    match merged.iter().position(|x| !x.is_finite()) {
-        None => Ok(()),
-        Some(i) => Err(MergeError::NonFiniteResult {
-            tensor: t.name.clone(),
-            component: String::new(),
-            row: r0 + i / t.inp.max(1),
-            col: i % t.inp.max(1),
-            value: merged[i],
-        }),
+/// `D ← W0 + D` (the merged band), checked finite without a branch per element so the loop
+/// vectorises; `Err(i)` names the first non-finite element.
+fn finish_band(D: &mut [f32], W0: &[f32]) -> Result<(), usize> {
+    let mut finite = true;
+    for (d, &w) in D.iter_mut().zip(W0) {
+        *d += w;
+        finite &= d.is_finite();
+    }
+    match finite {
+        true => Ok(()),
+        false => Err(D.iter().position(|x| !x.is_finite()).unwrap_or(0)),
     }
 }
 
@@ -405,53 +429,127 @@ impl Loaded {
     }
 }
 
+/// The bytes of one layer of a stacked tensor (or the whole tensor).
+fn layer_bytes<'a>(
+    view: &TensorView<'a>,
+    layer: Option<usize>,
+    slice_shape: &[usize],
+) -> Result<&'a [u8], MergeError> {
+    let len = slice_shape.iter().product::<usize>() * view.dtype.size().unwrap_or(0);
+    let start = layer.unwrap_or(0) * len;
+    view.bytes
+        .get(start..start + len)
+        .ok_or_else(|| MergeError::Convert {
+            tensor: view.name.to_string(),
+            reason: format!(
+                "holds {} bytes; layer {layer:?} of shape {slice_shape:?} needs {}",
+                view.bytes.len(),
+                start + len
+            ),
+        })
+}
+
 /// Bands of rows of a base tensor as f32 in the (out, in') PyTorch order.
-struct BaseRows<'a> {
-    view: TensorView<'a>,
-    path: &'a std::path::Path,
-    inp: usize,
-    order: RowOrder,
-    size: usize,
+enum BaseRows<'a> {
+    /// Stored in PyTorch layout (possibly one layer of a stack, possibly MLX Conv1d rows):
+    /// widened band by band.
+    Stored {
+        view: TensorView<'a>,
+        bytes: &'a [u8],
+        path: &'a std::path::Path,
+        inp: usize,
+        order: RowOrder,
+        size: usize,
+    },
+    /// Stored transposed (NNX kernels): brought into PyTorch layout whole, as f32.
+    Canonical { data: Vec<f32>, inp: usize },
 }
 
 impl<'a> BaseRows<'a> {
-    fn new(t: &Target, src: &TensorRef<'a>) -> Result<BaseRows<'a>, MergeError> {
-        let size = src.view.dtype.size().ok_or_else(|| MergeError::Convert {
+    fn new(t: &Target, src: &TensorRef<'a>, job: &Job) -> Result<BaseRows<'a>, MergeError> {
+        let view = src.view;
+        let size = view.dtype.size().ok_or_else(|| MergeError::Convert {
             tensor: t.name.clone(),
-            reason: format!("dtype {} cannot be merged", src.view.dtype),
+            reason: format!("dtype {} cannot be merged", view.dtype),
         })?;
-        Ok(BaseRows {
-            view: src.view,
-            path: src.file.path(),
+        let bytes = layer_bytes(&view, t.layer, &job.stored_shape)?;
+        if t.to_canonical == Transform::Identity {
+            return Ok(BaseRows::Stored {
+                view,
+                bytes,
+                path: src.file.path(),
+                inp: t.inp,
+                order: t.rows,
+                size,
+            });
+        }
+        let mut raw = vec![0u8; t.out * t.inp * 4];
+        let stored = SrcTensor {
+            dtype: view.dtype,
+            shape: &job.stored_shape,
+            bytes,
+        };
+        crate::layout::transform::convert(t.to_canonical, stored, DType::F32, &mut raw).map_err(
+            |e| MergeError::Convert {
+                tensor: t.name.clone(),
+                reason: e.to_string(),
+            },
+        )?;
+        Ok(BaseRows::Canonical {
+            data: raw
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
             inp: t.inp,
-            order: t.rows,
-            size,
         })
+    }
+
+    /// The stored tensor itself when its bytes are exactly the PyTorch-layout matrix.
+    fn direct_view(&self) -> Option<TensorView<'a>> {
+        match self {
+            BaseRows::Stored {
+                view,
+                bytes,
+                order: RowOrder::Torch,
+                ..
+            } if bytes.len() == view.bytes.len() => Some(*view),
+            _ => None,
+        }
     }
 
     /// Fills `dst` ((n, inp) f32) with rows `r0 .. r0 + n`.
     fn read(&self, r0: usize, n: usize, dst: &mut [f32]) -> Result<(), MergeError> {
-        let row = self.inp * self.size;
-        let bytes = &self.view.bytes[r0 * row..(r0 + n) * row];
+        let (view, bytes, path, inp, order, size) = match self {
+            BaseRows::Canonical { data, inp } => {
+                dst.copy_from_slice(&data[r0 * inp..(r0 + n) * inp]);
+                return Ok(());
+            }
+            BaseRows::Stored {
+                view,
+                bytes,
+                path,
+                inp,
+                order,
+                size,
+            } => (view, bytes, path, *inp, *order, *size),
+        };
+        let band = &bytes[r0 * inp * size..(r0 + n) * inp * size];
         let widen = |dst: &mut [f32]| {
-            widen_to_f32(self.view.dtype, bytes, dst).map_err(|e| {
+            widen_to_f32(view.dtype, band, dst).map_err(|e| {
                 MergeError::Read(ReadError::Tensor {
-                    path: self.path.to_path_buf(),
-                    tensor: self.view.name.to_string(),
+                    path: path.to_path_buf(),
+                    tensor: view.name.to_string(),
                     reason: e.to_string(),
                 })
             })
         };
-        match self.order {
+        match order {
             RowOrder::Torch => widen(dst),
             RowOrder::MlxConv { k, cin } => {
                 // Stored row (k, cin) → PyTorch row (cin, k).
                 let mut tmp = vec![0.0f32; dst.len()];
                 widen(&mut tmp)?;
-                for (d, s) in dst
-                    .chunks_exact_mut(self.inp)
-                    .zip(tmp.chunks_exact(self.inp))
-                {
+                for (d, s) in dst.chunks_exact_mut(inp).zip(tmp.chunks_exact(inp)) {
                     for (j, sj) in s.chunks_exact(cin).enumerate() {
                         for (i, &x) in sj.iter().enumerate() {
                             d[i * k + j] = x;
@@ -463,16 +561,18 @@ impl<'a> BaseRows<'a> {
         }
     }
 
-    /// Merged rows in the base's stored order (the MLX permutation undone).
+    /// Merged rows in the base's row order (the MLX permutation undone).
     fn to_stored_order<'b>(&self, merged: &'b [f32]) -> std::borrow::Cow<'b, [f32]> {
-        let RowOrder::MlxConv { k, cin } = self.order else {
+        let BaseRows::Stored {
+            inp,
+            order: RowOrder::MlxConv { k, cin },
+            ..
+        } = *self
+        else {
             return std::borrow::Cow::Borrowed(merged);
         };
         let mut out = vec![0.0f32; merged.len()];
-        for (o, m) in out
-            .chunks_exact_mut(self.inp)
-            .zip(merged.chunks_exact(self.inp))
-        {
+        for (o, m) in out.chunks_exact_mut(inp).zip(merged.chunks_exact(inp)) {
             for i in 0..cin {
                 for j in 0..k {
                     o[j * cin + i] = m[i * k + j];

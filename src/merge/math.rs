@@ -220,9 +220,18 @@ pub struct Scratch {
     xs: Vec<f32>,
 }
 
+/// What the accumulator holds before a contribution is added.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Accumulator {
+    /// All +0.0 (nothing added yet): a linear update may be written straight into it.
+    Zero,
+    /// Earlier contributions.
+    Partial,
+}
+
 /// Adds `w·(f(W0) − W0)` for rows `r0 .. r0 + rows` into `D` (the (rows, inp) accumulator
 /// band). `W0` is the same band of the base weight; `col_scale` is what [`column_scales`]
-/// returned for this update.
+/// returned for this update; `accumulator` says whether `D` is still all zeros.
 ///
 /// # Panics
 /// If a buffer length does not match the band, or a column-coupled update comes without
@@ -238,6 +247,7 @@ pub fn add_contribution(
     rows: usize,
     inp: usize,
     D: &mut [f32],
+    accumulator: Accumulator,
     scratch: &mut Scratch,
 ) {
     assert_eq!(W0.len(), rows * inp, "W0 band must be (rows, inp)");
@@ -255,11 +265,17 @@ pub fn add_contribution(
             sigma,
             form: Form::Additive,
         } => {
-            // (w·σ)·Δ rounded once on its own, then added.
+            // (w·σ)·Δ rounded once on its own, then added. Into a still-zero accumulator
+            // (the first contribution of a band) it goes directly: 0 + x is exact.
+            let coef = (w * sigma) as f32;
+            if accumulator == Accumulator::Zero {
+                factors.add_rows(D, r0, rows, inp, coef, &mut scratch.xs);
+                return;
+            }
             let T = &mut scratch.V;
             T.clear();
             T.resize(rows * inp, 0.0);
-            factors.add_rows(T, r0, rows, inp, (w * sigma) as f32, &mut scratch.xs);
+            factors.add_rows(T, r0, rows, inp, coef, &mut scratch.xs);
             for (d, &t) in D.iter_mut().zip(T.iter()) {
                 *d += t;
             }
@@ -329,7 +345,12 @@ mod tests {
         let (out, inp) = (2, 3);
         let mut D = vec![0.0f32; 6];
         let mut scratch = Scratch::default();
-        for (u, w) in updates {
+        for (n, (u, w)) in updates.iter().enumerate() {
+            let acc = if n == 0 {
+                Accumulator::Zero
+            } else {
+                Accumulator::Partial
+            };
             let cs = column_scales::<()>(u, out, inp, 1, |r0, rows, dst| {
                 dst.copy_from_slice(&W[r0 * inp..(r0 + rows) * inp]);
                 Ok(())
@@ -346,6 +367,7 @@ mod tests {
                     1,
                     inp,
                     &mut D[band],
+                    acc,
                     &mut scratch,
                 );
             }

@@ -2,7 +2,7 @@
 //!
 //! Owns: `merge_release` (hash the adapters, plan, hash the base, write through
 //! `release::write_release`), and through its submodules the `--adapter` syntax (`spec`),
-//! the plan and every refusal (`plan`, `error`, `variant`), the formulas (`math`), the job
+//! the plan and every refusal (`plan`, `error`), the formulas (`math`), the job
 //! loop (`exec`) and the report (`report`). Does not own: parsing adapters and binding their
 //! names (`adapter`), the SVD and its cache (`linalg`), layouts and keep-f32 rules
 //! (`layout`), atomic output and manifests (`io`, `release`, `manifest`).
@@ -23,7 +23,6 @@ pub mod math;
 pub mod plan;
 pub mod report;
 pub mod spec;
-pub mod variant;
 
 use std::path::{Path, PathBuf};
 

@@ -16,7 +16,9 @@ use rayon::prelude::*;
 
 use super::error::MergeError;
 use super::report::{AdapterReport, DoraStrength, scale_source_label};
-use crate::adapter::{AdapterSet, Entry, Kind, ParamRole};
+use crate::adapter::bind::{check_fit, kind_name};
+use crate::adapter::variant::mismatch_line;
+use crate::adapter::{AdapterSet, BaseIndex, Entry, Kind};
 use crate::io::header::PlannedTensor;
 use crate::io::writer::{AuxFile, ComponentOutput, OutputPlan};
 use crate::io::{Checkpoint, Component, DType, Slot, TensorView};
@@ -88,14 +90,18 @@ pub struct Contribution {
     pub rank: usize,
 }
 
-/// A base tensor that changes.
+/// A base tensor (or one layer of a stacked one) that changes.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Target {
     /// Base component index.
     pub component: usize,
     /// Base tensor name.
     pub name: String,
-    /// Its stored shape.
+    /// Layer of a stacked base tensor (NNX scanned).
+    pub layer: Option<usize>,
+    /// Stored layout → PyTorch layout (`Identity` except for NNX bases).
+    pub to_canonical: Transform,
+    /// Its shape in PyTorch layout (the MLX Conv1d as (out, in, k)).
     pub shape: Vec<usize>,
     /// Rows of the 2-D view.
     pub out: usize,
@@ -166,7 +172,7 @@ pub fn plan_merge(
                 .cmp(&contribution_key(adapters, identities, b))
         });
     }
-    let layout = plan_layout(base, &targets, options)?;
+    let layout = plan_layout(base, options)?;
     let mut plan = MergePlan {
         output: layout.output,
         jobs: layout.jobs,
@@ -196,13 +202,13 @@ fn contribution_key<'a>(
     )
 }
 
-/// Groups every bound entry by base tensor, checking each against it.
+/// Groups every bound entry by base tensor (and layer), checking each against it.
 fn bind_targets(
     base: &Checkpoint,
     adapters: &[BoundAdapter],
     options: &MergeOptions,
 ) -> Result<(Vec<Target>, Vec<AdapterReport>), MergeError> {
-    let mut by_name: BTreeMap<(usize, String), Target> = BTreeMap::new();
+    let mut by_name: BTreeMap<(usize, String, Option<usize>), Target> = BTreeMap::new();
     let mut reports = Vec::with_capacity(adapters.len());
     for (ai, ad) in adapters.iter().enumerate() {
         let comp = &base.components[ad.component];
@@ -211,36 +217,16 @@ fn bind_targets(
         let mut merged = std::collections::BTreeSet::new();
         for (ei, e) in ad.set.entries.iter().enumerate() {
             let Some(name) = &e.target else { continue };
-            let view = comp
-                .tensors
-                .get(name)
-                .ok_or_else(|| MergeError::UnknownTarget {
-                    adapter: ad.set.path.clone(),
-                    module: e.module.clone(),
-                    target: name.clone(),
-                    component: comp.name.clone(),
-                })?
-                .view;
-            let rows = row_order(comp, &view);
-            let rank = check_entry(ad, e, &view)?;
+            let target = target_of(ad, e, comp, name)?;
+            let rank = check_entry(ad, e, comp, &target)?;
             count_entry(&mut report, e);
-            merged.insert(name.clone());
+            merged.insert((name.to_string(), target.layer));
             if ad.strength == 0.0 {
                 continue;
             }
-            let (out, inp) = matrix_view(view.shape);
-            let target = by_name
-                .entry((ad.component, name.clone()))
-                .or_insert_with(|| Target {
-                    component: ad.component,
-                    name: name.clone(),
-                    shape: view.shape.to_vec(),
-                    out,
-                    inp,
-                    rows,
-                    contributions: Vec::new(),
-                });
-            target
+            by_name
+                .entry((ad.component, name.to_string(), target.layer))
+                .or_insert(target)
                 .contributions
                 .push(contribution(ai, ei, e, ad.strength, rank, options));
         }
@@ -251,6 +237,47 @@ fn bind_targets(
         reports.push(report);
     }
     Ok((by_name.into_values().collect(), reports))
+}
+
+/// The base tensor an entry names, as a target without contributions: where it is stored
+/// (the binding's layer and transform for NNX bases, the MLX Conv1d row order), its
+/// PyTorch-layout shape and 2-D view.
+fn target_of(
+    ad: &BoundAdapter,
+    e: &Entry,
+    comp: &Component,
+    name: &str,
+) -> Result<Target, MergeError> {
+    let view = comp
+        .tensors
+        .get(name)
+        .ok_or_else(|| MergeError::UnknownTarget {
+            adapter: ad.set.path.clone(),
+            module: e.module.clone(),
+            target: name.to_string(),
+            component: comp.name.clone(),
+        })?
+        .view;
+    let rows = row_order(comp, &view);
+    let (layer, to_canonical, shape) = match (&e.binding, rows) {
+        (_, RowOrder::MlxConv { k, cin }) => {
+            (None, Transform::Identity, vec![view.shape[0], cin, k])
+        }
+        (Some(b), RowOrder::Torch) => (b.layer, b.to_canonical, b.shape.clone()),
+        (None, RowOrder::Torch) => (None, Transform::Identity, view.shape.to_vec()),
+    };
+    let (out, inp) = matrix_view(&shape);
+    Ok(Target {
+        component: ad.component,
+        name: name.to_string(),
+        layer,
+        to_canonical,
+        shape,
+        out,
+        inp,
+        rows,
+        contributions: Vec::new(),
+    })
 }
 
 fn check_unmatched(ad: &BoundAdapter, comp: &Component, allow: bool) -> Result<(), MergeError> {
@@ -297,19 +324,14 @@ fn adapter_report(ad: &BoundAdapter, comp: &Component) -> AdapterReport {
 fn count_entry(report: &mut AdapterReport, e: &Entry) {
     report.entries += 1;
     report.keys_consumed += e.source_keys.len();
-    *report.kinds.entry(kind_label(e.kind)).or_default() += 1;
+    *report
+        .kinds
+        .entry(kind_name(e.kind).to_string())
+        .or_default() += 1;
     *report
         .scale_sources
         .entry(scale_source_label(&e.scale_source))
         .or_default() += 1;
-}
-
-/// The kebab-case name of a kind (as serde writes it).
-pub fn kind_label(kind: Kind) -> String {
-    serde_json::to_value(kind)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_else(|| format!("{kind:?}"))
 }
 
 fn contribution(
@@ -367,21 +389,24 @@ fn row_order(comp: &Component, view: &TensorView<'_>) -> RowOrder {
     }
 }
 
-/// Checks an entry's tensors against its base tensor; returns the rank.
-fn check_entry(ad: &BoundAdapter, e: &Entry, view: &TensorView<'_>) -> Result<usize, MergeError> {
-    let unfit = |reason: String| MergeError::Unfit {
-        adapter: ad.set.path.clone(),
-        module: e.module.clone(),
-        kind: e.kind,
-        target: view.name.to_string(),
-        target_shape: view.shape.to_vec(),
-        reason,
-    };
-    if !view.dtype.is_float() {
-        return Err(unfit(format!(
-            "the base tensor is {}, not a float",
-            view.dtype
-        )));
+/// Checks an entry against its base tensor with the binder's own fit rules
+/// (`adapter::bind::check_fit`, on the PyTorch-layout shape); returns the rank.
+fn check_entry(
+    ad: &BoundAdapter,
+    e: &Entry,
+    comp: &Component,
+    t: &Target,
+) -> Result<usize, MergeError> {
+    let dtype = comp.tensors.get(&t.name).map(|r| r.view.dtype);
+    if let Some(d) = dtype.filter(|d| !d.is_float()) {
+        return Err(MergeError::Unfit {
+            adapter: ad.set.path.clone(),
+            module: e.module.clone(),
+            kind: e.kind,
+            target: t.name.clone(),
+            target_shape: t.shape.clone(),
+            reason: format!("the base tensor is {d}, not a float"),
+        });
     }
     let missing = e.missing_roles();
     if !missing.is_empty() {
@@ -392,80 +417,19 @@ fn check_entry(ad: &BoundAdapter, e: &Entry, view: &TensorView<'_>) -> Result<us
             missing,
         });
     }
-    let low_rank = e.kind.roles().contains(&ParamRole::A) || e.kind.is_xs();
-    if low_rank && view.shape.len() < 2 {
-        return Err(unfit(
-            "a low-rank update needs a weight of 2 or more dimensions".into(),
-        ));
-    }
-    let (out, inp) = matrix_view(view.shape);
-    let rank = entry_rank(e);
-    if let Some(stated) = e.rank.filter(|&s| low_rank && s != rank) {
-        return Err(unfit(format!(
-            "the entry says rank {stated}, its tensors have rank {rank}"
-        )));
-    }
-    if e.kind.is_xs() && (rank == 0 || rank > out.min(inp)) {
-        return Err(unfit(format!(
-            "LoRA-XS rank {rank} must be between 1 and min(out, in') = min({out}, {inp}) = {}",
-            out.min(inp)
-        )));
-    }
-    for (&role, src) in &e.params {
-        let (numel, expected) = expected_size(e.kind, role, rank, out, inp, view.numel());
-        let first_ok = match role {
-            ParamRole::A | ParamRole::M => src.shape.first() == Some(&rank),
-            ParamRole::B => src.shape.first() == Some(&out),
-            _ => true,
-        };
-        if src.shape.iter().product::<usize>() != numel || !first_ok || rank == 0 {
-            return Err(MergeError::Shape(Box::new(super::error::ShapeMismatch {
-                adapter: ad.set.path.clone(),
-                key: src.key.clone(),
-                role,
-                found: src.shape.clone(),
-                target: view.name.to_string(),
-                target_shape: view.shape.to_vec(),
-                out,
-                inp,
-                expected,
-                hint: super::variant::hint(&ad.set),
-            })));
-        }
-    }
-    Ok(rank)
-}
-
-/// Rank of an entry from its tensors: rows of A, of M, or 1 for full-tensor kinds.
-fn entry_rank(e: &Entry) -> usize {
-    let rows = |role| e.param(role).and_then(|s| s.shape.first().copied());
-    rows(ParamRole::A)
-        .or_else(|| rows(ParamRole::M))
-        .unwrap_or(1)
-}
-
-/// Elements a role must hold, and the expectation in words.
-fn expected_size(
-    kind: Kind,
-    role: ParamRole,
-    r: usize,
-    out: usize,
-    inp: usize,
-    numel: usize,
-) -> (usize, String) {
-    let rows_kind = matches!(kind, Kind::PeftDora | Kind::DoraRows | Kind::DoraRowsXs);
-    match role {
-        ParamRole::A => (r * inp, format!("[{r}, {inp}] (r rows, r·in' values)")),
-        ParamRole::B => (out * r, format!("[{out}, {r}]")),
-        ParamRole::M => (r * r, format!("[{r}, {r}]")),
-        ParamRole::Magnitude if rows_kind => (out, format!("{out} values (one per row)")),
-        ParamRole::Magnitude => (inp, format!("{inp} values (one per column)")),
-        ParamRole::MagnitudeR => (out, format!("{out} values (one per row)")),
-        ParamRole::MagnitudeC => (inp, format!("{inp} values (one per column)")),
-        ParamRole::Diff | ParamRole::DiffBias | ParamRole::LoraBias => {
-            (numel, format!("{numel} values (the base tensor's size)"))
-        }
-    }
+    check_fit(e, &t.shape).map_err(|reason| {
+        let index = BaseIndex::new(&comp.rel_dir, &comp.tensors);
+        MergeError::Shape(Box::new(super::error::ShapeMismatch {
+            adapter: ad.set.path.clone(),
+            module: e.module.clone(),
+            kind: kind_name(e.kind).to_string(),
+            target: t.name.clone(),
+            target_shape: t.shape.clone(),
+            reason,
+            hint: mismatch_line(&ad.set, &index),
+        }))
+    })?;
+    Ok(e.rank.unwrap_or(1))
 }
 
 fn nothing_bound(ad: &BoundAdapter, comp: &Component) -> MergeError {
@@ -531,17 +495,12 @@ struct ComponentJobs {
     dropped: Vec<String>,
 }
 
-fn plan_layout(
-    base: &Checkpoint,
-    targets: &[Target],
-    options: &MergeOptions,
-) -> Result<LayoutPlan, MergeError> {
+fn plan_layout(base: &Checkpoint, options: &MergeOptions) -> Result<LayoutPlan, MergeError> {
     let mut outputs = Vec::new();
     let mut jobs = Vec::new();
     let mut dropped = Vec::new();
     let mut policies = Vec::new();
     for (ci, comp) in base.components.iter().enumerate() {
-        let has_targets = targets.iter().any(|t| t.component == ci);
         let policy = match &options.keep_f32 {
             Some(p) => p.clone(),
             None => default_policy(comp, options.layout),
@@ -549,7 +508,7 @@ fn plan_layout(
         policies.push(policy.to_string());
         let c = match options.layout {
             None => same_layout(ci, comp, options.dtype, &policy),
-            Some(to) => converted(ci, comp, to, options.dtype, &policy, has_targets)?,
+            Some(to) => converted(ci, comp, to, options.dtype, &policy)?,
         };
         outputs.push(c.output);
         jobs.extend(c.jobs);
@@ -627,36 +586,46 @@ fn output_dtype(
 }
 
 /// Same names and layouts as the base: every tensor copied, converted or merged in place.
+/// A stacked (`nnx-scanned`) tensor gets one job per layer, so adapters can change single
+/// layers of it.
 fn same_layout(ci: usize, comp: &Component, dtype: OutputDType, policy: &KeepF32) -> ComponentJobs {
+    use crate::layout::table::{Position, parse_stored};
     let layout = wan_layout(comp);
     let mut tensors = Vec::new();
     let mut jobs = Vec::new();
     for t in comp.tensors.tensors() {
         let v = t.view;
-        let out = output_dtype(
-            dtype,
-            policy,
-            v.name,
-            &canonical_name(layout, v.name),
-            v.dtype,
-        );
+        let canonical = canonical_name(layout, v.name);
+        let out = output_dtype(dtype, policy, v.name, &canonical, v.dtype);
         tensors.push(PlannedTensor {
             name: v.name.to_string(),
             dtype: out,
             shape: v.shape.to_vec(),
         });
-        jobs.push(Job {
+        let job = |layer: Option<usize>, stored_shape: &[usize], dst_offset: usize| Job {
             component: ci,
             output: v.name.to_string(),
             slot: Slot { file: 0, tensor: 0 },
-            dst_offset: 0,
+            dst_offset,
             dtype: out,
             transform: Transform::Identity,
             stored: v.name.to_string(),
-            layer: None,
-            stored_shape: v.shape.to_vec(),
+            layer,
+            stored_shape: stored_shape.to_vec(),
             target: None,
-        });
+        };
+        let stacked = layout == Some(Layout::NnxScanned)
+            && matches!(
+                parse_stored(Layout::NnxScanned, v.name),
+                Some((_, Position::Stacked))
+            );
+        match (stacked, v.shape.split_first()) {
+            (true, Some((&layers, slice))) => {
+                let bytes = slice.iter().product::<usize>() * out.size().unwrap_or(0);
+                jobs.extend((0..layers).map(|l| job(Some(l), slice, l * bytes)));
+            }
+            _ => jobs.push(job(None, v.shape, 0)),
+        }
     }
     let sidecars = config_sidecar(comp, None);
     ComponentJobs {
@@ -673,7 +642,6 @@ fn converted(
     to: Layout,
     dtype: OutputDType,
     policy: &KeepF32,
-    has_targets: bool,
 ) -> Result<ComponentJobs, MergeError> {
     let layout_err = |source| MergeError::Layout {
         component: comp.name.clone(),
@@ -691,17 +659,6 @@ fn converted(
     };
     let names: Vec<&str> = comp.tensors.names().collect();
     let from = resolve_layout(None, config_json, &names).map_err(layout_err)?;
-    if has_targets && from.is_nnx() {
-        return Err(MergeError::Usage(format!(
-            "the base{} is in the `{from}` layout; adapters merge into PyTorch-layout weights: \
-             merge into the diffusers or wan checkpoint and pass --layout {to}",
-            if comp.name.is_empty() {
-                String::new()
-            } else {
-                format!(" component `{}`", comp.name)
-            }
-        )));
-    }
     let stored: Vec<StoredTensor> = comp
         .tensors
         .tensors()
@@ -794,23 +751,22 @@ fn component_output(
     }
 }
 
-/// Marks the jobs that read a target, refuses targets no job reads or that are stacked,
-/// and orders jobs largest first (better packing of the worker pool; bytes do not depend
-/// on the order).
+/// Marks the jobs that read a target, refuses targets no job reads or whose output dtype
+/// cannot hold a merged value, and orders jobs largest first (better packing of the worker
+/// pool; bytes do not depend on the order).
 fn attach_targets(plan: &mut MergePlan) -> Result<(), MergeError> {
-    let index: BTreeMap<(usize, &str), usize> = plan
+    let index: BTreeMap<(usize, &str, Option<usize>), usize> = plan
         .targets
         .iter()
         .enumerate()
-        .map(|(i, t)| ((t.component, t.name.as_str()), i))
+        .map(|(i, t)| ((t.component, t.name.as_str(), t.layer), i))
         .collect();
     let mut read = vec![false; plan.targets.len()];
     for j in &mut plan.jobs {
-        if let Some(&ti) = index.get(&(j.component, j.stored.as_str())) {
-            if j.layer.is_some() || !j.dtype.is_output_float() {
+        if let Some(&ti) = index.get(&(j.component, j.stored.as_str(), j.layer)) {
+            if !j.dtype.is_output_float() {
                 return Err(MergeError::Usage(format!(
-                    "`{}` cannot be merged: it is a stacked tensor or its output dtype {} is \
-                     not f32, f16 or bf16 (choose --dtype)",
+                    "`{}` cannot be merged into {} output: choose --dtype bf16, f16 or f32",
                     j.stored, j.dtype
                 )));
             }
