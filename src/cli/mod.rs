@@ -5,6 +5,7 @@
 use clap::{Parser, Subcommand};
 
 pub mod inspect;
+pub mod merge;
 pub mod printer;
 pub mod synth;
 pub mod translate;
@@ -63,6 +64,8 @@ pub enum Command {
     Synth(synth::Args),
     /// Write an adapter in another convention (PEFT, diffusers, ComfyUI, kohya, SA3, NNX).
     Translate(translate::Args),
+    /// Merge adapters into a base checkpoint (streaming, exact, one pass) and write a release.
+    Merge(merge::Args),
 }
 
 /// Runs the parsed command line.
@@ -93,6 +96,10 @@ pub fn execute(cli: Cli) -> anyhow::Result<Status> {
         Command::Translate(a) => {
             let mut p = Printer::new(a.json, quiet);
             translate::execute(a, &mut p)
+        }
+        Command::Merge(a) => {
+            let mut p = Printer::new(a.json, quiet);
+            merge::execute(a, &mut p)
         }
     }
 }

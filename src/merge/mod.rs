@@ -24,6 +24,7 @@ pub mod plan;
 pub mod report;
 pub mod spec;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 pub use error::MergeError;
@@ -85,7 +86,7 @@ pub fn merge_release(
     let adapter_inputs = adapter_records(adapters)?;
     let identities: Vec<String> = adapters
         .iter()
-        .map(|a| identity(&a.set.path, &adapter_inputs))
+        .map(|a| identity(a, &adapter_inputs))
         .collect();
     let plan = plan_merge(base, adapters, options, &identities)?;
     let base_files: Vec<(String, PathBuf, String)> = base
@@ -94,13 +95,13 @@ pub fn merge_release(
         .map(|p| ("base".to_string(), p.clone(), p.display().to_string()))
         .collect();
     let mut inputs = record_inputs(&base_files).map_err(MergeError::Read)?;
-    inputs.extend(adapter_inputs.into_iter().map(|(_, r)| r));
+    inputs.extend(adapter_inputs.into_values());
     inputs.sort();
     inputs.dedup();
     let input_paths: Vec<PathBuf> = base
         .input_files()
         .into_iter()
-        .chain(adapters.iter().flat_map(adapter_files))
+        .chain(adapters.iter().flat_map(|a| a.set.input_files()))
         .collect();
     let req = ReleaseRequest {
         dest,
@@ -132,24 +133,13 @@ pub fn merge_release(
     Ok(MergeOutcome { release, report })
 }
 
-/// The files an adapter was read from: its weights, and adapter_config.json when it is a
-/// folder that has one.
-fn adapter_files(a: &BoundAdapter) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = a.set.files.iter().map(|f| f.path().to_path_buf()).collect();
-    let config = a.set.path.join("adapter_config.json");
-    if a.set.path.is_dir() && config.is_file() {
-        v.push(config);
-    }
-    v.sort();
-    v.dedup();
-    v
-}
-
 /// Hashes every adapter file once (an adapter bound to two components is one input).
-fn adapter_records(adapters: &[BoundAdapter]) -> Result<Vec<(PathBuf, InputRecord)>, MergeError> {
+fn adapter_records(
+    adapters: &[BoundAdapter],
+) -> Result<BTreeMap<PathBuf, InputRecord>, MergeError> {
     let mut files: Vec<(String, PathBuf, String)> = adapters
         .iter()
-        .flat_map(adapter_files)
+        .flat_map(|a| a.set.input_files())
         .map(|p| ("adapter".to_string(), p.clone(), p.display().to_string()))
         .collect();
     files.sort();
@@ -159,11 +149,11 @@ fn adapter_records(adapters: &[BoundAdapter]) -> Result<Vec<(PathBuf, InputRecor
 }
 
 /// An adapter's content identity: the sha256 of each of its files, in path order.
-fn identity(adapter_path: &Path, records: &[(PathBuf, InputRecord)]) -> String {
-    records
+fn identity(a: &BoundAdapter, records: &BTreeMap<PathBuf, InputRecord>) -> String {
+    a.set
+        .input_files()
         .iter()
-        .filter(|(p, _)| p.starts_with(adapter_path) || p == adapter_path)
-        .map(|(_, r)| r.sha256.as_str())
+        .filter_map(|p| records.get(p).map(|r| r.sha256.as_str()))
         .collect::<Vec<_>>()
         .join(",")
 }
