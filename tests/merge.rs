@@ -1027,3 +1027,765 @@ fn refuses_xs_rank_above_the_smaller_dimension() {
     );
     assert!(msg.contains("rank 13") && msg.contains("= 12"), "{msg}");
 }
+
+// ---------------------------------------------------------------------------------------
+// Through the binary: real parsing and binding, every convention, every refusal.
+
+/// Runs `wanbake merge ARGS` in `cwd`.
+fn wanbake(cwd: &Path, args: &[&str]) -> (i32, String, String) {
+    let mut all = vec!["merge"];
+    all.extend_from_slice(args);
+    common::parts(&common::run(cwd, &all))
+}
+
+fn s(p: &Path) -> String {
+    p.display().to_string()
+}
+
+/// The adapter argument of a golden case: the PEFT folder, else the file.
+fn case_adapter(files: &Value) -> String {
+    let files: Vec<&str> = files
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap())
+        .collect();
+    let first = repo(files[0]);
+    if files.iter().any(|f| f.ends_with("adapter_config.json")) {
+        s(first.parent().unwrap())
+    } else {
+        s(&first)
+    }
+}
+
+/// Expected merged values of a golden WAN case at one strength: the reference tool's
+/// output, with the hand derivation (ComfyUI semantics, float64) for every target the
+/// tool dropped, or for everything when the tool refused the file (golden/README.md).
+fn expected_values(case: &Value, strength: &str) -> BTreeMap<String, Vec<f64>> {
+    let st = &case["strengths"][strength];
+    let mut out = BTreeMap::new();
+    if let Some(r) = st["reference"].as_str() {
+        let f = SafetensorsFile::open(&repo(r)).unwrap();
+        for t in f.infos() {
+            out.insert(t.name.clone(), tensor_f64(&f, &t.name));
+        }
+    }
+    if let Some(h) = st["handderived"].as_str() {
+        let f = SafetensorsFile::open(&repo(h)).unwrap();
+        let dropped: Vec<&str> = case["dropped_by_reference"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["target"].as_str().unwrap())
+            .collect();
+        for t in f.infos() {
+            if st["reference"].is_null() || dropped.contains(&t.name.as_str()) {
+                out.insert(t.name.clone(), tensor_f64(&f, &t.name));
+            }
+        }
+    }
+    out
+}
+
+/// Runs the binary on a golden WAN case (f32 and bf16) and checks every tensor: merged
+/// ones within 4·ε_f32·max|ref| (f32) and one bf16 ulp (bf16), the rest bit-identical to
+/// the base (f32) or its RNE narrowing (bf16).
+fn cli_wan_case(case_name: &str, strength: &str, extra: &[&str]) -> f64 {
+    let m = golden_manifest();
+    let c = &m["cases"][case_name];
+    let base = repo(c["base"].as_str().unwrap());
+    let adapter = format!("{}:{strength}", case_adapter(&c["adapter"]));
+    let expected = expected_values(c, strength);
+    assert!(!expected.is_empty(), "{case_name}: no expected values");
+    let tmp = common::tmp();
+    let base_ck = Checkpoint::open(&base).unwrap();
+    let base_comp = base_ck.single().unwrap();
+    let mut worst = 0.0f64;
+    for dtype in ["f32", "bf16"] {
+        let out = tmp.path().join(dtype);
+        let mut args = vec!["--base", base.to_str().unwrap(), "--adapter", &adapter];
+        let out_s = s(&out);
+        args.extend(["--out", &out_s, "--dtype", dtype, "--keep-f32", "none"]);
+        args.extend_from_slice(extra);
+        let (code, _, err) = wanbake(tmp.path(), &args);
+        assert_eq!(code, 0, "{case_name}: {err}");
+        let got = output_tensors(&out, "");
+        for t in base_comp.tensors.tensors() {
+            let name = t.view.name;
+            let (_, _, bytes) = &got[name];
+            let want = expected.get(name);
+            if dtype == "f32" {
+                match want {
+                    None => assert_eq!(
+                        bytes.as_slice(),
+                        t.view.bytes,
+                        "{case_name}: untouched {name}"
+                    ),
+                    Some(w) => {
+                        let e = rel_err(&f32s(bytes), w);
+                        assert!(
+                            e <= 4.0 * f64::from(f32::EPSILON),
+                            "{case_name}: {name}: {e:e}"
+                        );
+                        worst = worst.max(e);
+                    }
+                }
+                continue;
+            }
+            let w: Vec<f64> = match want {
+                Some(w) => w.clone(),
+                None => t
+                    .view
+                    .to_f32()
+                    .unwrap()
+                    .into_iter()
+                    .map(f64::from)
+                    .collect(),
+            };
+            for (i, (&g, &r)) in bf16s(bytes).iter().zip(&w).enumerate() {
+                let d = bf16_ulps(g, bf16_of(r));
+                assert!(d <= 1, "{case_name}: {name}[{i}]: {d} bf16 ulps");
+            }
+        }
+    }
+    for name in expected.keys() {
+        assert!(
+            base_comp.tensors.contains(name),
+            "{case_name}: expected tensor {name} not in the base"
+        );
+    }
+    eprintln!("cli {case_name} @ {strength}: worst relative error {worst:.3e}");
+    worst
+}
+
+#[test]
+fn cli_peft_files_match_merge_and_unload() {
+    cli_wan_case("peft_plain", "1", &[]);
+    cli_wan_case("peft_plain", "0.5", &[]);
+    cli_wan_case("peft_rslora_pattern", "1", &[]);
+    cli_wan_case("peft_bias", "1", &[]);
+    cli_wan_case("peft_i2v", "1", &[]);
+    cli_wan_case("peft_dora", "1", &[]);
+    cli_wan_case("peft_dora", "0.5", &["--dora-strength", "peft"]);
+}
+
+#[test]
+fn cli_diffusers_comfy_kohya_files_match_fuse_lora_and_hand_derivations() {
+    cli_wan_case("diffusers_lora", "1", &[]);
+    cli_wan_case("diffusers_lora_nometa", "1", &[]);
+    cli_wan_case("kohya_lora", "1", &[]);
+    cli_wan_case("kohya_wanfun", "1", &[]);
+    cli_wan_case("comfy_lora", "1", &[]);
+    cli_wan_case("comfy_lora", "0.5", &[]);
+    cli_wan_case("comfy_lora_ab", "1", &[]);
+    cli_wan_case("comfy_i2v", "1", &[]);
+}
+
+#[test]
+fn cli_a14b_gives_each_expert_its_own_adapter() {
+    let m = golden_manifest();
+    let c = &m["cases"]["a14b_pair"];
+    let tmp = common::tmp();
+    let out = tmp.path().join("out");
+    let high = format!(
+        "transformer={}",
+        s(&repo(
+            c["experts"]["transformer"]["adapter"].as_str().unwrap()
+        ))
+    );
+    let low = format!(
+        "transformer_2={}:1.0",
+        s(&repo(
+            c["experts"]["transformer_2"]["adapter"].as_str().unwrap()
+        ))
+    );
+    let base = s(&repo(c["base"].as_str().unwrap()));
+    let (code, stdout, err) = wanbake(
+        tmp.path(),
+        &[
+            "--base",
+            &base,
+            "--adapter",
+            &high,
+            "--adapter",
+            &low,
+            "--out",
+            &s(&out),
+            "--dtype",
+            "f32",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(stdout.contains("-> transformer_2"), "{stdout}");
+    for expert in ["transformer", "transformer_2"] {
+        let reference =
+            SafetensorsFile::open(&repo(c["experts"][expert]["reference"].as_str().unwrap()))
+                .unwrap();
+        let got = output_tensors(&out, expert);
+        for t in reference.infos() {
+            let e = rel_err(&f32s(&got[&t.name].2), &tensor_f64(&reference, &t.name));
+            assert!(
+                e <= 4.0 * f64::from(f32::EPSILON),
+                "{expert}/{}: {e:e}",
+                t.name
+            );
+        }
+    }
+    assert!(out.join("model_index.json").is_file());
+    // Without a component the pipeline base is ambiguous: a usage error, nothing written.
+    let out2 = tmp.path().join("out2");
+    let plain = s(&repo(
+        c["experts"]["transformer"]["adapter"].as_str().unwrap(),
+    ));
+    let (code, _, err) = wanbake(
+        tmp.path(),
+        &["--base", &base, "--adapter", &plain, "--out", &s(&out2)],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("transformer_2") && err.contains("transformer="),
+        "{err}"
+    );
+    assert!(!out2.exists());
+}
+
+/// Runs the binary on SA3 adapters (golden/sa3 paths with optional :strength) and returns
+/// the output tensors.
+fn cli_sa3(
+    tmp: &Path,
+    adapters: &[&str],
+    extra: &[&str],
+) -> BTreeMap<String, (DType, Vec<usize>, Vec<u8>)> {
+    let out = tmp.join(format!(
+        "out-{}",
+        adapters.join("+").replace(['/', ':'], "_")
+    ));
+    let base = s(&sa3_base());
+    let mut args = vec!["--base".to_string(), base];
+    for a in adapters {
+        args.push("--adapter".into());
+        args.push(s(&repo(&format!("golden/sa3/{a}"))));
+    }
+    args.extend(["--out".into(), s(&out), "--dtype".into(), "f32".into()]);
+    args.extend(extra.iter().map(|x| x.to_string()));
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (code, _, err) = wanbake(tmp, &refs);
+    assert_eq!(code, 0, "{adapters:?}: {err}");
+    output_tensors(&out, "")
+}
+
+fn check_sa3_output(
+    got: &BTreeMap<String, (DType, Vec<usize>, Vec<u8>)>,
+    reference: &str,
+    tol: f64,
+) -> f64 {
+    let reference = SafetensorsFile::open(&repo(&format!("golden/sa3/{reference}"))).unwrap();
+    let base = SafetensorsFile::open(&sa3_base()).unwrap();
+    let mut worst = 0.0f64;
+    for t in base.infos() {
+        let bytes = &got[&t.name].2;
+        if reference.view(&t.name).is_none() {
+            assert_eq!(
+                bytes.as_slice(),
+                base.view(&t.name).unwrap().bytes,
+                "untouched {}",
+                t.name
+            );
+            continue;
+        }
+        let e = max_abs_err(&f32s(bytes), &tensor_f64(&reference, &t.name));
+        assert!(e <= tol, "{}: {e:e}", t.name);
+        worst = worst.max(e);
+    }
+    worst
+}
+
+#[test]
+fn cli_sa3_native_and_peft_files_match_float64_references() {
+    let m = sa3_manifest();
+    let tmp = common::tmp();
+    for (case, c) in m["cases"].as_object().unwrap() {
+        let files: Vec<String> = match c.get("adapters") {
+            Some(list) => list
+                .as_array()
+                .unwrap()
+                .iter()
+                .zip(c["application_weights"].as_array().unwrap())
+                .map(|(a, w)| format!("{}:{}", a.as_str().unwrap(), w))
+                .collect(),
+            None => {
+                let a = c["adapter"].as_str().unwrap();
+                let a = a.strip_suffix("/adapter_model.safetensors").unwrap_or(a);
+                vec![format!("{a}:{}", c["application_weights"][0])]
+            }
+        };
+        let refs: Vec<&str> = files.iter().map(String::as_str).collect();
+        let got = cli_sa3(tmp.path(), &refs, &[]);
+        let tol = if case.ends_with("-xs") { 1e-5 } else { 1e-6 };
+        let e = check_sa3_output(&got, c["reference"].as_str().unwrap(), tol);
+        eprintln!("cli sa3 {case}: max abs error {e:.3e}");
+    }
+}
+
+#[test]
+fn cli_svd_cache_is_hit_on_the_second_bake_and_corrupt_entries_are_recomputed() {
+    let tmp = common::tmp();
+    let cache = tmp.path().join("svd");
+    std::fs::create_dir(&cache).unwrap();
+    let cache_s = s(&cache);
+    let run = |name: &str| {
+        let out = tmp.path().join(name);
+        let (code, stdout, err) = wanbake(
+            tmp.path(),
+            &[
+                "--base",
+                &s(&sa3_base()),
+                "--adapter",
+                &s(&repo("golden/sa3/adapters/bora-xs.safetensors")),
+                "--adapter",
+                &s(&repo("golden/sa3/adapters/lora-xs.safetensors")),
+                "--out",
+                &s(&out),
+                "--svd-cache",
+                &cache_s,
+                "--json",
+            ],
+        );
+        assert_eq!(code, 0, "{err}");
+        let v: Value = serde_json::from_str(&stdout).unwrap();
+        (v["report"]["svd"].clone(), weight_bytes(&out))
+    };
+    let (first, bytes1) = run("a");
+    // Six targets, both adapters rank 2: one SVD per target.
+    assert_eq!(
+        (first["misses"].as_u64(), first["hits"].as_u64()),
+        (Some(6), Some(0)),
+        "{first}"
+    );
+    let (second, bytes2) = run("b");
+    assert_eq!(
+        (second["misses"].as_u64(), second["hits"].as_u64()),
+        (Some(0), Some(6)),
+        "{second}"
+    );
+    assert_eq!(bytes1, bytes2);
+    // Corrupt one entry: it is reported as replaced, recomputed, and the output is the same.
+    let entry = std::fs::read_dir(&cache)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .unwrap();
+    let mut b = std::fs::read(&entry).unwrap();
+    let n = b.len();
+    b[n - 3] ^= 0x55;
+    std::fs::write(&entry, b).unwrap();
+    let (third, bytes3) = run("c");
+    assert_eq!(
+        (third["replaced"].as_u64(), third["hits"].as_u64()),
+        (Some(1), Some(5)),
+        "{third}"
+    );
+    assert_eq!(bytes1, bytes3);
+}
+
+fn manifest_files(dir: &Path) -> Value {
+    let m: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("wanbake.manifest.json")).unwrap()).unwrap();
+    m["files"].clone()
+}
+
+#[test]
+fn cli_threads_and_adapter_order_do_not_change_a_byte() {
+    let tmp = common::tmp();
+    let base = s(&sa3_base());
+    let a = s(&repo("golden/sa3/adapters/bora.safetensors")) + ":0.7";
+    let b = s(&repo("golden/sa3/adapters/dora-cols-xs.safetensors")) + ":-0.3";
+    let c = s(&repo("golden/sa3/peft_dora")) + ":1.5";
+    let mut files = Vec::new();
+    for (i, (threads, order)) in [
+        ("1", [&a, &b, &c]),
+        ("2", [&c, &a, &b]),
+        ("3", [&b, &c, &a]),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let out = tmp.path().join(format!("o{i}"));
+        let mut args = vec!["--threads", threads, "merge", "--base", &base];
+        for x in order {
+            args.extend(["--adapter", x.as_str()]);
+        }
+        let out_s = s(&out);
+        args.extend(["--out", &out_s, "--dtype", "bf16"]);
+        let (code, _, err) = common::parts(&common::run(tmp.path(), &args));
+        assert_eq!(code, 0, "{err}");
+        files.push(manifest_files(&out));
+    }
+    assert_eq!(files[0], files[1]);
+    assert_eq!(files[0], files[2]);
+}
+
+#[test]
+fn cli_strength_zero_writes_the_input_back_bit_for_bit() {
+    let tmp = common::tmp();
+    let out = tmp.path().join("out");
+    let (code, stdout, err) = wanbake(
+        tmp.path(),
+        &[
+            "--base",
+            &s(&repo("golden/models/t2v")),
+            "--adapter",
+            &(s(&repo("golden/adapters/comfy_lora/comfy_lora.safetensors")) + ":0"),
+            "--out",
+            &s(&out),
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(stdout.contains("skipped (strength 0)"), "{stdout}");
+    let base = Checkpoint::open(&repo("golden/models/t2v")).unwrap();
+    let got = output_tensors(&out, "");
+    for t in base.single().unwrap().tensors.tensors() {
+        assert_eq!(
+            got[t.view.name].2.as_slice(),
+            t.view.bytes,
+            "{}",
+            t.view.name
+        );
+    }
+}
+
+#[test]
+fn cli_default_bf16_keeps_the_diffusers_fp32_modules_merged_in_f32() {
+    let m = golden_manifest();
+    let c = &m["cases"]["comfy_lora"];
+    let tmp = common::tmp();
+    let out = tmp.path().join("out");
+    let (code, _, err) = wanbake(
+        tmp.path(),
+        &[
+            "--base",
+            &s(&repo("golden/models/t2v")),
+            "--adapter",
+            &case_adapter(&c["adapter"]),
+            "--out",
+            &s(&out),
+            "--dtype",
+            "bf16",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    let got = output_tensors(&out, "");
+    let expected = expected_values(c, "1");
+    // blocks.2.scale_shift_table (diff_m) and blocks.0.norm2 (norm3 diff/diff_b) are
+    // _keep_in_fp32_modules: they stay f32 and carry the merged value.
+    for name in [
+        "blocks.2.scale_shift_table",
+        "blocks.0.norm2.weight",
+        "blocks.0.norm2.bias",
+    ] {
+        let (dt, _, bytes) = &got[name];
+        assert_eq!(*dt, DType::F32, "{name}");
+        let e = rel_err(&f32s(bytes), &expected[name]);
+        assert!(e <= 4.0 * f64::from(f32::EPSILON), "{name}: {e:e}");
+    }
+    assert_eq!(got["blocks.0.attn1.to_q.weight"].0, DType::BF16);
+}
+
+#[test]
+fn cli_layout_nnx_scanned_writes_the_merged_weights_transposed_and_stacked() {
+    let m = golden_manifest();
+    let c = &m["cases"]["peft_plain"];
+    let tmp = common::tmp();
+    let out = tmp.path().join("nnx");
+    let (code, _, err) = wanbake(
+        tmp.path(),
+        &[
+            "--base",
+            &s(&repo("golden/models/t2v")),
+            "--adapter",
+            &case_adapter(&c["adapter"]),
+            "--out",
+            &s(&out),
+            "--layout",
+            "nnx-scanned",
+            "--dtype",
+            "f32",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    let got = output_tensors(&out, "");
+    let (_, shape, bytes) = &got["blocks.attn1.query.kernel"];
+    assert_eq!(shape, &vec![3, 32, 32]);
+    let kernel = f32s(bytes);
+    let reference =
+        SafetensorsFile::open(&repo("golden/references/peft_plain.safetensors")).unwrap();
+    for l in 0..3 {
+        let w = tensor_f64(&reference, &format!("blocks.{l}.attn1.to_q.weight"));
+        // kernel[l, i, o] = W[o, i]
+        let mut t = vec![0.0f32; 32 * 32];
+        for o in 0..32 {
+            for i in 0..32 {
+                t[o * 32 + i] = kernel[l * 1024 + i * 32 + o];
+            }
+        }
+        let e = rel_err(&t, &w);
+        assert!(e <= 4.0 * f64::from(f32::EPSILON), "layer {l}: {e:e}");
+    }
+    let config: Value =
+        serde_json::from_slice(&std::fs::read(out.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["_wanbake_layout"], "nnx-scanned");
+
+    // That NNX output as a base: the same adapter binds to it and the merge, written back
+    // as diffusers, equals PEFT's result on the diffusers base.
+    let plain = tmp.path().join("nnx-plain");
+    let (code, _, err) = wanbake(
+        tmp.path(),
+        &[
+            "--base",
+            &s(&repo("golden/models/t2v")),
+            "--adapter",
+            &(case_adapter(&c["adapter"]) + ":0"),
+            "--out",
+            &s(&plain),
+            "--layout",
+            "nnx-scanned",
+            "--dtype",
+            "f32",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    let back = tmp.path().join("back");
+    let (code, _, err) = wanbake(
+        tmp.path(),
+        &[
+            "--base",
+            &s(&plain),
+            "--adapter",
+            &case_adapter(&c["adapter"]),
+            "--out",
+            &s(&back),
+            "--layout",
+            "diffusers",
+            "--dtype",
+            "f32",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    let got = output_tensors(&back, "");
+    for t in reference.infos() {
+        let e = rel_err(&f32s(&got[&t.name].2), &tensor_f64(&reference, &t.name));
+        assert!(e <= 4.0 * f64::from(f32::EPSILON), "{}: {e:e}", t.name);
+    }
+}
+
+#[track_caller]
+fn cli_refused(args: &[&str], code: i32, needles: &[&str]) {
+    let tmp = common::tmp();
+    let out = tmp.path().join("out");
+    let mut all: Vec<&str> = args.to_vec();
+    let out_s = s(&out);
+    all.extend(["--out", &out_s]);
+    let (got, stdout, err) = wanbake(tmp.path(), &all);
+    assert_eq!(got, code, "stdout: {stdout}\nstderr: {err}");
+    for n in needles {
+        assert!(err.contains(n), "`{n}` missing from: {err}");
+    }
+    assert!(
+        common::tree(tmp.path()).is_empty(),
+        "left behind: {:?}",
+        common::tree(tmp.path())
+    );
+}
+
+#[test]
+fn cli_refusals_write_nothing() {
+    let t2v = s(&repo("golden/models/t2v"));
+    let mismatch = s(&repo(
+        "golden/adapters/mismatch_1p3b_like/mismatch_1p3b_like.safetensors",
+    ));
+    cli_refused(
+        &["--base", &t2v, "--adapter", &mismatch],
+        1,
+        &[
+            "mismatch_1p3b_like.safetensors",
+            "blocks.0.attn1.to_q.weight",
+            "[48, 4]",
+            "[32, 32]",
+            "inner_dim 48",
+        ],
+    );
+    let peft = s(&repo("golden/adapters/peft_plain"));
+    for bad in ["nan", "inf", "x"] {
+        cli_refused(
+            &["--base", &t2v, "--adapter", &format!("{peft}:{bad}")],
+            2,
+            &["not a finite number"],
+        );
+    }
+    cli_refused(
+        &[
+            "--base",
+            &t2v,
+            "--adapter",
+            &format!("transformer_2={peft}"),
+        ],
+        2,
+        &["no transformer `transformer_2`"],
+    );
+    cli_refused(
+        &["--base", &t2v, "--adapter", &peft, "--dtype", "fp8"],
+        2,
+        &["unknown dtype"],
+    );
+    cli_refused(
+        &[
+            "--base",
+            &t2v,
+            "--adapter",
+            &peft,
+            "--dora-strength",
+            "inside",
+        ],
+        2,
+        &["merge or peft"],
+    );
+    cli_refused(
+        &[
+            "--base",
+            &t2v,
+            "--adapter",
+            &peft,
+            "--svd-cache",
+            "/nonexistent/cache",
+        ],
+        2,
+        &["--svd-cache"],
+    );
+    // An SA3 adapter on a WAN base binds nothing.
+    let sa3 = s(&repo("golden/sa3/adapters/lora.safetensors"));
+    cli_refused(
+        &["--base", &t2v, "--adapter", &sa3],
+        1,
+        &["lora.safetensors"],
+    );
+}
+
+#[test]
+fn cli_refuses_non_finite_adapters_and_merged_results() {
+    let tmp = common::tmp();
+    let inputs = tmp.path().join("inputs");
+    std::fs::create_dir(&inputs).unwrap();
+    let key = "diffusion_model.blocks.0.self_attn.q";
+    let write = |name: &str, down: f32, up: f32| {
+        let p = inputs.join(name);
+        common::write_f32(
+            &p,
+            &[
+                (
+                    &format!("{key}.lora_down.weight"),
+                    vec![1, 32],
+                    vec![down; 32],
+                ),
+                (&format!("{key}.lora_up.weight"), vec![32, 1], vec![up; 32]),
+            ],
+        );
+        s(&p)
+    };
+    let nan = write("nan.safetensors", f32::NAN, 1.0);
+    let huge = write("huge.safetensors", 3e38, 3e38);
+    let t2v = s(&repo("golden/models/t2v"));
+    for (adapter, needles) in [
+        (&nan, vec!["nan.safetensors", "lora_down.weight", "NaN"]),
+        (&huge, vec!["blocks.0.attn1.to_q.weight", "non-finite"]),
+    ] {
+        let out = tmp.path().join("out");
+        let (code, _, err) = wanbake(
+            tmp.path(),
+            &["--base", &t2v, "--adapter", adapter, "--out", &s(&out)],
+        );
+        assert_eq!(code, 1, "{err}");
+        for n in needles {
+            assert!(err.contains(n), "`{n}` missing from: {err}");
+        }
+        assert_eq!(
+            common::tree(tmp.path()),
+            vec![
+                "inputs",
+                "inputs/huge.safetensors",
+                "inputs/nan.safetensors"
+            ]
+        );
+    }
+}
+
+#[test]
+fn cli_unmatched_keys_are_refused_unless_allowed_and_then_reported() {
+    let tmp = common::tmp();
+    let inputs = tmp.path().join("inputs");
+    std::fs::create_dir(&inputs).unwrap();
+    let p = inputs.join("extra.safetensors");
+    let key = "diffusion_model.blocks.0.self_attn.q";
+    common::write_f32(
+        &p,
+        &[
+            (
+                &format!("{key}.lora_down.weight"),
+                vec![1, 32],
+                vec![0.1; 32],
+            ),
+            (&format!("{key}.lora_up.weight"), vec![32, 1], vec![0.1; 32]),
+            (
+                "diffusion_model.blocks.0.not_a_module.lora_down.weight",
+                vec![1, 32],
+                vec![0.1; 32],
+            ),
+            (
+                "diffusion_model.blocks.0.not_a_module.lora_up.weight",
+                vec![32, 1],
+                vec![0.1; 32],
+            ),
+        ],
+    );
+    let t2v = s(&repo("golden/models/t2v"));
+    let out = tmp.path().join("out");
+    let (code, _, err) = wanbake(
+        tmp.path(),
+        &["--base", &t2v, "--adapter", &s(&p), "--out", &s(&out)],
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("not_a_module"), "{err}");
+    assert!(!out.exists());
+    let (code, _, err) = wanbake(
+        tmp.path(),
+        &[
+            "--base",
+            &t2v,
+            "--adapter",
+            &s(&p),
+            "--out",
+            &s(&out),
+            "--allow-unmatched",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    let m: Value =
+        serde_json::from_slice(&std::fs::read(out.join("wanbake.manifest.json")).unwrap()).unwrap();
+    let listed = m["report"]["adapters"][0]["unmatched_allowed"].to_string();
+    assert!(listed.contains("not_a_module.lora_down.weight"), "{listed}");
+    assert_eq!(m["report"]["adapters"][0]["targets_merged"], 1);
+}
+
+#[test]
+fn cli_help_documents_the_expert_syntax_and_strength_semantics() {
+    let tmp = common::tmp();
+    let out = common::ok(common::run(tmp.path(), &["merge", "--help"]));
+    for needle in [
+        "transformer_2=low_noise.safetensors:1.0",
+        "--dora-strength peft",
+        "a = 0 skips the adapter",
+        "MaxDiffusion adds diffs unscaled",
+    ] {
+        assert!(out.contains(needle), "`{needle}` missing from --help");
+    }
+}
