@@ -24,9 +24,7 @@ use faer::Par;
 use rayon::prelude::*;
 
 use super::error::MergeError;
-use super::math::{
-    Accumulator, Factors, Form, SA3_EPS, Scratch, Update, add_contribution, column_scales,
-};
+use super::math::{Factors, Form, SA3_EPS, Scratch, Update, add_contribution, column_scales};
 use super::plan::{BoundAdapter, Contribution, Job, MergePlan, RowOrder, Target};
 use super::report::SvdReport;
 use crate::adapter::{AdapterSet, Kind, ParamRole, TensorSource};
@@ -215,18 +213,24 @@ impl Exec<'_> {
                 reason: e.to_string(),
             })?;
         let size = job.dtype.size().unwrap_or(4);
+        // Linear and full-tensor contributions only add into the band; the normalised ones
+        // also need W0 on its own.
+        let keep_w0 = updates
+            .iter()
+            .any(|u| matches!(u, Update::LowRank { form, .. } if !matches!(form, Form::Additive)));
         let mut whole = Vec::new();
         let (mut W0, mut D, mut bytes) = (Vec::new(), Vec::new(), Vec::new());
         let mut r0 = 0;
         while r0 < t.out {
             let n = band.min(t.out - r0);
-            W0.resize(n * t.inp, 0.0);
-            rows.read(r0, n, &mut W0)?;
-            D.clear();
-            D.resize(n * t.inp, 0.0f32);
-            let mut acc = Accumulator::Zero;
+            D.resize(n * t.inp, 0.0);
+            rows.read(r0, n, &mut D)?;
+            if keep_w0 {
+                W0.clear();
+                W0.extend_from_slice(&D);
+            }
             for ((u, l), cs) in updates.iter().zip(&loaded).zip(&col_scales) {
-                let (W0, D) = (&W0[..], &mut D[..]);
+                let W0 = if keep_w0 { &W0[..] } else { &[][..] };
                 add_contribution(
                     u,
                     l.weight,
@@ -235,13 +239,11 @@ impl Exec<'_> {
                     r0,
                     n,
                     t.inp,
-                    D,
-                    acc,
+                    &mut D,
                     scratch,
                 );
-                acc = Accumulator::Partial;
             }
-            finish_band(&mut D, &W0).map_err(|i| self.non_finite(t, r0, i, D[i]))?;
+            check_finite(&D).map_err(|i| self.non_finite(t, r0, i, D[i]))?;
             let stored = rows.to_stored_order(&D);
             if to_output == Transform::Identity {
                 bytes.resize(stored.len() * size, 0);
@@ -351,18 +353,13 @@ impl Exec<'_> {
     }
 }
 
-/// `D ← W0 + D` (the merged band), checked finite without a branch per element so the loop
-/// vectorises; `Err(i)` names the first non-finite element.
-fn finish_band(D: &mut [f32], W0: &[f32]) -> Result<(), usize> {
-    let mut finite = true;
-    for (d, &w) in D.iter_mut().zip(W0) {
-        *d += w;
-        finite &= d.is_finite();
+/// Checks a merged band without a branch per element, so the loop vectorises; `Err(i)`
+/// names the first non-finite element.
+fn check_finite(merged: &[f32]) -> Result<(), usize> {
+    if merged.iter().fold(true, |ok, x| ok & x.is_finite()) {
+        return Ok(());
     }
-    match finite {
-        true => Ok(()),
-        false => Err(D.iter().position(|x| !x.is_finite()).unwrap_or(0)),
-    }
+    Err(merged.iter().position(|x| !x.is_finite()).unwrap_or(0))
 }
 
 /// One contribution's tensors, loaded.
