@@ -168,6 +168,7 @@ fn component_report(c: &Component, hash: bool) -> Result<ComponentReport, ReadEr
     let parameter_count = dtypes.values().map(|s| s.parameters).sum();
     if let Some(f) = fp.as_mut() {
         check_param_total(f, parameter_count);
+        check_config(f, c);
     }
     Ok(ComponentReport {
         name: c.name.clone(),
@@ -198,6 +199,23 @@ fn check_param_total(f: &mut Fingerprint, count: u64) {
              (tensors missing or extra; norm_added_q is one known extra)",
             v.name()
         ));
+    }
+}
+
+/// Compares a diffusers config.json with what the weights imply.
+fn check_config(f: &mut Fingerprint, c: &Component) {
+    let (Some(shapes), Some(side)) = (&f.wan, c.sidecar("config.json")) else {
+        return;
+    };
+    match crate::model::wan::WanConfig::from_json(&side.text) {
+        Ok(cfg) => f
+            .notes
+            .extend(crate::model::fingerprint::config_disagreements(
+                &cfg, shapes,
+            )),
+        Err(e) => f
+            .notes
+            .push(format!("{}: not a WAN config: {e}", side.path.display())),
     }
 }
 

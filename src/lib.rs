@@ -10,6 +10,8 @@
 
 pub mod adapter;
 pub mod cli;
+pub mod convert;
+pub mod gpu;
 pub mod inspect;
 pub mod io;
 pub mod layout;
@@ -17,5 +19,7 @@ pub mod linalg;
 pub mod manifest;
 pub mod merge;
 pub mod model;
+pub mod recipe;
 pub mod release;
+pub mod runner;
 pub mod synth;

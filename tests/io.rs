@@ -701,3 +701,78 @@ fn inspect_fingerprints_real_shaped_synthetic_checkpoints() {
     let out = ok(run(root.path(), &["inspect", "odd.safetensors"]));
     assert!(out.contains("num_layers is 39 (expected 40)"), "{out}");
 }
+
+#[test]
+fn convert_mirrors_naming_and_rounds_each_value_once() {
+    let root = tmp();
+    synth_tiny(&root.path().join("src"), DType::F32);
+    ok(run(
+        root.path(),
+        &[
+            "convert",
+            "src",
+            "--dtype",
+            "bf16",
+            "--shard-size",
+            "3000",
+            "--out",
+            "dst",
+        ],
+    ));
+    ok(run(root.path(), &["verify", "dst"]));
+    let names = |d: &str| -> Vec<String> {
+        tree(&root.path().join(d))
+            .into_iter()
+            .filter(|f| !f.ends_with("manifest.json"))
+            .collect()
+    };
+    // Every tensor is exactly half as large, so the same greedy split at half the limit.
+    assert_eq!(names("src"), names("dst"));
+    let a = wanbake::io::Checkpoint::open(&root.path().join("src")).unwrap();
+    let b = wanbake::io::Checkpoint::open(&root.path().join("dst")).unwrap();
+    let (a, b) = (a.single().unwrap(), b.single().unwrap());
+    for t in a.tensors.tensors() {
+        let src = t.view.to_f32().unwrap();
+        let u = b.tensors.get(t.view.name).unwrap();
+        assert_eq!(u.view.dtype, DType::BF16);
+        let expect: Vec<u8> = src
+            .iter()
+            .flat_map(|x| half::bf16::from_f32(*x).to_bits().to_le_bytes())
+            .collect();
+        assert_eq!(u.view.bytes, &expect[..], "{}", t.view.name);
+    }
+    // Converting onto its own input is refused and writes nothing.
+    let (code, _, err) = parts(&run(
+        root.path(),
+        &["convert", "src", "--dtype", "bf16", "--out", "src/x"],
+    ));
+    assert_eq!(code, 1);
+    assert!(err.contains("overlaps the input"), "{err}");
+    assert!(!root.path().join("src/x").exists());
+}
+
+#[test]
+fn inspect_flags_a_config_that_disagrees_with_the_weights() {
+    // spec wan.md §1.3: a config with image_dim / added_kv_proj_dim but no image weights.
+    let root = tmp();
+    let dir = root.path().join("m");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::copy(
+        repo().join("golden/models/t2v/diffusion_pytorch_model.safetensors"),
+        dir.join("diffusion_pytorch_model.safetensors"),
+    )
+    .unwrap();
+    let mut cfg: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(repo().join("golden/models/t2v/config.json")).unwrap(),
+    )
+    .unwrap();
+    cfg["image_dim"] = 1280.into();
+    std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+    let out = ok(run(root.path(), &["inspect", "m"]));
+    assert!(
+        out.contains("config.json says image_dim = Some(1280) but the weights imply None"),
+        "{out}"
+    );
+    let clean = ok(run(&repo(), &["inspect", "golden/models/t2v"]));
+    assert!(!clean.contains("config.json says"), "{clean}");
+}

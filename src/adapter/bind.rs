@@ -529,6 +529,16 @@ pub fn kind_name(k: Kind) -> &'static str {
 }
 
 impl AdapterSet {
+    /// `bind` against one component of a checkpoint (a model, or one transformer of a
+    /// pipeline); `base_path` is used in messages.
+    pub fn bind_component(
+        &mut self,
+        base_path: &Path,
+        component: &crate::io::Component,
+    ) -> Result<BindReport, AdapterError> {
+        self.bind(&BaseIndex::new(base_path, &component.tensors))
+    }
+
     /// Binds every entry to a tensor of `base`: fills `Entry::target` and
     /// `Entry::binding`, checks shapes (2-D view rules of `kinds`), and reports entries
     /// that bind to nothing. Errors: shapes that do not fit (always), no entry bound at all

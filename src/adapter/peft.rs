@@ -153,6 +153,12 @@ pub fn render_peft_like(
                 if e.kind == Kind::DoraRows {
                     notes.insert("SA3 dora-rows written as PEFT DoRA: PEFT's row norm has no ε, SA3 adds 1e-12 (spec sa3_lora.md §5.4)".to_string());
                 }
+                if matches!(id, ModuleId::Generic { .. })
+                    && e.binding.is_none()
+                    && kernel_of(e).is_none()
+                {
+                    notes.insert("without --base the layer types of non-WAN modules are unknown: factors are written in Linear shape (a Conv target needs --base)".to_string());
+                }
                 if conv_kernel_unknown(e, id) {
                     problems.push(ctx.problem(i, "a Conv3d target: its kernel shape is unknown without --base, and PEFT needs the factors in conv shape"));
                     continue;

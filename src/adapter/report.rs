@@ -98,12 +98,13 @@ pub struct AdapterReport {
 }
 
 impl AdapterReport {
-    /// Problems that make `inspect` exit non-zero.
-    pub fn problems(&self) -> Vec<String> {
+    /// Problems that make `inspect` exit non-zero, each a full message naming `path`.
+    pub fn problems(&self, path: &Path) -> Vec<String> {
+        let p = path.display();
         let mut v: Vec<String> = self
             .unparsed
             .iter()
-            .map(|k| format!("key `{}` is not used: {}", k.key, k.reason))
+            .map(|k| format!("{p}: key `{}` is not used: {}", k.key, k.reason))
             .collect();
         for b in &self.bindings {
             if let Some(e) = &b.error {
@@ -111,7 +112,7 @@ impl AdapterReport {
             }
             for u in &b.unmatched {
                 v.push(format!(
-                    "`{}` ({}) binds to nothing in {}: {}",
+                    "{p}: `{}` ({}) binds to nothing in {}: {}",
                     u.module, u.kind, b.base, u.reason
                 ));
             }
@@ -134,8 +135,8 @@ pub fn module_type(m: &str) -> String {
     }
     let s = out.join(".");
     // kohya spelling: blocks_N_
-    let re = regex::Regex::new(r"blocks_\d+_").ok();
-    match re {
+    static KOHYA_BLOCK: std::sync::OnceLock<Option<regex::Regex>> = std::sync::OnceLock::new();
+    match KOHYA_BLOCK.get_or_init(|| regex::Regex::new(r"blocks_\d+_").ok()) {
         Some(r) => r.replace_all(&s, "blocks_*_").into_owned(),
         None => s,
     }

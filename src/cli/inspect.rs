@@ -38,7 +38,7 @@ fn add_adapter_details(
     };
     match describe_path(path, base) {
         Ok(a) => {
-            let problems = a.problems();
+            let problems = a.problems(path);
             comp.adapter = serde_json::to_value(&a).ok();
             problems
         }
@@ -60,7 +60,7 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
             Ok(mut r) => {
                 let base = base.as_ref().map(|(p, c)| (*p, c));
                 for problem in add_adapter_details(path, &mut r, base) {
-                    eprintln!("error: {}: {problem}", path.display());
+                    eprintln!("error: {problem}");
                     status = Status::Failed;
                 }
                 p.line(render_text(&r));

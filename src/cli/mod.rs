@@ -4,9 +4,12 @@
 
 use clap::{Parser, Subcommand};
 
+pub mod convert;
 pub mod inspect;
 pub mod merge;
 pub mod printer;
+pub mod restack;
+pub mod run;
 pub mod synth;
 pub mod translate;
 pub mod verify;
@@ -62,10 +65,16 @@ pub enum Command {
     Verify(verify::Args),
     /// Write a synthetic checkpoint with the real shapes of a released model.
     Synth(synth::Args),
+    /// Convert the float tensors of any checkpoint to another dtype (mirrors its naming).
+    Convert(convert::Args),
     /// Write an adapter in another convention (PEFT, diffusers, ComfyUI, kohya, SA3, NNX).
     Translate(translate::Args),
     /// Merge adapters into a base checkpoint (streaming, exact, one pass) and write a release.
     Merge(merge::Args),
+    /// Convert a WAN transformer between the diffusers, wan, nnx and nnx-scanned layouts.
+    Restack(restack::Args),
+    /// Run the bundled WAN transformer on CPU: one forward, or N sampling steps with CFG.
+    Run(run::Args),
 }
 
 /// Runs the parsed command line.
@@ -93,6 +102,10 @@ pub fn execute(cli: Cli) -> anyhow::Result<Status> {
             let mut p = Printer::new(a.json, quiet);
             synth::execute(a, &mut p)
         }
+        Command::Convert(a) => {
+            let mut p = Printer::new(a.json, quiet);
+            convert::execute(a, &mut p)
+        }
         Command::Translate(a) => {
             let mut p = Printer::new(a.json, quiet);
             translate::execute(a, &mut p)
@@ -100,6 +113,14 @@ pub fn execute(cli: Cli) -> anyhow::Result<Status> {
         Command::Merge(a) => {
             let mut p = Printer::new(a.json, quiet);
             merge::execute(a, &mut p)
+        }
+        Command::Restack(a) => {
+            let mut p = Printer::new(a.json, quiet);
+            restack::execute(a, &mut p)
+        }
+        Command::Run(a) => {
+            let mut p = Printer::new(a.json, quiet);
+            run::execute(a, &mut p)
         }
     }
 }

@@ -77,21 +77,26 @@ pub fn digest_safetensors(path: &Path) -> Result<SafetensorsDigest, ReadError> {
     let mut whole = Sha256::new();
     whole.update(&bytes[..data_start]);
     let mut tensors = BTreeMap::new();
+    // Large tensors are hashed in chunks whose pages are released as soon as they are
+    // hashed, so peak RSS stays at one chunk whatever the tensor size.
+    const CHUNK: usize = 64 << 20;
     for (i, t) in f.infos().iter().enumerate() {
-        if i + 1 < f.infos().len() {
-            f.prefetch(i + 1);
-        }
         let data = f.view_at(i).bytes;
-        whole.update(data);
+        let base = data_start + t.begin;
+        let mut one = Sha256::new();
+        for (k, chunk) in data.chunks(CHUNK).enumerate() {
+            whole.update(chunk);
+            one.update(chunk);
+            f.release_bytes(base + k * CHUNK, base + k * CHUNK + chunk.len());
+        }
         tensors.insert(
             t.name.clone(),
             TensorDigest {
                 dtype: t.dtype,
                 shape: t.shape.clone(),
-                sha256: sha256_hex(data),
+                sha256: hex(&one.finalize()),
             },
         );
-        f.release(i);
     }
     Ok(SafetensorsDigest {
         bytes: bytes.len() as u64,

@@ -260,6 +260,13 @@ impl SafetensorsFile {
         );
     }
 
+    /// Drops the pages of the absolute file range `[begin, end)` from this process's
+    /// resident set (whole pages inside the range only), for consumers that walk one large
+    /// tensor in chunks.
+    pub fn release_bytes(&self, begin: usize, end: usize) {
+        self.map.release_range(begin, end);
+    }
+
     /// Hints that tensor `i` will be read soon.
     pub fn prefetch(&self, i: usize) {
         let t = &self.header.tensors[i];

@@ -47,16 +47,14 @@ pub fn detect_layout<S: AsRef<str>>(names: &[S]) -> Result<Layout, PlanError> {
                     closest = c;
                 }
             }
+            let closest = (closest.1 > 0).then_some(closest.0);
             let mut unknown: Vec<String> = keys
                 .iter()
-                .filter(|k| table::parse_stored(closest.0, k).is_none())
+                .filter(|k| closest.is_none_or(|l| table::parse_stored(l, k).is_none()))
                 .map(|k| k.to_string())
                 .collect();
             unknown.sort();
-            Err(PlanError::Undetectable {
-                closest: closest.0,
-                unknown,
-            })
+            Err(PlanError::Undetectable { closest, unknown })
         }
         many => Err(PlanError::Ambiguous {
             candidates: many.to_vec(),
@@ -150,8 +148,18 @@ mod tests {
         ));
         match detect_layout(&["blocks.0.attn1.to_q.weight", "lora_unet_x"]) {
             Err(PlanError::Undetectable { closest, unknown }) => {
-                assert_eq!(closest, Layout::Diffusers);
+                assert_eq!(closest, Some(Layout::Diffusers));
                 assert_eq!(unknown, vec!["lora_unet_x".to_string()]);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn keys_of_no_layout_say_so() {
+        match detect_layout(&["diffusion_model.blocks.0.self_attn.q.lora_down.weight"]) {
+            Err(e @ PlanError::Undetectable { closest: None, .. }) => {
+                assert!(e.to_string().contains("none of the 1 keys"), "{e}")
             }
             other => panic!("{other:?}"),
         }

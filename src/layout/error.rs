@@ -100,10 +100,11 @@ pub enum PlanError {
         dtype: DType,
     },
     /// No layout explains the keys.
-    #[error("cannot tell the layout from the keys: the closest is `{closest}`, which does not know {} of them:{}\nhint: pass --from diffusers|wan|nnx|nnx-scanned to see the full list for one layout", unknown.len(), list(unknown))]
+    #[error("cannot tell the layout from the keys: {}{}", closest_text(*closest, unknown.len()), list(unknown))]
     Undetectable {
-        /// The layout that explained the most keys.
-        closest: Layout,
+        /// The layout that explained the most keys (`None`: no key is a WAN parameter in
+        /// any layout).
+        closest: Option<Layout>,
         /// Keys it did not explain.
         unknown: Vec<String>,
     },
@@ -189,6 +190,17 @@ fn list_shapes(m: &[ShapeMismatch]) -> String {
         let _ = write!(s, "\n  ... and {} more", m.len() - LISTED_KEYS);
     }
     s
+}
+
+fn closest_text(closest: Option<Layout>, n: usize) -> String {
+    match closest {
+        Some(l) => format!(
+            "the closest is `{l}`, which does not know {n} of them (pass --from to choose a layout):"
+        ),
+        None => format!(
+            "none of the {n} keys is a WAN transformer parameter in any layout (an adapter, or another model?):"
+        ),
+    }
 }
 
 fn join_layouts(l: &[Layout]) -> String {

@@ -14,6 +14,7 @@
 //! input.
 
 use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -33,8 +34,11 @@ pub trait TensorSource: Sync {
     /// The stored tensor `name`, borrowed (no copy), or `None` when absent.
     fn tensor(&self, name: &str) -> Option<TensorView<'_>>;
 
-    /// Called once no job needs `name` any more (a mapped file may drop its pages).
-    fn release(&self, _name: &str) {}
+    /// Called after a job has read `bytes` (a byte range of `name`'s data: the whole
+    /// tensor, or one layer of a stacked one), so a mapped file can drop those pages from
+    /// the resident set. Dropping more (the whole tensor) is allowed: a later read refaults
+    /// the pages from the page cache.
+    fn release(&self, _name: &str, _bytes: Range<usize>) {}
 }
 
 /// A boxed error from a sink.
@@ -52,7 +56,8 @@ impl TensorSource for SafetensorsFile {
         self.view(name)
     }
 
-    fn release(&self, name: &str) {
+    fn release(&self, name: &str, _bytes: Range<usize>) {
+        // SafetensorsFile releases whole tensors only.
         if let Some(i) = self.position(name) {
             SafetensorsFile::release(self, i);
         }
@@ -107,7 +112,8 @@ pub struct Conversion {
     pub write: WritePlan,
     /// Dtype of each output tensor (same order as `write.tensors`).
     pub dtypes: Vec<DType>,
-    /// The jobs, in read-plan order.
+    /// The jobs, grouped by stored tensor (in the order the read plan first needs each),
+    /// layers in order: a stacked input is consumed one tensor at a time.
     pub jobs: Vec<Job>,
 }
 
@@ -208,6 +214,11 @@ impl Conversion {
                 dst_offset: piece.offset * size,
             });
         }
+        let mut first_use: HashMap<String, usize> = HashMap::new();
+        for (i, j) in jobs.iter().enumerate() {
+            first_use.entry(j.stored.clone()).or_insert(i);
+        }
+        jobs.sort_by_key(|j| (first_use[&j.stored], j.layer));
         Ok(Conversion {
             read,
             write,
@@ -238,25 +249,14 @@ impl Conversion {
         options: &ExecOptions,
     ) -> Result<ExecReport, ExecError> {
         self.check_source(source)?;
-        let mut uses: HashMap<&str, AtomicUsize> = HashMap::new();
-        for j in &self.jobs {
-            uses.entry(j.stored.as_str())
-                .or_insert_with(|| AtomicUsize::new(0))
-                .fetch_add(1, Ordering::Relaxed);
-        }
         let written = AtomicUsize::new(0);
         let run = || {
             self.jobs
                 .par_iter()
                 .try_for_each_init(Vec::new, |buf, job| {
-                    let n = self.run_job(job, source, sink, options.band_bytes, buf)?;
+                    let (n, read) = self.run_job(job, source, sink, options.band_bytes, buf)?;
                     written.fetch_add(n, Ordering::Relaxed);
-                    if uses
-                        .get(job.stored.as_str())
-                        .is_some_and(|u| u.fetch_sub(1, Ordering::AcqRel) == 1)
-                    {
-                        source.release(&job.stored);
-                    }
+                    source.release(&job.stored, read);
                     Ok(())
                 })
         };
@@ -305,7 +305,7 @@ impl Conversion {
         sink: &dyn TensorSink,
         band_bytes: usize,
         buf: &mut Vec<u8>,
-    ) -> Result<usize, ExecError> {
+    ) -> Result<(usize, Range<usize>), ExecError> {
         let kernel_err = |source| ExecError::Kernel {
             name: job.stored.clone(),
             source,
@@ -348,7 +348,7 @@ impl Conversion {
                 })?;
             r0 = r1;
         }
-        Ok(numel * dst_size)
+        Ok((numel * dst_size, start..start + slice))
     }
 }
 

@@ -4,8 +4,9 @@
 //! tensor transforms and their fused kernels (`transform`), reading a checkpoint of any
 //! layout into the canonical form (`read`), writing the canonical form out in any layout
 //! (`write`), layout detection and the config.json layout field (`detect`), the keep-f32
-//! dtype policies (`dtype_policy`) and the executor that runs a conversion against a source
-//! and a sink (`exec`). Does not own: file formats and folders (`io`), configs and the
+//! dtype policies (`dtype_policy`), the executor that runs a conversion against a source
+//! and a sink (`exec`), and whole-checkpoint restacking into a release (`restack`). Does
+//! not own: file formats, folders and the atomic writer (`io`, `release`), configs and the
 //! diffusers parameter list (`model::wan`).
 //!
 //! The canonical form is the diffusers `WanTransformer3DModel` parameter set, with diffusers
@@ -22,6 +23,7 @@ pub mod dtype_policy;
 pub mod error;
 pub mod exec;
 pub mod read;
+pub mod restack;
 pub mod table;
 pub mod transform;
 pub mod write;

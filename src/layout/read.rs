@@ -277,6 +277,41 @@ fn check_against_config(
     config: &WanConfig,
     found: Vec<Found<'_>>,
 ) -> Result<Vec<CanonicalSource>, PlanError> {
+    let mut by_name = index_by_canonical(found)?;
+    let expected = config.diffusers_params();
+    check_names(layout, &expected, &by_name)?;
+    let mut mismatches: BTreeMap<String, ShapeMismatch> = BTreeMap::new();
+    let mut params = Vec::with_capacity(expected.len());
+    for p in expected {
+        let Some(f) = by_name.remove(&p.name) else {
+            continue; // unreachable: check_names reported missing names
+        };
+        if f.shape != p.shape {
+            let mismatch = shape_mismatch(layout, config, &f, &p);
+            mismatches.entry(mismatch.key.clone()).or_insert(mismatch);
+            continue;
+        }
+        params.push(CanonicalSource {
+            name: p.name,
+            shape: p.shape,
+            stored: f.stored.name.clone(),
+            layer: f.layer,
+            stored_shape: f.stored_shape,
+            to_canonical: f.entry.from_canonical(layout).inverse(),
+            dtype: f.stored.dtype,
+        });
+    }
+    if !mismatches.is_empty() {
+        return Err(PlanError::Shapes {
+            layout,
+            mismatches: mismatches.into_values().collect(),
+        });
+    }
+    Ok(params)
+}
+
+/// The resolved keys by canonical name; two keys for one parameter are an error.
+fn index_by_canonical(found: Vec<Found<'_>>) -> Result<HashMap<String, Found<'_>>, PlanError> {
     let mut by_name: HashMap<String, Found<'_>> = HashMap::with_capacity(found.len());
     for f in found {
         let name = name_of(&f);
@@ -289,7 +324,15 @@ fn check_against_config(
         }
         by_name.insert(name, f);
     }
-    let expected = config.diffusers_params();
+    Ok(by_name)
+}
+
+/// Nothing the config lacks, nothing missing that it has.
+fn check_names(
+    layout: Layout,
+    expected: &[ParamSpec],
+    by_name: &HashMap<String, Found<'_>>,
+) -> Result<(), PlanError> {
     let expected_names: BTreeSet<&str> = expected.iter().map(|p| p.name.as_str()).collect();
     let unexpected: BTreeSet<String> = by_name
         .iter()
@@ -313,46 +356,29 @@ fn check_against_config(
             keys: missing.into_iter().collect(),
         });
     }
-    let mut mismatches: BTreeMap<String, ShapeMismatch> = BTreeMap::new();
-    let mut params = Vec::with_capacity(expected.len());
-    for p in expected {
-        let Some(f) = by_name.remove(&p.name) else {
-            continue; // unreachable: missing names were reported above
-        };
-        if f.shape != p.shape {
-            let to_stored = f.entry.from_canonical(layout);
-            let mut want = to_stored
-                .apply_shape(&p.shape)
-                .unwrap_or_else(|_| p.shape.clone());
-            if f.layer.is_some() {
-                want.insert(0, config.num_layers);
-            }
-            mismatches
-                .entry(f.stored.name.clone())
-                .or_insert(ShapeMismatch {
-                    key: f.stored.name.clone(),
-                    expected: want,
-                    found: f.stored.shape.clone(),
-                });
-            continue;
-        }
-        params.push(CanonicalSource {
-            name: p.name,
-            shape: p.shape,
-            stored: f.stored.name.clone(),
-            layer: f.layer,
-            stored_shape: f.stored_shape,
-            to_canonical: f.entry.from_canonical(layout).inverse(),
-            dtype: f.stored.dtype,
-        });
+    Ok(())
+}
+
+/// A wrong shape, stated in the stored layout (stacked shapes with their L).
+fn shape_mismatch(
+    layout: Layout,
+    config: &WanConfig,
+    f: &Found<'_>,
+    p: &ParamSpec,
+) -> ShapeMismatch {
+    let mut want = f
+        .entry
+        .from_canonical(layout)
+        .apply_shape(&p.shape)
+        .unwrap_or_else(|_| p.shape.clone());
+    if f.layer.is_some() {
+        want.insert(0, config.num_layers);
     }
-    if !mismatches.is_empty() {
-        return Err(PlanError::Shapes {
-            layout,
-            mismatches: mismatches.into_values().collect(),
-        });
+    ShapeMismatch {
+        key: f.stored.name.clone(),
+        expected: want,
+        found: f.stored.shape.clone(),
     }
-    Ok(params)
 }
 
 /// The name a canonical parameter has in `layout` (the stacked name for `nnx-scanned`).

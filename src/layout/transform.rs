@@ -260,6 +260,10 @@ struct SplitSwap {
 impl SplitSwap {
     const IDENTITY: SplitSwap = SplitSwap { a: 1, b: 1 };
 
+    fn is_identity(self) -> bool {
+        self.a == 1 || self.b == 1
+    }
+
     #[inline(always)]
     fn map(self, index: usize) -> usize {
         if self.a == 1 || self.b == 1 {
@@ -300,12 +304,6 @@ impl Geometry {
     fn numel(&self) -> usize {
         self.rows * self.row_len
     }
-
-    /// Source element index of destination (k, j).
-    #[inline(always)]
-    fn src_index(&self, k: usize, j: usize) -> usize {
-        self.row_of.map(j) * self.src_cols + self.col_of.map(k)
-    }
 }
 
 /// Same-dtype kernel over `N`-byte elements: a pure byte permutation.
@@ -315,10 +313,10 @@ fn permute_raw<const N: usize>(g: &Geometry, src: &[u8], rows: Range<usize>, dst
         dst.copy_from_slice(&src[run]);
         return;
     }
-    let read = |index: usize| -> [u8; N] {
-        let mut e = [0u8; N];
-        e.copy_from_slice(&src[index * N..index * N + N]);
-        e
+    let read = |start: usize, out: &mut [[u8; N]]| {
+        for (e, c) in out.iter_mut().zip(src[start * N..].chunks_exact(N)) {
+            e.copy_from_slice(c);
+        }
     };
     let write = |run: &[[u8; N]], out: &mut [u8]| {
         for (o, e) in out.chunks_exact_mut(N).zip(run) {
@@ -328,7 +326,8 @@ fn permute_raw<const N: usize>(g: &Geometry, src: &[u8], rows: Range<usize>, dst
     tiled(g, rows, dst, N, [0u8; N], read, write);
 }
 
-/// Dtype-converting kernel: widen each source element to `f32`, narrow rows once.
+/// Dtype-converting kernel: widen source runs to `f32` (`io::dtype`), narrow destination
+/// runs once with round-to-nearest-even (`io::dtype`).
 fn convert_widening(
     g: &Geometry,
     src: SrcTensor<'_>,
@@ -345,42 +344,13 @@ fn convert_widening(
         convert_contiguous(g, src, rows, dst, dst_size, narrow);
         return;
     }
-    let bytes = src.bytes;
-    match src.dtype {
-        DType::F32 => {
-            let read = |i: usize| {
-                f32::from_le_bytes([
-                    bytes[4 * i],
-                    bytes[4 * i + 1],
-                    bytes[4 * i + 2],
-                    bytes[4 * i + 3],
-                ])
-            };
-            tiled(g, rows, dst, dst_size, 0f32, read, narrow);
-        }
-        DType::BF16 => {
-            let read = |i: usize| {
-                f32::from_bits((u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]) as u32) << 16)
-            };
-            tiled(g, rows, dst, dst_size, 0f32, read, narrow);
-        }
-        DType::F16 => {
-            let read = |i: usize| {
-                half::f16::from_bits(u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]])).to_f32()
-            };
-            tiled(g, rows, dst, dst_size, 0f32, read, narrow);
-        }
-        other => {
-            // F64 and F8: rare in WAN checkpoints; widen one element at a time.
-            let size = other.size().unwrap_or(1);
-            let read = |i: usize| {
-                let mut x = [0f32];
-                let _ = dtype::widen_to_f32(other, &bytes[i * size..(i + 1) * size], &mut x);
-                x[0]
-            };
-            tiled(g, rows, dst, dst_size, 0f32, read, narrow);
-        }
-    }
+    let size = src.dtype.size().unwrap_or(1);
+    let widen = |start: usize, out: &mut [f32]| {
+        let bytes = &src.bytes[start * size..(start + out.len()) * size];
+        // Infallible: the caller checked src.dtype is a float.
+        let _ = dtype::widen_to_f32(src.dtype, bytes, out);
+    };
+    tiled(g, rows, dst, dst_size, 0f32, widen, narrow);
 }
 
 /// Identity with a dtype change: widen and narrow in fixed chunks.
@@ -408,32 +378,43 @@ fn convert_contiguous(
     }
 }
 
-/// The tiled permutation shared by both kernels: gather a TILE×TILE block of destination
-/// elements (reading source rows in order), then emit each destination row segment.
+/// The tiled permutation shared by both kernels: for a TILE×TILE block of the destination,
+/// read the matching source rows in runs (`read(start, out)` fills `out` from consecutive
+/// source elements), transpose through the tile, then emit each destination row segment.
 fn tiled<E: Copy>(
     g: &Geometry,
     rows: Range<usize>,
     dst: &mut [u8],
     dst_size: usize,
     zero: E,
-    read: impl Fn(usize) -> E,
+    read: impl Fn(usize, &mut [E]),
     write: impl Fn(&[E], &mut [u8]),
 ) {
     let mut tile = [zero; TILE * TILE];
+    let mut run = [zero; TILE];
     let row_bytes = g.row_len * dst_size;
     for k0 in rows.clone().step_by(TILE) {
         let k1 = (k0 + TILE).min(rows.end);
         for j0 in (0..g.row_len).step_by(TILE) {
             let j1 = (j0 + TILE).min(g.row_len);
             for j in j0..j1 {
-                for k in k0..k1 {
-                    tile[(k - k0) * TILE + (j - j0)] = read(g.src_index(k, j));
+                let base = g.row_of.map(j) * g.src_cols;
+                let run = &mut run[..k1 - k0];
+                if g.col_of.is_identity() {
+                    read(base + k0, run);
+                } else {
+                    for (e, k) in run.iter_mut().zip(k0..k1) {
+                        read(base + g.col_of.map(k), std::slice::from_mut(e));
+                    }
+                }
+                for (kk, &e) in run.iter().enumerate() {
+                    tile[kk * TILE + (j - j0)] = e;
                 }
             }
             for k in k0..k1 {
                 let at = (k - rows.start) * row_bytes + j0 * dst_size;
-                let run = &tile[(k - k0) * TILE..(k - k0) * TILE + (j1 - j0)];
-                write(run, &mut dst[at..at + (j1 - j0) * dst_size]);
+                let seg = &tile[(k - k0) * TILE..(k - k0) * TILE + (j1 - j0)];
+                write(seg, &mut dst[at..at + (j1 - j0) * dst_size]);
             }
         }
     }
@@ -597,5 +578,53 @@ mod tests {
             .map(|c| u16::from_le_bytes([c[0], c[1]]))
             .collect();
         assert_eq!(got, vec![0x7F81, 0x0001, 0xFFC1, 0x8000]);
+    }
+}
+
+#[cfg(test)]
+mod bench {
+    use super::*;
+
+    /// CPU time of the calling thread in seconds (utime + stime from /proc, 10 ms ticks), so
+    /// the figure means something on a shared machine.
+    fn thread_cpu_s() -> f64 {
+        let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap_or_default();
+        let after = stat.rsplit(')').next().unwrap_or("");
+        // Fields after the command name: state, ppid, ..., utime (12th), stime (13th).
+        let f: Vec<&str> = after.split_whitespace().collect();
+        let tick = |i: usize| f.get(i).and_then(|x| x.parse::<i64>().ok()).unwrap_or(0);
+        (tick(11) + tick(12)) as f64 / 100.0
+    }
+
+    #[test]
+    #[ignore = "timing only: cargo test --release --lib transform::bench -- --ignored --nocapture"]
+    fn transpose_8960x1536() {
+        let (r, c) = (8960usize, 1536usize);
+        let src: Vec<u8> = (0..r * c).flat_map(|i| (i as f32).to_le_bytes()).collect();
+        let shape = [r, c];
+        let reps = 5;
+        for (t, dtype, label) in [
+            (Transform::Transpose, DType::BF16, "transpose f32->bf16"),
+            (Transform::Transpose, DType::F32, "transpose f32->f32"),
+            (Transform::Identity, DType::BF16, "identity f32->bf16"),
+            (Transform::Identity, DType::F32, "identity f32->f32"),
+        ] {
+            let mut dst = vec![0u8; r * c * dtype.size().unwrap()];
+            let (wall, cpu) = (std::time::Instant::now(), thread_cpu_s());
+            for _ in 0..reps {
+                let s = SrcTensor {
+                    dtype: DType::F32,
+                    shape: &shape,
+                    bytes: &src,
+                };
+                convert(t, s, dtype, &mut dst).unwrap();
+            }
+            let n = (reps * r * c) as f64;
+            println!(
+                "{label}: {:.2} ns/element CPU ({:.2} wall)",
+                (thread_cpu_s() - cpu) * 1e9 / n,
+                wall.elapsed().as_nanos() as f64 / n
+            );
+        }
     }
 }

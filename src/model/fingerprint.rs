@@ -11,6 +11,9 @@ use serde::Serialize;
 
 use super::sa3::{DIT_PREFIX, Sa3Variant};
 use super::wan::{WanConfig, WanVariant};
+use crate::io::DType;
+use crate::layout::detect::detect_layout;
+use crate::layout::read::{ReadPlan, StoredTensor};
 
 /// The verdict.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -27,6 +30,9 @@ pub struct Fingerprint {
     pub derived: serde_json::Value,
     /// Why the answer is "unknown", or notes about a recognised one.
     pub notes: Vec<String>,
+    /// The WAN config the shapes imply (heads assume 128-wide heads).
+    #[serde(skip)]
+    pub wan: Option<WanConfig>,
 }
 
 /// Shape lookup by name over a checkpoint's tensors.
@@ -63,85 +69,13 @@ pub fn fingerprint(src: &dyn ShapeSource) -> Fingerprint {
         description: "unknown model".into(),
         naming: None,
         derived: serde_json::Value::Null,
+        wan: None,
         notes: vec![
             "no WAN key (patch_embedding + blocks.N.attn1/self_attn) and no SA3 key \
              (transformer.layers.N.self_attn.to_qkv) found"
                 .into(),
         ],
     }
-}
-
-/// Where the few tensors the WAN fingerprint needs live, per naming.
-struct WanNames {
-    naming: &'static str,
-    prefix: String,
-}
-
-impl WanNames {
-    fn get(&self, src: &dyn ShapeSource, canonical: &str) -> Option<Vec<usize>> {
-        let name = if self.naming == "diffusers" {
-            canonical.to_string()
-        } else {
-            original_name(canonical)?
-        };
-        src.shape(&format!("{}{}", self.prefix, name))
-    }
-}
-
-/// Original Wan-AI spelling of the diffusers names the fingerprint reads (spec wan.md §1.4).
-fn original_name(canonical: &str) -> Option<String> {
-    let table = [
-        ("patch_embedding.weight", "patch_embedding.weight"),
-        (
-            "condition_embedder.text_embedder.linear_1.weight",
-            "text_embedding.0.weight",
-        ),
-        (
-            "condition_embedder.time_embedder.linear_1.weight",
-            "time_embedding.0.weight",
-        ),
-        (
-            "condition_embedder.image_embedder.ff.net.0.proj.weight",
-            "img_emb.proj.1.weight",
-        ),
-        (
-            "condition_embedder.image_embedder.pos_embed",
-            "img_emb.emb_pos",
-        ),
-        ("blocks.0.ffn.net.0.proj.weight", "blocks.0.ffn.0.weight"),
-        (
-            "blocks.0.attn2.add_k_proj.weight",
-            "blocks.0.cross_attn.k_img.weight",
-        ),
-        ("proj_out.weight", "head.head.weight"),
-    ];
-    table
-        .iter()
-        .find(|(c, _)| *c == canonical)
-        .map(|(_, o)| o.to_string())
-}
-
-fn detect_wan_naming(names: &[String]) -> Option<WanNames> {
-    let has = |n: &str| names.iter().any(|x| x == n);
-    if has("patch_embedding.weight") && names.iter().any(|n| n.contains(".attn1.to_q.")) {
-        return Some(WanNames {
-            naming: "diffusers",
-            prefix: String::new(),
-        });
-    }
-    for prefix in ["", "model.diffusion_model.", "diffusion_model."] {
-        if has(&format!("{prefix}patch_embedding.weight"))
-            && names
-                .iter()
-                .any(|n| n.starts_with(prefix) && n.contains(".self_attn.q."))
-        {
-            return Some(WanNames {
-                naming: "wan",
-                prefix: prefix.to_string(),
-            });
-        }
-    }
-    None
 }
 
 /// Number of distinct indices N in names of the form `{prefix}N.…`.
@@ -153,39 +87,53 @@ fn indexed_count(names: &[String], prefix: &str) -> usize {
     ids.len()
 }
 
+/// True when the keys look like a WAN transformer in some layout, even if not every key
+/// can be explained (so the failure can be reported instead of "unknown model").
+fn looks_like_wan(names: &[String]) -> bool {
+    names
+        .iter()
+        .any(|n| n.ends_with("patch_embedding.weight") || n.ends_with("patch_embedding.kernel"))
+        && names.iter().any(|n| n.contains("blocks."))
+}
+
 fn fingerprint_wan(src: &dyn ShapeSource, names: &[String]) -> Option<Fingerprint> {
-    let n = detect_wan_naming(names)?;
-    let mut notes = Vec::new();
-    let pe = n.get(src, "patch_embedding.weight")?;
-    let [d, c_in, pt, ph, pw] = pe[..] else {
-        notes.push(format!(
-            "patch_embedding.weight has shape {pe:?}, expected 5 dims"
-        ));
-        return Some(unknown_wan(&n, serde_json::Value::Null, notes));
+    if !looks_like_wan(names) {
+        return None;
+    }
+    let stored: Vec<StoredTensor> = names
+        .iter()
+        .filter_map(|n| {
+            Some(StoredTensor {
+                name: n.clone(),
+                dtype: DType::F32,
+                shape: src.shape(n)?,
+            })
+        })
+        .collect();
+    let plan = detect_layout(names).and_then(|layout| ReadPlan::new(layout, &stored, None));
+    let plan = match plan {
+        Ok(p) => p,
+        Err(e) => {
+            return Some(Fingerprint {
+                family: "wan".into(),
+                variant: None,
+                description: "WAN-like checkpoint that does not read as any WAN layout".into(),
+                naming: None,
+                derived: serde_json::Value::Null,
+                notes: vec![e.to_string()],
+                wan: None,
+            });
+        }
     };
-    let dim1 = |c: &str| n.get(src, c).and_then(|s| s.get(1).copied());
-    let dim0 = |c: &str| n.get(src, c).and_then(|s| s.first().copied());
-    let patch = pt * ph * pw;
-    let cfg = WanConfig {
-        patch_size: [pt, ph, pw],
-        // Shapes fix D only; every released WAN has 128-wide heads.
-        num_attention_heads: d / 128,
-        attention_head_dim: 128,
-        in_channels: c_in,
-        out_channels: dim0("proj_out.weight").map(|o| o / patch.max(1)),
-        text_dim: dim1("condition_embedder.text_embedder.linear_1.weight").unwrap_or(0),
-        freq_dim: dim1("condition_embedder.time_embedder.linear_1.weight").unwrap_or(0),
-        ffn_dim: dim0("blocks.0.ffn.net.0.proj.weight").unwrap_or(0),
-        num_layers: indexed_count(names, &format!("{}blocks.", n.prefix)),
-        image_dim: dim1("condition_embedder.image_embedder.ff.net.0.proj.weight"),
-        added_kv_proj_dim: dim1("blocks.0.attn2.add_k_proj.weight"),
-        pos_embed_seq_len: n
-            .get(src, "condition_embedder.image_embedder.pos_embed")
-            .and_then(|s| s.get(1).copied()),
-        ..WanConfig::default()
-    };
+    let naming = plan.layout.as_str();
+    let mut notes: Vec<String> = plan
+        .skipped
+        .iter()
+        .map(|k| format!("skipped `{}`: {}", k.name, k.reason))
+        .collect();
+    let cfg = plan.config;
     let derived = serde_json::json!({
-        "inner_dim": d,
+        "inner_dim": cfg.inner_dim(),
         "in_channels": cfg.in_channels,
         "out_channels": cfg.out_channels,
         "patch_size": cfg.patch_size,
@@ -200,31 +148,40 @@ fn fingerprint_wan(src: &dyn ShapeSource, names: &[String]) -> Option<Fingerprin
     let found = WanVariant::ALL
         .iter()
         .find(|v| same_wan_shapes(&v.config(), &cfg));
-    match found {
-        Some(v) => Some(Fingerprint {
-            family: "wan".into(),
-            variant: Some(v.id().into()),
-            description: v.name().into(),
-            naming: Some(n.naming.into()),
-            derived,
-            notes,
-        }),
+    let (variant, description) = match found {
+        Some(v) => (Some(v.id().to_string()), v.name().to_string()),
         None => {
             notes.push(closest_wan_difference(&cfg));
-            Some(unknown_wan(&n, derived, notes))
+            (None, "WAN transformer of an unreleased shape".to_string())
         }
-    }
-}
-
-fn unknown_wan(n: &WanNames, derived: serde_json::Value, notes: Vec<String>) -> Fingerprint {
-    Fingerprint {
+    };
+    Some(Fingerprint {
         family: "wan".into(),
-        variant: None,
-        description: "WAN transformer of an unreleased shape".into(),
-        naming: Some(n.naming.into()),
+        variant,
+        description,
+        naming: Some(naming.into()),
         derived,
         notes,
-    }
+        wan: Some(cfg),
+    })
+}
+
+/// Notes where a diffusers `config.json` disagrees with the weights (spec wan.md §1.3: a
+/// Wan2.2 config with `image_dim` set but no image weights would build randomly initialised
+/// layers and break inference).
+pub fn config_disagreements(config: &WanConfig, from_shapes: &WanConfig) -> Vec<String> {
+    wan_fields(config)
+        .iter()
+        .zip(wan_fields(from_shapes).iter())
+        .filter(|(a, b)| a.1 != b.1)
+        .map(|(a, b)| {
+            format!(
+                "config.json says {} = {} but the weights imply {}: a loader trusting the \
+                 config builds layers the weights do not fill",
+                a.0, a.1, b.1
+            )
+        })
+        .collect()
 }
 
 /// The fields shapes can reveal.
@@ -302,6 +259,7 @@ fn fingerprint_sa3(src: &dyn ShapeSource, names: &[String]) -> Option<Fingerprin
         naming: Some(naming.into()),
         derived,
         notes,
+        wan: None,
     })
 }
 
@@ -333,6 +291,43 @@ mod tests {
             let f = fingerprint(&s);
             assert_eq!(f.variant.as_deref(), Some(v.id()), "{:?}", f);
         }
+    }
+
+    #[test]
+    fn every_layout_of_a_released_config_is_recognised() {
+        use crate::layout::{Layout, WritePlan};
+        for layout in [Layout::Wan, Layout::Nnx, Layout::NnxScanned] {
+            for v in [WanVariant::T2V1_3B, WanVariant::I2V14B, WanVariant::TI2V5B] {
+                let plan = WritePlan::new(layout, &v.config().diffusers_params()).unwrap();
+                let s = Shapes(
+                    plan.tensors
+                        .into_iter()
+                        .map(|t| (t.name, t.shape))
+                        .collect(),
+                );
+                let f = fingerprint(&s);
+                assert_eq!(f.variant.as_deref(), Some(v.id()), "{layout:?}: {f:?}");
+                assert_eq!(f.naming.as_deref(), Some(layout.as_str()));
+            }
+        }
+    }
+
+    #[test]
+    fn a_wan_file_with_a_foreign_key_says_which_key() {
+        let mut m: BTreeMap<String, Vec<usize>> = WanVariant::T2V1_3B
+            .config()
+            .diffusers_params()
+            .into_iter()
+            .map(|p| (p.name, p.shape))
+            .collect();
+        m.insert("blocks.0.attn1.mystery.weight".into(), vec![4]);
+        let f = fingerprint(&Shapes(m));
+        assert_eq!(f.family, "wan");
+        assert!(
+            f.notes[0].contains("blocks.0.attn1.mystery.weight"),
+            "{:?}",
+            f.notes
+        );
     }
 
     #[test]

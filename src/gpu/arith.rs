@@ -1,0 +1,187 @@
+//! The element arithmetic of every kernel in `kernels/`, as host functions.
+//!
+//! Owns: one Rust function per device function or per-element kernel body, written as the
+//! same sequence of integer and IEEE operations, in the same order. The CPU backend
+//! ([`super::CpuBackend`]) computes with these functions, and the tests check them bit for
+//! bit against `io::dtype` (over all 65 536 bf16/f16 patterns and a sweep of f32 patterns:
+//! ties, subnormals, NaN, ±inf, max finite), so the kernels, this file and the I/O core agree
+//! by construction. Does not own: the reductions (`linalg::norms` is the reference for the
+//! norm kernels) or the GEMMs.
+//!
+//! Rust never contracts `a * b + c` into a fused multiply-add, and the kernels are compiled
+//! with `--fmad=false` and use `_rn` intrinsics, so each operation is rounded once on both
+//! sides.
+
+/// True for every NaN bit pattern of an f32 (either sign, quiet or signalling).
+#[inline(always)]
+pub fn is_nan_bits(b: u32) -> bool {
+    (b & 0x7FFF_FFFF) > 0x7F80_0000
+}
+
+/// bf16 bits → f32 bits: a shift; NaN payloads are kept as they are (`widen_bits_bf16`).
+#[inline(always)]
+pub fn widen_bits_bf16(h: u16) -> u32 {
+    u32::from(h) << 16
+}
+
+/// IEEE half bits → f32 bits, exact; NaN keeps sign and payload and gains the quiet bit
+/// (`widen_bits_f16`; the same as `half::f16::to_f32` and the F16C instruction).
+#[inline]
+pub fn widen_bits_f16(h: u16) -> u32 {
+    let sign = u32::from(h & 0x8000) << 16;
+    let exp = u32::from(h & 0x7C00);
+    let man = u32::from(h & 0x03FF);
+    if h & 0x7FFF == 0 {
+        return sign;
+    }
+    if exp == 0x7C00 {
+        return if man == 0 {
+            sign | 0x7F80_0000
+        } else {
+            sign | 0x7FC0_0000 | (man << 13)
+        };
+    }
+    if exp == 0 {
+        // Subnormal: normalise. `man.leading_zeros()` of the u32 is the kernel's __clz.
+        let e = man.leading_zeros() - 16 - 6;
+        return sign | ((127 - 15 - e) << 23) | ((man << (14 + e)) & 0x007F_FFFF);
+    }
+    sign | (((exp >> 10) + 127 - 15) << 23) | (man << 13)
+}
+
+/// f32 bits → bf16 bits with round-to-nearest-even (`narrow_bits_bf16`): the formula of
+/// `io::dtype::round_to_bf16`; NaN keeps sign and top payload bits and gains the quiet bit.
+#[inline(always)]
+pub fn narrow_bits_bf16(b: u32) -> u16 {
+    if is_nan_bits(b) {
+        return ((b >> 16) | 0x0040) as u16;
+    }
+    (b.wrapping_add(0x7FFF + ((b >> 16) & 1)) >> 16) as u16
+}
+
+/// f32 bits → IEEE half bits with round-to-nearest-even (`narrow_bits_f16`): subnormal
+/// results, overflow to infinity; NaN keeps sign and the top ten payload bits and gains the
+/// quiet bit 0x0200 (what `half::f16::from_f32` does in software and with F16C).
+#[inline]
+pub fn narrow_bits_f16(x: u32) -> u16 {
+    let sign = x & 0x8000_0000;
+    let exp = x & 0x7F80_0000;
+    let man = x & 0x007F_FFFF;
+    if exp == 0x7F80_0000 {
+        let nan_bit = if man == 0 { 0 } else { 0x0200 };
+        return ((sign >> 16) | 0x7C00 | nan_bit | (man >> 13)) as u16;
+    }
+    let half_sign = sign >> 16;
+    let half_exp = (exp >> 23) as i32 - 127 + 15;
+    if half_exp >= 0x1F {
+        return (half_sign | 0x7C00) as u16;
+    }
+    if half_exp <= 0 {
+        if 14 - half_exp > 24 {
+            return half_sign as u16;
+        }
+        let m = man | 0x0080_0000;
+        let mut half_man = m >> (14 - half_exp);
+        let round_bit = 1u32 << (13 - half_exp);
+        if m & round_bit != 0 && m & (3 * round_bit - 1) != 0 {
+            half_man += 1;
+        }
+        return (half_sign | half_man) as u16;
+    }
+    let mut bits = half_sign | ((half_exp as u32) << 10) | (man >> 13);
+    let round_bit = 0x0000_1000;
+    if man & round_bit != 0 && man & (3 * round_bit - 1) != 0 {
+        bits += 1;
+    }
+    bits as u16
+}
+
+/// The canonical NaN a computed NaN becomes in [`sum_bits`]: positive, quiet, no payload.
+pub const CANONICAL_NAN_BITS: u32 = 0x7FC0_0000;
+
+/// The f32 bits of `base + delta` under wanbake's NaN rule (`sum_bits`), the value the final
+/// rounding of a merge sees:
+/// * a NaN `base` passes through with its bits (an untouched NaN weight keeps them);
+/// * otherwise a NaN sum (a NaN `delta`, or `inf + -inf`) becomes [`CANONICAL_NAN_BITS`],
+///   because the payload and sign of a computed NaN differ between x86, ARM and NVIDIA GPUs
+///   (and Rust does not specify them), and output bytes must not;
+/// * otherwise one IEEE f32 addition.
+#[inline(always)]
+pub fn sum_bits(base: f32, delta: f32) -> u32 {
+    let b = base.to_bits();
+    if is_nan_bits(b) {
+        return b;
+    }
+    let s = (base + delta).to_bits();
+    if is_nan_bits(s) {
+        CANONICAL_NAN_BITS
+    } else {
+        s
+    }
+}
+
+/// `RNE_bf16(base + delta)` (`add_narrow_bf16`).
+#[inline(always)]
+pub fn add_narrow_bf16(base: f32, delta: f32) -> u16 {
+    narrow_bits_bf16(sum_bits(base, delta))
+}
+
+/// `RNE_f16(base + delta)` (`add_narrow_f16`).
+#[inline(always)]
+pub fn add_narrow_f16(base: f32, delta: f32) -> u16 {
+    narrow_bits_f16(sum_bits(base, delta))
+}
+
+/// `base + delta` as f32 bits (`add_narrow_f32`).
+#[inline(always)]
+pub fn add_narrow_f32(base: f32, delta: f32) -> u32 {
+    sum_bits(base, delta)
+}
+
+/// `sqrt(Σ x²)` with the squares summed in f64 in iteration order (the `row_root` of
+/// `kernels/norms.cu`; `merge::math::row_norm`).
+pub fn root_sum_squares(values: impl Iterator<Item = f32>) -> f64 {
+    values
+        .fold(0.0f64, |acc, x| {
+            let x = f64::from(x);
+            acc + x * x
+        })
+        .sqrt()
+}
+
+/// The L2 norm as `row_norms_f32` / `col_norms_f32` compute it: [`root_sum_squares`] rounded
+/// once to f32 (what `linalg::norms` does).
+pub fn norm_in_order(values: impl Iterator<Item = f32>) -> f32 {
+    root_sum_squares(values) as f32
+}
+
+/// One row factor of DoRA/BoRA, `α = m / (‖row‖ + ε)` in f64 (`row_scales_f32`).
+pub fn row_scale(row: &[f32], m: f32, eps: f64) -> f64 {
+    f64::from(m) / (root_sum_squares(row.iter().copied()) + eps)
+}
+
+/// One column factor, `β = m / (sqrt(Σ_i (α_i·x_i)²) + ε)` in f64 with `h = α_i·x_i` rounded
+/// in f64 before squaring, rows in order (`col_scales_f32`; `merge::math::column_scales`).
+/// dora-cols passes α = 1 (exact).
+pub fn col_scale(column: impl Iterator<Item = (f64, f32)>, m: f32, eps: f64) -> f64 {
+    let sum = column.fold(0.0f64, |acc, (alpha, x)| {
+        let h = alpha * f64::from(x);
+        acc + h * h
+    });
+    f64::from(m) / (sum.sqrt() + eps)
+}
+
+/// One element of a DoRA/BoRA contribution, `d + f32(w·(β·(α·v) − w0))`: the combination in
+/// f64, rounded once, added in f32 (`accumulate_normalised_f32`;
+/// `merge::math::add_contribution`). A missing α or β is 1 (exact).
+#[inline(always)]
+pub fn normalised_contribution(d: f32, w: f64, v: f32, w0: f32, alpha: f64, beta: f64) -> f32 {
+    let f = beta * (alpha * f64::from(v));
+    d + (w * (f - f64::from(w0))) as f32
+}
+
+/// One element of a full-tensor diff, `d + f32(coef·x)` (`accumulate_scaled_f32`).
+#[inline(always)]
+pub fn scaled_contribution(d: f32, coef: f64, x: f32) -> f32 {
+    d + (coef * f64::from(x)) as f32
+}

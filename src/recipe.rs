@@ -1,0 +1,533 @@
+//! Recipes: the TOML file a release pipeline checks in, parsed into a validated plan input.
+//!
+//! Owns: the recipe schema (`Recipe`, every field documented in README.md), strict parsing
+//! (unknown fields are errors, naming the field and the file), resolution of relative paths
+//! against the recipe's folder, and the normalised form recorded in the manifest and in every
+//! output file's `__metadata__` (so the same recipe spelled differently records the same
+//! thing). Does not own: executing the bake (`bake`).
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// A parsed recipe with paths resolved.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Recipe {
+    /// The recipe file.
+    #[serde(skip)]
+    pub file: PathBuf,
+    /// Folder relative paths resolve against.
+    #[serde(skip)]
+    pub root: PathBuf,
+    /// The base checkpoint.
+    pub base: BaseSpec,
+    /// Adapters, in application order.
+    pub adapters: Vec<AdapterSpec>,
+    /// Output.
+    pub output: OutputSpec,
+    /// Merge options.
+    pub merge: MergeSpec,
+    /// Post-write checks.
+    pub checks: Vec<CheckSpec>,
+}
+
+/// `[base]`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BaseSpec {
+    /// File or folder.
+    pub path: PathBuf,
+    /// Expected sha256: a hex string for a single file, or a table of relative file path →
+    /// hex for a folder (every listed file must match; unlisted files are not checked).
+    #[serde(default)]
+    pub sha256: Option<Sha256Spec>,
+}
+
+/// An expected hash: one file's, or several files' of a folder.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Sha256Spec {
+    /// The hash of a single file.
+    File(String),
+    /// Relative path → hash.
+    Files(std::collections::BTreeMap<String, String>),
+}
+
+/// `[[adapter]]`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdapterSpec {
+    /// File or folder.
+    pub path: PathBuf,
+    /// Application weight a_i (default 1.0; 0 skips the adapter).
+    #[serde(default = "one")]
+    pub strength: f64,
+    /// Wan 2.2 A14B expert this adapter applies to: `transformer` or `transformer_2`.
+    #[serde(default)]
+    pub expert: Option<String>,
+    /// Expected sha256 (as for the base).
+    #[serde(default)]
+    pub sha256: Option<Sha256Spec>,
+    /// Force a convention instead of detecting it (peft, diffusers, comfy, kohya, sa3, nnx).
+    #[serde(default)]
+    pub from: Option<String>,
+    /// Scale σ for files that do not carry one (NNX/Qwix without lora_alpha/lora_rank).
+    #[serde(default)]
+    pub scale: Option<f64>,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+/// `[output]`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutputSpec {
+    /// Output directory.
+    pub dir: PathBuf,
+    /// `bf16`, `f16`, `f32` or `keep` (default `bf16`).
+    #[serde(default = "default_dtype")]
+    pub dtype: String,
+    /// `diffusers`, `wan`, `nnx`, `nnx-scanned`; default: the base's own layout.
+    #[serde(default)]
+    pub layout: Option<String>,
+    /// `diffusers`, `maxdiffusion`, `none`, or `regex:<pattern>`; default per layout.
+    #[serde(default)]
+    pub keep_f32: Option<String>,
+    /// Shard size: bytes as an integer, or a string like "5GB" / "500MB".
+    #[serde(default)]
+    pub shard_size: Option<ShardSize>,
+    /// Replace an existing output directory (default false).
+    #[serde(default)]
+    pub overwrite: bool,
+}
+
+fn default_dtype() -> String {
+    "bf16".into()
+}
+
+/// A shard size as written in a recipe.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ShardSize {
+    /// Bytes.
+    Bytes(u64),
+    /// "5GB", "500MB", "10GiB".
+    Text(String),
+}
+
+impl ShardSize {
+    /// Bytes, or a message saying why the text is not a size.
+    pub fn bytes(&self) -> Result<u64, String> {
+        match self {
+            ShardSize::Bytes(b) if *b > 0 => Ok(*b),
+            ShardSize::Bytes(_) => Err("shard_size must be positive".into()),
+            ShardSize::Text(t) => parse_size(t),
+        }
+    }
+}
+
+/// Parses "5GB", "500MB", "10GiB", "4096" (decimal units are powers of 1000, `i` units of 1024).
+pub fn parse_size(t: &str) -> Result<u64, String> {
+    let s = t.trim();
+    let split = s
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("`{t}` is not a size (try \"5GB\")"))?;
+    let mult: u64 = match unit.trim().to_ascii_uppercase().as_str() {
+        "" | "B" => 1,
+        "KB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        "KIB" => 1 << 10,
+        "MIB" => 1 << 20,
+        "GIB" => 1 << 30,
+        other => {
+            return Err(format!(
+                "`{t}`: unknown unit `{other}` (B, KB, MB, GB, KiB, MiB, GiB)"
+            ));
+        }
+    };
+    let bytes = (n * mult as f64).round();
+    if !(bytes >= 1.0 && bytes < u64::MAX as f64) {
+        return Err(format!("`{t}` is not a positive size"));
+    }
+    Ok(bytes as u64)
+}
+
+/// `[merge]`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MergeSpec {
+    /// Content-addressed SVD basis cache for -xs adapters.
+    #[serde(default)]
+    pub svd_cache: Option<PathBuf>,
+    /// Allow adapter keys that bind to nothing (they are listed in the report).
+    #[serde(default)]
+    pub allow_unmatched: bool,
+    /// DoRA strength semantics: `merge` (application weight, default) or `peft`.
+    #[serde(default)]
+    pub dora_strength: Option<String>,
+}
+
+/// `[[check]]`: run the bundled WAN runner on the output.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckSpec {
+    /// A name for reports (default `check-N`).
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Runner inputs (safetensors: hidden_states, timestep, encoder_hidden_states, ...).
+    pub inputs: PathBuf,
+    /// Expected output file (`noise_pred` or `latents`), or the string "unmerged" to compare
+    /// with the base checkpoint run with the same adapters applied at run time, unrounded.
+    pub expected: String,
+    /// Largest allowed max-abs difference.
+    pub tolerance: f64,
+    /// Sampling steps (0 = one conditional forward).
+    #[serde(default)]
+    pub steps: usize,
+    /// Flow shift for sampling.
+    #[serde(default)]
+    pub shift: Option<f64>,
+    /// Guidance scale.
+    #[serde(default)]
+    pub guidance: Option<f64>,
+    /// Guidance for the low-noise expert (A14B).
+    #[serde(default)]
+    pub guidance_2: Option<f64>,
+    /// Expert switch (A14B).
+    #[serde(default)]
+    pub boundary_ratio: Option<f64>,
+}
+
+/// The file as written (before path resolution).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRecipe {
+    base: BaseSpec,
+    #[serde(default, rename = "adapter")]
+    adapters: Vec<AdapterSpec>,
+    output: OutputSpec,
+    #[serde(default)]
+    merge: MergeSpec,
+    #[serde(default, rename = "check")]
+    checks: Vec<CheckSpec>,
+}
+
+/// Why a recipe was rejected.
+#[derive(Debug, thiserror::Error)]
+pub enum RecipeError {
+    /// Could not read the file.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The recipe.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Not valid TOML or not the schema (unknown field, wrong type, missing field).
+    #[error("{}: {message}", path.display())]
+    Schema {
+        /// The recipe.
+        path: PathBuf,
+        /// toml's message, which names the field, line and column.
+        message: String,
+    },
+    /// A value is out of range or inconsistent.
+    #[error("{}: {field}: {message}", path.display())]
+    Invalid {
+        /// The recipe.
+        path: PathBuf,
+        /// The field.
+        field: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+impl Recipe {
+    /// Reads, parses, validates and resolves a recipe file.
+    pub fn load(path: &Path) -> Result<Recipe, RecipeError> {
+        let text = std::fs::read_to_string(path).map_err(|source| RecipeError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Recipe::parse(&text, path)
+    }
+
+    /// Parses recipe text; relative paths resolve against `path`'s folder.
+    pub fn parse(text: &str, path: &Path) -> Result<Recipe, RecipeError> {
+        let raw: RawRecipe = toml::from_str(text).map_err(|e| RecipeError::Schema {
+            path: path.to_path_buf(),
+            message: e.to_string().trim_end().to_string(),
+        })?;
+        let root = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        let root = if root.as_os_str().is_empty() {
+            PathBuf::from(".")
+        } else {
+            root
+        };
+        let resolve = |p: &Path| {
+            if p.is_absolute() {
+                p.to_path_buf()
+            } else {
+                root.join(p)
+            }
+        };
+        let mut r = Recipe {
+            file: path.to_path_buf(),
+            root: root.clone(),
+            base: BaseSpec {
+                path: resolve(&raw.base.path),
+                sha256: raw.base.sha256,
+            },
+            adapters: raw
+                .adapters
+                .into_iter()
+                .map(|a| AdapterSpec {
+                    path: resolve(&a.path),
+                    ..a
+                })
+                .collect(),
+            output: OutputSpec {
+                dir: resolve(&raw.output.dir),
+                ..raw.output
+            },
+            merge: MergeSpec {
+                svd_cache: raw.merge.svd_cache.as_deref().map(resolve),
+                ..raw.merge
+            },
+            checks: raw
+                .checks
+                .into_iter()
+                .map(|c| CheckSpec {
+                    inputs: resolve(&c.inputs),
+                    expected: if c.expected == "unmerged" {
+                        c.expected
+                    } else {
+                        resolve(Path::new(&c.expected)).display().to_string()
+                    },
+                    ..c
+                })
+                .collect(),
+        };
+        r.validate()?;
+        for (i, c) in r.checks.iter_mut().enumerate() {
+            c.name.get_or_insert_with(|| format!("check-{}", i + 1));
+        }
+        Ok(r)
+    }
+
+    fn invalid(&self, field: impl Into<String>, message: impl Into<String>) -> RecipeError {
+        RecipeError::Invalid {
+            path: self.file.clone(),
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+
+    fn validate(&self) -> Result<(), RecipeError> {
+        for (i, a) in self.adapters.iter().enumerate() {
+            let f = |n: &str| format!("adapter[{i}].{n}");
+            if !a.strength.is_finite() {
+                return Err(self.invalid(f("strength"), "must be a finite number"));
+            }
+            if let Some(e) = &a.expert
+                && e != "transformer"
+                && e != "transformer_2"
+            {
+                return Err(self.invalid(
+                    f("expert"),
+                    format!("`{e}` is not `transformer` or `transformer_2`"),
+                ));
+            }
+            if let Some(s) = a.scale
+                && !(s.is_finite())
+            {
+                return Err(self.invalid(f("scale"), "must be a finite number"));
+            }
+            check_sha_spec(a.sha256.as_ref()).map_err(|m| self.invalid(f("sha256"), m))?;
+        }
+        check_sha_spec(self.base.sha256.as_ref()).map_err(|m| self.invalid("base.sha256", m))?;
+        if !matches!(self.output.dtype.as_str(), "bf16" | "f16" | "f32" | "keep") {
+            return Err(self.invalid(
+                "output.dtype",
+                format!("`{}` is not bf16, f16, f32 or keep", self.output.dtype),
+            ));
+        }
+        if let Some(l) = &self.output.layout
+            && !matches!(l.as_str(), "diffusers" | "wan" | "nnx" | "nnx-scanned")
+        {
+            return Err(self.invalid(
+                "output.layout",
+                format!("`{l}` is not diffusers, wan, nnx or nnx-scanned"),
+            ));
+        }
+        if let Some(s) = &self.output.shard_size {
+            s.bytes()
+                .map_err(|m| self.invalid("output.shard_size", m))?;
+        }
+        if let Some(d) = &self.merge.dora_strength
+            && d != "merge"
+            && d != "peft"
+        {
+            return Err(self.invalid(
+                "merge.dora_strength",
+                format!("`{d}` is not `merge` or `peft`"),
+            ));
+        }
+        for (i, c) in self.checks.iter().enumerate() {
+            if !(c.tolerance.is_finite() && c.tolerance >= 0.0) {
+                return Err(self.invalid(
+                    format!("check[{i}].tolerance"),
+                    "must be a non-negative number",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The normalised recipe recorded in the manifest and in output metadata: paths as the
+    /// recipe spells them relative to its folder, defaults filled in, keys sorted.
+    pub fn normalised(&self) -> serde_json::Value {
+        let rel = |p: &Path| -> String {
+            p.strip_prefix(&self.root)
+                .unwrap_or(p)
+                .components()
+                .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                .collect::<Vec<_>>()
+                .join("/")
+        };
+        let mut v = serde_json::to_value(self).expect("recipe serialises");
+        v["base"]["path"] = rel(&self.base.path).into();
+        for (i, a) in self.adapters.iter().enumerate() {
+            v["adapters"][i]["path"] = rel(&a.path).into();
+        }
+        v["output"]["dir"] = rel(&self.output.dir).into();
+        if let Some(c) = &self.merge.svd_cache {
+            v["merge"]["svd_cache"] = rel(c).into();
+        }
+        for (i, c) in self.checks.iter().enumerate() {
+            v["checks"][i]["inputs"] = rel(&c.inputs).into();
+            if c.expected != "unmerged" {
+                v["checks"][i]["expected"] = rel(Path::new(&c.expected)).into();
+            }
+        }
+        // Round-trip through a string so object keys come out sorted.
+        serde_json::from_str(&v.to_string()).expect("valid JSON")
+    }
+}
+
+fn check_sha_spec(s: Option<&Sha256Spec>) -> Result<(), String> {
+    let ok = |h: &str| {
+        h.len() == 64
+            && h.bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+    };
+    match s {
+        None => Ok(()),
+        Some(Sha256Spec::File(h)) if ok(h) => Ok(()),
+        Some(Sha256Spec::File(h)) => Err(format!("`{h}` is not 64 lower-case hex digits")),
+        Some(Sha256Spec::Files(m)) => match m.iter().find(|(_, h)| !ok(h)) {
+            Some((k, h)) => Err(format!("`{k}` = `{h}` is not 64 lower-case hex digits")),
+            None => Ok(()),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+[base]
+path = "models/t2v"
+
+[[adapter]]
+path = "a.safetensors"
+strength = 0.5
+
+[[adapter]]
+path = "/abs/b"
+expert = "transformer_2"
+
+[output]
+dir = "out"
+layout = "nnx-scanned"
+shard_size = "5GB"
+
+[[check]]
+inputs = "in.safetensors"
+expected = "unmerged"
+tolerance = 0.01
+"#;
+
+    #[test]
+    fn parses_resolves_and_normalises() {
+        let r = Recipe::parse(GOOD, Path::new("recipes/demo.toml")).unwrap();
+        assert_eq!(r.base.path, Path::new("recipes/models/t2v"));
+        assert_eq!(r.adapters[1].path, Path::new("/abs/b"));
+        assert_eq!(r.adapters[1].strength, 1.0);
+        assert_eq!(r.output.dtype, "bf16");
+        assert_eq!(
+            r.output.shard_size.as_ref().unwrap().bytes().unwrap(),
+            5_000_000_000
+        );
+        assert_eq!(r.checks[0].name.as_deref(), Some("check-1"));
+        let n = r.normalised();
+        assert_eq!(n["base"]["path"], "models/t2v");
+        assert_eq!(n["output"]["dir"], "out");
+        // Spelling the same recipe differently normalises identically.
+        let again = Recipe::parse(
+            &GOOD.replace("strength = 0.5", "strength = 5e-1"),
+            Path::new("recipes/demo.toml"),
+        )
+        .unwrap();
+        assert_eq!(again.normalised(), n);
+    }
+
+    #[test]
+    fn unknown_fields_and_bad_values_are_errors_naming_them() {
+        let e = Recipe::parse(
+            &GOOD.replace("strength = 0.5", "strenght = 0.5"),
+            Path::new("r.toml"),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("strenght"), "{e}");
+        let e = Recipe::parse(&format!("{GOOD}\n[extra]\nx=1\n"), Path::new("r.toml")).unwrap_err();
+        assert!(e.to_string().contains("extra"), "{e}");
+        let e = Recipe::parse(
+            &GOOD.replace("\"transformer_2\"", "\"transformer_3\""),
+            Path::new("r.toml"),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("adapter[1].expert"), "{e}");
+        let e = Recipe::parse(
+            &GOOD.replace("\"5GB\"", "\"5 parsecs\""),
+            Path::new("r.toml"),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("output.shard_size"), "{e}");
+        let e = Recipe::parse(
+            &GOOD.replace("[base]\npath", "[base]\nsha256 = \"abc\"\npath"),
+            Path::new("r.toml"),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("base.sha256"), "{e}");
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("1.5GB").unwrap(), 1_500_000_000);
+        assert_eq!(parse_size("2GiB").unwrap(), 2 << 30);
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("GB").is_err());
+    }
+}

@@ -1,0 +1,83 @@
+//! `RunError`, the error type of everything in `runner`: each variant names the file or
+//! tensor concerned, what was expected and what was found.
+
+use std::path::PathBuf;
+
+use crate::io::ReadError;
+
+/// Why a model, an inputs file or a run was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// A file could not be read or is not valid safetensors.
+    #[error(transparent)]
+    Read(#[from] ReadError),
+    /// A config.json or model_index.json could not be read or parsed.
+    #[error("{}: {reason}", path.display())]
+    Config {
+        /// The JSON file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The model folder or file does not have a shape the runner knows.
+    #[error("{}: {reason}", path.display())]
+    ModelLayout {
+        /// The path given as the model.
+        path: PathBuf,
+        /// What is missing or ambiguous.
+        reason: String,
+    },
+    /// A checkpoint tensor has the wrong name, shape or dtype for its config.
+    #[error("{source_name}: weight `{tensor}`: {reason}")]
+    Weight {
+        /// The checkpoint (file or folder).
+        source_name: String,
+        /// The diffusers parameter name.
+        tensor: String,
+        /// Expected vs found.
+        reason: String,
+    },
+    /// A checkpoint's keys or shapes do not fit a layout and config.
+    #[error("{source_name}: {source}")]
+    Plan {
+        /// The checkpoint (file or folder).
+        source_name: String,
+        /// What does not fit.
+        #[source]
+        source: crate::layout::PlanError,
+    },
+    /// An input tensor is missing, mis-shaped or inconsistent with the model.
+    #[error("{origin}: input `{tensor}`: {reason}")]
+    Input {
+        /// Where the inputs came from (the inputs file, or "inputs").
+        origin: String,
+        /// The input tensor's name.
+        tensor: String,
+        /// Expected vs found.
+        reason: String,
+    },
+    /// Sampling options that contradict each other or the model.
+    #[error("{0}")]
+    Options(String),
+    /// The output could not be written.
+    #[error("{}: {source}", path.display())]
+    Write {
+        /// The output path (or its temporary sibling).
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl RunError {
+    /// An input error against the generic origin "inputs" (the CLI re-labels it with the
+    /// file name).
+    pub fn input(tensor: &str, reason: impl Into<String>) -> RunError {
+        RunError::Input {
+            origin: "inputs".into(),
+            tensor: tensor.into(),
+            reason: reason.into(),
+        }
+    }
+}

@@ -1,0 +1,47 @@
+//! A minimal but exact WAN transformer on CPU: diffusers' `WanTransformer3DModel` forward
+//! in f32 for every released config (T2V, Wan2.1 I2V/FLF2V with the CLIP image branch,
+//! Wan2.2 TI2V with per-token timesteps, Wan2.2 A14B experts), and the flow-matching Euler
+//! sampler with batched classifier-free guidance. It exists to check baked checkpoints
+//! against golden outputs of the reference implementation.
+//!
+//! Module map: `tensor` (the activation type), `ops` (matmul and elementwise kernels),
+//! `rope`, `embed` (patch, time, text and image embeddings), `attention`, `block`,
+//! `forward` (the model), `scheduler` (FlowMatchEulerDiscreteScheduler), `sampler` (CFG
+//! loop and expert switch), `weights` (the `WeightSource` trait, checkpoints of any layout
+//! through `layout::ReadPlan`, in-memory weights),
+//! `model_dir` (what `--model` may name), `inputs` and `output` (the files of `wanbake
+//! run`), `error`.
+//!
+//! Memory: weights are never copied up front. Each layer asks its `WeightSource` for its
+//! tensors when it runs; an f32 checkpoint is read straight from the memory map, other
+//! dtypes are widened one tensor at a time and dropped after the layer.
+//!
+//! Determinism: results do not depend on the number of threads. Every parallel kernel
+//! (matmul tiles, attention tasks, row-wise norms) works on a grid fixed by constants, and
+//! each piece is computed sequentially (`faer::Par::Seq`), so the same inputs give the same
+//! bits on 1 or N threads on one machine. faer's kernels are chosen by CPU features, so
+//! bits may differ between machines with different SIMD support.
+
+pub mod attention;
+pub mod block;
+pub mod embed;
+pub mod error;
+pub mod forward;
+pub mod inputs;
+pub mod model_dir;
+pub mod ops;
+pub mod output;
+pub mod rope;
+pub mod sampler;
+pub mod scheduler;
+pub mod tensor;
+pub mod weights;
+
+pub use error::RunError;
+pub use forward::{Context, ForwardInputs, Geometry, WanTransformer};
+pub use inputs::RunInputs;
+pub use model_dir::ModelSet;
+pub use sampler::{Experts, SampleInputs, SampleOptions, StepReport, sample};
+pub use scheduler::FlowMatchEuler;
+pub use tensor::Tensor;
+pub use weights::{CheckpointWeights, ConfigSource, MemoryWeights, WeightSource};

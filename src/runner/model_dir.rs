@@ -1,0 +1,112 @@
+//! Opening what `wanbake run --model` names, through `io::checkpoint`: a transformer in any
+//! layout (model folder, .safetensors file or shard index, with or beside its config.json)
+//! or a pipeline folder with `transformer/` (or Wan 2.2's `high_noise_model/`), optional
+//! `transformer_2/` (`low_noise_model/`) and `model_index.json` (whose `boundary_ratio` is
+//! the default expert switch of Wan2.2 A14B).
+//!
+//! Owns: `ModelSet` (the opened weight sources and the boundary found on disk). Does not
+//! own: the weights' validation (`runner::weights`) or the switch rule (`runner::sampler`).
+
+use std::path::{Path, PathBuf};
+
+use super::error::RunError;
+use super::weights::{CheckpointWeights, WeightSource};
+use crate::io::checkpoint::{Checkpoint, SourceKind};
+
+/// The transformers of one model path.
+pub struct ModelSet {
+    /// The path given.
+    pub path: PathBuf,
+    /// `transformer` (or the only transformer).
+    pub transformer: Box<dyn WeightSource>,
+    /// `transformer_2`, when the pipeline folder has one.
+    pub transformer_2: Option<Box<dyn WeightSource>>,
+    /// `boundary_ratio` from model_index.json (None when absent or null).
+    pub boundary_ratio: Option<f64>,
+}
+
+impl std::fmt::Debug for ModelSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelSet")
+            .field("path", &self.path)
+            .field("transformer", &self.transformer.name())
+            .field(
+                "transformer_2",
+                &self.transformer_2.as_ref().map(|t| t.name().to_string()),
+            )
+            .field("boundary_ratio", &self.boundary_ratio)
+            .finish()
+    }
+}
+
+impl ModelSet {
+    /// Opens `path` (see the module doc); `config` replaces every transformer's
+    /// config.json.
+    pub fn open(path: &Path, config: Option<&Path>) -> Result<ModelSet, RunError> {
+        let ckpt = Checkpoint::open(path)?;
+        if ckpt.kind != SourceKind::Pipeline {
+            let mut components = ckpt.components;
+            let only = components.remove(0);
+            return Ok(ModelSet {
+                path: path.to_path_buf(),
+                transformer: Box::new(CheckpointWeights::from_component(path, only, config)?),
+                transformer_2: None,
+                boundary_ratio: None,
+            });
+        }
+        let boundary_ratio = match ckpt
+            .root_files
+            .iter()
+            .find(|f| f.name == "model_index.json")
+        {
+            Some(f) => boundary_ratio_of(&f.json, &f.path)?,
+            None => None,
+        };
+        let mut transformer = None;
+        let mut transformer_2 = None;
+        for c in ckpt.components {
+            // Wan 2.2 original folders name the experts high_noise_model / low_noise_model.
+            let slot = match c.name.as_str() {
+                "transformer" | "high_noise_model" => &mut transformer,
+                _ => &mut transformer_2,
+            };
+            if slot.is_some() {
+                return Err(RunError::ModelLayout {
+                    path: path.to_path_buf(),
+                    reason: format!(
+                        "`{}/` is a second copy of an expert (transformer/ and \
+                         high_noise_model/, or transformer_2/ and low_noise_model/)",
+                        c.name
+                    ),
+                });
+            }
+            let source: Box<dyn WeightSource> =
+                Box::new(CheckpointWeights::from_component(path, c, config)?);
+            *slot = Some(source);
+        }
+        let transformer = transformer.ok_or_else(|| RunError::ModelLayout {
+            path: path.to_path_buf(),
+            reason: "pipeline folder has a low-noise expert but no transformer/ (or \
+                     high_noise_model/)"
+                .into(),
+        })?;
+        Ok(ModelSet {
+            path: path.to_path_buf(),
+            transformer,
+            transformer_2,
+            boundary_ratio,
+        })
+    }
+}
+
+/// `boundary_ratio` of a pipeline's parsed model_index.json (at `path`); None when the
+/// field is absent or null.
+pub fn boundary_ratio_of(json: &serde_json::Value, path: &Path) -> Result<Option<f64>, RunError> {
+    match json.get("boundary_ratio") {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(v) => v.as_f64().map(Some).ok_or_else(|| RunError::Config {
+            path: path.to_path_buf(),
+            reason: format!("boundary_ratio must be a number or null, found {v}"),
+        }),
+    }
+}

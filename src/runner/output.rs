@@ -1,0 +1,108 @@
+//! Writing the runner's results: f32 tensors to one safetensors file, atomically.
+//!
+//! Owns: `write_f32_file`, which lays the header out with `io::header::HeaderLayout`
+//! (canonical, sorted, deterministic), writes a hidden temporary sibling, fsyncs it, renames
+//! it over the target and fsyncs the folder, so a reader never sees a half-written file and
+//! a failure leaves nothing behind. Does not own: the general streaming writer of baked
+//! checkpoints (`io::writer`).
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use super::error::RunError;
+use super::tensor::Tensor;
+use crate::io::DType;
+use crate::io::header::{HeaderLayout, PlannedTensor};
+
+/// Writes `tensors` as F32 with `metadata` to `path` (temp sibling, fsync, rename).
+pub fn write_f32_file(
+    path: &Path,
+    tensors: &[(&str, &Tensor)],
+    metadata: &BTreeMap<String, String>,
+) -> Result<(), RunError> {
+    let planned: Vec<PlannedTensor> = tensors
+        .iter()
+        .map(|(name, t)| PlannedTensor {
+            name: name.to_string(),
+            dtype: DType::F32,
+            shape: t.shape.clone(),
+        })
+        .collect();
+    let layout = HeaderLayout::build(&planned, metadata).map_err(|e| RunError::Write {
+        path: path.to_path_buf(),
+        source: std::io::Error::other(e.to_string()),
+    })?;
+    let by_name: BTreeMap<&str, &Tensor> = tensors.iter().copied().collect();
+    let mut bytes = layout.prefix.clone();
+    bytes.reserve(layout.data_len);
+    for info in &layout.tensors {
+        let t = by_name[info.name.as_str()];
+        for v in &t.data {
+            bytes.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+    debug_assert_eq!(bytes.len(), layout.file_len());
+    write_atomically(path, &bytes)
+}
+
+/// A hidden sibling name for the temporary file.
+fn temp_sibling(path: &Path) -> PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    path.with_file_name(format!(".{name}.wanbake-tmp-{}", std::process::id()))
+}
+
+fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), RunError> {
+    let tmp = temp_sibling(path);
+    let fail = |p: &Path, e: std::io::Error| RunError::Write {
+        path: p.to_path_buf(),
+        source: e,
+    };
+    let result = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+            .map_err(|e| fail(&tmp, e))?;
+        f.write_all(bytes).map_err(|e| fail(&tmp, e))?;
+        f.sync_all().map_err(|e| fail(&tmp, e))?;
+        std::fs::rename(&tmp, path).map_err(|e| fail(path, e))?;
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| fail(dir, e))
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn written_file_reads_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.safetensors");
+        let t = Tensor::new(vec![2, 1], vec![1.5, -2.0]);
+        let mut meta = BTreeMap::new();
+        meta.insert("k".to_string(), "v".to_string());
+        write_f32_file(&path, &[("noise_pred", &t)], &meta).unwrap();
+        let f = crate::io::SafetensorsFile::open(&path).unwrap();
+        assert_eq!(f.read_f32("noise_pred").unwrap(), vec![1.5, -2.0]);
+        assert_eq!(f.metadata().get("k").map(String::as_str), Some("v"));
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            1,
+            "no temp file left"
+        );
+    }
+}
