@@ -109,7 +109,7 @@ pub fn merge_release(
         input_paths: &input_paths,
         inputs,
         command: "merge",
-        options: options_json(adapters, options, svd_cache.is_some()),
+        options: options_json(base, adapters, options, svd_cache.is_some()),
         replace,
         allocation: Allocation::Reserve,
     };
@@ -158,14 +158,19 @@ fn identity(a: &BoundAdapter, records: &BTreeMap<PathBuf, InputRecord>) -> Strin
         .join(",")
 }
 
-fn options_json(adapters: &[BoundAdapter], o: &MergeOptions, svd_cache: bool) -> serde_json::Value {
+fn options_json(
+    base: &Checkpoint,
+    adapters: &[BoundAdapter],
+    o: &MergeOptions,
+    svd_cache: bool,
+) -> serde_json::Value {
     let adapters: Vec<serde_json::Value> = adapters
         .iter()
         .map(|a| {
             serde_json::json!({
                 "adapter": a.shown,
                 "strength": a.strength,
-                "component": a.component,
+                "component": base.components[a.component].name,
             })
         })
         .collect();
