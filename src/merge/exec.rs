@@ -100,8 +100,11 @@ impl Exec<'_> {
                     None => self.copy(job, src.view)?,
                     Some(t) => self.merge(job, &self.plan.targets[t], &src, scratch, &svd)?,
                 }
-                let left = &uses[&(job.component, job.stored.as_str())];
-                if left.fetch_sub(1, Ordering::AcqRel) == 1 {
+                let key = (job.component, job.stored.as_str());
+                if uses
+                    .get(&key)
+                    .is_some_and(|left| left.fetch_sub(1, Ordering::AcqRel) == 1)
+                {
                     src.file.release(src.position);
                 }
                 Ok::<(), MergeError>(())

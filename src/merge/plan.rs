@@ -280,14 +280,20 @@ fn target_of(
     })
 }
 
-fn check_unmatched(ad: &BoundAdapter, comp: &Component, allow: bool) -> Result<(), MergeError> {
+/// Keys binding matched to nothing: the binder's unmatched keys and the keys of entries it
+/// left without a target, sorted.
+fn unmatched_keys(ad: &BoundAdapter) -> Vec<String> {
     let mut keys: Vec<String> = ad.unmatched.clone();
-    // Entries binding left without a target are unmatched too (their keys, not the module).
     for e in ad.set.entries.iter().filter(|e| e.target.is_none()) {
         keys.extend(e.source_keys.iter().cloned());
     }
     keys.sort();
     keys.dedup();
+    keys
+}
+
+fn check_unmatched(ad: &BoundAdapter, comp: &Component, allow: bool) -> Result<(), MergeError> {
+    let keys = unmatched_keys(ad);
     if keys.is_empty() || allow {
         return Ok(());
     }
@@ -299,12 +305,6 @@ fn check_unmatched(ad: &BoundAdapter, comp: &Component, allow: bool) -> Result<(
 }
 
 fn adapter_report(ad: &BoundAdapter, comp: &Component) -> AdapterReport {
-    let mut unmatched_allowed: Vec<String> = ad.unmatched.clone();
-    for e in ad.set.entries.iter().filter(|e| e.target.is_none()) {
-        unmatched_allowed.extend(e.source_keys.iter().cloned());
-    }
-    unmatched_allowed.sort();
-    unmatched_allowed.dedup();
     AdapterReport {
         adapter: ad.shown.clone(),
         path: ad.set.path.display().to_string(),
@@ -317,7 +317,7 @@ fn adapter_report(ad: &BoundAdapter, comp: &Component) -> AdapterReport {
         keys_consumed: 0,
         kinds: BTreeMap::new(),
         scale_sources: BTreeMap::new(),
-        unmatched_allowed,
+        unmatched_allowed: unmatched_keys(ad),
     }
 }
 
