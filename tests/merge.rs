@@ -102,6 +102,7 @@ fn options(dtype: OutputDType) -> MergeOptions {
         layout: None,
         dora_strength: DoraStrength::Merge,
         allow_unmatched: false,
+        shard_bytes: None,
     }
 }
 
@@ -1788,4 +1789,49 @@ fn cli_help_documents_the_expert_syntax_and_strength_semantics() {
     ] {
         assert!(out.contains(needle), "`{needle}` missing from --help");
     }
+}
+
+#[test]
+fn cli_shard_size_shards_the_output_and_keeps_every_value() {
+    let m = golden_manifest();
+    let c = &m["cases"]["peft_plain"];
+    let tmp = common::tmp();
+    let out = tmp.path().join("out");
+    let (code, _, err) = wanbake(
+        tmp.path(),
+        &[
+            "--base",
+            &s(&repo("golden/models/t2v")),
+            "--adapter",
+            &case_adapter(&c["adapter"]),
+            "--out",
+            &s(&out),
+            "--dtype",
+            "f32",
+            "--shard-size",
+            "60KB",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    let listing = common::tree(&out);
+    assert!(
+        listing.contains(&"diffusion_pytorch_model.safetensors.index.json".to_string()),
+        "{listing:?}"
+    );
+    assert!(
+        listing
+            .iter()
+            .filter(|f| f.ends_with("-of-00004.safetensors"))
+            .count()
+            == 4,
+        "{listing:?}"
+    );
+    let got = output_tensors(&out, "");
+    let reference =
+        SafetensorsFile::open(&repo("golden/references/peft_plain.safetensors")).unwrap();
+    for t in reference.infos() {
+        let e = rel_err(&f32s(&got[&t.name].2), &tensor_f64(&reference, &t.name));
+        assert!(e <= 4.0 * f64::from(f32::EPSILON), "{}: {e:e}", t.name);
+    }
+    assert_eq!(got.len(), 96);
 }

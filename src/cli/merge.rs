@@ -4,20 +4,18 @@
 //! pass and write a verified release.
 //!
 //! This file only turns arguments into library values (`merge::AdapterSpec`,
-//! `merge::MergeOptions`), opens and binds the adapters (`adapter`), calls
+//! `merge::MergeOptions`), opens and binds the adapters (`merge::bind_specs`), calls
 //! `merge::merge_release` and prints the summary.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::{Printer, Status, UsageError};
-use crate::adapter::{AdapterOptions, AdapterSet, BaseIndex};
 use crate::io::Checkpoint;
 use crate::io::staging::Replace;
 use crate::layout::{KeepF32, Layout, OutputDType};
 use crate::linalg::SvdCache;
 use crate::merge::{
-    AdapterSpec, BoundAdapter, ComponentChoice, DoraStrength, MergeOptions, MergeReport,
+    AdapterSpec, DoraStrength, MergeError, MergeFailure, MergeOptions, MergeReport, bind_specs,
     merge_release,
 };
 
@@ -90,6 +88,10 @@ pub struct Args {
     /// Directory of cached LoRA-XS SVD bases (must exist); a second bake reads them.
     #[arg(long, value_name = "DIR")]
     pub svd_cache: Option<PathBuf>,
+    /// Shard each output model into files of at most this size ("5GB", "500MB", bytes);
+    /// default: shard like the base.
+    #[arg(long, value_name = "SIZE")]
+    pub shard_size: Option<String>,
     /// Replace an existing output directory.
     #[arg(long)]
     pub overwrite: bool,
@@ -122,88 +124,28 @@ fn merge_options(args: &Args) -> Result<MergeOptions, UsageError> {
             )));
         }
     };
+    let shard_bytes = args
+        .shard_size
+        .as_deref()
+        .map(crate::recipe::parse_size)
+        .transpose()
+        .map_err(|e| UsageError(format!("--shard-size: {e}")))?;
     Ok(MergeOptions {
         dtype,
         keep_f32,
         layout,
         dora_strength,
         allow_unmatched: args.allow_unmatched,
+        shard_bytes,
     })
 }
 
-/// The base components an adapter spec names.
-fn components_of(spec: &AdapterSpec, base: &Checkpoint) -> Result<Vec<usize>, UsageError> {
-    let names = || {
-        base.components
-            .iter()
-            .map(|c| c.name.as_str())
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    match &spec.component {
-        ComponentChoice::All => Ok((0..base.components.len()).collect()),
-        ComponentChoice::Only if base.components.len() == 1 => Ok(vec![0]),
-        ComponentChoice::Only => Err(UsageError(format!(
-            "--adapter `{}`: the base has {} transformers ({}); say which one it is for, \
-             e.g. --adapter {}={}, or all={} for every one",
-            spec.text,
-            base.components.len(),
-            names(),
-            base.components[0].name,
-            spec.text,
-            spec.text
-        ))),
-        ComponentChoice::Named(n) => base
-            .components
-            .iter()
-            .position(|c| &c.name == n)
-            .map(|i| vec![i])
-            .ok_or_else(|| {
-                let have = if base.components.len() == 1 {
-                    "a single model (drop the prefix)".to_string()
-                } else {
-                    format!("transformers {}", names())
-                };
-                UsageError(format!(
-                    "--adapter `{}`: the base has no transformer `{n}`; it has {have}",
-                    spec.text
-                ))
-            }),
+/// Library errors, with the usage ones turned into `UsageError` (exit code 2).
+fn usage_or(e: MergeError) -> anyhow::Error {
+    match e {
+        MergeError::Usage(m) => UsageError(m).into(),
+        other => other.into(),
     }
-}
-
-/// Opens and binds every adapter to the component(s) its spec names.
-fn bind_adapters(
-    specs: &[AdapterSpec],
-    base: &Checkpoint,
-    allow_unmatched: bool,
-) -> anyhow::Result<Vec<BoundAdapter>> {
-    let mut indexes: BTreeMap<usize, BaseIndex> = BTreeMap::new();
-    let mut out = Vec::new();
-    for spec in specs {
-        for ci in components_of(spec, base)? {
-            let comp = &base.components[ci];
-            let index = indexes
-                .entry(ci)
-                .or_insert_with(|| BaseIndex::new(&base.path.join(&comp.rel_dir), &comp.tensors));
-            let opts = AdapterOptions {
-                allow_unmatched,
-                ..AdapterOptions::default()
-            };
-            let mut set = AdapterSet::open(&spec.path, &opts)?;
-            let report = set.bind(index)?;
-            let mut unmatched: Vec<String> = set.unparsed.iter().map(|k| k.key.clone()).collect();
-            unmatched.extend(report.unmatched.iter().flat_map(|p| p.keys.iter().cloned()));
-            out.push(BoundAdapter {
-                set,
-                component: ci,
-                strength: spec.strength,
-                shown: spec.text.clone(),
-                unmatched,
-            });
-        }
-    }
-    Ok(out)
 }
 
 /// Runs `merge`.
@@ -221,7 +163,7 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
         .transpose()
         .map_err(|e| UsageError(format!("--svd-cache: {e} (create the directory first)")))?;
     let base = Checkpoint::open(&args.base)?;
-    let adapters = bind_adapters(&specs, &base, args.allow_unmatched)?;
+    let adapters = bind_specs(&specs, &base, args.allow_unmatched).map_err(usage_or)?;
     let replace = if args.overwrite {
         Replace::Overwrite
     } else {
@@ -234,7 +176,11 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
         cache.as_ref(),
         &args.out,
         replace,
-    )?;
+    )
+    .map_err(|e| match e {
+        MergeFailure::Merge(m) => usage_or(*m),
+        other => other.into(),
+    })?;
     let files = &outcome.release.manifest.files;
     let bytes: u64 = files.iter().map(|f| f.bytes).sum();
     print_summary(p, &outcome.report, &outcome.release.dir, files.len(), bytes);

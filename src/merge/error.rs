@@ -25,9 +25,20 @@ pub enum MergeError {
         #[source]
         source: crate::layout::PlanError,
     },
-    /// A usage problem found against the base (component names, --layout on a non-WAN base).
+    /// A usage problem found against the base (component names, an output dtype that cannot
+    /// hold merged values).
     #[error("{0}")]
     Usage(String),
+    /// The base and options cannot give the requested output (a config.json that is not a
+    /// WAN config, a target the output layout leaves out, sizes that overflow).
+    #[error("{0}")]
+    Plan(String),
+    /// An adapter could not be opened or bound to the base.
+    #[error(transparent)]
+    Adapter(Box<crate::adapter::AdapterError>),
+    /// A bug: an invariant of the plan did not hold.
+    #[error("internal error: {0}")]
+    Internal(String),
     /// Adapter keys that match no tensor of the base.
     #[error(
         "{}: {} key(s) match no tensor of the base{}:{}\nhint: check that the adapter is for this \
@@ -182,6 +193,12 @@ pub struct ShapeMismatch {
     pub reason: String,
     /// Which base the adapter seems made for, and what the base is.
     pub hint: String,
+}
+
+impl From<crate::adapter::AdapterError> for MergeError {
+    fn from(e: crate::adapter::AdapterError) -> MergeError {
+        MergeError::Adapter(Box::new(e))
+    }
 }
 
 impl From<crate::linalg::CacheError> for MergeError {

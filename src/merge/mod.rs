@@ -2,7 +2,8 @@
 //!
 //! Owns: `merge_release` (hash the adapters, plan, hash the base, write through
 //! `release::write_release`), and through its submodules the `--adapter` syntax (`spec`),
-//! the plan and every refusal (`plan`, `error`), the formulas (`math`), the job
+//! binding specs to the base's transformers (`bind`), the plan and every refusal (`plan`,
+//! `error`), the formulas (`math`), the job
 //! loop (`exec`) and the report (`report`). Does not own: parsing adapters and binding their
 //! names (`adapter`), the SVD and its cache (`linalg`), layouts and keep-f32 rules
 //! (`layout`), atomic output and manifests (`io`, `release`, `manifest`).
@@ -17,6 +18,7 @@
 //! diffusers `fuse_lora(lora_scale=a)` compute); the two modes agree at `a = 1` and for
 //! every non-normalised kind.
 
+pub mod bind;
 pub mod error;
 pub mod exec;
 pub mod math;
@@ -27,6 +29,7 @@ pub mod spec;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+pub use bind::{bind_specs, components_of};
 pub use error::MergeError;
 pub use plan::{BoundAdapter, MergeOptions, MergePlan, plan_merge};
 pub use report::{DoraStrength, MergeReport};
@@ -128,8 +131,8 @@ pub fn merge_release(
         report = Some(r);
         Ok(json)
     })?;
-    let report = report
-        .ok_or_else(|| MergeError::Usage("internal: the merge finished without a report".into()))?;
+    let report =
+        report.ok_or_else(|| MergeError::Internal("the merge finished without a report".into()))?;
     Ok(MergeOutcome { release, report })
 }
 
@@ -181,6 +184,7 @@ fn options_json(
         "layout": o.layout.map(|l| l.as_str()),
         "dora_strength": o.dora_strength.as_str(),
         "allow_unmatched": o.allow_unmatched,
+        "shard_bytes": o.shard_bytes,
         "svd_cache": svd_cache,
     })
 }

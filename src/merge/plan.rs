@@ -57,6 +57,9 @@ pub struct MergeOptions {
     pub dora_strength: DoraStrength,
     /// Merge around unmatched adapter keys instead of refusing.
     pub allow_unmatched: bool,
+    /// Largest output shard in bytes; `None` shards like the base (one file for a one-file
+    /// base, shards no larger than the base's largest for a sharded one).
+    pub shard_bytes: Option<u64>,
 }
 
 /// How a row of a target's 2-D (out, in') view is stored.
@@ -506,10 +509,13 @@ fn plan_layout(base: &Checkpoint, options: &MergeOptions) -> Result<LayoutPlan, 
             None => default_policy(comp, options.layout),
         };
         policies.push(policy.to_string());
-        let c = match options.layout {
+        let mut c = match options.layout {
             None => same_layout(ci, comp, options.dtype, &policy),
             Some(to) => converted(ci, comp, to, options.dtype, &policy)?,
         };
+        if options.shard_bytes.is_some() {
+            c.output.max_shard_bytes = options.shard_bytes;
+        }
         outputs.push(c.output);
         jobs.extend(c.jobs);
         dropped.extend(c.dropped);
@@ -523,11 +529,11 @@ fn plan_layout(base: &Checkpoint, options: &MergeOptions) -> Result<LayoutPlan, 
         })
         .collect();
     let output = OutputPlan::build(&outputs, &aux)
-        .map_err(|e| MergeError::Usage(format!("the output cannot be laid out: {e}")))?;
+        .map_err(|e| MergeError::Plan(format!("the output cannot be laid out: {e}")))?;
     for j in &mut jobs {
-        j.slot = output.slot(j.component, &j.output).ok_or_else(|| {
-            MergeError::Usage(format!("internal: no output slot for `{}`", j.output))
-        })?;
+        j.slot = output
+            .slot(j.component, &j.output)
+            .ok_or_else(|| MergeError::Internal(format!("no output slot for `{}`", j.output)))?;
     }
     policies.dedup();
     Ok(LayoutPlan {
@@ -650,7 +656,7 @@ fn converted(
     let config_json = comp.sidecar("config.json").map(|s| &s.json);
     let config = match comp.sidecar("config.json") {
         Some(s) => Some(WanConfig::from_json(&s.text).map_err(|e| {
-            MergeError::Usage(format!(
+            MergeError::Plan(format!(
                 "{}: not a WAN transformer config: {e}",
                 s.path.display()
             ))
@@ -775,7 +781,7 @@ fn attach_targets(plan: &mut MergePlan) -> Result<(), MergeError> {
         }
     }
     if let Some(ti) = read.iter().position(|r| !r) {
-        return Err(MergeError::Usage(format!(
+        return Err(MergeError::Plan(format!(
             "`{}` is an adapter target, but the output layout leaves it out",
             plan.targets[ti].name
         )));

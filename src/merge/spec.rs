@@ -15,6 +15,8 @@
 
 use std::path::PathBuf;
 
+use crate::adapter::Convention;
+
 /// Which transformer(s) of the base an adapter is for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ComponentChoice {
@@ -37,6 +39,11 @@ pub struct AdapterSpec {
     pub path: PathBuf,
     /// Application weight `a` (finite).
     pub strength: f64,
+    /// Read the adapter as this convention instead of detecting it (recipes; the command
+    /// line always detects).
+    pub from: Option<Convention>,
+    /// σ for every low-rank entry, for files that carry none (recipes).
+    pub scale: Option<f64>,
 }
 
 /// Why an `--adapter` argument could not be read.
@@ -101,6 +108,8 @@ impl AdapterSpec {
             component,
             path: PathBuf::from(path),
             strength,
+            from: None,
+            scale: None,
         })
     }
 }
