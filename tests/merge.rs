@@ -1258,8 +1258,9 @@ fn cli_sa3(
     extra: &[&str],
 ) -> BTreeMap<String, (DType, Vec<usize>, Vec<u8>)> {
     let out = tmp.join(format!(
-        "out-{}",
-        adapters.join("+").replace(['/', ':'], "_")
+        "out-{}{}",
+        adapters.join("+").replace(['/', ':'], "_"),
+        extra.join("")
     ));
     let base = s(&sa3_base());
     let mut args = vec!["--base".to_string(), base];
@@ -1267,7 +1268,7 @@ fn cli_sa3(
         args.push("--adapter".into());
         args.push(s(&repo(&format!("golden/sa3/{a}"))));
     }
-    args.extend(["--out".into(), s(&out), "--dtype".into(), "f32".into()]);
+    args.extend(["--out".into(), s(&out)]);
     args.extend(extra.iter().map(|x| x.to_string()));
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     let (code, _, err) = wanbake(tmp, &refs);
@@ -1321,10 +1322,25 @@ fn cli_sa3_native_and_peft_files_match_float64_references() {
             }
         };
         let refs: Vec<&str> = files.iter().map(String::as_str).collect();
-        let got = cli_sa3(tmp.path(), &refs, &[]);
+        let got = cli_sa3(tmp.path(), &refs, &["--dtype", "f32"]);
         let tol = if case.ends_with("-xs") { 1e-5 } else { 1e-6 };
-        let e = check_sa3_output(&got, c["reference"].as_str().unwrap(), tol);
+        let reference = c["reference"].as_str().unwrap();
+        let e = check_sa3_output(&got, reference, tol);
         eprintln!("cli sa3 {case}: max abs error {e:.3e}");
+        // bf16: within one ulp of the reference rounded to nearest even.
+        let got = cli_sa3(
+            tmp.path(),
+            &refs,
+            &["--dtype", "bf16", "--keep-f32", "none"],
+        );
+        let reference = SafetensorsFile::open(&repo(&format!("golden/sa3/{reference}"))).unwrap();
+        for t in reference.infos() {
+            let want = tensor_f64(&reference, &t.name);
+            for (i, (&g, &r)) in bf16s(&got[&t.name].2).iter().zip(&want).enumerate() {
+                let d = bf16_ulps(g, bf16_of(r));
+                assert!(d <= 1, "{case} {}[{i}]: {d} bf16 ulps", t.name);
+            }
+        }
     }
 }
 

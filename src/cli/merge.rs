@@ -59,7 +59,7 @@ pub struct Args {
     /// folder, or a pipeline folder with transformer/ and transformer_2/.
     #[arg(long)]
     pub base: PathBuf,
-    /// Adapter to merge, [COMPONENT=]PATH[:STRENGTH] (repeatable; see below).
+    /// Adapter to merge, `[COMPONENT=]PATH[:STRENGTH]` (repeatable; see below).
     #[arg(
         long = "adapter",
         required = true,
