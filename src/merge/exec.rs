@@ -18,6 +18,7 @@
 #![allow(non_snake_case)]
 
 use std::collections::{BTreeMap, HashMap};
+use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use faer::Par;
@@ -200,11 +201,14 @@ impl Exec<'_> {
     ) -> Result<(), MergeError> {
         let rows = BaseRows::new(t, src, job)?;
         let loaded = self.load_factors(t, &rows, svd)?;
-        let updates: Vec<Update<'_>> = loaded.iter().map(Loaded::update).collect();
+        let updates: Vec<(Update<'_>, f64)> = loaded
+            .iter()
+            .map(|l| (l.update(), l.contribution.weight))
+            .collect();
         let band = band_rows(t.inp);
         let col_scales = updates
             .iter()
-            .map(|u| column_scales(u, t.out, t.inp, band, |r0, n, dst| rows.read(r0, n, dst)))
+            .map(|(u, _)| column_scales(u, t.out, t.inp, band, |r0, n, d| rows.read(r0, n, d)))
             .collect::<Result<Vec<_>, MergeError>>()?;
         // PyTorch layout → output layout; Identity for every base stored in PyTorch layout.
         let to_output = t
@@ -215,62 +219,23 @@ impl Exec<'_> {
                 tensor: t.name.clone(),
                 reason: e.to_string(),
             })?;
-        let size = job.dtype.size().unwrap_or(4);
-        // Linear and full-tensor contributions only add into the band; the normalised ones
-        // also need W0 on its own.
-        let keep_w0 = updates
-            .iter()
-            .any(|u| matches!(u, Update::LowRank { form, .. } if !matches!(form, Form::Additive)));
-        let mut whole = Vec::new();
-        let (mut W0, mut D, mut bytes) = (Vec::new(), Vec::new(), Vec::new());
+        let mut out = Emit {
+            job,
+            t,
+            to_output,
+            bytes: Vec::new(),
+            whole: Vec::new(),
+        };
+        let mut band_buf = Band::default();
         let mut r0 = 0;
         while r0 < t.out {
             let n = band.min(t.out - r0);
-            D.resize(n * t.inp, 0.0);
-            rows.read(r0, n, &mut D)?;
-            if keep_w0 {
-                W0.clear();
-                W0.extend_from_slice(&D);
-            }
-            for ((u, l), cs) in updates.iter().zip(&loaded).zip(&col_scales) {
-                let W0 = if keep_w0 { &W0[..] } else { &[][..] };
-                add_contribution(
-                    u,
-                    l.weight,
-                    cs.as_deref(),
-                    W0,
-                    r0,
-                    n,
-                    t.inp,
-                    &mut D,
-                    scratch,
-                );
-            }
-            check_finite(&D).map_err(|i| self.non_finite(t, r0, i, D[i]))?;
-            let stored = rows.to_stored_order(&D);
-            if to_output == Transform::Identity {
-                bytes.resize(stored.len() * size, 0);
-                narrow_from_f32(job.dtype, &stored, &mut bytes).map_err(|e| {
-                    MergeError::Convert {
-                        tensor: t.name.clone(),
-                        reason: e.to_string(),
-                    }
-                })?;
-                self.write(job, r0 * t.inp * size, &bytes)?;
-            } else {
-                whole.extend_from_slice(&stored);
-            }
+            let D = band_buf.merged(&rows, &updates, &col_scales, t, r0, n, scratch)?;
+            check_finite(D).map_err(|i| self.non_finite(t, r0, i, D[i]))?;
+            out.band(self, &rows, r0, D)?;
             r0 += n;
         }
-        if to_output != Transform::Identity {
-            let src = SrcTensor {
-                dtype: DType::F32,
-                shape: &t.shape,
-                bytes: bytemuck::cast_slice(&whole),
-            };
-            self.convert_bands(job, to_output, src)?;
-        }
-        Ok(())
+        out.finish(self)
     }
 
     /// The tensors of every contribution to `t`, and the -xs bases (one SVD per rank).
@@ -280,7 +245,7 @@ impl Exec<'_> {
         rows: &BaseRows<'_>,
         svd: &SvdCounters,
     ) -> Result<Vec<Loaded>, MergeError> {
-        let mut bases: BTreeMap<usize, std::sync::Arc<XsBases>> = BTreeMap::new();
+        let mut bases: BTreeMap<usize, Rc<XsBases>> = BTreeMap::new();
         let mut loaded = Vec::with_capacity(t.contributions.len());
         for c in &t.contributions {
             let set = &self.adapters[c.adapter].set;
@@ -293,7 +258,7 @@ impl Exec<'_> {
                 let b = match bases.get(&c.rank) {
                     Some(b) => b.clone(),
                     None => {
-                        let b = std::sync::Arc::new(self.xs_bases(t, rows, c.rank, svd)?);
+                        let b = Rc::new(self.xs_bases(t, rows, c.rank, svd)?);
                         bases.insert(c.rank, b.clone());
                         b
                     }
@@ -304,7 +269,6 @@ impl Exec<'_> {
             };
             loaded.push(Loaded {
                 contribution: c.clone(),
-                weight: c.weight,
                 params,
                 xs,
             });
@@ -356,6 +320,92 @@ impl Exec<'_> {
     }
 }
 
+/// The buffers of one band: the merged weight `D` and, for the normalised forms, `W0`.
+#[derive(Default)]
+struct Band {
+    W0: Vec<f32>,
+    D: Vec<f32>,
+}
+
+impl Band {
+    /// Rows `r0 .. r0 + n` of `W0 + Σ w·(f(W0) − W0)`, contributions in the plan's order.
+    #[allow(clippy::too_many_arguments)]
+    fn merged(
+        &mut self,
+        rows: &BaseRows<'_>,
+        updates: &[(Update<'_>, f64)],
+        col_scales: &[Option<Vec<f64>>],
+        t: &Target,
+        r0: usize,
+        n: usize,
+        scratch: &mut Scratch,
+    ) -> Result<&[f32], MergeError> {
+        // Linear and full-tensor contributions only add into the band; the normalised ones
+        // also need W0 on its own.
+        let keep_w0 = updates.iter().any(
+            |(u, _)| matches!(u, Update::LowRank { form, .. } if !matches!(form, Form::Additive)),
+        );
+        self.D.resize(n * t.inp, 0.0);
+        rows.read(r0, n, &mut self.D)?;
+        self.W0.clear();
+        if keep_w0 {
+            self.W0.extend_from_slice(&self.D);
+        }
+        for ((u, w), cs) in updates.iter().zip(col_scales) {
+            let (W0, D) = (&self.W0[..], &mut self.D[..]);
+            add_contribution(u, *w, cs.as_deref(), W0, r0, n, t.inp, D, scratch);
+        }
+        Ok(&self.D)
+    }
+}
+
+/// Where merged bands go: narrowed straight into the output when the output layout is the
+/// PyTorch layout (or the MLX row order), else assembled whole and converted at the end.
+struct Emit<'a> {
+    job: &'a Job,
+    t: &'a Target,
+    to_output: Transform,
+    bytes: Vec<u8>,
+    whole: Vec<f32>,
+}
+
+impl Emit<'_> {
+    fn band(
+        &mut self,
+        exec: &Exec<'_>,
+        rows: &BaseRows<'_>,
+        r0: usize,
+        D: &[f32],
+    ) -> Result<(), MergeError> {
+        if self.to_output != Transform::Identity {
+            self.whole.extend_from_slice(D);
+            return Ok(());
+        }
+        let stored = rows.to_stored_order(D);
+        let size = self.job.dtype.size().unwrap_or(4);
+        self.bytes.resize(stored.len() * size, 0);
+        narrow_from_f32(self.job.dtype, &stored, &mut self.bytes).map_err(|e| {
+            MergeError::Convert {
+                tensor: self.t.name.clone(),
+                reason: e.to_string(),
+            }
+        })?;
+        exec.write(self.job, r0 * self.t.inp * size, &self.bytes)
+    }
+
+    fn finish(self, exec: &Exec<'_>) -> Result<(), MergeError> {
+        if self.to_output == Transform::Identity {
+            return Ok(());
+        }
+        let src = SrcTensor {
+            dtype: DType::F32,
+            shape: &self.t.shape,
+            bytes: bytemuck::cast_slice(&self.whole),
+        };
+        exec.convert_bands(self.job, self.to_output, src)
+    }
+}
+
 /// Checks a merged band without a branch per element, so the loop vectorises; `Err(i)`
 /// names the first non-finite element.
 fn check_finite(merged: &[f32]) -> Result<(), usize> {
@@ -368,9 +418,8 @@ fn check_finite(merged: &[f32]) -> Result<(), usize> {
 /// One contribution's tensors, loaded.
 struct Loaded {
     contribution: Contribution,
-    weight: f64,
     params: BTreeMap<ParamRole, Vec<f32>>,
-    xs: Option<std::sync::Arc<XsBases>>,
+    xs: Option<Rc<XsBases>>,
 }
 
 impl Loaded {
