@@ -3,7 +3,7 @@
 //! Owns: `merge_release` (hash the adapters, plan, hash the base, write through
 //! `release::write_release`), and through its submodules the `--adapter` syntax (`spec`),
 //! binding specs to the base's transformers (`bind`), the plan and every refusal (`plan`,
-//! `error`), the formulas (`math`), the job
+//! `error`), the output files, dtypes and jobs (`output`), the formulas (`math`), the job
 //! loop (`exec`) and the report (`report`). Does not own: parsing adapters and binding their
 //! names (`adapter`), the SVD and its cache (`linalg`), layouts and keep-f32 rules
 //! (`layout`), atomic output and manifests (`io`, `release`, `manifest`).
@@ -22,6 +22,7 @@ pub mod bind;
 pub mod error;
 pub mod exec;
 pub mod math;
+pub mod output;
 pub mod plan;
 pub mod report;
 pub mod spec;
