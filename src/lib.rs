@@ -17,6 +17,7 @@ pub mod io;
 pub mod layout;
 pub mod linalg;
 pub mod manifest;
+pub mod merge;
 pub mod model;
 pub mod recipe;
 pub mod release;

@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 
 pub mod convert;
 pub mod inspect;
+pub mod merge;
 pub mod printer;
 pub mod restack;
 pub mod run;
@@ -68,6 +69,8 @@ pub enum Command {
     Convert(convert::Args),
     /// Write an adapter in another convention (PEFT, diffusers, ComfyUI, kohya, SA3, NNX).
     Translate(translate::Args),
+    /// Merge adapters into a base checkpoint (streaming, exact, one pass) and write a release.
+    Merge(merge::Args),
     /// Convert a WAN transformer between the diffusers, wan, nnx and nnx-scanned layouts.
     Restack(restack::Args),
     /// Run the bundled WAN transformer on CPU: one forward, or N sampling steps with CFG.
@@ -106,6 +109,10 @@ pub fn execute(cli: Cli) -> anyhow::Result<Status> {
         Command::Translate(a) => {
             let mut p = Printer::new(a.json, quiet);
             translate::execute(a, &mut p)
+        }
+        Command::Merge(a) => {
+            let mut p = Printer::new(a.json, quiet);
+            merge::execute(a, &mut p)
         }
         Command::Restack(a) => {
             let mut p = Printer::new(a.json, quiet);

@@ -1,0 +1,241 @@
+//! `wanbake merge --base BASE --adapter [COMPONENT=]PATH[:STRENGTH]... --out DIR [--dtype ..]
+//! [--keep-f32 ..] [--layout ..] [--dora-strength merge|peft] [--allow-unmatched]
+//! [--svd-cache DIR] [--overwrite] [--json]`: merge adapters into a base in one streaming
+//! pass and write a verified release.
+//!
+//! This file only turns arguments into library values (`merge::AdapterSpec`,
+//! `merge::MergeOptions`), opens and binds the adapters (`merge::bind_specs`), calls
+//! `merge::merge_release` and prints the summary.
+
+use std::path::{Path, PathBuf};
+
+use super::{Printer, Status, UsageError};
+use crate::io::Checkpoint;
+use crate::io::staging::Replace;
+use crate::layout::{KeepF32, Layout, OutputDType};
+use crate::linalg::SvdCache;
+use crate::merge::{
+    AdapterSpec, DoraStrength, MergeError, MergeFailure, MergeOptions, MergeReport, bind_specs,
+    merge_release,
+};
+
+const AFTER_HELP: &str = "\
+ADAPTERS
+  --adapter [COMPONENT=]PATH[:STRENGTH], repeatable. PATH is a .safetensors file, a PEFT
+  folder (adapter_config.json + adapter_model.safetensors) or a folder with one weights
+  file, in any convention (PEFT, diffusers, ComfyUI/original Wan, kohya/musubi, SA3 native,
+  Qwix/NNX). STRENGTH (default 1) is a finite number. A path containing ':' must end with
+  an explicit strength (my:lora.safetensors:1); a path containing '=' is written ./a=b.
+
+  A base with several transformers (Wan 2.2 A14B: transformer/ = high-noise expert,
+  transformer_2/ = low-noise expert) needs COMPONENT on every adapter: a component folder
+  name, or all for every transformer:
+    wanbake merge --base Wan2.2-T2V-A14B-Diffusers \\
+      --adapter transformer=high_noise.safetensors:1.0 \\
+      --adapter transformer_2=low_noise.safetensors:1.0 --out baked --dtype bf16
+
+STRENGTH
+  W' = round_once(W0 + sum_i a_i*(f_i(W0) - W0)), in f32, with W0 the original weight for
+  every adapter and f_i its effective weight at full strength; one round-to-nearest-even to
+  the output dtype. a = 0 skips the adapter (output bit-identical to the input). a also
+  scales full-tensor diffs (diff, diff_b, diff_m), as ComfyUI and diffusers fuse_lora do
+  (MaxDiffusion adds diffs unscaled).
+  --dora-strength merge (default): the same linear rule for DoRA/BoRA (SA3 application
+  weight, ComfyUI). --dora-strength peft: the strength sits inside the norm,
+  W' = m*(W + a*s*B*A)/||W + a*s*B*A|| (PEFT, diffusers fuse_lora(lora_scale=a), SA3
+  lora_strength). The two agree at a = 1 and for every non-DoRA kind.
+
+DTYPES
+  --dtype keep (default) keeps every tensor's stored dtype; bf16/f16 narrow except what the
+  keep-f32 policy keeps: diffusers (default for diffusers/wan layouts:
+  _keep_in_fp32_modules), maxdiffusion (default for nnx layouts), none (default for bases
+  that are not WAN transformers), or regex:PATTERN on output names.";
+
+/// Arguments of `merge`.
+#[derive(clap::Args, Debug)]
+#[command(after_long_help = AFTER_HELP)]
+pub struct Args {
+    /// Base checkpoint: a .safetensors file, a *.safetensors.index.json, a diffusers model
+    /// folder, or a pipeline folder with transformer/ and transformer_2/.
+    #[arg(long)]
+    pub base: PathBuf,
+    /// Adapter to merge, `[COMPONENT=]PATH[:STRENGTH]` (repeatable; see below).
+    #[arg(
+        long = "adapter",
+        required = true,
+        value_name = "[COMPONENT=]PATH[:STRENGTH]"
+    )]
+    pub adapters: Vec<String>,
+    /// Output directory (written atomically; mirrors the base's naming).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Output dtype: keep, bf16, f16 or f32.
+    #[arg(long, default_value = "keep")]
+    pub dtype: String,
+    /// Which tensors stay f32 when narrowing: diffusers, maxdiffusion, none or regex:PATTERN.
+    #[arg(long, value_name = "POLICY")]
+    pub keep_f32: Option<String>,
+    /// Write the result in this WAN layout: diffusers, wan, nnx or nnx-scanned.
+    #[arg(long)]
+    pub layout: Option<String>,
+    /// Where the strength enters DoRA/BoRA: merge (application weight) or peft (inside the
+    /// norm).
+    #[arg(long, default_value = "merge")]
+    pub dora_strength: String,
+    /// Merge around adapter keys that match nothing (they are listed in the report).
+    #[arg(long)]
+    pub allow_unmatched: bool,
+    /// Directory of cached LoRA-XS SVD bases (must exist); a second bake reads them.
+    #[arg(long, value_name = "DIR")]
+    pub svd_cache: Option<PathBuf>,
+    /// Shard each output model into files of at most this size ("5GB", "500MB", bytes);
+    /// default: shard like the base.
+    #[arg(long, value_name = "SIZE")]
+    pub shard_size: Option<String>,
+    /// Replace an existing output directory.
+    #[arg(long)]
+    pub overwrite: bool,
+    /// Print the merge report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The options, validated.
+fn merge_options(args: &Args) -> Result<MergeOptions, UsageError> {
+    let dtype: OutputDType = args.dtype.parse().map_err(UsageError)?;
+    let keep_f32 = args
+        .keep_f32
+        .as_deref()
+        .map(KeepF32::parse)
+        .transpose()
+        .map_err(|e| UsageError(format!("--keep-f32: {e}")))?;
+    let layout = args
+        .layout
+        .as_deref()
+        .map(str::parse::<Layout>)
+        .transpose()
+        .map_err(|e| UsageError(format!("--layout: {e}")))?;
+    let dora_strength = match args.dora_strength.as_str() {
+        "merge" => DoraStrength::Merge,
+        "peft" => DoraStrength::Peft,
+        other => {
+            return Err(UsageError(format!(
+                "--dora-strength `{other}`: expected merge or peft"
+            )));
+        }
+    };
+    let shard_bytes = args
+        .shard_size
+        .as_deref()
+        .map(crate::recipe::parse_size)
+        .transpose()
+        .map_err(|e| UsageError(format!("--shard-size: {e}")))?;
+    Ok(MergeOptions {
+        dtype,
+        keep_f32,
+        layout,
+        dora_strength,
+        allow_unmatched: args.allow_unmatched,
+        shard_bytes,
+    })
+}
+
+/// Library errors, with the usage ones turned into `UsageError` (exit code 2).
+fn usage_or(e: MergeError) -> anyhow::Error {
+    match e {
+        MergeError::Usage(m) => UsageError(m).into(),
+        other => other.into(),
+    }
+}
+
+/// Runs `merge`.
+pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
+    let options = merge_options(&args)?;
+    let specs = args
+        .adapters
+        .iter()
+        .map(|a| AdapterSpec::parse(a).map_err(|e| UsageError(e.to_string())))
+        .collect::<Result<Vec<_>, _>>()?;
+    let cache = args
+        .svd_cache
+        .as_deref()
+        .map(SvdCache::open)
+        .transpose()
+        .map_err(|e| UsageError(format!("--svd-cache: {e} (create the directory first)")))?;
+    let base = Checkpoint::open(&args.base)?;
+    let adapters = bind_specs(&specs, &base, args.allow_unmatched).map_err(usage_or)?;
+    let replace = if args.overwrite {
+        Replace::Overwrite
+    } else {
+        Replace::Never
+    };
+    let outcome = merge_release(
+        &base,
+        &adapters,
+        &options,
+        cache.as_ref(),
+        &args.out,
+        replace,
+    )
+    .map_err(|e| match e {
+        MergeFailure::Merge(m) => usage_or(*m),
+        other => other.into(),
+    })?;
+    let files = &outcome.release.manifest.files;
+    let bytes: u64 = files.iter().map(|f| f.bytes).sum();
+    print_summary(p, &outcome.report, &outcome.release.dir, files.len(), bytes);
+    p.json(&serde_json::json!({
+        "dir": outcome.release.dir,
+        "files": files.len(),
+        "bytes": bytes,
+        "report": outcome.report,
+    }));
+    Ok(Status::Ok)
+}
+
+fn print_summary(p: &mut Printer, r: &MergeReport, dir: &Path, files: usize, bytes: u64) {
+    p.line(format!(
+        "merged {} adapter(s) into {} tensor(s); wrote {} ({files} files, {bytes} bytes, {} tensors)",
+        r.adapters.len(),
+        r.targets_merged,
+        dir.display(),
+        r.tensors
+    ));
+    for a in &r.adapters {
+        let component = if a.component.is_empty() {
+            String::new()
+        } else {
+            format!(" -> {}", a.component)
+        };
+        let state = if a.skipped {
+            "skipped (strength 0)".to_string()
+        } else {
+            format!("{} targets", a.targets_merged)
+        };
+        p.line(format!(
+            "  {}{component}: {}, strength {}, {} entries, {state}",
+            a.adapter, a.convention, a.strength, a.entries
+        ));
+        if !a.unmatched_allowed.is_empty() {
+            p.warn(format!(
+                "{}: {} unmatched key(s) left out (--allow-unmatched), listed in the manifest",
+                a.adapter,
+                a.unmatched_allowed.len()
+            ));
+        }
+    }
+    let s = &r.svd;
+    if s.hits + s.misses + s.replaced + s.computed > 0 {
+        p.line(format!(
+            "  LoRA-XS SVD bases: {} computed, {} cache hits, {} cache misses, {} replaced",
+            s.computed, s.hits, s.misses, s.replaced
+        ));
+    }
+    p.line(format!(
+        "  dtype {}, layout {}, keep-f32 {}, DoRA strength {}",
+        r.dtype,
+        r.layout,
+        r.keep_f32,
+        r.dora_strength.as_str()
+    ));
+}

@@ -1,0 +1,633 @@
+//! Running a merge plan: one base tensor at a time per worker, in bands of rows.
+//!
+//! Owns: the job loop (rayon across jobs; every job's own arithmetic is sequential, so the
+//! bytes never depend on the thread count), the band reader of base rows (dtype widening,
+//! the MLX Conv1d row permutation), loading an entry's tensors, the -xs bases (through the
+//! SVD cache when one is given), and writing each band into its slot. Does not own: the
+//! formulas (`merge::math`), the kernel that copies and converts untouched tensors
+//! (`layout::transform`), or the atomic output (`io::staging`).
+//!
+//! Memory: a worker holds a few bands of at most [`BAND_ELEMS`] f32 values (W0, the
+//! accumulator, V), the factors of the target it works on, and, for -xs kinds, the target's
+//! SVD bases (the SVD itself needs the whole weight). A base tensor's mapped pages are
+//! dropped once its last job is done, and an adapter tensor's once it is loaded, so the
+//! resident set does not grow with the model. A merged tensor written through a permuting
+//! layout (`--layout nnx`) is the exception: it is assembled whole (f32) before it is
+//! transposed.
+
+#![allow(non_snake_case)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use faer::Par;
+use rayon::prelude::*;
+
+use super::error::MergeError;
+use super::math::{Factors, Form, SA3_EPS, Scratch, Update, add_contribution, column_scales};
+use super::plan::{BoundAdapter, Contribution, Job, MergePlan, RowOrder, Target};
+use super::report::SvdReport;
+use crate::adapter::{AdapterSet, Kind, ParamRole, TensorSource};
+use crate::io::dtype::{narrow_from_f32, widen_to_f32};
+use crate::io::{DType, ReadError, Staging, TensorRef, TensorView};
+use crate::layout::Transform;
+use crate::layout::transform::{SrcTensor, convert_rows};
+use crate::linalg::{CacheError, CacheOutcome, SvdCache, XsBases, xs_bases};
+
+/// Largest band of a merged tensor a worker holds in one buffer, in f32 values (4 MiB).
+/// A constant, so the band split (and with it every rounding) never depends on the machine.
+pub const BAND_ELEMS: usize = 1 << 20;
+
+/// Largest band of an untouched tensor converted at once, in output bytes.
+const COPY_BAND_BYTES: usize = 8 << 20;
+
+/// Rows per band of a (·, inp) matrix.
+pub fn band_rows(inp: usize) -> usize {
+    (BAND_ELEMS / inp.max(1)).max(1)
+}
+
+/// Loads one adapter tensor as f32 in PyTorch layout and drops its mapped pages.
+pub fn load_param(set: &AdapterSet, src: &TensorSource) -> Result<Vec<f32>, ReadError> {
+    let v = set.load(src)?;
+    if let Some((f, i)) = set
+        .files
+        .get(src.file)
+        .and_then(|f| f.position(&src.key).map(|i| (f, i)))
+    {
+        f.release(i);
+    }
+    Ok(v)
+}
+
+/// What every job needs.
+pub struct Exec<'a> {
+    /// The base.
+    pub base: &'a crate::io::Checkpoint,
+    /// The adapters.
+    pub adapters: &'a [BoundAdapter],
+    /// The plan.
+    pub plan: &'a MergePlan,
+    /// Where bytes go.
+    pub staging: &'a Staging,
+    /// The SVD basis cache, when given.
+    pub svd_cache: Option<&'a SvdCache>,
+}
+
+#[derive(Default)]
+struct SvdCounters {
+    hits: AtomicUsize,
+    misses: AtomicUsize,
+    replaced: AtomicUsize,
+    computed: AtomicUsize,
+}
+
+impl Exec<'_> {
+    /// Runs every job on the current rayon pool. On error the caller discards the output.
+    pub fn run(&self) -> Result<SvdReport, MergeError> {
+        let mut uses: HashMap<(usize, &str), AtomicUsize> = HashMap::new();
+        for j in &self.plan.jobs {
+            uses.entry((j.component, j.stored.as_str()))
+                .or_insert_with(|| AtomicUsize::new(0))
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        let svd = SvdCounters::default();
+        self.plan
+            .jobs
+            .par_iter()
+            .try_for_each_init(Scratch::default, |scratch, job| {
+                let src = self.stored(job)?;
+                match job.target {
+                    None => self.copy(job, src.view)?,
+                    Some(t) => self.merge(job, &self.plan.targets[t], &src, scratch, &svd)?,
+                }
+                let key = (job.component, job.stored.as_str());
+                if uses
+                    .get(&key)
+                    .is_some_and(|left| left.fetch_sub(1, Ordering::AcqRel) == 1)
+                {
+                    src.file.release(src.position);
+                }
+                Ok::<(), MergeError>(())
+            })?;
+        Ok(SvdReport {
+            cache: self.svd_cache.is_some(),
+            hits: svd.hits.into_inner(),
+            misses: svd.misses.into_inner(),
+            replaced: svd.replaced.into_inner(),
+            computed: svd.computed.into_inner(),
+        })
+    }
+
+    /// NaN/±inf at flat index `i` of the band starting at row `r0` of target `t`.
+    fn non_finite(&self, t: &Target, r0: usize, i: usize, value: f32) -> MergeError {
+        MergeError::NonFiniteResult {
+            tensor: t.name.clone(),
+            component: self.base.components[t.component].name.clone(),
+            row: r0 + i / t.inp.max(1),
+            col: i % t.inp.max(1),
+            value,
+        }
+    }
+
+    fn stored(&self, job: &Job) -> Result<TensorRef<'_>, MergeError> {
+        let comp = &self.base.components[job.component];
+        comp.tensors
+            .get(&job.stored)
+            .ok_or_else(|| MergeError::Convert {
+                tensor: job.stored.clone(),
+                reason: "planned but missing from the base".into(),
+            })
+    }
+
+    fn write(&self, job: &Job, offset: usize, bytes: &[u8]) -> Result<(), MergeError> {
+        self.staging
+            .write(job.slot, job.dst_offset + offset, bytes)
+            .map_err(|source| MergeError::Write {
+                tensor: job.output.clone(),
+                source: Box::new(source),
+            })
+    }
+
+    /// An untouched tensor: copied byte for byte (same dtype) or converted once.
+    fn copy(&self, job: &Job, view: TensorView<'_>) -> Result<(), MergeError> {
+        let src = SrcTensor {
+            dtype: view.dtype,
+            shape: &job.stored_shape,
+            bytes: layer_bytes(&view, job.layer, &job.stored_shape)?,
+        };
+        self.convert_bands(job, job.transform, src)
+    }
+
+    /// Writes `transform(src)` converted to the job's dtype, band by band, through the
+    /// layout module's fused kernel (raw byte moves when the dtypes are equal).
+    fn convert_bands(
+        &self,
+        job: &Job,
+        transform: Transform,
+        src: SrcTensor<'_>,
+    ) -> Result<(), MergeError> {
+        let err = |e: crate::layout::transform::KernelError| MergeError::Convert {
+            tensor: job.stored.clone(),
+            reason: e.to_string(),
+        };
+        let size = job.dtype.size().unwrap_or(1);
+        let (rows, row_len) = job
+            .transform
+            .dst_rows(src.shape)
+            .map_err(|e| err(e.into()))?;
+        let row_bytes = (row_len * size).max(1);
+        let band = (COPY_BAND_BYTES / row_bytes).max(1);
+        let mut buf = Vec::new();
+        let mut r0 = 0;
+        while r0 < rows {
+            let r1 = (r0 + band).min(rows);
+            buf.resize((r1 - r0) * row_len * size, 0);
+            convert_rows(transform, src, job.dtype, r0..r1, &mut buf).map_err(err)?;
+            self.write(job, r0 * row_len * size, &buf)?;
+            r0 = r1;
+        }
+        Ok(())
+    }
+
+    /// A target: `W' = W0 + Σ w·(f(W0) − W0)`, band by band, checked finite, rounded once.
+    fn merge(
+        &self,
+        job: &Job,
+        t: &Target,
+        src: &TensorRef<'_>,
+        scratch: &mut Scratch,
+        svd: &SvdCounters,
+    ) -> Result<(), MergeError> {
+        let rows = BaseRows::new(t, src, job)?;
+        let loaded = self.load_factors(t, &rows, svd)?;
+        let updates: Vec<(Update<'_>, f64)> = loaded
+            .iter()
+            .map(|l| (l.update(), l.contribution.weight))
+            .collect();
+        let band = band_rows(t.inp);
+        let col_scales = updates
+            .iter()
+            .map(|(u, _)| column_scales(u, t.out, t.inp, band, |r0, n, d| rows.read(r0, n, d)))
+            .collect::<Result<Vec<_>, MergeError>>()?;
+        // PyTorch layout → output layout; Identity for every base stored in PyTorch layout.
+        let to_output = t
+            .to_canonical
+            .inverse()
+            .then(job.transform, t.shape.len())
+            .map_err(|e| MergeError::Convert {
+                tensor: t.name.clone(),
+                reason: e.to_string(),
+            })?;
+        let mut out = Emit {
+            job,
+            t,
+            to_output,
+            bytes: Vec::new(),
+            whole: Vec::new(),
+        };
+        let mut band_buf = Band::default();
+        let mut r0 = 0;
+        while r0 < t.out {
+            let n = band.min(t.out - r0);
+            let D = band_buf.merged(&rows, &updates, &col_scales, t, r0, n, scratch)?;
+            check_finite(D).map_err(|i| self.non_finite(t, r0, i, D[i]))?;
+            out.band(self, &rows, r0, D)?;
+            r0 += n;
+        }
+        out.finish(self)
+    }
+
+    /// The tensors of every contribution to `t`, and the -xs bases (one SVD per rank).
+    fn load_factors(
+        &self,
+        t: &Target,
+        rows: &BaseRows<'_>,
+        svd: &SvdCounters,
+    ) -> Result<Vec<Loaded>, MergeError> {
+        let mut bases: BTreeMap<usize, Rc<XsBases>> = BTreeMap::new();
+        let mut loaded = Vec::with_capacity(t.contributions.len());
+        for c in &t.contributions {
+            let set = &self.adapters[c.adapter].set;
+            let entry = &set.entries[c.entry];
+            let mut params = BTreeMap::new();
+            for (&role, src) in &entry.params {
+                params.insert(role, load_param(set, src)?);
+            }
+            let xs = if c.kind.is_xs() {
+                let b = match bases.get(&c.rank) {
+                    Some(b) => b.clone(),
+                    None => {
+                        let b = Rc::new(self.xs_bases(t, rows, c.rank, svd)?);
+                        bases.insert(c.rank, b.clone());
+                        b
+                    }
+                };
+                Some(b)
+            } else {
+                None
+            };
+            loaded.push(Loaded {
+                contribution: c.clone(),
+                params,
+                xs,
+            });
+        }
+        Ok(loaded)
+    }
+
+    /// LoRA-XS bases of the target's (out, in') view: from the cache when one is given
+    /// (computed and stored on a miss or a rejected entry), else computed.
+    fn xs_bases(
+        &self,
+        t: &Target,
+        rows: &BaseRows<'_>,
+        rank: usize,
+        svd: &SvdCounters,
+    ) -> Result<XsBases, MergeError> {
+        let linalg = |source| CacheError::Linalg {
+            tensor: t.name.clone(),
+            source,
+        };
+        let mut W = vec![0.0f32; t.out * t.inp];
+        let Some(cache) = self.svd_cache else {
+            rows.read(0, t.out, &mut W)?;
+            svd.computed.fetch_add(1, Ordering::Relaxed);
+            return Ok(xs_bases(&W, t.out, t.inp, rank, Par::Seq).map_err(linalg)?);
+        };
+        // The cache keys the stored bytes when they are the PyTorch-layout matrix, else the
+        // f32 PyTorch-layout copy (MLX Conv1d, NNX kernels).
+        let cached = match rows.direct_view() {
+            Some(view) => cache.get_or_compute(&view, rank, Par::Seq)?,
+            None => {
+                rows.read(0, t.out, &mut W)?;
+                let view = TensorView {
+                    name: &t.name,
+                    dtype: DType::F32,
+                    shape: &t.shape,
+                    bytes: bytemuck::cast_slice(&W),
+                };
+                cache.get_or_compute(&view, rank, Par::Seq)?
+            }
+        };
+        let counter = match cached.outcome {
+            CacheOutcome::Hit => &svd.hits,
+            CacheOutcome::Miss => &svd.misses,
+            CacheOutcome::Replaced { .. } => &svd.replaced,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        Ok(cached.bases)
+    }
+}
+
+/// The buffers of one band: the merged weight `D` and, for the normalised forms, `W0`.
+#[derive(Default)]
+struct Band {
+    W0: Vec<f32>,
+    D: Vec<f32>,
+}
+
+impl Band {
+    /// Rows `r0 .. r0 + n` of `W0 + Σ w·(f(W0) − W0)`, contributions in the plan's order.
+    #[allow(clippy::too_many_arguments)]
+    fn merged(
+        &mut self,
+        rows: &BaseRows<'_>,
+        updates: &[(Update<'_>, f64)],
+        col_scales: &[Option<Vec<f64>>],
+        t: &Target,
+        r0: usize,
+        n: usize,
+        scratch: &mut Scratch,
+    ) -> Result<&[f32], MergeError> {
+        // Linear and full-tensor contributions only add into the band; the normalised ones
+        // also need W0 on its own.
+        let keep_w0 = updates.iter().any(
+            |(u, _)| matches!(u, Update::LowRank { form, .. } if !matches!(form, Form::Additive)),
+        );
+        self.D.resize(n * t.inp, 0.0);
+        rows.read(r0, n, &mut self.D)?;
+        self.W0.clear();
+        if keep_w0 {
+            self.W0.extend_from_slice(&self.D);
+        }
+        for ((u, w), cs) in updates.iter().zip(col_scales) {
+            let (W0, D) = (&self.W0[..], &mut self.D[..]);
+            add_contribution(u, *w, cs.as_deref(), W0, r0, n, t.inp, D, scratch);
+        }
+        Ok(&self.D)
+    }
+}
+
+/// Where merged bands go: narrowed straight into the output when the output layout is the
+/// PyTorch layout (or the MLX row order), else assembled whole and converted at the end.
+struct Emit<'a> {
+    job: &'a Job,
+    t: &'a Target,
+    to_output: Transform,
+    bytes: Vec<u8>,
+    whole: Vec<f32>,
+}
+
+impl Emit<'_> {
+    fn band(
+        &mut self,
+        exec: &Exec<'_>,
+        rows: &BaseRows<'_>,
+        r0: usize,
+        D: &[f32],
+    ) -> Result<(), MergeError> {
+        if self.to_output != Transform::Identity {
+            self.whole.extend_from_slice(D);
+            return Ok(());
+        }
+        let stored = rows.to_stored_order(D);
+        let size = self.job.dtype.size().unwrap_or(4);
+        self.bytes.resize(stored.len() * size, 0);
+        narrow_from_f32(self.job.dtype, &stored, &mut self.bytes).map_err(|e| {
+            MergeError::Convert {
+                tensor: self.t.name.clone(),
+                reason: e.to_string(),
+            }
+        })?;
+        exec.write(self.job, r0 * self.t.inp * size, &self.bytes)
+    }
+
+    fn finish(self, exec: &Exec<'_>) -> Result<(), MergeError> {
+        if self.to_output == Transform::Identity {
+            return Ok(());
+        }
+        let src = SrcTensor {
+            dtype: DType::F32,
+            shape: &self.t.shape,
+            bytes: bytemuck::cast_slice(&self.whole),
+        };
+        exec.convert_bands(self.job, self.to_output, src)
+    }
+}
+
+/// Checks a merged band without a branch per element, so the loop vectorises; `Err(i)`
+/// names the first non-finite element.
+fn check_finite(merged: &[f32]) -> Result<(), usize> {
+    if merged.iter().fold(true, |ok, x| ok & x.is_finite()) {
+        return Ok(());
+    }
+    Err(merged.iter().position(|x| !x.is_finite()).unwrap_or(0))
+}
+
+/// One contribution's tensors, loaded.
+struct Loaded {
+    contribution: Contribution,
+    params: BTreeMap<ParamRole, Vec<f32>>,
+    xs: Option<Rc<XsBases>>,
+}
+
+impl Loaded {
+    fn get(&self, role: ParamRole) -> &[f32] {
+        // Present and of the right size: checked when the merge was planned.
+        self.params.get(&role).map_or(&[][..], Vec::as_slice)
+    }
+
+    /// The formula of this contribution's kind (spec sa3_lora.md §1.4, conventions.md §2.4).
+    fn update(&self) -> Update<'_> {
+        let c = &self.contribution;
+        let (sigma, rank) = (c.sigma, c.rank);
+        let full = |role| Update::Full {
+            diff: self.get(role),
+            scale: sigma,
+        };
+        let form = match c.kind {
+            Kind::Diff => return full(ParamRole::Diff),
+            Kind::DiffBias => return full(ParamRole::DiffBias),
+            Kind::LoraBias => return full(ParamRole::LoraBias),
+            Kind::Lora | Kind::LoraXs => Form::Additive,
+            Kind::PeftDora => Form::Rows {
+                m: self.get(ParamRole::Magnitude),
+                eps: 0.0,
+            },
+            Kind::DoraRows | Kind::DoraRowsXs => Form::Rows {
+                m: self.get(ParamRole::Magnitude),
+                eps: SA3_EPS,
+            },
+            Kind::DoraCols | Kind::DoraColsXs => Form::Cols {
+                m: self.get(ParamRole::Magnitude),
+            },
+            Kind::Bora | Kind::BoraXs => Form::Bora {
+                m_r: self.get(ParamRole::MagnitudeR),
+                m_c: self.get(ParamRole::MagnitudeC),
+            },
+        };
+        let factors = match &self.xs {
+            Some(b) => Factors::Xs {
+                U: &b.U,
+                M: self.get(ParamRole::M),
+                V: &b.V,
+                rank,
+            },
+            None => Factors::BA {
+                B: self.get(ParamRole::B),
+                A: self.get(ParamRole::A),
+                rank,
+            },
+        };
+        Update::LowRank {
+            factors,
+            sigma,
+            form,
+        }
+    }
+}
+
+/// The bytes of one layer of a stacked tensor (or the whole tensor).
+fn layer_bytes<'a>(
+    view: &TensorView<'a>,
+    layer: Option<usize>,
+    slice_shape: &[usize],
+) -> Result<&'a [u8], MergeError> {
+    let len = slice_shape.iter().product::<usize>() * view.dtype.size().unwrap_or(0);
+    let start = layer.unwrap_or(0) * len;
+    view.bytes
+        .get(start..start + len)
+        .ok_or_else(|| MergeError::Convert {
+            tensor: view.name.to_string(),
+            reason: format!(
+                "holds {} bytes; layer {layer:?} of shape {slice_shape:?} needs {}",
+                view.bytes.len(),
+                start + len
+            ),
+        })
+}
+
+/// Bands of rows of a base tensor as f32 in the (out, in') PyTorch order.
+enum BaseRows<'a> {
+    /// Stored in PyTorch layout (possibly one layer of a stack, possibly MLX Conv1d rows):
+    /// widened band by band.
+    Stored {
+        view: TensorView<'a>,
+        bytes: &'a [u8],
+        path: &'a std::path::Path,
+        inp: usize,
+        order: RowOrder,
+        size: usize,
+    },
+    /// Stored transposed (NNX kernels): brought into PyTorch layout whole, as f32.
+    Canonical { data: Vec<f32>, inp: usize },
+}
+
+impl<'a> BaseRows<'a> {
+    fn new(t: &Target, src: &TensorRef<'a>, job: &Job) -> Result<BaseRows<'a>, MergeError> {
+        let view = src.view;
+        let size = view.dtype.size().ok_or_else(|| MergeError::Convert {
+            tensor: t.name.clone(),
+            reason: format!("dtype {} cannot be merged", view.dtype),
+        })?;
+        let bytes = layer_bytes(&view, t.layer, &job.stored_shape)?;
+        if t.to_canonical == Transform::Identity {
+            return Ok(BaseRows::Stored {
+                view,
+                bytes,
+                path: src.file.path(),
+                inp: t.inp,
+                order: t.rows,
+                size,
+            });
+        }
+        let mut raw = vec![0u8; t.out * t.inp * 4];
+        let stored = SrcTensor {
+            dtype: view.dtype,
+            shape: &job.stored_shape,
+            bytes,
+        };
+        crate::layout::transform::convert(t.to_canonical, stored, DType::F32, &mut raw).map_err(
+            |e| MergeError::Convert {
+                tensor: t.name.clone(),
+                reason: e.to_string(),
+            },
+        )?;
+        Ok(BaseRows::Canonical {
+            data: raw
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+            inp: t.inp,
+        })
+    }
+
+    /// The stored tensor itself when its bytes are exactly the PyTorch-layout matrix.
+    fn direct_view(&self) -> Option<TensorView<'a>> {
+        match self {
+            BaseRows::Stored {
+                view,
+                bytes,
+                order: RowOrder::Torch,
+                ..
+            } if bytes.len() == view.bytes.len() => Some(*view),
+            _ => None,
+        }
+    }
+
+    /// Fills `dst` ((n, inp) f32) with rows `r0 .. r0 + n`.
+    fn read(&self, r0: usize, n: usize, dst: &mut [f32]) -> Result<(), MergeError> {
+        let (view, bytes, path, inp, order, size) = match self {
+            BaseRows::Canonical { data, inp } => {
+                dst.copy_from_slice(&data[r0 * inp..(r0 + n) * inp]);
+                return Ok(());
+            }
+            BaseRows::Stored {
+                view,
+                bytes,
+                path,
+                inp,
+                order,
+                size,
+            } => (view, bytes, path, *inp, *order, *size),
+        };
+        let band = &bytes[r0 * inp * size..(r0 + n) * inp * size];
+        let widen = |dst: &mut [f32]| {
+            widen_to_f32(view.dtype, band, dst).map_err(|e| {
+                MergeError::Read(ReadError::Tensor {
+                    path: path.to_path_buf(),
+                    tensor: view.name.to_string(),
+                    reason: e.to_string(),
+                })
+            })
+        };
+        match order {
+            RowOrder::Torch => widen(dst),
+            RowOrder::MlxConv { k, cin } => {
+                // Stored row (k, cin) → PyTorch row (cin, k).
+                let mut tmp = vec![0.0f32; dst.len()];
+                widen(&mut tmp)?;
+                for (d, s) in dst.chunks_exact_mut(inp).zip(tmp.chunks_exact(inp)) {
+                    for (j, sj) in s.chunks_exact(cin).enumerate() {
+                        for (i, &x) in sj.iter().enumerate() {
+                            d[i * k + j] = x;
+                        }
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Merged rows in the base's row order (the MLX permutation undone).
+    fn to_stored_order<'b>(&self, merged: &'b [f32]) -> std::borrow::Cow<'b, [f32]> {
+        let BaseRows::Stored {
+            inp,
+            order: RowOrder::MlxConv { k, cin },
+            ..
+        } = *self
+        else {
+            return std::borrow::Cow::Borrowed(merged);
+        };
+        let mut out = vec![0.0f32; merged.len()];
+        for (o, m) in out.chunks_exact_mut(inp).zip(merged.chunks_exact(inp)) {
+            for i in 0..cin {
+                for j in 0..k {
+                    o[j * cin + i] = m[i * k + j];
+                }
+            }
+        }
+        std::borrow::Cow::Owned(out)
+    }
+}

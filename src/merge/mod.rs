@@ -1,0 +1,218 @@
+//! The streaming merge engine: base + bound adapters → a verified release, in one pass.
+//!
+//! Owns: `merge_release` (hash the adapters, plan, hash the base, write through
+//! `release::write_release`), and through its submodules the `--adapter` syntax (`spec`),
+//! binding specs to the base's transformers (`bind`), the plan and every refusal (`plan`,
+//! `error`), the output files, dtypes and jobs (`output`), the formulas (`math`), the job
+//! loop (`exec`) and the report (`report`). Does not own: parsing adapters and binding their
+//! names (`adapter`), the SVD and its cache (`linalg`), layouts and keep-f32 rules
+//! (`layout`), atomic output and manifests (`io`, `release`, `manifest`).
+//!
+//! Numerical contract (DESIGN.md): `W' = round_once(W0 + Σ_i a_i·(f_i(W0) − W0))` in f32,
+//! with `W0` the original weight for every adapter, `f_i` the adapter's effective weight at
+//! full strength, one round-to-nearest-even to the output dtype. `a_i = 0` skips adapter i
+//! entirely (the output is bit-identical to the input). The strength also scales
+//! full-tensor diffs (`diff`, `diff_b`, `diff_m`), as ComfyUI and diffusers `fuse_lora` do;
+//! MaxDiffusion adds diffs unscaled. With `DoraStrength::Peft` the strength of DoRA/BoRA
+//! kinds moves inside the norm (`W' = m ⊙ (W + a·σ·B·A)/‖W + a·σ·B·A‖`, what PEFT and
+//! diffusers `fuse_lora(lora_scale=a)` compute); the two modes agree at `a = 1` and for
+//! every non-normalised kind.
+
+pub mod bind;
+pub mod error;
+pub mod exec;
+pub mod math;
+pub mod output;
+pub mod plan;
+pub mod report;
+pub mod spec;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+pub use bind::{bind_specs, components_of};
+pub use error::MergeError;
+pub use plan::{BoundAdapter, MergeOptions, MergePlan, plan_merge};
+pub use report::{DoraStrength, MergeReport};
+pub use spec::{AdapterSpec, ComponentChoice};
+
+use crate::io::Checkpoint;
+use crate::io::staging::{Allocation, Replace};
+use crate::linalg::SvdCache;
+use crate::manifest::{InputRecord, record_inputs};
+use crate::release::{Release, ReleaseError, ReleaseRequest, write_release};
+
+/// A written merge.
+#[derive(Debug)]
+pub struct MergeOutcome {
+    /// The release (directory and manifest).
+    pub release: Release,
+    /// The report, as it is in the manifest.
+    pub report: MergeReport,
+}
+
+/// Why `merge_release` failed. Nothing is left at the destination.
+#[derive(Debug, thiserror::Error)]
+pub enum MergeFailure {
+    /// Refused while planning (nothing was created).
+    #[error(transparent)]
+    Merge(Box<MergeError>),
+    /// Failed while writing (the temporary output was removed).
+    #[error(transparent)]
+    Release(Box<ReleaseError>),
+}
+
+impl From<MergeError> for MergeFailure {
+    fn from(e: MergeError) -> MergeFailure {
+        MergeFailure::Merge(Box::new(e))
+    }
+}
+
+impl From<ReleaseError> for MergeFailure {
+    fn from(e: ReleaseError) -> MergeFailure {
+        MergeFailure::Release(Box::new(e))
+    }
+}
+
+/// Merges `adapters` into `base` and writes the result to `dest` as a release.
+///
+/// Order of work: hash the adapters (their content orders contributions canonically), plan
+/// and check everything, hash the base, then write. Every refusal of the plan comes before
+/// the base is hashed and before anything exists at `dest`.
+pub fn merge_release(
+    base: &Checkpoint,
+    adapters: &[BoundAdapter],
+    options: &MergeOptions,
+    svd_cache: Option<&SvdCache>,
+    dest: &Path,
+    replace: Replace,
+) -> Result<MergeOutcome, MergeFailure> {
+    let adapter_inputs = adapter_records(adapters)?;
+    let identities: Vec<String> = adapters
+        .iter()
+        .map(|a| identity(a, &adapter_inputs))
+        .collect();
+    let plan = plan_merge(base, adapters, options, &identities)?;
+    let base_files: Vec<(String, PathBuf, String)> = base
+        .input_files()
+        .into_iter()
+        .map(|p| ("base".to_string(), p.clone(), p.display().to_string()))
+        .collect();
+    let mut inputs = record_inputs(&base_files).map_err(MergeError::Read)?;
+    inputs.extend(adapter_inputs.into_values());
+    inputs.sort();
+    inputs.dedup();
+    let input_paths: Vec<PathBuf> = base
+        .input_files()
+        .into_iter()
+        .chain(adapters.iter().flat_map(|a| a.set.input_files()))
+        .collect();
+    let req = ReleaseRequest {
+        dest,
+        plan: plan.output.clone(),
+        input_paths: &input_paths,
+        inputs,
+        command: "merge",
+        options: options_json(base, adapters, options, svd_cache.is_some()),
+        replace,
+        allocation: Allocation::Reserve,
+    };
+    let mut report = None;
+    let release = write_release(req, |staging| {
+        let exec = exec::Exec {
+            base,
+            adapters,
+            plan: &plan,
+            staging,
+            svd_cache,
+        };
+        let svd = exec.run()?;
+        let r = build_report(&plan, options, svd);
+        let json = serde_json::to_value(&r)?;
+        report = Some(r);
+        Ok(json)
+    })?;
+    let report =
+        report.ok_or_else(|| MergeError::Internal("the merge finished without a report".into()))?;
+    Ok(MergeOutcome { release, report })
+}
+
+/// Hashes every adapter file once (an adapter bound to two components is one input).
+fn adapter_records(
+    adapters: &[BoundAdapter],
+) -> Result<BTreeMap<PathBuf, InputRecord>, MergeError> {
+    let mut files: Vec<(String, PathBuf, String)> = adapters
+        .iter()
+        .flat_map(|a| a.set.input_files())
+        .map(|p| ("adapter".to_string(), p.clone(), p.display().to_string()))
+        .collect();
+    files.sort();
+    files.dedup();
+    let records = record_inputs(&files)?;
+    Ok(files.into_iter().map(|(_, p, _)| p).zip(records).collect())
+}
+
+/// An adapter's content identity: the sha256 of each of its files, in path order.
+fn identity(a: &BoundAdapter, records: &BTreeMap<PathBuf, InputRecord>) -> String {
+    a.set
+        .input_files()
+        .iter()
+        .filter_map(|p| records.get(p).map(|r| r.sha256.as_str()))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn options_json(
+    base: &Checkpoint,
+    adapters: &[BoundAdapter],
+    o: &MergeOptions,
+    svd_cache: bool,
+) -> serde_json::Value {
+    let adapters: Vec<serde_json::Value> = adapters
+        .iter()
+        .map(|a| {
+            serde_json::json!({
+                "adapter": a.shown,
+                "strength": a.strength,
+                "component": base.components[a.component].name,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "adapters": adapters,
+        "dtype": dtype_name(o.dtype),
+        "keep_f32": o.keep_f32.as_ref().map(|p| p.to_string()),
+        "layout": o.layout.map(|l| l.as_str()),
+        "dora_strength": o.dora_strength.as_str(),
+        "allow_unmatched": o.allow_unmatched,
+        "shard_bytes": o.shard_bytes,
+        "svd_cache": svd_cache,
+    })
+}
+
+fn dtype_name(d: crate::layout::OutputDType) -> &'static str {
+    use crate::layout::OutputDType as O;
+    match d {
+        O::BF16 => "bf16",
+        O::F16 => "f16",
+        O::F32 => "f32",
+        O::Keep => "keep",
+    }
+}
+
+fn build_report(plan: &MergePlan, o: &MergeOptions, svd: report::SvdReport) -> MergeReport {
+    MergeReport {
+        adapters: plan.adapters.clone(),
+        dora_strength: o.dora_strength,
+        strength_semantics: report::STRENGTH_SEMANTICS.to_string(),
+        targets_merged: plan.targets.len(),
+        tensors: plan.output.tensor_count(),
+        layout: o
+            .layout
+            .map_or("same".to_string(), |l| l.as_str().to_string()),
+        dtype: dtype_name(o.dtype).to_string(),
+        keep_f32: plan.keep_f32.clone(),
+        dropped_by_layout: plan.dropped_by_layout.clone(),
+        svd,
+    }
+}

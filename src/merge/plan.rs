@@ -1,0 +1,510 @@
+//! Planning a merge: every adapter entry checked against its base tensor, every output
+//! tensor laid out, every job decided, before the first byte is written.
+//!
+//! Owns: `BoundAdapter` (an adapter bound to one transformer of the base, with its
+//! strength), `MergeOptions`, `MergePlan` with its `Target`s (base tensors that change, each
+//! with its sorted contributions) and `Job`s (one per output tensor piece: copy, convert,
+//! or merge), and the checks: unmatched keys, nothing bound, missing parameters, shapes
+//! (with the base variant the adapter seems made for), ranks, non-finite adapter values.
+//! Does not own: binding names (`adapter`), the formulas (`merge::math`), running the jobs
+//! (`merge::exec`), layouts and keep-f32 rules (`layout`).
+
+use std::collections::BTreeMap;
+
+use rayon::prelude::*;
+
+use super::error::MergeError;
+use super::report::{AdapterReport, DoraStrength, scale_source_label};
+use crate::adapter::bind::{check_fit, kind_name};
+use crate::adapter::variant::mismatch_line;
+use crate::adapter::{AdapterSet, BaseIndex, Entry, Kind, view_2d};
+use crate::io::writer::OutputPlan;
+use crate::io::{Checkpoint, Component, DType, Slot, TensorView};
+use crate::layout::{KeepF32, Layout, OutputDType, Transform};
+
+/// An adapter bound to one transformer of the base.
+#[derive(Debug)]
+pub struct BoundAdapter {
+    /// The adapter; `Entry::target` holds the base tensor name of every bound entry.
+    pub set: AdapterSet,
+    /// Index of the base component (`Checkpoint::components`) it was bound to.
+    pub component: usize,
+    /// Application weight `a` (finite; 0 skips the adapter).
+    pub strength: f64,
+    /// The `--adapter` argument as given.
+    pub shown: String,
+    /// Adapter keys binding matched to nothing.
+    pub unmatched: Vec<String>,
+}
+
+/// How to merge and write.
+#[derive(Clone, Debug)]
+pub struct MergeOptions {
+    /// Output dtype.
+    pub dtype: OutputDType,
+    /// Keep-f32 policy; `None`: `diffusers` for a diffusers/wan output, `maxdiffusion` for
+    /// NNX, `none` for a base that is not a WAN transformer (SA3).
+    pub keep_f32: Option<KeepF32>,
+    /// Output layout; `None` keeps the base's names and layouts.
+    pub layout: Option<Layout>,
+    /// Where strength enters DoRA/BoRA.
+    pub dora_strength: DoraStrength,
+    /// Merge around unmatched adapter keys instead of refusing.
+    pub allow_unmatched: bool,
+    /// Largest output shard in bytes; `None` shards like the base (one file for a one-file
+    /// base, shards no larger than the base's largest for a sharded one).
+    pub shard_bytes: Option<u64>,
+}
+
+/// How a row of a target's 2-D (out, in') view is stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowOrder {
+    /// Row-major PyTorch layout: (out, in) or (out, in, k…) flattened.
+    Torch,
+    /// MLX Conv1d (out, k, in): each row is (k, in) and must be permuted to (in, k).
+    MlxConv {
+        /// Kernel size.
+        k: usize,
+        /// Input channels.
+        cin: usize,
+    },
+}
+
+/// One adapter entry's contribution to a target.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Contribution {
+    /// Index into the adapters.
+    pub adapter: usize,
+    /// Index into that adapter's entries.
+    pub entry: usize,
+    /// The entry's kind.
+    pub kind: Kind,
+    /// `w` in `w·(f(W0) − W0)`.
+    pub weight: f64,
+    /// σ used inside `f` (times the strength in the PEFT DoRA mode).
+    pub sigma: f64,
+    /// Rank (1 for full-tensor kinds).
+    pub rank: usize,
+}
+
+/// A base tensor (or one layer of a stacked one) that changes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Target {
+    /// Base component index.
+    pub component: usize,
+    /// Base tensor name.
+    pub name: String,
+    /// Layer of a stacked base tensor (NNX scanned).
+    pub layer: Option<usize>,
+    /// Stored layout → PyTorch layout (`Identity` except for NNX bases).
+    pub to_canonical: Transform,
+    /// Its shape in PyTorch layout (the MLX Conv1d as (out, in, k)).
+    pub shape: Vec<usize>,
+    /// Rows of the 2-D view.
+    pub out: usize,
+    /// Columns of the 2-D view.
+    pub inp: usize,
+    /// How rows are stored.
+    pub rows: RowOrder,
+    /// Contributions in canonical order (adapters with `a = 0` left out).
+    pub contributions: Vec<Contribution>,
+}
+
+/// One output tensor (or one layer slice of a stacked one) and where it comes from.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Job {
+    /// Base component index.
+    pub component: usize,
+    /// Output tensor name.
+    pub output: String,
+    /// Where it is written.
+    pub slot: Slot,
+    /// Byte offset inside the output tensor.
+    pub dst_offset: usize,
+    /// Output dtype.
+    pub dtype: DType,
+    /// Stored layout → output layout.
+    pub transform: Transform,
+    /// Base tensor read.
+    pub stored: String,
+    /// Layer of a stacked base tensor.
+    pub layer: Option<usize>,
+    /// Shape of the stored data read (the layer's slice when stacked).
+    pub stored_shape: Vec<usize>,
+    /// Index into `MergePlan::targets` when merged; `None`: copied or converted.
+    pub target: Option<usize>,
+}
+
+/// Everything a merge will do.
+#[derive(Debug)]
+pub struct MergePlan {
+    /// The output files.
+    pub output: OutputPlan,
+    /// The jobs, largest first.
+    pub jobs: Vec<Job>,
+    /// Base tensors that change.
+    pub targets: Vec<Target>,
+    /// Per-adapter reports (plan-time facts).
+    pub adapters: Vec<AdapterReport>,
+    /// Base keys the layout conversion leaves out on purpose.
+    pub dropped_by_layout: Vec<String>,
+    /// Keep-f32 policy applied, in words.
+    pub keep_f32: String,
+}
+
+/// Checks everything and plans the merge. `identities[i]` is adapter i's content identity
+/// (the sha256 of its files), used only to order contributions canonically. Reads adapter
+/// tensors (to refuse non-finite values) but writes nothing.
+pub fn plan_merge(
+    base: &Checkpoint,
+    adapters: &[BoundAdapter],
+    options: &MergeOptions,
+    identities: &[String],
+) -> Result<MergePlan, MergeError> {
+    let (mut targets, reports) = bind_targets(base, adapters, options)?;
+    check_finite(adapters)?;
+    for t in &mut targets {
+        t.contributions.sort_by(|a, b| {
+            contribution_key(adapters, identities, a)
+                .cmp(&contribution_key(adapters, identities, b))
+        });
+    }
+    let layout = super::output::plan_output(base, options)?;
+    let mut plan = MergePlan {
+        output: layout.output,
+        jobs: layout.jobs,
+        targets,
+        adapters: reports,
+        dropped_by_layout: layout.dropped,
+        keep_f32: layout.keep_f32,
+    };
+    attach_targets(&mut plan)?;
+    Ok(plan)
+}
+
+/// Canonical order of contributions to one target: by adapter content, strength, module,
+/// entry index. Floating-point sums are commutative for two terms only; sorting makes any
+/// number of adapters give the same bytes in any command-line order.
+fn contribution_key<'a>(
+    adapters: &'a [BoundAdapter],
+    identities: &'a [String],
+    c: &Contribution,
+) -> (&'a str, u64, &'a str, usize) {
+    let a = &adapters[c.adapter];
+    (
+        identities.get(c.adapter).map_or("", String::as_str),
+        a.strength.to_bits(),
+        a.set.entries[c.entry].module.as_str(),
+        c.entry,
+    )
+}
+
+/// Groups every bound entry by base tensor (and layer), checking each against it.
+fn bind_targets(
+    base: &Checkpoint,
+    adapters: &[BoundAdapter],
+    options: &MergeOptions,
+) -> Result<(Vec<Target>, Vec<AdapterReport>), MergeError> {
+    let mut by_name: BTreeMap<(usize, String, Option<usize>), Target> = BTreeMap::new();
+    let mut reports = Vec::with_capacity(adapters.len());
+    for (ai, ad) in adapters.iter().enumerate() {
+        let comp = &base.components[ad.component];
+        check_unmatched(ad, comp, options.allow_unmatched)?;
+        let mut report = adapter_report(ad, comp);
+        let mut merged = std::collections::BTreeSet::new();
+        for (ei, e) in ad.set.entries.iter().enumerate() {
+            let Some(name) = &e.target else { continue };
+            let target = target_of(ad, e, comp, name)?;
+            let rank = check_entry(ad, e, comp, &target)?;
+            count_entry(&mut report, e);
+            merged.insert((name.to_string(), target.layer));
+            if ad.strength == 0.0 {
+                continue;
+            }
+            by_name
+                .entry((ad.component, name.to_string(), target.layer))
+                .or_insert(target)
+                .contributions
+                .push(contribution(ai, ei, e, ad.strength, rank, options));
+        }
+        if report.entries == 0 {
+            return Err(nothing_bound(ad, comp));
+        }
+        report.targets_merged = if ad.strength == 0.0 { 0 } else { merged.len() };
+        reports.push(report);
+    }
+    Ok((by_name.into_values().collect(), reports))
+}
+
+/// The base tensor an entry names, as a target without contributions: where it is stored
+/// (the binding's layer and transform for NNX bases, the MLX Conv1d row order), its
+/// PyTorch-layout shape and 2-D view.
+fn target_of(
+    ad: &BoundAdapter,
+    e: &Entry,
+    comp: &Component,
+    name: &str,
+) -> Result<Target, MergeError> {
+    let view = comp
+        .tensors
+        .get(name)
+        .ok_or_else(|| MergeError::UnknownTarget {
+            adapter: ad.set.path.clone(),
+            module: e.module.clone(),
+            target: name.to_string(),
+            component: comp.name.clone(),
+        })?
+        .view;
+    let rows = row_order(comp, &view);
+    let (layer, to_canonical, shape) = match (&e.binding, rows) {
+        (_, RowOrder::MlxConv { k, cin }) => {
+            (None, Transform::Identity, vec![view.shape[0], cin, k])
+        }
+        (Some(b), RowOrder::Torch) => (b.layer, b.to_canonical, b.shape.clone()),
+        (None, RowOrder::Torch) => (None, Transform::Identity, view.shape.to_vec()),
+    };
+    let (out, inp) = matrix_view(&shape);
+    Ok(Target {
+        component: ad.component,
+        name: name.to_string(),
+        layer,
+        to_canonical,
+        shape,
+        out,
+        inp,
+        rows,
+        contributions: Vec::new(),
+    })
+}
+
+/// Keys binding matched to nothing: the binder's unmatched keys and the keys of entries it
+/// left without a target, sorted.
+fn unmatched_keys(ad: &BoundAdapter) -> Vec<String> {
+    let mut keys: Vec<String> = ad.unmatched.clone();
+    for e in ad.set.entries.iter().filter(|e| e.target.is_none()) {
+        keys.extend(e.source_keys.iter().cloned());
+    }
+    keys.sort();
+    keys.dedup();
+    keys
+}
+
+fn check_unmatched(ad: &BoundAdapter, comp: &Component, allow: bool) -> Result<(), MergeError> {
+    let keys = unmatched_keys(ad);
+    if keys.is_empty() || allow {
+        return Ok(());
+    }
+    Err(MergeError::Unmatched {
+        adapter: ad.set.path.clone(),
+        component: comp.name.clone(),
+        keys,
+    })
+}
+
+fn adapter_report(ad: &BoundAdapter, comp: &Component) -> AdapterReport {
+    AdapterReport {
+        adapter: ad.shown.clone(),
+        path: ad.set.path.display().to_string(),
+        convention: ad.set.convention.as_str().to_string(),
+        component: comp.name.clone(),
+        strength: ad.strength,
+        skipped: ad.strength == 0.0,
+        targets_merged: 0,
+        entries: 0,
+        keys_consumed: 0,
+        kinds: BTreeMap::new(),
+        scale_sources: BTreeMap::new(),
+        unmatched_allowed: unmatched_keys(ad),
+    }
+}
+
+fn count_entry(report: &mut AdapterReport, e: &Entry) {
+    report.entries += 1;
+    report.keys_consumed += e.source_keys.len();
+    *report
+        .kinds
+        .entry(kind_name(e.kind).to_string())
+        .or_default() += 1;
+    *report
+        .scale_sources
+        .entry(scale_source_label(&e.scale_source))
+        .or_default() += 1;
+}
+
+fn contribution(
+    adapter: usize,
+    entry: usize,
+    e: &Entry,
+    a: f64,
+    rank: usize,
+    options: &MergeOptions,
+) -> Contribution {
+    // PEFT mode moves the strength inside the norm of the normalised kinds; for every other
+    // kind the two modes are the same formula.
+    let inside = options.dora_strength == DoraStrength::Peft && e.kind.is_normalised();
+    let (weight, sigma) = if inside {
+        (1.0, a * e.scale)
+    } else {
+        (a, e.scale)
+    };
+    Contribution {
+        adapter,
+        entry,
+        kind: e.kind,
+        weight,
+        sigma,
+        rank,
+    }
+}
+
+/// (out, in') of a PyTorch-layout shape (`adapter::view_2d`); a 1-D tensor (a bias, a norm
+/// scale) is a column (n, 1), a scalar (1, 1).
+fn matrix_view(shape: &[usize]) -> (usize, usize) {
+    view_2d(shape).unwrap_or_else(|| (shape.first().copied().unwrap_or(1), 1))
+}
+
+/// MLX-converted SA3 DiTs (spec sa3_lora.md §4.4–§4.5) store Conv1d weights (out, k, in).
+/// They are recognised by the keys only the MLX conversion writes (`cond.*`,
+/// `to_local_embed.seq.*`) and the absence of the PyTorch `model.model.` prefix.
+fn row_order(comp: &Component, view: &TensorView<'_>) -> RowOrder {
+    let [_, k, cin] = view.shape else {
+        return RowOrder::Torch;
+    };
+    let mut mlx_marker = false;
+    for n in comp.tensors.names() {
+        if n.starts_with("model.model.") {
+            return RowOrder::Torch;
+        }
+        mlx_marker |= n.starts_with("cond.") || n.contains(".to_local_embed.seq.");
+    }
+    if mlx_marker {
+        RowOrder::MlxConv { k: *k, cin: *cin }
+    } else {
+        RowOrder::Torch
+    }
+}
+
+/// Checks an entry against its base tensor with the binder's own fit rules
+/// (`adapter::bind::check_fit`, on the PyTorch-layout shape); returns the rank.
+fn check_entry(
+    ad: &BoundAdapter,
+    e: &Entry,
+    comp: &Component,
+    t: &Target,
+) -> Result<usize, MergeError> {
+    let dtype = comp.tensors.get(&t.name).map(|r| r.view.dtype);
+    if let Some(d) = dtype.filter(|d| !d.is_float()) {
+        return Err(MergeError::Unfit {
+            adapter: ad.set.path.clone(),
+            module: e.module.clone(),
+            kind: e.kind,
+            target: t.name.clone(),
+            target_shape: t.shape.clone(),
+            reason: format!("the base tensor is {d}, not a float"),
+        });
+    }
+    let missing = e.missing_roles();
+    if !missing.is_empty() {
+        return Err(MergeError::MissingParams {
+            adapter: ad.set.path.clone(),
+            module: e.module.clone(),
+            kind: e.kind,
+            missing,
+        });
+    }
+    check_fit(e, &t.shape).map_err(|reason| {
+        let index = BaseIndex::new(&comp.rel_dir, &comp.tensors);
+        MergeError::Shape(Box::new(super::error::ShapeMismatch {
+            adapter: ad.set.path.clone(),
+            module: e.module.clone(),
+            kind: kind_name(e.kind).to_string(),
+            target: t.name.clone(),
+            target_shape: t.shape.clone(),
+            reason,
+            hint: mismatch_line(&ad.set, &index),
+        }))
+    })?;
+    Ok(e.rank.unwrap_or(1))
+}
+
+fn nothing_bound(ad: &BoundAdapter, comp: &Component) -> MergeError {
+    let first_module = ad.set.entries.first().map(|e| e.module.as_str());
+    let first_base = comp.tensors.names().next();
+    let hint = match (first_module, first_base) {
+        (Some(m), Some(b)) => {
+            format!(" (its first module is `{m}`; base tensors are named like `{b}`)")
+        }
+        _ => String::new(),
+    };
+    MergeError::NothingBound {
+        adapter: ad.set.path.clone(),
+        component: comp.name.clone(),
+        entries: ad.set.entries.len(),
+        hint,
+    }
+}
+
+/// Reads every tensor of every bound entry of the adapters that will be applied and
+/// refuses NaN/±inf. Runs in parallel; the error reported is the first in adapter, entry,
+/// role order, whatever the thread count.
+fn check_finite(adapters: &[BoundAdapter]) -> Result<(), MergeError> {
+    let mut work = Vec::new();
+    for ad in adapters.iter().filter(|a| a.strength != 0.0) {
+        for e in ad.set.entries.iter().filter(|e| e.target.is_some()) {
+            work.extend(e.params.values().map(|src| (ad, src)));
+        }
+    }
+    let found: Vec<Option<MergeError>> = work
+        .par_iter()
+        .map(|&(ad, src)| match super::exec::load_param(&ad.set, src) {
+            Err(e) => Some(MergeError::Read(e)),
+            Ok(v) => v
+                .iter()
+                .position(|x| !x.is_finite())
+                .map(|index| MergeError::NonFinite {
+                    adapter: ad.set.path.clone(),
+                    key: src.key.clone(),
+                    index,
+                    value: v[index],
+                }),
+        })
+        .collect();
+    match found.into_iter().flatten().next() {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// Marks the jobs that read a target, refuses targets no job reads or whose output dtype
+/// cannot hold a merged value, and orders jobs largest first (better packing of the worker
+/// pool; bytes do not depend on the order).
+fn attach_targets(plan: &mut MergePlan) -> Result<(), MergeError> {
+    let index: BTreeMap<(usize, &str, Option<usize>), usize> = plan
+        .targets
+        .iter()
+        .enumerate()
+        .map(|(i, t)| ((t.component, t.name.as_str(), t.layer), i))
+        .collect();
+    let mut read = vec![false; plan.targets.len()];
+    for j in &mut plan.jobs {
+        if let Some(&ti) = index.get(&(j.component, j.stored.as_str(), j.layer)) {
+            if !j.dtype.is_output_float() {
+                return Err(MergeError::Usage(format!(
+                    "`{}` cannot be merged into {} output: choose --dtype bf16, f16 or f32",
+                    j.stored, j.dtype
+                )));
+            }
+            j.target = Some(ti);
+            read[ti] = true;
+        }
+    }
+    if let Some(ti) = read.iter().position(|r| !r) {
+        return Err(MergeError::Plan(format!(
+            "`{}` is an adapter target, but the output layout leaves it out",
+            plan.targets[ti].name
+        )));
+    }
+    plan.jobs
+        .sort_by_key(|j| std::cmp::Reverse(j.stored_shape.iter().product::<usize>()));
+    Ok(())
+}
