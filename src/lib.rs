@@ -9,6 +9,7 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod adapter;
+pub mod bake;
 pub mod cli;
 pub mod convert;
 pub mod gpu;
@@ -19,6 +20,7 @@ pub mod linalg;
 pub mod manifest;
 pub mod merge;
 pub mod model;
+pub mod progress;
 pub mod recipe;
 pub mod release;
 pub mod runner;

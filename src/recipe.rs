@@ -324,6 +324,17 @@ impl Recipe {
         Ok(r)
     }
 
+    /// `p` as the recipe spells it: relative to the recipe's folder when inside it, with
+    /// `/` separators.
+    pub fn relative(&self, p: &Path) -> String {
+        p.strip_prefix(&self.root)
+            .unwrap_or(p)
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+            .join("/")
+    }
+
     fn invalid(&self, field: impl Into<String>, message: impl Into<String>) -> RecipeError {
         RecipeError::Invalid {
             path: self.file.clone(),
@@ -396,14 +407,7 @@ impl Recipe {
     /// The normalised recipe recorded in the manifest and in output metadata: paths as the
     /// recipe spells them relative to its folder, defaults filled in, keys sorted.
     pub fn normalised(&self) -> serde_json::Value {
-        let rel = |p: &Path| -> String {
-            p.strip_prefix(&self.root)
-                .unwrap_or(p)
-                .components()
-                .map(|c| c.as_os_str().to_string_lossy().into_owned())
-                .collect::<Vec<_>>()
-                .join("/")
-        };
+        let rel = |p: &Path| self.relative(p);
         let mut v = serde_json::to_value(self).expect("recipe serialises");
         v["base"]["path"] = rel(&self.base.path).into();
         for (i, a) in self.adapters.iter().enumerate() {

@@ -51,12 +51,40 @@ pub enum ReleaseError {
     Produce(anyhow::Error),
 }
 
+/// The outcome of post-write checks run on the sealed output before it is committed.
+#[derive(Clone, Debug)]
+pub struct Checked {
+    /// The manifest's `checks` array.
+    pub checks: serde_json::Value,
+    /// Did every check pass? A failure still commits the output, with the manifest's
+    /// status `check_failed`.
+    pub passed: bool,
+}
+
 /// Writes a release: `produce` fills every slot of the plan (from any number of threads,
 /// through `Staging::write`) and returns the report object for the manifest. On any error
 /// the temporary directory is removed and the destination is untouched.
 pub fn write_release(
     req: ReleaseRequest<'_>,
     produce: impl FnOnce(&Staging) -> anyhow::Result<serde_json::Value>,
+) -> Result<Release, ReleaseError> {
+    write_release_checked(req, produce, |_| {
+        Ok(Checked {
+            checks: serde_json::Value::Array(Vec::new()),
+            passed: true,
+        })
+    })
+}
+
+/// `write_release`, with `check` run on the sealed temporary directory (complete weights and
+/// sidecars, every file fsynced and hashed) before the manifest is written: its result goes
+/// into the manifest (`checks`, and status `check_failed` when one failed), so the committed
+/// manifest is never rewritten. An error from `check` (as opposed to a failed check) aborts
+/// the release like any other.
+pub fn write_release_checked(
+    req: ReleaseRequest<'_>,
+    produce: impl FnOnce(&Staging) -> anyhow::Result<serde_json::Value>,
+    check: impl FnOnce(&Path) -> anyhow::Result<Checked>,
 ) -> Result<Release, ReleaseError> {
     let mut staging = Staging::begin(
         req.dest,
@@ -67,7 +95,8 @@ pub fn write_release(
     )?;
     let report = produce(&staging).map_err(ReleaseError::Produce)?;
     let sealed = staging.seal()?;
-    let manifest = Manifest::new(
+    let checked = check(staging.tmp_dir()).map_err(ReleaseError::Produce)?;
+    let mut manifest = Manifest::new(
         req.command,
         req.inputs,
         req.options,
@@ -75,6 +104,10 @@ pub fn write_release(
         &sealed,
         report,
     );
+    manifest.checks = checked.checks;
+    if !checked.passed {
+        manifest.status = "check_failed".into();
+    }
     let bytes = manifest.to_canonical_bytes();
     let dir = staging.commit(&bytes)?;
     let manifest =

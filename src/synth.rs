@@ -290,3 +290,53 @@ impl SplitMix64 {
         (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
     }
 }
+
+/// Writes only the skeleton of a synthetic checkpoint at `dest`: every header, config.json
+/// and index as a real release would have them, tensor data as sparse zeros, no manifest
+/// and no hashing. Seconds even for a 14B model, and no disk used: for planning and dry
+/// runs (`bake --dry-run`) against the real shapes. `dest` must not exist; the folder
+/// appears complete or not at all (written beside it, then renamed).
+pub fn write_skeleton(spec: &SynthSpec, dest: &Path) -> Result<OutputPlan, ReleaseError> {
+    let fail = |what: &str, p: &Path, e: std::io::Error| {
+        ReleaseError::Produce(anyhow::anyhow!("{}: {what}: {e}", p.display()))
+    };
+    let plan = synth_plan(spec).map_err(|e| ReleaseError::Produce(e.into()))?;
+    if dest.symlink_metadata().is_ok() {
+        return Err(fail(
+            "exists",
+            dest,
+            std::io::ErrorKind::AlreadyExists.into(),
+        ));
+    }
+    let name = dest
+        .file_name()
+        .map_or("skeleton".into(), |n| n.to_string_lossy().into_owned());
+    let tmp = dest.with_file_name(format!(".{name}.skeleton-{}", std::process::id()));
+    let write = || -> Result<(), ReleaseError> {
+        for f in &plan.files {
+            let path = tmp.join(&f.rel_path);
+            if let Some(d) = path.parent() {
+                std::fs::create_dir_all(d).map_err(|e| fail("create", d, e))?;
+            }
+            let mut file = std::fs::File::create(&path).map_err(|e| fail("create", &path, e))?;
+            std::io::Write::write_all(&mut file, &f.layout.prefix)
+                .map_err(|e| fail("write", &path, e))?;
+            file.set_len(f.layout.file_len() as u64)
+                .map_err(|e| fail("extend", &path, e))?;
+        }
+        for a in &plan.aux {
+            let path = tmp.join(&a.rel_path);
+            if let Some(d) = path.parent() {
+                std::fs::create_dir_all(d).map_err(|e| fail("create", d, e))?;
+            }
+            std::fs::write(&path, &a.bytes).map_err(|e| fail("write", &path, e))?;
+        }
+        std::fs::create_dir_all(&tmp).map_err(|e| fail("create", &tmp, e))?;
+        std::fs::rename(&tmp, dest).map_err(|e| fail("rename", dest, e))
+    };
+    if let Err(e) = write() {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(e);
+    }
+    Ok(plan)
+}

@@ -4,6 +4,7 @@
 
 use clap::{Parser, Subcommand};
 
+pub mod bake;
 pub mod convert;
 pub mod inspect;
 pub mod merge;
@@ -75,6 +76,8 @@ pub enum Command {
     Restack(restack::Args),
     /// Run the bundled WAN transformer on CPU: one forward, or N sampling steps with CFG.
     Run(run::Args),
+    /// Bake a release from a recipe: plan, merge + restack, check, commit, verify.
+    Bake(bake::Args),
 }
 
 /// Runs the parsed command line.
@@ -121,6 +124,10 @@ pub fn execute(cli: Cli) -> anyhow::Result<Status> {
         Command::Run(a) => {
             let mut p = Printer::new(a.json, quiet);
             run::execute(a, &mut p)
+        }
+        Command::Bake(a) => {
+            let mut p = Printer::new(a.json, quiet);
+            bake::execute(a, &mut p)
         }
     }
 }

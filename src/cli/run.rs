@@ -10,13 +10,8 @@ use std::time::Instant;
 use serde_json::json;
 
 use super::{Printer, Status, UsageError};
-use crate::runner::inputs::with_origin;
 use crate::runner::output::write_f32_file;
-use crate::runner::scheduler::NUM_TRAIN_TIMESTEPS;
-use crate::runner::{
-    Experts, ForwardInputs, ModelSet, RunError, RunInputs, SampleInputs, SampleOptions, StepReport,
-    Tensor, WanTransformer, sample,
-};
+use crate::runner::{ModelSet, RunInputs, RunOutput, RunSettings, StepReport, Tensor, run_models};
 
 /// Arguments of `run`.
 #[derive(clap::Args, Debug)]
@@ -69,90 +64,40 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
     }
     let total = Instant::now();
     let models = ModelSet::open(&args.model, args.config.as_deref())?;
-    let transformer = WanTransformer::new(models.transformer.as_ref())?;
-    let transformer_2 = match &models.transformer_2 {
-        Some(t) => Some(WanTransformer::new(t.as_ref())?),
-        None => None,
-    };
-    let experts = Experts {
-        transformer,
-        transformer_2,
-        boundary_ratio: args.boundary_ratio.or(models.boundary_ratio),
-    };
-    experts.check()?;
     let inputs = RunInputs::read(&args.inputs)?;
     let load_s = total.elapsed().as_secs_f64();
-
-    let mut steps: Vec<StepReport> = Vec::new();
-    let mut metadata = BTreeMap::new();
-    metadata.insert("wanbake.run.steps".to_string(), args.steps.to_string());
-    let (name, result) = if args.steps == 0 {
-        (
-            "noise_pred",
-            forward_once(&args, &experts, &inputs, &mut steps, &mut metadata)?,
-        )
-    } else {
-        (
-            "latents",
-            sample_run(&args, &experts, &inputs, &mut steps, &mut metadata)?,
-        )
+    let settings = RunSettings {
+        steps: args.steps,
+        shift: args.shift,
+        guidance: args.guidance,
+        guidance_2: args.guidance_2,
+        boundary_ratio: args.boundary_ratio,
     };
-    write_f32_file(&args.out, &[(name, &result)], &metadata)?;
+    let out = run_models(&models, &inputs, &args.inputs, &settings)?;
+    let metadata = run_metadata(&args, &out);
+    write_f32_file(&args.out, &[(out.name, &out.tensor)], &metadata)?;
     report(
         p,
         &args,
-        name,
-        &result,
+        out.name,
+        &out.tensor,
         load_s,
-        &steps,
+        &out.steps,
         total.elapsed().as_secs_f64(),
     );
     Ok(Status::Ok)
 }
 
-/// `--steps 0`: one conditional forward at the inputs' timestep.
-fn forward_once(
-    args: &Args,
-    experts: &Experts<'_>,
-    inputs: &RunInputs,
-    steps: &mut Vec<StepReport>,
-    metadata: &mut BTreeMap<String, String>,
-) -> Result<Tensor, RunError> {
-    let started = Instant::now();
-    let (model, expert) = pick_for_forward(experts, &inputs.timestep)?;
-    let out = model
-        .forward(&ForwardInputs {
-            hidden_states: &inputs.hidden_states,
-            timestep: &inputs.timestep,
-            encoder_hidden_states: &inputs.encoder_hidden_states,
-            encoder_hidden_states_image: inputs.encoder_hidden_states_image.as_ref(),
-        })
-        .map_err(|e| with_origin(e, &args.inputs))?;
-    metadata.insert("wanbake.run.expert".to_string(), expert.to_string());
-    steps.push(StepReport {
-        index: 0,
-        timestep: inputs.timestep.data.first().copied().unwrap_or(0.0),
-        expert,
-        guidance: None,
-        seconds: started.elapsed().as_secs_f64(),
-    });
-    Ok(out)
-}
-
-/// `--steps N`: the sampler, recording each step and the settings in the metadata.
-fn sample_run(
-    args: &Args,
-    experts: &Experts<'_>,
-    inputs: &RunInputs,
-    steps: &mut Vec<StepReport>,
-    metadata: &mut BTreeMap<String, String>,
-) -> Result<Tensor, RunError> {
-    let opts = SampleOptions {
-        steps: args.steps,
-        shift: args.shift,
-        guidance: args.guidance,
-        guidance_2: args.guidance_2,
-    };
+/// The output file's `__metadata__`: the step count, and the expert (forward) or the
+/// sampling settings.
+fn run_metadata(args: &Args, out: &RunOutput) -> BTreeMap<String, String> {
+    let mut metadata = BTreeMap::new();
+    metadata.insert("wanbake.run.steps".to_string(), args.steps.to_string());
+    if args.steps == 0 {
+        let expert = out.steps.first().map_or("transformer", |s| s.expert);
+        metadata.insert("wanbake.run.expert".to_string(), expert.to_string());
+        return metadata;
+    }
     let none = || "none".to_string();
     for (k, v) in [
         ("shift", args.shift.to_string()),
@@ -163,44 +108,13 @@ fn sample_run(
         ),
         (
             "boundary_ratio",
-            experts.boundary_ratio.map_or_else(none, |r| r.to_string()),
+            out.boundary_ratio.map_or_else(none, |r| r.to_string()),
         ),
         ("scheduler", "FlowMatchEulerDiscreteScheduler".into()),
     ] {
         metadata.insert(format!("wanbake.run.{k}"), v);
     }
-    let sample_inputs = SampleInputs {
-        hidden_states: &inputs.hidden_states,
-        timestep: &inputs.timestep,
-        encoder_hidden_states: &inputs.encoder_hidden_states,
-        negative_encoder_hidden_states: inputs.negative_encoder_hidden_states.as_ref(),
-        encoder_hidden_states_image: inputs.encoder_hidden_states_image.as_ref(),
-    };
-    let mut record = |s: &StepReport| steps.push(s.clone());
-    sample(experts, &sample_inputs, &opts, &mut record).map_err(|e| with_origin(e, &args.inputs))
-}
-
-/// For a single forward of a two-expert model, the pipeline's rule on the inputs' timestep
-/// (every value must fall on the same side of the boundary).
-fn pick_for_forward<'e, 'w>(
-    experts: &'e Experts<'w>,
-    timestep: &Tensor,
-) -> Result<(&'e WanTransformer<'w>, &'static str), RunError> {
-    let (Some(low), Some(ratio)) = (&experts.transformer_2, experts.boundary_ratio) else {
-        return Ok((&experts.transformer, "transformer"));
-    };
-    let boundary = (ratio * NUM_TRAIN_TIMESTEPS as f64) as f32;
-    let high = timestep.data.iter().filter(|&&t| t >= boundary).count();
-    match high {
-        0 => Ok((low, "transformer_2")),
-        n if n == timestep.numel() => Ok((&experts.transformer, "transformer")),
-        _ => Err(RunError::input(
-            "timestep",
-            format!(
-                "values fall on both sides of the expert boundary {boundary}; run them separately"
-            ),
-        )),
-    }
+    metadata
 }
 
 fn report(

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use super::{Printer, Status, UsageError};
 use crate::io::DType;
 use crate::io::staging::Replace;
-use crate::synth::{Fill, SynthModel, SynthSpec, synth_release};
+use crate::synth::{Fill, SynthModel, SynthSpec, synth_release, write_skeleton};
 
 /// Arguments of `synth`.
 #[derive(clap::Args, Debug)]
@@ -34,6 +34,11 @@ pub struct Args {
     /// Shard the weights into files of at most this many bytes.
     #[arg(long)]
     pub shard_size: Option<u64>,
+    /// Write headers, config.json and index only, tensor data as sparse zeros, no manifest
+    /// and no hashing: a 14B skeleton in seconds, for `bake --dry-run` against real shapes.
+    /// Needs --fill zero.
+    #[arg(long)]
+    pub skeleton: bool,
     /// Replace an existing output directory.
     #[arg(long)]
     pub overwrite: bool,
@@ -75,6 +80,23 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
         layers: args.layers,
         shard_bytes: args.shard_size,
     };
+    if args.skeleton {
+        if fill != Fill::Zero {
+            return Err(UsageError("--skeleton writes zeros: add --fill zero".into()).into());
+        }
+        if args.overwrite {
+            return Err(UsageError("--skeleton does not replace an existing folder".into()).into());
+        }
+        let plan = write_skeleton(&spec, &args.out)?;
+        p.line(format!(
+            "wrote the skeleton of {} ({} weight files, {} tensor bytes as sparse zeros, no manifest)",
+            args.out.display(),
+            plan.files.len(),
+            plan.total_bytes()
+        ));
+        p.json(&serde_json::json!({"dir": args.out, "files": plan.files.len(), "bytes": plan.total_bytes(), "skeleton": true}));
+        return Ok(Status::Ok);
+    }
     let replace = if args.overwrite {
         Replace::Overwrite
     } else {

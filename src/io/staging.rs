@@ -458,7 +458,9 @@ fn clean_stale(dest: &Path) {
     }
 }
 
-fn check_space(dir: &Path, needed: u64) -> Result<(), WriteError> {
+/// Is there room for `needed` bytes (plus a 1 MiB margin) in the file system of `dir`?
+/// Unknown (statvfs failed) counts as room.
+pub fn check_space(dir: &Path, needed: u64) -> Result<(), WriteError> {
     let Ok(st) = rustix::fs::statvfs(dir) else {
         return Ok(());
     };

@@ -37,6 +37,8 @@ pub struct PlannedFile {
     pub layout: HeaderLayout,
     /// Index of the component it belongs to.
     pub component: usize,
+    /// Its `__metadata__`.
+    pub metadata: BTreeMap<String, String>,
 }
 
 /// A non-weight file of the plan (index, config.json, model_index.json).
@@ -110,6 +112,7 @@ impl OutputPlan {
                 rel_path: c.rel_dir.join(&name),
                 layout,
                 component: ci,
+                metadata: c.metadata.clone(),
             });
         }
         if n > 1 {
@@ -130,6 +133,36 @@ impl OutputPlan {
                 rel_path: c.rel_dir.join(name),
                 bytes: bytes.clone(),
             });
+        }
+        Ok(())
+    }
+
+    /// Adds `extra` to the `__metadata__` of every weight file (an existing key is
+    /// replaced) and lays the headers out again. Tensor order, and so every slot, is
+    /// unchanged: it depends only on the tensors.
+    pub fn stamp_metadata(&mut self, extra: &BTreeMap<String, String>) -> Result<(), LayoutError> {
+        for f in &mut self.files {
+            f.metadata
+                .extend(extra.iter().map(|(k, v)| (k.clone(), v.clone())));
+            let tensors: Vec<PlannedTensor> = f
+                .layout
+                .tensors
+                .iter()
+                .map(|t| PlannedTensor {
+                    name: t.name.clone(),
+                    dtype: t.dtype,
+                    shape: t.shape.clone(),
+                })
+                .collect();
+            let layout = HeaderLayout::build(&tensors, &f.metadata)?;
+            debug_assert!(
+                layout
+                    .tensors
+                    .iter()
+                    .zip(&f.layout.tensors)
+                    .all(|(a, b)| a.name == b.name)
+            );
+            f.layout = layout;
         }
         Ok(())
     }

@@ -34,6 +34,7 @@ use crate::io::{DType, ReadError, Staging, TensorRef, TensorView};
 use crate::layout::Transform;
 use crate::layout::transform::{SrcTensor, convert_rows};
 use crate::linalg::{CacheError, CacheOutcome, SvdCache, XsBases, xs_bases};
+use crate::progress::Progress;
 
 /// Largest band of a merged tensor a worker holds in one buffer, in f32 values (4 MiB).
 /// A constant, so the band split (and with it every rounding) never depends on the machine.
@@ -60,6 +61,12 @@ pub fn load_param(set: &AdapterSet, src: &TensorSource) -> Result<Vec<f32>, Read
     Ok(v)
 }
 
+/// Output bytes one job writes (its piece of the output tensor).
+pub fn job_bytes(job: &Job) -> u64 {
+    let numel: usize = job.stored_shape.iter().product();
+    job.dtype.byte_len(numel).unwrap_or(0) as u64
+}
+
 /// What every job needs.
 pub struct Exec<'a> {
     /// The base.
@@ -72,6 +79,8 @@ pub struct Exec<'a> {
     pub staging: &'a Staging,
     /// The SVD basis cache, when given.
     pub svd_cache: Option<&'a SvdCache>,
+    /// Counts finished jobs and their output bytes, when someone is watching.
+    pub progress: Option<&'a Progress>,
 }
 
 #[derive(Default)]
@@ -107,6 +116,9 @@ impl Exec<'_> {
                     .is_some_and(|left| left.fetch_sub(1, Ordering::AcqRel) == 1)
                 {
                     src.file.release(src.position);
+                }
+                if let Some(p) = self.progress {
+                    p.item_done(job_bytes(job));
                 }
                 Ok::<(), MergeError>(())
             })?;

@@ -40,7 +40,8 @@ use crate::io::Checkpoint;
 use crate::io::staging::{Allocation, Replace};
 use crate::linalg::SvdCache;
 use crate::manifest::{InputRecord, record_inputs};
-use crate::release::{Release, ReleaseError, ReleaseRequest, write_release};
+use crate::progress::Progress;
+use crate::release::{Checked, Release, ReleaseError, ReleaseRequest, write_release_checked};
 
 /// A written merge.
 #[derive(Debug)]
@@ -87,21 +88,107 @@ pub fn merge_release(
     dest: &Path,
     replace: Replace,
 ) -> Result<MergeOutcome, MergeFailure> {
+    let prepared = prepare_merge(base, adapters, options, true)?;
+    let settings = WriteSettings {
+        command: "merge",
+        options: options_json(base, adapters, options, svd_cache.is_some()),
+        file_metadata: BTreeMap::new(),
+        replace,
+        svd_cache,
+        progress: None,
+    };
+    write_merge(prepared, base, adapters, options, dest, settings, |_| {
+        Ok(Checked {
+            checks: serde_json::Value::Array(Vec::new()),
+            passed: true,
+        })
+    })
+}
+
+/// A merge planned and checked, its inputs hashed; nothing written yet.
+#[derive(Debug)]
+pub struct PreparedMerge {
+    /// The plan.
+    pub plan: MergePlan,
+    /// Hashed inputs: every adapter file, and every base file when `base_hashed`.
+    pub inputs: Vec<InputRecord>,
+    /// Were the base files hashed?
+    pub base_hashed: bool,
+}
+
+/// Hashes the adapters, plans and checks the merge, and (when `hash_base`) hashes the base.
+/// Every refusal of the plan comes before the base is hashed.
+pub fn prepare_merge(
+    base: &Checkpoint,
+    adapters: &[BoundAdapter],
+    options: &MergeOptions,
+    hash_base: bool,
+) -> Result<PreparedMerge, MergeError> {
     let adapter_inputs = adapter_records(adapters)?;
     let identities: Vec<String> = adapters
         .iter()
         .map(|a| identity(a, &adapter_inputs))
         .collect();
     let plan = plan_merge(base, adapters, options, &identities)?;
-    let base_files: Vec<(String, PathBuf, String)> = base
-        .input_files()
-        .into_iter()
-        .map(|p| ("base".to_string(), p.clone(), p.display().to_string()))
-        .collect();
-    let mut inputs = record_inputs(&base_files).map_err(MergeError::Read)?;
+    let mut inputs = if hash_base {
+        let base_files: Vec<(String, PathBuf, String)> = base
+            .input_files()
+            .into_iter()
+            .map(|p| ("base".to_string(), p.clone(), p.display().to_string()))
+            .collect();
+        record_inputs(&base_files).map_err(MergeError::Read)?
+    } else {
+        Vec::new()
+    };
     inputs.extend(adapter_inputs.into_values());
     inputs.sort();
     inputs.dedup();
+    Ok(PreparedMerge {
+        plan,
+        inputs,
+        base_hashed: hash_base,
+    })
+}
+
+/// How a prepared merge is recorded and watched.
+pub struct WriteSettings<'a> {
+    /// Subcommand named in the manifest.
+    pub command: &'a str,
+    /// The manifest's `options` (the normalised recipe for `bake`).
+    pub options: serde_json::Value,
+    /// Added to every weight file's `__metadata__` (provenance).
+    pub file_metadata: BTreeMap<String, String>,
+    /// Replace an existing destination?
+    pub replace: Replace,
+    /// The SVD basis cache, when given.
+    pub svd_cache: Option<&'a SvdCache>,
+    /// Counts finished jobs, when someone is watching.
+    pub progress: Option<&'a Progress>,
+}
+
+/// Writes a prepared merge to `dest` as a release; `check` runs on the sealed output
+/// before the manifest is written (`release::write_release_checked`).
+pub fn write_merge(
+    prepared: PreparedMerge,
+    base: &Checkpoint,
+    adapters: &[BoundAdapter],
+    options: &MergeOptions,
+    dest: &Path,
+    settings: WriteSettings<'_>,
+    check: impl FnOnce(&Path) -> anyhow::Result<Checked>,
+) -> Result<MergeOutcome, MergeFailure> {
+    if !prepared.base_hashed {
+        return Err(MergeError::Internal(
+            "a merge is written only after its base was hashed for the manifest".into(),
+        )
+        .into());
+    }
+    let mut plan = prepared.plan;
+    if !settings.file_metadata.is_empty() {
+        plan.output
+            .stamp_metadata(&settings.file_metadata)
+            .map_err(|e| MergeError::Internal(format!("output header: {e}")))?;
+    }
     let input_paths: Vec<PathBuf> = base
         .input_files()
         .into_iter()
@@ -111,27 +198,32 @@ pub fn merge_release(
         dest,
         plan: plan.output.clone(),
         input_paths: &input_paths,
-        inputs,
-        command: "merge",
-        options: options_json(base, adapters, options, svd_cache.is_some()),
-        replace,
+        inputs: prepared.inputs,
+        command: settings.command,
+        options: settings.options,
+        replace: settings.replace,
         allocation: Allocation::Reserve,
     };
     let mut report = None;
-    let release = write_release(req, |staging| {
-        let exec = exec::Exec {
-            base,
-            adapters,
-            plan: &plan,
-            staging,
-            svd_cache,
-        };
-        let svd = exec.run()?;
-        let r = build_report(&plan, options, svd);
-        let json = serde_json::to_value(&r)?;
-        report = Some(r);
-        Ok(json)
-    })?;
+    let release = write_release_checked(
+        req,
+        |staging| {
+            let exec = exec::Exec {
+                base,
+                adapters,
+                plan: &plan,
+                staging,
+                svd_cache: settings.svd_cache,
+                progress: settings.progress,
+            };
+            let svd = exec.run()?;
+            let r = build_report(&plan, options, svd);
+            let json = serde_json::to_value(&r)?;
+            report = Some(r);
+            Ok(json)
+        },
+        check,
+    )?;
     let report =
         report.ok_or_else(|| MergeError::Internal("the merge finished without a report".into()))?;
     Ok(MergeOutcome { release, report })
@@ -162,7 +254,8 @@ fn identity(a: &BoundAdapter, records: &BTreeMap<PathBuf, InputRecord>) -> Strin
         .join(",")
 }
 
-fn options_json(
+/// The manifest's `options` of `wanbake merge`.
+pub fn options_json(
     base: &Checkpoint,
     adapters: &[BoundAdapter],
     o: &MergeOptions,
@@ -190,7 +283,8 @@ fn options_json(
     })
 }
 
-fn dtype_name(d: crate::layout::OutputDType) -> &'static str {
+/// The recipe / command-line name of an output dtype.
+pub fn dtype_name(d: crate::layout::OutputDType) -> &'static str {
     use crate::layout::OutputDType as O;
     match d {
         O::BF16 => "bf16",

@@ -6,7 +6,7 @@
 //!
 //! Module map: `tensor` (the activation type), `ops` (matmul and elementwise kernels),
 //! `rope`, `embed` (patch, time, text and image embeddings), `attention`, `block`,
-//! `forward` (the model), `scheduler` (FlowMatchEulerDiscreteScheduler), `sampler` (CFG
+//! `forward` (the model), `job` (one run: a forward or a sampling loop), `scheduler` (FlowMatchEulerDiscreteScheduler), `sampler` (CFG
 //! loop and expert switch), `weights` (the `WeightSource` trait, checkpoints of any layout
 //! through `layout::ReadPlan`, in-memory weights),
 //! `model_dir` (what `--model` may name), `inputs` and `output` (the files of `wanbake
@@ -28,6 +28,7 @@ pub mod embed;
 pub mod error;
 pub mod forward;
 pub mod inputs;
+pub mod job;
 pub mod model_dir;
 pub mod ops;
 pub mod output;
@@ -40,6 +41,7 @@ pub mod weights;
 pub use error::RunError;
 pub use forward::{Context, ForwardInputs, Geometry, WanTransformer};
 pub use inputs::RunInputs;
+pub use job::{RunOutput, RunSettings, run_models};
 pub use model_dir::ModelSet;
 pub use sampler::{Experts, SampleInputs, SampleOptions, StepReport, sample};
 pub use scheduler::FlowMatchEuler;
