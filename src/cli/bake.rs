@@ -169,6 +169,7 @@ fn describe_plan(plan: &BakePlan, p: &mut Printer) -> serde_json::Value {
             "files": out.files.iter().map(|f| f.rel_path.display().to_string()).collect::<Vec<_>>(),
             "tensors": out.tensor_count(),
             "bytes": out.total_bytes(),
+            "tensor_bytes": out.files.iter().map(|f| f.layout.data_len as u64).sum::<u64>(),
             "keep_f32": plan.prepared.plan.keep_f32,
         },
         "space": plan.space,
