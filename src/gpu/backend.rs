@@ -98,6 +98,13 @@ pub trait Backend {
     /// Which backend this is.
     fn kind(&self) -> BackendKind;
 
+    /// Makes this backend usable on the calling thread. A merge hands lanes from worker to
+    /// worker, and calls this each time one changes hands (CUDA: makes the lane's context
+    /// current; raw cuBLAS and cuSOLVER calls need it).
+    fn attach(&mut self) -> Result<(), GpuError> {
+        Ok(())
+    }
+
     /// A matrix holding `data` ((rows, cols) row-major).
     fn upload(&mut self, data: &[f32], rows: usize, cols: usize) -> Result<Self::Mat, GpuError>;
 

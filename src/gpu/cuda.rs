@@ -14,10 +14,12 @@
 //! * Within a lane, transfers overlap host work chunk by chunk (`super::staging`): while chunk
 //!   c of a base tensor crosses PCIe, the CPU reads chunk c+1 from the mmap (the actual disk
 //!   read) into the other pinned buffer; downloads do the same in reverse.
-//! * Across tensors, a merge runs two (or more) worker threads, each with its own lane from
-//!   [`super::CudaDevice::backend`]: while one worker's tensor is being computed, the other
-//!   worker reads its next tensor from disk and writes its previous result, so the GPU work
-//!   (microseconds to milliseconds per tensor) hides behind I/O and the bake is I/O-bound.
+//! * Across tensors, a merge's worker threads share a small pool of lanes from
+//!   [`super::CudaDevice::backend`] (`merge::device::Lanes`, at most
+//!   `merge::device::MAX_LANES`): while one worker's tensor is being computed, another reads
+//!   its next tensor from disk and a third writes its previous result (or copies untouched
+//!   tensors), so the GPU work (microseconds to milliseconds per tensor) hides behind I/O and
+//!   the bake is I/O-bound.
 //!   Lanes share the context and the loaded kernels and nothing else, so no cross-stream
 //!   synchronisation exists to get wrong. Output order is decided by the writer, as on the
 //!   CPU path, not by which lane finishes first.
@@ -328,6 +330,10 @@ impl Backend for CudaBackend {
 
     fn kind(&self) -> BackendKind {
         BackendKind::Cuda
+    }
+
+    fn attach(&mut self) -> Result<(), GpuError> {
+        self.bind()
     }
 
     #[track_caller]

@@ -238,6 +238,24 @@ impl SvdCache {
         rank: usize,
         par: Par,
     ) -> Result<CachedBases, CacheError> {
+        self.get_or_compute_with(base, rank, |W, out, inp| {
+            xs_bases(W, out, inp, rank, par).map_err(|source| CacheError::Linalg {
+                tensor: base.name.to_string(),
+                source,
+            })
+        })
+    }
+
+    /// [`SvdCache::get_or_compute`] with the bases of a miss computed by `compute(W, out,
+    /// in)` (`W` the f32 (out, in) matrix): the CUDA route's cuSOLVER `gesvd`, which follows
+    /// the same contract as [`xs_bases`]. Entries are keyed by the base bytes and the rank
+    /// alone, so CPU and GPU runs share one cache (their bases agree to about 1e-6).
+    pub fn get_or_compute_with<E: From<CacheError>>(
+        &self,
+        base: &TensorView<'_>,
+        rank: usize,
+        compute: impl FnOnce(&[f32], usize, usize) -> Result<XsBases, E>,
+    ) -> Result<CachedBases, E> {
         let (out, inp) = matrix_shape(base)?;
         check_rank(rank, out, inp).map_err(|source| CacheError::Linalg {
             tensor: base.name.to_string(),
@@ -268,10 +286,7 @@ impl SvdCache {
             tensor: base.name.to_string(),
             reason: e.to_string(),
         })?;
-        let bases = xs_bases(&W, out, inp, rank, par).map_err(|source| CacheError::Linalg {
-            tensor: base.name.to_string(),
-            source,
-        })?;
+        let bases = compute(&W, out, inp)?;
         self.store(&path, &expected, &bases)?;
         Ok(CachedBases {
             bases,
