@@ -138,6 +138,26 @@ fn demo_is_identical_on_one_thread_and_with_json() {
 }
 
 #[test]
+fn device_cuda_without_a_gpu_is_refused_up_front_and_the_manifest_records_the_device() {
+    let t = tmp();
+    let out = t.path().join("demo-out");
+    let recipe = demo_recipe(t.path(), &out);
+    if wanbake::gpu::CudaDevice::open(0).is_err() {
+        refused(
+            bake(t.path(), &recipe, &["--device", "cuda"]),
+            &["CUDA is unavailable", "--device cpu"],
+            t.path(),
+            &["demo.toml"],
+        );
+    }
+    let j: serde_json::Value =
+        serde_json::from_str(&ok(bake(t.path(), &recipe, &["--device", "cpu", "--json"]))).unwrap();
+    assert_eq!(j["plan"]["device"]["used"], "cpu");
+    assert_eq!(j["plan"]["device"]["reason"], "cpu (--device cpu)");
+    assert_eq!(manifest(&out)["report"]["device"]["used"], "cpu");
+}
+
+#[test]
 fn the_bundled_demo_recipe_plans_as_shipped() {
     let before = tree(&repo().join("out"));
     let stdout = ok(run(&repo(), &["bake", "recipes/demo.toml", "--dry-run"]));

@@ -1640,6 +1640,38 @@ mod restack_cli {
         assert_eq!(skipped[0]["key"], "blocks.0.attn2.norm_added_q.weight");
         assert_eq!(skipped[0]["shape"], serde_json::json!([32]));
     }
+
+    #[test]
+    fn device_is_checked_and_the_manifest_says_the_cpu_ran() {
+        let dir = tempfile::tempdir().unwrap();
+        let restack = |device: &str, out: &Path| {
+            Command::new(env!("CARGO_BIN_EXE_wanbake"))
+                .args(["restack", "--to", "nnx", "--device", device, "--out"])
+                .arg(out)
+                .arg(golden("i2v"))
+                .output()
+                .unwrap()
+        };
+        let gpu = wanbake::gpu::CudaDevice::open(0).is_ok();
+        let out = dir.path().join("cuda");
+        let run = restack("cuda", &out);
+        let err = String::from_utf8_lossy(&run.stderr);
+        if gpu {
+            assert_eq!(run.status.code(), Some(0), "{err}");
+        } else {
+            assert_eq!(run.status.code(), Some(1), "{err}");
+            assert!(err.contains("CUDA is unavailable"), "{err}");
+            assert!(!out.exists(), "nothing may be written");
+        }
+        let out = dir.path().join("auto");
+        let run = restack("auto", &out);
+        let err = String::from_utf8_lossy(&run.stderr);
+        assert_eq!(run.status.code(), Some(0), "{err}");
+        let manifest: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(out.join("wanbake.manifest.json")).unwrap())
+                .unwrap();
+        assert_eq!(manifest["report"]["device"]["used"], "cpu");
+    }
 }
 
 // ---------------------------------------------------------------------------------------

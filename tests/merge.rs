@@ -13,14 +13,17 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use serde_json::Value;
 use wanbake::adapter::{AdapterSet, Convention, Entry, Kind, ParamRole, ScaleSource, TensorSource};
+use wanbake::gpu::CudaDevice;
 use wanbake::io::staging::Replace;
 use wanbake::io::{Checkpoint, DType, SafetensorsFile};
-use wanbake::layout::OutputDType;
+use wanbake::layout::{Layout, OutputDType};
 use wanbake::merge::{
-    BoundAdapter, DoraStrength, MergeFailure, MergeOptions, MergeOutcome, merge_release,
+    AdapterSpec, BoundAdapter, Compute, DoraStrength, MergeFailure, MergeOptions, MergeOutcome,
+    bind_specs, merge_release,
 };
 
 // ---------------------------------------------------------------------------------------
@@ -228,8 +231,44 @@ fn merge(
     options: &MergeOptions,
     dest: &Path,
 ) -> Result<MergeOutcome, MergeFailure> {
+    merge_on(base, adapters, options, dest, &Compute::Cpu)
+}
+
+/// [`merge`] with the targets computed on `compute`.
+fn merge_on(
+    base: &Path,
+    adapters: Vec<BoundAdapter>,
+    options: &MergeOptions,
+    dest: &Path,
+    compute: &Compute,
+) -> Result<MergeOutcome, MergeFailure> {
     let base = Checkpoint::open(base).unwrap();
-    merge_release(&base, &adapters, options, None, dest, Replace::Never)
+    let out = merge_release(
+        &base,
+        &adapters,
+        options,
+        None,
+        dest,
+        Replace::Never,
+        compute,
+    )?;
+    assert_eq!(out.report.device.used, compute.label());
+    Ok(out)
+}
+
+/// Every route a merge can compute on here: the CPU band path, the whole-tensor program of
+/// the CUDA route on the CPU reference backend, and CUDA itself when a device opens (left out
+/// with a message otherwise). Each route is held to the same oracles.
+fn routes() -> Vec<Compute> {
+    static CUDA: OnceLock<Option<CudaDevice>> = OnceLock::new();
+    let cuda = CUDA.get_or_init(|| {
+        CudaDevice::open(0)
+            .map_err(|e| eprintln!("no CUDA route in these tests: {e}"))
+            .ok()
+    });
+    let mut routes = vec![Compute::Cpu, Compute::Reference];
+    routes.extend(cuda.clone().map(Compute::Cuda));
+    routes
 }
 
 /// A tensor as f64 (F64, F32, F16, BF16).
@@ -340,13 +379,21 @@ fn check_against_reference(
         .find(|c| c.name == component)
         .unwrap();
     let mut worst = 0.0f64;
-    for dtype in [OutputDType::F32, OutputDType::BF16] {
-        let dest = tmp.path().join(format!("{dtype:?}"));
+    let mut bf16_by_route = Vec::new();
+    for (compute, dtype) in routes()
+        .into_iter()
+        .flat_map(|c| [(c.clone(), OutputDType::F32), (c, OutputDType::BF16)])
+    {
+        let what = format!("{what} on {}", compute.label());
+        let dest = tmp.path().join(format!("{}-{dtype:?}", compute.label()));
         let mut o = options_f32.clone();
         o.dtype = dtype;
         o.keep_f32 = Some(wanbake::layout::KeepF32::None);
-        merge(base, make(), &o, &dest).unwrap_or_else(|e| panic!("{what}: {e}"));
+        merge_on(base, make(), &o, &dest, &compute).unwrap_or_else(|e| panic!("{what}: {e}"));
         let out = output_tensors(&dest, component);
+        if dtype == OutputDType::BF16 {
+            bf16_by_route.push((compute.label(), out.clone()));
+        }
         for t in base_comp.tensors.tensors() {
             let name = t.view.name;
             let (odt, shape, bytes) = &out[name];
@@ -389,7 +436,38 @@ fn check_against_reference(
             }
         }
     }
+    routes_agree_within_one_bf16_ulp(&bf16_by_route, what);
     worst
+}
+
+type Outputs = BTreeMap<String, (DType, Vec<usize>, Vec<u8>)>;
+
+/// The bf16 outputs of every route against the CPU band path's: at most one ulp apart per
+/// element (the routes sum contributions in different orders; see `merge::device`).
+fn routes_agree_within_one_bf16_ulp(outputs: &[(&str, Outputs)], what: &str) {
+    let Some(((_, cpu), others)) = outputs.split_first() else {
+        return;
+    };
+    for (route, out) in others {
+        let (mut differ, mut total) = (0usize, 0usize);
+        for (name, (dtype, _, bytes)) in out {
+            let theirs = &cpu[name].2;
+            if *dtype != DType::BF16 {
+                assert_eq!(bytes, theirs, "{what}: {route}: {name}");
+                continue;
+            }
+            for (i, (&a, &b)) in bf16s(bytes).iter().zip(&bf16s(theirs)).enumerate() {
+                let d = bf16_ulps(a, b);
+                assert!(
+                    d <= 1,
+                    "{what}: {route} vs cpu: {name}[{i}] {d} bf16 ulps apart"
+                );
+                differ += usize::from(d == 1);
+                total += 1;
+            }
+        }
+        eprintln!("{what}: {route} vs cpu: {differ} of {total} bf16 elements one ulp apart");
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -498,15 +576,37 @@ fn sa3_base() -> PathBuf {
 /// tensor; returns the worst absolute error.
 fn sa3_check(adapters: &[(&str, f64)], reference: &str, tol: f64) -> f64 {
     let tmp = common::tmp();
-    let dest = tmp.path().join("out");
-    let bound_all = adapters
-        .iter()
-        .map(|(case, a)| bound(sa3_set(case, &same), *a))
-        .collect();
-    merge(&sa3_base(), bound_all, &options(OutputDType::F32), &dest).unwrap();
-    let out = output_tensors(&dest, "");
-    let reference = SafetensorsFile::open(&repo(&format!("golden/sa3/{reference}"))).unwrap();
+    let reference_file = SafetensorsFile::open(&repo(&format!("golden/sa3/{reference}"))).unwrap();
     let base = SafetensorsFile::open(&sa3_base()).unwrap();
+    let mut worst = 0.0f64;
+    for compute in routes() {
+        let dest = tmp.path().join(compute.label());
+        let bound_all = adapters
+            .iter()
+            .map(|(case, a)| bound(sa3_set(case, &same), *a))
+            .collect();
+        merge_on(
+            &sa3_base(),
+            bound_all,
+            &options(OutputDType::F32),
+            &dest,
+            &compute,
+        )
+        .unwrap();
+        let out = output_tensors(&dest, "");
+        worst = worst.max(sa3_compare(&base, &out, &reference_file, tol));
+    }
+    worst
+}
+
+/// The worst absolute error of `out` against the SA3 reference (untouched tensors must be
+/// the base's bytes).
+fn sa3_compare(
+    base: &SafetensorsFile,
+    out: &Outputs,
+    reference: &SafetensorsFile,
+    tol: f64,
+) -> f64 {
     let mut worst = 0.0f64;
     for t in base.infos() {
         let (_, _, bytes) = &out[&t.name];
@@ -519,12 +619,8 @@ fn sa3_check(adapters: &[(&str, f64)], reference: &str, tol: f64) -> f64 {
             );
             continue;
         }
-        let e = max_abs_err(&f32s(bytes), &tensor_f64(&reference, &t.name));
-        assert!(
-            e <= tol,
-            "{reference:?} {}: max abs error {e:e} > {tol:e}",
-            t.name
-        );
+        let e = max_abs_err(&f32s(bytes), &tensor_f64(reference, &t.name));
+        assert!(e <= tol, "{}: max abs error {e:e} > {tol:e}", t.name);
         worst = worst.max(e);
     }
     worst
@@ -682,14 +778,18 @@ fn mlx_name(torch: &str) -> String {
 fn mlx_conv1d_layout_is_merged_in_pytorch_order_and_written_back() {
     let tmp = common::tmp();
     let base = mlx_base(tmp.path());
-    for case in ["lora", "bora-xs"] {
-        let dest = tmp.path().join(format!("out-{case}"));
+    let runs = routes()
+        .into_iter()
+        .flat_map(|c| [("lora", c.clone()), ("bora-xs", c)]);
+    for (case, compute) in runs {
+        let dest = tmp.path().join(format!("out-{case}-{}", compute.label()));
         let set = sa3_set(case, &mlx_name);
-        merge(
+        merge_on(
             &base,
             vec![bound(set, 1.0)],
             &options(OutputDType::F32),
             &dest,
+            &compute,
         )
         .unwrap();
         let out = output_tensors(&dest, "");
@@ -769,6 +869,12 @@ fn adapter_order_does_not_change_a_byte() {
 
 #[test]
 fn one_or_many_threads_give_the_same_bytes() {
+    for compute in routes() {
+        one_or_many_threads_on(&compute);
+    }
+}
+
+fn one_or_many_threads_on(compute: &Compute) {
     let tmp = common::tmp();
     let mut results = Vec::new();
     for threads in [1, 3] {
@@ -782,14 +888,21 @@ fn one_or_many_threads_give_the_same_bytes() {
                 bound(sa3_set("dora-rows-xs", &same), 0.8),
                 bound(sa3_set("bora", &same), 1.0),
             ];
-            merge(&sa3_base(), adapters, &options(OutputDType::BF16), &dest).unwrap();
+            merge_on(
+                &sa3_base(),
+                adapters,
+                &options(OutputDType::BF16),
+                &dest,
+                compute,
+            )
+            .unwrap();
         });
         let manifest: Value =
             serde_json::from_slice(&std::fs::read(dest.join("wanbake.manifest.json")).unwrap())
                 .unwrap();
         results.push(manifest["files"].clone());
     }
-    assert_eq!(results[0], results[1]);
+    assert_eq!(results[0], results[1], "{}", compute.label());
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1850,4 +1963,190 @@ fn cli_shard_size_shards_the_output_and_keeps_every_value() {
         assert!(e <= 4.0 * f64::from(f32::EPSILON), "{}: {e:e}", t.name);
     }
     assert_eq!(got.len(), 96);
+}
+
+// ---------------------------------------------------------------------------------------
+// --device: which route runs, and the manifest's record of it.
+
+/// Runs `merge --device DEVICE` of the SA3 bora-xs adapter (GEMMs, norms and an SVD) in bf16.
+fn cli_merge_on(cwd: &Path, device: &str, out: &Path) -> (i32, String, String) {
+    let base = s(&sa3_base());
+    let a = s(&repo("golden/sa3/adapters/bora-xs.safetensors")) + ":0.8";
+    let out_s = s(out);
+    wanbake(
+        cwd,
+        &[
+            "--base",
+            &base,
+            "--adapter",
+            &a,
+            "--out",
+            &out_s,
+            "--dtype",
+            "bf16",
+            "--device",
+            device,
+        ],
+    )
+}
+
+fn device_used(out: &Path) -> Value {
+    let m: Value =
+        serde_json::from_slice(&std::fs::read(out.join("wanbake.manifest.json")).unwrap()).unwrap();
+    m["report"]["device"].clone()
+}
+
+#[test]
+fn cli_device_flag_picks_the_route_and_the_manifest_says_which_ran() {
+    let tmp = common::tmp();
+    let gpu = CudaDevice::open(0).map_err(|e| e.to_string());
+    let cpu_out = tmp.path().join("cpu");
+    let (code, stdout, err) = cli_merge_on(tmp.path(), "cpu", &cpu_out);
+    assert_eq!(code, 0, "{err}");
+    assert!(stdout.contains("device: cpu (--device cpu)"), "{stdout}");
+    assert_eq!(device_used(&cpu_out)["used"], "cpu");
+    assert!(device_used(&cpu_out)["name"].is_null());
+
+    let auto_out = tmp.path().join("auto");
+    let (code, stdout, err) = cli_merge_on(tmp.path(), "auto", &auto_out);
+    assert_eq!(code, 0, "{err}");
+    match &gpu {
+        Err(why) => {
+            // The fallback says why, and is the CPU route byte for byte.
+            assert!(
+                stdout.contains("device: cpu (--device auto: CUDA is unavailable:"),
+                "{stdout}"
+            );
+            assert!(stdout.contains(why.as_str()), "{stdout}");
+            assert_eq!(device_used(&auto_out)["used"], "cpu");
+            assert_eq!(manifest_files(&auto_out), manifest_files(&cpu_out));
+        }
+        Ok(_) => {
+            assert!(stdout.contains("device: cuda: "), "{stdout}");
+            assert_eq!(device_used(&auto_out)["used"], "cuda");
+            assert!(device_used(&auto_out)["name"].is_string());
+        }
+    }
+
+    let cuda_out = tmp.path().join("cuda");
+    let (code, stdout, err) = cli_merge_on(tmp.path(), "cuda", &cuda_out);
+    match &gpu {
+        Err(_) => {
+            assert_eq!(code, 1, "stdout: {stdout}\nstderr: {err}");
+            assert!(err.contains("CUDA is unavailable"), "{err}");
+            assert!(err.contains("--device cpu"), "{err}");
+            assert!(!err.contains("panicked"), "{err}");
+            assert!(!cuda_out.exists(), "nothing may be written");
+        }
+        Ok(_) => {
+            assert_eq!(code, 0, "{err}");
+            assert_eq!(device_used(&cuda_out)["used"], "cuda");
+        }
+    }
+
+    let (code, _, err) = cli_merge_on(tmp.path(), "gpu", &tmp.path().join("bad"));
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("unknown device 'gpu': expected auto, cpu or cuda"),
+        "{err}"
+    );
+    let mut left = common::tree(tmp.path());
+    left.retain(|p| !p.contains('/'));
+    assert_eq!(
+        left,
+        ["auto", "cpu"]
+            .iter()
+            .chain(gpu.as_ref().ok().map(|_| &"cuda"))
+            .map(|s| s.to_string())
+            .collect::<Vec<_>>()
+    );
+}
+
+/// Merges PEFT DoRA (row norms) and a diffusers LoRA into the golden WAN base, written in
+/// `layout` as bf16, on every route; the routes agree to one bf16 ulp. The NNX layouts send
+/// the whole-tensor route through its transposing writer, and a base restacked to NNX makes
+/// it read transposed kernels.
+#[test]
+fn every_route_agrees_through_the_transposing_layouts_and_on_nnx_bases() {
+    let m = golden_manifest();
+    let tmp = common::tmp();
+    let golden_base = repo(m["cases"]["peft_dora"]["base"].as_str().unwrap());
+    let nnx_base = tmp.path().join("nnx-base");
+    let (code, _, err) = common::parts(&common::run(
+        tmp.path(),
+        &[
+            "restack",
+            s(&golden_base).as_str(),
+            "--to",
+            "nnx",
+            "--out",
+            s(&nnx_base).as_str(),
+        ],
+    ));
+    assert_eq!(code, 0, "{err}");
+    // Bound as the command line binds them, so the names follow the base's layout.
+    let make = |base: &Path| {
+        let specs: Vec<AdapterSpec> = ["peft_dora", "diffusers_lora"]
+            .iter()
+            .map(|case| AdapterSpec::parse(&(case_adapter(&m["cases"][case]["adapter"]) + ":0.7")))
+            .collect::<Result<_, _>>()
+            .unwrap();
+        bind_specs(&specs, &Checkpoint::open(base).unwrap(), false).unwrap()
+    };
+    for (base, layout) in [
+        (&golden_base, Layout::Nnx),
+        (&golden_base, Layout::NnxScanned),
+        (&nnx_base, Layout::Diffusers),
+    ] {
+        let mut o = options(OutputDType::BF16);
+        o.layout = Some(layout);
+        let mut outputs = Vec::new();
+        for compute in routes() {
+            let dest = tmp.path().join(format!("{layout:?}-{}", compute.label()));
+            let base_name = base.file_name().unwrap().to_string_lossy();
+            let what = format!("{base_name} → {layout:?}");
+            merge_on(base, make(base), &o, &dest, &compute)
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            outputs.push((compute.label(), output_tensors(&dest, "")));
+        }
+        routes_agree_within_one_bf16_ulp(&outputs, &format!("{layout:?}"));
+    }
+}
+
+/// The -xs bases one route stores in the SVD cache are the ones another route reads: the
+/// whole-tensor route (the CUDA program, here on the CPU reference backend) misses and
+/// stores, the band route then hits every entry, and the two outputs agree.
+#[test]
+fn the_svd_cache_is_shared_between_routes() {
+    let tmp = common::tmp();
+    let cache_dir = tmp.path().join("cache");
+    std::fs::create_dir(&cache_dir).unwrap();
+    let cache = wanbake::linalg::SvdCache::open(&cache_dir).unwrap();
+    let base = Checkpoint::open(&sa3_base()).unwrap();
+    let mut outputs = Vec::new();
+    let mut reports = Vec::new();
+    let routes = [Compute::Reference, Compute::Cpu];
+    for compute in &routes {
+        let dest = tmp.path().join(compute.label());
+        let adapters = vec![bound(sa3_set("bora-xs", &same), 0.9)];
+        let o = options(OutputDType::BF16);
+        let out = merge_release(
+            &base,
+            &adapters,
+            &o,
+            Some(&cache),
+            &dest,
+            Replace::Never,
+            compute,
+        )
+        .unwrap();
+        reports.push(out.report.svd.clone());
+        outputs.push((compute.label(), output_tensors(&dest, "")));
+    }
+    assert!(reports[0].misses > 0, "{:?}", reports[0]);
+    assert_eq!((reports[0].hits, reports[0].computed), (0, 0));
+    assert_eq!(reports[1].hits, reports[0].misses, "{:?}", reports[1]);
+    assert_eq!(reports[1].misses + reports[1].replaced, 0);
+    outputs.reverse(); // the band route first: the one the others are compared to
+    routes_agree_within_one_bf16_ulp(&outputs, "bora-xs through the shared cache");
 }

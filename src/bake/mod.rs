@@ -27,7 +27,7 @@ use crate::io::staging::Replace;
 use crate::layout::OutputDType;
 use crate::linalg::SvdCache;
 use crate::manifest::{VerifyReport, verify_dir};
-use crate::merge::{MergeOptions, MergeReport, WriteSettings, prepare_merge, write_merge};
+use crate::merge::{Compute, MergeOptions, MergeReport, WriteSettings, prepare_merge, write_merge};
 use crate::progress::Progress;
 use crate::release::{Checked, Release};
 use crate::runner::Tensor;
@@ -58,9 +58,12 @@ pub enum Phase {
     Verifying,
 }
 
-/// Writes, checks, commits and verifies a planned bake.
+/// Writes, checks, commits and verifies a planned bake, computing merged targets where
+/// `compute` says. The f32 reference model of "unmerged" checks is always merged on the CPU
+/// band path, so a GPU bake is checked against an independent computation.
 pub fn execute(
     plan: BakePlan,
+    compute: &Compute,
     progress: Option<&Progress>,
     phase: &mut dyn FnMut(Phase),
 ) -> Result<BakeOutcome, BakeError> {
@@ -97,6 +100,7 @@ pub fn execute(
         },
         svd_cache: cache.as_ref(),
         progress,
+        compute,
     };
     let reference_inputs = prepared.inputs.clone();
     let mut outcomes = Vec::new();
@@ -248,6 +252,7 @@ impl ReferenceDir {
             replace: Replace::Overwrite,
             svd_cache: None,
             progress: None,
+            compute: &Compute::Cpu,
         };
         let guard = ReferenceDir(dir.clone());
         write_merge(

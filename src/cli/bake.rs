@@ -1,4 +1,4 @@
-//! `wanbake bake RECIPE [--dry-run] [--json]`: plan, merge + restack, check, commit and
+//! `wanbake bake RECIPE [--dry-run] [--json] [--device auto|cpu|cuda]`: plan, merge + restack, check, commit and
 //! verify a release described by a recipe.
 //!
 //! This file prints the plan and the summary, and draws progress (indicatif bars on a
@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
+use super::device::{DeviceArg, device_json};
 use super::{Printer, Status};
 use crate::bake::{self, BakeOutcome, BakePlan, BaseHashing, Phase};
 use crate::merge::exec::job_bytes;
@@ -31,6 +32,9 @@ pub struct Args {
     /// Print the plan and the result as one JSON document.
     #[arg(long)]
     pub json: bool,
+    /// `--device`.
+    #[command(flatten)]
+    pub device: DeviceArg,
 }
 
 /// Runs `bake`.
@@ -42,8 +46,11 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
         BaseHashing::Always
     };
     p.line(format!("planning {}", args.recipe.display()));
+    let (compute, device) = args.device.select()?;
     let plan = bake::plan_bake(recipe, hashing)?;
-    let plan_json = describe_plan(&plan, p);
+    let mut plan_json = describe_plan(&plan, p);
+    p.line(format!("  device   {}", device.reason));
+    plan_json["device"] = device_json(&device);
     if args.dry_run {
         if !plan.space.fits {
             p.warn(format!(
@@ -68,7 +75,7 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
         Show::Lines
     };
     let outcome = with_progress(&progress, show, |phase| {
-        bake::execute(plan, Some(&progress), phase)
+        bake::execute(plan, &compute, Some(&progress), phase)
     })?;
     let seconds = started.elapsed().as_secs_f64();
     let result = describe_outcome(&outcome, seconds, p);

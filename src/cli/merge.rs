@@ -1,6 +1,6 @@
 //! `wanbake merge --base BASE --adapter [COMPONENT=]PATH[:STRENGTH]... --out DIR [--dtype ..]
 //! [--keep-f32 ..] [--layout ..] [--dora-strength merge|peft] [--allow-unmatched]
-//! [--svd-cache DIR] [--overwrite] [--json]`: merge adapters into a base in one streaming
+//! [--svd-cache DIR] [--device auto|cpu|cuda] [--overwrite] [--json]`: merge adapters into a base in one streaming
 //! pass and write a verified release.
 //!
 //! This file only turns arguments into library values (`merge::AdapterSpec`,
@@ -9,6 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
+use super::device::{DeviceArg, device_json};
 use super::{Printer, Status, UsageError};
 use crate::io::Checkpoint;
 use crate::io::staging::Replace;
@@ -78,6 +79,9 @@ pub struct Args {
     /// Write the result in this WAN layout: diffusers, wan, nnx or nnx-scanned.
     #[arg(long)]
     pub layout: Option<String>,
+    /// `--device`.
+    #[command(flatten)]
+    pub device: DeviceArg,
     /// Where the strength enters DoRA/BoRA: merge (application weight) or peft (inside the
     /// norm).
     #[arg(long, default_value = "merge")]
@@ -162,6 +166,8 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
         .map(SvdCache::open)
         .transpose()
         .map_err(|e| UsageError(format!("--svd-cache: {e} (create the directory first)")))?;
+    let (compute, device) = args.device.select()?;
+    p.line(format!("device: {}", device.reason));
     let base = Checkpoint::open(&args.base)?;
     let adapters = bind_specs(&specs, &base, args.allow_unmatched).map_err(usage_or)?;
     let replace = if args.overwrite {
@@ -176,6 +182,7 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
         cache.as_ref(),
         &args.out,
         replace,
+        &compute,
     )
     .map_err(|e| match e {
         MergeFailure::Merge(m) => usage_or(*m),
@@ -189,6 +196,7 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
         "files": files.len(),
         "bytes": bytes,
         "report": outcome.report,
+        "device": device_json(&device),
     }));
     Ok(Status::Ok)
 }

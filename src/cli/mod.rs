@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 
 pub mod bake;
 pub mod convert;
+pub mod device;
 pub mod inspect;
 pub mod merge;
 pub mod printer;

@@ -1,14 +1,16 @@
 //! `wanbake restack IN --to LAYOUT --out DIR [--from LAYOUT] [--dtype bf16|f16|f32|keep]
-//! [--keep-f32 POLICY] [--shard-size BYTES] [--overwrite] [--json]`: converts a WAN
+//! [--keep-f32 POLICY] [--shard-size BYTES] [--device auto|cpu|cuda] [--overwrite] [--json]`: converts a WAN
 //! transformer checkpoint between the diffusers, original-Wan, NNX and NNX-scanned layouts.
 //! The work is `layout::restack`; this file parses, prints and picks the exit code.
 
 use std::path::PathBuf;
 
 use super::{Printer, Status, UsageError};
+use crate::gpu::DeviceChoice;
 use crate::io::staging::Replace;
 use crate::layout::restack::{RestackOptions, restack};
 use crate::layout::{ExecOptions, KeepF32, Layout, OutputDType};
+use crate::merge::Compute;
 
 /// Arguments of `restack`.
 #[derive(clap::Args, Debug)]
@@ -46,6 +48,11 @@ pub struct Args {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Accepted so one flag serves a whole pipeline, and checked (cuda fails without a usable
+    /// GPU). A restack only moves bytes and rounds dtypes (bit-identical anywhere, bound by
+    /// the disk), so it always runs on the CPU; the manifest says so.
+    #[arg(long, default_value = "auto", value_name = "auto|cpu|cuda")]
+    pub device: DeviceChoice,
 }
 
 fn layout_arg(flag: &str, value: &str) -> Result<Layout, UsageError> {
@@ -82,6 +89,14 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
         },
         exec: ExecOptions::default(),
     };
+    let (_, device) = Compute::select(args.device)?;
+    if device.used != "cpu" {
+        p.line(format!(
+            "device: cpu (a restack moves bytes and rounds dtypes, bit-identical on any \
+             device and bound by the disk; {} stays idle)",
+            device.name.as_deref().unwrap_or(device.used)
+        ));
+    }
     let outcome = restack(&args.input, &args.out, &options)?;
     let components = outcome.report["components"]
         .as_array()

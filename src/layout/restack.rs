@@ -448,7 +448,9 @@ fn report(checkpoint: &Checkpoint, plans: &[ComponentPlan]) -> Value {
         .iter()
         .map(|p| p.display().to_string())
         .collect();
-    json!({"components": components, "not_carried": not_carried})
+    // A restack moves bytes and rounds dtypes, which the CPU does at disk speed and a GPU
+    // would only add transfers to; it runs on the CPU whatever `--device` says.
+    json!({"components": components, "not_carried": not_carried, "device": {"used": "cpu"}})
 }
 
 impl TensorSource for TensorSet {

@@ -160,6 +160,17 @@ pub enum MergeError {
     /// The SVD bases of an -xs target could not be computed or cached.
     #[error(transparent)]
     Svd(Box<crate::linalg::CacheError>),
+    /// The device computing a target failed (`--device cuda`, or `auto` on a GPU).
+    #[error("merging `{tensor}` on {device}: {source}")]
+    Device {
+        /// The base tensor.
+        tensor: String,
+        /// Where it ran (`cuda`, `cpu-reference`).
+        device: &'static str,
+        /// What failed.
+        #[source]
+        source: crate::gpu::GpuError,
+    },
     /// Writing the output failed.
     #[error("writing `{tensor}`: {source}")]
     Write {

@@ -24,11 +24,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use faer::Par;
 use rayon::prelude::*;
 
+use super::device::{BaseWeight, Compute, Lanes, MAX_LANES, merge_whole, reference_lanes};
 use super::error::MergeError;
 use super::math::{Factors, Form, SA3_EPS, Scratch, Update, add_contribution, column_scales};
 use super::plan::{BoundAdapter, Contribution, Job, MergePlan, RowOrder, Target};
 use super::report::SvdReport;
 use crate::adapter::{AdapterSet, Kind, ParamRole, TensorSource};
+use crate::gpu::Backend;
 use crate::io::dtype::{narrow_from_f32, widen_to_f32};
 use crate::io::{DType, ReadError, Staging, TensorRef, TensorView};
 use crate::layout::Transform;
@@ -61,6 +63,10 @@ pub fn load_param(set: &AdapterSet, src: &TensorSource) -> Result<Vec<f32>, Read
     Ok(v)
 }
 
+/// How an -xs target's bases are computed when no cache has them: `engine(W, rank)` with
+/// `W` the target's (out, in') f32 matrix (the CPU SVD, or a backend lane's).
+type SvdEngine<'e> = &'e dyn Fn(&[f32], usize) -> Result<XsBases, MergeError>;
+
 /// Output bytes one job writes (its piece of the output tensor).
 pub fn job_bytes(job: &Job) -> u64 {
     let numel: usize = job.stored_shape.iter().product();
@@ -81,6 +87,8 @@ pub struct Exec<'a> {
     pub svd_cache: Option<&'a SvdCache>,
     /// Counts finished jobs and their output bytes, when someone is watching.
     pub progress: Option<&'a Progress>,
+    /// Where targets are computed (untouched tensors are always copied on the CPU).
+    pub compute: &'a Compute,
 }
 
 #[derive(Default)]
@@ -94,6 +102,43 @@ struct SvdCounters {
 impl Exec<'_> {
     /// Runs every job on the current rayon pool. On error the caller discards the output.
     pub fn run(&self) -> Result<SvdReport, MergeError> {
+        match self.compute {
+            Compute::Cpu => self.run_jobs(Scratch::default, |scratch, job, t, src, svd| {
+                self.merge(job, t, src, scratch, svd)
+            }),
+            Compute::Cuda(device) => {
+                let device = device.clone();
+                let lanes = Lanes::new(MAX_LANES, move || device.backend());
+                self.run_jobs(
+                    || (),
+                    |_, job, t, src, svd| self.merge_whole(&lanes, job, t, src, svd),
+                )
+            }
+            Compute::Reference => {
+                let lanes = reference_lanes();
+                self.run_jobs(
+                    || (),
+                    |_, job, t, src, svd| self.merge_whole(&lanes, job, t, src, svd),
+                )
+            }
+        }
+    }
+
+    /// The job loop: untouched tensors are copied, targets go to `merge_target` (with the
+    /// per-worker state `init` makes); a base tensor's pages are dropped after its last job.
+    fn run_jobs<S>(
+        &self,
+        init: impl Fn() -> S + Send + Sync,
+        merge_target: impl Fn(
+            &mut S,
+            &Job,
+            &Target,
+            &TensorRef<'_>,
+            &SvdCounters,
+        ) -> Result<(), MergeError>
+        + Send
+        + Sync,
+    ) -> Result<SvdReport, MergeError> {
         let mut uses: HashMap<(usize, &str), AtomicUsize> = HashMap::new();
         for j in &self.plan.jobs {
             uses.entry((j.component, j.stored.as_str()))
@@ -104,11 +149,11 @@ impl Exec<'_> {
         self.plan
             .jobs
             .par_iter()
-            .try_for_each_init(Scratch::default, |scratch, job| {
+            .try_for_each_init(init, |state, job| {
                 let src = self.stored(job)?;
                 match job.target {
                     None => self.copy(job, src.view)?,
-                    Some(t) => self.merge(job, &self.plan.targets[t], &src, scratch, &svd)?,
+                    Some(t) => merge_target(state, job, &self.plan.targets[t], &src, &svd)?,
                 }
                 let key = (job.component, job.stored.as_str());
                 if uses
@@ -212,7 +257,15 @@ impl Exec<'_> {
         svd: &SvdCounters,
     ) -> Result<(), MergeError> {
         let rows = BaseRows::new(t, src, job)?;
-        let loaded = self.load_factors(t, &rows, svd)?;
+        let cpu_svd = |W: &[f32], rank| {
+            xs_bases(W, t.out, t.inp, rank, Par::Seq).map_err(|source| {
+                MergeError::from(CacheError::Linalg {
+                    tensor: t.name.clone(),
+                    source,
+                })
+            })
+        };
+        let loaded = self.load_factors(t, &rows, svd, &cpu_svd)?;
         let updates: Vec<(Update<'_>, f64)> = loaded
             .iter()
             .map(|l| (l.update(), l.contribution.weight))
@@ -222,22 +275,7 @@ impl Exec<'_> {
             .iter()
             .map(|(u, _)| column_scales(u, t.out, t.inp, band, |r0, n, d| rows.read(r0, n, d)))
             .collect::<Result<Vec<_>, MergeError>>()?;
-        // PyTorch layout → output layout; Identity for every base stored in PyTorch layout.
-        let to_output = t
-            .to_canonical
-            .inverse()
-            .then(job.transform, t.shape.len())
-            .map_err(|e| MergeError::Convert {
-                tensor: t.name.clone(),
-                reason: e.to_string(),
-            })?;
-        let mut out = Emit {
-            job,
-            t,
-            to_output,
-            bytes: Vec::new(),
-            whole: Vec::new(),
-        };
+        let mut out = Emit::new(job, t)?;
         let mut band_buf = Band::default();
         let mut r0 = 0;
         while r0 < t.out {
@@ -250,12 +288,82 @@ impl Exec<'_> {
         out.finish(self)
     }
 
-    /// The tensors of every contribution to `t`, and the -xs bases (one SVD per rank).
+    /// A target computed whole on a lane of `lanes` (`merge::device`), then written as the
+    /// band path writes a band: straight into the output when the output keeps the stored
+    /// layout and dtype is BF16/F16/F32, else through [`Emit`] from the f32 sum.
+    fn merge_whole<B: Backend>(
+        &self,
+        lanes: &Lanes<B>,
+        job: &Job,
+        t: &Target,
+        src: &TensorRef<'_>,
+        svd: &SvdCounters,
+    ) -> Result<(), MergeError> {
+        let device = |e| MergeError::Device {
+            tensor: t.name.clone(),
+            device: self.compute.label(),
+            source: e,
+        };
+        let rows = BaseRows::new(t, src, job)?;
+        let lane_svd = |W: &[f32], rank| {
+            lanes
+                .with(|b| b.xs_bases(W, t.out, t.inp, rank))
+                .map_err(device)
+        };
+        let loaded = self.load_factors(t, &rows, svd, &lane_svd)?;
+        let updates: Vec<(Update<'_>, f64)> = loaded
+            .iter()
+            .map(|l| (l.update(), l.contribution.weight))
+            .collect();
+        let mut out = Emit::new(job, t)?;
+        let direct = out.to_output == Transform::Identity
+            && matches!(job.dtype, DType::BF16 | DType::F16 | DType::F32);
+        let stored = match rows.direct_rows() {
+            Some((dtype @ (DType::BF16 | DType::F16 | DType::F32), bytes)) if direct => {
+                Some(BaseWeight::Stored { dtype, bytes })
+            }
+            _ => None,
+        };
+        let mut host = Vec::new();
+        let base = match stored {
+            Some(b) => b,
+            None => {
+                host.resize(t.out * t.inp, 0.0f32);
+                rows.read(0, t.out, &mut host)?;
+                BaseWeight::F32(&host)
+            }
+        };
+        let dtype = if stored.is_some() {
+            job.dtype
+        } else {
+            DType::F32
+        };
+        let mut bytes = vec![0u8; t.out * t.inp * dtype.size().unwrap_or(4)];
+        let non_finite = lanes
+            .with(|b| merge_whole(b, base, (t.out, t.inp), &updates, dtype, &mut bytes))
+            .map_err(device)?;
+        if let Some(nf) = non_finite {
+            return Err(self.non_finite(t, 0, nf.index, nf.value));
+        }
+        if stored.is_some() {
+            return self.write(job, 0, &bytes);
+        }
+        let merged: Vec<f32> = bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        out.band(self, &rows, 0, &merged)?;
+        out.finish(self)
+    }
+
+    /// The tensors of every contribution to `t`, and the -xs bases (one SVD per rank, by
+    /// `engine(W, rank)` on a miss).
     fn load_factors(
         &self,
         t: &Target,
         rows: &BaseRows<'_>,
         svd: &SvdCounters,
+        engine: SvdEngine<'_>,
     ) -> Result<Vec<Loaded>, MergeError> {
         let mut bases: BTreeMap<usize, Rc<XsBases>> = BTreeMap::new();
         let mut loaded = Vec::with_capacity(t.contributions.len());
@@ -270,7 +378,7 @@ impl Exec<'_> {
                 let b = match bases.get(&c.rank) {
                     Some(b) => b.clone(),
                     None => {
-                        let b = Rc::new(self.xs_bases(t, rows, c.rank, svd)?);
+                        let b = Rc::new(self.xs_bases(t, rows, c.rank, svd, engine)?);
                         bases.insert(c.rank, b.clone());
                         b
                     }
@@ -289,28 +397,26 @@ impl Exec<'_> {
     }
 
     /// LoRA-XS bases of the target's (out, in') view: from the cache when one is given
-    /// (computed and stored on a miss or a rejected entry), else computed.
+    /// (computed by `engine` and stored on a miss or a rejected entry), else computed.
     fn xs_bases(
         &self,
         t: &Target,
         rows: &BaseRows<'_>,
         rank: usize,
         svd: &SvdCounters,
+        engine: SvdEngine<'_>,
     ) -> Result<XsBases, MergeError> {
-        let linalg = |source| CacheError::Linalg {
-            tensor: t.name.clone(),
-            source,
-        };
         let mut W = vec![0.0f32; t.out * t.inp];
         let Some(cache) = self.svd_cache else {
             rows.read(0, t.out, &mut W)?;
             svd.computed.fetch_add(1, Ordering::Relaxed);
-            return Ok(xs_bases(&W, t.out, t.inp, rank, Par::Seq).map_err(linalg)?);
+            return engine(&W, rank);
         };
+        let compute = |W: &[f32], _out, _inp| engine(W, rank);
         // The cache keys the stored bytes when they are the PyTorch-layout matrix, else the
         // f32 PyTorch-layout copy (MLX Conv1d, NNX kernels).
         let cached = match rows.direct_view() {
-            Some(view) => cache.get_or_compute(&view, rank, Par::Seq)?,
+            Some(view) => cache.get_or_compute_with(&view, rank, compute)?,
             None => {
                 rows.read(0, t.out, &mut W)?;
                 let view = TensorView {
@@ -319,7 +425,7 @@ impl Exec<'_> {
                     shape: &t.shape,
                     bytes: bytemuck::cast_slice(&W),
                 };
-                cache.get_or_compute(&view, rank, Par::Seq)?
+                cache.get_or_compute_with(&view, rank, compute)?
             }
         };
         let counter = match cached.outcome {
@@ -381,7 +487,27 @@ struct Emit<'a> {
     whole: Vec<f32>,
 }
 
-impl Emit<'_> {
+impl<'a> Emit<'a> {
+    /// Where the merged rows of `t` go for `job`.
+    fn new(job: &'a Job, t: &'a Target) -> Result<Emit<'a>, MergeError> {
+        // PyTorch layout → output layout; Identity for every base stored in PyTorch layout.
+        let to_output = t
+            .to_canonical
+            .inverse()
+            .then(job.transform, t.shape.len())
+            .map_err(|e| MergeError::Convert {
+                tensor: t.name.clone(),
+                reason: e.to_string(),
+            })?;
+        Ok(Emit {
+            job,
+            t,
+            to_output,
+            bytes: Vec::new(),
+            whole: Vec::new(),
+        })
+    }
+
     fn band(
         &mut self,
         exec: &Exec<'_>,
@@ -563,6 +689,20 @@ impl<'a> BaseRows<'a> {
                 .collect(),
             inp: t.inp,
         })
+    }
+
+    /// The stored bytes of this target when they are its rows in PyTorch order (a whole
+    /// tensor or one layer of a stack; not MLX Conv1d rows, not NNX kernels).
+    fn direct_rows(&self) -> Option<(DType, &'a [u8])> {
+        match self {
+            BaseRows::Stored {
+                view,
+                bytes,
+                order: RowOrder::Torch,
+                ..
+            } => Some((view.dtype, *bytes)),
+            _ => None,
+        }
     }
 
     /// The stored tensor itself when its bytes are exactly the PyTorch-layout matrix.

@@ -19,6 +19,7 @@
 //! every non-normalised kind.
 
 pub mod bind;
+pub mod device;
 pub mod error;
 pub mod exec;
 pub mod math;
@@ -31,9 +32,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 pub use bind::{bind_specs, components_of};
+pub use device::{Compute, DeviceReport};
 pub use error::MergeError;
 pub use plan::{BoundAdapter, MergeOptions, MergePlan, plan_merge};
-pub use report::{DoraStrength, MergeReport};
+pub use report::{DeviceRecord, DoraStrength, MergeReport};
 pub use spec::{AdapterSpec, ComponentChoice};
 
 use crate::io::Checkpoint;
@@ -75,7 +77,8 @@ impl From<ReleaseError> for MergeFailure {
     }
 }
 
-/// Merges `adapters` into `base` and writes the result to `dest` as a release.
+/// Merges `adapters` into `base` and writes the result to `dest` as a release, computing
+/// the targets where `compute` says.
 ///
 /// Order of work: hash the adapters (their content orders contributions canonically), plan
 /// and check everything, hash the base, then write. Every refusal of the plan comes before
@@ -87,6 +90,7 @@ pub fn merge_release(
     svd_cache: Option<&SvdCache>,
     dest: &Path,
     replace: Replace,
+    compute: &Compute,
 ) -> Result<MergeOutcome, MergeFailure> {
     let prepared = prepare_merge(base, adapters, options, true)?;
     let settings = WriteSettings {
@@ -96,6 +100,7 @@ pub fn merge_release(
         replace,
         svd_cache,
         progress: None,
+        compute,
     };
     write_merge(prepared, base, adapters, options, dest, settings, |_| {
         Ok(Checked {
@@ -164,6 +169,8 @@ pub struct WriteSettings<'a> {
     pub svd_cache: Option<&'a SvdCache>,
     /// Counts finished jobs, when someone is watching.
     pub progress: Option<&'a Progress>,
+    /// Where targets are computed.
+    pub compute: &'a Compute,
 }
 
 /// Writes a prepared merge to `dest` as a release; `check` runs on the sealed output
@@ -215,9 +222,10 @@ pub fn write_merge(
                 staging,
                 svd_cache: settings.svd_cache,
                 progress: settings.progress,
+                compute: settings.compute,
             };
             let svd = exec.run()?;
-            let r = build_report(&plan, options, svd);
+            let r = build_report(&plan, options, svd, settings.compute);
             let json = serde_json::to_value(&r)?;
             report = Some(r);
             Ok(json)
@@ -294,7 +302,12 @@ pub fn dtype_name(d: crate::layout::OutputDType) -> &'static str {
     }
 }
 
-fn build_report(plan: &MergePlan, o: &MergeOptions, svd: report::SvdReport) -> MergeReport {
+fn build_report(
+    plan: &MergePlan,
+    o: &MergeOptions,
+    svd: report::SvdReport,
+    compute: &Compute,
+) -> MergeReport {
     MergeReport {
         adapters: plan.adapters.clone(),
         dora_strength: o.dora_strength,
@@ -308,5 +321,6 @@ fn build_report(plan: &MergePlan, o: &MergeOptions, svd: report::SvdReport) -> M
         keep_f32: plan.keep_f32.clone(),
         dropped_by_layout: plan.dropped_by_layout.clone(),
         svd,
+        device: compute.record(),
     }
 }

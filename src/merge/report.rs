@@ -77,6 +77,15 @@ pub struct SvdReport {
     pub computed: usize,
 }
 
+/// Where the targets were computed (`--device`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DeviceRecord {
+    /// `cpu` (row bands), `cuda` (whole tensors on the GPU) or `cpu-reference`.
+    pub used: String,
+    /// The CUDA device (name, ordinal, compute capability, memory, driver), for `cuda`.
+    pub name: Option<String>,
+}
+
 /// The whole merge.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct MergeReport {
@@ -100,6 +109,8 @@ pub struct MergeReport {
     pub dropped_by_layout: Vec<String>,
     /// -xs SVD bases.
     pub svd: SvdReport,
+    /// Where the targets were computed.
+    pub device: DeviceRecord,
 }
 
 /// The sentence the report carries about strengths (also in `--help`).

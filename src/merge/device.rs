@@ -1,0 +1,497 @@
+//! Where a merge computes, and the whole-tensor program the device route runs.
+//!
+//! Owns: [`Compute`] (row bands on the CPU, whole tensors on CUDA lanes, or whole tensors on
+//! the CPU reference backend), [`Compute::select`] (`--device` → what runs, and why),
+//! [`Lanes`] (backend lanes shared by the merge's worker threads) and [`merge_whole`], the op
+//! sequence of `gpu::backend`'s module doc applied to one target's [`Update`]s. Does not own:
+//! the ops themselves (`gpu`), which tensors a target reads (`merge::exec`), or the band path
+//! (`merge::math`).
+//!
+//! # The two routes
+//! * Bands ([`Compute::Cpu`]): `merge::exec` widens a band of base rows into an accumulator
+//!   that starts at `W0`, adds each contribution, checks and rounds the band.
+//! * Whole tensors ([`Compute::Cuda`], [`Compute::Reference`]): `W0` is widened on the
+//!   backend, the contributions are summed into `D` (starting at +0), and
+//!   `RNE(W0 + D)` is formed once by `add_narrow`, which also reports the first non-finite
+//!   element. The reference route runs this very program on [`CpuBackend`], so the program is
+//!   tested against the PEFT/diffusers/SA3 oracles on every machine, GPU or not.
+//!
+//! The two routes sum in different orders (`(W0 + c₁) + c₂` against `W0 + (c₁ + c₂)`) and
+//! their GEMMs round differently, so they agree to f32 rounding before the final rounding
+//! and to one bf16 ulp after it; each is deterministic on its own.
+
+#![allow(non_snake_case)]
+
+use std::sync::{Condvar, Mutex};
+
+use faer::Par;
+
+use super::math::{Factors, Form, SA3_EPS, Update};
+use super::report::DeviceRecord;
+use crate::gpu::{
+    Backend, CpuBackend, CudaDevice, DeviceChoice, GpuError, MatShape, NonFinite, Selected, select,
+};
+use crate::io::DType;
+
+/// Where a merge's targets are computed.
+#[derive(Clone, Debug, Default)]
+pub enum Compute {
+    /// Row bands on the CPU (`merge::math`): the default, and what `--device cpu` picks.
+    #[default]
+    Cpu,
+    /// Whole tensors on lanes of this CUDA device.
+    Cuda(CudaDevice),
+    /// Whole tensors on the CPU reference backend: the CUDA route's program, on the CPU.
+    Reference,
+}
+
+/// What `--device` resolved to: where the merge runs, and a line saying why.
+#[derive(Clone, Debug)]
+pub struct DeviceReport {
+    /// `cpu` or `cuda` (or `cpu-reference`).
+    pub used: &'static str,
+    /// The device, for CUDA (name, ordinal, compute capability, memory, driver).
+    pub name: Option<String>,
+    /// One line for the user: what ran and why (for `auto`, why CUDA was not used).
+    pub reason: String,
+}
+
+impl Compute {
+    /// Resolves `--device`: `cpu` → bands; `cuda` → CUDA or the reason it is unavailable;
+    /// `auto` → CUDA when the device and every library load, else bands (and why).
+    pub fn select(choice: DeviceChoice) -> Result<(Compute, DeviceReport), GpuError> {
+        let selection = select(choice)?;
+        let compute = match selection.selected {
+            Selected::Cpu => Compute::Cpu,
+            Selected::Cuda(device) => Compute::Cuda(device),
+        };
+        let report = compute.report(selection.reason);
+        Ok((compute, report))
+    }
+
+    /// `cpu`, `cuda` or `cpu-reference`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Compute::Cpu => "cpu",
+            Compute::Cuda(_) => "cuda",
+            Compute::Reference => "cpu-reference",
+        }
+    }
+
+    /// The report of this choice, with `reason` as the line for the user.
+    pub fn report(&self, reason: String) -> DeviceReport {
+        DeviceReport {
+            used: self.label(),
+            name: match self {
+                Compute::Cuda(d) => Some(d.info().to_string()),
+                _ => None,
+            },
+            reason,
+        }
+    }
+
+    /// What the manifest records: where the targets ran, and on which device.
+    pub fn record(&self) -> DeviceRecord {
+        let r = self.report(String::new());
+        DeviceRecord {
+            used: r.used.to_string(),
+            name: r.name,
+        }
+    }
+}
+
+/// Backend lanes shared by the worker threads of one merge: a worker takes an idle lane (or
+/// makes one, up to `max`; past that it waits for one to come back), runs one target on it,
+/// and gives it back. Each lane's stream, handles and pinned buffers are reused, and at most
+/// `max` whole targets are resident at once, which bounds host and device memory (a 14B FFN
+/// weight is 283 MB in f32) whatever the thread count; the other workers keep reading and
+/// copying untouched tensors meanwhile.
+pub struct Lanes<B> {
+    pool: Mutex<Pool<B>>,
+    returned: Condvar,
+    max: usize,
+    make: Box<dyn Fn() -> Result<B, GpuError> + Send + Sync>,
+}
+
+struct Pool<B> {
+    idle: Vec<B>,
+    /// Lanes in existence (idle or in use).
+    made: usize,
+}
+
+thread_local! {
+    /// Lanes the current thread holds (any pool): more than zero only while it runs a lane's
+    /// work, or work it stole from rayon during it.
+    static HELD: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// The most lanes a merge opens by default: two keep the device busy while a third target
+/// is read or written; more only cost memory.
+pub const MAX_LANES: usize = 3;
+
+impl<B: Backend> Lanes<B> {
+    /// A pool of at most `max` (≥ 1) lanes made with `make`.
+    pub fn new(
+        max: usize,
+        make: impl Fn() -> Result<B, GpuError> + Send + Sync + 'static,
+    ) -> Lanes<B> {
+        Lanes {
+            pool: Mutex::new(Pool {
+                idle: Vec::new(),
+                made: 0,
+            }),
+            returned: Condvar::new(),
+            max: max.max(1),
+            make: Box::new(make),
+        }
+    }
+
+    /// Runs `f` on a lane attached to the calling thread. A lane whose work failed is
+    /// dropped rather than reused (a CUDA error may leave its stream unusable).
+    pub fn with<T>(&self, f: impl FnOnce(&mut B) -> Result<T, GpuError>) -> Result<T, GpuError> {
+        let mut lane = self.take()?;
+        HELD.with(|h| h.set(h.get() + 1));
+        let result = lane.attach().and_then(|()| f(&mut lane));
+        HELD.with(|h| h.set(h.get() - 1));
+        let mut pool = self.lock();
+        match result {
+            Ok(_) => pool.idle.push(lane),
+            Err(_) => pool.made -= 1,
+        }
+        drop(pool);
+        self.returned.notify_one();
+        result
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Pool<B>> {
+        // A worker that panicked while holding the lock left the pool consistent (every
+        // update is a single push, pop or counter step), so a poisoned lock is still usable.
+        self.pool.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// An idle lane, a new one while fewer than `max` exist, else the next one returned.
+    ///
+    /// A thread that already holds a lane never waits: it gets a new lane past `max`. That
+    /// happens when work inside a lane calls into rayon (the CPU reference backend's SVD runs
+    /// in its own pool, and a rayon worker that waits on another pool steals jobs of its
+    /// own meanwhile, one of which may be the next target): waiting there would hold one lane
+    /// while waiting for another, and with every lane held that way the merge would hang.
+    fn take(&self) -> Result<B, GpuError> {
+        let nested = HELD.with(|h| h.get()) > 0;
+        let mut pool = self.lock();
+        loop {
+            if let Some(lane) = pool.idle.pop() {
+                return Ok(lane);
+            }
+            if pool.made < self.max || nested {
+                pool.made += 1;
+                drop(pool);
+                return (self.make)().inspect_err(|_| {
+                    self.lock().made -= 1;
+                    self.returned.notify_one();
+                });
+            }
+            pool = self.returned.wait(pool).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+/// The CPU reference backend's lanes (sequential inside a target; targets run in parallel).
+pub fn reference_lanes() -> Lanes<CpuBackend> {
+    Lanes::new(MAX_LANES, || Ok(CpuBackend::new(Par::Seq)))
+}
+
+/// The base weight of a target, as the whole-tensor program reads it.
+#[derive(Clone, Copy, Debug)]
+pub enum BaseWeight<'a> {
+    /// Stored bytes of the (out, in') PyTorch-layout matrix, widened on the backend.
+    Stored {
+        /// Their dtype.
+        dtype: DType,
+        /// Little-endian storage.
+        bytes: &'a [u8],
+    },
+    /// The matrix already widened (and permuted into PyTorch layout) on the host.
+    F32(&'a [f32]),
+}
+
+/// Merges one target whole on `b`: `RNE(W0 + Σ w·(f(W0) − W0))` written as `dtype` (BF16,
+/// F16 or F32) into `dst` (row-major (out, in')), contributions in the given order. Returns
+/// the first element whose f32 sum is not finite; `dst` must then not be written out.
+pub fn merge_whole<B: Backend>(
+    b: &mut B,
+    base: BaseWeight<'_>,
+    (out, inp): (usize, usize),
+    updates: &[(Update<'_>, f64)],
+    dtype: DType,
+    dst: &mut [u8],
+) -> Result<Option<NonFinite>, GpuError> {
+    let W0 = match base {
+        BaseWeight::Stored { dtype, bytes } => b.widen(dtype, bytes, out, inp)?,
+        BaseWeight::F32(w) => b.upload(w, out, inp)?,
+    };
+    let mut D = b.zeros(out, inp)?;
+    for (update, w) in updates {
+        add_contribution(b, &mut D, &W0, update, *w)?;
+    }
+    b.add_narrow(&W0, &D, dtype, dst)
+}
+
+/// `D ← D + w·(f(W0) − W0)` for one update (`merge::math::add_contribution`'s formulas).
+fn add_contribution<B: Backend>(
+    b: &mut B,
+    D: &mut B::Mat,
+    W0: &B::Mat,
+    update: &Update<'_>,
+    w: f64,
+) -> Result<(), GpuError> {
+    let (out, inp) = (W0.rows(), W0.cols());
+    let (factors, sigma, form) = match *update {
+        Update::Full { diff, scale } => {
+            let X = b.upload(diff, out, inp)?;
+            return b.accumulate_scaled(D, w * scale, &X);
+        }
+        Update::LowRank {
+            factors,
+            sigma,
+            form,
+        } => (factors, sigma, form),
+    };
+    if let Form::Additive = form {
+        return add_delta(b, D, (w * sigma) as f32, &factors);
+    }
+    let mut V = b.duplicate(W0)?;
+    add_delta(b, &mut V, sigma as f32, &factors)?;
+    let row = |b: &mut B, m: &[f32], eps| {
+        let m = b.upload(m, out, 1)?;
+        b.row_scales(&V, &m, eps)
+    };
+    let (alpha, beta) = match form {
+        Form::Rows { m, eps } => (Some(row(b, m, eps)?), None),
+        Form::Cols { m } => {
+            let m = b.upload(m, 1, inp)?;
+            (None, Some(b.col_scales(&V, None, &m, SA3_EPS)?))
+        }
+        Form::Bora { m_r, m_c } => {
+            let alpha = row(b, m_r, SA3_EPS)?;
+            let m_c = b.upload(m_c, 1, inp)?;
+            let beta = b.col_scales(&V, Some(&alpha), &m_c, SA3_EPS)?;
+            (Some(alpha), Some(beta))
+        }
+        Form::Additive => (None, None),
+    };
+    b.accumulate_normalised(D, w, &V, W0, alpha.as_ref(), beta.as_ref())
+}
+
+/// `W ← W + s·Δ` with `Δ = B·A` or `U·M·Vᵀ`.
+fn add_delta<B: Backend>(
+    b: &mut B,
+    W: &mut B::Mat,
+    s: f32,
+    factors: &Factors<'_>,
+) -> Result<(), GpuError> {
+    let (out, inp) = (W.rows(), W.cols());
+    match *factors {
+        Factors::BA { B: Bf, A, rank } => {
+            let (Bm, Am) = (b.upload(Bf, out, rank)?, b.upload(A, rank, inp)?);
+            b.add_scaled_product(W, s, &Bm, &Am)
+        }
+        Factors::Xs { U, M, V, rank } => {
+            let (Um, Mm, Vm) = (
+                b.upload(U, out, rank)?,
+                b.upload(M, rank, rank)?,
+                b.upload(V, inp, rank)?,
+            );
+            b.add_xs_update(W, s, &Um, &Mm, &Vm)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The whole-tensor program on the reference backend against the band path and against
+    //! hand-derived values (the end-to-end oracles are in tests/merge.rs).
+
+    use super::*;
+    use crate::merge::math::{Scratch, add_contribution as add_band, column_scales};
+
+    const W: [f32; 6] = [1.0, -2.0, 0.5, -0.5, 1.5, 2.0];
+    const A: [f32; 3] = [0.25, -0.5, 1.0];
+    const B: [f32; 2] = [0.5, -0.25];
+
+    fn whole(updates: &[(Update<'_>, f64)]) -> Vec<f32> {
+        let mut b = CpuBackend::new(Par::Seq);
+        let mut dst = vec![0u8; 24];
+        let bad = merge_whole(
+            &mut b,
+            BaseWeight::F32(&W),
+            (2, 3),
+            updates,
+            DType::F32,
+            &mut dst,
+        )
+        .unwrap();
+        assert_eq!(bad, None);
+        bytemuck::cast_slice::<u8, f32>(&dst).to_vec()
+    }
+
+    fn bands(updates: &[(Update<'_>, f64)]) -> Vec<f32> {
+        let mut D = W.to_vec();
+        let mut scratch = Scratch::default();
+        for (u, w) in updates {
+            let cs = column_scales::<()>(u, 2, 3, 2, |r0, n, d| {
+                d.copy_from_slice(&W[r0 * 3..(r0 + n) * 3]);
+                Ok(())
+            })
+            .unwrap();
+            add_band(u, *w, cs.as_deref(), &W, 0, 2, 3, &mut D, &mut scratch);
+        }
+        D
+    }
+
+    fn lowrank(form: Form<'_>) -> Update<'_> {
+        Update::LowRank {
+            factors: Factors::BA {
+                B: &B,
+                A: &A,
+                rank: 1,
+            },
+            sigma: 1.0,
+            form,
+        }
+    }
+
+    #[test]
+    fn a_lora_and_a_diff_give_the_hand_values() {
+        // W + 0.5·B·A + 0.25·diff, every value exact in binary.
+        let diff = [4.0f32, 0.0, -4.0, 8.0, 0.0, 0.0];
+        let got = whole(&[
+            (lowrank(Form::Additive), 0.5),
+            (
+                Update::Full {
+                    diff: &diff,
+                    scale: 1.0,
+                },
+                0.25,
+            ),
+        ]);
+        assert_eq!(got, [2.0625, -2.125, -0.25, 1.46875, 1.5625, 1.875]);
+    }
+
+    #[test]
+    fn every_form_agrees_with_the_band_path() {
+        let (m_r, m_c) = ([3.0f32, 2.0], [1.5f32, 2.5, 3.5]);
+        let forms = [
+            Form::Additive,
+            Form::Rows {
+                m: &m_r,
+                eps: SA3_EPS,
+            },
+            Form::Rows { m: &m_r, eps: 0.0 },
+            Form::Cols { m: &m_c },
+            Form::Bora {
+                m_r: &m_r,
+                m_c: &m_c,
+            },
+        ];
+        for form in forms {
+            let u = [(lowrank(form), 0.75)];
+            let (a, b) = (whole(&u), bands(&u));
+            for (x, y) in a.iter().zip(&b) {
+                // One contribution: both routes round the same f64 value once into f32 and
+                // add it to W0 once; the tiny GEMM is exact.
+                assert_eq!(x.to_bits(), y.to_bits(), "{form:?}: {a:?} vs {b:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_non_finite_sum_is_reported_with_its_index() {
+        let diff = [0.0f32, 0.0, 0.0, 0.0, f32::MAX, 0.0];
+        let mut b = CpuBackend::new(Par::Seq);
+        let mut dst = vec![0u8; 12];
+        let u = [(
+            Update::Full {
+                diff: &diff,
+                scale: 1.0,
+            },
+            1.0,
+        )];
+        let bad = merge_whole(
+            &mut b,
+            BaseWeight::F32(&[0.0, 0.0, 0.0, 0.0, f32::MAX, 0.0]),
+            (2, 3),
+            &u,
+            DType::BF16,
+            &mut dst,
+        )
+        .unwrap();
+        assert_eq!(bad.map(|n| n.index), Some(4));
+    }
+
+    #[test]
+    fn lanes_are_reused_and_a_failed_lane_is_dropped() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let made = Arc::new(AtomicUsize::new(0));
+        let counter = made.clone();
+        let lanes = Lanes::new(2, move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+            Ok(CpuBackend::new(Par::Seq))
+        });
+        for _ in 0..3 {
+            lanes.with(|b| b.zeros(1, 1).map(|_| ())).unwrap();
+        }
+        assert_eq!(made.load(Ordering::SeqCst), 1);
+        let failed: Result<(), GpuError> =
+            lanes.with(|_| Err(GpuError::unavailable("injected".to_string())));
+        assert!(failed.is_err());
+        lanes.with(|_| Ok(())).unwrap();
+        assert_eq!(made.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn lanes_never_exceed_their_maximum_under_contention() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let (made, busy, peak) = (
+            Arc::new(AtomicUsize::new(0)),
+            AtomicUsize::new(0),
+            AtomicUsize::new(0),
+        );
+        let counter = made.clone();
+        let lanes = Lanes::new(2, move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+            Ok(CpuBackend::new(Par::Seq))
+        });
+        std::thread::scope(|s| {
+            for _ in 0..6 {
+                s.spawn(|| {
+                    for _ in 0..20 {
+                        lanes
+                            .with(|_| {
+                                let now = busy.fetch_add(1, Ordering::SeqCst) + 1;
+                                peak.fetch_max(now, Ordering::SeqCst);
+                                std::thread::sleep(std::time::Duration::from_micros(200));
+                                busy.fetch_sub(1, Ordering::SeqCst);
+                                Ok(())
+                            })
+                            .unwrap();
+                    }
+                });
+            }
+        });
+        assert_eq!(made.load(Ordering::SeqCst), 2);
+        assert_eq!(peak.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn a_thread_that_holds_a_lane_is_never_made_to_wait_for_another() {
+        // One lane allowed; work on it asks for a second (what rayon's work stealing does
+        // when a lane's work waits on another pool): it gets a new lane instead of hanging.
+        let lanes = Lanes::new(1, || Ok(CpuBackend::new(Par::Seq)));
+        let inner = lanes.with(|_| lanes.with(|b| b.zeros(1, 1).map(|m| m.len())));
+        assert_eq!(inner.unwrap(), 1);
+        assert_eq!(lanes.lock().made, 2);
+    }
+}
