@@ -146,17 +146,21 @@ impl<B: Backend> Lanes<B> {
         }
     }
 
-    /// Runs `f` on a lane attached to the calling thread. A lane whose work failed is
-    /// dropped rather than reused (a CUDA error may leave its stream unusable).
-    pub fn with<T>(&self, f: impl FnOnce(&mut B) -> Result<T, GpuError>) -> Result<T, GpuError> {
+    /// Runs `f` on a lane attached to the calling thread; `Err` when no lane could be made
+    /// or attached. A lane whose work failed is dropped rather than reused (a CUDA error may
+    /// leave its stream unusable).
+    pub fn with<T, E>(
+        &self,
+        f: impl FnOnce(&mut B) -> Result<T, E>,
+    ) -> Result<Result<T, E>, GpuError> {
         let mut lane = self.take()?;
         HELD.with(|h| h.set(h.get() + 1));
-        let result = lane.attach().and_then(|()| f(&mut lane));
+        let result = lane.attach().map(|()| f(&mut lane));
         HELD.with(|h| h.set(h.get() - 1));
         let mut pool = self.lock();
         match result {
-            Ok(_) => pool.idle.push(lane),
-            Err(_) => pool.made -= 1,
+            Ok(Ok(_)) => pool.idle.push(lane),
+            _ => pool.made -= 1,
         }
         drop(pool);
         self.returned.notify_one();
@@ -440,13 +444,12 @@ mod tests {
             Ok(CpuBackend::new(Par::Seq))
         });
         for _ in 0..3 {
-            lanes.with(|b| b.zeros(1, 1).map(|_| ())).unwrap();
+            lanes.with(|b| b.zeros(1, 1).map(|_| ())).unwrap().unwrap();
         }
         assert_eq!(made.load(Ordering::SeqCst), 1);
-        let failed: Result<(), GpuError> =
-            lanes.with(|_| Err(GpuError::unavailable("injected".to_string())));
-        assert!(failed.is_err());
-        lanes.with(|_| Ok(())).unwrap();
+        let failed = lanes.with(|_| Err::<(), _>(GpuError::unavailable("injected")));
+        assert!(failed.unwrap().is_err());
+        lanes.with(|_| Ok::<(), GpuError>(())).unwrap().unwrap();
         assert_eq!(made.load(Ordering::SeqCst), 2);
     }
 
@@ -474,8 +477,9 @@ mod tests {
                                 peak.fetch_max(now, Ordering::SeqCst);
                                 std::thread::sleep(std::time::Duration::from_micros(200));
                                 busy.fetch_sub(1, Ordering::SeqCst);
-                                Ok(())
+                                Ok::<(), GpuError>(())
                             })
+                            .unwrap()
                             .unwrap();
                     }
                 });
@@ -491,7 +495,7 @@ mod tests {
         // when a lane's work waits on another pool): it gets a new lane instead of hanging.
         let lanes = Lanes::new(1, || Ok(CpuBackend::new(Par::Seq)));
         let inner = lanes.with(|_| lanes.with(|b| b.zeros(1, 1).map(|m| m.len())));
-        assert_eq!(inner.unwrap(), 1);
+        assert_eq!(inner.unwrap().unwrap().unwrap(), 1);
         assert_eq!(lanes.lock().made, 2);
     }
 }

@@ -1,11 +1,14 @@
-//! Running a merge plan: one base tensor at a time per worker, in bands of rows.
+//! Running a merge plan: one base tensor at a time per worker, in bands of rows on the CPU,
+//! or whole on a backend lane (`--device cuda`, and the reference route).
 //!
 //! Owns: the job loop (rayon across jobs; every job's own arithmetic is sequential, so the
-//! bytes never depend on the thread count), the band reader of base rows (dtype widening,
-//! the MLX Conv1d row permutation), loading an entry's tensors, the -xs bases (through the
-//! SVD cache when one is given), and writing each band into its slot. Does not own: the
-//! formulas (`merge::math`), the kernel that copies and converts untouched tensors
-//! (`layout::transform`), or the atomic output (`io::staging`).
+//! bytes never depend on the thread count), the route each target takes ([`Compute`]), the
+//! band reader of base rows (dtype widening, the MLX Conv1d row permutation), loading an
+//! entry's tensors, the -xs bases (through the SVD cache when one is given, computed by the
+//! route's SVD engine on a miss), and writing each band or whole tensor into its slot. Does
+//! not own: the formulas (`merge::math`) or the whole-tensor program (`merge::device`), the
+//! kernel that copies and converts untouched tensors (`layout::transform`), or the atomic
+//! output (`io::staging`).
 //!
 //! Memory: a worker holds a few bands of at most [`BAND_ELEMS`] f32 values (W0, the
 //! accumulator, V), the factors of the target it works on, and, for -xs kinds, the target's
@@ -13,7 +16,9 @@
 //! dropped once its last job is done, and an adapter tensor's once it is loaded, so the
 //! resident set does not grow with the model. A merged tensor written through a permuting
 //! layout (`--layout nnx`) is the exception: it is assembled whole (f32) before it is
-//! transposed.
+//! transposed. So is every target on the whole-tensor route, at most
+//! `merge::device::MAX_LANES` at a time (host and device memory: W0, the accumulator, V and
+//! the output bytes of one tensor per lane).
 
 #![allow(non_snake_case)]
 
@@ -308,6 +313,7 @@ impl Exec<'_> {
         let lane_svd = |W: &[f32], rank| {
             lanes
                 .with(|b| b.xs_bases(W, t.out, t.inp, rank))
+                .and_then(|r| r)
                 .map_err(device)
         };
         let loaded = self.load_factors(t, &rows, svd, &lane_svd)?;
@@ -316,44 +322,38 @@ impl Exec<'_> {
             .map(|l| (l.update(), l.contribution.weight))
             .collect();
         let mut out = Emit::new(job, t)?;
-        let direct = out.to_output == Transform::Identity
-            && matches!(job.dtype, DType::BF16 | DType::F16 | DType::F32);
-        let stored = match rows.direct_rows() {
-            Some((dtype @ (DType::BF16 | DType::F16 | DType::F32), bytes)) if direct => {
-                Some(BaseWeight::Stored { dtype, bytes })
-            }
-            _ => None,
-        };
-        let mut host = Vec::new();
-        let base = match stored {
-            Some(b) => b,
-            None => {
-                host.resize(t.out * t.inp, 0.0f32);
-                rows.read(0, t.out, &mut host)?;
-                BaseWeight::F32(&host)
-            }
-        };
-        let dtype = if stored.is_some() {
-            job.dtype
-        } else {
-            DType::F32
-        };
-        let mut bytes = vec![0u8; t.out * t.inp * dtype.size().unwrap_or(4)];
-        let non_finite = lanes
-            .with(|b| merge_whole(b, base, (t.out, t.inp), &updates, dtype, &mut bytes))
-            .map_err(device)?;
-        if let Some(nf) = non_finite {
-            return Err(self.non_finite(t, 0, nf.index, nf.value));
+        let keeps_layout = out.to_output == Transform::Identity;
+        // The whole tensor is read, merged and (when it needs no layout work) written while
+        // the lane is held, so at most one whole tensor per lane is resident.
+        let merged = lanes
+            .with(|b| {
+                let mut host = Vec::new();
+                let output = keeps_layout.then_some(job.dtype);
+                let (base, final_dtype) = rows.whole(t.out, output, &mut host)?;
+                let dtype = final_dtype.unwrap_or(DType::F32);
+                let mut bytes = vec![0u8; t.out * t.inp * dtype.size().unwrap_or(4)];
+                let non_finite = merge_whole(b, base, (t.out, t.inp), &updates, dtype, &mut bytes)
+                    .map_err(device)?;
+                if let Some(nf) = non_finite {
+                    return Err(self.non_finite(t, 0, nf.index, nf.value));
+                }
+                if final_dtype.is_some() {
+                    self.write(job, 0, &bytes)?;
+                    return Ok(None);
+                }
+                let f32s = bytes.chunks_exact(4);
+                Ok(Some(
+                    f32s.map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                        .collect::<Vec<f32>>(),
+                ))
+            })
+            .map_err(device)??;
+        // The f32 sum, for the MLX row order or a transposing output layout.
+        if let Some(merged) = merged {
+            out.band(self, &rows, 0, &merged)?;
+            out.finish(self)?;
         }
-        if stored.is_some() {
-            return self.write(job, 0, &bytes);
-        }
-        let merged: Vec<f32> = bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
-        out.band(self, &rows, 0, &merged)?;
-        out.finish(self)
+        Ok(())
     }
 
     /// The tensors of every contribution to `t`, and the -xs bases (one SVD per rank, by
@@ -691,18 +691,44 @@ impl<'a> BaseRows<'a> {
         })
     }
 
-    /// The stored bytes of this target when they are its rows in PyTorch order (a whole
-    /// tensor or one layer of a stack; not MLX Conv1d rows, not NNX kernels).
-    fn direct_rows(&self) -> Option<(DType, &'a [u8])> {
-        match self {
+    /// The whole (`out` rows) base weight for `merge_whole`, and the dtype of output bytes
+    /// the backend can write as they are. `output` is the job's dtype when the output keeps
+    /// the stored layout: a BF16/F16/F32 output of BF16/F16/F32 rows stored in PyTorch order
+    /// (a whole tensor or one layer of a stack) is widened and rounded on the backend
+    /// (`Some(output)`). Anything else (MLX Conv1d rows, NNX kernels, other dtypes, a
+    /// permuting output layout) is read into `host` as f32 and merged to F32 for the caller
+    /// to lay out and round (`None`).
+    fn whole<'s>(
+        &'s self,
+        out: usize,
+        output: Option<DType>,
+        host: &'s mut Vec<f32>,
+    ) -> Result<(BaseWeight<'s>, Option<DType>), MergeError> {
+        let on_backend = |d: DType| matches!(d, DType::BF16 | DType::F16 | DType::F32);
+        if let (
+            Some(output),
             BaseRows::Stored {
                 view,
                 bytes,
                 order: RowOrder::Torch,
                 ..
-            } => Some((view.dtype, *bytes)),
-            _ => None,
+            },
+        ) = (output, self)
+            && on_backend(output)
+            && on_backend(view.dtype)
+        {
+            let base = BaseWeight::Stored {
+                dtype: view.dtype,
+                bytes,
+            };
+            return Ok((base, Some(output)));
         }
+        let inp = match self {
+            BaseRows::Stored { inp, .. } | BaseRows::Canonical { inp, .. } => *inp,
+        };
+        host.resize(out * inp, 0.0);
+        self.read(0, out, host)?;
+        Ok((BaseWeight::F32(host), None))
     }
 
     /// The stored tensor itself when its bytes are exactly the PyTorch-layout matrix.
