@@ -154,16 +154,9 @@ impl<B: Backend> Lanes<B> {
         f: impl FnOnce(&mut B) -> Result<T, E>,
     ) -> Result<Result<T, E>, GpuError> {
         let mut lane = self.take()?;
-        HELD.with(|h| h.set(h.get() + 1));
+        let held = Held::new(self);
         let result = lane.attach().map(|()| f(&mut lane));
-        HELD.with(|h| h.set(h.get() - 1));
-        let mut pool = self.lock();
-        match result {
-            Ok(Ok(_)) => pool.idle.push(lane),
-            _ => pool.made -= 1,
-        }
-        drop(pool);
-        self.returned.notify_one();
+        held.finish(matches!(result, Ok(Ok(_))).then_some(lane));
         result
     }
 
@@ -197,6 +190,44 @@ impl<B: Backend> Lanes<B> {
             }
             pool = self.returned.wait(pool).unwrap_or_else(|e| e.into_inner());
         }
+    }
+}
+
+/// A lane in use by the current thread. Dropped without [`Held::finish`] (the work panicked
+/// and the lane went with the unwinding), it still gives the lane's place back, so workers
+/// waiting for a lane see the panic instead of waiting forever.
+struct Held<'l, B: Backend> {
+    lanes: &'l Lanes<B>,
+    finished: bool,
+}
+
+impl<'l, B: Backend> Held<'l, B> {
+    fn new(lanes: &'l Lanes<B>) -> Held<'l, B> {
+        HELD.with(|h| h.set(h.get() + 1));
+        Held {
+            lanes,
+            finished: false,
+        }
+    }
+
+    /// Returns `lane` to the idle list, or with `None` (its work failed) gives its place up.
+    fn finish(mut self, lane: Option<B>) {
+        let mut pool = self.lanes.lock();
+        match lane {
+            Some(lane) => pool.idle.push(lane),
+            None => pool.made -= 1,
+        }
+        self.finished = true;
+    }
+}
+
+impl<B: Backend> Drop for Held<'_, B> {
+    fn drop(&mut self) {
+        HELD.with(|h| h.set(h.get() - 1));
+        if !self.finished {
+            self.lanes.lock().made -= 1;
+        }
+        self.lanes.returned.notify_one();
     }
 }
 
@@ -487,6 +518,18 @@ mod tests {
         });
         assert_eq!(made.load(Ordering::SeqCst), 2);
         assert_eq!(peak.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn a_panic_on_a_lane_gives_its_place_back() {
+        let lanes = Lanes::new(1, || Ok(CpuBackend::new(Par::Seq)));
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            lanes.with(|_| -> Result<(), GpuError> { panic!("injected") })
+        }));
+        assert!(panicked.is_err());
+        assert_eq!(lanes.lock().made, 0);
+        // The only place is free again: this would wait forever otherwise.
+        lanes.with(|_| Ok::<(), GpuError>(())).unwrap().unwrap();
     }
 
     #[test]
