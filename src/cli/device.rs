@@ -1,5 +1,6 @@
-//! `--device auto|cpu|cuda`, shared by `merge`, `restack` and `bake`: parsed here, resolved
-//! by `merge::Compute::select`, announced on one line (what runs, and why).
+//! `--device auto|cpu|cuda` of `merge` and `bake`: parsed here, resolved by
+//! `merge::Compute::select`; each command prints the reason line. (`restack` takes the same
+//! values with its own help text: it checks the flag and always runs on the CPU.)
 
 use crate::gpu::DeviceChoice;
 use crate::merge::{Compute, DeviceReport};

@@ -1,7 +1,7 @@
 //! `wanbake merge --base BASE --adapter [COMPONENT=]PATH[:STRENGTH]... --out DIR [--dtype ..]
 //! [--keep-f32 ..] [--layout ..] [--dora-strength merge|peft] [--allow-unmatched]
-//! [--svd-cache DIR] [--device auto|cpu|cuda] [--overwrite] [--json]`: merge adapters into a base in one streaming
-//! pass and write a verified release.
+//! [--svd-cache DIR] [--device auto|cpu|cuda] [--overwrite] [--json]`: merge adapters into a
+//! base in one streaming pass and write a verified release.
 //!
 //! This file only turns arguments into library values (`merge::AdapterSpec`,
 //! `merge::MergeOptions`), opens and binds the adapters (`merge::bind_specs`), calls

@@ -1,6 +1,7 @@
 //! `wanbake restack IN --to LAYOUT --out DIR [--from LAYOUT] [--dtype bf16|f16|f32|keep]
-//! [--keep-f32 POLICY] [--shard-size BYTES] [--device auto|cpu|cuda] [--overwrite] [--json]`: converts a WAN
-//! transformer checkpoint between the diffusers, original-Wan, NNX and NNX-scanned layouts.
+//! [--keep-f32 POLICY] [--shard-size BYTES] [--device auto|cpu|cuda] [--overwrite] [--json]`:
+//! converts a WAN transformer checkpoint between the diffusers, original-Wan, NNX and
+//! NNX-scanned layouts.
 //! The work is `layout::restack`; this file parses, prints and picks the exit code.
 
 use std::path::PathBuf;
