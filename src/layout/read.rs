@@ -16,7 +16,7 @@ use super::Layout;
 use super::error::{PlanError, ShapeMismatch};
 use super::table::{self, Entry, Position, SKIPPED_MARKER};
 use super::transform::Transform;
-use crate::io::{DType, TensorInfo};
+use crate::io::{DType, TensorInfo, TensorView};
 use crate::model::wan::{ParamSpec, WanConfig};
 
 /// A tensor of the input as its header describes it.
@@ -28,6 +28,16 @@ pub struct StoredTensor {
     pub dtype: DType,
     /// Shape as stored.
     pub shape: Vec<usize>,
+}
+
+impl From<&TensorView<'_>> for StoredTensor {
+    fn from(t: &TensorView<'_>) -> StoredTensor {
+        StoredTensor {
+            name: t.name.to_string(),
+            dtype: t.dtype,
+            shape: t.shape.to_vec(),
+        }
+    }
 }
 
 impl From<&TensorInfo> for StoredTensor {

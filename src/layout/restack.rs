@@ -153,11 +153,7 @@ fn plan_component(
     let stored: Vec<StoredTensor> = c
         .tensors
         .tensors()
-        .map(|t| StoredTensor {
-            name: t.view.name.to_string(),
-            dtype: t.view.dtype,
-            shape: t.view.shape.to_vec(),
-        })
+        .map(|t| StoredTensor::from(&t.view))
         .collect();
     let names: Vec<&str> = stored.iter().map(|t| t.name.as_str()).collect();
     let from = resolve_layout(options.from, input.json(), &names).map_err(plan_err)?;

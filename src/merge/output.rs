@@ -210,11 +210,7 @@ fn converted(
     let stored: Vec<StoredTensor> = comp
         .tensors
         .tensors()
-        .map(|t| StoredTensor {
-            name: t.view.name.to_string(),
-            dtype: t.view.dtype,
-            shape: t.view.shape.to_vec(),
-        })
+        .map(|t| StoredTensor::from(&t.view))
         .collect();
     let read = ReadPlan::new(from, &stored, config.as_ref()).map_err(layout_err)?;
     let conv = Conversion::new(read, to, dtype, policy).map_err(layout_err)?;

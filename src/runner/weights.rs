@@ -151,11 +151,7 @@ impl CheckpointWeights {
         };
         let stored: Vec<StoredTensor> = tensors
             .tensors()
-            .map(|t| StoredTensor {
-                name: t.view.name.to_string(),
-                dtype: t.view.dtype,
-                shape: t.view.shape.to_vec(),
-            })
+            .map(|t| StoredTensor::from(&t.view))
             .collect();
         let names: Vec<&str> = stored.iter().map(|t| t.name.as_str()).collect();
         let (file, json) = match config {
