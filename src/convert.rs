@@ -16,7 +16,6 @@ use crate::io::header::PlannedTensor;
 use crate::io::staging::{Allocation, Replace, Staging, WriteError};
 use crate::io::writer::{AuxFile, ComponentOutput, OutputPlan, Slot};
 use crate::io::{DType, TensorRef, dtype};
-use crate::manifest::record_inputs;
 use crate::release::{Release, ReleaseError, ReleaseRequest, write_release};
 
 /// Elements converted per chunk: bounds memory per worker to a few MiB.
@@ -137,13 +136,10 @@ pub fn convert_release(spec: &ConvertSpec) -> Result<Release, ReleaseError> {
     let plan =
         OutputPlan::build(&components, &root).map_err(|e| ReleaseError::Produce(e.into()))?;
     let input_files = ck.input_files();
-    let inputs = record_inputs(
-        &input_files
-            .iter()
-            .map(|p| ("input".to_string(), p.clone(), p.display().to_string()))
-            .collect::<Vec<_>>(),
-    )
-    .map_err(|e| ReleaseError::Produce(e.into()))?;
+    let hash_while_writing = input_files
+        .iter()
+        .map(|p| ("input".to_string(), p.clone(), p.display().to_string()))
+        .collect();
     let options = serde_json::json!({
         "input": spec.input.display().to_string(),
         "dtype": spec.dtypes.target.map(|d| d.as_str()),
@@ -153,7 +149,8 @@ pub fn convert_release(spec: &ConvertSpec) -> Result<Release, ReleaseError> {
         dest: &spec.out,
         plan,
         input_paths: std::slice::from_ref(&spec.input),
-        inputs,
+        inputs: Vec::new(),
+        hash_while_writing,
         command: "convert",
         options,
         replace: spec.replace,

@@ -7,6 +7,7 @@ use wanbake::cli::{self, Cli, Status};
 
 fn main() -> ExitCode {
     wanbake::io::staging::install_signal_guards();
+    wanbake::io::mmap::install_sigbus_guard();
     // Every faer call in wanbake passes its parallelism explicitly; an accidental high-level
     // call that reads faer's global default (whose results depend on the core count) panics.
     faer::disable_global_parallelism();

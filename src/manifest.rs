@@ -189,21 +189,25 @@ fn slash_path(p: &Path) -> String {
         .join("/")
 }
 
+/// An input to record: role, path to read, path as shown in the manifest.
+pub type InputFile = (String, PathBuf, String);
+
+/// Hashes one input file for the manifest (through the input-hash cache, refusing a file
+/// that changes while it is read: `io::input_hash`).
+pub fn record_input((role, path, shown): &InputFile) -> Result<InputRecord, ReadError> {
+    let (bytes, sha256) = crate::io::input_hash::sha256_input(path)?;
+    Ok(InputRecord {
+        role: role.clone(),
+        path: shown.clone(),
+        bytes,
+        sha256,
+    })
+}
+
 /// Hashes input files for the manifest (in parallel across files).
-pub fn record_inputs(files: &[(String, PathBuf, String)]) -> Result<Vec<InputRecord>, ReadError> {
+pub fn record_inputs(files: &[InputFile]) -> Result<Vec<InputRecord>, ReadError> {
     use rayon::prelude::*;
-    files
-        .par_iter()
-        .map(|(role, path, shown)| {
-            let (bytes, sha256) = digest::sha256_file(path)?;
-            Ok(InputRecord {
-                role: role.clone(),
-                path: shown.clone(),
-                bytes,
-                sha256,
-            })
-        })
-        .collect()
+    files.par_iter().map(record_input).collect()
 }
 
 /// One difference found by `verify`.
@@ -243,6 +247,65 @@ impl VerifyReport {
 /// Recomputes every hash of `dir` and compares with its manifest. Files are checked in
 /// parallel; every difference is reported, not only the first.
 pub fn verify_dir(dir: &Path) -> Result<VerifyReport, ReadError> {
+    verify_with(dir, |manifest, report| {
+        use rayon::prelude::*;
+        let per_file: Vec<(usize, Vec<Mismatch>)> = manifest
+            .files
+            .par_iter()
+            .map(|f| verify_file(dir, f))
+            .collect();
+        for (tensors, m) in per_file {
+            report.files_checked += 1;
+            report.tensors_checked += tensors;
+            report.mismatches.extend(m);
+        }
+    })
+}
+
+/// Checks a release this process has just committed, without reading its weights again:
+/// the seal re-read every fsynced file once and the manifest was made from those digests,
+/// so here the manifest on disk must be the bytes that were written, and every listed file
+/// must exist with its recorded size and nothing else be there. (`verify_dir`, what
+/// `wanbake verify` runs, re-reads everything.)
+pub fn verify_committed(dir: &Path, written: &[u8]) -> Result<VerifyReport, ReadError> {
+    verify_with(dir, |manifest, report| {
+        let mpath = dir.join(MANIFEST_NAME);
+        match std::fs::read(&mpath) {
+            Ok(b) if b == written => {}
+            Ok(_) => report.mismatches.push(Mismatch {
+                path: MANIFEST_NAME.into(),
+                tensor: None,
+                what: "differs from the manifest this run wrote".into(),
+            }),
+            Err(e) => report.mismatches.push(Mismatch {
+                path: MANIFEST_NAME.into(),
+                tensor: None,
+                what: e.to_string(),
+            }),
+        }
+        for f in &manifest.files {
+            report.files_checked += 1;
+            report.tensors_checked += f.tensors.as_ref().map_or(0, |t| t.len());
+            let what = match std::fs::metadata(dir.join(&f.path)) {
+                Ok(m) if m.len() == f.bytes => continue,
+                Ok(m) => format!("size {}, manifest says {}", m.len(), f.bytes),
+                Err(e) => e.to_string(),
+            };
+            report.mismatches.push(Mismatch {
+                path: f.path.clone(),
+                tensor: None,
+                what,
+            });
+        }
+    })
+}
+
+/// Reads and parses the manifest of `dir`, runs `check` on it, then reports files that the
+/// manifest does not list.
+fn verify_with(
+    dir: &Path,
+    check: impl FnOnce(&Manifest, &mut VerifyReport),
+) -> Result<VerifyReport, ReadError> {
     let mpath = dir.join(MANIFEST_NAME);
     let bytes = std::fs::read(&mpath).map_err(|e| ReadError::io(&mpath, e))?;
     let mut report = VerifyReport {
@@ -264,17 +327,7 @@ pub fn verify_dir(dir: &Path) -> Result<VerifyReport, ReadError> {
         }
     };
     report.status = manifest.status.clone();
-    use rayon::prelude::*;
-    let per_file: Vec<(usize, Vec<Mismatch>)> = manifest
-        .files
-        .par_iter()
-        .map(|f| verify_file(dir, f))
-        .collect();
-    for (tensors, m) in per_file {
-        report.files_checked += 1;
-        report.tensors_checked += tensors;
-        report.mismatches.extend(m);
-    }
+    check(&manifest, &mut report);
     let listed: std::collections::BTreeSet<&str> =
         manifest.files.iter().map(|f| f.path.as_str()).collect();
     for extra in list_files(dir, dir) {

@@ -1,15 +1,22 @@
-//! The one write path every producing command shares (synth, merge, restack, bake):
-//! plan → stage (temp sibling, reserved space) → produce tensors in parallel → seal (fsync,
-//! re-read, hash) → manifest → atomic rename.
+//! The one write path every producing command shares (synth, convert, merge, restack,
+//! translate, bake): plan → stage (temp sibling, reserved space) → produce tensors in
+//! parallel while the inputs are hashed on a thread of their own → seal (fsync, one re-read
+//! that hashes every file and tensor) → checks → inputs unchanged? → manifest → atomic
+//! rename.
 //!
 //! Owns: `ReleaseRequest` and `write_release`. Producers only fill slots; they never see
-//! paths, temp files or manifests, so no command can forget a step.
+//! paths, temp files or manifests, so no command can forget a step. Before committing, every
+//! mapped input is checked against its identity at the time it was mapped
+//! (`io::mmap::check_maps_unchanged`), so a release is never committed from an input that
+//! changed under the run, and its manifest never records a hash of other bytes than the ones
+//! read.
 
 use std::path::{Path, PathBuf};
 
+use crate::io::ReadError;
 use crate::io::staging::{Allocation, Replace, Staging, WriteError};
 use crate::io::writer::OutputPlan;
-use crate::manifest::{InputRecord, Manifest};
+use crate::manifest::{InputFile, InputRecord, Manifest, record_input};
 
 /// Everything needed to write one release directory.
 pub struct ReleaseRequest<'a> {
@@ -19,8 +26,11 @@ pub struct ReleaseRequest<'a> {
     pub plan: OutputPlan,
     /// Input paths the destination must not overlap.
     pub input_paths: &'a [PathBuf],
-    /// Hashed inputs for the manifest.
+    /// Inputs already hashed, for the manifest.
     pub inputs: Vec<InputRecord>,
+    /// Inputs to hash for the manifest while the producer runs (on one thread of their own,
+    /// so hashing a multi-GB base overlaps the merge instead of preceding it).
+    pub hash_while_writing: Vec<InputFile>,
     /// Subcommand name for the manifest.
     pub command: &'a str,
     /// Options (or normalised recipe) for the manifest.
@@ -46,6 +56,10 @@ pub enum ReleaseError {
     /// Writing failed; nothing is left at the destination.
     #[error(transparent)]
     Write(#[from] WriteError),
+    /// An input could not be hashed, or changed while it was read; nothing is left at the
+    /// destination.
+    #[error(transparent)]
+    Input(#[from] ReadError),
     /// The producer failed; nothing is left at the destination.
     #[error("{0:#}")]
     Produce(anyhow::Error),
@@ -93,12 +107,30 @@ pub fn write_release_checked(
         req.replace,
         req.allocation,
     )?;
-    let report = produce(&staging).map_err(ReleaseError::Produce)?;
+    test_gate();
+    let (report, hashed) = std::thread::scope(|s| {
+        let hashing = s.spawn(|| req.hash_while_writing.iter().map(record_input).collect());
+        let report = produce(&staging);
+        let hashed: Result<Vec<InputRecord>, ReadError> = hashing.join().unwrap_or_else(|_| {
+            Err(ReadError::io(
+                req.dest,
+                std::io::Error::other("input hashing panicked"),
+            ))
+        });
+        (report, hashed)
+    });
+    // An input that changed explains any other failure, so it is reported first.
+    inputs_unchanged()?;
+    let report = report.map_err(ReleaseError::Produce)?;
+    let mut inputs = req.inputs;
+    inputs.extend(hashed?);
+    inputs.sort();
+    inputs.dedup();
     let sealed = staging.seal()?;
     let checked = check(staging.tmp_dir()).map_err(ReleaseError::Produce)?;
     let mut manifest = Manifest::new(
         req.command,
-        req.inputs,
+        inputs,
         req.options,
         staging.plan(),
         &sealed,
@@ -109,8 +141,41 @@ pub fn write_release_checked(
         manifest.status = "check_failed".into();
     }
     let bytes = manifest.to_canonical_bytes();
+    inputs_unchanged()?;
     let dir = staging.commit(&bytes)?;
     let manifest =
         Manifest::from_bytes(&bytes).map_err(|e| ReleaseError::Produce(anyhow::anyhow!(e)))?;
     Ok(Release { dir, manifest })
+}
+
+/// Fails when a mapped input shrank, grew or was rewritten since it was mapped.
+fn inputs_unchanged() -> Result<(), ReleaseError> {
+    crate::io::mmap::check_maps_unchanged().map_err(|c| {
+        ReleaseError::Input(ReadError::Changed {
+            path: c.path,
+            what: c.what,
+        })
+    })
+}
+
+/// A hook for the tests of inputs that change during a run (tests/io.rs): when
+/// `WANBAKE_TEST_GATE` names a path `P`, the run creates `P.ready` once its inputs are
+/// mapped and its temporary output exists, then waits (up to a minute) for `P.go` to exist
+/// before producing anything. Unset, it does nothing.
+fn test_gate() {
+    let Some(gate) = std::env::var_os("WANBAKE_TEST_GATE") else {
+        return;
+    };
+    let gate = std::path::PathBuf::from(gate);
+    let with = |ext: &str| {
+        let mut p = gate.clone().into_os_string();
+        p.push(ext);
+        PathBuf::from(p)
+    };
+    let _ = std::fs::write(with(".ready"), b"");
+    let go = with(".go");
+    let start = std::time::Instant::now();
+    while !go.exists() && start.elapsed() < std::time::Duration::from_secs(60) {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
 }

@@ -201,6 +201,7 @@ pub fn synth_release(
         plan,
         input_paths: &[],
         inputs: vec![],
+        hash_while_writing: Vec::new(),
         command: "synth",
         options,
         replace,

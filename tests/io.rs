@@ -441,6 +441,7 @@ fn written_values_read_back_identically() {
         plan,
         input_paths: &[],
         inputs: vec![],
+        hash_while_writing: vec![],
         command: "test",
         options: serde_json::json!({}),
         replace: Replace::Never,

@@ -406,6 +406,7 @@ fn write(
             plan,
             input_paths: &input_paths,
             inputs,
+            hash_while_writing: Vec::new(),
             command: "translate",
             options,
             replace: req.replace,

@@ -26,8 +26,10 @@ pub use plan::{BakePlan, BaseHashing, HashCheck, Space, plan_bake};
 use crate::io::staging::Replace;
 use crate::layout::OutputDType;
 use crate::linalg::SvdCache;
-use crate::manifest::{VerifyReport, verify_dir};
-use crate::merge::{Compute, MergeOptions, MergeReport, WriteSettings, prepare_merge, write_merge};
+use crate::manifest::{VerifyReport, verify_committed};
+use crate::merge::{
+    BaseHash, Compute, MergeOptions, MergeReport, WriteSettings, prepare_merge, write_merge,
+};
 use crate::progress::Progress;
 use crate::release::{Checked, Release};
 use crate::runner::Tensor;
@@ -128,7 +130,8 @@ pub fn execute(
     )?;
     phase(Phase::Verifying);
     let dir = outcome.release.dir.clone();
-    let verify = verify_dir(&dir)?;
+    let written = outcome.release.manifest.to_canonical_bytes();
+    let verify = verify_committed(&dir, &written)?;
     if !verify.ok() {
         let what: Vec<String> = verify
             .mismatches
@@ -242,7 +245,7 @@ impl ReferenceDir {
             shard_bytes: None,
             ..options.clone()
         };
-        let mut prepared = prepare_merge(base, adapters, &ref_options, false)?;
+        let mut prepared = prepare_merge(base, adapters, &ref_options, BaseHash::Skip)?;
         prepared.inputs = inputs;
         prepared.base_hashed = true;
         let settings = WriteSettings {

@@ -15,8 +15,8 @@ use crate::io::staging::check_not_input;
 use crate::layout::{KeepF32, Layout, OutputDType};
 use crate::manifest::InputRecord;
 use crate::merge::{
-    AdapterSpec, BoundAdapter, ComponentChoice, DoraStrength, MergeOptions, PreparedMerge,
-    bind_specs, prepare_merge,
+    AdapterSpec, BaseHash, BoundAdapter, ComponentChoice, DoraStrength, MergeOptions,
+    PreparedMerge, bind_specs, prepare_merge,
 };
 use crate::model::fingerprint::{Fingerprint, fingerprint};
 use crate::recipe::{CheckSpec, Recipe, Sha256Spec};
@@ -103,7 +103,11 @@ pub fn plan_bake(recipe: Recipe, hashing: BaseHashing) -> Result<BakePlan, BakeE
     for c in &recipe.checks {
         validate_check(&recipe, c)?;
     }
-    let hash_base = hashing == BaseHashing::Always || recipe.base.sha256.is_some();
+    let hash_base = if hashing == BaseHashing::Always || recipe.base.sha256.is_some() {
+        BaseHash::Now
+    } else {
+        BaseHash::Skip
+    };
     let mut prepared = prepare_merge(&base, &adapters, &options, hash_base)?;
     relative_input_paths(&mut prepared.inputs, &recipe.root);
     let hashes = check_declared_hashes(&recipe, &base, &adapters, &prepared.inputs)?;

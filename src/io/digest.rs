@@ -68,39 +68,52 @@ pub struct SafetensorsDigest {
     pub tensors: BTreeMap<String, TensorDigest>,
 }
 
-/// Validates `path` as safetensors and hashes it and each tensor in one sequential pass.
-/// Pages are released from this process after hashing, so memory stays bounded.
+/// Validates `path` as safetensors and hashes it and each tensor in one read: the whole-file
+/// hash (inherently sequential) runs on one worker while the others hash the tensors, so
+/// on two or more threads the pass costs one sha256 of the file, not two. Pages are
+/// released from this process after hashing, so memory stays bounded.
 pub fn digest_safetensors(path: &Path) -> Result<SafetensorsDigest, ReadError> {
+    use rayon::prelude::*;
     let f = SafetensorsFile::open(path)?;
     let bytes = f.bytes();
     let data_start = f.header().data_start;
-    let mut whole = Sha256::new();
-    whole.update(&bytes[..data_start]);
-    let mut tensors = BTreeMap::new();
-    // Large tensors are hashed in chunks whose pages are released as soon as they are
-    // hashed, so peak RSS stays at one chunk whatever the tensor size.
+    // Large tensors are hashed in chunks whose pages each side releases once it has hashed
+    // them (the other side maps them again from the page cache, a minor fault), so peak RSS
+    // stays at a few chunks whatever the tensor size.
     const CHUNK: usize = 64 << 20;
-    for (i, t) in f.infos().iter().enumerate() {
-        let data = f.view_at(i).bytes;
-        let base = data_start + t.begin;
-        let mut one = Sha256::new();
-        for (k, chunk) in data.chunks(CHUNK).enumerate() {
+    let whole = || {
+        let mut whole = Sha256::new();
+        for (k, chunk) in bytes.chunks(CHUNK).enumerate() {
             whole.update(chunk);
-            one.update(chunk);
-            f.release_bytes(base + k * CHUNK, base + k * CHUNK + chunk.len());
+            f.release_bytes(k * CHUNK, k * CHUNK + chunk.len());
         }
-        tensors.insert(
-            t.name.clone(),
-            TensorDigest {
-                dtype: t.dtype,
-                shape: t.shape.clone(),
-                sha256: hex(&one.finalize()),
-            },
-        );
-    }
+        hex(&whole.finalize())
+    };
+    let tensors = || {
+        f.infos()
+            .par_iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let data = f.view_at(i).bytes;
+                let base = data_start + t.begin;
+                let mut one = Sha256::new();
+                for (k, chunk) in data.chunks(CHUNK).enumerate() {
+                    one.update(chunk);
+                    f.release_bytes(base + k * CHUNK, base + k * CHUNK + chunk.len());
+                }
+                let d = TensorDigest {
+                    dtype: t.dtype,
+                    shape: t.shape.clone(),
+                    sha256: hex(&one.finalize()),
+                };
+                (t.name.clone(), d)
+            })
+            .collect::<BTreeMap<_, _>>()
+    };
+    let (sha256, tensors) = rayon::join(whole, tensors);
     Ok(SafetensorsDigest {
         bytes: bytes.len() as u64,
-        sha256: hex(&whole.finalize()),
+        sha256,
         tensors,
     })
 }

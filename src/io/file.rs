@@ -66,6 +66,17 @@ pub enum ReadError {
         /// What does not match.
         reason: String,
     },
+    /// The file changed (shrank, grew or was rewritten) while wanbake read it.
+    #[error(
+        "{}: {what}; nothing was written. Run again once nothing else writes to it",
+        path.display()
+    )]
+    Changed {
+        /// The file.
+        path: PathBuf,
+        /// How it changed.
+        what: String,
+    },
     /// A tensor's data could not be converted.
     #[error("{}: tensor `{tensor}`: {reason}", path.display())]
     Tensor {

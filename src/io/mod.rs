@@ -3,7 +3,7 @@
 //! Owns: element types and their conversions (`dtype`), the header parser and canonical
 //! header layout (`header`), read-only memory maps (`mmap`, the only `unsafe` of this layer),
 //! single files (`file`), multi-file checkpoints and folders (`checkpoint`), hashing
-//! (`digest`), what an output will contain (`writer`) and the atomic, durable writing of it
+//! (`digest`), input hashes and their cache (`input_hash`), what an output will contain (`writer`) and the atomic, durable writing of it
 //! (`staging`). Does not own: what tensors mean (`model`, `adapter`) or how they are
 //! computed (`merge`).
 
@@ -12,6 +12,7 @@ pub mod digest;
 pub mod dtype;
 pub mod file;
 pub mod header;
+pub mod input_hash;
 pub mod mmap;
 pub mod staging;
 pub mod writer;

@@ -25,7 +25,6 @@ use crate::io::checkpoint::{Checkpoint, Component, TensorSet};
 use crate::io::staging::{Allocation, Replace, Staging};
 use crate::io::writer::{AuxFile, ComponentOutput, OutputPlan};
 use crate::io::{ReadError, TensorView};
-use crate::manifest::record_inputs;
 use crate::model::wan::WanConfig;
 use crate::release::{Release, ReleaseError, ReleaseRequest, write_release};
 
@@ -359,18 +358,17 @@ pub fn restack(
     })?;
     let input_paths = checkpoint.input_files();
     let shown = |p: &PathBuf| p.display().to_string();
-    let inputs = record_inputs(
-        &input_paths
-            .iter()
-            .map(|p| ("base".to_string(), p.clone(), shown(p)))
-            .collect::<Vec<_>>(),
-    )?;
+    let hash_while_writing = input_paths
+        .iter()
+        .map(|p| ("base".to_string(), p.clone(), shown(p)))
+        .collect();
     let report = report(&checkpoint, &plans);
     let request = ReleaseRequest {
         dest: out,
         plan,
         input_paths: &input_paths,
-        inputs,
+        inputs: Vec::new(),
+        hash_while_writing,
         command: "restack",
         options: options_json(options),
         replace: options.replace,

@@ -41,7 +41,7 @@ pub use spec::{AdapterSpec, ComponentChoice};
 use crate::io::Checkpoint;
 use crate::io::staging::{Allocation, Replace};
 use crate::linalg::SvdCache;
-use crate::manifest::{InputRecord, record_inputs};
+use crate::manifest::{InputFile, InputRecord, record_inputs};
 use crate::progress::Progress;
 use crate::release::{Checked, Release, ReleaseError, ReleaseRequest, write_release_checked};
 
@@ -92,7 +92,7 @@ pub fn merge_release(
     replace: Replace,
     compute: &Compute,
 ) -> Result<MergeOutcome, MergeFailure> {
-    let prepared = prepare_merge(base, adapters, options, true)?;
+    let prepared = prepare_merge(base, adapters, options, BaseHash::WhileWriting)?;
     let settings = WriteSettings {
         command: "merge",
         options: options_json(base, adapters, options, svd_cache.is_some()),
@@ -115,19 +115,32 @@ pub fn merge_release(
 pub struct PreparedMerge {
     /// The plan.
     pub plan: MergePlan,
-    /// Hashed inputs: every adapter file, and every base file when `base_hashed`.
+    /// Hashed inputs: every adapter file, and every base file when it was hashed now.
     pub inputs: Vec<InputRecord>,
-    /// Were the base files hashed?
+    /// Base files to hash while the merge is written (`BaseHash::WhileWriting`).
+    pub hash_while_writing: Vec<InputFile>,
+    /// Is the base accounted for (hashed, or to be hashed while writing)?
     pub base_hashed: bool,
 }
 
-/// Hashes the adapters, plans and checks the merge, and (when `hash_base`) hashes the base.
-/// Every refusal of the plan comes before the base is hashed.
+/// When the base files are hashed for the manifest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BaseHash {
+    /// Before anything is written (`bake` stamps the hashes into every output header).
+    Now,
+    /// On a thread of its own while the merge runs (`merge`).
+    WhileWriting,
+    /// Not at all (a dry run; such a merge cannot be written).
+    Skip,
+}
+
+/// Hashes the adapters, plans and checks the merge, and hashes the base (or schedules it)
+/// as `hash_base` says. Every refusal of the plan comes before the base is hashed.
 pub fn prepare_merge(
     base: &Checkpoint,
     adapters: &[BoundAdapter],
     options: &MergeOptions,
-    hash_base: bool,
+    hash_base: BaseHash,
 ) -> Result<PreparedMerge, MergeError> {
     let adapter_inputs = adapter_records(adapters)?;
     let identities: Vec<String> = adapters
@@ -135,15 +148,18 @@ pub fn prepare_merge(
         .map(|a| identity(a, &adapter_inputs))
         .collect();
     let plan = plan_merge(base, adapters, options, &identities)?;
-    let mut inputs = if hash_base {
-        let base_files: Vec<(String, PathBuf, String)> = base
-            .input_files()
-            .into_iter()
-            .map(|p| ("base".to_string(), p.clone(), p.display().to_string()))
-            .collect();
-        record_inputs(&base_files).map_err(MergeError::Read)?
-    } else {
-        Vec::new()
+    let base_files: Vec<InputFile> = base
+        .input_files()
+        .into_iter()
+        .map(|p| ("base".to_string(), p.clone(), p.display().to_string()))
+        .collect();
+    let (mut inputs, hash_while_writing) = match hash_base {
+        BaseHash::Now => (
+            record_inputs(&base_files).map_err(MergeError::Read)?,
+            Vec::new(),
+        ),
+        BaseHash::WhileWriting => (Vec::new(), base_files),
+        BaseHash::Skip => (Vec::new(), Vec::new()),
     };
     inputs.extend(adapter_inputs.into_values());
     inputs.sort();
@@ -151,7 +167,8 @@ pub fn prepare_merge(
     Ok(PreparedMerge {
         plan,
         inputs,
-        base_hashed: hash_base,
+        hash_while_writing,
+        base_hashed: hash_base != BaseHash::Skip,
     })
 }
 
@@ -206,6 +223,7 @@ pub fn write_merge(
         plan: plan.output.clone(),
         input_paths: &input_paths,
         inputs: prepared.inputs,
+        hash_while_writing: prepared.hash_while_writing,
         command: settings.command,
         options: settings.options,
         replace: settings.replace,

@@ -1,0 +1,137 @@
+//! Content hashes of input files, computed once per content.
+//!
+//! Owns: [`sha256_input`] (size and sha256 of a whole input file, streamed with bounded
+//! memory, refused when the file changes while it is read) and the content-hash cache that
+//! lets a pipeline baking many adapters onto one base hash that base once. Does not own:
+//! hashing outputs (`io::digest`, `io::staging`) or the manifest's input records
+//! (`manifest`).
+//!
+//! # The cache
+//! An entry maps a file's identity ([`FileStamp`]: device, inode, size, modification and
+//! change times) to its sha256. It lives in `$WANBAKE_CACHE_DIR`, else
+//! `$XDG_CACHE_HOME/wanbake`, else `~/.cache/wanbake` (sub-folder `input-sha256/`, one small
+//! file per entry), and is off with `--no-hash-cache` ([`configure_cache`]). Limits: a
+//! file rewritten in place with the same size, modification time *and* change time would
+//! be taken for unchanged; the change time cannot be set by a user process (only moved
+//! forward by the kernel on every write or attribute change), so this needs root resetting
+//! the clock. Entries are written atomically (temp + rename) and an unreadable or malformed
+//! entry is ignored, so a damaged cache costs a re-hash, never a wrong hash. `verify` never
+//! uses the cache: it re-reads everything.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use sha2::{Digest, Sha256};
+
+use super::digest::hex;
+use super::file::ReadError;
+use super::mmap::{FileStamp, describe_change};
+
+/// Where the cache is, or that it is off; set once by the front end.
+static CACHE: OnceLock<Option<PathBuf>> = OnceLock::new();
+
+/// Whether inputs' hashes are cached, and where.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HashCache {
+    /// The default folder (module doc).
+    Default,
+    /// This folder.
+    At(PathBuf),
+    /// No cache: every input is hashed.
+    Off,
+}
+
+/// Chooses the cache for this process. Only the first call counts (the CLI makes it
+/// before any work); without a call, the default folder is used.
+pub fn configure_cache(choice: HashCache) {
+    let dir = match choice {
+        HashCache::Default => default_cache_dir(),
+        HashCache::At(p) => Some(p),
+        HashCache::Off => None,
+    };
+    let _ = CACHE.set(dir);
+}
+
+fn cache_dir() -> Option<&'static Path> {
+    CACHE.get_or_init(default_cache_dir).as_deref()
+}
+
+fn default_cache_dir() -> Option<PathBuf> {
+    let env = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    if let Some(d) = env("WANBAKE_CACHE_DIR") {
+        return Some(d);
+    }
+    if let Some(d) = env("XDG_CACHE_HOME") {
+        return Some(d.join("wanbake"));
+    }
+    env("HOME").map(|h| h.join(".cache").join("wanbake"))
+}
+
+fn entry_path(dir: &Path, s: &FileStamp) -> PathBuf {
+    dir.join("input-sha256").join(format!(
+        "{}-{}-{}-{}-{}",
+        s.dev, s.ino, s.size, s.mtime_ns, s.ctime_ns
+    ))
+}
+
+fn cached(s: &FileStamp) -> Option<String> {
+    let text = std::fs::read_to_string(entry_path(cache_dir()?, s)).ok()?;
+    let sha = text.trim();
+    (sha.len() == 64 && sha.bytes().all(|b| b.is_ascii_hexdigit())).then(|| sha.to_string())
+}
+
+/// Best effort: a cache that cannot be written only costs a later re-hash.
+fn remember(s: &FileStamp, sha: &str) {
+    let Some(dir) = cache_dir() else { return };
+    let path = entry_path(dir, s);
+    let Some(parent) = path.parent() else { return };
+    if std::fs::create_dir_all(parent).is_err() {
+        return;
+    }
+    let tmp = parent.join(format!(".tmp-{}-{}", std::process::id(), s.ino));
+    if std::fs::write(&tmp, sha).is_ok() && std::fs::rename(&tmp, &path).is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+}
+
+/// Size and sha256 of the input file at `path` (from the cache when its identity is known),
+/// read in 4 MiB chunks. Fails when the file changes while it is read.
+pub fn sha256_input(path: &Path) -> Result<(u64, String), ReadError> {
+    let mut f = std::fs::File::open(path).map_err(|e| ReadError::io(path, e))?;
+    let before = FileStamp::of(&f.metadata().map_err(|e| ReadError::io(path, e))?);
+    if let Some(sha) = cached(&before) {
+        return Ok((before.size, sha));
+    }
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 4 << 20];
+    let mut total = 0u64;
+    loop {
+        let n = f.read(&mut buf).map_err(|e| ReadError::io(path, e))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+        total += n as u64;
+    }
+    let after = FileStamp::at(path).map_err(|e| ReadError::io(path, e))?;
+    let read = FileStamp {
+        size: total,
+        ..before
+    };
+    if let Some(what) =
+        describe_change(&before, &after, false).or_else(|| describe_change(&before, &read, false))
+    {
+        return Err(ReadError::Changed {
+            path: path.to_path_buf(),
+            what,
+        });
+    }
+    let sha = hex(&h.finalize());
+    remember(&before, &sha);
+    Ok((total, sha))
+}
