@@ -3,7 +3,7 @@
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use common::*;
 use wanbake::io::DType;
@@ -776,4 +776,134 @@ fn inspect_flags_a_config_that_disagrees_with_the_weights() {
     );
     let clean = ok(run(&repo(), &["inspect", "golden/models/t2v"]));
     assert!(!clean.contains("config.json says"), "{clean}");
+}
+
+/// Runs `merge` of the golden t2v model copied into `root/base` with a PEFT LoRA, stopped by
+/// the test gate once its inputs are mapped; `change` then alters the base, and the run goes
+/// on. Returns (exit code, stderr).
+fn merge_while_base_changes(root: &Path, change: impl FnOnce(&Path)) -> (i32, String) {
+    let g = repo().join("golden");
+    let base = root.join("base");
+    std::fs::create_dir_all(&base).unwrap();
+    for f in ["config.json", "diffusion_pytorch_model.safetensors"] {
+        std::fs::copy(g.join("models/t2v").join(f), base.join(f)).unwrap();
+    }
+    let gate = root.join("gate");
+    let child = std::process::Command::new(bin())
+        .args(["merge", "--base", "base", "--adapter"])
+        .arg(g.join("adapters/peft_plain"))
+        .args(["--out", "out", "--dtype", "bf16", "--device", "cpu"])
+        .env("WANBAKE_TEST_GATE", &gate)
+        .env("WANBAKE_CACHE_DIR", root.join("cache"))
+        .current_dir(root)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let ready = root.join("gate.ready");
+    let t0 = std::time::Instant::now();
+    while !ready.exists() && t0.elapsed().as_secs() < 60 {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert!(ready.exists(), "the merge never reached its gate");
+    change(&base.join("diffusion_pytorch_model.safetensors"));
+    std::fs::write(root.join("gate.go"), b"").unwrap();
+    let o = child.wait_with_output().unwrap();
+    let (code, _, err) = parts(&o);
+    assert!(!root.join("out").exists(), "a release was committed: {err}");
+    assert!(
+        leftovers(root).is_empty(),
+        "temporaries left: {:?}",
+        leftovers(root)
+    );
+    (code, err)
+}
+
+#[test]
+fn an_input_that_shrinks_while_it_is_read_fails_cleanly_and_commits_nothing() {
+    let root = tmp();
+    let (code, err) = merge_while_base_changes(root.path(), |f| {
+        let len = std::fs::metadata(f).unwrap().len();
+        let file = std::fs::OpenOptions::new().write(true).open(f).unwrap();
+        file.set_len(len / 3).unwrap();
+    });
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("diffusion_pytorch_model.safetensors"), "{err}");
+    assert!(err.contains("shrank"), "{err}");
+    assert!(!err.contains("Bus error"), "{err}");
+}
+
+#[test]
+fn an_input_rewritten_in_place_with_the_same_size_fails_cleanly() {
+    let root = tmp();
+    let (code, err) = merge_while_base_changes(root.path(), |f| {
+        use std::os::unix::fs::FileExt;
+        let len = std::fs::metadata(f).unwrap().len();
+        let file = std::fs::OpenOptions::new().write(true).open(f).unwrap();
+        // Same size, other bytes near the end of the data (inside some tensor).
+        file.write_all_at(&[0x7f; 64], len - 256).unwrap();
+        file.sync_all().unwrap();
+    });
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("diffusion_pytorch_model.safetensors"), "{err}");
+    assert!(err.contains("rewritten"), "{err}");
+}
+
+#[test]
+fn input_hashes_are_cached_by_file_identity_and_the_cache_can_be_turned_off() {
+    let root = tmp();
+    let g = repo().join("golden");
+    std::fs::copy(
+        g.join("models/t2v_original.safetensors"),
+        root.path().join("in.safetensors"),
+    )
+    .unwrap();
+    let cache = root.path().join("cache");
+    let convert = |out: &str, extra: &[&str]| {
+        let mut c = std::process::Command::new(bin());
+        c.args(extra)
+            .args(["convert", "in.safetensors", "--dtype", "bf16", "--out", out])
+            .env("WANBAKE_CACHE_DIR", &cache)
+            .current_dir(root.path());
+        ok(c.output().unwrap());
+    };
+    let entries = || -> Vec<PathBuf> {
+        match std::fs::read_dir(cache.join("input-sha256")) {
+            Ok(rd) => rd.map(|e| e.unwrap().path()).collect(),
+            Err(_) => vec![],
+        }
+    };
+    convert("a", &["--no-hash-cache"]);
+    assert!(
+        entries().is_empty(),
+        "--no-hash-cache wrote {:?}",
+        entries()
+    );
+    convert("b", &[]);
+    let e = entries();
+    assert_eq!(e.len(), 1, "{e:?}");
+    // sha256sum of the input, computed independently of wanbake's reader.
+    let want = {
+        use sha2::Digest;
+        let bytes = std::fs::read(root.path().join("in.safetensors")).unwrap();
+        wanbake::io::digest::hex(&sha2::Sha256::digest(&bytes))
+    };
+    assert_eq!(std::fs::read_to_string(&e[0]).unwrap(), want);
+    // A poisoned entry for this identity is what a cache hit would record: proof that the
+    // cache is consulted (and why the identity includes the change time).
+    std::fs::write(&e[0], "ab".repeat(32)).unwrap();
+    convert("c", &[]);
+    let manifest = std::fs::read_to_string(root.path().join("c/wanbake.manifest.json")).unwrap();
+    assert!(manifest.contains(&"ab".repeat(32)), "cache not used");
+    // Touching the file changes its identity: a miss, hashed again.
+    let f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(root.path().join("in.safetensors"))
+        .unwrap();
+    f.set_modified(std::time::SystemTime::now()).unwrap();
+    drop(f);
+    convert("d", &[]);
+    let manifest = std::fs::read_to_string(root.path().join("d/wanbake.manifest.json")).unwrap();
+    assert!(manifest.contains(&want), "not re-hashed after a change");
+    // verify never trusts the cache.
+    ok(run(root.path(), &["verify", "d"]));
 }

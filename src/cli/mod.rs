@@ -53,6 +53,11 @@ pub struct Cli {
     /// Worker threads (default: all cores). Outputs are identical for any value.
     #[arg(long, global = true)]
     pub threads: Option<usize>,
+    /// Hash every input again instead of reusing the sha256 cached for a file whose device,
+    /// inode, size and modification and change times are unchanged (the cache lives in
+    /// $WANBAKE_CACHE_DIR, default ~/.cache/wanbake; `verify` never uses it).
+    #[arg(long, global = true)]
+    pub no_hash_cache: bool,
     /// The subcommand.
     #[command(subcommand)]
     pub command: Command,
@@ -84,6 +89,11 @@ pub enum Command {
 /// Runs the parsed command line.
 pub fn execute(cli: Cli) -> anyhow::Result<Status> {
     let quiet = cli.quiet;
+    crate::io::input_hash::configure_cache(if cli.no_hash_cache {
+        crate::io::input_hash::HashCache::Off
+    } else {
+        crate::io::input_hash::HashCache::Default
+    });
     if let Some(n) = cli.threads {
         if n == 0 {
             return Err(UsageError("--threads must be at least 1".into()).into());
