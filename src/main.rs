@@ -26,10 +26,27 @@ fn main() -> ExitCode {
     match cli::execute(cli) {
         Ok(status) => ExitCode::from(status.code()),
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", chain_text(&e));
             ExitCode::from(exit_code_for(&e).code())
         }
     }
+}
+
+/// The error and its causes, each said once: many library errors already include their
+/// source's text in their own message, so a cause whose text is already there is skipped.
+fn chain_text(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
 }
 
 /// Usage errors (bad flag combinations detected after parsing) exit 2; everything else 1.

@@ -907,3 +907,24 @@ fn input_hashes_are_cached_by_file_identity_and_the_cache_can_be_turned_off() {
     // verify never trusts the cache.
     ok(run(root.path(), &["verify", "d"]));
 }
+
+#[test]
+fn an_error_prints_each_cause_once() {
+    let root = tmp();
+    std::fs::write(root.path().join("afile"), b"x").unwrap();
+    let g = repo().join("golden/models/t2v");
+    let o = run(
+        root.path(),
+        &[
+            "convert",
+            g.to_str().unwrap(),
+            "--dtype",
+            "bf16",
+            "--out",
+            "afile/sub",
+        ],
+    );
+    let (code, _, err) = parts(&o);
+    assert_eq!(code, 1, "{err}");
+    assert_eq!(err.matches("os error").count(), 1, "{err}");
+}

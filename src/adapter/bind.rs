@@ -586,11 +586,13 @@ impl AdapterSet {
             });
         }
         if !unmatched.is_empty() && !self.allow_unmatched {
+            let modules: Vec<&str> = unmatched.iter().map(|p| p.module.as_str()).collect();
+            let hint = super::variant::unbound_parts_line(&modules, base);
             return Err(AdapterError::Unmatched {
                 adapter: self.path.clone(),
                 base: base.path.clone(),
                 entries: unmatched,
-                hint: None,
+                hint,
             });
         }
         let mut targets: Vec<&str> = Vec::new();

@@ -93,8 +93,8 @@ pub enum AdapterError {
     },
     /// Entries whose module names no base tensor.
     #[error(
-        "{}: {} entr(y/ies) bind to no tensor of the base {}:{}{}\nhint: pass --allow-unmatched to skip them knowingly",
-        adapter.display(), entries.len(), base.display(), list_entries(entries), hint_line(hint)
+        "{}: {}{} entr(y/ies) bind to no tensor of the base {}:{}\nhint: pass --allow-unmatched to skip them knowingly",
+        adapter.display(), hint_first(hint), entries.len(), base.display(), list_entries(entries)
     )]
     Unmatched {
         /// The adapter.
@@ -103,7 +103,7 @@ pub enum AdapterError {
         base: PathBuf,
         /// Each entry with the reason.
         entries: Vec<EntryProblem>,
-        /// The base variant the adapter appears to target, when that explains it.
+        /// Which parts of another WAN variant the entries belong to, when that explains it.
         hint: Option<String>,
     },
     /// Entries whose tensors do not fit the base tensor they name.
@@ -189,6 +189,13 @@ fn list_entries(entries: &[EntryProblem]) -> String {
         let _ = write!(s, "\n  … and {} more", entries.len() - LISTED);
     }
     s
+}
+
+/// A hint said before the list it explains.
+fn hint_first(hint: &Option<String>) -> String {
+    hint.as_deref()
+        .map(|h| format!("{h}.\n"))
+        .unwrap_or_default()
 }
 
 fn hint_line(hint: &Option<String>) -> String {

@@ -210,6 +210,44 @@ pub fn mismatch_line(set: &AdapterSet, base: &BaseIndex) -> String {
     format!("its module names (e.g. `{example}`) are {family}; the base is {base_desc}")
 }
 
+/// Says in model terms which parts of another WAN variant the unbound modules belong to
+/// ("this adapter targets the image cross-attention of a Wan 2.1 I2V/FLF2V model; the base
+/// is …"), or `None` when none of them does (`model::wan::VARIANT_ONLY_PARTS`).
+pub fn unbound_parts_line(modules: &[&str], base: &BaseIndex) -> Option<String> {
+    use crate::model::wan::VariantOnlyPart;
+    let mut parts: Vec<&VariantOnlyPart> = Vec::new();
+    for m in modules {
+        // Only parts the base lacks explain anything (a misspelt module of a part the base
+        // has is an ordinary unmatched name).
+        if let Some(p) = VariantOnlyPart::of(m)
+            && !parts.iter().any(|q| std::ptr::eq(*q, p))
+            && !base
+                .targets
+                .iter()
+                .any(|t| p.fragments.iter().any(|f| t.tensor.contains(f)))
+        {
+            parts.push(p);
+        }
+    }
+    let first = parts.first()?;
+    let named: Vec<String> = parts
+        .iter()
+        .map(|p| {
+            if p.models == first.models {
+                p.part.to_string()
+            } else {
+                format!("{} of {}", p.part, p.models)
+            }
+        })
+        .collect();
+    Some(format!(
+        "this adapter targets {} of {}, which the base does not have; the base is {}",
+        named.join(" and "),
+        first.models,
+        base_description(base)
+    ))
+}
+
 /// "Wan2.1-T2V-14B (diffusers naming)", or the family with its derived dims.
 pub fn base_description(base: &BaseIndex) -> String {
     let Some(f) = &base.fingerprint else {

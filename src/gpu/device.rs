@@ -348,6 +348,21 @@ pub fn select(choice: DeviceChoice) -> Result<Selection, GpuError> {
             })
         }
         DeviceChoice::Auto => Ok(match CudaDevice::open(0) {
+            // One short line for the common case; `--device cuda` names every path searched.
+            Err(_) if !Library::Driver.is_present() => Selection {
+                selected: Selected::Cpu,
+                reason: "cpu (no NVIDIA driver found)".into(),
+            },
+            Err(_)
+                if let Some(lib) = [Library::Nvrtc, Library::Cublas, Library::Cusolver]
+                    .into_iter()
+                    .find(|l| !l.is_present()) =>
+            {
+                Selection {
+                    selected: Selected::Cpu,
+                    reason: format!("cpu ({lib} not found; --device cuda says where it looked)"),
+                }
+            }
             Ok(device) => Selection {
                 reason: format!("cuda: {} (--device auto)", device.info()),
                 selected: Selected::Cuda(device),

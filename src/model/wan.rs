@@ -353,3 +353,53 @@ mod tests {
         assert_eq!(cfg, WanVariant::T2V1_3B.config());
     }
 }
+
+/// Parts of the WAN transformer that only some released variants have, each with fragments
+/// of its parameter names in every naming (diffusers, original Wan / ComfyUI, NNX) and the
+/// variants that have it (spec/wan.md: `image_dim`, `pos_embed_seq_len`; the Wan 2.2
+/// checkpoints have no image branch). Used to explain, in model terms, why an adapter's
+/// modules bind to nothing in a base.
+pub const VARIANT_ONLY_PARTS: &[VariantOnlyPart] = &[
+    VariantOnlyPart {
+        fragments: &[
+            "add_k_proj",
+            "add_v_proj",
+            "norm_added_k",
+            "k_img",
+            "v_img",
+            "norm_k_img",
+        ],
+        part: "the image cross-attention",
+        models: "a Wan 2.1 I2V/FLF2V model",
+    },
+    VariantOnlyPart {
+        fragments: &["pos_embed", "emb_pos"],
+        part: "the first-last-frame position embedding",
+        models: "a Wan 2.1 FLF2V model",
+    },
+    VariantOnlyPart {
+        fragments: &["image_embedder", "img_emb"],
+        part: "the image embedder (CLIP projection)",
+        models: "a Wan 2.1 I2V/FLF2V model",
+    },
+];
+
+/// A part of the transformer that only some variants have (see [`VARIANT_ONLY_PARTS`]).
+#[derive(Debug)]
+pub struct VariantOnlyPart {
+    /// Fragments of its parameter names, in any naming.
+    pub fragments: &'static [&'static str],
+    /// What it is, in model terms.
+    pub part: &'static str,
+    /// Which models have it.
+    pub models: &'static str,
+}
+
+impl VariantOnlyPart {
+    /// The part a module name belongs to, when it is one of [`VARIANT_ONLY_PARTS`].
+    pub fn of(module: &str) -> Option<&'static VariantOnlyPart> {
+        VARIANT_ONLY_PARTS
+            .iter()
+            .find(|p| p.fragments.iter().any(|f| module.contains(f)))
+    }
+}
