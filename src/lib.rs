@@ -1,8 +1,8 @@
 //! wanbake: bake WAN / Stable Audio 3 checkpoints with LoRA-family adapters into exact,
 //! streaming, hash-verified releases.
 //!
-//! The binary (`src/main.rs`, `src/cli/`) only parses arguments and prints; everything that
-//! does work lives in this library, one module per concept.
+//! The binary (`src/main.rs`, `src/cli/`, not part of this library) only parses arguments
+//! and prints; everything that does work lives in this library, one module per concept.
 
 #![deny(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -10,7 +10,6 @@
 
 pub mod adapter;
 pub mod bake;
-pub mod cli;
 pub mod convert;
 pub mod gpu;
 pub mod inspect;

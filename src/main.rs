@@ -1,9 +1,12 @@
-//! The `wanbake` binary: parse, dispatch, choose the exit code. All work is in the library.
+//! The `wanbake` binary: parse, dispatch, choose the exit code. All work is in the library;
+//! the command-line layer (`cli`) is part of the binary, not of the library's API.
 
 use std::process::ExitCode;
 
 use clap::Parser;
-use wanbake::cli::{self, Cli, Status};
+mod cli;
+
+use cli::{Cli, Status};
 
 fn main() -> ExitCode {
     wanbake::io::staging::install_signal_guards();

@@ -15,6 +15,7 @@ use crate::io::digest::{self, TensorDigest};
 use crate::io::file::ReadError;
 use crate::io::staging::{MANIFEST_NAME, Sealed};
 use crate::io::writer::OutputPlan;
+use crate::progress::Progress;
 
 /// Identifies the manifest schema.
 pub const FORMAT: &str = "wanbake.manifest/1";
@@ -194,8 +195,12 @@ pub type InputFile = (String, PathBuf, String);
 
 /// Hashes one input file for the manifest (through the input-hash cache, refusing a file
 /// that changes while it is read: `io::input_hash`).
-pub fn record_input((role, path, shown): &InputFile) -> Result<InputRecord, ReadError> {
-    let (bytes, sha256) = crate::io::input_hash::sha256_input(path)?;
+pub fn record_input(
+    (role, path, shown): &InputFile,
+    phase: &Progress,
+) -> Result<InputRecord, ReadError> {
+    let (bytes, sha256) = crate::io::input_hash::sha256_input(path, &|n| phase.add_bytes(n))?;
+    phase.add_item();
     Ok(InputRecord {
         role: role.clone(),
         path: shown.clone(),
@@ -207,7 +212,24 @@ pub fn record_input((role, path, shown): &InputFile) -> Result<InputRecord, Read
 /// Hashes input files for the manifest (in parallel across files).
 pub fn record_inputs(files: &[InputFile]) -> Result<Vec<InputRecord>, ReadError> {
     use rayon::prelude::*;
-    files.par_iter().map(record_input).collect()
+    let phase = hashing_phase(files);
+    files.par_iter().map(|f| record_input(f, &phase)).collect()
+}
+
+/// Hashes input files one after another on the calling thread (the release writer runs
+/// this beside the producer, which has the worker threads).
+pub fn record_inputs_here(files: &[InputFile]) -> Result<Vec<InputRecord>, ReadError> {
+    let phase = hashing_phase(files);
+    files.iter().map(|f| record_input(f, &phase)).collect()
+}
+
+fn hashing_phase(files: &[InputFile]) -> crate::progress::PhaseGuard {
+    let total = files
+        .iter()
+        .filter_map(|(_, p, _)| std::fs::metadata(p).ok())
+        .map(|m| m.len())
+        .sum();
+    crate::progress::begin("hashing inputs", total, files.len() as u64)
 }
 
 /// One difference found by `verify`.
@@ -249,10 +271,12 @@ impl VerifyReport {
 pub fn verify_dir(dir: &Path) -> Result<VerifyReport, ReadError> {
     verify_with(dir, |manifest, report| {
         use rayon::prelude::*;
+        let total = manifest.files.iter().map(|f| f.bytes).sum();
+        let phase = crate::progress::begin("verifying", total, manifest.files.len() as u64);
         let per_file: Vec<(usize, Vec<Mismatch>)> = manifest
             .files
             .par_iter()
-            .map(|f| verify_file(dir, f))
+            .map(|f| verify_file(dir, f, &phase))
             .collect();
         for (tensors, m) in per_file {
             report.files_checked += 1;
@@ -342,7 +366,7 @@ fn verify_with(
     Ok(report)
 }
 
-fn verify_file(dir: &Path, f: &FileRecord) -> (usize, Vec<Mismatch>) {
+fn verify_file(dir: &Path, f: &FileRecord, phase: &Progress) -> (usize, Vec<Mismatch>) {
     let path = dir.join(&f.path);
     let mut out = Vec::new();
     let miss = |what: String| Mismatch {
@@ -351,6 +375,7 @@ fn verify_file(dir: &Path, f: &FileRecord) -> (usize, Vec<Mismatch>) {
         what,
     };
     let Some(expected_tensors) = &f.tensors else {
+        phase.add_bytes(f.bytes);
         match digest::sha256_file(&path) {
             Ok((bytes, sha)) => {
                 if bytes != f.bytes {
@@ -364,7 +389,7 @@ fn verify_file(dir: &Path, f: &FileRecord) -> (usize, Vec<Mismatch>) {
         }
         return (0, out);
     };
-    let d = match digest::digest_safetensors(&path) {
+    let d = match digest::digest_safetensors(&path, &|n| phase.add_bytes(n)) {
         Ok(d) => d,
         Err(e) => return (0, vec![miss(e.to_string())]),
     };

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use crate::io::ReadError;
 use crate::io::staging::{Allocation, Replace, Staging, WriteError};
 use crate::io::writer::OutputPlan;
-use crate::manifest::{InputFile, InputRecord, Manifest, record_input};
+use crate::manifest::{InputFile, InputRecord, Manifest, record_inputs_here};
 
 /// Everything needed to write one release directory.
 pub struct ReleaseRequest<'a> {
@@ -108,8 +108,13 @@ pub fn write_release_checked(
         req.allocation,
     )?;
     test_gate();
+    staging.report_progress(crate::progress::begin(
+        "writing",
+        staging.plan().total_bytes(),
+        0,
+    ));
     let (report, hashed) = std::thread::scope(|s| {
-        let hashing = s.spawn(|| req.hash_while_writing.iter().map(record_input).collect());
+        let hashing = s.spawn(|| record_inputs_here(&req.hash_while_writing));
         let report = produce(&staging);
         let hashed: Result<Vec<InputRecord>, ReadError> = hashing.join().unwrap_or_else(|_| {
             Err(ReadError::io(

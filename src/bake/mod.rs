@@ -30,7 +30,6 @@ use crate::manifest::{VerifyReport, verify_committed};
 use crate::merge::{
     BaseHash, Compute, MergeOptions, MergeReport, WriteSettings, prepare_merge, write_merge,
 };
-use crate::progress::Progress;
 use crate::release::{Checked, Release};
 use crate::runner::Tensor;
 
@@ -49,26 +48,10 @@ pub struct BakeOutcome {
     pub passed: bool,
 }
 
-/// The phases after planning, for a front end to announce.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Phase {
-    /// Merging and writing (progress counts jobs and bytes).
-    Writing,
-    /// Running the recipe's checks on the sealed output.
-    Checking,
-    /// Re-reading the committed output against its manifest.
-    Verifying,
-}
-
 /// Writes, checks, commits and verifies a planned bake, computing merged targets where
 /// `compute` says. The f32 reference model of "unmerged" checks is always merged on the CPU
 /// band path, so a GPU bake is checked against an independent computation.
-pub fn execute(
-    plan: BakePlan,
-    compute: &Compute,
-    progress: Option<&Progress>,
-    phase: &mut dyn FnMut(Phase),
-) -> Result<BakeOutcome, BakeError> {
+pub fn execute(plan: BakePlan, compute: &Compute) -> Result<BakeOutcome, BakeError> {
     if !plan.space.fits {
         return Err(BakeError::NoSpace {
             dir: plan.space.dir.clone(),
@@ -101,12 +84,10 @@ pub fn execute(
             Replace::Never
         },
         svd_cache: cache.as_ref(),
-        progress,
         compute,
     };
     let reference_inputs = prepared.inputs.clone();
     let mut outcomes = Vec::new();
-    phase(Phase::Writing);
     let outcome = write_merge(
         prepared,
         &base,
@@ -115,12 +96,11 @@ pub fn execute(
         &recipe.output.dir,
         settings,
         |staged| {
-            if !recipe.checks.is_empty() {
-                phase(Phase::Checking);
-            }
+            let checking = crate::progress::begin("checking", 0, recipe.checks.len() as u64);
             let expected = expected_outputs(&recipe, &base, &adapters, &options, reference_inputs)?;
             for (c, want) in recipe.checks.iter().zip(&expected) {
                 outcomes.push(check::run_check(&recipe, staged, c, want)?);
+                checking.add_item();
             }
             Ok(Checked {
                 checks: serde_json::to_value(&outcomes)?,
@@ -128,7 +108,6 @@ pub fn execute(
             })
         },
     )?;
-    phase(Phase::Verifying);
     let dir = outcome.release.dir.clone();
     let written = outcome.release.manifest.to_canonical_bytes();
     let verify = verify_committed(&dir, &written)?;
@@ -254,7 +233,6 @@ impl ReferenceDir {
             file_metadata: BTreeMap::new(),
             replace: Replace::Overwrite,
             svd_cache: None,
-            progress: None,
             compute: &Compute::Cpu,
         };
         let guard = ReferenceDir(dir.clone());

@@ -5,19 +5,16 @@
 //! terminal, plain lines otherwise, nothing with --quiet or --json). The work is in
 //! `bake`.
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde_json::json;
 
 use super::device::{DeviceArg, device_json};
+use super::progress::human_bytes;
 use super::{Printer, Status};
-use crate::bake::{self, BakeOutcome, BakePlan, BaseHashing, Phase};
-use crate::merge::exec::job_bytes;
-use crate::progress::{Progress, Snapshot};
-use crate::recipe::Recipe;
+use wanbake::bake::{self, BakeOutcome, BakePlan, BaseHashing};
+use wanbake::recipe::Recipe;
 
 /// Arguments of `bake`.
 #[derive(clap::Args, Debug)]
@@ -64,19 +61,8 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
         p.json(&json!({ "plan": plan_json, "dry_run": true }));
         return Ok(Status::Ok);
     }
-    let total = plan.prepared.plan.jobs.iter().map(job_bytes).sum::<u64>();
-    let progress = Progress::new(total, plan.prepared.plan.jobs.len() as u64);
     let started = Instant::now();
-    let show = if !p.is_human() {
-        Show::Nothing
-    } else if std::io::stderr().is_terminal() {
-        Show::Bars
-    } else {
-        Show::Lines
-    };
-    let outcome = with_progress(&progress, show, |phase| {
-        bake::execute(plan, &compute, Some(&progress), phase)
-    })?;
+    let outcome = bake::execute(plan, &compute)?;
     let seconds = started.elapsed().as_secs_f64();
     let result = describe_outcome(&outcome, seconds, p);
     p.json(&json!({ "plan": plan_json, "dry_run": false, "result": result }));
@@ -225,112 +211,4 @@ fn describe_outcome(o: &BakeOutcome, seconds: f64, p: &mut Printer) -> serde_jso
         "checks": o.checks,
         "verify": o.verify,
     })
-}
-
-/// How progress is shown.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Show {
-    Nothing,
-    Bars,
-    Lines,
-}
-
-/// Runs `work` while a watcher thread shows `progress`; phases are announced as they come.
-fn with_progress<T>(
-    progress: &Progress,
-    show: Show,
-    work: impl FnOnce(&mut dyn FnMut(Phase)) -> T,
-) -> T {
-    let done = AtomicBool::new(false);
-    let writing = AtomicBool::new(false);
-    std::thread::scope(|s| {
-        if show != Show::Nothing {
-            s.spawn(|| watch(progress, show, &done, &writing));
-        }
-        let mut announce = |ph: Phase| {
-            if ph != Phase::Writing {
-                writing.store(false, Ordering::Release);
-            }
-            if show != Show::Nothing {
-                match ph {
-                    Phase::Writing => {
-                        writing.store(true, Ordering::Release);
-                        eprintln!("writing");
-                    }
-                    Phase::Checking => eprintln!("sealed; running checks"),
-                    Phase::Verifying => eprintln!("committed; verifying"),
-                }
-            }
-        };
-        let out = work(&mut announce);
-        done.store(true, Ordering::Release);
-        out
-    })
-}
-
-/// The watcher: an indicatif bar (bytes, throughput, ETA, tensors) on a terminal, or a
-/// plain line every 10% / 10 s elsewhere.
-fn watch(progress: &Progress, show: Show, done: &AtomicBool, writing: &AtomicBool) {
-    let total = progress.snapshot().total_bytes;
-    let bar = (show == Show::Bars).then(|| {
-        let b = indicatif::ProgressBar::new(total);
-        let style = indicatif::ProgressStyle::with_template(
-            "{bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta} {msg}",
-        )
-        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
-        b.set_style(style);
-        b
-    });
-    let started = Instant::now();
-    let mut last_line = (0u64, Instant::now());
-    let mut finished = false;
-    while !done.load(Ordering::Acquire) {
-        std::thread::sleep(Duration::from_millis(100));
-        let s = progress.snapshot();
-        if let Some(b) = &bar {
-            b.set_position(s.bytes);
-            b.set_message(format!("{}/{} tensors", s.items, s.total_items));
-        } else if !finished && writing.load(Ordering::Acquire) {
-            let tenth = s.bytes.saturating_mul(10) / s.total_bytes.max(1);
-            if tenth > last_line.0 || last_line.1.elapsed() >= Duration::from_secs(10) {
-                eprintln!("{}", progress_line(&s, started.elapsed().as_secs_f64()));
-                last_line = (tenth, Instant::now());
-            }
-        }
-        if s.items == s.total_items {
-            if let Some(b) = &bar {
-                b.finish_and_clear();
-            }
-            finished = true;
-        }
-    }
-}
-
-fn progress_line(s: &Snapshot, seconds: f64) -> String {
-    let rate = s.bytes as f64 / seconds.max(1e-9);
-    format!(
-        "  {} of {} ({:.0}%), {}/{} tensors, {}/s",
-        human_bytes(s.bytes),
-        human_bytes(s.total_bytes),
-        100.0 * s.bytes as f64 / s.total_bytes.max(1) as f64,
-        s.items,
-        s.total_items,
-        human_bytes(rate as u64)
-    )
-}
-
-/// Bytes in decimal units, as disks are sold.
-pub fn human_bytes(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "kB", "MB", "GB", "TB"];
-    let mut v = b as f64;
-    let mut u = 0;
-    while v >= 1000.0 && u + 1 < UNITS.len() {
-        v /= 1000.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.2} {}", UNITS[u])
-    }
 }

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use super::synth::parse_float_dtype;
 use super::{Printer, Status};
-use crate::convert::{ConvertSpec, DtypeChoice, convert_release, keep_none};
-use crate::io::staging::Replace;
+use wanbake::convert::{ConvertSpec, DtypeChoice, convert_release, keep_none};
+use wanbake::io::staging::Replace;
 
 /// Arguments of `convert`.
 #[derive(clap::Args, Debug)]

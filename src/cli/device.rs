@@ -2,8 +2,8 @@
 //! `merge::Compute::select`; each command prints the reason line. (`restack` takes the same
 //! values with its own help text: it checks the flag and always runs on the CPU.)
 
-use crate::gpu::DeviceChoice;
-use crate::merge::{Compute, DeviceReport};
+use wanbake::gpu::DeviceChoice;
+use wanbake::merge::{Compute, DeviceReport};
 
 /// The `--device` flag.
 #[derive(clap::Args, Debug, Clone, Copy)]

@@ -6,9 +6,9 @@
 use std::path::PathBuf;
 
 use super::{Printer, Status};
-use crate::adapter::report::describe_path;
-use crate::inspect::{InspectReport, inspect, render_text};
-use crate::io::Checkpoint;
+use wanbake::adapter::report::describe_path;
+use wanbake::inspect::{InspectReport, inspect, render_text};
+use wanbake::io::Checkpoint;
 
 /// Arguments of `inspect`.
 #[derive(clap::Args, Debug)]

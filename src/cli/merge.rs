@@ -11,11 +11,11 @@ use std::path::{Path, PathBuf};
 
 use super::device::{DeviceArg, device_json};
 use super::{Printer, Status, UsageError};
-use crate::io::Checkpoint;
-use crate::io::staging::Replace;
-use crate::layout::{KeepF32, Layout, OutputDType};
-use crate::linalg::SvdCache;
-use crate::merge::{
+use wanbake::io::Checkpoint;
+use wanbake::io::staging::Replace;
+use wanbake::layout::{KeepF32, Layout, OutputDType};
+use wanbake::linalg::SvdCache;
+use wanbake::merge::{
     AdapterSpec, DoraStrength, MergeError, MergeFailure, MergeOptions, MergeReport, bind_specs,
     merge_release,
 };
@@ -131,7 +131,7 @@ fn merge_options(args: &Args) -> Result<MergeOptions, UsageError> {
     let shard_bytes = args
         .shard_size
         .as_deref()
-        .map(crate::recipe::parse_size)
+        .map(wanbake::recipe::parse_size)
         .transpose()
         .map_err(|e| UsageError(format!("--shard-size: {e}")))?;
     Ok(MergeOptions {

@@ -10,6 +10,7 @@ pub mod device;
 pub mod inspect;
 pub mod merge;
 pub mod printer;
+pub mod progress;
 pub mod restack;
 pub mod run;
 pub mod synth;
@@ -89,10 +90,10 @@ pub enum Command {
 /// Runs the parsed command line.
 pub fn execute(cli: Cli) -> anyhow::Result<Status> {
     let quiet = cli.quiet;
-    crate::io::input_hash::configure_cache(if cli.no_hash_cache {
-        crate::io::input_hash::HashCache::Off
+    wanbake::io::input_hash::configure_cache(if cli.no_hash_cache {
+        wanbake::io::input_hash::HashCache::Off
     } else {
-        crate::io::input_hash::HashCache::Default
+        wanbake::io::input_hash::HashCache::Default
     });
     if let Some(n) = cli.threads {
         if n == 0 {
@@ -104,43 +105,29 @@ pub fn execute(cli: Cli) -> anyhow::Result<Status> {
             .map_err(|e| anyhow::anyhow!("cannot start {n} worker threads: {e}"))?;
     }
     match cli.command {
-        Command::Inspect(a) => {
-            let mut p = Printer::new(a.json, quiet);
-            inspect::execute(a, &mut p)
-        }
-        Command::Verify(a) => {
-            let mut p = Printer::new(a.json, quiet);
-            verify::execute(a, &mut p)
-        }
-        Command::Synth(a) => {
-            let mut p = Printer::new(a.json, quiet);
-            synth::execute(a, &mut p)
-        }
-        Command::Convert(a) => {
-            let mut p = Printer::new(a.json, quiet);
-            convert::execute(a, &mut p)
-        }
-        Command::Translate(a) => {
-            let mut p = Printer::new(a.json, quiet);
-            translate::execute(a, &mut p)
-        }
-        Command::Merge(a) => {
-            let mut p = Printer::new(a.json, quiet);
-            merge::execute(a, &mut p)
-        }
-        Command::Restack(a) => {
-            let mut p = Printer::new(a.json, quiet);
-            restack::execute(a, &mut p)
-        }
-        Command::Run(a) => {
-            let mut p = Printer::new(a.json, quiet);
-            run::execute(a, &mut p)
-        }
-        Command::Bake(a) => {
-            let mut p = Printer::new(a.json, quiet);
-            bake::execute(a, &mut p)
-        }
+        Command::Inspect(a) => shown(a.json, quiet, a, inspect::execute),
+        Command::Verify(a) => shown(a.json, quiet, a, verify::execute),
+        Command::Synth(a) => shown(a.json, quiet, a, synth::execute),
+        Command::Convert(a) => shown(a.json, quiet, a, convert::execute),
+        Command::Translate(a) => shown(a.json, quiet, a, translate::execute),
+        Command::Merge(a) => shown(a.json, quiet, a, merge::execute),
+        Command::Restack(a) => shown(a.json, quiet, a, restack::execute),
+        Command::Run(a) => shown(a.json, quiet, a, run::execute),
+        Command::Bake(a) => shown(a.json, quiet, a, bake::execute),
     }
+}
+
+/// Runs one subcommand with its printer, showing the progress of every phase it runs
+/// (`progress::watching`).
+fn shown<A>(
+    json: bool,
+    quiet: bool,
+    args: A,
+    execute: fn(A, &mut Printer) -> anyhow::Result<Status>,
+) -> anyhow::Result<Status> {
+    let mut p = Printer::new(json, quiet);
+    let human = p.is_human();
+    progress::watching(human, || execute(args, &mut p))
 }
 
 /// An error in how the command was invoked, found after parsing (exit code 2).

@@ -17,11 +17,6 @@ impl Printer {
         Printer { json, quiet }
     }
 
-    /// True when the caller asked for JSON.
-    pub fn is_json(&self) -> bool {
-        self.json
-    }
-
     /// True when human progress output should be shown.
     pub fn is_human(&self) -> bool {
         !self.json && !self.quiet

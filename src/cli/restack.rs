@@ -7,11 +7,11 @@
 use std::path::PathBuf;
 
 use super::{Printer, Status, UsageError};
-use crate::gpu::DeviceChoice;
-use crate::io::staging::Replace;
-use crate::layout::restack::{RestackOptions, restack};
-use crate::layout::{ExecOptions, KeepF32, Layout, OutputDType};
-use crate::merge::Compute;
+use wanbake::gpu::DeviceChoice;
+use wanbake::io::staging::Replace;
+use wanbake::layout::restack::{RestackOptions, restack};
+use wanbake::layout::{ExecOptions, KeepF32, Layout, OutputDType};
+use wanbake::merge::Compute;
 
 /// Arguments of `restack`.
 #[derive(clap::Args, Debug)]

@@ -10,8 +10,10 @@ use std::time::Instant;
 use serde_json::json;
 
 use super::{Printer, Status, UsageError};
-use crate::runner::output::write_f32_file;
-use crate::runner::{ModelSet, RunInputs, RunOutput, RunSettings, StepReport, Tensor, run_models};
+use wanbake::runner::output::write_f32_file;
+use wanbake::runner::{
+    ModelSet, RunInputs, RunOutput, RunSettings, StepReport, Tensor, run_models,
+};
 
 /// Arguments of `run`.
 #[derive(clap::Args, Debug)]

@@ -5,9 +5,9 @@
 use std::path::PathBuf;
 
 use super::{Printer, Status, UsageError};
-use crate::io::DType;
-use crate::io::staging::Replace;
-use crate::synth::{Fill, SynthModel, SynthSpec, synth_release, write_skeleton};
+use wanbake::io::DType;
+use wanbake::io::staging::Replace;
+use wanbake::synth::{Fill, SynthModel, SynthSpec, synth_release, write_skeleton};
 
 /// Arguments of `synth`.
 #[derive(clap::Args, Debug)]

@@ -6,9 +6,9 @@
 use std::path::PathBuf;
 
 use super::{Printer, Status, UsageError};
-use crate::adapter::translate::{TranslateRequest, translate};
-use crate::adapter::{AdapterOptions, Convention};
-use crate::io::staging::Replace;
+use wanbake::adapter::translate::{TranslateRequest, translate};
+use wanbake::adapter::{AdapterOptions, Convention};
+use wanbake::io::staging::Replace;
 
 /// Arguments of `translate`.
 #[derive(clap::Args, Debug)]

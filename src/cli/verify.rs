@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use super::{Printer, Status};
-use crate::manifest::verify_dir;
+use wanbake::manifest::verify_dir;
 
 /// Arguments of `verify`.
 #[derive(clap::Args, Debug)]

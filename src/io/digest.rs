@@ -68,11 +68,15 @@ pub struct SafetensorsDigest {
     pub tensors: BTreeMap<String, TensorDigest>,
 }
 
-/// Validates `path` as safetensors and hashes it and each tensor in one read: the whole-file
+/// Validates `path` as safetensors and hashes it and each tensor in one read (`on_bytes`
+/// hears of every chunk the whole-file hash is past): the whole-file
 /// hash (inherently sequential) runs on one worker while the others hash the tensors, so
 /// on two or more threads the pass costs one sha256 of the file, not two. Pages are
 /// released from this process after hashing, so memory stays bounded.
-pub fn digest_safetensors(path: &Path) -> Result<SafetensorsDigest, ReadError> {
+pub fn digest_safetensors(
+    path: &Path,
+    on_bytes: &(dyn Fn(u64) + Sync),
+) -> Result<SafetensorsDigest, ReadError> {
     use rayon::prelude::*;
     let f = SafetensorsFile::open(path)?;
     let bytes = f.bytes();
@@ -86,6 +90,7 @@ pub fn digest_safetensors(path: &Path) -> Result<SafetensorsDigest, ReadError> {
         for (k, chunk) in bytes.chunks(CHUNK).enumerate() {
             whole.update(chunk);
             f.release_bytes(k * CHUNK, k * CHUNK + chunk.len());
+            on_bytes(chunk.len() as u64);
         }
         hex(&whole.finalize())
     };

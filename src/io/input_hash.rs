@@ -100,11 +100,13 @@ fn remember(s: &FileStamp, sha: &str) {
 }
 
 /// Size and sha256 of the input file at `path` (from the cache when its identity is known),
-/// read in 4 MiB chunks. Fails when the file changes while it is read.
-pub fn sha256_input(path: &Path) -> Result<(u64, String), ReadError> {
+/// read in 4 MiB chunks (`on_bytes` hears of each). Fails when the file changes while it is
+/// read.
+pub fn sha256_input(path: &Path, on_bytes: &dyn Fn(u64)) -> Result<(u64, String), ReadError> {
     let mut f = std::fs::File::open(path).map_err(|e| ReadError::io(path, e))?;
     let before = FileStamp::of(&f.metadata().map_err(|e| ReadError::io(path, e))?);
     if let Some(sha) = cached(&before) {
+        on_bytes(before.size);
         return Ok((before.size, sha));
     }
     let mut h = Sha256::new();
@@ -117,6 +119,7 @@ pub fn sha256_input(path: &Path) -> Result<(u64, String), ReadError> {
         }
         h.update(&buf[..n]);
         total += n as u64;
+        on_bytes(n as u64);
     }
     let after = FileStamp::at(path).map_err(|e| ReadError::io(path, e))?;
     let read = FileStamp {

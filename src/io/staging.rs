@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use super::digest::{self, SafetensorsDigest};
 use super::file::ReadError;
 use super::writer::{OutputPlan, Slot};
+use crate::progress::{self, PhaseGuard};
 
 /// Name of the manifest every output directory carries.
 pub const MANIFEST_NAME: &str = "wanbake.manifest.json";
@@ -137,6 +138,7 @@ pub struct Staging {
     plan: OutputPlan,
     replace: Replace,
     committed: bool,
+    writing: Option<PhaseGuard>,
 }
 
 impl std::fmt::Debug for Staging {
@@ -207,6 +209,7 @@ impl Staging {
             plan,
             replace,
             committed: false,
+            writing: None,
         };
         staging.create_files(allocation)?;
         Ok(staging)
@@ -243,6 +246,11 @@ impl Staging {
         Ok(())
     }
 
+    /// Counts every byte written from now until `seal` into `phase`.
+    pub fn report_progress(&mut self, phase: PhaseGuard) {
+        self.writing = Some(phase);
+    }
+
     /// The plan being written.
     pub fn plan(&self) -> &OutputPlan {
         &self.plan
@@ -274,12 +282,18 @@ impl Staging {
             .map_err(|source| WriteError::Io {
                 path: self.tmp.join(&f.rel_path),
                 source,
-            })
+            })?;
+        if let Some(p) = &self.writing {
+            p.add_bytes(bytes.len() as u64);
+        }
+        Ok(())
     }
 
     /// Flushes every file to disk, re-reads and hashes them (validating each header), and
     /// returns the digests of the weight files (plan order) and aux files.
     pub fn seal(&mut self) -> Result<Sealed, WriteError> {
+        self.writing = None;
+        let sealing = progress::begin("sealing", self.plan.total_bytes(), 0);
         for (f, p) in self.files.iter().zip(&self.plan.files) {
             f.sync_all().map_err(io_err(&self.tmp.join(&p.rel_path)))?;
         }
@@ -288,7 +302,9 @@ impl Staging {
             .plan
             .files
             .par_iter()
-            .map(|p| digest::digest_safetensors(&self.tmp.join(&p.rel_path)))
+            .map(|p| {
+                digest::digest_safetensors(&self.tmp.join(&p.rel_path), &|n| sealing.add_bytes(n))
+            })
             .collect::<Result<_, _>>()?;
         let mut aux = BTreeMap::new();
         for a in &self.plan.aux {

@@ -41,7 +41,6 @@ use crate::io::{DType, ReadError, Staging, TensorRef, TensorView};
 use crate::layout::Transform;
 use crate::layout::transform::{SrcTensor, convert_rows};
 use crate::linalg::{CacheError, CacheOutcome, SvdCache, XsBases, xs_bases};
-use crate::progress::Progress;
 
 /// Largest band of a merged tensor a worker holds in one buffer, in f32 values (4 MiB).
 /// A constant, so the band split (and with it every rounding) never depends on the machine.
@@ -72,12 +71,6 @@ pub fn load_param(set: &AdapterSet, src: &TensorSource) -> Result<Vec<f32>, Read
 /// `W` the target's (out, in') f32 matrix (the CPU SVD, or a backend lane's).
 type SvdEngine<'e> = &'e dyn Fn(&[f32], usize) -> Result<XsBases, MergeError>;
 
-/// Output bytes one job writes (its piece of the output tensor).
-pub fn job_bytes(job: &Job) -> u64 {
-    let numel: usize = job.stored_shape.iter().product();
-    job.dtype.byte_len(numel).unwrap_or(0) as u64
-}
-
 /// What every job needs.
 pub struct Exec<'a> {
     /// The base.
@@ -90,8 +83,6 @@ pub struct Exec<'a> {
     pub staging: &'a Staging,
     /// The SVD basis cache, when given.
     pub svd_cache: Option<&'a SvdCache>,
-    /// Counts finished jobs and their output bytes, when someone is watching.
-    pub progress: Option<&'a Progress>,
     /// Where targets are computed (untouched tensors are always copied on the CPU).
     pub compute: &'a Compute,
 }
@@ -166,9 +157,6 @@ impl Exec<'_> {
                     .is_some_and(|left| left.fetch_sub(1, Ordering::AcqRel) == 1)
                 {
                     src.file.release(src.position);
-                }
-                if let Some(p) = self.progress {
-                    p.item_done(job_bytes(job));
                 }
                 Ok::<(), MergeError>(())
             })?;

@@ -42,7 +42,6 @@ use crate::io::Checkpoint;
 use crate::io::staging::{Allocation, Replace};
 use crate::linalg::SvdCache;
 use crate::manifest::{InputFile, InputRecord, record_inputs};
-use crate::progress::Progress;
 use crate::release::{Checked, Release, ReleaseError, ReleaseRequest, write_release_checked};
 
 /// A written merge.
@@ -99,7 +98,6 @@ pub fn merge_release(
         file_metadata: BTreeMap::new(),
         replace,
         svd_cache,
-        progress: None,
         compute,
     };
     write_merge(prepared, base, adapters, options, dest, settings, |_| {
@@ -184,8 +182,6 @@ pub struct WriteSettings<'a> {
     pub replace: Replace,
     /// The SVD basis cache, when given.
     pub svd_cache: Option<&'a SvdCache>,
-    /// Counts finished jobs, when someone is watching.
-    pub progress: Option<&'a Progress>,
     /// Where targets are computed.
     pub compute: &'a Compute,
 }
@@ -239,7 +235,6 @@ pub fn write_merge(
                 plan: &plan,
                 staging,
                 svd_cache: settings.svd_cache,
-                progress: settings.progress,
                 compute: settings.compute,
             };
             let svd = exec.run()?;
