@@ -114,11 +114,11 @@ fn update(s: &mut Shown) {
         }
         return;
     }
-    let tenth = if snap.total_bytes > 0 {
-        snap.bytes.saturating_mul(10) / snap.total_bytes
-    } else {
-        snap.items.saturating_mul(10) / snap.total_items.max(1)
-    };
+    let tenth = snap
+        .bytes
+        .saturating_mul(10)
+        .checked_div(snap.total_bytes)
+        .unwrap_or_else(|| snap.items.saturating_mul(10) / snap.total_items.max(1));
     if s.last_line.0 == u64::MAX
         || tenth > s.last_line.0
         || s.last_line.1.elapsed() >= Duration::from_secs(10)
