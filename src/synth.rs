@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use rayon::prelude::*;
 
 use crate::io::header::PlannedTensor;
-use crate::io::staging::{Allocation, Replace};
+use crate::io::staging::{Allocation, Replace, Staging};
 use crate::io::writer::{ComponentOutput, OutputPlan};
 use crate::io::{DType, dtype};
 use crate::model::sa3::{Sa3Variant, sa3_params};
@@ -298,46 +298,8 @@ impl SplitMix64 {
 /// runs (`bake --dry-run`) against the real shapes. `dest` must not exist; the folder
 /// appears complete or not at all (written beside it, then renamed).
 pub fn write_skeleton(spec: &SynthSpec, dest: &Path) -> Result<OutputPlan, ReleaseError> {
-    let fail = |what: &str, p: &Path, e: std::io::Error| {
-        ReleaseError::Produce(anyhow::anyhow!("{}: {what}: {e}", p.display()))
-    };
     let plan = synth_plan(spec).map_err(|e| ReleaseError::Produce(e.into()))?;
-    if dest.symlink_metadata().is_ok() {
-        return Err(fail(
-            "exists",
-            dest,
-            std::io::ErrorKind::AlreadyExists.into(),
-        ));
-    }
-    let name = dest
-        .file_name()
-        .map_or("skeleton".into(), |n| n.to_string_lossy().into_owned());
-    let tmp = dest.with_file_name(format!(".{name}.skeleton-{}", std::process::id()));
-    let write = || -> Result<(), ReleaseError> {
-        for f in &plan.files {
-            let path = tmp.join(&f.rel_path);
-            if let Some(d) = path.parent() {
-                std::fs::create_dir_all(d).map_err(|e| fail("create", d, e))?;
-            }
-            let mut file = std::fs::File::create(&path).map_err(|e| fail("create", &path, e))?;
-            std::io::Write::write_all(&mut file, &f.layout.prefix)
-                .map_err(|e| fail("write", &path, e))?;
-            file.set_len(f.layout.file_len() as u64)
-                .map_err(|e| fail("extend", &path, e))?;
-        }
-        for a in &plan.aux {
-            let path = tmp.join(&a.rel_path);
-            if let Some(d) = path.parent() {
-                std::fs::create_dir_all(d).map_err(|e| fail("create", d, e))?;
-            }
-            std::fs::write(&path, &a.bytes).map_err(|e| fail("write", &path, e))?;
-        }
-        std::fs::create_dir_all(&tmp).map_err(|e| fail("create", &tmp, e))?;
-        std::fs::rename(&tmp, dest).map_err(|e| fail("rename", dest, e))
-    };
-    if let Err(e) = write() {
-        let _ = std::fs::remove_dir_all(&tmp);
-        return Err(e);
-    }
+    let staging = Staging::begin(dest, plan.clone(), &[], Replace::Never, Allocation::Sparse)?;
+    staging.commit_unsealed()?;
     Ok(plan)
 }

@@ -7,7 +7,6 @@
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use wanbake::progress::{self, Phase, Snapshot};
@@ -29,11 +28,13 @@ pub fn watching<T>(human: bool, work: impl FnOnce() -> T) -> T {
     } else {
         Show::Lines
     };
-    let done = AtomicBool::new(false);
+    // Dropping the sender wakes the watcher at once (a sleeping watcher would add its
+    // polling interval to every command).
+    let (done, finished) = std::sync::mpsc::channel::<()>();
     std::thread::scope(|s| {
-        s.spawn(|| watch(show, &done));
+        s.spawn(move || watch(show, finished));
         let out = work();
-        done.store(true, Ordering::Release);
+        drop(done);
         out
     })
 }
@@ -45,11 +46,12 @@ struct Shown {
     last_line: (u64, Instant),
 }
 
-fn watch(show: Show, done: &AtomicBool) {
+fn watch(show: Show, finished: std::sync::mpsc::Receiver<()>) {
     let multi = indicatif::MultiProgress::new();
     let mut shown: BTreeMap<u64, Shown> = BTreeMap::new();
-    while !done.load(Ordering::Acquire) {
-        std::thread::sleep(Duration::from_millis(100));
+    while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+        finished.recv_timeout(Duration::from_millis(100))
+    {
         let board = progress::board();
         // Phases that ended.
         let live: Vec<u64> = board.iter().map(|p| p.id).collect();

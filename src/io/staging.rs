@@ -321,9 +321,22 @@ impl Staging {
     }
 
     /// Writes the manifest, fsyncs the tree, and renames the temporary directory into place.
-    pub fn commit(mut self, manifest: &[u8]) -> Result<PathBuf, WriteError> {
+    pub fn commit(self, manifest: &[u8]) -> Result<PathBuf, WriteError> {
         let mpath = self.tmp.join(MANIFEST_NAME);
         write_durable(&mpath, manifest)?;
+        self.commit_as_is()
+    }
+
+    /// Renames the temporary directory into place as it is: no seal, no manifest. Only for
+    /// outputs that are not releases (`synth --skeleton`: headers and sparse zeros).
+    pub fn commit_unsealed(self) -> Result<PathBuf, WriteError> {
+        for (f, p) in self.files.iter().zip(&self.plan.files) {
+            f.sync_all().map_err(io_err(&self.tmp.join(&p.rel_path)))?;
+        }
+        self.commit_as_is()
+    }
+
+    fn commit_as_is(mut self) -> Result<PathBuf, WriteError> {
         sync_tree(&self.tmp)?;
         match self.replace {
             Replace::Overwrite if self.dest.symlink_metadata().is_ok() => {
@@ -391,16 +404,24 @@ pub fn write_durable(path: &Path, bytes: &[u8]) -> Result<(), WriteError> {
     f.sync_all().map_err(io_err(path))
 }
 
-/// Replaces `path` atomically with `bytes` (temp file + fsync + rename + parent fsync).
+/// Replaces `path` atomically with `bytes` (temp file + fsync + rename + parent fsync); on
+/// failure the temporary is removed and `path` is untouched. Every single file wanbake
+/// writes outside a release folder (the runner's outputs) goes through here.
 pub fn replace_file_durable(path: &Path, bytes: &[u8]) -> Result<(), WriteError> {
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
     let tmp = parent_dir(path).join(format!(".{name}{TMP_MARK}{}", std::process::id()));
-    write_durable(&tmp, bytes)?;
-    std::fs::rename(&tmp, path).map_err(io_err(path))?;
-    let parent = parent_dir(path);
-    File::open(&parent)
-        .and_then(|d| d.sync_all())
-        .map_err(io_err(&parent))
+    let result = write_durable(&tmp, bytes)
+        .and_then(|()| std::fs::rename(&tmp, path).map_err(io_err(path)))
+        .and_then(|()| {
+            let parent = parent_dir(path);
+            File::open(&parent)
+                .and_then(|d| d.sync_all())
+                .map_err(io_err(&parent))
+        });
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
 }
 
 fn sync_tree(dir: &Path) -> Result<(), WriteError> {

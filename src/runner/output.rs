@@ -1,14 +1,12 @@
 //! Writing the runner's results: f32 tensors to one safetensors file, atomically.
 //!
 //! Owns: `write_f32_file`, which lays the header out with `io::header::HeaderLayout`
-//! (canonical, sorted, deterministic), writes a hidden temporary sibling, fsyncs it, renames
-//! it over the target and fsyncs the folder, so a reader never sees a half-written file and
-//! a failure leaves nothing behind. Does not own: the general streaming writer of baked
-//! checkpoints (`io::writer`).
+//! (canonical, sorted, deterministic) and writes the file through the one durable writer
+//! (`io::staging::replace_file_durable`: temporary sibling, fsync, rename, folder fsync), so
+//! a reader never sees a half-written file and a failure leaves nothing behind.
 
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use super::error::RunError;
 use super::tensor::Tensor;
@@ -43,45 +41,10 @@ pub fn write_f32_file(
         }
     }
     debug_assert_eq!(bytes.len(), layout.file_len());
-    write_atomically(path, &bytes)
-}
-
-/// A hidden sibling name for the temporary file.
-fn temp_sibling(path: &Path) -> PathBuf {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    path.with_file_name(format!(".{name}.wanbake-tmp-{}", std::process::id()))
-}
-
-fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), RunError> {
-    let tmp = temp_sibling(path);
-    let fail = |p: &Path, e: std::io::Error| RunError::Write {
-        path: p.to_path_buf(),
-        source: e,
-    };
-    let result = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)
-            .map_err(|e| fail(&tmp, e))?;
-        f.write_all(bytes).map_err(|e| fail(&tmp, e))?;
-        f.sync_all().map_err(|e| fail(&tmp, e))?;
-        std::fs::rename(&tmp, path).map_err(|e| fail(path, e))?;
-        let dir = match path.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d,
-            _ => Path::new("."),
-        };
-        std::fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| fail(dir, e))
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
+    crate::io::staging::replace_file_durable(path, &bytes).map_err(|e| RunError::Write {
+        path: path.to_path_buf(),
+        source: std::io::Error::other(e.to_string()),
+    })
 }
 
 #[cfg(test)]
