@@ -928,3 +928,103 @@ fn an_error_prints_each_cause_once() {
     assert_eq!(code, 1, "{err}");
     assert_eq!(err.matches("os error").count(), 1, "{err}");
 }
+
+/// Hand-made safetensors files the mutation test starts from: several dtypes, metadata,
+/// empty tensors, a scalar, padding in the header.
+fn differential_seeds() -> Vec<Vec<u8>> {
+    let one = st_bytes(
+        r#"{"a":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}}"#,
+        &[0u8; 16],
+    );
+    let meta = st_bytes(
+        r#"{"__metadata__":{"format":"pt","k":"v"},"b":{"dtype":"BF16","shape":[3],"data_offsets":[0,6]},"c":{"dtype":"I64","shape":[],"data_offsets":[6,14]}}   "#,
+        &[1u8; 14],
+    );
+    let empty = st_bytes(
+        r#"{"e":{"dtype":"F16","shape":[0,4],"data_offsets":[0,0]},"f":{"dtype":"U8","shape":[5],"data_offsets":[0,5]}}"#,
+        &[7u8; 5],
+    );
+    let golden = std::fs::read(repo().join("golden/models/t2v_original.safetensors")).unwrap();
+    vec![one, meta, empty, golden]
+}
+
+/// One random edit: a byte changed in the header, the length prefix changed, bytes
+/// inserted or removed in the header, or the data section cut or grown.
+fn mutate(rng: &mut Rng, mut b: Vec<u8>) -> Vec<u8> {
+    let header_end = b
+        .get(..8)
+        .map(|l| 8 + u64::from_le_bytes(l.try_into().unwrap()) as usize)
+        .unwrap_or(8)
+        .min(b.len());
+    const BYTES: &[u8] = b"{}[]\",:0123456789-.eE aZ_F3216UIBOL\\";
+    match rng.below(6) {
+        0 | 1 if header_end > 8 => {
+            let i = 8 + rng.below(header_end - 8);
+            b[i] = BYTES[rng.below(BYTES.len())];
+        }
+        2 if b.len() >= 8 => {
+            let len = u64::from_le_bytes(b[..8].try_into().unwrap());
+            let delta = rng.below(17) as i64 - 8;
+            b[..8].copy_from_slice(&(len as i64 + delta).max(0).to_le_bytes());
+        }
+        3 if header_end > 8 => {
+            let i = 8 + rng.below(header_end - 8);
+            b.remove(i);
+        }
+        4 if header_end > 8 => {
+            let i = 8 + rng.below(header_end - 8);
+            b.insert(i, BYTES[rng.below(BYTES.len())]);
+        }
+        _ => {
+            if rng.below(2) == 0 && b.len() > header_end {
+                b.truncate(b.len() - 1 - rng.below(4).min(b.len() - header_end - 1));
+            } else {
+                b.extend(std::iter::repeat_n(0u8, 1 + rng.below(8)));
+            }
+        }
+    }
+    b
+}
+
+/// The hand-written header parser is stricter than the reference reader by design (exact
+/// coverage, named errors); it must never be looser: no input it accepts may be rejected
+/// by the safetensors crate, and where both accept they must agree on every tensor.
+/// (The same property runs unbounded under libFuzzer: `fuzz/fuzz_targets/differential.rs`.)
+#[test]
+fn the_header_parser_never_accepts_what_the_safetensors_crate_rejects() {
+    use wanbake::io::Header;
+    let mut rng = Rng(0x5afe);
+    let (mut accepted, mut tried) = (0, 0);
+    for seed in differential_seeds() {
+        for _ in 0..4000 {
+            let mut b = seed.clone();
+            for _ in 0..1 + rng.below(3) {
+                b = mutate(&mut rng, b);
+            }
+            tried += 1;
+            let Ok(ours) = Header::parse(&b) else {
+                continue;
+            };
+            accepted += 1;
+            let theirs = match safetensors::SafeTensors::deserialize(&b) {
+                Ok(t) => t,
+                Err(e) => panic!(
+                    "wanbake accepts what safetensors rejects ({e:?}): {:?}",
+                    String::from_utf8_lossy(&b[..b.len().min(400)])
+                ),
+            };
+            assert_eq!(ours.tensors.len(), theirs.len());
+            for t in &ours.tensors {
+                let v = theirs.tensor(&t.name).unwrap();
+                assert_eq!(format!("{:?}", v.dtype()), t.dtype.as_str(), "{}", t.name);
+                assert_eq!(v.shape(), t.shape.as_slice(), "{}", t.name);
+                assert_eq!(v.data().len(), t.end - t.begin, "{}", t.name);
+            }
+        }
+    }
+    // The mutations must reach both sides of the property.
+    assert!(
+        accepted > 100 && accepted < tried,
+        "{accepted} of {tried} accepted"
+    );
+}

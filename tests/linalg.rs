@@ -7,7 +7,11 @@
 
 #![allow(non_snake_case)]
 
+mod common;
+
 use std::time::Instant;
+
+use common::Rng;
 
 use faer::dyn_stack::{MemBuffer, MemStack};
 use faer::linalg::matmul::matmul;
@@ -25,26 +29,12 @@ const EPS32: f64 = f32::EPSILON as f64;
 // Fixtures: seeded random numbers and matrices with a known SVD.
 // ---------------------------------------------------------------------------------------------
 
-/// SplitMix64: tiny, seeded, good enough for test matrices.
-struct Rng(u64);
+/// The tests' seeded generator, with one helper for test matrices.
+trait NormalF32s {
+    fn normal_f32s(&mut self, n: usize, scale: f64) -> Vec<f32>;
+}
 
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in (0, 1).
-    fn uniform(&mut self) -> f64 {
-        ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-    }
-    /// Standard normal (Box–Muller).
-    fn normal(&mut self) -> f64 {
-        let (a, b) = (self.uniform(), self.uniform());
-        (-2.0 * a.ln()).sqrt() * (2.0 * std::f64::consts::PI * b).cos()
-    }
+impl NormalF32s for Rng {
     fn normal_f32s(&mut self, n: usize, scale: f64) -> Vec<f32> {
         (0..n).map(|_| (self.normal() * scale) as f32).collect()
     }
