@@ -1766,7 +1766,10 @@ fn cli_refusals_write_nothing() {
     cli_refused(
         &["--base", &t2v, "--adapter", &peft, "--dtype", "fp8"],
         2,
-        &["unknown dtype"],
+        &[
+            "invalid value 'fp8'",
+            "possible values: keep, bf16, f16, f32",
+        ],
     );
     cli_refused(
         &[
@@ -1778,7 +1781,7 @@ fn cli_refusals_write_nothing() {
             "inside",
         ],
         2,
-        &["merge or peft"],
+        &["invalid value 'inside'", "possible values: merge, peft"],
     );
     cli_refused(
         &[

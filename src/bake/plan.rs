@@ -12,11 +12,11 @@ use super::error::BakeError;
 use crate::adapter::Convention;
 use crate::io::Checkpoint;
 use crate::io::staging::check_not_input;
-use crate::layout::{KeepF32, Layout, OutputDType};
+
 use crate::manifest::InputRecord;
 use crate::merge::{
-    AdapterSpec, BaseHash, BoundAdapter, ComponentChoice, DoraStrength, MergeOptions,
-    PreparedMerge, bind_specs, prepare_merge,
+    AdapterSpec, BaseHash, BoundAdapter, ComponentChoice, MergeOptions, OptionsText, PreparedMerge,
+    bind_specs, prepare_merge,
 };
 use crate::model::fingerprint::{Fingerprint, fingerprint};
 use crate::recipe::{CheckSpec, Recipe, Sha256Spec};
@@ -161,37 +161,27 @@ fn adapter_specs(recipe: &Recipe) -> Result<Vec<AdapterSpec>, BakeError> {
 /// The recipe's `[output]` and `[merge]` as merge options.
 pub fn merge_options(recipe: &Recipe) -> Result<MergeOptions, BakeError> {
     let o = &recipe.output;
-    let bad = |field: &str, e: String| BakeError::recipe(recipe, field, e);
-    let dtype: OutputDType = o.dtype.parse().map_err(|e| bad("output.dtype", e))?;
-    let keep_f32 = o
-        .keep_f32
-        .as_deref()
-        .map(KeepF32::parse)
-        .transpose()
-        .map_err(|e| bad("output.keep_f32", e.to_string()))?;
-    let layout = o
-        .layout
-        .as_deref()
-        .map(str::parse::<Layout>)
-        .transpose()
-        .map_err(|e| bad("output.layout", e.to_string()))?;
     let shard_bytes = o
         .shard_size
         .as_ref()
         .map(|s| s.bytes())
         .transpose()
-        .map_err(|e| bad("output.shard_size", e))?;
-    let dora_strength = match recipe.merge.dora_strength.as_deref() {
-        None | Some("merge") => DoraStrength::Merge,
-        Some(_) => DoraStrength::Peft,
-    };
-    Ok(MergeOptions {
-        dtype,
-        keep_f32,
-        layout,
-        dora_strength,
+        .map_err(|e| BakeError::recipe(recipe, "output.shard_size", e))?;
+    MergeOptions::from_text(&OptionsText {
+        dtype: Some(o.dtype.as_str()),
+        keep_f32: o.keep_f32.as_deref(),
+        layout: o.layout.as_deref(),
+        dora_strength: recipe.merge.dora_strength.as_deref(),
         allow_unmatched: recipe.merge.allow_unmatched,
         shard_bytes,
+    })
+    .map_err(|b| {
+        let section = if b.field == "dora_strength" {
+            "merge"
+        } else {
+            "output"
+        };
+        BakeError::recipe(recipe, format!("{section}.{}", b.field), b.message)
     })
 }
 

@@ -3,9 +3,10 @@
 
 use std::path::PathBuf;
 
-use super::synth::parse_float_dtype;
+use super::output;
 use super::{Printer, Status};
 use wanbake::convert::{ConvertSpec, DtypeChoice, convert_release, keep_none};
+use wanbake::io::DType;
 use wanbake::io::staging::Replace;
 
 /// Arguments of `convert`.
@@ -14,13 +15,13 @@ pub struct Args {
     /// Input checkpoint (file, index, folder, pipeline).
     pub input: PathBuf,
     /// Output dtype for float tensors: f32, f16 or bf16.
-    #[arg(long)]
-    pub dtype: String,
+    #[arg(long, value_parser = output::float_dtype)]
+    pub dtype: DType,
     /// Output directory.
     #[arg(long)]
     pub out: PathBuf,
-    /// Shard the weights into files of at most this many bytes.
-    #[arg(long)]
+    /// Shard the weights into files of at most this size ("5GB", "500MB", bytes).
+    #[arg(long, value_name = "SIZE", value_parser = output::size)]
     pub shard_size: Option<u64>,
     /// Replace an existing output directory.
     #[arg(long)]
@@ -36,7 +37,7 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
         input: args.input,
         out: args.out,
         dtypes: DtypeChoice {
-            target: Some(parse_float_dtype(&args.dtype)?),
+            target: Some(args.dtype),
             keep_f32: keep_none,
         },
         shard_bytes: args.shard_size,

@@ -10,13 +10,12 @@
 use std::path::{Path, PathBuf};
 
 use super::device::{DeviceArg, device_json};
-use super::{Printer, Status, UsageError};
+use super::{Printer, Status, UsageError, output};
 use wanbake::io::Checkpoint;
 use wanbake::io::staging::Replace;
-use wanbake::layout::{KeepF32, Layout, OutputDType};
 use wanbake::linalg::SvdCache;
 use wanbake::merge::{
-    AdapterSpec, DoraStrength, MergeError, MergeFailure, MergeOptions, MergeReport, bind_specs,
+    AdapterSpec, MergeError, MergeFailure, MergeOptions, MergeReport, OptionsText, bind_specs,
     merge_release,
 };
 
@@ -70,21 +69,21 @@ pub struct Args {
     /// Output directory (written atomically; mirrors the base's naming).
     #[arg(long)]
     pub out: PathBuf,
-    /// Output dtype: keep, bf16, f16 or f32.
-    #[arg(long, default_value = "keep")]
+    /// Output dtype (keep: each tensor keeps its stored dtype).
+    #[arg(long, default_value = "keep", value_parser = output::output_dtypes())]
     pub dtype: String,
     /// Which tensors stay f32 when narrowing: diffusers, maxdiffusion, none or regex:PATTERN.
     #[arg(long, value_name = "POLICY")]
     pub keep_f32: Option<String>,
-    /// Write the result in this WAN layout: diffusers, wan, nnx or nnx-scanned.
-    #[arg(long)]
+    /// Write the result in this WAN layout.
+    #[arg(long, value_parser = output::layouts())]
     pub layout: Option<String>,
     /// `--device`.
     #[command(flatten)]
     pub device: DeviceArg,
     /// Where the strength enters DoRA/BoRA: merge (application weight) or peft (inside the
     /// norm).
-    #[arg(long, default_value = "merge")]
+    #[arg(long, default_value = "merge", value_parser = output::dora_strengths())]
     pub dora_strength: String,
     /// Merge around adapter keys that match nothing (they are listed in the report).
     #[arg(long)]
@@ -94,8 +93,8 @@ pub struct Args {
     pub svd_cache: Option<PathBuf>,
     /// Shard each output model into files of at most this size ("5GB", "500MB", bytes);
     /// default: shard like the base.
-    #[arg(long, value_name = "SIZE")]
-    pub shard_size: Option<String>,
+    #[arg(long, value_name = "SIZE", value_parser = output::size)]
+    pub shard_size: Option<u64>,
     /// Replace an existing output directory.
     #[arg(long)]
     pub overwrite: bool,
@@ -104,44 +103,17 @@ pub struct Args {
     pub json: bool,
 }
 
-/// The options, validated.
+/// The options, validated (`MergeOptions::from_text`, as for recipes).
 fn merge_options(args: &Args) -> Result<MergeOptions, UsageError> {
-    let dtype: OutputDType = args.dtype.parse().map_err(UsageError)?;
-    let keep_f32 = args
-        .keep_f32
-        .as_deref()
-        .map(KeepF32::parse)
-        .transpose()
-        .map_err(|e| UsageError(format!("--keep-f32: {e}")))?;
-    let layout = args
-        .layout
-        .as_deref()
-        .map(str::parse::<Layout>)
-        .transpose()
-        .map_err(|e| UsageError(format!("--layout: {e}")))?;
-    let dora_strength = match args.dora_strength.as_str() {
-        "merge" => DoraStrength::Merge,
-        "peft" => DoraStrength::Peft,
-        other => {
-            return Err(UsageError(format!(
-                "--dora-strength `{other}`: expected merge or peft"
-            )));
-        }
-    };
-    let shard_bytes = args
-        .shard_size
-        .as_deref()
-        .map(wanbake::recipe::parse_size)
-        .transpose()
-        .map_err(|e| UsageError(format!("--shard-size: {e}")))?;
-    Ok(MergeOptions {
-        dtype,
-        keep_f32,
-        layout,
-        dora_strength,
+    MergeOptions::from_text(&OptionsText {
+        dtype: Some(&args.dtype),
+        keep_f32: args.keep_f32.as_deref(),
+        layout: args.layout.as_deref(),
+        dora_strength: Some(&args.dora_strength),
         allow_unmatched: args.allow_unmatched,
-        shard_bytes,
+        shard_bytes: args.shard_size,
     })
+    .map_err(|b| UsageError(format!("--{}: {}", b.field.replace('_', "-"), b.message)))
 }
 
 /// Library errors, with the usage ones turned into `UsageError` (exit code 2).

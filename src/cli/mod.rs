@@ -9,6 +9,7 @@ pub mod convert;
 pub mod device;
 pub mod inspect;
 pub mod merge;
+pub mod output;
 pub mod printer;
 pub mod progress;
 pub mod restack;

@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 
-use super::{Printer, Status, UsageError};
+use super::{Printer, Status, UsageError, output};
 use wanbake::gpu::DeviceChoice;
 use wanbake::io::staging::Replace;
 use wanbake::layout::restack::{RestackOptions, restack};
@@ -19,17 +19,17 @@ pub struct Args {
     /// Checkpoint: a .safetensors file, a *.safetensors.index.json, a diffusers model folder,
     /// or a pipeline folder (transformer/ and transformer_2/ are both converted).
     pub input: PathBuf,
-    /// Output layout: diffusers, wan, nnx or nnx-scanned.
-    #[arg(long)]
+    /// Output layout.
+    #[arg(long, value_parser = output::layouts())]
     pub to: String,
     /// Output directory (written atomically, with wanbake.manifest.json).
     #[arg(long)]
     pub out: PathBuf,
     /// Input layout, when neither config.json's `_wanbake_layout` nor the keys should decide.
-    #[arg(long)]
+    #[arg(long, value_parser = output::layouts())]
     pub from: Option<String>,
     /// Output dtype: bf16, f16, f32, or keep (each tensor keeps its stored dtype).
-    #[arg(long, default_value = "keep")]
+    #[arg(long, default_value = "keep", value_parser = output::output_dtypes())]
     pub dtype: String,
     /// Which parameters stay f32 under bf16/f16: diffusers, maxdiffusion, none, or
     /// regex:PATTERN (on output names). Default: maxdiffusion for nnx outputs, else diffusers.
@@ -40,8 +40,8 @@ pub struct Args {
     /// has none, and its head count cannot be read from shapes.
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// Shard weight files at this many bytes.
-    #[arg(long)]
+    /// Shard weight files at this size ("5GB", "500MB", bytes).
+    #[arg(long, value_name = "SIZE", value_parser = output::size)]
     pub shard_size: Option<u64>,
     /// Replace an existing output directory.
     #[arg(long)]

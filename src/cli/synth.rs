@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use super::{Printer, Status, UsageError};
+use super::{Printer, Status, UsageError, output};
 use wanbake::io::DType;
 use wanbake::io::staging::Replace;
 use wanbake::synth::{Fill, SynthModel, SynthSpec, synth_release, write_skeleton};
@@ -20,8 +20,8 @@ pub struct Args {
     #[arg(long)]
     pub out: PathBuf,
     /// Storage dtype: f32, f16 or bf16.
-    #[arg(long, default_value = "f32")]
-    pub dtype: String,
+    #[arg(long, default_value = "f32", value_parser = output::float_dtype)]
+    pub dtype: DType,
     /// zero (sparse files, no disk used) or random.
     #[arg(long, default_value = "random")]
     pub fill: String,
@@ -31,8 +31,8 @@ pub struct Args {
     /// Override the number of WAN blocks.
     #[arg(long)]
     pub layers: Option<usize>,
-    /// Shard the weights into files of at most this many bytes.
-    #[arg(long)]
+    /// Shard the weights into files of at most this size ("5GB", "500MB", bytes).
+    #[arg(long, value_name = "SIZE", value_parser = output::size)]
     pub shard_size: Option<u64>,
     /// Write headers, config.json and index only, tensor data as sparse zeros, no manifest
     /// and no hashing: a 14B skeleton in seconds, for `bake --dry-run` against real shapes.
@@ -45,18 +45,6 @@ pub struct Args {
     /// Print the manifest summary as JSON.
     #[arg(long)]
     pub json: bool,
-}
-
-/// Parses `f32`, `f16`, `bf16` (any case).
-pub fn parse_float_dtype(s: &str) -> Result<DType, UsageError> {
-    match s.to_ascii_lowercase().as_str() {
-        "f32" | "float32" => Ok(DType::F32),
-        "f16" | "float16" | "fp16" => Ok(DType::F16),
-        "bf16" | "bfloat16" => Ok(DType::BF16),
-        other => Err(UsageError(format!(
-            "unknown dtype `{other}` (expected f32, f16 or bf16)"
-        ))),
-    }
 }
 
 /// Runs `synth`.
@@ -75,7 +63,7 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
     };
     let spec = SynthSpec {
         model,
-        dtype: parse_float_dtype(&args.dtype)?,
+        dtype: args.dtype,
         fill,
         layers: args.layers,
         shard_bytes: args.shard_size,

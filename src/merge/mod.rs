@@ -34,7 +34,7 @@ use std::path::{Path, PathBuf};
 pub use bind::{bind_specs, components_of};
 pub use device::{Compute, DeviceReport};
 pub use error::MergeError;
-pub use plan::{BoundAdapter, MergeOptions, MergePlan, plan_merge};
+pub use plan::{BadOption, BoundAdapter, MergeOptions, MergePlan, OptionsText, plan_merge};
 pub use report::{DeviceRecord, DoraStrength, MergeReport};
 pub use spec::{AdapterSpec, ComponentChoice};
 

@@ -56,6 +56,66 @@ pub struct MergeOptions {
     pub shard_bytes: Option<u64>,
 }
 
+/// Merge options as text, spelt as on the command line and in recipes: the one place both
+/// front ends turn into [`MergeOptions`] ([`MergeOptions::from_text`]).
+#[derive(Clone, Debug, Default)]
+pub struct OptionsText<'a> {
+    /// `keep` (default), `bf16`, `f16` or `f32`.
+    pub dtype: Option<&'a str>,
+    /// `diffusers`, `maxdiffusion`, `none` or `regex:PATTERN`.
+    pub keep_f32: Option<&'a str>,
+    /// A WAN layout name (`Layout::ALL`).
+    pub layout: Option<&'a str>,
+    /// `merge` (default) or `peft`.
+    pub dora_strength: Option<&'a str>,
+    /// Merge around unmatched adapter keys.
+    pub allow_unmatched: bool,
+    /// Largest output shard in bytes (already parsed: the front ends take "5GB" or bytes).
+    pub shard_bytes: Option<u64>,
+}
+
+/// An option whose value is not valid: which (`dtype`, `keep_f32`, `layout`,
+/// `dora_strength`) and why. Each front end names it its own way (`--keep-f32`,
+/// `output.keep_f32`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BadOption {
+    /// The option.
+    pub field: &'static str,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl MergeOptions {
+    /// Parses and checks merge options given as text.
+    pub fn from_text(t: &OptionsText<'_>) -> Result<MergeOptions, BadOption> {
+        let bad = |field: &'static str| move |message: String| BadOption { field, message };
+        Ok(MergeOptions {
+            dtype: t.dtype.unwrap_or("keep").parse().map_err(bad("dtype"))?,
+            keep_f32: t
+                .keep_f32
+                .map(KeepF32::parse)
+                .transpose()
+                .map_err(|e| bad("keep_f32")(e.to_string()))?,
+            layout: t
+                .layout
+                .map(str::parse::<Layout>)
+                .transpose()
+                .map_err(|e| bad("layout")(e.to_string()))?,
+            dora_strength: match t.dora_strength.unwrap_or("merge") {
+                "merge" => DoraStrength::Merge,
+                "peft" => DoraStrength::Peft,
+                other => {
+                    return Err(bad("dora_strength")(format!(
+                        "`{other}`: expected merge or peft"
+                    )));
+                }
+            },
+            allow_unmatched: t.allow_unmatched,
+            shard_bytes: t.shard_bytes,
+        })
+    }
+}
+
 /// How a row of a target's 2-D (out, in') view is stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RowOrder {
