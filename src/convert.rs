@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use rayon::prelude::*;
 
 use crate::io::checkpoint::Checkpoint;
-use crate::io::header::PlannedTensor;
+use crate::io::header_layout::PlannedTensor;
 use crate::io::staging::{Allocation, Replace, Staging, WriteError};
 use crate::io::writer::{AuxFile, ComponentOutput, OutputPlan, Slot};
 use crate::io::{DType, TensorRef, dtype};

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
 
-use crate::io::header::PlannedTensor;
+use crate::io::header_layout::PlannedTensor;
 use crate::io::staging::{Allocation, Replace, Staging};
 use crate::io::writer::{ComponentOutput, OutputPlan};
 use crate::io::{DType, dtype};
@@ -116,7 +116,7 @@ fn planned(params: &[ParamSpec], dtype: DType) -> Vec<PlannedTensor> {
 }
 
 /// The output plan of a synthetic checkpoint.
-pub fn synth_plan(spec: &SynthSpec) -> Result<OutputPlan, crate::io::header::LayoutError> {
+pub fn synth_plan(spec: &SynthSpec) -> Result<OutputPlan, crate::io::header_layout::LayoutError> {
     let wan = |mut cfg: WanConfig| {
         if let Some(l) = spec.layers {
             cfg.num_layers = l;

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use common::*;
 use wanbake::io::DType;
-use wanbake::io::header::{HeaderLayout, PlannedTensor};
+use wanbake::io::header_layout::{HeaderLayout, PlannedTensor};
 use wanbake::io::staging::Replace;
 use wanbake::model::sa3::{Sa3Variant, sa3_params};
 use wanbake::model::wan::{ParamSpec, WanConfig, WanVariant};

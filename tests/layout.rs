@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use wanbake::io::header::{HeaderLayout, PlannedTensor};
+use wanbake::io::header_layout::{HeaderLayout, PlannedTensor};
 use wanbake::io::{DType, SafetensorsFile, TensorView};
 use wanbake::layout::exec::SinkError;
 use wanbake::layout::{
@@ -1587,7 +1587,7 @@ mod restack_cli {
 
     #[test]
     fn norm_added_q_is_reported_in_the_manifest() {
-        use wanbake::io::header::{HeaderLayout, PlannedTensor};
+        use wanbake::io::header_layout::{HeaderLayout, PlannedTensor};
         let dir = tempfile::tempdir().unwrap();
         let model = dir.path().join("in");
         std::fs::create_dir(&model).unwrap();

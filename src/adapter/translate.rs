@@ -17,7 +17,7 @@ use serde::Serialize;
 use super::bind::{BaseIndex, bound_ids, kind_name, resolve_names};
 use super::names::ModuleId;
 use super::{AdapterError, AdapterOptions, AdapterSet, Convention, Entry, EntryProblem, ParamRole};
-use crate::io::header::PlannedTensor;
+use crate::io::header_layout::PlannedTensor;
 use crate::io::staging::{Allocation, Replace};
 use crate::io::writer::{ComponentOutput, OutputPlan};
 use crate::io::{Checkpoint, DType, ReadError};

@@ -1,17 +1,19 @@
 //! Input and output of safetensors checkpoints.
 //!
-//! Owns: element types and their conversions (`dtype`), the header parser and canonical
-//! header layout (`header`), read-only memory maps (`mmap`, the only `unsafe` of this layer),
-//! single files (`file`), multi-file checkpoints and folders (`checkpoint`), hashing
-//! (`digest`), input hashes and their cache (`input_hash`), what an output will contain (`writer`) and the atomic, durable writing of it
-//! (`staging`). Does not own: what tensors mean (`model`, `adapter`) or how they are
-//! computed (`merge`).
+//! Owns: element types and their conversions (`dtype`), the parser of untrusted headers
+//! (`header`), the canonical header wanbake writes (`header_layout`), read-only memory maps
+//! and the guard against inputs changing under them (`mmap`, the only `unsafe` of this
+//! layer), single files (`file`), multi-file checkpoints and folders (`checkpoint`), hashing
+//! of outputs (`digest`) and of inputs, with their cache (`input_hash`), what an output will
+//! contain (`writer`) and the atomic, durable writing of it (`staging`). Does not own: what
+//! tensors mean (`model`, `adapter`) or how they are computed (`merge`).
 
 pub mod checkpoint;
 pub mod digest;
 pub mod dtype;
 pub mod file;
 pub mod header;
+pub mod header_layout;
 pub mod input_hash;
 pub mod mmap;
 pub mod staging;
@@ -20,6 +22,7 @@ pub mod writer;
 pub use checkpoint::{Checkpoint, Component, TensorRef, TensorSet};
 pub use dtype::DType;
 pub use file::{ReadError, SafetensorsFile, TensorView};
-pub use header::{FormatError, Header, PlannedTensor, TensorInfo};
+pub use header::{FormatError, Header, TensorInfo};
+pub use header_layout::PlannedTensor;
 pub use staging::{Staging, WriteError};
 pub use writer::{ComponentOutput, OutputPlan, Slot};

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use super::header::{HeaderLayout, LayoutError, PlannedTensor};
+use super::header_layout::{HeaderLayout, LayoutError, PlannedTensor};
 
 /// One component (model or pipeline transformer) of an output, as the producer sees it.
 #[derive(Clone, Debug)]

@@ -26,7 +26,7 @@ use super::error::PlanError;
 use super::read::ReadPlan;
 use super::transform::{self, KernelError, SrcTensor, Transform};
 use super::write::WritePlan;
-use crate::io::header::PlannedTensor;
+use crate::io::header_layout::PlannedTensor;
 use crate::io::{DType, SafetensorsFile, TensorView};
 
 /// Where stored tensors come from.

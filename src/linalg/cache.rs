@@ -33,7 +33,7 @@ use super::svd::{LinalgError, XsBases, check_rank, xs_bases};
 use crate::io::DType;
 use crate::io::SafetensorsFile;
 use crate::io::TensorView;
-use crate::io::header::{HeaderLayout, LayoutError, PlannedTensor};
+use crate::io::header_layout::{HeaderLayout, LayoutError, PlannedTensor};
 
 /// Version of everything that decides the bits of a basis: faer 0.24's thin SVD in f64 of the
 /// f32-widened weight with partition degree [`super::svd::SVD_PARTITION_DEGREE`] (16), SA3's

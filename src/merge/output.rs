@@ -11,7 +11,7 @@ use std::path::PathBuf;
 
 use super::error::MergeError;
 use super::plan::{Job, MergeOptions};
-use crate::io::header::PlannedTensor;
+use crate::io::header_layout::PlannedTensor;
 use crate::io::writer::{AuxFile, ComponentOutput, OutputPlan};
 use crate::io::{Checkpoint, Component, DType, Slot};
 use crate::layout::{

@@ -11,7 +11,7 @@ use std::path::Path;
 use super::error::RunError;
 use super::tensor::Tensor;
 use crate::io::DType;
-use crate::io::header::{HeaderLayout, PlannedTensor};
+use crate::io::header_layout::{HeaderLayout, PlannedTensor};
 
 /// Writes `tensors` as F32 with `metadata` to `path` (temp sibling, fsync, rename).
 pub fn write_f32_file(
