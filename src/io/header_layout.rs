@@ -190,6 +190,7 @@ fn header_json(infos: &[TensorInfo], metadata: &BTreeMap<String, String>) -> Str
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::io::header::Header;
 
     #[test]
     fn layout_is_canonical_and_round_trips() {
