@@ -1350,11 +1350,25 @@ fn acceptance_svd_bases_gpu_vs_two_core_cpu() {
     let (_device, mut gpu) = required_cuda();
     let mut rng = Rng(77);
     let r = 64;
+    // `WANBAKE_GPU_SVD_SHAPES=1536x1536,5120x5120` and `WANBAKE_GPU_SVD_CPU_THREADS=16` pick
+    // other shapes and CPU threads (defaults: the three below, 2 threads).
+    let threads = std::env::var("WANBAKE_GPU_SVD_CPU_THREADS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(2);
+    let shapes: Vec<(usize, usize)> = std::env::var("WANBAKE_GPU_SVD_SHAPES")
+        .unwrap_or_else(|_| "1536x1536,5120x5120,13824x5120".into())
+        .split(',')
+        .map(|s| {
+            let (a, b) = s.split_once('x').expect("shape as OUTxIN");
+            (a.parse().expect("rows"), b.parse().expect("columns"))
+        })
+        .collect();
     println!(
-        "| shape | CPU 2 threads (s) | GPU gesvd (s) | max abs ΔU, ΔV (top {r}) | identical f32 |"
+        "| shape | CPU {threads} threads (s) | GPU gesvd (s) | max abs ΔU, ΔV (top {r}) | identical f32 |"
     );
     println!("|---|---|---|---|---|");
-    for (out, inp) in [(1536, 1536), (5120, 5120), (13824, 5120)] {
+    for (out, inp) in shapes {
         // Noise (spectrum below ~0.25) plus a rank-r component with values 8·0.97^p ≥ 1.1 and
         // relative gaps of 3 %: the top-r vectors are well determined, so the comparison
         // measures the two f64 engines, not near-equal singular values (anchors.md §4.5).
@@ -1374,7 +1388,7 @@ fn acceptance_svd_bases_gpu_vs_two_core_cpu() {
             }
         }
         let t = std::time::Instant::now();
-        let cpu = wanbake::linalg::xs_bases(&W, out, inp, r, Par::rayon(2)).unwrap();
+        let cpu = wanbake::linalg::xs_bases(&W, out, inp, r, Par::rayon(threads)).unwrap();
         let cpu_s = t.elapsed().as_secs_f64();
         let t = std::time::Instant::now();
         let g = gpu.xs_bases(&W, out, inp, r).unwrap();
