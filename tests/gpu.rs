@@ -13,6 +13,8 @@
 
 #![allow(non_snake_case)]
 
+mod common;
+
 use std::collections::BTreeSet;
 
 use faer::Par;
@@ -1468,4 +1470,129 @@ fn cuda_backend_lanes_can_move_to_worker_threads() {
     send::<CudaDevice>();
     fn sync<T: Sync>() {}
     sync::<CudaDevice>();
+}
+
+// ------------------------------------------------------------------------------------------
+// Issue 18, item 1: the SVD cache holds one engine's bases whichever route filled it.
+// ------------------------------------------------------------------------------------------
+
+/// The routes `--device` can pick on this machine: `cpu`, and `cuda` when a device opens.
+fn cli_routes() -> Vec<&'static str> {
+    match probe() {
+        Ok(_) => vec!["cpu", "cuda"],
+        Err(e) => {
+            eprintln!("no CUDA route in this test: {e}");
+            vec!["cpu"]
+        }
+    }
+}
+
+/// An SA3 base with one 1024×768 Linear (random, weight-like values) and an SA3-native
+/// rank-16 `lora-xs` adapter on it: large enough that cuSOLVER's and faer's bases differ in
+/// a few elements, so an f32 output shows which engine's bases a merge used.
+fn xs_fixture(dir: &std::path::Path) -> (String, String) {
+    let (out, inp, r) = (1024usize, 768usize, 16usize);
+    let mut rng = Rng(18);
+    let W: Vec<f32> = (0..out * inp).map(|_| rng.unit() * 0.03).collect();
+    let base = dir.join("base.safetensors");
+    common::write_f32(
+        &base,
+        &[(
+            "model.model.transformer.layers.0.ff.ff.2.weight",
+            vec![out, inp],
+            W,
+        )],
+    );
+    let M: Vec<u8> = (0..r * r)
+        .flat_map(|_| (rng.unit() * 0.1).to_le_bytes())
+        .collect();
+    let config = r#"{\"rank\": 16, \"alpha\": 16, \"adapter_type\": \"lora-xs\", \"dropout\": 0.0, \"include\": null, \"exclude\": null}"#;
+    let json = format!(
+        "{{\"__metadata__\":{{\"lora_config\":\"{config}\"}},\
+         \"model.transformer.layers.0.ff.ff.2.parametrizations.weight.0.M_xs\":\
+         {{\"dtype\":\"F32\",\"shape\":[{r},{r}],\"data_offsets\":[0,{}]}}}}",
+        M.len()
+    );
+    let adapter = dir.join("xs.safetensors");
+    std::fs::write(&adapter, common::st_bytes(&json, &M)).unwrap();
+    let s = |p: std::path::PathBuf| p.to_string_lossy().into_owned();
+    (s(base), s(adapter))
+}
+
+/// Merges the fixture in f32 on `device`, with `cache` when given; returns the weight file's
+/// bytes and the JSON report's SVD counters.
+fn xs_merge(
+    dir: &std::path::Path,
+    (base, adapter): &(String, String),
+    device: &str,
+    cache: Option<&std::path::Path>,
+    name: &str,
+) -> (Vec<u8>, serde_json::Value) {
+    let out = dir.join(name);
+    let out_s = out.to_string_lossy().into_owned();
+    let mut args = vec![
+        "merge",
+        "--base",
+        base,
+        "--adapter",
+        adapter,
+        "--out",
+        &out_s,
+        "--dtype",
+        "f32",
+        "--device",
+        device,
+        "--json",
+    ];
+    let cache_s = cache.map(|c| c.to_string_lossy().into_owned());
+    if let Some(c) = &cache_s {
+        args.extend(["--svd-cache", c.as_str()]);
+    }
+    let stdout = common::ok(common::run(dir, &args));
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let bytes = std::fs::read(out.join("base.safetensors"))
+        .or_else(|_| std::fs::read(out.join("model.safetensors")))
+        .unwrap_or_else(|e| panic!("{device}: the merged weights in {}: {e}", out.display()));
+    (bytes, report["report"]["svd"].clone())
+}
+
+/// Regression test for issue 18, item 1: for every pair of routes, a cache filled by the
+/// first gives the second exactly the bytes the second computes without a cache (on a GPU
+/// host this fails when CUDA stores cuSOLVER's bases; without a GPU only cpu → cpu runs).
+#[test]
+fn r_issue_18_a_cache_filled_on_one_route_gives_the_other_route_its_own_bytes() {
+    let tmp = common::tmp();
+    let fixture = xs_fixture(tmp.path());
+    let routes = cli_routes();
+    let own: Vec<Vec<u8>> = routes
+        .iter()
+        .map(|d| xs_merge(tmp.path(), &fixture, d, None, &format!("own-{d}")).0)
+        .collect();
+    for fill in &routes {
+        for (read, own_bytes) in routes.iter().zip(&own) {
+            let cache = tmp.path().join(format!("cache-{fill}-{read}"));
+            std::fs::create_dir(&cache).unwrap();
+            let (_, filled) = xs_merge(
+                tmp.path(),
+                &fixture,
+                fill,
+                Some(&cache),
+                &format!("fill-{fill}-{read}"),
+            );
+            assert_eq!(filled["misses"].as_u64(), Some(1), "{fill}: {filled}");
+            let (bytes, svd) = xs_merge(
+                tmp.path(),
+                &fixture,
+                read,
+                Some(&cache),
+                &format!("read-{fill}-{read}"),
+            );
+            assert_eq!(svd["hits"].as_u64(), Some(1), "{fill} → {read}: {svd}");
+            let differing = bytes.iter().zip(own_bytes).filter(|(a, b)| a != b).count();
+            assert!(
+                bytes == *own_bytes,
+                "a cache filled on {fill} changed {differing} bytes of the {read} output"
+            );
+        }
+    }
 }

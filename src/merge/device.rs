@@ -19,6 +19,18 @@
 //! The two routes sum in different orders (`(W0 + c₁) + c₂` against `W0 + (c₁ + c₂)`) and
 //! their GEMMs round differently, so they agree to f32 rounding before the final rounding
 //! and to one bf16 ulp after it; each is deterministic on its own.
+//!
+//! # -xs bases
+//! Every route computes LoRA-XS bases with the CPU SVD (`linalg::xs_bases`, faer in f64, on
+//! the merge's worker thread, outside any lane), never with the backend's `xs_bases`
+//! (cuSOLVER `gesvd` on CUDA). The SVD cache keys an entry by the base's content, the rank
+//! and `linalg::SVD_BASIS_VERSION`, which pins faer; cuSOLVER's bases differ from faer's by
+//! about one f32 ulp in a few elements (6 of 655,360 at 5120², BENCHMARKS.md "GPU"), so a
+//! cache filled on CUDA would make a later CPU merge's output depend on which route ran first.
+//! One engine keeps the cache portable between routes and machines without a cuSOLVER version
+//! in the key, and costs little: on the 16-core GPU host, faer took 14.5 s for a 5120² basis
+//! against 4.3 s for `gesvd`, a merge runs one SVD per worker in parallel, and a cached basis
+//! is never computed again.
 
 #![allow(non_snake_case)]
 
