@@ -1487,13 +1487,34 @@ fn cli_routes() -> Vec<&'static str> {
     }
 }
 
-/// An SA3 base with one 1024×768 Linear (random, weight-like values) and an SA3-native
-/// rank-16 `lora-xs` adapter on it: large enough that cuSOLVER's and faer's bases differ in
-/// a few elements, so an f32 output shows which engine's bases a merge used.
+/// An SA3 base with one 256×192 Linear and an SA3-native rank-8 `lora-xs` adapter on it.
+/// The weight is `Σ s_p·u_p·v_pᵀ` (u, v: columns of two dense Householder reflectors) with
+/// s = 1 four times, then 0.8 four times, then decaying, rounded to f32: inside each cluster
+/// only the f32 rounding separates the singular values, so the top-8 vectors (the clusters'
+/// bases) depend on each SVD engine's own round-off, and an f32 merge shows whose bases it
+/// used.
 fn xs_fixture(dir: &std::path::Path) -> (String, String) {
-    let (out, inp, r) = (1024usize, 768usize, 16usize);
+    let (out, inp, r) = (256usize, 192usize, 8usize);
     let mut rng = Rng(18);
-    let W: Vec<f32> = (0..out * inp).map(|_| rng.unit() * 0.03).collect();
+    let reflector = |n: usize, rng: &mut Rng| {
+        let v: Vec<f64> = (0..n).map(|_| f64::from(rng.unit())).collect();
+        let vv: f64 = v.iter().map(|x| x * x).sum();
+        // Column p of I − 2vvᵀ/(vᵀv), as a function of (row, p).
+        move |i: usize, p: usize| f64::from(u8::from(i == p)) - 2.0 * v[i] * v[p] / vv
+    };
+    let (Hu, Hv) = (reflector(out, &mut rng), reflector(inp, &mut rng));
+    let s = |p: usize| match p {
+        0..4 => 1.0,
+        4..8 => 0.8,
+        _ => 0.5 * 0.97f64.powi(p as i32),
+    };
+    let mut W = vec![0.0f32; out * inp];
+    for (i, row) in W.chunks_exact_mut(inp).enumerate() {
+        for (j, w) in row.iter_mut().enumerate() {
+            let x: f64 = (0..inp).map(|p| s(p) * Hu(i, p) * Hv(j, p)).sum();
+            *w = (0.05 * x) as f32;
+        }
+    }
     let base = dir.join("base.safetensors");
     common::write_f32(
         &base,
@@ -1506,7 +1527,7 @@ fn xs_fixture(dir: &std::path::Path) -> (String, String) {
     let M: Vec<u8> = (0..r * r)
         .flat_map(|_| (rng.unit() * 0.1).to_le_bytes())
         .collect();
-    let config = r#"{\"rank\": 16, \"alpha\": 16, \"adapter_type\": \"lora-xs\", \"dropout\": 0.0, \"include\": null, \"exclude\": null}"#;
+    let config = r#"{\"rank\": 8, \"alpha\": 8, \"adapter_type\": \"lora-xs\", \"dropout\": 0.0, \"include\": null, \"exclude\": null}"#;
     let json = format!(
         "{{\"__metadata__\":{{\"lora_config\":\"{config}\"}},\
          \"model.transformer.layers.0.ff.ff.2.parametrizations.weight.0.M_xs\":\
