@@ -69,7 +69,7 @@ pub fn load_param(set: &AdapterSet, src: &TensorSource) -> Result<Vec<f32>, Read
 }
 
 /// How an -xs target's bases are computed when no cache has them: `engine(W, rank)` with
-/// `W` the target's (out, in') f32 matrix (the CPU SVD, or a backend lane's).
+/// `W` the target's (out, in') f32 matrix (the CPU SVD, on every route).
 type SvdEngine<'e> = &'e dyn Fn(&[f32], usize) -> Result<XsBases, MergeError>;
 
 /// Output bytes one job writes (its piece of the output tensor).
