@@ -18,7 +18,9 @@
 //!
 //! The two routes sum in different orders (`(W0 + c₁) + c₂` against `W0 + (c₁ + c₂)`) and
 //! their GEMMs round differently, so they agree to f32 rounding before the final rounding
-//! and to one bf16 ulp after it; each is deterministic on its own.
+//! and, after it, to one bf16 ulp except where the result is near 0 (cancellation; BENCHMARKS.md
+//! "GPU" has 9 such elements, 2-8 ulps apart, in an SA3 -xs merge); each is deterministic on
+//! its own.
 //!
 //! # -xs bases
 //! Every route computes LoRA-XS bases with the CPU SVD (`linalg::xs_bases`, faer in f64, on
@@ -28,9 +30,10 @@
 //! about one f32 ulp in a few elements (6 of 655,360 at 5120², BENCHMARKS.md "GPU"), so a
 //! cache filled on CUDA would make a later CPU merge's output depend on which route ran first.
 //! One engine keeps the cache portable between routes and machines without a cuSOLVER version
-//! in the key, and costs little: on the 16-core GPU host, faer took 14.5 s for a 5120² basis
-//! against 4.3 s for `gesvd`, a merge runs one SVD per worker in parallel, and a cached basis
-//! is never computed again.
+//! in the key. It costs time on a first merge: on an H100 host, faer on 16 threads took 14.5 s
+//! for a 5120² basis against 4.3 s for `gesvd`, and an SA3-small -xs merge on CUDA 10-12 s
+//! against 8.3 s (the merge runs one SVD per worker in parallel); a cached basis is never
+//! computed again.
 
 #![allow(non_snake_case)]
 
