@@ -17,9 +17,9 @@
 //! they only order work, and an event that records timing costs more to record and to wait
 //! on; a blocking wait sleeps instead of spinning a core the merge's workers need. (cudarc's
 //! `CudaEvent` takes one flag of its enum, not a combination, so this module wraps the raw
-//! event.) The device reports an asynchronous fault of a kernel at the next wait, which here
-//! is usually a staging wait: the error then names the last work launched on the lane
-//! ([`Staging::note_launch`]), not only the copy that happened to wait.
+//! event.) The device reports an asynchronous fault of a kernel at the next call that
+//! touches the stream, which here is usually a staging copy or wait: the error then names the
+//! last work launched on the lane ([`Staging::note_launch`]), not only the copy.
 
 use std::sync::Arc;
 
@@ -164,9 +164,9 @@ impl Staging {
             self.done[slot]
                 .synchronize()
                 .map_err(|e| self.wait_error("waiting for a staging buffer", e))?;
-            let pinned = self.bufs[slot]
-                .as_mut_slice()
-                .map_err(|e| GpuError::cuda("mapping a staging buffer", e))?;
+            let pinned = self.bufs[slot].as_mut_slice().map_err(|e| {
+                after_launch("mapping a staging buffer", e, self.last_launch.as_deref())
+            })?;
             pinned[..chunk.len()].copy_from_slice(chunk);
             let offset = (c * CHUNK_BYTES) as u64;
             // SAFETY: copies chunk.len() bytes from pinned buffer `slot` (CHUNK_BYTES long) to
@@ -177,10 +177,10 @@ impl Staging {
             unsafe {
                 driver::memcpy_htod_async(base + offset, &pinned[..chunk.len()], stream.cu_stream())
             }
-            .map_err(|e| GpuError::cuda("queuing a host-to-device copy", e))?;
+            .map_err(|e| self.wait_error("queuing a host-to-device copy", e))?;
             self.done[slot]
                 .record(stream)
-                .map_err(|e| GpuError::cuda("recording a staging event", e))?;
+                .map_err(|e| self.wait_error("recording a staging event", e))?;
         }
         Ok(())
     }
@@ -215,9 +215,9 @@ impl Staging {
         let len = |c: usize| CHUNK_BYTES.min(total - c * CHUNK_BYTES);
         let queue = |this: &mut Staging, c: usize| -> Result<(), GpuError> {
             let slot = c % 2;
-            let pinned = this.bufs[slot]
-                .as_mut_slice()
-                .map_err(|e| GpuError::cuda("mapping a staging buffer", e))?;
+            let pinned = this.bufs[slot].as_mut_slice().map_err(|e| {
+                after_launch("mapping a staging buffer", e, this.last_launch.as_deref())
+            })?;
             let offset = (c * CHUNK_BYTES) as u64;
             // SAFETY: copies len(c) bytes of `src` from device offset c·CHUNK_BYTES (within its
             // `capacity`, asserted) into pinned buffer `slot`. The CPU reads that buffer only
@@ -226,10 +226,10 @@ impl Staging {
             unsafe {
                 driver::memcpy_dtoh_async(&mut pinned[..len(c)], base + offset, stream.cu_stream())
             }
-            .map_err(|e| GpuError::cuda("queuing a device-to-host copy", e))?;
+            .map_err(|e| this.wait_error("queuing a device-to-host copy", e))?;
             this.done[slot]
                 .record(stream)
-                .map_err(|e| GpuError::cuda("recording a staging event", e))
+                .map_err(|e| this.wait_error("recording a staging event", e))
         };
         if chunks > 0 {
             queue(self, 0)?;
@@ -242,9 +242,9 @@ impl Staging {
             self.done[slot]
                 .synchronize()
                 .map_err(|e| self.wait_error("waiting for a device-to-host copy", e))?;
-            let pinned = self.bufs[slot]
-                .as_slice()
-                .map_err(|e| GpuError::cuda("mapping a staging buffer", e))?;
+            let pinned = self.bufs[slot].as_slice().map_err(|e| {
+                after_launch("mapping a staging buffer", e, self.last_launch.as_deref())
+            })?;
             host[c * CHUNK_BYTES..c * CHUNK_BYTES + len(c)].copy_from_slice(&pinned[..len(c)]);
         }
         Ok(())
