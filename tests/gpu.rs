@@ -1763,7 +1763,7 @@ fn r_issue_18_a_real_device_fault_is_an_error_naming_the_last_kernel() {
     assert!(out.status.success(), "child failed:\n{stdout}\n{stderr}");
     let fault = stdout
         .lines()
-        .find_map(|l| l.strip_prefix("FAULT: "))
+        .find_map(|l| l.split_once("FAULT: ").map(|(_, fault)| fault))
         .unwrap_or_else(|| panic!("no device error came back:\n{stdout}\n{stderr}"));
     assert!(
         fault.starts_with("merging `blocks.0.w` on cuda: CUDA: "),
