@@ -1687,6 +1687,7 @@ const FAULT_TEST: &str = "r_issue_18_a_real_device_fault_is_an_error_naming_the_
 /// The child: a lane widens a tensor (its last launch), a kernel on another stream of the
 /// same (primary) context writes through a bad pointer, and the lane's next download runs
 /// into the sticky fault. Prints what came back, then drops everything.
+#[allow(clippy::result_large_err)] // MergeError, as merge::exec returns it from a lane
 fn device_fault_child() {
     use cudarc::driver::PushKernelArg;
     use wanbake::merge::MergeError;
