@@ -25,10 +25,18 @@
 //!   CPU path, not by which lane finishes first.
 //!
 //! Device memory is allocated per op with cudarc's stream-ordered allocator (`cuMemAllocAsync`
-//! from the device's memory pool, freed in stream order when a [`DeviceMat`] drops).
+//! from the device's memory pool, freed in stream order when a [`DeviceMat`] drops). The pool
+//! keeps what it has reserved across synchronisations (`super::device` sets its release
+//! threshold), so a target's allocations reuse the previous target's memory instead of
+//! mapping it again. Only buffers that are accumulated into are zero-filled (the
+//! [`Backend::zeros`] accumulator); every other buffer is fully written before it is read
+//! (uploads, widen and narrow outputs, norms and scales, GEMM outputs with β = 0, the SVD's
+//! outputs), so it is allocated uninitialised. [`CudaBackend::zeroed_bytes`] counts the
+//! zero-filled bytes.
 
 #![allow(non_snake_case)]
 
+use std::cell::Cell;
 use std::sync::Arc;
 
 use cudarc::cublas::CudaBlas;
@@ -93,8 +101,12 @@ pub struct CudaBackend {
     /// Declared before its workspace, so it is destroyed first.
     blas: CudaBlas,
     _blas_workspace: CudaSlice<u8>,
-    solver: Option<DnHandle>,
+    /// Created and set to deterministic results with the lane (under the guard of
+    /// `CudaDevice::backend`: cudarc panics on a missing symbol).
+    solver: DnHandle,
     staging: Staging,
+    /// Bytes zero-filled so far (see the module doc).
+    zeroed: Cell<u64>,
 }
 
 impl CudaBackend {
@@ -108,10 +120,11 @@ impl CudaBackend {
             .map_err(|e| GpuError::cuda("creating a stream", e))?;
         let blas =
             CudaBlas::new(stream.clone()).map_err(|e| GpuError::cuda("creating cuBLAS", e))?;
-        let mut workspace = stream
-            .alloc_zeros::<u8>(WORKSPACE_BYTES)
+        // SAFETY: cuBLAS uses its workspace as scratch and never reads what it did not write.
+        let mut workspace = unsafe { stream.alloc::<u8>(WORKSPACE_BYTES) }
             .map_err(|e| GpuError::cuda("allocating the cuBLAS workspace", e))?;
         blas::configure(&blas, &stream, &mut workspace)?;
+        let solver = deterministic_solver(&stream)?;
         let staging = Staging::new(&ctx)?;
         Ok(CudaBackend {
             ctx,
@@ -119,9 +132,27 @@ impl CudaBackend {
             kernels: device.kernels.clone(),
             blas,
             _blas_workspace: workspace,
-            solver: None,
+            solver,
             staging,
+            zeroed: Cell::new(0),
         })
+    }
+
+    /// Bytes this lane has zero-filled so far: only [`Backend::zeros`] accumulators.
+    pub fn zeroed_bytes(&self) -> u64 {
+        self.zeroed.get()
+    }
+
+    /// Whether this lane's cuSOLVER handle is in deterministic-results mode.
+    pub fn solver_is_deterministic(&self) -> Result<bool, GpuError> {
+        let mut mode = cusolverDeterministicMode_t::CUSOLVER_ALLOW_NON_DETERMINISTIC_RESULTS;
+        // SAFETY: the handle is live; the call writes one mode through a valid pointer.
+        unsafe {
+            cudarc::cusolver::sys::cusolverDnGetDeterministicMode(self.solver.cu(), &mut mode)
+        }
+        .result()
+        .map_err(|e| GpuError::cuda("cusolverDnGetDeterministicMode", e))?;
+        Ok(mode == cusolverDeterministicMode_t::CUSOLVER_DETERMINISTIC_RESULTS)
     }
 
     /// Makes this lane's context current on the calling thread (raw library calls need it).
@@ -131,32 +162,43 @@ impl CudaBackend {
             .map_err(|e| GpuError::cuda("binding the CUDA context", e))
     }
 
-    /// `max(n, 1)` zeroed device values of `T`.
-    fn alloc<T: DeviceRepr + ValidAsZeroBits>(
+    /// `max(n, 1)` uninitialised device values of `T`, for a buffer the caller fully writes
+    /// (its first `n` values) before anything reads it.
+    fn alloc<T: DeviceRepr>(&self, n: usize, what: &str) -> Result<CudaSlice<T>, GpuError> {
+        // SAFETY: every caller writes the first n values (an upload of n values, a kernel,
+        // GEMM or solver call that writes each output index, a device copy) before they are
+        // read, and nothing reads past n; T is plain data with no invalid bit patterns.
+        unsafe { self.stream.alloc::<T>(n.max(1)) }.map_err(|e| alloc_error::<T>(n, what, e))
+    }
+
+    /// `max(n, 1)` zeroed device values of `T`, for a buffer that is accumulated into.
+    fn alloc_zeroed<T: DeviceRepr + ValidAsZeroBits>(
         &self,
         n: usize,
         what: &str,
     ) -> Result<CudaSlice<T>, GpuError> {
-        self.stream.alloc_zeros::<T>(n.max(1)).map_err(|e| {
-            GpuError::cuda(
-                format!(
-                    "allocating {n} × {} bytes for {what}",
-                    std::mem::size_of::<T>()
-                ),
-                e,
-            )
-        })
+        let buf = self
+            .stream
+            .alloc_zeros::<T>(n.max(1))
+            .map_err(|e| alloc_error::<T>(n, what, e))?;
+        let bytes = (n.max(1) * std::mem::size_of::<T>()) as u64;
+        self.zeroed.set(self.zeroed.get() + bytes);
+        Ok(buf)
     }
 
+    /// An uninitialised (rows, cols) matrix the caller fully writes (see [`Self::alloc`]).
     fn mat(&self, rows: usize, cols: usize, what: &str) -> Result<DeviceMat, GpuError> {
-        let n = rows
-            .checked_mul(cols)
-            .ok_or_else(|| GpuError::cuda(format!("allocating {what}"), "size overflows"))?;
+        let n = mat_len(rows, cols, what)?;
         Ok(DeviceMat {
             rows,
             cols,
             buf: self.alloc::<f32>(n, what)?,
         })
+    }
+
+    /// Names `what` as the last work launched on this lane (see `super::staging`).
+    fn launched(&mut self, what: impl std::fmt::Display) {
+        self.staging.note_launch(what.to_string());
     }
 
     fn kernel(
@@ -167,21 +209,33 @@ impl CudaBackend {
         let kernel = Kernel { op, dtype };
         Ok((kernel, self.kernels.function(kernel)?))
     }
+}
 
-    /// The cuSOLVER handle of this lane, created on first use, deterministic mode.
-    fn solver(&mut self) -> Result<&DnHandle, GpuError> {
-        if self.solver.is_none() {
-            let solver = DnHandle::new(self.stream.clone())
-                .map_err(|e| GpuError::cuda("creating cuSOLVER", e))?;
-            solver
-                .set_deterministic_mode(cusolverDeterministicMode_t::CUSOLVER_DETERMINISTIC_RESULTS)
-                .map_err(|e| GpuError::cuda("cusolverDnSetDeterministicMode", e))?;
-            self.solver = Some(solver);
-        }
-        self.solver
-            .as_ref()
-            .ok_or_else(|| GpuError::cuda("creating cuSOLVER", "no handle"))
-    }
+/// A cuSOLVER handle on `stream` in deterministic-results mode. Resolves
+/// `cusolverDnSetDeterministicMode`, so call it under the guard of `super::device` (cudarc
+/// panics on a missing symbol).
+pub(crate) fn deterministic_solver(stream: &Arc<CudaStream>) -> Result<DnHandle, GpuError> {
+    let solver =
+        DnHandle::new(stream.clone()).map_err(|e| GpuError::cuda("creating cuSOLVER", e))?;
+    solver
+        .set_deterministic_mode(cusolverDeterministicMode_t::CUSOLVER_DETERMINISTIC_RESULTS)
+        .map_err(|e| GpuError::cuda("cusolverDnSetDeterministicMode", e))?;
+    Ok(solver)
+}
+
+fn alloc_error<T>(n: usize, what: &str, e: impl std::fmt::Display) -> GpuError {
+    GpuError::cuda(
+        format!(
+            "allocating {n} × {} bytes for {what}",
+            std::mem::size_of::<T>()
+        ),
+        e,
+    )
+}
+
+fn mat_len(rows: usize, cols: usize, what: &str) -> Result<usize, GpuError> {
+    rows.checked_mul(cols)
+        .ok_or_else(|| GpuError::cuda(format!("allocating {what}"), "size overflows"))
 }
 
 /// A grid-stride launch over `n` elements.
@@ -236,6 +290,7 @@ impl CudaBackend {
         // order with these types; src holds ≥ n f32, dst max(n, 1) u16; the kernel touches
         // indices < n only.
         unsafe { args.launch(grid_1d(n)) }.map_err(|e| launch_error(kernel, e))?;
+        self.launched(kernel);
         self.staging.download(&self.stream, &dst, out)
     }
 
@@ -268,11 +323,12 @@ impl CudaBackend {
         // shape, checked), dst max(n, 1) T, first_non_finite one u64; the kernel touches
         // indices < n only.
         unsafe { args.launch(grid_1d(n)) }.map_err(|e| launch_error(kernel, e))?;
+        self.launched(kernel);
         self.staging.download(&self.stream, &dst, out)?;
-        let first = self
-            .stream
-            .clone_dtoh(&first)
-            .map_err(|e| GpuError::cuda("downloading the non-finite marker", e))?;
+        let first = self.stream.clone_dtoh(&first).map_err(|e| {
+            self.staging
+                .wait_error("downloading the non-finite marker", e)
+        })?;
         let index = match first.first() {
             Some(&i) if i != u64::MAX => i as usize,
             _ => return Ok(None),
@@ -280,7 +336,10 @@ impl CudaBackend {
         let element = |m: &DeviceMat| {
             self.stream
                 .clone_dtoh(&m.buf.slice(index..index + 1))
-                .map_err(|e| GpuError::cuda("downloading a non-finite element", e))
+                .map_err(|e| {
+                    self.staging
+                        .wait_error("downloading a non-finite element", e)
+                })
         };
         let (b, d) = (element(base)?, element(delta)?);
         Ok(Some(NonFinite {
@@ -311,6 +370,7 @@ impl CudaBackend {
         // DeviceMat), dst holds `len` f32 = rows (row norms) or cols (column norms); one
         // thread per output index < len.
         unsafe { args.launch(grid_1d(len)) }.map_err(|e| launch_error(kernel, e))?;
+        self.launched(kernel);
         Ok(dst)
     }
 
@@ -393,12 +453,18 @@ impl Backend for CudaBackend {
         // order with these types; src holds max(n, 1) u16 (n uploaded above), dst max(n, 1)
         // f32; the kernel touches indices < n only.
         unsafe { args.launch(grid_1d(n)) }.map_err(|e| launch_error(kernel, e))?;
+        self.launched(kernel);
         Ok(m)
     }
 
     fn zeros(&mut self, rows: usize, cols: usize) -> Result<DeviceMat, GpuError> {
         self.bind()?;
-        self.mat(rows, cols, "a zero matrix")
+        let n = mat_len(rows, cols, "a zero matrix")?;
+        Ok(DeviceMat {
+            rows,
+            cols,
+            buf: self.alloc_zeroed::<f32>(n, "a zero matrix")?,
+        })
     }
 
     fn duplicate(&mut self, src: &DeviceMat) -> Result<DeviceMat, GpuError> {
@@ -426,7 +492,9 @@ impl Backend for CudaBackend {
         }
         // W (out, in) += s · B (out, r) · A (r, in): left = B, right = A.
         let call = row_major(out, inp, r, false, false);
-        blas::gemm(&self.blas, call, s, &A.buf, &B.buf, 1.0, &mut W.buf)
+        blas::gemm(&self.blas, call, s, &A.buf, &B.buf, 1.0, &mut W.buf)?;
+        self.launched("cublasSgemm");
+        Ok(())
     }
 
     #[track_caller]
@@ -445,6 +513,7 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         // B' (out, r) = U (out, r) · M (r, r), then W += s · B' · Vᵀ with V stored (in, r).
+        // β = 0 for B': cuBLAS then never reads its (uninitialised) contents.
         let mut Bp = self.mat(out, r, "U·M")?;
         blas::gemm(
             &self.blas,
@@ -456,7 +525,9 @@ impl Backend for CudaBackend {
             &mut Bp.buf,
         )?;
         let call = row_major(out, inp, r, false, true);
-        blas::gemm(&self.blas, call, s, &V.buf, &Bp.buf, 1.0, &mut W.buf)
+        blas::gemm(&self.blas, call, s, &V.buf, &Bp.buf, 1.0, &mut W.buf)?;
+        self.launched("cublasSgemm");
+        Ok(())
     }
 
     fn row_norms(&mut self, X: &DeviceMat) -> Result<DeviceMat, GpuError> {
@@ -497,6 +568,7 @@ impl Backend for CudaBackend {
         // rows, u64 cols): 6 arguments in this order with these types; V holds rows·cols f32,
         // m and alpha hold rows values (checked / allocated above); one thread per row < rows.
         unsafe { args.launch(grid_1d(rows)) }.map_err(|e| launch_error(kernel, e))?;
+        self.launched(kernel);
         Ok(alpha)
     }
 
@@ -544,6 +616,7 @@ impl Backend for CudaBackend {
         // V holds rows·cols f32, alpha max(rows, 1) f64, m and beta cols values (checked /
         // allocated above); one thread per column < cols.
         unsafe { args.launch(grid_1d(cols)) }.map_err(|e| launch_error(kernel, e))?;
+        self.launched(kernel);
         Ok(beta)
     }
 
@@ -600,6 +673,7 @@ impl Backend for CudaBackend {
         // rows f64 and beta cols f64 (checked, or unit vectors of those lengths); indices stay
         // below rows and cols.
         unsafe { args.launch(grid_2d(rows, cols)) }.map_err(|e| launch_error(kernel, e))?;
+        self.launched(kernel);
         Ok(())
     }
 
@@ -624,6 +698,7 @@ impl Backend for CudaBackend {
         // arguments in this order with these types; D and X hold n f32 (same shape, checked);
         // the kernel touches indices < n only.
         unsafe { args.launch(grid_1d(n)) }.map_err(|e| launch_error(kernel, e))?;
+        self.launched(kernel);
         Ok(())
     }
 
@@ -714,9 +789,8 @@ impl Backend for CudaBackend {
         let mut A = self.alloc::<f64>(host.len(), "the SVD input")?;
         self.staging
             .upload(&self.stream, bytemuck::cast_slice(&host), &mut A)?;
-        let stream = self.stream.clone();
-        let solver = self.solver()?;
-        let result = gesvd(&stream, solver, &plan, &mut A)?;
+        self.launched("cusolverDnDgesvd");
+        let result = gesvd(&self.stream, &self.solver, &plan, &mut A)?;
         Ok(plan.bases(&result.Ua, result.S, &result.VaT, r))
     }
 }

@@ -2,8 +2,9 @@
 //!
 //! Owns: [`DeviceChoice`] (parsed from the flag), [`probe`] (cheap: libraries, driver version,
 //! device count and name; no context, no compilation), [`CudaDevice::open`] (context, kernels
-//! compiled and loaded, cuBLAS and cuSOLVER handles created once to prove they work) and
-//! [`select`], which turns a choice into a [`Selection`] saying what will run and why.
+//! compiled and loaded, cuBLAS and cuSOLVER handles created and configured once to prove they
+//! work, the memory pool's release threshold) and [`select`], which turns a choice into a
+//! [`Selection`] saying what will run and why.
 //!
 //! Nothing calls into a CUDA library before its presence is checked with cudarc's
 //! `is_culib_present` (cudarc panics on a missing library); absence, an old driver or no
@@ -17,12 +18,17 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use cudarc::cublas::CudaBlas;
-use cudarc::cusolver::DnHandle;
 use cudarc::driver::{CudaContext, result as driver, sys as driver_sys};
 
-use super::cuda::CudaBackend;
+use super::cuda::{CudaBackend, deterministic_solver};
 use super::error::GpuError;
 use super::kernels::KernelTable;
+
+/// What the device's memory pool keeps reserved across synchronisations: everything. With
+/// the default (0) the pool unmaps its free memory at every synchronisation, and each target
+/// (several synchronise per target) maps it again. The pool holds at most what `MAX_LANES`
+/// whole targets use at once (`merge::device`), and the context gives it back at exit.
+pub const POOL_RELEASE_THRESHOLD: u64 = u64::MAX;
 
 /// The oldest driver the CUDA 13.0 bindings (cudarc feature `cuda-13000`) can use,
 /// as `cuDriverGetVersion` reports it (1000·major + 10·minor).
@@ -270,8 +276,11 @@ impl fmt::Debug for CudaDevice {
 
 impl CudaDevice {
     /// Opens device `ordinal`: probes it, creates its context, compiles and loads every kernel
-    /// file, and creates a cuBLAS and a cuSOLVER handle once, so that everything a run needs
-    /// is known to work before any output is planned.
+    /// file, creates a cuBLAS and a cuSOLVER handle once and puts the latter in
+    /// deterministic mode (every library symbol a lane uses is resolved here, under the guard:
+    /// cudarc panics on a missing one), and sets the release threshold of the device's memory
+    /// pool ([`POOL_RELEASE_THRESHOLD`]), so that everything a run needs is known to work
+    /// before any output is planned.
     pub fn open(ordinal: usize) -> Result<CudaDevice, GpuError> {
         guarded("opening the device", || {
             let info = probe_device(ordinal)?;
@@ -284,10 +293,60 @@ impl CudaDevice {
             let stream = ctx.default_stream();
             CudaBlas::new(stream.clone())
                 .map_err(|e| GpuError::unavailable(format!("creating a cuBLAS handle: {e}")))?;
-            DnHandle::new(stream)
-                .map_err(|e| GpuError::unavailable(format!("creating a cuSOLVER handle: {e}")))?;
-            Ok(CudaDevice { ctx, kernels, info })
+            deterministic_solver(&stream).map_err(|e| GpuError::unavailable(e.to_string()))?;
+            let device = CudaDevice { ctx, kernels, info };
+            device.set_pool_release_threshold(POOL_RELEASE_THRESHOLD)?;
+            Ok(device)
         })
+    }
+
+    /// The device's default memory pool (the one `cuMemAllocAsync` draws from).
+    fn pool(&self) -> Result<driver_sys::CUmemoryPool, GpuError> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| GpuError::cuda("binding the CUDA context", e))?;
+        let mut pool = std::ptr::null_mut();
+        // SAFETY: writes one pool handle through a valid pointer; the device handle comes
+        // from the live context.
+        unsafe { driver_sys::cuDeviceGetDefaultMemPool(&mut pool, self.ctx.cu_device()) }
+            .result()
+            .map_err(|e| GpuError::cuda("cuDeviceGetDefaultMemPool", e))?;
+        Ok(pool)
+    }
+
+    fn set_pool_release_threshold(&self, bytes: u64) -> Result<(), GpuError> {
+        let pool = self.pool()?;
+        let mut value = bytes;
+        // SAFETY: CU_MEMPOOL_ATTR_RELEASE_THRESHOLD takes a cuuint64_t, read through the
+        // pointer, which points at a live u64; `pool` is the device's default pool.
+        unsafe {
+            driver_sys::cuMemPoolSetAttribute(
+                pool,
+                driver_sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                (&mut value as *mut u64).cast(),
+            )
+        }
+        .result()
+        .map_err(|e| GpuError::cuda("setting the memory pool's release threshold", e))
+    }
+
+    /// The release threshold of the device's default memory pool, in bytes: what the pool
+    /// keeps reserved across synchronisations ([`POOL_RELEASE_THRESHOLD`] once opened).
+    pub fn pool_release_threshold(&self) -> Result<u64, GpuError> {
+        let pool = self.pool()?;
+        let mut value = 0u64;
+        // SAFETY: CU_MEMPOOL_ATTR_RELEASE_THRESHOLD writes one cuuint64_t through the pointer,
+        // which points at a live u64.
+        unsafe {
+            driver_sys::cuMemPoolGetAttribute(
+                pool,
+                driver_sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                (&mut value as *mut u64).cast(),
+            )
+        }
+        .result()
+        .map_err(|e| GpuError::cuda("reading the memory pool's release threshold", e))?;
+        Ok(value)
     }
 
     /// What was opened.

@@ -29,7 +29,9 @@
 //!   bf16 an element can differ by one ulp where the exact value sits next to a rounding
 //!   boundary.
 //! * LoRA-XS bases: cuSOLVER `gesvd` in f64 versus faer's SVD in f64, then the same host-side
-//!   `linalg::canonicalize_signs` and the same single rounding to f32.
+//!   `linalg::canonicalize_signs` and the same single rounding to f32. They agree to about one
+//!   f32 ulp, not bit for bit, so a merge computes its bases on the CPU on every route
+//!   (`merge::device`, "-xs bases"); [`CudaBackend`]'s `xs_bases` is the measured alternative.
 
 pub mod arith;
 pub mod backend;

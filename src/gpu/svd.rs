@@ -169,9 +169,11 @@ pub(crate) fn gesvd(
     unsafe { solver_sys::cusolverDnDgesvd_bufferSize(handle, mi, ni, &mut lwork) }
         .result()
         .map_err(|e| GpuError::cuda(format!("cusolverDnDgesvd_bufferSize ({m}×{n})"), e))?;
+    // Uninitialised: gesvd writes S, U (k columns), VT (k rows), rwork and info, and uses
+    // work as scratch; nothing here reads a value gesvd did not write.
     let alloc = |len: usize, what: &str| {
-        stream
-            .alloc_zeros::<f64>(len.max(1))
+        // SAFETY: see above; f64 has no invalid bit patterns.
+        unsafe { stream.alloc::<f64>(len.max(1)) }
             .map_err(|e| GpuError::cuda(format!("allocating the SVD {what} ({len} f64)"), e))
     };
     let mut S = alloc(k, "singular values")?;
@@ -179,8 +181,8 @@ pub(crate) fn gesvd(
     let mut VT = alloc(k * n, "right vectors")?;
     let mut work = alloc(usize::try_from(lwork).unwrap_or(0), "workspace")?;
     let mut rwork = alloc(k.saturating_sub(1), "superdiagonal")?;
-    let mut info = stream
-        .alloc_zeros::<i32>(1)
+    // SAFETY: gesvd always writes info; i32 has no invalid bit patterns.
+    let mut info = unsafe { stream.alloc::<i32>(1) }
         .map_err(|e| GpuError::cuda("allocating the SVD status", e))?;
     {
         let (a, _ra) = A.device_ptr_mut(stream);

@@ -247,9 +247,10 @@ impl SvdCache {
     }
 
     /// [`SvdCache::get_or_compute`] with the bases of a miss computed by `compute(W, out,
-    /// in)` (`W` the f32 (out, in) matrix): the CUDA route's cuSOLVER `gesvd`, which follows
-    /// the same contract as [`xs_bases`]. Entries are keyed by the base bytes and the rank
-    /// alone, so CPU and GPU runs share one cache (their bases agree to about 1e-6).
+    /// in)` (`W` the f32 (out, in) matrix). Entries are keyed by the base bytes, the rank and
+    /// [`SVD_BASIS_VERSION`] alone, not by engine, so `compute` must be [`xs_bases`] itself:
+    /// every merge route computes with it (`merge::device`, "-xs bases"), and CPU and GPU
+    /// runs share one cache with the same bytes.
     pub fn get_or_compute_with<E: From<CacheError>>(
         &self,
         base: &TensorView<'_>,

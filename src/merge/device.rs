@@ -18,7 +18,22 @@
 //!
 //! The two routes sum in different orders (`(W0 + c₁) + c₂` against `W0 + (c₁ + c₂)`) and
 //! their GEMMs round differently, so they agree to f32 rounding before the final rounding
-//! and to one bf16 ulp after it; each is deterministic on its own.
+//! and, after it, to one bf16 ulp except where the result is near 0 (cancellation; BENCHMARKS.md
+//! "GPU" has 9 such elements, 2-8 ulps apart, in an SA3 -xs merge); each is deterministic on
+//! its own.
+//!
+//! # -xs bases
+//! Every route computes LoRA-XS bases with the CPU SVD (`linalg::xs_bases`, faer in f64, on
+//! the merge's worker thread, outside any lane), never with the backend's `xs_bases`
+//! (cuSOLVER `gesvd` on CUDA). The SVD cache keys an entry by the base's content, the rank
+//! and `linalg::SVD_BASIS_VERSION`, which pins faer; cuSOLVER's bases differ from faer's by
+//! about one f32 ulp in a few elements (6 of 655,360 at 5120², BENCHMARKS.md "GPU"), so a
+//! cache filled on CUDA would make a later CPU merge's output depend on which route ran first.
+//! One engine keeps the cache portable between routes and machines without a cuSOLVER version
+//! in the key. It costs time on a first merge: on an H100 host, faer on 16 threads took 14.5 s
+//! for a 5120² basis against 4.3 s for `gesvd`, and an SA3-small -xs merge on CUDA 10-12 s
+//! against 8.3 s (the merge runs one SVD per worker in parallel); a cached basis is never
+//! computed again.
 
 #![allow(non_snake_case)]
 
@@ -26,6 +41,7 @@ use std::sync::{Condvar, Mutex};
 
 use faer::Par;
 
+use super::error::MergeError;
 use super::math::{Factors, Form, SA3_EPS, Update};
 use super::report::DeviceRecord;
 use crate::gpu::{
@@ -106,6 +122,16 @@ impl Compute {
 /// `max` whole targets are resident at once, which bounds host and device memory (a 14B FFN
 /// weight is 283 MB in f32) whatever the thread count; the other workers keep reading and
 /// copying untouched tensors meanwhile.
+///
+/// # After a device fault
+/// A lane whose work fails with a device error ([`LaneFault`]) is leaked, not dropped:
+/// cudarc's cuBLAS and cuSOLVER handles `unwrap` their destroy calls, which fail after a
+/// sticky device error, so running those destructors would turn the error into a panic. The
+/// error itself goes back to the caller (the merge reports it as `MergeError::Device`), the
+/// lane's place is freed, and the other lanes keep working. Once any lane has faulted, the
+/// idle lanes are leaked too when the pool is dropped, for the same reason. An error about
+/// the data (a non-finite value, an I/O error) leaves the lane healthy: it goes back to the
+/// idle list.
 pub struct Lanes<B> {
     pool: Mutex<Pool<B>>,
     returned: Condvar,
@@ -117,6 +143,27 @@ struct Pool<B> {
     idle: Vec<B>,
     /// Lanes in existence (idle or in use).
     made: usize,
+    /// Lanes leaked after a device fault.
+    leaked: usize,
+}
+
+/// Whether an error leaves the lane it happened on unusable.
+pub trait LaneFault {
+    /// True for a failed CUDA call (the lane's stream, or the whole context, may carry a
+    /// sticky error); false for an error about the data, which leaves the lane healthy.
+    fn is_device_fault(&self) -> bool;
+}
+
+impl LaneFault for GpuError {
+    fn is_device_fault(&self) -> bool {
+        !matches!(self, GpuError::Linalg(_) | GpuError::UnsupportedDType(_))
+    }
+}
+
+impl LaneFault for MergeError {
+    fn is_device_fault(&self) -> bool {
+        matches!(self, MergeError::Device { source, .. } if source.is_device_fault())
+    }
 }
 
 thread_local! {
@@ -139,6 +186,7 @@ impl<B: Backend> Lanes<B> {
             pool: Mutex::new(Pool {
                 idle: Vec::new(),
                 made: 0,
+                leaked: 0,
             }),
             returned: Condvar::new(),
             max: max.max(1),
@@ -147,17 +195,32 @@ impl<B: Backend> Lanes<B> {
     }
 
     /// Runs `f` on a lane attached to the calling thread; `Err` when no lane could be made
-    /// or attached. A lane whose work failed is dropped rather than reused (a CUDA error may
-    /// leave its stream unusable).
-    pub fn with<T, E>(
+    /// or attached. A lane that could not be attached or whose work failed with a device
+    /// error is leaked, never reused or dropped (see "After a device fault"); after any
+    /// other error it is reused.
+    pub fn with<T, E: LaneFault>(
         &self,
         f: impl FnOnce(&mut B) -> Result<T, E>,
     ) -> Result<Result<T, E>, GpuError> {
         let mut lane = self.take()?;
         let held = Held::new(self);
         let result = lane.attach().map(|()| f(&mut lane));
-        held.finish(matches!(result, Ok(Ok(_))).then_some(lane));
+        let faulted = match &result {
+            Err(_) => true,
+            Ok(Err(e)) => e.is_device_fault(),
+            Ok(Ok(_)) => false,
+        };
+        if faulted {
+            held.leak(lane);
+        } else {
+            held.finish(lane);
+        }
         result
+    }
+
+    /// Lanes leaked after device faults so far.
+    pub fn leaked(&self) -> usize {
+        self.lock().leaked
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Pool<B>> {
@@ -210,14 +273,32 @@ impl<'l, B: Backend> Held<'l, B> {
         }
     }
 
-    /// Returns `lane` to the idle list, or with `None` (its work failed) gives its place up.
-    fn finish(mut self, lane: Option<B>) {
-        let mut pool = self.lanes.lock();
-        match lane {
-            Some(lane) => pool.idle.push(lane),
-            None => pool.made -= 1,
-        }
+    /// Returns `lane` to the idle list.
+    fn finish(mut self, lane: B) {
+        self.lanes.lock().idle.push(lane);
         self.finished = true;
+    }
+
+    /// Leaks `lane` (its destructors are never run) and gives its place up.
+    fn leak(mut self, lane: B) {
+        std::mem::forget(lane);
+        let mut pool = self.lanes.lock();
+        pool.made -= 1;
+        pool.leaked += 1;
+        self.finished = true;
+    }
+}
+
+impl<B> Drop for Lanes<B> {
+    fn drop(&mut self) {
+        let pool = self.pool.get_mut().unwrap_or_else(|e| e.into_inner());
+        if pool.leaked > 0 {
+            // A device fault may have left the context unusable: destroying these lanes' handles
+            // would panic (see "After a device fault").
+            for lane in pool.idle.drain(..) {
+                std::mem::forget(lane);
+            }
+        }
     }
 }
 
@@ -348,6 +429,7 @@ mod tests {
     //! hand-derived values (the end-to-end oracles are in tests/merge.rs).
 
     use super::*;
+    use crate::gpu::HostMat;
     use crate::merge::math::{Scratch, add_contribution as add_band, column_scales};
 
     const W: [f32; 6] = [1.0, -2.0, 0.5, -0.5, 1.5, 2.0];
@@ -465,7 +547,7 @@ mod tests {
     }
 
     #[test]
-    fn lanes_are_reused_and_a_failed_lane_is_dropped() {
+    fn lanes_are_reused_and_a_faulted_lane_is_replaced() {
         use std::sync::Arc;
         use std::sync::atomic::{AtomicUsize, Ordering};
         let made = Arc::new(AtomicUsize::new(0));
@@ -478,10 +560,252 @@ mod tests {
             lanes.with(|b| b.zeros(1, 1).map(|_| ())).unwrap().unwrap();
         }
         assert_eq!(made.load(Ordering::SeqCst), 1);
-        let failed = lanes.with(|_| Err::<(), _>(GpuError::unavailable("injected")));
+        let failed = lanes.with(|_| Err::<(), _>(GpuError::cuda("injected", "fault")));
         assert!(failed.unwrap().is_err());
         lanes.with(|_| Ok::<(), GpuError>(())).unwrap().unwrap();
         assert_eq!(made.load(Ordering::SeqCst), 2);
+        assert_eq!(lanes.leaked(), 1);
+    }
+
+    /// Issue 18, item 3: an error about the data (not the device) keeps its lane.
+    #[test]
+    fn r_issue_18_a_data_error_keeps_its_lane() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let made = Arc::new(AtomicUsize::new(0));
+        let counter = made.clone();
+        let lanes = Lanes::new(2, move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+            Ok(CpuBackend::new(Par::Seq))
+        });
+        let non_finite = MergeError::NonFiniteResult {
+            tensor: "w".into(),
+            component: String::new(),
+            row: 0,
+            col: 0,
+            value: f32::NAN,
+        };
+        assert!(lanes.with(|_| Err::<(), _>(non_finite)).unwrap().is_err());
+        let bad_rank =
+            GpuError::Linalg(crate::linalg::LinalgError::NoConvergence { out: 2, inp: 2 });
+        assert!(lanes.with(|_| Err::<(), _>(bad_rank)).unwrap().is_err());
+        lanes.with(|_| Ok::<(), GpuError>(())).unwrap().unwrap();
+        assert_eq!((made.load(Ordering::SeqCst), lanes.leaked()), (1, 0));
+    }
+
+    /// A lane that behaves like a cudarc lane after a sticky device error: once the shared
+    /// "context" is broken, its ops fail and its destructor panics (cudarc `unwrap`s
+    /// `cublasDestroy`).
+    struct FaultyLane {
+        cpu: CpuBackend,
+        broken: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl Drop for FaultyLane {
+        fn drop(&mut self) {
+            if self.broken.load(std::sync::atomic::Ordering::SeqCst) && !std::thread::panicking() {
+                panic!("cublasDestroy after a sticky error: CUBLAS_STATUS_INTERNAL_ERROR");
+            }
+        }
+    }
+
+    impl FaultyLane {
+        fn check(&self) -> Result<(), GpuError> {
+            if self.broken.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(GpuError::cuda(
+                    "launching 'widen_bf16'",
+                    "an illegal address",
+                ));
+            }
+            Ok(())
+        }
+    }
+
+    /// Every op checks the shared state first, then runs on the CPU backend.
+    impl Backend for FaultyLane {
+        type Mat = HostMat;
+        type Scales = crate::gpu::HostScales;
+        fn kind(&self) -> crate::gpu::BackendKind {
+            crate::gpu::BackendKind::Cuda
+        }
+        fn upload(&mut self, d: &[f32], r: usize, c: usize) -> Result<HostMat, GpuError> {
+            self.check()?;
+            self.cpu.upload(d, r, c)
+        }
+        fn widen(&mut self, t: DType, b: &[u8], r: usize, c: usize) -> Result<HostMat, GpuError> {
+            self.check()?;
+            self.cpu.widen(t, b, r, c)
+        }
+        fn zeros(&mut self, r: usize, c: usize) -> Result<HostMat, GpuError> {
+            self.check()?;
+            self.cpu.zeros(r, c)
+        }
+        fn duplicate(&mut self, m: &HostMat) -> Result<HostMat, GpuError> {
+            self.check()?;
+            self.cpu.duplicate(m)
+        }
+        fn add_scaled_product(
+            &mut self,
+            w: &mut HostMat,
+            s: f32,
+            bm: &HostMat,
+            am: &HostMat,
+        ) -> Result<(), GpuError> {
+            self.check()?;
+            self.cpu.add_scaled_product(w, s, bm, am)
+        }
+        fn add_xs_update(
+            &mut self,
+            w: &mut HostMat,
+            s: f32,
+            U: &HostMat,
+            M: &HostMat,
+            V: &HostMat,
+        ) -> Result<(), GpuError> {
+            self.check()?;
+            self.cpu.add_xs_update(w, s, U, M, V)
+        }
+        fn row_norms(&mut self, X: &HostMat) -> Result<HostMat, GpuError> {
+            self.check()?;
+            self.cpu.row_norms(X)
+        }
+        fn col_norms(&mut self, X: &HostMat) -> Result<HostMat, GpuError> {
+            self.check()?;
+            self.cpu.col_norms(X)
+        }
+        fn row_scales(
+            &mut self,
+            V: &HostMat,
+            m: &HostMat,
+            eps: f64,
+        ) -> Result<Self::Scales, GpuError> {
+            self.check()?;
+            self.cpu.row_scales(V, m, eps)
+        }
+        fn col_scales(
+            &mut self,
+            V: &HostMat,
+            a: Option<&Self::Scales>,
+            m: &HostMat,
+            eps: f64,
+        ) -> Result<Self::Scales, GpuError> {
+            self.check()?;
+            self.cpu.col_scales(V, a, m, eps)
+        }
+        fn accumulate_normalised(
+            &mut self,
+            D: &mut HostMat,
+            wt: f64,
+            V: &HostMat,
+            w0: &HostMat,
+            a: Option<&Self::Scales>,
+            b: Option<&Self::Scales>,
+        ) -> Result<(), GpuError> {
+            self.check()?;
+            self.cpu.accumulate_normalised(D, wt, V, w0, a, b)
+        }
+        fn accumulate_scaled(
+            &mut self,
+            D: &mut HostMat,
+            coef: f64,
+            X: &HostMat,
+        ) -> Result<(), GpuError> {
+            self.check()?;
+            self.cpu.accumulate_scaled(D, coef, X)
+        }
+        fn download_scales(&mut self, s: &Self::Scales) -> Result<Vec<f64>, GpuError> {
+            self.check()?;
+            self.cpu.download_scales(s)
+        }
+        fn add_narrow(
+            &mut self,
+            base: &HostMat,
+            delta: &HostMat,
+            dtype: DType,
+            out: &mut [u8],
+        ) -> Result<Option<NonFinite>, GpuError> {
+            self.check()?;
+            self.cpu.add_narrow(base, delta, dtype, out)
+        }
+        fn narrow(&mut self, src: &HostMat, dtype: DType, out: &mut [u8]) -> Result<(), GpuError> {
+            self.check()?;
+            self.cpu.narrow(src, dtype, out)
+        }
+        fn download(&mut self, src: &HostMat) -> Result<Vec<f32>, GpuError> {
+            self.check()?;
+            self.cpu.download(src)
+        }
+        fn xs_bases(
+            &mut self,
+            x: &[f32],
+            out: usize,
+            inp: usize,
+            r: usize,
+        ) -> Result<crate::linalg::XsBases, GpuError> {
+            self.check()?;
+            self.cpu.xs_bases(x, out, inp, r)
+        }
+    }
+
+    /// Issue 18, item 3: a device fault injected through the backend trait comes back as
+    /// `MergeError::Device`, with no panic from the faulted lane's destructors, while the
+    /// lane's place is given back and the pool keeps serving targets; the idle lanes are
+    /// leaked too when the pool goes (their destructors would panic as well).
+    #[test]
+    fn r_issue_18_a_device_fault_is_an_error_not_a_panic_and_other_lanes_keep_working() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        let broken = Arc::new(AtomicBool::new(false));
+        let (made, done) = (Arc::new(AtomicUsize::new(0)), AtomicUsize::new(0));
+        let (b2, m2) = (broken.clone(), made.clone());
+        let lanes = Lanes::new(2, move || {
+            m2.fetch_add(1, Ordering::SeqCst);
+            Ok(FaultyLane {
+                cpu: CpuBackend::new(Par::Seq),
+                broken: b2.clone(),
+            })
+        });
+        // One target on the whole-tensor program, as merge::exec runs it.
+        let target = |b: &mut FaultyLane| -> Result<(), MergeError> {
+            let mut dst = vec![0u8; 24];
+            merge_whole(b, BaseWeight::F32(&W), (2, 3), &[], DType::F32, &mut dst).map_err(
+                |source| MergeError::Device {
+                    tensor: "blocks.0.w".into(),
+                    device: "cuda",
+                    source,
+                },
+            )?;
+            Ok(())
+        };
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                s.spawn(|| {
+                    for _ in 0..10 {
+                        lanes.with(target).unwrap().unwrap();
+                        done.fetch_add(1, Ordering::SeqCst);
+                    }
+                });
+            }
+        });
+        // The fault: the context breaks while a lane runs a target (a kernel faulted).
+        let result = lanes.with(|b| {
+            broken.store(true, Ordering::SeqCst);
+            target(b)
+        });
+        let err = result
+            .expect("the lane was taken")
+            .expect_err("the target failed");
+        assert!(matches!(err, MergeError::Device { .. }), "{err:?}");
+        assert!(err.to_string().contains("an illegal address"), "{err}");
+        assert_eq!(lanes.leaked(), 1);
+        // The device recovers for this test (a lane-local fault): the pool still serves.
+        broken.store(false, Ordering::SeqCst);
+        lanes.with(target).unwrap().unwrap();
+        assert_eq!(done.load(Ordering::SeqCst), 20);
+        assert!(made.load(Ordering::SeqCst) <= 3);
+        // Sticky again: dropping the pool must not run the idle lanes' destructors.
+        broken.store(true, Ordering::SeqCst);
+        drop(lanes);
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! bytes never depend on the thread count), the route each target takes ([`Compute`]), the
 //! band reader of base rows (dtype widening, the MLX Conv1d row permutation), loading an
 //! entry's tensors, the -xs bases (through the SVD cache when one is given, computed by the
-//! route's SVD engine on a miss), and writing each band or whole tensor into its slot. Does
+//! CPU SVD on a miss, on every route), and writing each band or whole tensor into its slot. Does
 //! not own: the formulas (`merge::math`) or the whole-tensor program (`merge::device`), the
 //! kernel that copies and converts untouched tensors (`layout::transform`), or the atomic
 //! output (`io::staging`).
@@ -68,7 +68,7 @@ pub fn load_param(set: &AdapterSet, src: &TensorSource) -> Result<Vec<f32>, Read
 }
 
 /// How an -xs target's bases are computed when no cache has them: `engine(W, rank)` with
-/// `W` the target's (out, in') f32 matrix (the CPU SVD, or a backend lane's).
+/// `W` the target's (out, in') f32 matrix (the CPU SVD, on every route).
 type SvdEngine<'e> = &'e dyn Fn(&[f32], usize) -> Result<XsBases, MergeError>;
 
 /// What every job needs.
@@ -298,13 +298,17 @@ impl Exec<'_> {
             source: e,
         };
         let rows = BaseRows::new(t, src, job)?;
-        let lane_svd = |W: &[f32], rank| {
-            lanes
-                .with(|b| b.xs_bases(W, t.out, t.inp, rank))
-                .and_then(|r| r)
-                .map_err(device)
+        // -xs bases come from the CPU SVD on every route, so the SVD cache holds one engine's
+        // bases whichever route filled it (`merge::device`, "-xs bases").
+        let cpu_svd = |W: &[f32], rank| {
+            xs_bases(W, t.out, t.inp, rank, Par::Seq).map_err(|source| {
+                MergeError::from(CacheError::Linalg {
+                    tensor: t.name.clone(),
+                    source,
+                })
+            })
         };
-        let loaded = self.load_factors(t, &rows, svd, &lane_svd)?;
+        let loaded = self.load_factors(t, &rows, svd, &cpu_svd)?;
         let updates: Vec<(Update<'_>, f64)> = loaded
             .iter()
             .map(|l| (l.update(), l.contribution.weight))
