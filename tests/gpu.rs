@@ -29,22 +29,7 @@ use wanbake::io::dtype::{narrow_from_f32, round_to_bf16, round_to_f16, widen_to_
 
 type TestResult = Result<(), GpuError>;
 
-/// Deterministic SplitMix64.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [-1, 1).
-    fn unit(&mut self) -> f32 {
-        ((self.next() >> 40) as f32 / (1u64 << 23) as f32) - 1.0
-    }
-}
+use common::Rng;
 
 // ------------------------------------------------------------------------------------------
 // Device selection
@@ -307,7 +292,7 @@ fn f32_sweep() -> Vec<u32> {
     for sign in [0u32, 1] {
         for exp in 0u32..=255 {
             let fixed = mantissas.iter().copied();
-            let random = (0..8).map(|_| (rng.next() as u32) & 0x7F_FFFF);
+            let random = (0..8).map(|_| (rng.next_u64() as u32) & 0x7F_FFFF);
             for m in fixed.chain(random) {
                 out.push(sign << 31 | exp << 23 | m);
             }
@@ -686,7 +671,7 @@ fn unchanged_base_round_trips_except_negative_zero_and_signalling_nan<B: Backend
 
 /// Small integers, so every product and partial sum is exact in f32 in any order.
 fn ints(rng: &mut Rng, n: usize) -> Vec<f32> {
-    (0..n).map(|_| (rng.next() % 7) as f32 - 3.0).collect()
+    (0..n).map(|_| (rng.next_u64() % 7) as f32 - 3.0).collect()
 }
 
 fn low_rank_products_are_exact_on_small_integers<B: Backend>(b: &mut B) -> TestResult {
