@@ -13,6 +13,7 @@ pub mod dtype;
 pub mod file;
 pub mod header;
 pub mod mmap;
+pub mod quant;
 pub mod staging;
 pub mod writer;
 

@@ -1,0 +1,172 @@
+"""Quantization goldens for wanbake's fp8-scaled and GGUF encoders (spec quant_formats.md).
+
+Reference implementations, run as they are:
+- torch's `Tensor.to(torch.float8_e4m3fn)` on the CPU, and ComfyUI's scale rule
+  `scale = amax / 448` (f32), codes `(W / scale).to(float8_e4m3fn)`;
+- gguf-py's `gguf.quants.quantize` (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, BF16, F16).
+
+Writes golden/quant/:
+- `cast.safetensors`: `x` (F32 values dense around every e4m3 code, midpoint and the special
+  values) and `codes` (U8, torch's cast of `x`).
+- `crafted.safetensors` and `t2v.safetensors`: for every input tensor `N` (F32, rows a whole
+  number of 32-blocks), `N|<type>` = gguf-py's bytes (U8, one row of bytes per input row), and
+  `N|fp8` (U8 codes) with `N|fp8_scale` (F32, 0-d). crafted: rounding ties, clips, argmax ties,
+  zero and constant blocks, f16 scale underflow; t2v: every 2-D tensor of
+  golden/models/t2v_original.safetensors whose rows are whole blocks.
+- `gguf_written.gguf`: a file written by gguf-py's GGUFWriter (arch "wan", Q8_0, F16, F32 and a
+  3-D and a 5-D tensor) and `gguf_written.json`: what GGUFReader reads back from it.
+
+Run with the versions in golden/README.md (torch 2.15.0, gguf 0.19.0, numpy 2.4.6):
+`python golden/quant_golden.py`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gguf
+import numpy as np
+import torch
+from gguf.quants import quantize
+from safetensors.numpy import load_file, save_file
+
+ROOT = Path(__file__).resolve().parent
+OUT = ROOT / "quant"
+T = gguf.GGMLQuantizationType
+TYPES = {"q8_0": T.Q8_0, "q4_0": T.Q4_0, "q4_1": T.Q4_1, "q5_0": T.Q5_0, "q5_1": T.Q5_1,
+         "bf16": T.BF16, "f16": T.F16}
+
+
+def e4m3_values() -> np.ndarray:
+    codes = torch.arange(0, 0x7F, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    return codes.to(torch.float32).numpy()
+
+
+def cast_inputs() -> np.ndarray:
+    v = e4m3_values()
+    mids = (v[:-1] + v[1:]) / 2
+    pts = np.concatenate([v, mids, np.float32([449, 463.99, 464, 465, 479.9, 480, 500, 1e9,
+                                                  3.4e38, 2.0**-10, 2.0**-12, 1e-30, 1e-45])])
+    near = np.concatenate([np.nextafter(pts, np.float32(np.inf)), np.nextafter(pts, np.float32(0))])
+    allp = np.concatenate([pts, near]).astype(np.float32)
+    allp = np.concatenate([allp, -allp, np.float32([np.inf, -np.inf, np.nan, -np.nan, 0.0, -0.0])])
+    return allp.astype(np.float32)
+
+
+def fp8_scaled(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    t = torch.from_numpy(w)
+    scale = t.abs().amax() / 448.0
+    codes = (t / scale).to(torch.float8_e4m3fn).view(torch.uint8)
+    assert scale.dtype == torch.float32
+    return codes.numpy(), np.array(scale.item(), dtype=np.float32).reshape(())
+
+
+def crafted() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(16)
+    b = {}
+    zero = np.zeros(32, np.float32)
+    # Q8_0: amax 127 gives d = 1 and id = 1, so x.5 values are exact ties (away from zero).
+    q8 = np.float32([127, 0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 126.5, -126.5, 3.4999998, 3.5, 0]
+                    + list(np.arange(20, dtype=np.float32) - 10.5))
+    # Q4_0: max -8 gives d = 1; x + 8.5 truncates, so x = k - 0.5 sits on a boundary.
+    q4 = np.float32([-8, -7.5, -0.5, 0.5, 6.5, 7.0, 7.49, 7.5, 7.99, -7.99]
+                    + list(np.linspace(-8, 8, 22, dtype=np.float32)))
+    # max +8 gives d = -1: -8 maps to 16.5 -> 16, clipped to 15.
+    q4clip = q4.copy()
+    q4clip[0] = 8
+    q4clip[1] = -8
+    # argmax ties: +3 first, then -3 (and the reverse).
+    tie_a = np.float32([3, -3] + [0.25] * 30)
+    tie_b = np.float32([-3, 3] + [0.25] * 30)
+    q5 = np.float32([-16, -15.5, -0.5, 0.5, 15.5, 15.99, 16, -16] + list(np.linspace(-16, 16, 24)))
+    const = np.full(32, 0.37, np.float32)
+    tiny = (rng.standard_normal(32) * 1e-7).astype(np.float32)  # d underflows in f16
+    big = (rng.standard_normal(32) * 3e3).astype(np.float32)
+    rows = [zero, q8, q4, q4clip, tie_a, tie_b, q5, const, tiny, big]
+    rows += [(rng.standard_normal(32) * s).astype(np.float32) for s in (0.02, 1.0, 0.3)]
+    b["blocks"] = np.stack(rows)  # (13, 32): one block per row
+    b["wide"] = (rng.standard_normal((4, 96)) * 0.05).astype(np.float32)
+    # fp8 scaled: a weight whose scaled values hit e4m3 midpoints and subnormals.
+    v = e4m3_values()
+    mids = np.float32((v[:-1] + v[1:]) / 2)[:63]
+    f = np.concatenate([np.float32([448.0]), mids, -mids[::-1].copy(), np.float32([-0.0])])
+    b["fp8_mid"] = (f / np.float32(64)).reshape(4, 32).astype(np.float32)
+    b["fp8_small"] = np.concatenate([np.float32([1.0]), np.float32(np.arange(1, 64) * 2.0**-10)])\
+        .reshape(2, 32).astype(np.float32)
+    return b
+
+
+def expected(inputs: dict[str, np.ndarray], fp8_all: bool) -> dict[str, np.ndarray]:
+    out = {}
+    for name, w in inputs.items():
+        out[name] = w
+        for tname, t in TYPES.items():
+            q = quantize(w, t)
+            out[f"{name}|{tname}"] = np.ascontiguousarray(q).view(np.uint8).reshape(w.shape[0], -1)
+        if fp8_all or name.startswith("fp8"):
+            if np.abs(w).max() > 0:
+                codes, scale = fp8_scaled(w)
+                out[f"{name}|fp8"] = codes
+                out[f"{name}|fp8_scale"] = scale
+    return out
+
+
+def model_tensors() -> dict[str, np.ndarray]:
+    sd = load_file(str(ROOT / "models" / "t2v_original.safetensors"))
+    return {k: v for k, v in sorted(sd.items()) if v.ndim == 2 and v.shape[1] % 32 == 0}
+
+
+def write_gguf() -> None:
+    rng = np.random.default_rng(7)
+    path = OUT / "gguf_written.gguf"
+    w = gguf.GGUFWriter(str(path), arch="wan")
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
+    tensors = {
+        "blocks.0.self_attn.q.weight": (rng.standard_normal((64, 64)) * 0.05).astype(np.float32),
+        "blocks.0.ffn.2.weight": (rng.standard_normal((64, 80)) * 0.05).astype(np.float32),
+        "blocks.0.modulation": rng.standard_normal((1, 6, 64)).astype(np.float32),
+        "patch_embedding.weight": rng.standard_normal((64, 4, 1, 2, 2)).astype(np.float32),
+        "head.head.weight": (rng.standard_normal((16, 64)) * 0.1).astype(np.float32),
+    }
+    types = {"blocks.0.self_attn.q.weight": T.Q8_0, "blocks.0.ffn.2.weight": T.F16,
+             "blocks.0.modulation": T.F32, "patch_embedding.weight": T.F32,
+             "head.head.weight": T.BF16}
+    for name, arr in tensors.items():
+        t = types[name]
+        data = quantize(arr, t)
+        w.add_tensor(name, data, raw_shape=data.shape if t in (T.F32, T.F16) else None, raw_dtype=t)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    save_file({k: v for k, v in tensors.items()}, str(OUT / "gguf_written_source.safetensors"))
+    r = gguf.GGUFReader(str(path))
+    desc = {"kv": {}, "tensors": []}
+    for f in r.fields.values():
+        if f.name.startswith("GGUF."):
+            continue
+        val = f.contents()
+        desc["kv"][f.name] = {"type": [int(x) for x in f.types], "value": val}
+    for t in r.tensors:
+        raw = np.asarray(t.data).view(np.uint8).tobytes()
+        import hashlib
+        desc["tensors"].append({"name": t.name, "type": int(t.tensor_type), "ne": [int(x) for x in t.shape],
+                                "offset": int(t.data_offset), "n_bytes": int(t.n_bytes),
+                                "sha256": hashlib.sha256(raw).hexdigest()})
+    (OUT / "gguf_written.json").write_text(json.dumps(desc, indent=1, sort_keys=True) + "\n")
+
+
+def main() -> None:
+    OUT.mkdir(exist_ok=True)
+    xs = cast_inputs()
+    save_file({"x": xs, "codes": torch.from_numpy(xs).to(torch.float8_e4m3fn).view(torch.uint8).numpy()},
+              str(OUT / "cast.safetensors"))
+    save_file(expected(crafted(), fp8_all=False), str(OUT / "crafted.safetensors"))
+    save_file(expected(model_tensors(), fp8_all=True), str(OUT / "t2v.safetensors"))
+    write_gguf()
+
+
+if __name__ == "__main__":
+    main()
