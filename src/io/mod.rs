@@ -11,6 +11,7 @@ pub mod checkpoint;
 pub mod digest;
 pub mod dtype;
 pub mod file;
+pub mod gguf;
 pub mod header;
 pub mod mmap;
 pub mod quant;
