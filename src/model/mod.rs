@@ -5,5 +5,6 @@
 //! live in `layout`; adapter naming lives in `adapter`.
 
 pub mod fingerprint;
+pub mod quant_rules;
 pub mod sa3;
 pub mod wan;
