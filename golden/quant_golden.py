@@ -13,6 +13,10 @@ Writes golden/quant/:
   `N|fp8` (U8 codes) with `N|fp8_scale` (F32, 0-d). crafted: rounding ties, clips, argmax ties,
   zero and constant blocks, f16 scale underflow; t2v: every 2-D tensor of
   golden/models/t2v_original.safetensors whose rows are whole blocks.
+- `expect_t2v_<fmt>[_city96].gguf`, `expect_t2v_fp8_scaled.safetensors`: what
+  `wanbake convert golden/models/t2v --to gguf:<fmt>|fp8-scaled` must write, from
+  `models/t2v_original.safetensors` (the same weights under original-Wan names), with the
+  per-tensor rules of the spec re-implemented here and the bytes from gguf-py / torch.
 - `gguf_written.gguf`: a file written by gguf-py's GGUFWriter (arch "wan", Q8_0, F16, F32 and a
   3-D and a 5-D tensor) and `gguf_written.json`: what GGUFReader reads back from it.
 
@@ -158,6 +162,89 @@ def write_gguf() -> None:
     (OUT / "gguf_written.json").write_text(json.dumps(desc, indent=1, sort_keys=True) + "\n")
 
 
+# ---- whole-release expectations: what `wanbake convert golden/models/t2v --to ...` must write.
+# The per-tensor rules are re-implemented here from spec quant_formats.md §1.8 / §2.4 (city96's
+# convert.py, its llama-quantize patch and fix_5d_tensors.py), independently of the Rust code;
+# the bytes come from gguf-py / torch themselves.
+NEVER = ["modulation.", "patch_embedding.", "text_embedding.", "time_projection.", "time_embedding.",
+         "img_emb.", "head."]
+BUMP = {T.Q4_0: T.Q4_1, T.Q5_0: T.Q5_1}
+FILE_TYPE = {"q8_0": 7, "q4_0": 2, "q5_0": 8, "bf16": 32, "f16": 1}
+
+
+def city96_type(name: str, arr: np.ndarray, fmt: str) -> tuple[int, int]:
+    """(final type, step-1 type) of one tensor of an f32 source."""
+    if arr.ndim > 4 or arr.ndim == 1 or arr.size <= 1024 or ".modulation" in name:
+        step1 = T.F32
+    else:
+        step1 = T.BF16 if fmt == "bf16" else T.F16
+    if fmt in ("bf16", "f16"):
+        return step1, step1
+    q = {"q8_0": T.Q8_0, "q4_0": T.Q4_0, "q5_0": T.Q5_0}[fmt]
+    if not (name.endswith("weight") and arr.ndim == 2 and not any(p in name for p in NEVER)):
+        return step1, step1
+    if arr.shape[-1] % 32 != 0:
+        return step1, step1
+    if ".ffn.2.weight" in name:
+        q = BUMP.get(q, q)
+    return q, step1
+
+
+def expect_gguf(fmt: str, city96_rounding: bool) -> None:
+    sd = load_file(str(ROOT / "models" / "t2v_original.safetensors"))
+    suffix = "_city96" if city96_rounding else ""
+    path = OUT / f"expect_t2v_{fmt}{suffix}.gguf"
+    w = gguf.GGUFWriter(str(path), arch="wan")
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    w.add_file_type(FILE_TYPE[fmt])
+    for name in sorted(sd):
+        arr = sd[name].astype(np.float32)
+        t, step1 = city96_type(name, arr, fmt)
+        src = arr
+        if city96_rounding and t not in (T.F32, T.F16, T.BF16) and step1 == T.F16:
+            src = arr.astype(np.float16).astype(np.float32)  # what llama-quantize reads
+        data = quantize(src, t)
+        w.add_tensor(name, data, raw_shape=data.shape if t in (T.F32, T.F16) else None, raw_dtype=t)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+FP8_LINEAR_TOP = {"text_embedding.0.weight", "text_embedding.2.weight", "time_embedding.0.weight",
+                  "time_embedding.2.weight", "time_projection.1.weight", "head.head.weight",
+                  "img_emb.proj.1.weight", "img_emb.proj.3.weight"}
+
+
+def is_fp8_linear(name: str, arr: np.ndarray) -> bool:
+    if arr.ndim != 2:
+        return False
+    if name in FP8_LINEAR_TOP:
+        return True
+    parts = name.split(".")
+    if len(parts) < 4 or parts[0] != "blocks" or not parts[1].isdigit():
+        return False
+    mod = ".".join(parts[2:])
+    return mod in ("ffn.0.weight", "ffn.2.weight") or (
+        parts[2] in ("self_attn", "cross_attn") and ".".join(parts[3:]) in
+        ("q.weight", "k.weight", "v.weight", "o.weight", "k_img.weight", "v_img.weight"))
+
+
+def expect_fp8() -> None:
+    from safetensors.torch import save_file as save_torch
+    sd = load_file(str(ROOT / "models" / "t2v_original.safetensors"))
+    out = {"scaled_fp8": torch.empty(0, dtype=torch.float8_e4m3fn)}
+    for name in sorted(sd):
+        arr = sd[name].astype(np.float32)
+        if is_fp8_linear(name, arr):
+            codes, scale = fp8_scaled(arr)
+            out[name] = torch.from_numpy(codes).view(torch.float8_e4m3fn)
+            out[name[: -len(".weight")] + ".scale_weight"] = torch.from_numpy(scale)
+        else:
+            out[name] = torch.from_numpy(arr).to(torch.float16)
+    save_torch(out, str(OUT / "expect_t2v_fp8_scaled.safetensors"))
+
+
 def main() -> None:
     OUT.mkdir(exist_ok=True)
     xs = cast_inputs()
@@ -166,6 +253,11 @@ def main() -> None:
     save_file(expected(crafted(), fp8_all=False), str(OUT / "crafted.safetensors"))
     save_file(expected(model_tensors(), fp8_all=True), str(OUT / "t2v.safetensors"))
     write_gguf()
+    for fmt in FILE_TYPE:
+        expect_gguf(fmt, city96_rounding=False)
+    expect_gguf("q8_0", city96_rounding=True)
+    expect_gguf("q4_0", city96_rounding=True)
+    expect_fp8()
 
 
 if __name__ == "__main__":

@@ -311,7 +311,7 @@ fn verify_file(dir: &Path, f: &FileRecord) -> (usize, Vec<Mismatch>) {
         }
         return (0, out);
     };
-    let d = match digest::digest_safetensors(&path) {
+    let d = match digest::digest_weight_file(&path) {
         Ok(d) => d,
         Err(e) => return (0, vec![miss(e.to_string())]),
     };

@@ -14,7 +14,9 @@ fn golden(name: &str) -> SafetensorsFile {
 }
 
 fn bytes<'a>(f: &'a SafetensorsFile, name: &str) -> &'a [u8] {
-    f.view(name).unwrap_or_else(|| panic!("golden tensor {name}")).bytes
+    f.view(name)
+        .unwrap_or_else(|| panic!("golden tensor {name}"))
+        .bytes
 }
 
 const TYPES: [(&str, GgmlType); 7] = [
@@ -38,10 +40,18 @@ fn fp8_cast_matches_torch() {
     for (&x, &w) in x.iter().zip(want) {
         let got = fp8::f32_to_e4m3fn(x);
         if got != w {
-            bad.push(format!("{x:e} ({:#010x}): torch {w:#04x}, ours {got:#04x}", x.to_bits()));
+            bad.push(format!(
+                "{x:e} ({:#010x}): torch {w:#04x}, ours {got:#04x}",
+                x.to_bits()
+            ));
         }
     }
-    assert!(bad.is_empty(), "{} mismatches:\n{}", bad.len(), bad.join("\n"));
+    assert!(
+        bad.is_empty(),
+        "{} mismatches:\n{}",
+        bad.len(),
+        bad.join("\n")
+    );
 }
 
 /// Every input `N` of a golden file against `N|<type>` (gguf-py) and `N|fp8` (torch).
@@ -84,8 +94,16 @@ fn check_file(name: &str) -> usize {
                 scale[0],
                 q.scale
             );
-            let diff = q.codes.iter().zip(codes.bytes).filter(|(a, b)| a != b).count();
-            assert_eq!(diff, 0, "{name}: {input}: {diff} fp8 codes differ from torch");
+            let diff = q
+                .codes
+                .iter()
+                .zip(codes.bytes)
+                .filter(|(a, b)| a != b)
+                .count();
+            assert_eq!(
+                diff, 0,
+                "{name}: {input}: {diff} fp8 codes differ from torch"
+            );
             checked += 1;
         }
     }
@@ -123,7 +141,10 @@ fn dequantize_inverts_reference_bytes() {
                 _ => amax / 128.0,
             };
             for (a, b) in x.iter().zip(y) {
-                assert!((a - b).abs() <= step * 1.0001, "{tname} block {blk}: {a} vs {b}");
+                assert!(
+                    (a - b).abs() <= step * 1.0001,
+                    "{tname} block {blk}: {a} vs {b}"
+                );
             }
         }
     }
@@ -146,7 +167,11 @@ fn gguf_container_matches_gguf_py() {
     assert_eq!(g.kv.len(), kv.len());
     for (k, v) in &g.kv {
         let w = &kv[k.as_str()];
-        assert_eq!(v.type_id() as u64, w["type"][0].as_u64().unwrap(), "{k} type");
+        assert_eq!(
+            v.type_id() as u64,
+            w["type"][0].as_u64().unwrap(),
+            "{k} type"
+        );
         match v {
             gguf::Value::Str(s) => assert_eq!(s, w["value"].as_str().unwrap(), "{k}"),
             _ => assert_eq!(v.as_u64(), w["value"].as_u64(), "{k}"),
@@ -159,13 +184,21 @@ fn gguf_container_matches_gguf_py() {
     for (i, (t, w)) in g.tensors.iter().zip(tensors).enumerate() {
         assert_eq!(t.name, w["name"].as_str().unwrap());
         assert_eq!(t.ty.id() as u64, w["type"].as_u64().unwrap(), "{}", t.name);
-        let ne: Vec<u64> = w["ne"].as_array().unwrap().iter().map(|d| d.as_u64().unwrap()).collect();
+        let ne: Vec<u64> = w["ne"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d.as_u64().unwrap())
+            .collect();
         assert_eq!(t.ne, ne, "{}", t.name);
         // GGUFReader reports the absolute offset of the data
         assert_eq!(g.range(i).start as u64, w["offset"].as_u64().unwrap());
         let data = &file[g.range(i)];
         assert_eq!(data.len() as u64, w["n_bytes"].as_u64().unwrap());
-        assert_eq!(wanbake::io::digest::sha256_hex(data), w["sha256"].as_str().unwrap());
+        assert_eq!(
+            wanbake::io::digest::sha256_hex(data),
+            w["sha256"].as_str().unwrap()
+        );
         // the torch shape of the source tensor, every dimension kept (3-D, 5-D)
         let src = source.view(&t.name).unwrap();
         assert_eq!(gguf::torch_shape(&t.ne), src.shape, "{}", t.name);
@@ -187,4 +220,239 @@ fn gguf_container_matches_gguf_py() {
     assert_eq!(ours.len(), file.len(), "file length");
     let first = ours.iter().zip(&file).position(|(a, b)| a != b);
     assert_eq!(first, None, "first differing byte");
+}
+
+// ---- `convert --to`: the real binary on the tiny WAN (diffusers folder), against the files
+// gguf-py / torch wrote from the same weights under original names (golden/quant_golden.py).
+
+fn convert(dir: &std::path::Path, to: &str, extra: &[&str]) -> std::path::PathBuf {
+    let input = repo().join("golden/models/t2v");
+    let out = dir.join(to.replace(':', "_"));
+    let mut args = vec!["convert", input.to_str().unwrap(), "--to", to, "--out"];
+    args.push(out.to_str().unwrap());
+    args.extend_from_slice(extra);
+    ok(run(dir, &args));
+    out
+}
+
+#[test]
+fn convert_to_gguf_is_byte_identical_to_gguf_py() {
+    let d = tmp();
+    for (fmt, extra, golden) in [
+        ("q8_0", &[][..], "expect_t2v_q8_0.gguf"),
+        ("q4_0", &[][..], "expect_t2v_q4_0.gguf"),
+        ("q5_0", &[][..], "expect_t2v_q5_0.gguf"),
+        ("bf16", &[][..], "expect_t2v_bf16.gguf"),
+        ("f16", &[][..], "expect_t2v_f16.gguf"),
+        (
+            "q8_0",
+            &["--city96-rounding"][..],
+            "expect_t2v_q8_0_city96.gguf",
+        ),
+        (
+            "q4_0",
+            &["--city96-rounding"][..],
+            "expect_t2v_q4_0_city96.gguf",
+        ),
+    ] {
+        let sub = d.path().join(golden);
+        fs_err::create_dir(&sub).unwrap();
+        let out = convert(&sub, &format!("gguf:{fmt}"), extra);
+        assert_eq!(
+            tree(&out),
+            [format!("model-{fmt}.gguf"), "wanbake.manifest.json".into()]
+        );
+        let ours = fs_err::read(out.join(format!("model-{fmt}.gguf"))).unwrap();
+        let want = fs_err::read(repo().join("golden/quant").join(golden)).unwrap();
+        assert_eq!(ours.len(), want.len(), "{golden}: length");
+        let first = ours.iter().zip(&want).position(|(a, b)| a != b);
+        assert_eq!(first, None, "{golden}: first differing byte");
+        ok(run(d.path(), &["verify", out.to_str().unwrap()]));
+    }
+    // the option matters: city96's rounding gives other bytes on these weights
+    let a = fs_err::read(repo().join("golden/quant/expect_t2v_q8_0.gguf")).unwrap();
+    let b = fs_err::read(repo().join("golden/quant/expect_t2v_q8_0_city96.gguf")).unwrap();
+    assert_ne!(a, b);
+}
+
+#[test]
+fn convert_to_fp8_scaled_matches_torch() {
+    let d = tmp();
+    let out = convert(d.path(), "fp8-scaled", &[]);
+    assert_eq!(
+        tree(&out),
+        ["model_fp8_scaled.safetensors", "wanbake.manifest.json"]
+    );
+    let ours = SafetensorsFile::open(&out.join("model_fp8_scaled.safetensors")).unwrap();
+    let want = golden("expect_t2v_fp8_scaled.safetensors");
+    let names = |f: &SafetensorsFile| {
+        let mut v: Vec<String> = f.infos().iter().map(|i| i.name.clone()).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names(&ours), names(&want));
+    assert!(ours.metadata().get("_quantization_metadata").is_none());
+    let mut fp8 = 0;
+    for info in want.infos() {
+        let (a, b) = (
+            ours.view(&info.name).unwrap(),
+            want.view(&info.name).unwrap(),
+        );
+        assert_eq!(a.dtype, b.dtype, "{}", info.name);
+        assert_eq!(a.shape, b.shape, "{}", info.name);
+        assert_eq!(a.bytes, b.bytes, "{}: bytes differ from torch's", info.name);
+        fp8 += (a.dtype == wanbake::io::DType::F8_E4M3 && !a.shape.is_empty()) as usize;
+    }
+    assert!(fp8 > 30, "{fp8} fp8 tensors");
+    let marker = ours.view("scaled_fp8").unwrap();
+    assert_eq!(marker.shape, [0]);
+    ok(run(d.path(), &["verify", out.to_str().unwrap()]));
+}
+
+#[test]
+fn quantization_report_in_manifest_and_json() {
+    let d = tmp();
+    let input = repo().join("golden/models/t2v");
+    let out = d.path().join("q");
+    let stdout = ok(run(
+        d.path(),
+        &[
+            "convert",
+            input.to_str().unwrap(),
+            "--to",
+            "gguf:q4_0",
+            "--out",
+            "q",
+            "--json",
+        ],
+    ));
+    let json: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let q = &json["report"]["quantization"];
+    assert_eq!(q["format"], "gguf:q4_0");
+    let t = &q["tensors"]["blocks.0.self_attn.q.weight"];
+    assert_eq!(t["encoding"], "Q4_0");
+    assert_eq!(t["source"], "blocks.0.attn1.to_q.weight");
+    let rel = t["rel_max_err"].as_f64().unwrap();
+    // ≤ one step (amax/8): half a step, or a whole one where −max clips from 16 to 15
+    assert!(
+        rel > 0.0 && rel <= 1.0 / 8.0 + 1e-3,
+        "Q4_0 max error: {rel}"
+    );
+    assert_eq!(q["tensors"]["blocks.0.ffn.2.weight"]["encoding"], "F16");
+    assert!(
+        q["tensors"]["blocks.0.ffn.2.weight"]["why"]
+            .as_str()
+            .unwrap()
+            .contains("whole")
+    );
+    assert_eq!(q["tensors"]["patch_embedding.weight"]["encoding"], "F32");
+    assert_eq!(q["tensors"]["patch_embedding.weight"]["max_abs_err"], 0.0);
+    let m: serde_json::Value =
+        serde_json::from_slice(&fs_err::read(out.join("wanbake.manifest.json")).unwrap()).unwrap();
+    assert_eq!(m["report"]["quantization"], *q);
+    assert_eq!(m["options"]["to"], "gguf:q4_0");
+}
+
+#[test]
+fn verify_detects_a_changed_gguf_byte() {
+    let d = tmp();
+    let out = convert(d.path(), "gguf:q8_0", &[]);
+    let f = out.join("model-q8_0.gguf");
+    let mut bytes = fs_err::read(&f).unwrap();
+    let g = wanbake::io::gguf::parse(&bytes).unwrap();
+    let i = g.range(0).start + 5;
+    bytes[i] ^= 1;
+    fs_err::write(&f, &bytes).unwrap();
+    let (code, out_s, err) = parts(&run(d.path(), &["verify", out.to_str().unwrap()]));
+    assert_eq!(code, 3, "{out_s}{err}");
+    assert!(
+        format!("{out_s}{err}").contains(&g.tensors[0].name),
+        "{out_s}{err}"
+    );
+}
+
+#[test]
+fn refusals_write_nothing() {
+    let d = tmp();
+    let input = repo().join("golden/models/t2v");
+    let inp = input.to_str().unwrap();
+    // a NaN weight: file, key and element named
+    let bad = d.path().join("bad.safetensors");
+    let src =
+        SafetensorsFile::open(&repo().join("golden/models/t2v_original.safetensors")).unwrap();
+    let mut tensors: Vec<(String, Vec<usize>, Vec<f32>)> = src
+        .infos()
+        .iter()
+        .map(|i| {
+            (
+                i.name.clone(),
+                i.shape.clone(),
+                src.read_f32(&i.name).unwrap(),
+            )
+        })
+        .collect();
+    let q = tensors
+        .iter_mut()
+        .find(|t| t.0 == "blocks.1.self_attn.k.weight")
+        .unwrap();
+    q.2[7] = f32::NAN;
+    let refs: Vec<(&str, Vec<usize>, Vec<f32>)> = tensors
+        .iter()
+        .map(|(n, s, v)| (n.as_str(), s.clone(), v.clone()))
+        .collect();
+    write_f32(&bad, &refs);
+    for to in ["gguf:q8_0", "fp8-scaled"] {
+        let (code, _, err) = parts(&run(
+            d.path(),
+            &["convert", "bad.safetensors", "--to", to, "--out", "o"],
+        ));
+        assert_eq!(code, 1, "{err}");
+        assert!(
+            err.contains("bad.safetensors") && err.contains("blocks.1.self_attn.k.weight"),
+            "{err}"
+        );
+        assert!(err.contains("element 7 is NaN"), "{err}");
+        assert!(!d.path().join("o").exists());
+    }
+    for (args, want) in [
+        (
+            vec!["convert", inp, "--to", "gguf:q3_k", "--out", "o"],
+            "unknown --to",
+        ),
+        (
+            vec!["convert", inp, "--to", "gguf:q8_0", "--out", "o.gguf"],
+            "pass --out DIR",
+        ),
+        (
+            vec![
+                "convert",
+                inp,
+                "--to",
+                "gguf:q8_0",
+                "--dtype",
+                "f16",
+                "--out",
+                "o",
+            ],
+            "drop --dtype",
+        ),
+        (
+            vec![
+                "convert",
+                inp,
+                "--to",
+                "fp8-scaled",
+                "--city96-rounding",
+                "--out",
+                "o",
+            ],
+            "gguf",
+        ),
+        (vec!["convert", inp, "--out", "o"], "--dtype"),
+    ] {
+        let (code, _, err) = parts(&run(d.path(), &args));
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert_eq!(tree(d.path()), ["bad.safetensors"]);
+    }
 }

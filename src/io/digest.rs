@@ -105,6 +105,16 @@ pub fn digest_safetensors(path: &Path) -> Result<SafetensorsDigest, ReadError> {
     })
 }
 
+/// Digest of a weight file wanbake writes: GGUF when the name ends in `.gguf`
+/// ([`super::gguf::digest_gguf`]), safetensors otherwise.
+pub fn digest_weight_file(path: &Path) -> Result<SafetensorsDigest, ReadError> {
+    if path.extension().is_some_and(|e| e == "gguf") {
+        super::gguf::digest_gguf(path)
+    } else {
+        digest_safetensors(path)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

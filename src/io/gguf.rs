@@ -12,7 +12,15 @@
 //! Shapes: GGUF stores `ne`, the torch shape reversed (`ne[0]` is the row length), and keeps
 //! every dimension the writer gives it; [`torch_shape`] turns one into the other.
 
-use crate::io::quant::ggml::GgmlType;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use crate::io::DType;
+use crate::io::digest::{self, SafetensorsDigest, TensorDigest};
+use crate::io::file::ReadError;
+use crate::io::header::{HeaderLayout, TensorInfo};
+use crate::io::mmap::{self, ReadOnlyMap};
+use crate::io::quant::ggml::{self, GgmlType};
 
 const MAGIC: &[u8; 4] = b"GGUF";
 /// The GGUF version written.
@@ -124,7 +132,13 @@ impl std::fmt::Display for Value {
             Value::F32(v) => write!(f, "{v}"),
             Value::F64(v) => write!(f, "{v}"),
             Value::Bool(v) => write!(f, "{v}"),
-            other => write!(f, "{}", other.as_u64().map_or(format!("{other:?}"), |v| v.to_string())),
+            other => write!(
+                f,
+                "{}",
+                other
+                    .as_u64()
+                    .map_or(format!("{other:?}"), |v| v.to_string())
+            ),
         }
     }
 }
@@ -239,7 +253,9 @@ pub enum GgufError {
         ty: u32,
     },
     /// A tensor type wanbake does not read.
-    #[error("tensor {name:?}: ggml type {ty} is not supported (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)")]
+    #[error(
+        "tensor {name:?}: ggml type {ty} is not supported (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)"
+    )]
     TensorType {
         /// Tensor.
         name: String,
@@ -255,7 +271,9 @@ pub enum GgufError {
         what: String,
     },
     /// Data that is misaligned, overlapping or past the end of the file.
-    #[error("tensor {name:?}: data at {offset}+{len} {what} (data section {data_start}..{file_len})")]
+    #[error(
+        "tensor {name:?}: data at {offset}+{len} {what} (data section {data_start}..{file_len})"
+    )]
     Data {
         /// Tensor.
         name: String,
@@ -547,11 +565,9 @@ impl GgufLayout {
         let mut sizes = Vec::with_capacity(tensors.len());
         for t in tensors {
             let numel: u64 = t.ne.iter().product();
-            let len = t
-                .ty
-                .byte_len(numel as usize)
-                .unwrap_or_else(|| panic!("{}: {numel} elements are not whole {} blocks", t.name, t.ty))
-                as u64;
+            let len = t.ty.byte_len(numel as usize).unwrap_or_else(|| {
+                panic!("{}: {numel} elements are not whole {} blocks", t.name, t.ty)
+            }) as u64;
             put_str(&mut h, &t.name);
             h.extend_from_slice(&(t.ne.len() as u32).to_le_bytes());
             for &d in &t.ne {
@@ -565,11 +581,141 @@ impl GgufLayout {
         let data_start = (h.len() as u64).next_multiple_of(a);
         h.resize(data_start as usize, 0);
         let spans = sizes.iter().map(|&(r, l)| (data_start + r, l)).collect();
-        let end = sizes.last().map_or(data_start, |&(r, l)| data_start + r + l);
+        let end = sizes
+            .last()
+            .map_or(data_start, |&(r, l)| data_start + r + l);
         GgufLayout {
             header: h,
             spans,
             len: end,
+        }
+    }
+}
+
+/// A validated, memory-mapped GGUF file.
+pub struct GgufFile {
+    path: PathBuf,
+    map: ReadOnlyMap,
+    header: Gguf,
+}
+
+impl std::fmt::Debug for GgufFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GgufFile")
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+impl GgufFile {
+    /// Opens, maps and validates `path` (every tensor's data inside the file).
+    pub fn open(path: &Path) -> Result<GgufFile, ReadError> {
+        let file = std::fs::File::open(path).map_err(|e| ReadError::io(path, e))?;
+        let map = mmap::map_readonly(&file, path).map_err(|e| ReadError::io(path, e))?;
+        let header = parse(map.bytes()).map_err(|e| ReadError::Unsupported {
+            path: path.to_path_buf(),
+            reason: format!("not a valid GGUF file: {e}"),
+        })?;
+        Ok(GgufFile {
+            path: path.to_path_buf(),
+            map,
+            header,
+        })
+    }
+
+    /// The parsed header.
+    pub fn header(&self) -> &Gguf {
+        &self.header
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The raw data of tensor `i`.
+    pub fn data(&self, i: usize) -> &[u8] {
+        &self.map.bytes()[self.header.range(i)]
+    }
+
+    /// Tensor `i` decoded to f32 (dequantized as gguf-py does), in torch row-major order.
+    pub fn read_f32(&self, i: usize) -> Vec<f32> {
+        let t = &self.header.tensors[i];
+        let mut out = vec![0f32; t.numel().unwrap_or(0) as usize];
+        ggml::dequantize(t.ty, self.data(i), &mut out);
+        out
+    }
+
+    /// The file length.
+    pub fn len(&self) -> usize {
+        self.map.bytes().len()
+    }
+
+    /// True for an empty file (never, once parsed).
+    pub fn is_empty(&self) -> bool {
+        self.map.bytes().is_empty()
+    }
+}
+
+/// The dtype and shape a GGUF tensor is recorded with in a manifest: the plain float types
+/// as themselves with their torch shape; block types as their raw bytes (`U8`,
+/// `[n_bytes]`), since safetensors has no dtype for them (the ggml type and torch shape are
+/// in the quantization report).
+pub fn manifest_dtype_shape(t: &GgufTensor, n_bytes: usize) -> (DType, Vec<usize>) {
+    match t.ty {
+        GgmlType::F32 => (DType::F32, torch_shape(&t.ne)),
+        GgmlType::F16 => (DType::F16, torch_shape(&t.ne)),
+        GgmlType::BF16 => (DType::BF16, torch_shape(&t.ne)),
+        _ => (DType::U8, vec![n_bytes]),
+    }
+}
+
+/// Validates and hashes a GGUF file and each tensor's data, like
+/// [`digest::digest_safetensors`] for safetensors.
+pub fn digest_gguf(path: &Path) -> Result<SafetensorsDigest, ReadError> {
+    use sha2::{Digest, Sha256};
+    let f = GgufFile::open(path)?;
+    let whole = digest::sha256_hex(f.map.bytes());
+    let mut tensors = BTreeMap::new();
+    for (i, t) in f.header.tensors.iter().enumerate() {
+        let data = f.data(i);
+        let (dtype, shape) = manifest_dtype_shape(t, data.len());
+        let one = digest::hex(&Sha256::digest(data));
+        tensors.insert(
+            t.name.clone(),
+            TensorDigest {
+                dtype,
+                shape,
+                sha256: one,
+            },
+        );
+    }
+    Ok(SafetensorsDigest {
+        bytes: f.len() as u64,
+        sha256: whole,
+        tensors,
+    })
+}
+
+impl GgufLayout {
+    /// The layout as the release writer's file plan sees it: `header` as the prefix and one
+    /// raw byte range per tensor (dtype `U8`, shape `[n_bytes]`), in plan order.
+    pub fn to_header_layout(&self, tensors: &[TensorPlan]) -> HeaderLayout {
+        let infos = tensors
+            .iter()
+            .zip(&self.spans)
+            .map(|(t, &(off, len))| TensorInfo {
+                name: t.name.clone(),
+                dtype: DType::U8,
+                shape: vec![len as usize],
+                begin: off as usize,
+                end: (off + len) as usize,
+            })
+            .collect();
+        HeaderLayout {
+            prefix: self.header.clone(),
+            tensors: infos,
+            data_len: self.len as usize - self.header.len(),
         }
     }
 }
@@ -582,7 +728,10 @@ mod tests {
         let kv = vec![
             ("general.architecture".to_string(), Value::Str("wan".into())),
             ("general.file_type".to_string(), Value::U32(7)),
-            ("x".to_string(), Value::Array(5, vec![Value::I32(1), Value::I32(-2)])),
+            (
+                "x".to_string(),
+                Value::Array(5, vec![Value::I32(1), Value::I32(-2)]),
+            ),
         ];
         let t = vec![
             TensorPlan {
@@ -616,7 +765,10 @@ mod tests {
         assert_eq!(g.tensors.len(), 2);
         assert_eq!(g.tensors[1].offset, 96, "68 bytes padded to 96");
         assert_eq!(g.range(0).start as u64, l.spans[0].0);
-        assert_eq!(g.range(1), l.spans[1].0 as usize..l.spans[1].0 as usize + 12);
+        assert_eq!(
+            g.range(1),
+            l.spans[1].0 as usize..l.spans[1].0 as usize + 12
+        );
         assert_eq!(l.header.len() % 32, 0);
     }
 
@@ -644,7 +796,10 @@ mod tests {
         assert!(matches!(parse(&bad), Err(GgufError::TooLarge { .. })));
         // the second tensor's offset moved onto the first
         let g = parse(&f).unwrap();
-        let pos = f.windows(8).rposition(|w| w == 96u64.to_le_bytes()).unwrap();
+        let pos = f
+            .windows(8)
+            .rposition(|w| w == 96u64.to_le_bytes())
+            .unwrap();
         let mut bad = f.clone();
         bad[pos..pos + 8].copy_from_slice(&32u64.to_le_bytes());
         let e = parse(&bad).unwrap_err();

@@ -288,7 +288,7 @@ impl Staging {
             .plan
             .files
             .par_iter()
-            .map(|p| digest::digest_safetensors(&self.tmp.join(&p.rel_path)))
+            .map(|p| digest::digest_weight_file(&self.tmp.join(&p.rel_path)))
             .collect::<Result<_, _>>()?;
         let mut aux = BTreeMap::new();
         for a in &self.plan.aux {

@@ -133,7 +133,9 @@ impl Why {
             Why::FiveD => "kept: 5-D patch embedding, full shape (F32)",
             Why::NeverQuantized => "kept: name never quantized for Wan (embedding/head/patch)",
             Why::NotA2dWeight => "kept: not a 2-D weight",
-            Why::PartialBlocks => "kept: rows are not whole 32-element blocks (step-1 type, F16 fallback)",
+            Why::PartialBlocks => {
+                "kept: rows are not whole 32-element blocks (step-1 type, F16 fallback)"
+            }
             Why::Plain => "plain: the format's float type",
             Why::Fp8Linear => "quantized: nn.Linear weight, F8_E4M3 + scale_weight",
             Why::HighPrecision => "kept: not an nn.Linear weight (high precision)",
@@ -167,7 +169,12 @@ const WAN_NEVER: [&str; 7] = [
 /// The GGUF type of tensor `name` (original-Wan name, torch `shape`) in `format`.
 /// `bf16_source` is true when the source tensor is stored as BF16 (convert.py then keeps
 /// BF16 where an f32 source gets F16).
-pub fn gguf_choice(format: QuantFormat, name: &str, shape: &[usize], bf16_source: bool) -> GgufChoice {
+pub fn gguf_choice(
+    format: QuantFormat,
+    name: &str,
+    shape: &[usize],
+    bf16_source: bool,
+) -> GgufChoice {
     let numel: usize = shape.iter().product();
     let f32 = |why| GgufChoice {
         ty: GgmlType::F32,
@@ -296,21 +303,66 @@ mod tests {
     fn gguf_rules_on_real_shapes() {
         use GgmlType as G;
         let d = 5120;
-        assert_eq!(ty(GgufQ8_0, "blocks.0.self_attn.q.weight", &[d, d]), (G::Q8_0, Why::Quantized));
-        assert_eq!(ty(GgufQ4_0, "blocks.3.ffn.2.weight", &[d, 13824]), (G::Q4_1, Why::FfnDownBump));
-        assert_eq!(ty(GgufQ5_0, "blocks.3.ffn.2.weight", &[d, 13824]), (G::Q5_1, Why::FfnDownBump));
-        assert_eq!(ty(GgufQ8_0, "blocks.3.ffn.2.weight", &[d, 13824]), (G::Q8_0, Why::Quantized));
-        assert_eq!(ty(GgufQ4_0, "blocks.3.ffn.0.weight", &[13824, d]), (G::Q4_0, Why::Quantized));
-        assert_eq!(ty(GgufQ8_0, "blocks.0.self_attn.q.bias", &[d]), (G::F32, Why::OneD));
-        assert_eq!(ty(GgufQ8_0, "blocks.0.modulation", &[1, 6, d]), (G::F32, Why::Modulation));
-        assert_eq!(ty(GgufQ8_0, "head.modulation", &[1, 2, d]), (G::F32, Why::Modulation));
-        assert_eq!(ty(GgufQ8_0, "patch_embedding.weight", &[d, 16, 1, 2, 2]), (G::F32, Why::FiveD));
-        assert_eq!(ty(GgufQ8_0, "head.head.weight", &[64, d]), (G::F16, Why::NeverQuantized));
-        assert_eq!(ty(GgufQ8_0, "text_embedding.0.weight", &[d, 4096]), (G::F16, Why::NeverQuantized));
-        assert_eq!(ty(GgufQ8_0, "time_projection.1.weight", &[6 * d, d]), (G::F16, Why::NeverQuantized));
-        assert_eq!(ty(GgufBf16, "blocks.0.self_attn.q.weight", &[d, d]), (G::BF16, Why::Plain));
-        assert_eq!(ty(GgufF16, "blocks.0.self_attn.q.weight", &[d, d]), (G::F16, Why::Plain));
-        assert_eq!(ty(GgufF16, "blocks.0.self_attn.norm_q.weight", &[d]), (G::F32, Why::OneD));
+        assert_eq!(
+            ty(GgufQ8_0, "blocks.0.self_attn.q.weight", &[d, d]),
+            (G::Q8_0, Why::Quantized)
+        );
+        assert_eq!(
+            ty(GgufQ4_0, "blocks.3.ffn.2.weight", &[d, 13824]),
+            (G::Q4_1, Why::FfnDownBump)
+        );
+        assert_eq!(
+            ty(GgufQ5_0, "blocks.3.ffn.2.weight", &[d, 13824]),
+            (G::Q5_1, Why::FfnDownBump)
+        );
+        assert_eq!(
+            ty(GgufQ8_0, "blocks.3.ffn.2.weight", &[d, 13824]),
+            (G::Q8_0, Why::Quantized)
+        );
+        assert_eq!(
+            ty(GgufQ4_0, "blocks.3.ffn.0.weight", &[13824, d]),
+            (G::Q4_0, Why::Quantized)
+        );
+        assert_eq!(
+            ty(GgufQ8_0, "blocks.0.self_attn.q.bias", &[d]),
+            (G::F32, Why::OneD)
+        );
+        assert_eq!(
+            ty(GgufQ8_0, "blocks.0.modulation", &[1, 6, d]),
+            (G::F32, Why::Modulation)
+        );
+        assert_eq!(
+            ty(GgufQ8_0, "head.modulation", &[1, 2, d]),
+            (G::F32, Why::Modulation)
+        );
+        assert_eq!(
+            ty(GgufQ8_0, "patch_embedding.weight", &[d, 16, 1, 2, 2]),
+            (G::F32, Why::FiveD)
+        );
+        assert_eq!(
+            ty(GgufQ8_0, "head.head.weight", &[64, d]),
+            (G::F16, Why::NeverQuantized)
+        );
+        assert_eq!(
+            ty(GgufQ8_0, "text_embedding.0.weight", &[d, 4096]),
+            (G::F16, Why::NeverQuantized)
+        );
+        assert_eq!(
+            ty(GgufQ8_0, "time_projection.1.weight", &[6 * d, d]),
+            (G::F16, Why::NeverQuantized)
+        );
+        assert_eq!(
+            ty(GgufBf16, "blocks.0.self_attn.q.weight", &[d, d]),
+            (G::BF16, Why::Plain)
+        );
+        assert_eq!(
+            ty(GgufF16, "blocks.0.self_attn.q.weight", &[d, d]),
+            (G::F16, Why::Plain)
+        );
+        assert_eq!(
+            ty(GgufF16, "blocks.0.self_attn.norm_q.weight", &[d]),
+            (G::F32, Why::OneD)
+        );
         let c = gguf_choice(GgufQ8_0, "head.head.weight", &[64, d], true);
         assert_eq!(c.ty, G::BF16, "a bf16 source keeps BF16 where f32 gets F16");
     }
@@ -324,8 +376,14 @@ mod tests {
         assert_eq!((c.ty, c.step1, c.why), (G::Q8_0, G::F32, Why::Quantized));
         let c = gguf_choice(GgufQ8_0, "blocks.0.ffn.2.weight", &[32, 80], false);
         assert_eq!((c.ty, c.step1, c.why), (G::F16, G::F16, Why::PartialBlocks));
-        assert_eq!(ty(GgufQ8_0, "head.head.weight", &[16, 32]), (G::F32, Why::Small));
-        assert_eq!(ty(GgufF16, "blocks.0.self_attn.q.weight", &[32, 32]), (G::F32, Why::Small));
+        assert_eq!(
+            ty(GgufQ8_0, "head.head.weight", &[16, 32]),
+            (G::F32, Why::Small)
+        );
+        assert_eq!(
+            ty(GgufF16, "blocks.0.self_attn.q.weight", &[32, 32]),
+            (G::F32, Why::Small)
+        );
     }
 
     #[test]

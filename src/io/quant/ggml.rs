@@ -298,7 +298,10 @@ pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
             }
         }
         _ => {
-            for (y, b) in dst.chunks_exact_mut(QK).zip(src.chunks_exact(ty.type_size())) {
+            for (y, b) in dst
+                .chunks_exact_mut(QK)
+                .zip(src.chunks_exact(ty.type_size()))
+            {
                 let d = h(&b[..2]);
                 let (m, rest) = match ty {
                     GgmlType::Q4_1 | GgmlType::Q5_1 => (Some(h(&b[2..4])), &b[4..]),
@@ -345,7 +348,13 @@ mod tests {
 
     #[test]
     fn roundf_is_half_away() {
-        for (x, r) in [(0.5f32, 1.0f32), (1.5, 2.0), (2.5, 3.0), (-2.5, -3.0), (0.49999997, 0.0)] {
+        for (x, r) in [
+            (0.5f32, 1.0f32),
+            (1.5, 2.0),
+            (2.5, 3.0),
+            (-2.5, -3.0),
+            (0.49999997, 0.0),
+        ] {
             assert_eq!(roundf(x), r, "{x}");
         }
     }
@@ -376,7 +385,9 @@ mod tests {
     /// types' trunc-based rounding) after a decode.
     #[test]
     fn decode_inverts_within_a_step() {
-        let x: Vec<f32> = (0..QK * 4).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
+        let x: Vec<f32> = (0..QK * 4)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
+            .collect();
         for t in ALL {
             let q = quantize_vec(t, &x).unwrap();
             let mut y = vec![0f32; x.len()];
