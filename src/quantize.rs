@@ -152,16 +152,14 @@ pub fn plan(
             w[0].name
         );
     }
-    if options.format == QuantFormat::Fp8Scaled {
-        if let Some(t) = tensors
-            .iter()
-            .find(|t| t.name == FP8_MARKER || t.name.ends_with(".scale_weight"))
-        {
-            anyhow::bail!(
-                "{}: the input already holds a scaled-fp8 tensor name",
-                t.source
-            );
-        }
+    let clash = tensors
+        .iter()
+        .find(|t| t.name == FP8_MARKER || t.name.ends_with(".scale_weight"));
+    if let (QuantFormat::Fp8Scaled, Some(t)) = (options.format, clash) {
+        anyhow::bail!(
+            "{}: the input already holds a scaled-fp8 tensor name",
+            t.source
+        );
     }
     Ok(QuantPlan {
         options,

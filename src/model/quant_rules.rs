@@ -222,7 +222,7 @@ pub fn gguf_choice(
             why,
         };
     }
-    if shape[shape.len() - 1] % 32 != 0 {
+    if !shape[shape.len() - 1].is_multiple_of(32) {
         // "stays as step 1 wrote it": F16 (or BF16) in practice, F32 when small.
         return GgufChoice {
             ty: step1,

@@ -107,7 +107,7 @@ impl GgmlType {
     /// the size overflows.
     pub fn byte_len(self, numel: usize) -> Option<usize> {
         let bs = self.block_size();
-        if numel % bs != 0 {
+        if !numel.is_multiple_of(bs) {
             return None;
         }
         (numel / bs).checked_mul(self.type_size())
