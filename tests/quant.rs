@@ -456,3 +456,72 @@ fn refusals_write_nothing() {
         assert_eq!(tree(d.path()), ["bad.safetensors"]);
     }
 }
+
+#[test]
+fn inspect_reads_gguf_and_scaled_fp8() {
+    let d = tmp();
+    let gg = repo().join("golden/quant/expect_t2v_q4_0.gguf");
+    let out = ok(run(
+        d.path(),
+        &["inspect", gg.to_str().unwrap(), "--json", "--hash"],
+    ));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let r = &v[0];
+    assert_eq!(r["kind"], "gguf");
+    assert_eq!(r["metadata"]["general.architecture"], "wan");
+    assert_eq!(r["metadata"]["general.file_type"], 2);
+    assert_eq!(r["metadata"]["general.quantization_version"], 2);
+    assert_eq!(r["types"]["Q4_0"]["tensors"], 27);
+    assert_eq!(
+        r["parameter_count"], 53632,
+        "the tiny WAN's parameter count"
+    );
+    assert_eq!(r["fingerprint"]["family"], "wan");
+    assert_eq!(r["fingerprint"]["derived"]["num_layers"], 3);
+    let bytes = fs_err::read(&gg).unwrap();
+    assert_eq!(r["sha256"], wanbake::io::digest::sha256_hex(&bytes));
+    let pe = r["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "patch_embedding.weight");
+    assert_eq!(pe.unwrap()["shape"], serde_json::json!([32, 4, 1, 2, 2]));
+    // a broken GGUF: reported, exit 1
+    fs_err::write(d.path().join("cut.gguf"), &bytes[..1000]).unwrap();
+    let (code, _, err) = parts(&run(d.path(), &["inspect", "cut.gguf"]));
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("cut.gguf") && err.contains("not a valid GGUF"),
+        "{err}"
+    );
+
+    let fp8 = repo().join("golden/quant/expect_t2v_fp8_scaled.safetensors");
+    let out = ok(run(d.path(), &["inspect", fp8.to_str().unwrap(), "--json"]));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let c = &v[0]["components"][0];
+    assert_eq!(c["quantization"]["format"], "comfyui-scaled-fp8");
+    assert_eq!(c["quantization"]["fp8_layers"], 36);
+    assert_eq!(c["quantization"]["problems"], serde_json::json!([]));
+    assert_eq!(
+        c["fingerprint"]["naming"], "wan",
+        "fingerprinted without the scale tensors"
+    );
+}
+
+/// spec §1.3: a scale_weight on a weight that is not fp8 makes current ComfyUI cast it to
+/// fp8 unscaled; inspect names it.
+#[test]
+fn inspect_names_scaled_fp8_problems() {
+    let d = tmp();
+    let json = r#"{"scaled_fp8":{"dtype":"F8_E4M3","shape":[0],"data_offsets":[0,0]},"a.scale_weight":{"dtype":"F32","shape":[],"data_offsets":[0,4]},"a.weight":{"dtype":"F32","shape":[1],"data_offsets":[4,8]},"b.weight":{"dtype":"F8_E4M3","shape":[4],"data_offsets":[8,12]}}"#;
+    fs_err::write(d.path().join("x.safetensors"), st_bytes(json, &[0u8; 12])).unwrap();
+    let out = ok(run(d.path(), &["inspect", "x.safetensors"]));
+    assert!(
+        out.contains("a.scale_weight: its weight is F32, not F8_E4M3"),
+        "{out}"
+    );
+    assert!(
+        out.contains("b.weight: F8_E4M3 weight without a scale_weight"),
+        "{out}"
+    );
+}

@@ -55,6 +55,20 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
         None => None,
     };
     for path in &args.paths {
+        if path.extension().is_some_and(|e| e == "gguf") {
+            match crate::quant_inspect::inspect_gguf(path, args.hash) {
+                Ok(r) => {
+                    p.line(crate::quant_inspect::render_gguf(&r));
+                    docs.push(r);
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    docs.push(serde_json::json!({"path": path.display().to_string(), "error": e.to_string()}));
+                    status = Status::Failed;
+                }
+            }
+            continue;
+        }
         let report = Checkpoint::open(path).and_then(|c| inspect(&c, args.hash));
         match report {
             Ok(mut r) => {
