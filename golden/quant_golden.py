@@ -17,6 +17,9 @@ Writes golden/quant/:
   `wanbake convert golden/models/t2v --to gguf:<fmt>|fp8-scaled` must write, from
   `models/t2v_original.safetensors` (the same weights under original-Wan names), with the
   per-tensor rules of the spec re-implemented here and the bytes from gguf-py / torch.
+- `merge_peft_plain_{q8_0,q4_0}.gguf`, `merge_peft_plain_fp8_scaled.safetensors`: the same for
+  PEFT's merge of `adapters/peft_plain` (`references/peft_plain.safetensors`): the
+  merge-then-quantize reference path.
 - `gguf_written.gguf`: a file written by gguf-py's GGUFWriter (arch "wan", Q8_0, F16, F32 and a
   3-D and a 5-D tensor) and `gguf_written.json`: what GGUFReader reads back from it.
 
@@ -190,10 +193,28 @@ def city96_type(name: str, arr: np.ndarray, fmt: str) -> tuple[int, int]:
     return q, step1
 
 
-def expect_gguf(fmt: str, city96_rounding: bool) -> None:
-    sd = load_file(str(ROOT / "models" / "t2v_original.safetensors"))
+def original_state_dict(merged_case: str | None) -> dict[str, np.ndarray]:
+    """t2v under original names; with a case, PEFT's merged tensors (golden/references, diffusers
+    names) replace the base ones. Names are matched through the base weights, which are
+    distinct random tensors in both files."""
+    orig = load_file(str(ROOT / "models" / "t2v_original.safetensors"))
+    if merged_case is None:
+        return orig
+    diff = load_file(str(ROOT / "models" / "t2v" / "diffusion_pytorch_model.safetensors"))
+    by_bytes = {v.tobytes(): k for k, v in orig.items()}
+    to_orig = {k: by_bytes[v.tobytes()] for k, v in diff.items() if v.tobytes() in by_bytes}
+    merged = load_file(str(ROOT / "references" / f"{merged_case}.safetensors"))
+    out = dict(orig)
+    for k, v in merged.items():
+        out[to_orig[k]] = v
+    return out
+
+
+def expect_gguf(fmt: str, city96_rounding: bool, merged_case: str | None = None) -> None:
+    sd = original_state_dict(merged_case)
     suffix = "_city96" if city96_rounding else ""
-    path = OUT / f"expect_t2v_{fmt}{suffix}.gguf"
+    stem = f"merge_{merged_case}" if merged_case else "expect_t2v"
+    path = OUT / f"{stem}_{fmt}{suffix}.gguf"
     w = gguf.GGUFWriter(str(path), arch="wan")
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     w.add_file_type(FILE_TYPE[fmt])
@@ -230,9 +251,9 @@ def is_fp8_linear(name: str, arr: np.ndarray) -> bool:
         ("q.weight", "k.weight", "v.weight", "o.weight", "k_img.weight", "v_img.weight"))
 
 
-def expect_fp8() -> None:
+def expect_fp8(merged_case: str | None = None) -> None:
     from safetensors.torch import save_file as save_torch
-    sd = load_file(str(ROOT / "models" / "t2v_original.safetensors"))
+    sd = original_state_dict(merged_case)
     out = {"scaled_fp8": torch.empty(0, dtype=torch.float8_e4m3fn)}
     for name in sorted(sd):
         arr = sd[name].astype(np.float32)
@@ -242,7 +263,8 @@ def expect_fp8() -> None:
             out[name[: -len(".weight")] + ".scale_weight"] = torch.from_numpy(scale)
         else:
             out[name] = torch.from_numpy(arr).to(torch.float16)
-    save_torch(out, str(OUT / "expect_t2v_fp8_scaled.safetensors"))
+    stem = f"merge_{merged_case}" if merged_case else "expect_t2v"
+    save_torch(out, str(OUT / f"{stem}_fp8_scaled.safetensors"))
 
 
 def main() -> None:
@@ -258,6 +280,11 @@ def main() -> None:
     expect_gguf("q8_0", city96_rounding=True)
     expect_gguf("q4_0", city96_rounding=True)
     expect_fp8()
+    # merge-then-quantize reference: PEFT's f32 merge (golden/references), then the reference
+    # quantizers; wanbake's own f32 merge may differ by ~1e-7 (spec §1.8 / §2.7 tolerances).
+    for fmt in ("q8_0", "q4_0"):
+        expect_gguf(fmt, city96_rounding=False, merged_case="peft_plain")
+    expect_fp8(merged_case="peft_plain")
 
 
 if __name__ == "__main__":

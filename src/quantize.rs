@@ -29,7 +29,8 @@ use crate::io::writer::{ComponentOutput, OutputPlan};
 use crate::io::{DType, dtype};
 use crate::layout::Layout;
 use crate::layout::table::{self, Position};
-use crate::manifest::record_inputs;
+use crate::manifest::{InputRecord, record_inputs};
+use crate::merge::MergeOptions;
 use crate::model::quant_rules::{self, QuantFormat, Why};
 use crate::release::{Release, ReleaseError, ReleaseRequest, write_release};
 
@@ -398,7 +399,7 @@ pub fn encode_into(
 
 /// The quantization report: options, per-tensor encoding, reason and error, and a summary
 /// per encoding (count, worst relative max and RMS error).
-pub fn report(plan: &QuantPlan, stats: &[ErrorStats]) -> serde_json::Value {
+pub fn report_json(plan: &QuantPlan, stats: &[ErrorStats]) -> serde_json::Value {
     let mut tensors = serde_json::Map::new();
     let mut summary: BTreeMap<&str, (usize, f64, f64)> = BTreeMap::new();
     for (t, s) in plan.tensors.iter().zip(stats) {
@@ -471,8 +472,32 @@ pub fn source_tensors(c: &Component) -> Vec<(String, DType, Vec<usize>)> {
         .collect()
 }
 
+/// Where a quantized release comes from, for its manifest, when it is not a plain
+/// `convert` of `QuantizeSpec::input` (the merge path).
+#[derive(Clone, Debug)]
+pub struct Provenance {
+    /// Subcommand named in the manifest.
+    pub command: String,
+    /// Hashed inputs.
+    pub inputs: Vec<InputRecord>,
+    /// The manifest's `options`.
+    pub options: serde_json::Value,
+    /// Added to the report (e.g. `merge`: the merge report).
+    pub report: serde_json::Map<String, serde_json::Value>,
+    /// Paths the destination must not overlap (besides the input).
+    pub input_paths: Vec<PathBuf>,
+}
+
 /// Converts a WAN transformer checkpoint into a quantized release (`convert --to`).
 pub fn quantize_release(spec: &QuantizeSpec) -> Result<Release, ReleaseError> {
+    quantize_release_from(spec, None)
+}
+
+/// [`quantize_release`], with the manifest's provenance given by the caller.
+pub fn quantize_release_from(
+    spec: &QuantizeSpec,
+    provenance: Option<Provenance>,
+) -> Result<Release, ReleaseError> {
     let produce_err = |e: anyhow::Error| ReleaseError::Produce(e);
     let ck = Checkpoint::open(&spec.input).map_err(|e| produce_err(e.into()))?;
     let comp = ck.single().map_err(|e| produce_err(e.into()))?;
@@ -481,27 +506,42 @@ pub fn quantize_release(spec: &QuantizeSpec) -> Result<Release, ReleaseError> {
     let out_plan = qplan
         .output_plan(&output_stem(spec.options.format), BTreeMap::new())
         .map_err(produce_err)?;
-    let input_files = ck.input_files();
-    let inputs = record_inputs(
-        &input_files
-            .iter()
-            .map(|p| ("input".to_string(), p.clone(), p.display().to_string()))
-            .collect::<Vec<_>>(),
-    )
-    .map_err(|e| produce_err(e.into()))?;
-    let options = json!({
-        "input": spec.input.display().to_string(),
-        "to": spec.options.format.as_str(),
-        "high_precision": (spec.options.format == QuantFormat::Fp8Scaled)
-            .then(|| spec.options.high_precision.as_str()),
-        "city96_rounding": spec.options.city96_rounding,
-    });
+    let mut input_paths = vec![spec.input.clone()];
+    let (command, inputs, options, mut report) = match provenance {
+        Some(p) => {
+            input_paths.extend(p.input_paths);
+            (p.command, p.inputs, p.options, p.report)
+        }
+        None => {
+            let input_files = ck.input_files();
+            let inputs = record_inputs(
+                &input_files
+                    .iter()
+                    .map(|p| ("input".to_string(), p.clone(), p.display().to_string()))
+                    .collect::<Vec<_>>(),
+            )
+            .map_err(|e| produce_err(e.into()))?;
+            let options = json!({
+                "input": spec.input.display().to_string(),
+                "to": spec.options.format.as_str(),
+                "high_precision": (spec.options.format == QuantFormat::Fp8Scaled)
+                    .then(|| spec.options.high_precision.as_str()),
+                "city96_rounding": spec.options.city96_rounding,
+            });
+            (
+                "convert".to_string(),
+                inputs,
+                options,
+                serde_json::Map::new(),
+            )
+        }
+    };
     let req = ReleaseRequest {
         dest: &spec.out,
         plan: out_plan,
-        input_paths: std::slice::from_ref(&spec.input),
+        input_paths: &input_paths,
         inputs,
-        command: "convert",
+        command: &command,
         options,
         replace: spec.replace,
         allocation: Allocation::Reserve,
@@ -522,9 +562,107 @@ pub fn quantize_release(spec: &QuantizeSpec) -> Result<Release, ReleaseError> {
                 Ok(s)
             })
             .collect::<anyhow::Result<_>>()?;
-        Ok(json!({
-            "tensors": qplan.tensors.len(),
-            "quantization": report(&qplan, &stats),
-        }))
+        report.insert("tensors".into(), json!(qplan.tensors.len()));
+        report.insert("quantization".into(), report_json(&qplan, &stats));
+        Ok(serde_json::Value::Object(report))
     })
+}
+
+/// A merge whose output is quantized (`merge --to`).
+pub struct MergeQuantized<'a> {
+    /// The base.
+    pub base: &'a Checkpoint,
+    /// Bound adapters.
+    pub adapters: &'a [crate::merge::BoundAdapter],
+    /// Merge options (dtype, layout, keep-f32 and shards are overridden: f32, wan, none,
+    /// one file).
+    pub merge: MergeOptions,
+    /// The SVD cache.
+    pub svd_cache: Option<&'a crate::linalg::SvdCache>,
+    /// Where merged targets are computed.
+    pub compute: &'a crate::merge::Compute,
+    /// The quantized output.
+    pub spec: QuantizeSpec,
+}
+
+/// Merges in f32 (original-Wan layout, nothing rounded) into a temporary release beside the
+/// destination, then quantizes that release into the destination; the temporary release
+/// is removed whatever happens. The manifest names the base and adapters as inputs and
+/// carries the merge report beside the quantization report.
+///
+/// Two passes through the disk: the f32 intermediate needs the model's f32 size in free
+/// space (not a one-pass merge-and-quantize).
+pub fn merge_quantized(
+    m: MergeQuantized<'_>,
+) -> Result<(Release, crate::merge::MergeReport), anyhow::Error> {
+    let dest = &m.spec.out;
+    let name = dest
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "out".into());
+    let tmp = dest.with_file_name(format!(".{name}.wanbake-f32-merge"));
+    struct Remove<'p>(&'p std::path::Path);
+    impl Drop for Remove<'_> {
+        fn drop(&mut self) {
+            let _ = fs_err::remove_dir_all(self.0);
+        }
+    }
+    if m.spec.replace == Replace::Never && dest.symlink_metadata().is_ok() {
+        return Err(crate::io::WriteError::Exists { path: dest.clone() }.into());
+    }
+    let merge_options = MergeOptions {
+        dtype: crate::layout::OutputDType::F32,
+        keep_f32: Some(crate::layout::KeepF32::None),
+        layout: Some(Layout::Wan),
+        shard_bytes: None,
+        ..m.merge.clone()
+    };
+    let _cleanup = Remove(&tmp);
+    let outcome = crate::merge::merge_release(
+        m.base,
+        m.adapters,
+        &merge_options,
+        m.svd_cache,
+        &tmp,
+        Replace::Overwrite,
+        m.compute,
+    )?;
+    let mut options =
+        crate::merge::options_json(m.base, m.adapters, &m.merge, m.svd_cache.is_some());
+    if let Some(o) = options.as_object_mut() {
+        o.remove("dtype");
+        o.remove("keep_f32");
+        o.remove("layout");
+        o.remove("shard_bytes");
+        o.insert("to".into(), json!(m.spec.options.format.as_str()));
+        o.insert(
+            "city96_rounding".into(),
+            json!(m.spec.options.city96_rounding),
+        );
+        if m.spec.options.format == QuantFormat::Fp8Scaled {
+            o.insert(
+                "high_precision".into(),
+                json!(m.spec.options.high_precision.as_str()),
+            );
+        }
+    }
+    let mut report = serde_json::Map::new();
+    report.insert("merge".into(), serde_json::to_value(&outcome.report)?);
+    let input_paths = m
+        .base
+        .input_files()
+        .into_iter()
+        .chain(m.adapters.iter().flat_map(|a| a.set.input_files()))
+        .collect();
+    let prov = Provenance {
+        command: "merge".into(),
+        inputs: outcome.release.manifest.inputs.clone(),
+        options,
+        report,
+        input_paths,
+    };
+    let mut spec = m.spec.clone();
+    spec.input = tmp.clone();
+    let release = quantize_release_from(&spec, Some(prov))?;
+    Ok((release, outcome.report))
 }

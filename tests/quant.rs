@@ -525,3 +525,194 @@ fn inspect_names_scaled_fp8_problems() {
         "{out}"
     );
 }
+
+// ---- merge --to: merge in f32, quantize; against PEFT's f32 merge quantized by gguf-py /
+// torch (golden merge_peft_plain_*), within spec §1.8 / §2.7's tolerances (wanbake's f32
+// merge may differ from PEFT's by ~1e-7, so a code may flip by one step).
+
+fn merge_to(dir: &std::path::Path, to: &str) -> std::path::PathBuf {
+    let base = repo().join("golden/models/t2v");
+    let lora = repo().join("golden/adapters/peft_plain");
+    let out = dir.join(to.replace(':', "_"));
+    ok(run(
+        dir,
+        &[
+            "merge",
+            "--base",
+            base.to_str().unwrap(),
+            "--adapter",
+            lora.to_str().unwrap(),
+            "--to",
+            to,
+            "--out",
+            out.to_str().unwrap(),
+            "--device",
+            "cpu",
+        ],
+    ));
+    out
+}
+
+fn ulps16(a: u16, b: u16) -> u32 {
+    let key = |x: u16| {
+        if x & 0x8000 != 0 {
+            0x8000 - (x & 0x7FFF) as i32
+        } else {
+            0x8000 + x as i32
+        }
+    };
+    key(a).abs_diff(key(b))
+}
+
+#[test]
+fn merge_then_quantize_gguf_matches_the_reference_path() {
+    use wanbake::io::gguf::GgufFile;
+    let d = tmp();
+    for fmt in ["q8_0", "q4_0"] {
+        let out = merge_to(d.path(), &format!("gguf:{fmt}"));
+        let ours = GgufFile::open(&out.join(format!("model-{fmt}.gguf"))).unwrap();
+        let refp = repo().join(format!("golden/quant/merge_peft_plain_{fmt}.gguf"));
+        let want = GgufFile::open(&refp).unwrap();
+        let (go, gw) = (ours.header(), want.header());
+        assert_eq!(go.kv, gw.kv);
+        assert_eq!(go.tensors.len(), gw.tensors.len());
+        let (mut differ, mut total) = (0usize, 0usize);
+        for (i, t) in go.tensors.iter().enumerate() {
+            let j = gw.tensors.iter().position(|w| w.name == t.name).unwrap();
+            let w = &gw.tensors[j];
+            assert_eq!(
+                (t.ty, &t.ne),
+                (w.ty, &w.ne),
+                "{}: type and shape exact",
+                t.name
+            );
+            let (a, b) = (ours.data(i), want.data(j));
+            match t.ty {
+                GgmlType::F32 => {
+                    let (x, y) = (ours.read_f32(i), want.read_f32(j));
+                    let m = y.iter().fold(0f32, |m, v| m.max(v.abs()));
+                    for (p, q) in x.iter().zip(&y) {
+                        assert!((p - q).abs() <= 1e-5 * m, "{}: {p} vs {q}", t.name);
+                    }
+                }
+                GgmlType::F16 | GgmlType::BF16 => {
+                    for (p, q) in a.chunks(2).zip(b.chunks(2)) {
+                        let (p, q) = (
+                            u16::from_le_bytes([p[0], p[1]]),
+                            u16::from_le_bytes([q[0], q[1]]),
+                        );
+                        assert!(ulps16(p, q) <= 1, "{}: {p:#06x} vs {q:#06x}", t.name);
+                    }
+                }
+                ty => {
+                    let (x, y) = (ours.read_f32(i), want.read_f32(j));
+                    let ts = ty.type_size();
+                    for (blk, (xb, yb)) in x.chunks(32).zip(y.chunks(32)).enumerate() {
+                        let dd = |bytes: &[u8]| {
+                            let o = blk * ts;
+                            half::f16::from_bits(u16::from_le_bytes([bytes[o], bytes[o + 1]]))
+                                .to_f32()
+                                .abs()
+                        };
+                        let step = dd(a).max(dd(b)) * 1.001;
+                        for (p, q) in xb.iter().zip(yb) {
+                            assert!((p - q).abs() <= step, "{} block {blk}: {p} vs {q}", t.name);
+                            differ += (p != q) as usize;
+                        }
+                        total += 32;
+                    }
+                }
+            }
+        }
+        assert!(total > 20000, "{fmt}: {total} quantized elements");
+        assert!(
+            differ * 100 <= total,
+            "{fmt}: {differ} of {total} elements differ"
+        );
+        eprintln!("{fmt}: {differ} of {total} dequantized elements differ from the reference path");
+        let m: serde_json::Value =
+            serde_json::from_slice(&fs_err::read(out.join("wanbake.manifest.json")).unwrap())
+                .unwrap();
+        assert_eq!(m["command"], "merge");
+        assert_eq!(m["report"]["merge"]["targets_merged"], 32);
+        let roles: Vec<&str> = m["inputs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["role"].as_str().unwrap())
+            .collect();
+        assert!(
+            roles.contains(&"base") && roles.contains(&"adapter"),
+            "{roles:?}"
+        );
+        ok(run(d.path(), &["verify", out.to_str().unwrap()]));
+        // the f32 intermediate is gone
+        assert_eq!(
+            tree(d.path()).iter().filter(|p| !p.contains('/')).count(),
+            1 + (fmt == "q4_0") as usize
+        );
+    }
+}
+
+#[test]
+fn merge_then_quantize_fp8_matches_the_reference_path() {
+    let d = tmp();
+    let out = merge_to(d.path(), "fp8-scaled");
+    let ours = SafetensorsFile::open(&out.join("model_fp8_scaled.safetensors")).unwrap();
+    let want = golden("merge_peft_plain_fp8_scaled.safetensors");
+    assert_eq!(ours.infos().len(), want.infos().len());
+    let (mut differ, mut total) = (0usize, 0usize);
+    for info in want.infos() {
+        let (a, b) = (
+            ours.view(&info.name).unwrap(),
+            want.view(&info.name).unwrap(),
+        );
+        assert_eq!((a.dtype, a.shape), (b.dtype, b.shape), "{}", info.name);
+        match a.dtype {
+            wanbake::io::DType::F8_E4M3 => {
+                for (&p, &q) in a.bytes.iter().zip(b.bytes) {
+                    let (mp, mq) = ((p & 0x7F) as i32, (q & 0x7F) as i32);
+                    let same_sign = p & 0x80 == q & 0x80 || mp == 0 || mq == 0;
+                    assert!(
+                        same_sign && (mp - mq).abs() <= 1,
+                        "{}: {p:#04x} vs {q:#04x}",
+                        info.name
+                    );
+                    differ += (p != q) as usize;
+                    total += 1;
+                }
+            }
+            wanbake::io::DType::F32 => {
+                let (x, y) = (
+                    ours.read_f32(&info.name).unwrap(),
+                    want.read_f32(&info.name).unwrap(),
+                );
+                assert_eq!(
+                    x.len(),
+                    1,
+                    "{}: the scales are the only F32 tensors",
+                    info.name
+                );
+                assert!(
+                    (x[0] - y[0]).abs() <= 1e-5 * y[0].abs(),
+                    "{}: {} vs {}",
+                    info.name,
+                    x[0],
+                    y[0]
+                );
+            }
+            _ => {
+                for (p, q) in a.bytes.chunks(2).zip(b.bytes.chunks(2)) {
+                    let (p, q) = (
+                        u16::from_le_bytes([p[0], p[1]]),
+                        u16::from_le_bytes([q[0], q[1]]),
+                    );
+                    assert!(ulps16(p, q) <= 1, "{}: {p:#06x} vs {q:#06x}", info.name);
+                }
+            }
+        }
+    }
+    assert!(total > 40000, "{total} fp8 codes");
+    eprintln!("fp8: {differ} of {total} codes differ from the reference path");
+    assert!(differ * 100 <= total, "{differ} of {total} codes differ");
+}
