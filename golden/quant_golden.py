@@ -20,6 +20,8 @@ Writes golden/quant/:
 - `merge_peft_plain_{q8_0,q4_0}.gguf`, `merge_peft_plain_fp8_scaled.safetensors`: the same for
   PEFT's merge of `adapters/peft_plain` (`references/peft_plain.safetensors`): the
   merge-then-quantize reference path.
+- `t2v_{q8_0,q4_0,fp8_scaled}_dequant.safetensors`: the weights a loader sees in the expected
+  files (gguf-py's `dequantize`; ComfyUI's `q.to(f32) * scale_weight`), f32, original names.
 - `gguf_written.gguf`: a file written by gguf-py's GGUFWriter (arch "wan", Q8_0, F16, F32 and a
   3-D and a 5-D tensor) and `gguf_written.json`: what GGUFReader reads back from it.
 
@@ -267,6 +269,32 @@ def expect_fp8(merged_case: str | None = None) -> None:
     save_torch(out, str(OUT / f"{stem}_fp8_scaled.safetensors"))
 
 
+def dequantized(fmt: str) -> None:
+    """What a loader computes from the expected file: gguf-py's `dequantize` per tensor (GGUF),
+    or `codes.to(float32) * scale_weight` (ComfyUI's legacy fp8 ops in f32), under original
+    names, as an f32 safetensors the runner can read as a plain checkpoint."""
+    from gguf.quants import dequantize
+    out = {}
+    if fmt == "fp8_scaled":
+        from safetensors.torch import load_file as load_torch
+        sd = load_torch(str(OUT / "expect_t2v_fp8_scaled.safetensors"))
+        for k, v in sd.items():
+            if k == "scaled_fp8" or k.endswith(".scale_weight"):
+                continue
+            if v.dtype == torch.float8_e4m3fn:
+                scale = sd[k[: -len(".weight")] + ".scale_weight"]
+                out[k] = (v.to(torch.float32) * scale).numpy()
+            else:
+                out[k] = v.to(torch.float32).numpy()
+    else:
+        r = gguf.GGUFReader(str(OUT / f"expect_t2v_{fmt}.gguf"))
+        for t in r.tensors:
+            shape = tuple(int(x) for x in reversed(t.shape))
+            out[t.name] = np.ascontiguousarray(dequantize(t.data, t.tensor_type).reshape(shape),
+                                               dtype=np.float32)
+    save_file(out, str(OUT / f"t2v_{fmt}_dequant.safetensors"))
+
+
 def main() -> None:
     OUT.mkdir(exist_ok=True)
     xs = cast_inputs()
@@ -285,6 +313,8 @@ def main() -> None:
     for fmt in ("q8_0", "q4_0"):
         expect_gguf(fmt, city96_rounding=False, merged_case="peft_plain")
     expect_fp8(merged_case="peft_plain")
+    for fmt in ("q8_0", "q4_0", "fp8_scaled"):
+        dequantized(fmt)
 
 
 if __name__ == "__main__":

@@ -716,3 +716,75 @@ fn merge_then_quantize_fp8_matches_the_reference_path() {
     eprintln!("fp8: {differ} of {total} codes differ from the reference path");
     assert!(differ * 100 <= total, "{differ} of {total} codes differ");
 }
+
+// ---- the runner on quantized checkpoints: the forward of a GGUF / scaled-fp8 release equals
+// the forward of the weights the reference loaders dequantize (gguf-py's `dequantize`,
+// ComfyUI's `q.to(f32) * scale_weight`, golden t2v_*_dequant), bit for bit; its distance from
+// the unquantized forward (diffusers, golden/runner) is the activation error of the format.
+
+fn noise_pred(dir: &std::path::Path, model: &std::path::Path, out: &str) -> Vec<f32> {
+    let cfg = repo().join("golden/models/t2v/config.json");
+    let inputs = repo().join("golden/runner/t2v__inputs.safetensors");
+    ok(run(
+        dir,
+        &[
+            "run",
+            "--model",
+            model.to_str().unwrap(),
+            "--config",
+            cfg.to_str().unwrap(),
+            "--inputs",
+            inputs.to_str().unwrap(),
+            "--out",
+            out,
+        ],
+    ));
+    SafetensorsFile::open(&dir.join(out))
+        .unwrap()
+        .read_f32("noise_pred")
+        .unwrap()
+}
+
+#[test]
+fn runner_runs_quantized_checkpoints_as_their_loaders_dequantize_them() {
+    let d = tmp();
+    let reference = SafetensorsFile::open(&repo().join("golden/runner/t2v__forward.safetensors"))
+        .unwrap()
+        .read_f32("noise_pred")
+        .unwrap();
+    let amax = reference.iter().fold(0f32, |m, v| m.max(v.abs()));
+    for (to, dequant, bound) in [
+        ("gguf:q8_0", "t2v_q8_0_dequant.safetensors", 0.02f32),
+        ("gguf:q4_0", "t2v_q4_0_dequant.safetensors", 0.3),
+        ("fp8-scaled", "t2v_fp8_scaled_dequant.safetensors", 0.1),
+    ] {
+        let release = convert(d.path(), to, &[]);
+        let tag = to.replace(':', "_");
+        let got = noise_pred(d.path(), &release, &format!("{tag}.safetensors"));
+        let want = noise_pred(
+            d.path(),
+            &repo().join("golden/quant").join(dequant),
+            &format!("{tag}_deq.safetensors"),
+        );
+        assert_eq!(got.len(), want.len());
+        let same = got
+            .iter()
+            .zip(&want)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(
+            same,
+            "{to}: forward differs from the reference-dequantized weights' forward"
+        );
+        let err = got
+            .iter()
+            .zip(&reference)
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        eprintln!(
+            "{to}: activation error vs the unquantized forward: max {err:e} (max |ref| {amax})"
+        );
+        assert!(
+            err > 0.0 && err <= bound * amax,
+            "{to}: {err} vs max |ref| {amax}"
+        );
+    }
+}
