@@ -674,29 +674,51 @@ pub fn manifest_dtype_shape(t: &GgufTensor, n_bytes: usize) -> (DType, Vec<usize
     }
 }
 
-/// Validates and hashes a GGUF file and each tensor's data, like
-/// [`digest::digest_safetensors`] for safetensors.
+/// Validates and hashes a GGUF file and each tensor's data in one sequential pass, like
+/// [`digest::digest_safetensors`]: pages are released once hashed, so memory stays bounded.
 pub fn digest_gguf(path: &Path) -> Result<SafetensorsDigest, ReadError> {
     use sha2::{Digest, Sha256};
+    const CHUNK: usize = 64 << 20;
     let f = GgufFile::open(path)?;
-    let whole = digest::sha256_hex(f.map.bytes());
+    let bytes = f.map.bytes();
+    let mut whole = Sha256::new();
+    let mut order: Vec<usize> = (0..f.header.tensors.len()).collect();
+    order.sort_by_key(|&i| f.header.range(i).start);
+    let mut hash_span = |from: usize, to: usize, mut one: Option<&mut Sha256>| {
+        let mut at = from;
+        while at < to {
+            let end = (at + CHUNK).min(to);
+            whole.update(&bytes[at..end]);
+            if let Some(h) = one.as_deref_mut() {
+                h.update(&bytes[at..end]);
+            }
+            f.map.release_range(at, end);
+            at = end;
+        }
+    };
+    let mut pos = 0usize;
     let mut tensors = BTreeMap::new();
-    for (i, t) in f.header.tensors.iter().enumerate() {
-        let data = f.data(i);
-        let (dtype, shape) = manifest_dtype_shape(t, data.len());
-        let one = digest::hex(&Sha256::digest(data));
+    for i in order {
+        let r = f.header.range(i);
+        hash_span(pos, r.start, None);
+        let mut one = Sha256::new();
+        hash_span(r.start, r.end, Some(&mut one));
+        pos = r.end;
+        let t = &f.header.tensors[i];
+        let (dtype, shape) = manifest_dtype_shape(t, r.len());
         tensors.insert(
             t.name.clone(),
             TensorDigest {
                 dtype,
                 shape,
-                sha256: one,
+                sha256: digest::hex(&one.finalize()),
             },
         );
     }
+    hash_span(pos, bytes.len(), None);
     Ok(SafetensorsDigest {
-        bytes: f.len() as u64,
-        sha256: whole,
+        bytes: bytes.len() as u64,
+        sha256: digest::hex(&whole.finalize()),
         tensors,
     })
 }
