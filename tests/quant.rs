@@ -788,3 +788,36 @@ fn runner_runs_quantized_checkpoints_as_their_loaders_dequantize_them() {
         );
     }
 }
+
+/// Output bytes do not depend on the thread count (each tensor is a pure function of its
+/// f32 values; blocks are independent).
+#[test]
+fn quantized_outputs_are_identical_on_1_and_n_threads() {
+    let d = tmp();
+    let input = repo().join("golden/models/t2v");
+    for to in ["gguf:q5_0", "fp8-scaled"] {
+        let mut hashes = Vec::new();
+        for threads in ["1", "3"] {
+            let out = format!("{}_{threads}", to.replace(':', "_"));
+            ok(run(
+                d.path(),
+                &[
+                    "--threads",
+                    threads,
+                    "convert",
+                    input.to_str().unwrap(),
+                    "--to",
+                    to,
+                    "--out",
+                    &out,
+                ],
+            ));
+            let m: serde_json::Value = serde_json::from_slice(
+                &fs_err::read(d.path().join(&out).join("wanbake.manifest.json")).unwrap(),
+            )
+            .unwrap();
+            hashes.push(m["files"].clone());
+        }
+        assert_eq!(hashes[0], hashes[1], "{to}");
+    }
+}
