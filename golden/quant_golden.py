@@ -17,6 +17,8 @@ Writes golden/quant/:
   `wanbake convert golden/models/t2v --to gguf:<fmt>|fp8-scaled` must write, from
   `models/t2v_original.safetensors` (the same weights under original-Wan names), with the
   per-tensor rules of the spec re-implemented here and the bytes from gguf-py / torch.
+- `expect_t2v_bf16src_q8_0.gguf`: the same from the weights stored as bf16 (convert.py keeps
+  BF16 where an f32 source gets F16).
 - `merge_peft_plain_{q8_0,q4_0}.gguf`, `merge_peft_plain_fp8_scaled.safetensors`: the same for
   PEFT's merge of `adapters/peft_plain` (`references/peft_plain.safetensors`): the
   merge-then-quantize reference path.
@@ -177,12 +179,12 @@ BUMP = {T.Q4_0: T.Q4_1, T.Q5_0: T.Q5_1}
 FILE_TYPE = {"q8_0": 7, "q4_0": 2, "q5_0": 8, "bf16": 32, "f16": 1}
 
 
-def city96_type(name: str, arr: np.ndarray, fmt: str) -> tuple[int, int]:
-    """(final type, step-1 type) of one tensor of an f32 source."""
+def city96_type(name: str, arr: np.ndarray, fmt: str, bf16_src: bool = False) -> tuple[int, int]:
+    """(final type, step-1 type) of one tensor of an f32 (or, with bf16_src, bf16) source."""
     if arr.ndim > 4 or arr.ndim == 1 or arr.size <= 1024 or ".modulation" in name:
         step1 = T.F32
     else:
-        step1 = T.BF16 if fmt == "bf16" else T.F16
+        step1 = T.BF16 if (fmt == "bf16" or bf16_src) else T.F16
     if fmt in ("bf16", "f16"):
         return step1, step1
     q = {"q8_0": T.Q8_0, "q4_0": T.Q4_0, "q5_0": T.Q5_0}[fmt]
@@ -212,17 +214,20 @@ def original_state_dict(merged_case: str | None) -> dict[str, np.ndarray]:
     return out
 
 
-def expect_gguf(fmt: str, city96_rounding: bool, merged_case: str | None = None) -> None:
+def expect_gguf(fmt: str, city96_rounding: bool, merged_case: str | None = None,
+                bf16_src: bool = False) -> None:
     sd = original_state_dict(merged_case)
+    if bf16_src:  # the source checkpoint stored in bf16 (RNE, as torch's cast)
+        sd = {k: torch.from_numpy(v).to(torch.bfloat16).to(torch.float32).numpy() for k, v in sd.items()}
     suffix = "_city96" if city96_rounding else ""
-    stem = f"merge_{merged_case}" if merged_case else "expect_t2v"
+    stem = f"merge_{merged_case}" if merged_case else ("expect_t2v_bf16src" if bf16_src else "expect_t2v")
     path = OUT / f"{stem}_{fmt}{suffix}.gguf"
     w = gguf.GGUFWriter(str(path), arch="wan")
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     w.add_file_type(FILE_TYPE[fmt])
     for name in sorted(sd):
         arr = sd[name].astype(np.float32)
-        t, step1 = city96_type(name, arr, fmt)
+        t, step1 = city96_type(name, arr, fmt, bf16_src)
         src = arr
         if city96_rounding and t not in (T.F32, T.F16, T.BF16) and step1 == T.F16:
             src = arr.astype(np.float16).astype(np.float32)  # what llama-quantize reads
@@ -307,6 +312,7 @@ def main() -> None:
         expect_gguf(fmt, city96_rounding=False)
     expect_gguf("q8_0", city96_rounding=True)
     expect_gguf("q4_0", city96_rounding=True)
+    expect_gguf("q8_0", city96_rounding=False, bf16_src=True)
     expect_fp8()
     # merge-then-quantize reference: PEFT's f32 merge (golden/references), then the reference
     # quantizers; wanbake's own f32 merge may differ by ~1e-7 (spec §1.8 / §2.7 tolerances).

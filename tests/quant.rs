@@ -821,3 +821,32 @@ fn quantized_outputs_are_identical_on_1_and_n_threads() {
         assert_eq!(hashes[0], hashes[1], "{to}");
     }
 }
+
+/// A bf16 source: convert.py keeps BF16 where an f32 source gets F16 (spec §2.4); the file is
+/// byte-identical to gguf-py's from the same bf16 weights.
+#[test]
+fn bf16_source_to_gguf_is_byte_identical_to_gguf_py() {
+    let d = tmp();
+    let input = repo().join("golden/models/t2v");
+    ok(run(
+        d.path(),
+        &[
+            "convert",
+            input.to_str().unwrap(),
+            "--dtype",
+            "bf16",
+            "--out",
+            "b",
+        ],
+    ));
+    ok(run(
+        d.path(),
+        &["convert", "b", "--to", "gguf:q8_0", "--out", "q"],
+    ));
+    let ours = fs_err::read(d.path().join("q/model-q8_0.gguf")).unwrap();
+    let want = fs_err::read(repo().join("golden/quant/expect_t2v_bf16src_q8_0.gguf")).unwrap();
+    assert!(ours == want, "differs from gguf-py's file");
+    let g = wanbake::io::gguf::parse(&ours).unwrap();
+    assert!(g.tensors.iter().any(|t| t.ty == GgmlType::BF16));
+    assert!(g.tensors.iter().all(|t| t.ty != GgmlType::F16));
+}
