@@ -145,6 +145,14 @@ pub fn plan(
         });
     }
     tensors.sort_by(|a, b| a.name.cmp(&b.name));
+    if let Some(t) = tensors.iter().find(|t| t.name.len() > 127) {
+        // convert.py's limit (spec §2.3); original-Wan names are far shorter.
+        anyhow::bail!(
+            "{}: output name {} is longer than GGUF's 127 characters",
+            t.source,
+            t.name
+        );
+    }
     if let Some(w) = tensors.windows(2).find(|w| w[0].name == w[1].name) {
         anyhow::bail!(
             "{} and {} map to the same name {}",

@@ -486,6 +486,15 @@ fn inspect_reads_gguf_and_scaled_fp8() {
         .iter()
         .find(|t| t["name"] == "patch_embedding.weight");
     assert_eq!(pe.unwrap()["shape"], serde_json::json!([32, 4, 1, 2, 2]));
+    // a release folder holding one .gguf reads as that file
+    let release = convert(d.path(), "gguf:q4_0", &[]);
+    let out = ok(run(
+        d.path(),
+        &["inspect", release.to_str().unwrap(), "--json"],
+    ));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v[0]["kind"], "gguf");
+    assert_eq!(v[0]["types"], r["types"]);
     // a broken GGUF: reported, exit 1
     fs_err::write(d.path().join("cut.gguf"), &bytes[..1000]).unwrap();
     let (code, _, err) = parts(&run(d.path(), &["inspect", "cut.gguf"]));

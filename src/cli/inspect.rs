@@ -55,8 +55,8 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
         None => None,
     };
     for path in &args.paths {
-        if path.extension().is_some_and(|e| e == "gguf") {
-            match crate::quant_inspect::inspect_gguf(path, args.hash) {
+        if let Some(gguf) = crate::io::gguf::single_gguf_in(path) {
+            match crate::quant_inspect::inspect_gguf(&gguf, args.hash) {
                 Ok(r) => {
                     p.line(crate::quant_inspect::render_gguf(&r));
                     docs.push(r);

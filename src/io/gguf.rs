@@ -596,6 +596,28 @@ impl GgufLayout {
     }
 }
 
+/// The one GGUF file `path` names: `path` itself when it ends in `.gguf`, or the only
+/// `.gguf` in a folder that holds no `.safetensors` (a wanbake release); `None` otherwise.
+pub fn single_gguf_in(path: &Path) -> Option<PathBuf> {
+    let is = |p: &Path, ext: &str| p.extension().is_some_and(|e| e == ext);
+    if is(path, "gguf") {
+        return Some(path.to_path_buf());
+    }
+    if !path.is_dir() {
+        return None;
+    }
+    let files: Vec<PathBuf> = fs_err::read_dir(path)
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    let mut ggufs: Vec<&PathBuf> = files.iter().filter(|p| is(p, "gguf")).collect();
+    if ggufs.len() != 1 || files.iter().any(|p| is(p, "safetensors")) {
+        return None;
+    }
+    ggufs.pop().cloned()
+}
+
 /// A validated, memory-mapped GGUF file.
 pub struct GgufFile {
     path: PathBuf,

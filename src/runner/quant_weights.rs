@@ -10,12 +10,12 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use super::error::RunError;
 use super::weights::{WeightSource, read_config, widen};
 use crate::io::checkpoint::{Checkpoint, TensorSet};
-use crate::io::gguf::{GgufFile, torch_shape};
+use crate::io::gguf::{GgufFile, single_gguf_in, torch_shape};
 use crate::io::quant::fp8;
 use crate::io::{DType, ReadError};
 use crate::layout::{Layout, ReadPlan, StoredTensor};
@@ -48,24 +48,6 @@ fn is_fp8_extra(name: &str) -> bool {
     name == "scaled_fp8" || name.ends_with(".scale_weight") || name.ends_with(".scale_input")
 }
 
-/// The one `.gguf` file `path` names: the file itself, or the only `.gguf` in a folder (a
-/// wanbake release).
-fn gguf_path(path: &Path) -> Option<PathBuf> {
-    if path.extension().is_some_and(|e| e == "gguf") {
-        return Some(path.to_path_buf());
-    }
-    if !path.is_dir() {
-        return None;
-    }
-    let mut found: Vec<PathBuf> = fs_err::read_dir(path)
-        .ok()?
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "gguf"))
-        .collect();
-    (found.len() == 1).then(|| found.remove(0))
-}
-
 /// Opens `path` as a quantized checkpoint when it is one (a `.gguf` file, a folder with one
 /// `.gguf`, or a checkpoint with the `scaled_fp8` marker); `Ok(None)` otherwise. The config
 /// is `config` (a diffusers config.json) when given, else the released model whose shapes
@@ -74,7 +56,7 @@ pub fn open_quantized(
     path: &Path,
     config: Option<&Path>,
 ) -> Result<Option<QuantWeights>, RunError> {
-    let (name, stored, source) = if let Some(g) = gguf_path(path) {
+    let (name, stored, source) = if let Some(g) = single_gguf_in(path) {
         let file = GgufFile::open(&g)?;
         let stored: Vec<StoredTensor> = file
             .header()
