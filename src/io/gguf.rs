@@ -843,7 +843,7 @@ mod tests {
                 if let Ok(g) = parse(&b) {
                     for (k, t) in g.tensors.iter().enumerate() {
                         let r = g.range(k);
-                        assert!(r.end <= b.len() && r.start as u64 % g.alignment == 0);
+                        assert!(r.end <= b.len() && (r.start as u64).is_multiple_of(g.alignment));
                         let n = t.numel().unwrap() as usize;
                         let mut out = vec![0f32; n];
                         ggml::dequantize(t.ty, &b[r], &mut out);
