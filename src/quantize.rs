@@ -508,7 +508,7 @@ pub fn quantize_release_from(
 ) -> Result<Release, ReleaseError> {
     let produce_err = |e: anyhow::Error| ReleaseError::Produce(e);
     let ck = Checkpoint::open(&spec.input).map_err(|e| produce_err(e.into()))?;
-    let comp = ck.single().map_err(|e| produce_err(e.into()))?;
+    let comp = single_transformer(&ck, spec.options.format).map_err(produce_err)?;
     let qplan = plan(spec.options, &source_tensors(comp))
         .map_err(|e| produce_err(e.context(spec.input.display().to_string())))?;
     let out_plan = qplan
@@ -576,6 +576,27 @@ pub fn quantize_release_from(
     })
 }
 
+/// The one transformer of `ck`: a quantized output is one file, so a pipeline with two
+/// experts is refused with the way out.
+fn single_transformer(ck: &Checkpoint, format: QuantFormat) -> anyhow::Result<&Component> {
+    match ck.components.as_slice() {
+        [c] => Ok(c),
+        many => anyhow::bail!(
+            "{}: holds {} transformers ({}); --to {format} writes one file per transformer.\n\
+             hint: pass one transformer folder, e.g. {}",
+            ck.path.display(),
+            many.len(),
+            many.iter()
+                .map(|c| c.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            ck.path
+                .join(many.first().map_or("transformer", |c| c.name.as_str()))
+                .display()
+        ),
+    }
+}
+
 /// A merge whose output is quantized (`merge --to`).
 pub struct MergeQuantized<'a> {
     /// The base.
@@ -618,6 +639,11 @@ pub fn merge_quantized(
     if m.spec.replace == Replace::Never && dest.symlink_metadata().is_ok() {
         return Err(crate::io::WriteError::Exists { path: dest.clone() }.into());
     }
+    // Everything the quantizer would refuse is refused before the merge runs: one
+    // transformer, a WAN layout it reads, float tensors.
+    let comp = single_transformer(m.base, m.spec.options.format)?;
+    plan(m.spec.options, &source_tensors(comp))
+        .map_err(|e| e.context(m.base.path.display().to_string()))?;
     let merge_options = MergeOptions {
         dtype: crate::layout::OutputDType::F32,
         keep_f32: Some(crate::layout::KeepF32::None),

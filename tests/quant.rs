@@ -859,3 +859,68 @@ fn bf16_source_to_gguf_is_byte_identical_to_gguf_py() {
     assert!(g.tensors.iter().any(|t| t.ty == GgmlType::BF16));
     assert!(g.tensors.iter().all(|t| t.ty != GgmlType::F16));
 }
+
+/// A pipeline with two experts and an NNX checkpoint are refused with the way out, by
+/// `convert` and by `merge` before it merges anything; nothing is written.
+#[test]
+fn refusals_name_the_way_out() {
+    let d = tmp();
+    let a14b = repo().join("golden/models/a14b");
+    let high = format!(
+        "transformer={}",
+        repo()
+            .join("golden/adapters/a14b_pair/high.safetensors")
+            .display()
+    );
+    let t2v = repo().join("golden/models/t2v");
+    ok(run(
+        d.path(),
+        &[
+            "restack",
+            t2v.to_str().unwrap(),
+            "--to",
+            "nnx",
+            "--out",
+            "nnx",
+        ],
+    ));
+    let before = tree(d.path());
+    for (args, want) in [
+        (
+            vec![
+                "convert",
+                a14b.to_str().unwrap(),
+                "--to",
+                "gguf:q8_0",
+                "--out",
+                "o",
+            ],
+            "a14b/transformer",
+        ),
+        (
+            vec![
+                "merge",
+                "--base",
+                a14b.to_str().unwrap(),
+                "--adapter",
+                &high,
+                "--to",
+                "fp8-scaled",
+                "--out",
+                "o",
+                "--device",
+                "cpu",
+            ],
+            "a14b/transformer",
+        ),
+        (
+            vec!["convert", "nnx", "--to", "gguf:q8_0", "--out", "o"],
+            "restack IN --to wan",
+        ),
+    ] {
+        let (code, _, err) = parts(&run(d.path(), &args));
+        assert_eq!(code, 1, "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert_eq!(tree(d.path()), before, "{args:?} left files");
+    }
+}
