@@ -697,6 +697,12 @@ pub fn merge_quantized(
     };
     let mut spec = m.spec.clone();
     spec.input = tmp.clone();
-    let release = quantize_release_from(&spec, Some(prov))?;
+    let release = quantize_release_from(&spec, Some(prov)).map_err(|e| {
+        anyhow::Error::from(e).context(format!(
+            "quantizing the merge of {} (its f32 intermediate {} is removed)",
+            m.base.path.display(),
+            tmp.display()
+        ))
+    })?;
     Ok((release, outcome.report))
 }

@@ -924,3 +924,55 @@ fn refusals_name_the_way_out() {
         assert_eq!(tree(d.path()), before, "{args:?} left files");
     }
 }
+
+/// A non-finite weight the adapter does not touch: the merge succeeds, the quantizer refuses
+/// it naming the base and the key, and neither the output nor the f32 intermediate remains.
+#[test]
+fn merge_to_refusal_leaves_no_intermediate() {
+    let d = tmp();
+    let src =
+        SafetensorsFile::open(&repo().join("golden/models/t2v_original.safetensors")).unwrap();
+    let mut tensors: Vec<(String, Vec<usize>, Vec<f32>)> = src
+        .infos()
+        .iter()
+        .map(|i| {
+            (
+                i.name.clone(),
+                i.shape.clone(),
+                src.read_f32(&i.name).unwrap(),
+            )
+        })
+        .collect();
+    let t = tensors
+        .iter_mut()
+        .find(|t| t.0 == "blocks.2.cross_attn.norm_k.weight")
+        .unwrap();
+    t.2[1] = f32::INFINITY;
+    let refs: Vec<(&str, Vec<usize>, Vec<f32>)> = tensors
+        .iter()
+        .map(|(n, s, v)| (n.as_str(), s.clone(), v.clone()))
+        .collect();
+    write_f32(&d.path().join("base.safetensors"), &refs);
+    let lora = repo().join("golden/adapters/comfy_lora/comfy_lora.safetensors");
+    let args = [
+        "merge",
+        "--base",
+        "base.safetensors",
+        "--adapter",
+        lora.to_str().unwrap(),
+        "--to",
+        "gguf:q8_0",
+        "--out",
+        "o",
+        "--device",
+        "cpu",
+    ];
+    let (code, _, err) = parts(&run(d.path(), &args));
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("merge of base.safetensors"), "{err}");
+    assert!(
+        err.contains("blocks.2.cross_attn.norm_k.weight: element 1 is inf"),
+        "{err}"
+    );
+    assert_eq!(tree(d.path()), ["base.safetensors"]);
+}
