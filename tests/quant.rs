@@ -524,7 +524,9 @@ fn inspect_names_scaled_fp8_problems() {
     let d = tmp();
     let json = r#"{"scaled_fp8":{"dtype":"F8_E4M3","shape":[0],"data_offsets":[0,0]},"a.scale_weight":{"dtype":"F32","shape":[],"data_offsets":[0,4]},"a.weight":{"dtype":"F32","shape":[1],"data_offsets":[4,8]},"b.weight":{"dtype":"F8_E4M3","shape":[4],"data_offsets":[8,12]}}"#;
     fs_err::write(d.path().join("x.safetensors"), st_bytes(json, &[0u8; 12])).unwrap();
-    let out = ok(run(d.path(), &["inspect", "x.safetensors"]));
+    let (code, out, err) = parts(&run(d.path(), &["inspect", "x.safetensors"]));
+    assert_eq!(code, 1, "problems make the exit code 1");
+    assert!(err.contains("x.safetensors: a.scale_weight"), "{err}");
     assert!(
         out.contains("a.scale_weight: its weight is F32, not F8_E4M3"),
         "{out}"

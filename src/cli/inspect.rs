@@ -77,6 +77,18 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
                     eprintln!("error: {problem}");
                     status = Status::Failed;
                 }
+                // scaled-fp8 files ComfyUI would load wrongly (`quant_inspect`)
+                for c in &r.components {
+                    for q in c
+                        .quantization
+                        .iter()
+                        .flat_map(|q| q["problems"].as_array())
+                        .flatten()
+                    {
+                        eprintln!("error: {}: {}", path.display(), q.as_str().unwrap_or(""));
+                        status = Status::Failed;
+                    }
+                }
                 p.line(render_text(&r));
                 docs.push(serde_json::to_value(&r)?);
             }
