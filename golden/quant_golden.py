@@ -19,6 +19,8 @@ Writes golden/quant/:
   per-tensor rules of the spec re-implemented here and the bytes from gguf-py / torch.
 - `expect_t2v_bf16src_q8_0.gguf`: the same from the weights stored as bf16 (convert.py keeps
   BF16 where an f32 source gets F16).
+- `expect_i2v_q4_0.gguf`, `expect_i2v_fp8_scaled.safetensors`: the same for the tiny I2V
+  (`models/i2v_original.safetensors`: k_img/v_img, img_emb).
 - `merge_peft_plain_{q8_0,q4_0}.gguf`, `merge_peft_plain_fp8_scaled.safetensors`: the same for
   PEFT's merge of `adapters/peft_plain` (`references/peft_plain.safetensors`): the
   merge-then-quantize reference path.
@@ -197,11 +199,11 @@ def city96_type(name: str, arr: np.ndarray, fmt: str, bf16_src: bool = False) ->
     return q, step1
 
 
-def original_state_dict(merged_case: str | None) -> dict[str, np.ndarray]:
+def original_state_dict(merged_case: str | None, model: str = "t2v") -> dict[str, np.ndarray]:
     """t2v under original names; with a case, PEFT's merged tensors (golden/references, diffusers
     names) replace the base ones. Names are matched through the base weights, which are
     distinct random tensors in both files."""
-    orig = load_file(str(ROOT / "models" / "t2v_original.safetensors"))
+    orig = load_file(str(ROOT / "models" / f"{model}_original.safetensors"))
     if merged_case is None:
         return orig
     diff = load_file(str(ROOT / "models" / "t2v" / "diffusion_pytorch_model.safetensors"))
@@ -215,12 +217,12 @@ def original_state_dict(merged_case: str | None) -> dict[str, np.ndarray]:
 
 
 def expect_gguf(fmt: str, city96_rounding: bool, merged_case: str | None = None,
-                bf16_src: bool = False) -> None:
-    sd = original_state_dict(merged_case)
+                bf16_src: bool = False, model: str = "t2v") -> None:
+    sd = original_state_dict(merged_case, model)
     if bf16_src:  # the source checkpoint stored in bf16 (RNE, as torch's cast)
         sd = {k: torch.from_numpy(v).to(torch.bfloat16).to(torch.float32).numpy() for k, v in sd.items()}
     suffix = "_city96" if city96_rounding else ""
-    stem = f"merge_{merged_case}" if merged_case else ("expect_t2v_bf16src" if bf16_src else "expect_t2v")
+    stem = f"merge_{merged_case}" if merged_case else (f"expect_{model}_bf16src" if bf16_src else f"expect_{model}")
     path = OUT / f"{stem}_{fmt}{suffix}.gguf"
     w = gguf.GGUFWriter(str(path), arch="wan")
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
@@ -258,9 +260,9 @@ def is_fp8_linear(name: str, arr: np.ndarray) -> bool:
         ("q.weight", "k.weight", "v.weight", "o.weight", "k_img.weight", "v_img.weight"))
 
 
-def expect_fp8(merged_case: str | None = None) -> None:
+def expect_fp8(merged_case: str | None = None, model: str = "t2v") -> None:
     from safetensors.torch import save_file as save_torch
-    sd = original_state_dict(merged_case)
+    sd = original_state_dict(merged_case, model)
     out = {"scaled_fp8": torch.empty(0, dtype=torch.float8_e4m3fn)}
     for name in sorted(sd):
         arr = sd[name].astype(np.float32)
@@ -270,7 +272,7 @@ def expect_fp8(merged_case: str | None = None) -> None:
             out[name[: -len(".weight")] + ".scale_weight"] = torch.from_numpy(scale)
         else:
             out[name] = torch.from_numpy(arr).to(torch.float16)
-    stem = f"merge_{merged_case}" if merged_case else "expect_t2v"
+    stem = f"merge_{merged_case}" if merged_case else f"expect_{model}"
     save_torch(out, str(OUT / f"{stem}_fp8_scaled.safetensors"))
 
 
@@ -313,6 +315,9 @@ def main() -> None:
     expect_gguf("q8_0", city96_rounding=True)
     expect_gguf("q4_0", city96_rounding=True)
     expect_gguf("q8_0", city96_rounding=False, bf16_src=True)
+    # I2V: k_img / v_img, img_emb.proj.{1,3} (fp8 Linear; never quantized in GGUF).
+    expect_gguf("q4_0", city96_rounding=False, model="i2v")
+    expect_fp8(model="i2v")
     expect_fp8()
     # merge-then-quantize reference: PEFT's f32 merge (golden/references), then the reference
     # quantizers; wanbake's own f32 merge may differ by ~1e-7 (spec §1.8 / §2.7 tolerances).

@@ -978,3 +978,49 @@ fn merge_to_refusal_leaves_no_intermediate() {
     );
     assert_eq!(tree(d.path()), ["base.safetensors"]);
 }
+
+/// The I2V branch (k_img / v_img, img_emb.proj.{1,3} fp8; img_emb never block-quantized in
+/// GGUF): both outputs match what gguf-py / torch write from the same weights.
+#[test]
+fn i2v_outputs_match_the_references() {
+    let d = tmp();
+    let input = repo().join("golden/models/i2v");
+    let inp = input.to_str().unwrap();
+    ok(run(
+        d.path(),
+        &["convert", inp, "--to", "gguf:q4_0", "--out", "g"],
+    ));
+    let ours = fs_err::read(d.path().join("g/model-q4_0.gguf")).unwrap();
+    let want = fs_err::read(repo().join("golden/quant/expect_i2v_q4_0.gguf")).unwrap();
+    assert!(ours == want, "i2v q4_0 differs from gguf-py's file");
+    ok(run(
+        d.path(),
+        &["convert", inp, "--to", "fp8-scaled", "--out", "f"],
+    ));
+    let ours = SafetensorsFile::open(&d.path().join("f/model_fp8_scaled.safetensors")).unwrap();
+    let want = golden("expect_i2v_fp8_scaled.safetensors");
+    assert_eq!(ours.infos().len(), want.infos().len());
+    for info in want.infos() {
+        let (a, b) = (
+            ours.view(&info.name).unwrap(),
+            want.view(&info.name).unwrap(),
+        );
+        assert_eq!(
+            (a.dtype, a.shape, a.bytes),
+            (b.dtype, b.shape, b.bytes),
+            "{}",
+            info.name
+        );
+    }
+    for n in [
+        "blocks.0.cross_attn.k_img.weight",
+        "img_emb.proj.1.weight",
+        "img_emb.proj.3.weight",
+    ] {
+        assert_eq!(
+            ours.view(n).unwrap().dtype,
+            wanbake::io::DType::F8_E4M3,
+            "{n}"
+        );
+    }
+}
