@@ -4,7 +4,8 @@
 //! header layout (`header`), read-only memory maps (`mmap`, the only `unsafe` of this layer),
 //! single files (`file`), multi-file checkpoints and folders (`checkpoint`), hashing
 //! (`digest`), what an output will contain (`writer`) and the atomic, durable writing of it
-//! (`staging`). Does not own: what tensors mean (`model`, `adapter`) or how they are
+//! (`staging`), the GGUF container (`gguf`) and the quantized encodings (`quant`: scaled fp8,
+//! ggml block types). Does not own: what tensors mean (`model`, `adapter`) or how they are
 //! computed (`merge`).
 
 pub mod checkpoint;
