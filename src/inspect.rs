@@ -68,6 +68,9 @@ pub struct ComponentReport {
     /// Adapter details, filled by the adapter module.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub adapter: Option<serde_json::Value>,
+    /// ComfyUI scaled-fp8 details (`quant_inspect`), when the `scaled_fp8` marker is present.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quantization: Option<serde_json::Value>,
 }
 
 /// The whole report for one path.
@@ -164,7 +167,11 @@ fn component_report(c: &Component, hash: bool) -> Result<ComponentReport, ReadEr
     } else {
         "model"
     };
-    let mut fp = (role == "model").then(|| fingerprint(&c.tensors));
+    let fp8 = crate::quant_inspect::scaled_fp8_summary(&c.tensors);
+    let mut fp = (role == "model").then(|| match &fp8 {
+        Some((_, f)) => f.clone(),
+        None => fingerprint(&c.tensors),
+    });
     let parameter_count = dtypes.values().map(|s| s.parameters).sum();
     if let Some(f) = fp.as_mut() {
         check_param_total(f, parameter_count);
@@ -183,6 +190,7 @@ fn component_report(c: &Component, hash: bool) -> Result<ComponentReport, ReadEr
         fingerprint: fp,
         sidecars: c.sidecars.iter().map(|s| s.name.clone()).collect(),
         adapter: None,
+        quantization: fp8.map(|(q, _)| q),
     })
 }
 
@@ -284,6 +292,17 @@ pub fn render_text(r: &InspectReport) -> String {
             })
             .collect();
         let _ = writeln!(s, "    dtypes:     {}", hist.join(", "));
+        if let Some(q) = &c.quantization {
+            let _ = writeln!(
+                s,
+                "    quantized:  ComfyUI scaled fp8, {} fp8 layers, {} problems",
+                q["fp8_layers"],
+                q["problems"].as_array().map_or(0, |a| a.len())
+            );
+            for p in q["problems"].as_array().into_iter().flatten() {
+                let _ = writeln!(s, "                {}", p.as_str().unwrap_or(""));
+            }
+        }
         for f in &c.files {
             let sha = f
                 .sha256

@@ -20,6 +20,8 @@ pub mod manifest;
 pub mod merge;
 pub mod model;
 pub mod progress;
+pub mod quant_inspect;
+pub mod quantize;
 pub mod recipe;
 pub mod release;
 pub mod runner;

@@ -1,22 +1,33 @@
 //! `wanbake convert IN --dtype bf16|f16|f32 --out DIR [--shard-size BYTES]`: converts every
 //! float tensor of any checkpoint, mirroring its naming, as a verified release.
+//! `wanbake convert IN --to fp8-scaled|gguf:q8_0|q4_0|q5_0|bf16|f16 --out DIR`: a WAN
+//! transformer as one quantized file with original-Wan names (`wanbake::quantize`).
 
 use std::path::PathBuf;
 
-use super::output;
-use super::{Printer, Status};
+use super::{Printer, Status, UsageError, output};
 use wanbake::convert::{ConvertSpec, DtypeChoice, convert_release, keep_none};
-use wanbake::io::DType;
 use wanbake::io::staging::Replace;
+use wanbake::model::quant_rules::{ALL_FORMATS, QuantFormat};
+use wanbake::quantize::{QuantOptions, QuantizeSpec, quantize_release};
 
 /// Arguments of `convert`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Input checkpoint (file, index, folder, pipeline).
     pub input: PathBuf,
-    /// Output dtype for float tensors: f32, f16 or bf16.
+    /// Output dtype for float tensors: f32, f16 or bf16. With --to fp8-scaled: the dtype of
+    /// the tensors that stay high precision (default f16, as ComfyUI's own release).
     #[arg(long, value_parser = output::float_dtype)]
-    pub dtype: DType,
+    pub dtype: Option<wanbake::io::DType>,
+    /// A quantized output for ComfyUI: fp8-scaled (one scaled-fp8 .safetensors) or
+    /// gguf:q8_0|q4_0|q5_0|bf16|f16 (one ComfyUI-GGUF .gguf), original-Wan names.
+    #[arg(long)]
+    pub to: Option<String>,
+    /// GGUF block types: quantize the F16 rounding of each weight, as city96's two-step
+    /// pipeline does, for byte-compatible files (default: the exact f32 weights).
+    #[arg(long)]
+    pub city96_rounding: bool,
     /// Output directory.
     #[arg(long)]
     pub out: PathBuf,
@@ -33,11 +44,20 @@ pub struct Args {
 
 /// Runs `convert`.
 pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
+    if let Some(to) = &args.to {
+        return execute_quantized(to, &args, p);
+    }
+    if args.city96_rounding {
+        return Err(UsageError("--city96-rounding needs --to gguf:<type>".into()).into());
+    }
+    let Some(dtype) = args.dtype else {
+        return Err(UsageError("convert needs --dtype f32|f16|bf16 or --to FORMAT".into()).into());
+    };
     let spec = ConvertSpec {
         input: args.input,
         out: args.out,
         dtypes: DtypeChoice {
-            target: Some(args.dtype),
+            target: Some(dtype),
             keep_f32: keep_none,
         },
         shard_bytes: args.shard_size,
@@ -55,6 +75,68 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
         r.manifest.files.len(),
         bytes
     ));
+    p.json(&serde_json::json!({"dir": r.dir, "report": r.manifest.report, "bytes": bytes}));
+    Ok(Status::Ok)
+}
+
+fn execute_quantized(to: &str, args: &Args, p: &mut Printer) -> anyhow::Result<Status> {
+    let format = QuantFormat::parse(&to.to_ascii_lowercase()).ok_or_else(|| {
+        let all: Vec<&str> = ALL_FORMATS.iter().map(|f| f.as_str()).collect();
+        UsageError(format!("unknown --to `{to}` (one of: {})", all.join(", ")))
+    })?;
+    if args.shard_size.is_some() {
+        return Err(UsageError(format!("--to {format} writes one file; drop --shard-size")).into());
+    }
+    if args.city96_rounding && !format.is_gguf() {
+        return Err(UsageError("--city96-rounding applies to --to gguf:<type> only".into()).into());
+    }
+    if args.dtype.is_some() && format.is_gguf() {
+        return Err(UsageError(format!(
+            "--to {format} decides every tensor's type (spec: F32/F16 by rule); drop --dtype"
+        ))
+        .into());
+    }
+    if args.out.extension().is_some_and(|e| e == "gguf") {
+        return Err(UsageError(format!(
+            "{}: wanbake writes a release directory (the .gguf plus wanbake.manifest.json); \
+             pass --out DIR",
+            args.out.display()
+        ))
+        .into());
+    }
+    let high_precision = args.dtype.unwrap_or(wanbake::io::DType::F16);
+    let spec = QuantizeSpec {
+        input: args.input.clone(),
+        out: args.out.clone(),
+        options: QuantOptions {
+            format,
+            high_precision,
+            city96_rounding: args.city96_rounding,
+        },
+        replace: if args.overwrite {
+            Replace::Overwrite
+        } else {
+            Replace::Never
+        },
+    };
+    let r = quantize_release(&spec)?;
+    let bytes: u64 = r.manifest.files.iter().map(|f| f.bytes).sum();
+    p.line(format!(
+        "wrote {} ({format}: {} files, {} bytes)",
+        r.dir.display(),
+        r.manifest.files.len(),
+        bytes
+    ));
+    if let Some(s) = r.manifest.report["quantization"]["summary"].as_object() {
+        for (enc, v) in s {
+            p.line(format!(
+                "  {enc}: {} tensors, worst relative error max {:.3e} rms {:.3e}",
+                v["tensors"],
+                v["worst_rel_max_err"].as_f64().unwrap_or(0.0),
+                v["worst_rel_rms_err"].as_f64().unwrap_or(0.0)
+            ));
+        }
+    }
     p.json(&serde_json::json!({"dir": r.dir, "report": r.manifest.report, "bytes": bytes}));
     Ok(Status::Ok)
 }

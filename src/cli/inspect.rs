@@ -55,6 +55,20 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
         None => None,
     };
     for path in &args.paths {
+        if let Some(gguf) = wanbake::io::gguf::single_gguf_in(path) {
+            match wanbake::quant_inspect::inspect_gguf(&gguf, args.hash) {
+                Ok(r) => {
+                    p.line(wanbake::quant_inspect::render_gguf(&r));
+                    docs.push(r);
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    docs.push(serde_json::json!({"path": path.display().to_string(), "error": e.to_string()}));
+                    status = Status::Failed;
+                }
+            }
+            continue;
+        }
         let report = Checkpoint::open(path).and_then(|c| inspect(&c, args.hash));
         match report {
             Ok(mut r) => {
@@ -62,6 +76,18 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
                 for problem in add_adapter_details(path, &mut r, base) {
                     eprintln!("error: {problem}");
                     status = Status::Failed;
+                }
+                // scaled-fp8 files ComfyUI would load wrongly (`quant_inspect`)
+                for c in &r.components {
+                    for q in c
+                        .quantization
+                        .iter()
+                        .flat_map(|q| q["problems"].as_array())
+                        .flatten()
+                    {
+                        eprintln!("error: {}: {}", path.display(), q.as_str().unwrap_or(""));
+                        status = Status::Failed;
+                    }
                 }
                 p.line(render_text(&r));
                 docs.push(serde_json::to_value(&r)?);

@@ -5,17 +5,20 @@
 //! and the guard against inputs changing under them (`mmap`, the only `unsafe` of this
 //! layer), single files (`file`), multi-file checkpoints and folders (`checkpoint`), hashing
 //! of outputs (`digest`) and of inputs, with their cache (`input_hash`), what an output will
-//! contain (`writer`) and the atomic, durable writing of it (`staging`). Does not own: what
-//! tensors mean (`model`, `adapter`) or how they are computed (`merge`).
+//! contain (`writer`) and the atomic, durable writing of it (`staging`), the GGUF container
+//! (`gguf`) and the quantized encodings (`quant`: scaled fp8, ggml block types). Does not
+//! own: what tensors mean (`model`, `adapter`) or how they are computed (`merge`).
 
 pub mod checkpoint;
 pub mod digest;
 pub mod dtype;
 pub mod file;
+pub mod gguf;
 pub mod header;
 pub mod header_layout;
 pub mod input_hash;
 pub mod mmap;
+pub mod quant;
 pub mod staging;
 pub mod writer;
 

@@ -303,7 +303,7 @@ impl Staging {
             .files
             .par_iter()
             .map(|p| {
-                digest::digest_safetensors(&self.tmp.join(&p.rel_path), &|n| sealing.add_bytes(n))
+                digest::digest_weight_file(&self.tmp.join(&p.rel_path), &|n| sealing.add_bytes(n))
             })
             .collect::<Result<_, _>>()?;
         let mut aux = BTreeMap::new();

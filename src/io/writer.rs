@@ -167,6 +167,24 @@ impl OutputPlan {
         Ok(())
     }
 
+    /// Adds a weight file that another format laid out (a GGUF file, `io::gguf`):
+    /// `layout.prefix` is written at offset 0, each entry of `layout.tensors` (absolute byte
+    /// ranges) becomes a slot of component `component`, and the bytes between them stay
+    /// zero. The file is digested by its extension (`digest::digest_weight_file`).
+    pub fn add_laid_out_file(&mut self, component: usize, rel_path: PathBuf, layout: HeaderLayout) {
+        let file = self.files.len();
+        for (ti, t) in layout.tensors.iter().enumerate() {
+            self.slots
+                .insert((component, t.name.clone()), Slot { file, tensor: ti });
+        }
+        self.files.push(PlannedFile {
+            rel_path,
+            layout,
+            component,
+            metadata: BTreeMap::new(),
+        });
+    }
+
     /// The slot of tensor `name` of component `component`.
     pub fn slot(&self, component: usize, name: &str) -> Option<Slot> {
         self.slots.get(&(component, name.to_string())).copied()

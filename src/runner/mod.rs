@@ -9,6 +9,7 @@
 //! `forward` (the model), `job` (one run: a forward or a sampling loop), `scheduler` (FlowMatchEulerDiscreteScheduler), `sampler` (CFG
 //! loop and expert switch), `weights` (the `WeightSource` trait, checkpoints of any layout
 //! through `layout::ReadPlan`, in-memory weights),
+//! `quant_weights` (GGUF and scaled-fp8 checkpoints, dequantized per tensor),
 //! `model_dir` (what `--model` may name), `inputs` and `output` (the files of `wanbake
 //! run`), `error`.
 //!
@@ -32,6 +33,7 @@ pub mod job;
 pub mod model_dir;
 pub mod ops;
 pub mod output;
+pub mod quant_weights;
 pub mod rope;
 pub mod sampler;
 pub mod scheduler;

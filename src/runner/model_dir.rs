@@ -43,6 +43,15 @@ impl ModelSet {
     /// Opens `path` (see the module doc); `config` replaces every transformer's
     /// config.json.
     pub fn open(path: &Path, config: Option<&Path>) -> Result<ModelSet, RunError> {
+        // A GGUF or scaled-fp8 transformer (`runner::quant_weights`).
+        if let Some(q) = super::quant_weights::open_quantized(path, config)? {
+            return Ok(ModelSet {
+                path: path.to_path_buf(),
+                transformer: Box::new(q),
+                transformer_2: None,
+                boundary_ratio: None,
+            });
+        }
         let ckpt = Checkpoint::open(path)?;
         if ckpt.kind != SourceKind::Pipeline {
             let mut components = ckpt.components;

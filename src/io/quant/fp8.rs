@@ -1,0 +1,191 @@
+//! ComfyUI "scaled fp8": the `float8_e4m3fn` encoding of one `f32` exactly as torch's cast
+//! (`Tensor.to(torch.float8_e4m3fn)`, torch 2.15 on the CPU) and the per-tensor scale rule.
+//!
+//! Owns: `f32 → F8_E4M3` (round to nearest, ties to even, subnormals down to 2⁻⁹, −0 for
+//! negatives that round to zero, saturation of every finite |x| > 448 and of ±inf to ±448,
+//! NaN → 0x7f with the sign bit kept), its inverse, and `scale_weight = max|W| / 448` (one f32
+//! division, spec quant_formats.md §1.5) with the codes `W / scale` (one f32 division per
+//! element). Does not own: which tensors are quantized (the release encoding) or the file.
+//!
+//! The one departure from the reference: an all-zero (or empty) weight. torch computes
+//! `scale = 0` and `0 / 0 = NaN` codes, which a loader turns into NaN weights; here such a
+//! tensor gets `scale = 1.0` and +0 codes, so it dequantizes to exact zeros.
+
+/// The largest finite e4m3fn value.
+pub const E4M3_MAX: f32 = 448.0;
+
+/// Rounds one `f32` to `float8_e4m3fn` bits as torch's CPU cast does.
+#[inline]
+pub fn f32_to_e4m3fn(x: f32) -> u8 {
+    let bits = x.to_bits();
+    let sign = ((bits >> 24) & 0x80) as u8;
+    let abs = bits & 0x7FFF_FFFF;
+    if abs > 0x7F80_0000 {
+        return sign | 0x7F;
+    }
+    // |x| < 2⁻⁶: the subnormal range. Adding 2¹⁴ puts the f32 ulp at 2⁻⁹ (the fp8 subnormal
+    // step), so the f32 addition itself rounds to nearest even; its low mantissa bits are the
+    // code (8 = 2⁻⁶, the smallest normal, comes out right as well).
+    if abs < (121 << 23) {
+        const MAGIC: u32 = 141 << 23;
+        let sum = f32::from_bits(abs) + f32::from_bits(MAGIC);
+        return sign | (sum.to_bits() - MAGIC) as u8;
+    }
+    // Normal range: rebias the exponent from 127 to 7 and round the 20 dropped mantissa bits
+    // to nearest even. Anything past 0x7e (448) is saturated, infinity included.
+    if abs >= 0x43E8_0000 {
+        // 464 = the midpoint of 448 and the NaN code; at or above it RNE would leave the
+        // finite range (464 itself ties to 448, which the rounding below also gives).
+        return sign | 0x7E;
+    }
+    let odd = (abs >> 20) & 1;
+    let r = abs
+        .wrapping_add(((7u32).wrapping_sub(127)) << 23)
+        .wrapping_add(0x7FFFF + odd);
+    sign | ((r >> 20) as u8).min(0x7E)
+}
+
+/// The value of `float8_e4m3fn` bits (0x7f / 0xff are NaN; there are no infinities).
+#[inline]
+pub fn e4m3fn_to_f32(b: u8) -> f32 {
+    let sign = if b & 0x80 != 0 { -1.0f32 } else { 1.0 };
+    let e = ((b >> 3) & 0x0F) as i32;
+    let m = (b & 0x07) as f32;
+    if e == 15 && m == 7.0 {
+        return if b & 0x80 != 0 { -f32::NAN } else { f32::NAN };
+    }
+    if e == 0 {
+        sign * m * (2f32).powi(-9)
+    } else {
+        sign * (1.0 + m / 8.0) * (2f32).powi(e - 7)
+    }
+}
+
+/// `max|W|` over the tensor (NaN-free input; the caller refuses non-finite weights).
+pub fn amax(w: &[f32]) -> f32 {
+    w.iter().fold(0f32, |m, &x| m.max(x.abs()))
+}
+
+/// The stored `scale_weight` of a weight whose `max|W|` is `amax`: `amax / 448` as one f32
+/// division (not `amax * (1/448)`, which differs by an ulp for many tensors); 1.0 for an
+/// all-zero weight (see the module docs).
+pub fn scale_for(amax: f32) -> f32 {
+    if amax == 0.0 { 1.0 } else { amax / E4M3_MAX }
+}
+
+/// Writes the codes of `w / scale` into `out` (one f32 division and one cast per element).
+#[track_caller]
+pub fn encode_scaled(w: &[f32], scale: f32, out: &mut [u8]) {
+    assert_eq!(w.len(), out.len(), "encode_scaled: length mismatch");
+    for (o, &x) in out.iter_mut().zip(w) {
+        *o = f32_to_e4m3fn(x / scale);
+    }
+}
+
+/// One scaled-fp8 tensor: the `scale_weight` and the codes, row-major like the weight.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ScaledFp8 {
+    /// `scale_weight` (0-d F32 in the file).
+    pub scale: f32,
+    /// F8_E4M3 codes of `W / scale`.
+    pub codes: Vec<u8>,
+}
+
+/// Quantizes a whole weight: `scale = max|W| / 448`, codes of `W / scale`.
+pub fn quantize_scaled(w: &[f32]) -> ScaledFp8 {
+    let scale = scale_for(amax(w));
+    let mut codes = vec![0u8; w.len()];
+    encode_scaled(w, scale, &mut codes);
+    ScaledFp8 { scale, codes }
+}
+
+/// Dequantizes as the loaders do: `q.to(f32) * scale` (one f32 product per element).
+#[track_caller]
+pub fn decode_scaled(codes: &[u8], scale: f32, out: &mut [f32]) {
+    assert_eq!(codes.len(), out.len(), "decode_scaled: length mismatch");
+    for (o, &b) in out.iter_mut().zip(codes) {
+        *o = e4m3fn_to_f32(b) * scale;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every code decodes and re-encodes to itself (NaN codes to NaN codes of the same sign).
+    #[test]
+    fn every_code_round_trips() {
+        for b in 0..=255u8 {
+            let x = e4m3fn_to_f32(b);
+            assert_eq!(f32_to_e4m3fn(x), b, "code {b:#04x} = {x}");
+        }
+    }
+
+    /// Against an exhaustive nearest-even search over the 254 finite codes, on a sweep of
+    /// f32 values dense around every code and every midpoint.
+    #[test]
+    fn matches_exhaustive_nearest_even() {
+        let finite: Vec<(u8, f32)> = (0..=0x7Eu8).map(|b| (b, e4m3fn_to_f32(b))).collect();
+        let nearest = |a: f32| -> u8 {
+            let mut best = (0u8, f32::INFINITY);
+            for &(b, v) in &finite {
+                let d = (v - a).abs();
+                if d < best.1 || (d == best.1 && b & 1 == 0 && best.0 & 1 == 1) {
+                    best = (b, d);
+                }
+            }
+            best.0
+        };
+        let mut probes = Vec::new();
+        for w in finite.windows(2) {
+            let mid = (w[0].1 + w[1].1) / 2.0;
+            for x in [w[0].1, mid, w[1].1] {
+                probes.extend([x, f32::from_bits(x.to_bits() + 1), x.next_down_compat()]);
+            }
+        }
+        for a in probes.into_iter().filter(|a| *a >= 0.0 && *a <= 448.0) {
+            let want = nearest(a);
+            assert_eq!(f32_to_e4m3fn(a), want, "x = {a:e}");
+            assert_eq!(f32_to_e4m3fn(-a), want | 0x80, "x = -{a:e}");
+        }
+    }
+
+    trait NextDown {
+        fn next_down_compat(self) -> f32;
+    }
+    impl NextDown for f32 {
+        fn next_down_compat(self) -> f32 {
+            if self == 0.0 {
+                -f32::from_bits(1)
+            } else {
+                f32::from_bits(self.to_bits() - 1)
+            }
+        }
+    }
+
+    #[test]
+    fn saturates_and_keeps_nan_sign() {
+        for (x, b) in [
+            (448.0f32, 0x7E),
+            (463.99f32, 0x7E),
+            (464.0, 0x7E),
+            (480.0, 0x7E),
+            (1e30, 0x7E),
+            (f32::INFINITY, 0x7E),
+            (f32::NEG_INFINITY, 0xFE),
+            (f32::NAN, 0x7F),
+            (-f32::NAN, 0xFF),
+            (-0.0, 0x80),
+            (-(2f32).powi(-11), 0x80),
+        ] {
+            assert_eq!(f32_to_e4m3fn(x), b, "x = {x}");
+        }
+    }
+
+    #[test]
+    fn zero_weight_gets_unit_scale() {
+        let q = quantize_scaled(&[0.0, -0.0, 0.0]);
+        assert_eq!(q.scale, 1.0);
+        assert_eq!(q.codes, vec![0, 0x80, 0]);
+    }
+}

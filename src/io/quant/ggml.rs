@@ -1,0 +1,407 @@
+//! GGML tensor encodings as gguf-py 0.19 (`gguf/quants.py`) computes them: the 32-wide block
+//! quantizers Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and the plain F32/F16/BF16 element types.
+//!
+//! Owns: the ggml type ids, block and byte sizes, `f32 → bytes` bit-exact to gguf-py (spec
+//! quant_formats.md §2.6) and `bytes → f32` as its dequantizers. Does not own: which type a
+//! tensor gets (the GGUF encoding's rules) or the container (`gguf`).
+//!
+//! The reference's arithmetic, kept operation for operation (every step one f32 rounding, no
+//! fused multiply-add):
+//! - Q8_0: `d = max|x| / 127`, `id = d == 0 ? 0 : 1/d`, `q = roundf(x·id)` (halves away from
+//!   zero), `d` stored as f16 (RNE).
+//! - Q4_0 / Q5_0: `m` = the signed element of largest |x| (the first on ties), `d = m / −8`
+//!   (`/ −16`), `q = trunc(x·id + 8.5)` (`+ 16.5`) clipped to 15 (31). An all-zero block
+//!   stores `d = −0.0` and codes 8 (16).
+//! - Q4_1 / Q5_1: `d = (max − min) / 15` (`/ 31`), `q = trunc((x − min)·id + 0.5)`, `d` and
+//!   `min` stored as f16.
+//!
+//! Inputs must be finite (the callers refuse NaN/inf weights before quantizing).
+
+use half::f16;
+
+use crate::io::dtype::{round_to_bf16, round_to_f16};
+
+/// Elements per block of every block type here.
+pub const QK: usize = 32;
+
+/// A ggml tensor type wanbake writes or reads.
+#[allow(non_camel_case_types)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum GgmlType {
+    /// IEEE single.
+    F32,
+    /// IEEE half.
+    F16,
+    /// 4-bit symmetric blocks of 32.
+    Q4_0,
+    /// 4-bit blocks of 32 with a minimum.
+    Q4_1,
+    /// 5-bit symmetric blocks of 32.
+    Q5_0,
+    /// 5-bit blocks of 32 with a minimum.
+    Q5_1,
+    /// 8-bit symmetric blocks of 32.
+    Q8_0,
+    /// bfloat16.
+    BF16,
+}
+
+impl GgmlType {
+    /// The `ggml_type` id stored in a GGUF tensor info.
+    pub fn id(self) -> u32 {
+        match self {
+            GgmlType::F32 => 0,
+            GgmlType::F16 => 1,
+            GgmlType::Q4_0 => 2,
+            GgmlType::Q4_1 => 3,
+            GgmlType::Q5_0 => 6,
+            GgmlType::Q5_1 => 7,
+            GgmlType::Q8_0 => 8,
+            GgmlType::BF16 => 30,
+        }
+    }
+
+    /// The type of a `ggml_type` id, if wanbake knows it.
+    pub fn from_id(id: u32) -> Option<GgmlType> {
+        ALL.iter().copied().find(|t| t.id() == id)
+    }
+
+    /// ggml's name (`Q8_0`, `F16`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            GgmlType::F32 => "F32",
+            GgmlType::F16 => "F16",
+            GgmlType::Q4_0 => "Q4_0",
+            GgmlType::Q4_1 => "Q4_1",
+            GgmlType::Q5_0 => "Q5_0",
+            GgmlType::Q5_1 => "Q5_1",
+            GgmlType::Q8_0 => "Q8_0",
+            GgmlType::BF16 => "BF16",
+        }
+    }
+
+    /// Elements per block (1 for the plain types).
+    pub fn block_size(self) -> usize {
+        if self.is_block() { QK } else { 1 }
+    }
+
+    /// Bytes per block.
+    pub fn type_size(self) -> usize {
+        match self {
+            GgmlType::F32 => 4,
+            GgmlType::F16 | GgmlType::BF16 => 2,
+            GgmlType::Q4_0 => 18,
+            GgmlType::Q4_1 => 20,
+            GgmlType::Q5_0 => 22,
+            GgmlType::Q5_1 => 24,
+            GgmlType::Q8_0 => 34,
+        }
+    }
+
+    /// True for the 32-wide block types.
+    pub fn is_block(self) -> bool {
+        !matches!(self, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
+    }
+
+    /// Bytes of `numel` elements, or `None` when `numel` is not a whole number of blocks or
+    /// the size overflows.
+    pub fn byte_len(self, numel: usize) -> Option<usize> {
+        let bs = self.block_size();
+        if !numel.is_multiple_of(bs) {
+            return None;
+        }
+        (numel / bs).checked_mul(self.type_size())
+    }
+}
+
+impl std::fmt::Display for GgmlType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Every type of this module.
+pub const ALL: [GgmlType; 8] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::BF16,
+];
+
+/// Encodes `src` (whole blocks for the block types) into `dst` of exactly
+/// `ty.byte_len(src.len())` bytes.
+#[track_caller]
+pub fn quantize(ty: GgmlType, src: &[f32], dst: &mut [u8]) {
+    assert_eq!(
+        Some(dst.len()),
+        ty.byte_len(src.len()),
+        "ggml::quantize: {} bytes for {} elements of {ty}",
+        dst.len(),
+        src.len()
+    );
+    match ty {
+        GgmlType::F32 => {
+            for (c, &x) in dst.chunks_exact_mut(4).zip(src) {
+                c.copy_from_slice(&x.to_le_bytes());
+            }
+        }
+        GgmlType::F16 => {
+            for (c, &x) in dst.chunks_exact_mut(2).zip(src) {
+                c.copy_from_slice(&round_to_f16(x).to_le_bytes());
+            }
+        }
+        GgmlType::BF16 => {
+            for (c, &x) in dst.chunks_exact_mut(2).zip(src) {
+                c.copy_from_slice(&round_to_bf16(x).to_le_bytes());
+            }
+        }
+        _ => {
+            let ts = ty.type_size();
+            for (out, x) in dst.chunks_exact_mut(ts).zip(src.chunks_exact(QK)) {
+                let x: &[f32; QK] = x.try_into().expect("chunks_exact(QK)");
+                match ty {
+                    GgmlType::Q8_0 => q8_0(x, out),
+                    GgmlType::Q4_0 => q_sym::<4>(x, out),
+                    GgmlType::Q5_0 => q_sym::<5>(x, out),
+                    GgmlType::Q4_1 => q_min::<4>(x, out),
+                    GgmlType::Q5_1 => q_min::<5>(x, out),
+                    _ => unreachable!("plain types handled above"),
+                }
+            }
+        }
+    }
+}
+
+/// Encodes to a fresh vector; `None` when `src` is not a whole number of blocks.
+pub fn quantize_vec(ty: GgmlType, src: &[f32]) -> Option<Vec<u8>> {
+    let mut out = vec![0u8; ty.byte_len(src.len())?];
+    quantize(ty, src, &mut out);
+    Some(out)
+}
+
+/// `roundf`: halves away from zero (gguf-py's `np_roundf`).
+#[inline]
+fn roundf(x: f32) -> f32 {
+    let a = x.abs();
+    let fl = a.floor();
+    let b = fl + (2.0 * (a - fl)).floor();
+    b.copysign(x)
+}
+
+/// `1/d`, or 0 where `d == 0` (either sign).
+#[inline]
+fn inv(d: f32) -> f32 {
+    if d == 0.0 { 0.0 } else { 1.0 / d }
+}
+
+fn put_f16(out: &mut [u8], x: f32) {
+    out.copy_from_slice(&round_to_f16(x).to_le_bytes());
+}
+
+fn q8_0(x: &[f32; QK], out: &mut [u8]) {
+    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let id = inv(d);
+    put_f16(&mut out[..2], d);
+    for (o, &v) in out[2..].iter_mut().zip(x) {
+        *o = (roundf(v * id) as i8) as u8;
+    }
+}
+
+/// Q4_0 (`BITS = 4`) and Q5_0 (`BITS = 5`).
+fn q_sym<const BITS: u32>(x: &[f32; QK], out: &mut [u8]) {
+    let half = (1u32 << (BITS - 1)) as f32; // 8 or 16
+    let top = (1u32 << BITS) - 1; // 15 or 31
+    // argmax of |x|: the first index on ties.
+    let mut m = x[0];
+    for &v in &x[1..] {
+        if v.abs() > m.abs() {
+            m = v;
+        }
+    }
+    let d = m / -half;
+    let id = inv(d);
+    let mut q = [0u8; QK];
+    for (qi, &v) in q.iter_mut().zip(x) {
+        let t = (v * id + (half + 0.5)).trunc();
+        *qi = (t as u32).min(top) as u8;
+    }
+    put_f16(&mut out[..2], d);
+    pack_nibbles::<BITS>(&q, &mut out[2..]);
+}
+
+/// Q4_1 (`BITS = 4`) and Q5_1 (`BITS = 5`).
+fn q_min<const BITS: u32>(x: &[f32; QK], out: &mut [u8]) {
+    let top = (1u32 << BITS) - 1;
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let min = x.iter().copied().fold(f32::INFINITY, f32::min);
+    let d = (max - min) / top as f32;
+    let id = inv(d);
+    let mut q = [0u8; QK];
+    for (qi, &v) in q.iter_mut().zip(x) {
+        let t = ((v - min) * id + 0.5).trunc();
+        *qi = (t as u32).min(top) as u8;
+    }
+    put_f16(&mut out[..2], d);
+    put_f16(&mut out[2..4], min);
+    pack_nibbles::<BITS>(&q, &mut out[4..]);
+}
+
+/// Element j in the low nibble and j+16 in the high nibble of byte j; for 5 bits, the fifth
+/// bits first as a little-endian 32-bit mask (element i at bit i).
+fn pack_nibbles<const BITS: u32>(q: &[u8; QK], out: &mut [u8]) {
+    let qs = if BITS == 5 {
+        let mut qh = 0u32;
+        for (i, &v) in q.iter().enumerate() {
+            qh |= ((v as u32 >> 4) & 1) << i;
+        }
+        out[..4].copy_from_slice(&qh.to_le_bytes());
+        &mut out[4..]
+    } else {
+        out
+    };
+    for j in 0..QK / 2 {
+        qs[j] = (q[j] & 0x0F) | ((q[j + QK / 2] & 0x0F) << 4);
+    }
+}
+
+/// Decodes `src` (`ty.byte_len(dst.len())` bytes) into `dst` as gguf-py's dequantizers do
+/// (`d·q` or `d·q + m`, one f32 product per element).
+#[track_caller]
+pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
+    assert_eq!(
+        Some(src.len()),
+        ty.byte_len(dst.len()),
+        "ggml::dequantize: {} bytes for {} elements of {ty}",
+        src.len(),
+        dst.len()
+    );
+    let h = |b: &[u8]| f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
+    match ty {
+        GgmlType::F32 => {
+            for (d, c) in dst.iter_mut().zip(src.chunks_exact(4)) {
+                *d = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        }
+        GgmlType::F16 => {
+            for (d, c) in dst.iter_mut().zip(src.chunks_exact(2)) {
+                *d = h(c);
+            }
+        }
+        GgmlType::BF16 => {
+            for (d, c) in dst.iter_mut().zip(src.chunks_exact(2)) {
+                *d = f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16);
+            }
+        }
+        _ => {
+            for (y, b) in dst
+                .chunks_exact_mut(QK)
+                .zip(src.chunks_exact(ty.type_size()))
+            {
+                let d = h(&b[..2]);
+                let (m, rest) = match ty {
+                    GgmlType::Q4_1 | GgmlType::Q5_1 => (Some(h(&b[2..4])), &b[4..]),
+                    _ => (None, &b[2..]),
+                };
+                let (qh, qs) = match ty {
+                    GgmlType::Q5_0 | GgmlType::Q5_1 => (
+                        u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]),
+                        &rest[4..],
+                    ),
+                    _ => (0, rest),
+                };
+                for (i, yi) in y.iter_mut().enumerate() {
+                    let q = match ty {
+                        GgmlType::Q8_0 => qs[i] as i8 as i32,
+                        _ => {
+                            let nib = if i < QK / 2 {
+                                qs[i] & 0x0F
+                            } else {
+                                qs[i - QK / 2] >> 4
+                            } as i32;
+                            let hi = ((qh >> i) & 1) as i32;
+                            match ty {
+                                GgmlType::Q4_0 => nib - 8,
+                                GgmlType::Q5_0 => (nib | hi << 4) - 16,
+                                GgmlType::Q4_1 => nib,
+                                _ => nib | hi << 4,
+                            }
+                        }
+                    };
+                    *yi = match m {
+                        Some(m) => d * q as f32 + m,
+                        None => d * q as f32,
+                    };
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roundf_is_half_away() {
+        for (x, r) in [
+            (0.5f32, 1.0f32),
+            (1.5, 2.0),
+            (2.5, 3.0),
+            (-2.5, -3.0),
+            (0.49999997, 0.0),
+        ] {
+            assert_eq!(roundf(x), r, "{x}");
+        }
+    }
+
+    #[test]
+    fn zero_blocks() {
+        let z = [0f32; QK];
+        let q = quantize_vec(GgmlType::Q4_0, &z).unwrap();
+        assert_eq!(&q[..2], &0x8000u16.to_le_bytes(), "d = -0.0");
+        assert!(q[2..].iter().all(|&b| b == 0x88));
+        let q = quantize_vec(GgmlType::Q8_0, &z).unwrap();
+        assert!(q.iter().all(|&b| b == 0));
+        let q = quantize_vec(GgmlType::Q5_0, &z).unwrap();
+        assert_eq!(&q[2..6], &[0xFF; 4], "every fifth bit set (16)");
+        assert!(q[6..].iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn ids_round_trip_and_partial_blocks_refused() {
+        for t in ALL {
+            assert_eq!(GgmlType::from_id(t.id()), Some(t));
+        }
+        assert_eq!(GgmlType::Q8_0.byte_len(33), None);
+        assert_eq!(GgmlType::F16.byte_len(33), Some(66));
+    }
+
+    /// Every block type reproduces its input within half a step (one step for the offset
+    /// types' trunc-based rounding) after a decode.
+    #[test]
+    fn decode_inverts_within_a_step() {
+        let x: Vec<f32> = (0..QK * 4)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
+            .collect();
+        for t in ALL {
+            let q = quantize_vec(t, &x).unwrap();
+            let mut y = vec![0f32; x.len()];
+            dequantize(t, &q, &mut y);
+            let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let step = match t {
+                GgmlType::Q8_0 => amax / 127.0,
+                GgmlType::Q4_0 | GgmlType::Q4_1 => amax / 7.0,
+                GgmlType::Q5_0 | GgmlType::Q5_1 => amax / 15.0,
+                _ => amax / 256.0,
+            };
+            for (a, b) in x.iter().zip(&y) {
+                assert!((a - b).abs() <= step, "{t}: {a} vs {b}");
+            }
+        }
+    }
+}

@@ -1,0 +1,420 @@
+//! Which encoding each tensor of an original-Wan checkpoint gets in a quantized output, and
+//! why: ComfyUI's scaled fp8 (spec quant_formats.md §1.8) and city96's ComfyUI-GGUF files
+//! (§2.4, the rules of `tools/convert.py`, the patched `llama-quantize` and
+//! `fix_5d_tensors.py`, applied in one step).
+//!
+//! Owns: the quantized output formats (`QuantFormat`), their names on the command line, the
+//! GGUF `general.file_type` of each, and the per-tensor decision with its reason. Does not
+//! own: the encodings (`io::quant`), the GGUF container (`io::gguf`) or the name mapping from
+//! diffusers (`layout`).
+
+use std::fmt;
+
+use crate::io::quant::ggml::GgmlType;
+
+/// A quantized output format.
+#[allow(non_camel_case_types)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QuantFormat {
+    /// ComfyUI scaled fp8 safetensors.
+    Fp8Scaled,
+    /// GGUF with Q8_0 weights.
+    GgufQ8_0,
+    /// GGUF with Q4_0 weights (Q4_1 for ffn down).
+    GgufQ4_0,
+    /// GGUF with Q5_0 weights (Q5_1 for ffn down).
+    GgufQ5_0,
+    /// GGUF, BF16 weights.
+    GgufBf16,
+    /// GGUF, F16 weights.
+    GgufF16,
+}
+
+/// Every format, in the order `--help` lists them.
+pub const ALL_FORMATS: [QuantFormat; 6] = [
+    QuantFormat::Fp8Scaled,
+    QuantFormat::GgufQ8_0,
+    QuantFormat::GgufQ4_0,
+    QuantFormat::GgufQ5_0,
+    QuantFormat::GgufBf16,
+    QuantFormat::GgufF16,
+];
+
+impl QuantFormat {
+    /// The spelling of `--to` (`fp8-scaled`, `gguf:q8_0`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QuantFormat::Fp8Scaled => "fp8-scaled",
+            QuantFormat::GgufQ8_0 => "gguf:q8_0",
+            QuantFormat::GgufQ4_0 => "gguf:q4_0",
+            QuantFormat::GgufQ5_0 => "gguf:q5_0",
+            QuantFormat::GgufBf16 => "gguf:bf16",
+            QuantFormat::GgufF16 => "gguf:f16",
+        }
+    }
+
+    /// Parses a `--to` value; `None` when it names no quantized format.
+    pub fn parse(s: &str) -> Option<QuantFormat> {
+        ALL_FORMATS.iter().copied().find(|f| f.as_str() == s)
+    }
+
+    /// True for the GGUF formats.
+    pub fn is_gguf(self) -> bool {
+        self != QuantFormat::Fp8Scaled
+    }
+
+    /// llama.cpp's `LlamaFileType` for `general.file_type` (GGUF formats only).
+    pub fn file_type(self) -> Option<u32> {
+        match self {
+            QuantFormat::Fp8Scaled => None,
+            QuantFormat::GgufF16 => Some(1),
+            QuantFormat::GgufQ4_0 => Some(2),
+            QuantFormat::GgufQ8_0 => Some(7),
+            QuantFormat::GgufQ5_0 => Some(8),
+            QuantFormat::GgufBf16 => Some(32),
+        }
+    }
+
+    /// The block type of the quantized GGUF formats.
+    fn block_type(self) -> Option<GgmlType> {
+        match self {
+            QuantFormat::GgufQ8_0 => Some(GgmlType::Q8_0),
+            QuantFormat::GgufQ4_0 => Some(GgmlType::Q4_0),
+            QuantFormat::GgufQ5_0 => Some(GgmlType::Q5_0),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for QuantFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a tensor got its encoding (written into the quantization report).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Why {
+    /// A block-quantized Linear weight.
+    Quantized,
+    /// `.ffn.2.weight` under Q4_0 / Q5_0: llama-quantize's ffn-down rule bumps it to Q4_1 / Q5_1.
+    FfnDownBump,
+    /// One dimension: F32 (convert.py).
+    OneD,
+    /// At most 1024 elements: F32 (convert.py's QUANTIZATION_THRESHOLD).
+    Small,
+    /// A `.modulation` tensor: F32 (convert.py's `keys_hiprec`).
+    Modulation,
+    /// More than 4 dimensions (the Conv3d patch embedding): F32, full shape (fix_5d_tensors.py).
+    FiveD,
+    /// A name the patched llama-quantize never quantizes for Wan (embeddings, head, ...).
+    NeverQuantized,
+    /// Not a 2-D `...weight` (llama-quantize's gates).
+    NotA2dWeight,
+    /// Rows are not a whole number of 32-blocks: the F16 fallback.
+    PartialBlocks,
+    /// The plain GGUF formats (`gguf:bf16`, `gguf:f16`): the format's own type.
+    Plain,
+    /// fp8-scaled: an nn.Linear weight as F8_E4M3 with its `scale_weight`.
+    Fp8Linear,
+    /// fp8-scaled: not an nn.Linear weight (bias, norm, modulation, Conv3d): high precision.
+    HighPrecision,
+}
+
+impl Why {
+    /// A short explanation for reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Why::Quantized => "quantized: 2-D Linear weight",
+            Why::FfnDownBump => "quantized: ffn down (.ffn.2.weight) bumped to the _1 type",
+            Why::OneD => "kept: 1-D tensor (F32)",
+            Why::Small => "kept: at most 1024 elements (F32)",
+            Why::Modulation => "kept: modulation (F32)",
+            Why::FiveD => "kept: 5-D patch embedding, full shape (F32)",
+            Why::NeverQuantized => "kept: name never quantized for Wan (embedding/head/patch)",
+            Why::NotA2dWeight => "kept: not a 2-D weight",
+            Why::PartialBlocks => {
+                "kept: rows are not whole 32-element blocks (step-1 type, F16 fallback)"
+            }
+            Why::Plain => "plain: the format's float type",
+            Why::Fp8Linear => "quantized: nn.Linear weight, F8_E4M3 + scale_weight",
+            Why::HighPrecision => "kept: not an nn.Linear weight (high precision)",
+        }
+    }
+}
+
+/// The GGUF decision for one tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GgufChoice {
+    /// The type written.
+    pub ty: GgmlType,
+    /// The type city96's step 1 (convert.py) writes; a block type quantizes this rounding of
+    /// the weights when byte-compatibility with city96's files is asked for.
+    pub step1: GgmlType,
+    /// Why.
+    pub why: Why,
+}
+
+/// Names the patched llama-quantize never quantizes for arch `wan` (spec §2.4).
+const WAN_NEVER: [&str; 7] = [
+    "modulation.",
+    "patch_embedding.",
+    "text_embedding.",
+    "time_projection.",
+    "time_embedding.",
+    "img_emb.",
+    "head.",
+];
+
+/// The GGUF type of tensor `name` (original-Wan name, torch `shape`) in `format`.
+/// `bf16_source` is true when the source tensor is stored as BF16 (convert.py then keeps
+/// BF16 where an f32 source gets F16).
+pub fn gguf_choice(
+    format: QuantFormat,
+    name: &str,
+    shape: &[usize],
+    bf16_source: bool,
+) -> GgufChoice {
+    let numel: usize = shape.iter().product();
+    let f32 = |why| GgufChoice {
+        ty: GgmlType::F32,
+        step1: GgmlType::F32,
+        why,
+    };
+    if shape.len() <= 1 {
+        return f32(Why::OneD);
+    }
+    if numel <= 1024 && shape.len() <= 4 {
+        // A small 2-D weight is still quantized by step 2 when its name allows (below).
+        if format.block_type().is_none() || !quantizable(name, shape) {
+            return f32(Why::Small);
+        }
+    }
+    if name.contains(".modulation") {
+        return f32(Why::Modulation);
+    }
+    if shape.len() > 4 {
+        return f32(Why::FiveD);
+    }
+    let base = match format {
+        QuantFormat::GgufBf16 => GgmlType::BF16,
+        QuantFormat::GgufF16 => GgmlType::F16,
+        _ if bf16_source => GgmlType::BF16,
+        _ => GgmlType::F16,
+    };
+    let step1 = if numel <= 1024 { GgmlType::F32 } else { base };
+    let Some(block) = format.block_type() else {
+        return GgufChoice {
+            ty: base,
+            step1,
+            why: Why::Plain,
+        };
+    };
+    if !quantizable(name, shape) {
+        let why = if name.ends_with("weight") && shape.len() == 2 {
+            Why::NeverQuantized
+        } else {
+            Why::NotA2dWeight
+        };
+        return GgufChoice {
+            ty: base,
+            step1,
+            why,
+        };
+    }
+    if !shape[shape.len() - 1].is_multiple_of(32) {
+        // "stays as step 1 wrote it": F16 (or BF16) in practice, F32 when small.
+        return GgufChoice {
+            ty: step1,
+            step1,
+            why: Why::PartialBlocks,
+        };
+    }
+    let (ty, why) = match block {
+        GgmlType::Q4_0 if name.contains(".ffn.2.weight") => (GgmlType::Q4_1, Why::FfnDownBump),
+        GgmlType::Q5_0 if name.contains(".ffn.2.weight") => (GgmlType::Q5_1, Why::FfnDownBump),
+        t => (t, Why::Quantized),
+    };
+    GgufChoice { ty, step1, why }
+}
+
+/// llama-quantize's gates with city96's Wan patch: a 2-D `...weight` whose name contains
+/// none of [`WAN_NEVER`].
+fn quantizable(name: &str, shape: &[usize]) -> bool {
+    name.ends_with("weight") && shape.len() == 2 && !WAN_NEVER.iter().any(|p| name.contains(p))
+}
+
+/// True when `name` is the weight of an nn.Linear of the original Wan model, which
+/// fp8-scaled stores as F8_E4M3 (spec §1.8): block attention q/k/v/o (and k_img/v_img),
+/// ffn.0/ffn.2, text/time embeddings, time projection, head and img_emb.proj.{1,3}.
+pub fn is_fp8_linear(name: &str, shape: &[usize]) -> bool {
+    if shape.len() != 2 {
+        return false;
+    }
+    const TOP: [&str; 8] = [
+        "text_embedding.0.weight",
+        "text_embedding.2.weight",
+        "time_embedding.0.weight",
+        "time_embedding.2.weight",
+        "time_projection.1.weight",
+        "head.head.weight",
+        "img_emb.proj.1.weight",
+        "img_emb.proj.3.weight",
+    ];
+    if TOP.contains(&name) {
+        return true;
+    }
+    let Some(rest) = name.strip_prefix("blocks.") else {
+        return false;
+    };
+    let Some((n, module)) = rest.split_once('.') else {
+        return false;
+    };
+    if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+        return false;
+    }
+    if matches!(module, "ffn.0.weight" | "ffn.2.weight") {
+        return true;
+    }
+    let Some(attn) = module
+        .strip_prefix("self_attn.")
+        .or_else(|| module.strip_prefix("cross_attn."))
+    else {
+        return false;
+    };
+    matches!(
+        attn,
+        "q.weight" | "k.weight" | "v.weight" | "o.weight" | "k_img.weight" | "v_img.weight"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use QuantFormat::*;
+
+    fn ty(f: QuantFormat, name: &str, shape: &[usize]) -> (GgmlType, Why) {
+        let c = gguf_choice(f, name, shape, false);
+        (c.ty, c.why)
+    }
+
+    /// The 14B / 1.3B shapes of spec §1.4 / §2.4.
+    #[test]
+    fn gguf_rules_on_real_shapes() {
+        use GgmlType as G;
+        let d = 5120;
+        assert_eq!(
+            ty(GgufQ8_0, "blocks.0.self_attn.q.weight", &[d, d]),
+            (G::Q8_0, Why::Quantized)
+        );
+        assert_eq!(
+            ty(GgufQ4_0, "blocks.3.ffn.2.weight", &[d, 13824]),
+            (G::Q4_1, Why::FfnDownBump)
+        );
+        assert_eq!(
+            ty(GgufQ5_0, "blocks.3.ffn.2.weight", &[d, 13824]),
+            (G::Q5_1, Why::FfnDownBump)
+        );
+        assert_eq!(
+            ty(GgufQ8_0, "blocks.3.ffn.2.weight", &[d, 13824]),
+            (G::Q8_0, Why::Quantized)
+        );
+        assert_eq!(
+            ty(GgufQ4_0, "blocks.3.ffn.0.weight", &[13824, d]),
+            (G::Q4_0, Why::Quantized)
+        );
+        assert_eq!(
+            ty(GgufQ8_0, "blocks.0.self_attn.q.bias", &[d]),
+            (G::F32, Why::OneD)
+        );
+        assert_eq!(
+            ty(GgufQ8_0, "blocks.0.modulation", &[1, 6, d]),
+            (G::F32, Why::Modulation)
+        );
+        assert_eq!(
+            ty(GgufQ8_0, "head.modulation", &[1, 2, d]),
+            (G::F32, Why::Modulation)
+        );
+        assert_eq!(
+            ty(GgufQ8_0, "patch_embedding.weight", &[d, 16, 1, 2, 2]),
+            (G::F32, Why::FiveD)
+        );
+        assert_eq!(
+            ty(GgufQ8_0, "head.head.weight", &[64, d]),
+            (G::F16, Why::NeverQuantized)
+        );
+        assert_eq!(
+            ty(GgufQ8_0, "text_embedding.0.weight", &[d, 4096]),
+            (G::F16, Why::NeverQuantized)
+        );
+        assert_eq!(
+            ty(GgufQ8_0, "time_projection.1.weight", &[6 * d, d]),
+            (G::F16, Why::NeverQuantized)
+        );
+        assert_eq!(
+            ty(GgufBf16, "blocks.0.self_attn.q.weight", &[d, d]),
+            (G::BF16, Why::Plain)
+        );
+        assert_eq!(
+            ty(GgufF16, "blocks.0.self_attn.q.weight", &[d, d]),
+            (G::F16, Why::Plain)
+        );
+        assert_eq!(
+            ty(GgufF16, "blocks.0.self_attn.norm_q.weight", &[d]),
+            (G::F32, Why::OneD)
+        );
+        let c = gguf_choice(GgufQ8_0, "head.head.weight", &[64, d], true);
+        assert_eq!(c.ty, G::BF16, "a bf16 source keeps BF16 where f32 gets F16");
+    }
+
+    /// Toy shapes: small 2-D weights still quantize (step 2 ignores step 1's F32), rows that
+    /// are not whole blocks fall back to F16.
+    #[test]
+    fn gguf_rules_on_toy_shapes() {
+        use GgmlType as G;
+        let c = gguf_choice(GgufQ8_0, "blocks.0.self_attn.q.weight", &[32, 32], false);
+        assert_eq!((c.ty, c.step1, c.why), (G::Q8_0, G::F32, Why::Quantized));
+        let c = gguf_choice(GgufQ8_0, "blocks.0.ffn.2.weight", &[32, 80], false);
+        assert_eq!((c.ty, c.step1, c.why), (G::F16, G::F16, Why::PartialBlocks));
+        assert_eq!(
+            ty(GgufQ8_0, "head.head.weight", &[16, 32]),
+            (G::F32, Why::Small)
+        );
+        assert_eq!(
+            ty(GgufF16, "blocks.0.self_attn.q.weight", &[32, 32]),
+            (G::F32, Why::Small)
+        );
+    }
+
+    #[test]
+    fn fp8_linears() {
+        for n in [
+            "blocks.0.self_attn.q.weight",
+            "blocks.12.cross_attn.o.weight",
+            "blocks.1.cross_attn.k_img.weight",
+            "blocks.39.ffn.2.weight",
+            "text_embedding.0.weight",
+            "time_projection.1.weight",
+            "head.head.weight",
+            "img_emb.proj.3.weight",
+        ] {
+            assert!(is_fp8_linear(n, &[8, 8]), "{n}");
+        }
+        for n in [
+            "blocks.0.self_attn.q.bias",
+            "blocks.0.self_attn.norm_q.weight",
+            "blocks.0.norm3.weight",
+            "blocks.0.modulation",
+            "head.modulation",
+            "patch_embedding.weight",
+            "img_emb.proj.0.weight",
+            "blocks.x.ffn.0.weight",
+        ] {
+            assert!(!is_fp8_linear(n, &[8, 8]), "{n}");
+        }
+        assert!(!is_fp8_linear("blocks.0.ffn.0.weight", &[8]));
+        for f in ALL_FORMATS {
+            assert_eq!(QuantFormat::parse(f.as_str()), Some(f));
+        }
+    }
+}

@@ -1,0 +1,183 @@
+//! Quantized checkpoints as runner weights: ComfyUI scaled-fp8 safetensors and GGUF files
+//! (spec quant_formats.md), dequantized per tensor when a layer asks, as their loaders do.
+//!
+//! Owns: `QuantWeights` (a `WeightSource` over either format, original-Wan names mapped to
+//! the diffusers table through `layout::ReadPlan`) and `open_quantized`, which says whether
+//! a `--model` path is one of them. Dequantization: scaled fp8 `W = q.to(f32) * scale_weight`
+//! (ComfyUI's legacy ops, f32 compute), GGUF as gguf-py's dequantizers (`d·q`, `d·q + m`,
+//! F16/BF16 widened). Does not own: the encodings (`io::quant`), the GGUF parser
+//! (`io::gguf`), or the layouts (`layout`).
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::path::Path;
+
+use super::error::RunError;
+use super::weights::{WeightSource, read_config, widen};
+use crate::io::checkpoint::{Checkpoint, TensorSet};
+use crate::io::gguf::{GgufFile, single_gguf_in, torch_shape};
+use crate::io::quant::fp8;
+use crate::io::{DType, ReadError};
+use crate::layout::{Layout, ReadPlan, StoredTensor};
+use crate::model::wan::{WanConfig, WanVariant};
+
+enum Source {
+    Gguf {
+        file: GgufFile,
+        index: HashMap<String, usize>,
+    },
+    Fp8(TensorSet),
+}
+
+/// A scaled-fp8 or GGUF WAN transformer, dequantized per tensor.
+pub struct QuantWeights {
+    name: String,
+    plan: ReadPlan,
+    source: Source,
+}
+
+impl std::fmt::Debug for QuantWeights {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QuantWeights")
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+fn is_fp8_extra(name: &str) -> bool {
+    name == "scaled_fp8" || name.ends_with(".scale_weight") || name.ends_with(".scale_input")
+}
+
+/// Opens `path` as a quantized checkpoint when it is one (a `.gguf` file, a folder with one
+/// `.gguf`, or a checkpoint with the `scaled_fp8` marker); `Ok(None)` otherwise. The config
+/// is `config` (a diffusers config.json) when given, else the released model whose shapes
+/// these are; a GGUF or fp8 file carries no config of its own.
+pub fn open_quantized(
+    path: &Path,
+    config: Option<&Path>,
+) -> Result<Option<QuantWeights>, RunError> {
+    let (name, stored, source) = if let Some(g) = single_gguf_in(path) {
+        let file = GgufFile::open(&g)?;
+        let stored: Vec<StoredTensor> = file
+            .header()
+            .tensors
+            .iter()
+            .map(|t| StoredTensor {
+                name: t.name.clone(),
+                dtype: DType::F32,
+                shape: torch_shape(&t.ne),
+            })
+            .collect();
+        let index = file
+            .header()
+            .tensors
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.name.clone(), i))
+            .collect();
+        (
+            g.display().to_string(),
+            stored,
+            Source::Gguf { file, index },
+        )
+    } else {
+        let ck = match Checkpoint::open(path) {
+            Ok(c) => c,
+            Err(_) => return Ok(None),
+        };
+        let [c] = ck.components.as_slice() else {
+            return Ok(None);
+        };
+        if !c.tensors.contains("scaled_fp8") {
+            return Ok(None);
+        }
+        let stored: Vec<StoredTensor> = c
+            .tensors
+            .tensors()
+            .filter(|t| !is_fp8_extra(t.view.name))
+            .map(|t| StoredTensor::from(&t.view))
+            .collect();
+        let set = ck.components.into_iter().next().map(|c| c.tensors);
+        let set = set.ok_or_else(|| ReadError::Unsupported {
+            path: path.to_path_buf(),
+            reason: "no state dict".into(),
+        })?;
+        (path.display().to_string(), stored, Source::Fp8(set))
+    };
+    let given = config.map(read_config).transpose()?;
+    let plan =
+        ReadPlan::new(Layout::Wan, &stored, given.as_ref()).map_err(|source| RunError::Plan {
+            source_name: name.clone(),
+            source,
+        })?;
+    if given.is_none() && !WanVariant::ALL.iter().any(|v| v.config() == plan.config) {
+        return Err(RunError::ModelLayout {
+            path: path.to_path_buf(),
+            reason: "a quantized checkpoint carries no config.json, and these shapes are not a \
+                     released WAN model's, so the head count is unknown; pass --config"
+                .into(),
+        });
+    }
+    Ok(Some(QuantWeights { name, plan, source }))
+}
+
+impl QuantWeights {
+    fn err(&self, tensor: &str, reason: impl Into<String>) -> RunError {
+        RunError::Weight {
+            source_name: self.name.clone(),
+            tensor: tensor.to_string(),
+            reason: reason.into(),
+        }
+    }
+}
+
+impl WeightSource for QuantWeights {
+    fn config(&self) -> &WanConfig {
+        &self.plan.config
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn tensor(&self, name: &str) -> Result<Cow<'_, [f32]>, RunError> {
+        let src = self
+            .plan
+            .get(name)
+            .ok_or_else(|| self.err(name, "not a parameter of this model"))?;
+        match &self.source {
+            Source::Gguf { file, index } => {
+                let i = *index
+                    .get(&src.stored)
+                    .ok_or_else(|| self.err(&src.stored, "missing from the GGUF file"))?;
+                Ok(Cow::Owned(file.read_f32(i)))
+            }
+            Source::Fp8(set) => {
+                let view = set
+                    .get(&src.stored)
+                    .ok_or_else(|| self.err(&src.stored, "missing"))?
+                    .view;
+                let layer = src.stored.strip_suffix(".weight").unwrap_or(&src.stored);
+                let scale = set.get(&format!("{layer}.scale_weight"));
+                match (view.dtype, scale) {
+                    (DType::F8_E4M3, Some(s)) => {
+                        let s = s
+                            .view
+                            .to_f32()
+                            .map_err(|e| self.err(&src.stored, e.to_string()))?;
+                        let [s] = s.as_slice() else {
+                            return Err(self.err(&src.stored, "scale_weight is not one value"));
+                        };
+                        let mut out = vec![0f32; view.bytes.len()];
+                        fp8::decode_scaled(view.bytes, *s, &mut out);
+                        Ok(Cow::Owned(out))
+                    }
+                    (DType::F8_E4M3, None) => {
+                        Err(self.err(&src.stored, "F8_E4M3 weight without a scale_weight"))
+                    }
+                    (dt, _) => widen(dt, view.bytes).map_err(|r| self.err(&src.stored, r)),
+                }
+            }
+        }
+    }
+}
