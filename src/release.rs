@@ -125,7 +125,7 @@ pub fn write_release_checked(
         (report, hashed)
     });
     // An input that changed explains any other failure, so it is reported first.
-    inputs_unchanged()?;
+    inputs_unchanged(req.input_paths)?;
     let report = report.map_err(ReleaseError::Produce)?;
     let mut inputs = req.inputs;
     inputs.extend(hashed?);
@@ -146,7 +146,7 @@ pub fn write_release_checked(
         manifest.status = "check_failed".into();
     }
     let bytes = manifest.to_canonical_bytes();
-    inputs_unchanged()?;
+    inputs_unchanged(req.input_paths)?;
     let dir = staging.commit(&bytes)?;
     let manifest =
         Manifest::from_bytes(&bytes).map_err(|e| ReleaseError::Produce(anyhow::anyhow!(e)))?;
@@ -154,8 +154,8 @@ pub fn write_release_checked(
 }
 
 /// Fails when a mapped input shrank, grew or was rewritten since it was mapped.
-fn inputs_unchanged() -> Result<(), ReleaseError> {
-    crate::io::mmap::check_maps_unchanged().map_err(|c| {
+fn inputs_unchanged(inputs: &[PathBuf]) -> Result<(), ReleaseError> {
+    crate::io::mmap::check_maps_unchanged(inputs).map_err(|c| {
         ReleaseError::Input(ReadError::Changed {
             path: c.path,
             what: c.what,

@@ -213,9 +213,13 @@ fn register(start: usize, len: usize, path: &Path, stamp: FileStamp) -> Option<u
     None
 }
 
-/// Every live map whose file shrank under it (a fault was caught) or whose identity
-/// changed since it was mapped. Empty when every input is as it was.
-pub fn changed_maps() -> Vec<ChangedInput> {
+/// Every live map of a file at or under one of `inputs` (files or folders) whose file shrank
+/// under it (a fault was caught) or whose identity changed since it was mapped. Empty when
+/// every such input is as it was. Maps of other files (another job of the same process)
+/// are not this run's business.
+pub fn changed_maps(inputs: &[PathBuf]) -> Vec<ChangedInput> {
+    let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+    let roots: Vec<PathBuf> = inputs.iter().map(|p| absolute(p)).collect();
     let ids: Vec<(usize, PathBuf, FileStamp)> = match IDENTITY.lock() {
         Ok(ids) => ids
             .iter()
@@ -226,6 +230,10 @@ pub fn changed_maps() -> Vec<ChangedInput> {
     };
     let mut out = Vec::new();
     for (slot, path, then) in ids {
+        let abs = absolute(&path);
+        if !roots.iter().any(|r| abs.starts_with(r)) {
+            continue;
+        }
         let faulted = TABLE[slot].faulted.load(Ordering::Acquire);
         let what = match FileStamp::at(&path) {
             Err(e) => Some(format!("it can no longer be read ({e})")),
@@ -240,9 +248,9 @@ pub fn changed_maps() -> Vec<ChangedInput> {
     out
 }
 
-/// Fails with the first changed map (see [`changed_maps`]).
-pub fn check_maps_unchanged() -> Result<(), ChangedInput> {
-    match changed_maps().into_iter().next() {
+/// Fails with the first changed map of `inputs` (see [`changed_maps`]).
+pub fn check_maps_unchanged(inputs: &[PathBuf]) -> Result<(), ChangedInput> {
+    match changed_maps(inputs).into_iter().next() {
         Some(c) => Err(c),
         None => Ok(()),
     }
