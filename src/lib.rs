@@ -24,4 +24,5 @@ pub mod progress;
 pub mod recipe;
 pub mod release;
 pub mod runner;
+pub mod signing;
 pub mod synth;

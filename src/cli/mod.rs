@@ -12,6 +12,7 @@ pub mod merge;
 pub mod printer;
 pub mod restack;
 pub mod run;
+pub mod sign;
 pub mod synth;
 pub mod translate;
 pub mod verify;
@@ -79,6 +80,8 @@ pub enum Command {
     Run(run::Args),
     /// Bake a release from a recipe: plan, merge + restack, check, commit, verify.
     Bake(bake::Args),
+    /// Sign a release folder (OpenSSF model signing bundle, ECDSA key; `verify --public-key`).
+    Sign(sign::Args),
 }
 
 /// Runs the parsed command line.
@@ -129,6 +132,10 @@ pub fn execute(cli: Cli) -> anyhow::Result<Status> {
         Command::Bake(a) => {
             let mut p = Printer::new(a.json, quiet);
             bake::execute(a, &mut p)
+        }
+        Command::Sign(a) => {
+            let mut p = Printer::new(a.json, quiet);
+            sign::execute(a, &mut p)
         }
     }
 }
