@@ -400,3 +400,117 @@ fn a_baked_release_signs_from_its_manifest_and_verifies_both_ways() {
         "{err}"
     );
 }
+
+/// The demo recipe without its checks, writing to `out`, plus `extra` TOML.
+fn demo_recipe(dir: &Path, out: &Path, extra: &str) -> PathBuf {
+    let text = std::fs::read_to_string(repo().join("recipes/demo.toml")).unwrap();
+    let text = text[..text.find("[[check]]").unwrap_or(text.len())]
+        .replace("\"../", &format!("\"{}/", repo().display()))
+        .replace(
+            &format!("\"{}/out/demo\"", repo().display()),
+            &format!("\"{}\"", out.display()),
+        );
+    let path = dir.join("demo.toml");
+    std::fs::write(&path, format!("{text}\n{extra}")).unwrap();
+    path
+}
+
+/// Every file under `dir`, recursively.
+fn all_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(all_files(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+#[test]
+fn a_recipe_with_sign_bakes_a_signed_release_and_never_shows_the_private_key() {
+    let t = tmp();
+    let keys = t.path().join("secret-keys");
+    std::fs::create_dir(&keys).unwrap();
+    std::fs::copy(
+        golden().join("keys/p256_sec1.pem"),
+        keys.join("release-key.pem"),
+    )
+    .unwrap();
+    let out = t.path().join("demo-out");
+    let recipe = demo_recipe(
+        t.path(),
+        &out,
+        "[sign]\nkey = \"secret-keys/release-key.pem\"\n",
+    );
+    let o = run(t.path(), &["bake", s(&recipe)]);
+    let (_, _, stderr) = parts(&o);
+    let stdout = ok(o);
+    assert!(
+        stdout.contains("signed: model.sig (P-256 key hint "),
+        "{stdout}"
+    );
+    let pubkey = golden().join("keys/p256_pub.pem");
+    let hint = VerifyingKey::from_pem("p", &std::fs::read(&pubkey).unwrap())
+        .unwrap()
+        .hint();
+    let m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("wanbake.manifest.json")).unwrap()).unwrap();
+    assert_eq!(m["options"]["sign"]["key_hint"], hint.as_str());
+    let stdout_v = ok(verify(&out, &pubkey, None));
+    assert!(stdout_v.contains("signature OK (3 files"), "{stdout_v}");
+    ok(run(t.path(), &["verify", "demo-out"]));
+    // The subject is the release's own name, not the temporary directory's.
+    let first_sig = std::fs::read(out.join("model.sig")).unwrap();
+    let sig: serde_json::Value = serde_json::from_slice(&first_sig).unwrap();
+    let payload = STANDARD
+        .decode(sig["dsseEnvelope"]["payload"].as_str().unwrap())
+        .unwrap();
+    let st: serde_json::Value = serde_json::from_slice(&payload).unwrap();
+    assert_eq!(st["subject"][0]["name"], "demo-out");
+    // Neither the key's path nor its bytes appear in any output.
+    let key_text = std::fs::read_to_string(keys.join("release-key.pem")).unwrap();
+    let key_body: String = key_text.lines().nth(1).unwrap().to_string();
+    let json = run(t.path(), &["bake", s(&recipe), "--json"]);
+    let (_, json_out, json_err) = parts(&json);
+    let mut texts = vec![stdout.clone(), stderr, json_out, json_err];
+    for f in all_files(&out) {
+        texts.push(String::from_utf8_lossy(&std::fs::read(f).unwrap()).into_owned());
+    }
+    for text in &texts {
+        for needle in ["release-key", "secret-keys", key_body.as_str()] {
+            assert!(!text.contains(needle), "`{needle}` appears in an output");
+        }
+    }
+    // The same recipe and key give the same signature (and manifest).
+    assert_eq!(std::fs::read(out.join("model.sig")).unwrap(), first_sig);
+}
+
+#[test]
+fn a_recipe_with_a_refused_key_writes_nothing_and_does_not_name_the_key_file() {
+    let t = tmp();
+    std::fs::copy(
+        golden().join("keys/ed25519.pem"),
+        t.path().join("hidden-name.pem"),
+    )
+    .unwrap();
+    let out = t.path().join("demo-out");
+    let recipe = demo_recipe(t.path(), &out, "[sign]\nkey = \"hidden-name.pem\"\n");
+    let (out_text, err) = code(run(t.path(), &["bake", s(&recipe)]), 1);
+    assert!(
+        err.contains("sign.key") && err.contains("found an Ed25519 key"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("hidden-name") && !out_text.contains("hidden-name"),
+        "{err}"
+    );
+    assert!(!out.exists());
+    assert_eq!(
+        std::fs::read_dir(t.path()).unwrap().count(),
+        2,
+        "only the recipe and the key"
+    );
+}

@@ -43,7 +43,7 @@ use crate::io::staging::{Allocation, Replace};
 use crate::linalg::SvdCache;
 use crate::manifest::{InputRecord, record_inputs};
 use crate::progress::Progress;
-use crate::release::{Checked, Release, ReleaseError, ReleaseRequest, write_release_checked};
+use crate::release::{Checked, Release, ReleaseError, ReleaseRequest, write_release_sealed};
 
 /// A written merge.
 #[derive(Debug)]
@@ -101,6 +101,7 @@ pub fn merge_release(
         svd_cache,
         progress: None,
         compute,
+        before_commit: None,
     };
     write_merge(prepared, base, adapters, options, dest, settings, |_| {
         Ok(Checked {
@@ -171,6 +172,9 @@ pub struct WriteSettings<'a> {
     pub progress: Option<&'a Progress>,
     /// Where targets are computed.
     pub compute: &'a Compute,
+    /// Runs on the complete temporary directory (manifest written) just before the rename
+    /// (`release::write_release_sealed`); bake signs the release here.
+    pub before_commit: Option<&'a dyn Fn(&Path) -> anyhow::Result<()>>,
 }
 
 /// Writes a prepared merge to `dest` as a release; `check` runs on the sealed output
@@ -212,7 +216,8 @@ pub fn write_merge(
         allocation: Allocation::Reserve,
     };
     let mut report = None;
-    let release = write_release_checked(
+    let before_commit = settings.before_commit;
+    let release = write_release_sealed(
         req,
         |staging| {
             let exec = exec::Exec {
@@ -231,6 +236,7 @@ pub fn write_merge(
             Ok(json)
         },
         check,
+        |tmp| before_commit.map_or(Ok(()), |f| f(tmp)),
     )?;
     let report =
         report.ok_or_else(|| MergeError::Internal("the merge finished without a report".into()))?;

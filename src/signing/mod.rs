@@ -142,16 +142,28 @@ pub fn sign(
     key: &SigningKey,
     manifest: Option<&Manifest>,
 ) -> Result<SignReport, SignError> {
-    let (ignored, _) = folder::base_ignores(dir, signature)?;
-    let names = folder::walk(dir, &ignored)?;
-    let resources = folder::resources(dir, &names, manifest)?;
     let model_name = fs_err::canonicalize(dir)
         .map_err(SignError::io(dir))?
         .file_name()
         .and_then(|n| n.to_str())
         .unwrap_or("")
         .to_string();
-    let payload = statement::build(&model_name, &resources, &ignored);
+    sign_named(dir, signature, &model_name, key, manifest)
+}
+
+/// `sign`, with the statement's subject name given (bake signs a temporary directory that
+/// becomes the release folder `model_name`; the name is informative, never compared).
+pub fn sign_named(
+    dir: &Path,
+    signature: &Path,
+    model_name: &str,
+    key: &SigningKey,
+    manifest: Option<&Manifest>,
+) -> Result<SignReport, SignError> {
+    let (ignored, _) = folder::base_ignores(dir, signature)?;
+    let names = folder::walk(dir, &ignored)?;
+    let resources = folder::resources(dir, &names, manifest)?;
+    let payload = statement::build(model_name, &resources, &ignored);
     let sig = key.sign_der(&bundle::pae(&payload));
     let vk = key.verifying_key();
     let hint = vk.hint();
