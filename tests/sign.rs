@@ -122,9 +122,12 @@ fn edit_bundle(model: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
     std::fs::write(&p, serde_json::to_vec(&v).unwrap()).unwrap();
 }
 
+/// One edit of a bundle's JSON.
+type Edit = dyn FnOnce(&mut serde_json::Value);
+
 #[test]
 fn an_edited_payload_or_a_malformed_bundle_is_rejected_with_exit_3() {
-    let cases: Vec<(&str, Box<dyn FnOnce(&mut serde_json::Value)>)> = vec![
+    let cases: Vec<(&str, Box<Edit>)> = vec![
         (
             "does not verify",
             Box::new(|v| {

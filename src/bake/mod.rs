@@ -114,7 +114,7 @@ pub fn execute(
         compute,
         before_commit: sign_hook
             .as_ref()
-            .map(|f| f as &dyn Fn(&Path) -> anyhow::Result<()>),
+            .map(|f| f as &crate::merge::BeforeCommit),
     };
     let reference_inputs = prepared.inputs.clone();
     let mut outcomes = Vec::new();

@@ -156,6 +156,9 @@ pub fn prepare_merge(
     })
 }
 
+/// A step run on a complete staged release just before it is renamed into place.
+pub type BeforeCommit<'a> = dyn Fn(&Path) -> anyhow::Result<()> + 'a;
+
 /// How a prepared merge is recorded and watched.
 pub struct WriteSettings<'a> {
     /// Subcommand named in the manifest.
@@ -174,7 +177,7 @@ pub struct WriteSettings<'a> {
     pub compute: &'a Compute,
     /// Runs on the complete temporary directory (manifest written) just before the rename
     /// (`release::write_release_sealed`); bake signs the release here.
-    pub before_commit: Option<&'a dyn Fn(&Path) -> anyhow::Result<()>>,
+    pub before_commit: Option<&'a BeforeCommit<'a>>,
 }
 
 /// Writes a prepared merge to `dest` as a release; `check` runs on the sealed output
