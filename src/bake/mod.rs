@@ -112,9 +112,7 @@ pub fn execute(
         svd_cache: cache.as_ref(),
         progress,
         compute,
-        before_commit: sign_hook
-            .as_ref()
-            .map(|f| f as &crate::merge::BeforeCommit),
+        before_commit: sign_hook.as_ref().map(|f| f as &crate::merge::BeforeCommit),
     };
     let reference_inputs = prepared.inputs.clone();
     let mut outcomes = Vec::new();
