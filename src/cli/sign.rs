@@ -82,7 +82,9 @@ pub fn verify_signed(
     if has_manifest {
         let report = verify_dir(dir)?;
         if report.ok() {
-            manifest = signing::valid_manifest(dir)?;
+            // Just verified: its digests stand in for a second hashing pass.
+            let bytes = fs_err::read(dir.join(crate::io::staging::MANIFEST_NAME))?;
+            manifest = Manifest::from_bytes(&bytes).ok();
         }
         manifest_report = Some(report);
     }

@@ -37,13 +37,12 @@ pub fn walk(dir: &Path, ignored: &[String]) -> Result<Vec<String>, SignError> {
         });
     }
     let mut out = Vec::new();
-    walk_into(dir, dir, "", ignored, &mut out)?;
+    walk_into(dir, "", ignored, &mut out)?;
     out.sort_by(|a, b| a.split('/').cmp(b.split('/')));
     Ok(out)
 }
 
 fn walk_into(
-    root: &Path,
     dir: &Path,
     rel: &str,
     ignored: &[String],
@@ -79,7 +78,7 @@ fn walk_into(
             });
         }
         if ft.is_dir() {
-            walk_into(root, &path, &child, ignored, out)?;
+            walk_into(&path, &child, ignored, out)?;
         } else if ft.is_file() {
             if !ignored.iter().any(|i| is_under(&child, i)) {
                 out.push(child);
@@ -92,7 +91,6 @@ fn walk_into(
             });
         }
     }
-    let _ = root;
     Ok(())
 }
 
