@@ -15,7 +15,8 @@ What it does (everything under golden/signing/):
   wanbake/  signatures made by `wanbake sign` over a copy of model/ (signature outside the
             folder), each accepted by `python -m model_signing verify key` before it is kept;
             wanbake's tests check that signing again gives the same bytes (RFC 6979).
-  results.json  versions and the outcome of every run, both directions.
+  results.json  versions and the outcome of every run, both directions, and of the real
+            tool's `verify key` on a demo release baked with `[sign] key`.
 It exits non-zero if any run disagrees with the expectation.
 """
 
@@ -161,6 +162,18 @@ def main():
                 work / "model.sig"), t), 1)
             record("wanbake verify after a change", stem, run(
                 [WANBAKE, "verify", work, "--public-key", pub], t), 3)
+    # a release baked with `[sign]` (the demo recipe, checks left out) verifies with the real tool
+    with tempfile.TemporaryDirectory() as t:
+        t = Path(t)
+        text = (ROOT / "recipes" / "demo.toml").read_text()
+        text = text[:text.find("[[check]]")].replace('"../', f'"{ROOT}/')
+        text = text.replace(f'"{ROOT}/out/demo"', '"release"')
+        key = keys / "p384_sec1.pem"
+        (t / "demo.toml").write_text(text + f'\n[sign]\nkey = "{key}"\n')
+        record("wanbake bake with [sign]", "p384_sec1", run([WANBAKE, "bake", "demo.toml"], t), 0)
+        record("python verify baked release", "p384_sec1", run(py_tool(
+            "verify", "key", t / "release", "--public_key", keys / "p384_pub.pem",
+            "--signature", t / "release" / "model.sig"), t), 0)
     # the real tool itself refuses other key types (wanbake's tests check that wanbake does)
     for stem in ("ed25519", "rsa"):
         with tempfile.TemporaryDirectory() as t:
