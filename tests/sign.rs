@@ -517,3 +517,17 @@ fn a_recipe_with_a_refused_key_writes_nothing_and_does_not_name_the_key_file() {
         "only the recipe and the key"
     );
 }
+
+#[test]
+fn a_bundle_without_a_key_hint_is_checked_by_its_signature_alone_with_a_warning() {
+    // The real tool accepts `hint: ""` and `publicKey: {}` with a warning (spec section 10).
+    let t = tmp();
+    let model = example(t.path());
+    edit_bundle(&model, |v| {
+        v["verificationMaterial"]["publicKey"] = serde_json::json!({"hint": ""})
+    });
+    let (_, err) = code(verify(&model, &t.path().join("pub.pem"), None), 0);
+    assert!(err.contains("no key hint"), "{err}");
+    let (_, err) = code(verify(&model, &golden().join("keys/p256_pub.pem"), None), 3);
+    assert!(err.contains("the signature does not verify"), "{err}");
+}
