@@ -25,4 +25,5 @@ pub mod quantize;
 pub mod recipe;
 pub mod release;
 pub mod runner;
+pub mod signing;
 pub mod synth;

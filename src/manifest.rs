@@ -17,6 +17,10 @@ use crate::io::staging::{MANIFEST_NAME, Sealed};
 use crate::io::writer::OutputPlan;
 use crate::progress::Progress;
 
+/// The default name of a release's model signature (`signing`): it signs the release and is
+/// not one of its outputs, so `verify` does not report it as unlisted.
+pub const SIGNATURE_NAME: &str = "model.sig";
+
 /// Identifies the manifest schema.
 pub const FORMAT: &str = "wanbake.manifest/1";
 
@@ -355,7 +359,7 @@ fn verify_with(
     let listed: std::collections::BTreeSet<&str> =
         manifest.files.iter().map(|f| f.path.as_str()).collect();
     for extra in list_files(dir, dir) {
-        if extra != MANIFEST_NAME && !listed.contains(extra.as_str()) {
+        if extra != MANIFEST_NAME && extra != SIGNATURE_NAME && !listed.contains(extra.as_str()) {
             report.mismatches.push(Mismatch {
                 path: extra,
                 tensor: None,

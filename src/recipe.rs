@@ -29,6 +29,18 @@ pub struct Recipe {
     pub merge: MergeSpec,
     /// Post-write checks.
     pub checks: Vec<CheckSpec>,
+    /// `[sign]`: sign the release before it is committed. Never serialised: the private
+    /// key's path appears in no output (the manifest records the public key's hint).
+    #[serde(skip)]
+    pub sign: Option<SignSpec>,
+}
+
+/// `[sign]`.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SignSpec {
+    /// ECDSA private key (PEM, PKCS#8 or SEC1), resolved against the recipe's folder.
+    pub key: PathBuf,
 }
 
 /// `[base]`.
@@ -217,6 +229,8 @@ struct RawRecipe {
     merge: MergeSpec,
     #[serde(default, rename = "check")]
     checks: Vec<CheckSpec>,
+    #[serde(default)]
+    sign: Option<SignSpec>,
 }
 
 /// Why a recipe was rejected.
@@ -316,6 +330,9 @@ impl Recipe {
                     ..c
                 })
                 .collect(),
+            sign: raw.sign.map(|s| SignSpec {
+                key: resolve(&s.key),
+            }),
         };
         r.validate()?;
         for (i, c) in r.checks.iter_mut().enumerate() {

@@ -14,7 +14,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::io::ReadError;
-use crate::io::staging::{Allocation, Replace, Staging, WriteError};
+use crate::io::staging::{Allocation, MANIFEST_NAME, Replace, Staging, WriteError, write_durable};
 use crate::io::writer::OutputPlan;
 use crate::manifest::{InputFile, InputRecord, Manifest, record_inputs_here};
 
@@ -100,6 +100,18 @@ pub fn write_release_checked(
     produce: impl FnOnce(&Staging) -> anyhow::Result<serde_json::Value>,
     check: impl FnOnce(&Path) -> anyhow::Result<Checked>,
 ) -> Result<Release, ReleaseError> {
+    write_release_sealed(req, produce, check, |_| Ok(()))
+}
+
+/// `write_release_checked`, with `before_commit` run on the temporary directory once the
+/// manifest is in it and before the rename, so whatever it adds (a signature) appears with
+/// the release atomically, or the release does not appear at all.
+pub fn write_release_sealed(
+    req: ReleaseRequest<'_>,
+    produce: impl FnOnce(&Staging) -> anyhow::Result<serde_json::Value>,
+    check: impl FnOnce(&Path) -> anyhow::Result<Checked>,
+    before_commit: impl FnOnce(&Path) -> anyhow::Result<()>,
+) -> Result<Release, ReleaseError> {
     let mut staging = Staging::begin(
         req.dest,
         req.plan,
@@ -147,6 +159,9 @@ pub fn write_release_checked(
     }
     let bytes = manifest.to_canonical_bytes();
     inputs_unchanged(req.input_paths)?;
+    // `commit` writes the same bytes again; written here first so the hook sees them.
+    write_durable(&staging.tmp_dir().join(MANIFEST_NAME), &bytes)?;
+    before_commit(staging.tmp_dir()).map_err(ReleaseError::Produce)?;
     let dir = staging.commit(&bytes)?;
     let manifest =
         Manifest::from_bytes(&bytes).map_err(|e| ReleaseError::Produce(anyhow::anyhow!(e)))?;

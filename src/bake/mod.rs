@@ -9,12 +9,14 @@
 //! Provenance: the manifest's `options` is `{"recipe": <normalised recipe>}` and its
 //! `inputs` carry every input file's sha256 (paths as the recipe spells them); every weight
 //! file's `__metadata__` carries the same as `wanbake.recipe` and `wanbake.inputs`, plus
-//! `wanbake.version`. Nothing depends on time, host or the directory the bake ran from, so
+//! `wanbake.version`. With `[sign]`, the manifest's `options.sign` records the public key's
+//! hint and the release is signed (`sign`) before it is committed. Nothing depends on time, host or the directory the bake ran from, so
 //! the same recipe and inputs give byte-identical outputs and manifest.
 
 pub mod check;
 pub mod error;
 pub mod plan;
+pub mod sign;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -73,10 +75,19 @@ pub fn execute(plan: BakePlan, compute: &Compute) -> Result<BakeOutcome, BakeErr
         ..
     } = plan;
     let cache = open_cache(&recipe)?;
+    let signer = sign::load(&recipe)?;
     let normalised = recipe.normalised();
+    let mut options_json = serde_json::json!({ "recipe": normalised });
+    if let Some(s) = &signer {
+        options_json["sign"] = s.record();
+    }
+    let sign_hook = signer.as_ref().map(|s| {
+        let name = release_name(&recipe.output.dir);
+        move |tmp: &Path| s.sign_staged(tmp, &name)
+    });
     let settings = WriteSettings {
         command: "bake",
-        options: serde_json::json!({ "recipe": normalised }),
+        options: options_json,
         file_metadata: provenance(&normalised, &prepared.inputs),
         replace: if recipe.output.overwrite {
             Replace::Overwrite
@@ -85,6 +96,7 @@ pub fn execute(plan: BakePlan, compute: &Compute) -> Result<BakeOutcome, BakeErr
         },
         svd_cache: cache.as_ref(),
         compute,
+        before_commit: sign_hook.as_ref().map(|f| f as &crate::merge::BeforeCommit),
     };
     let reference_inputs = prepared.inputs.clone();
     let mut outcomes = Vec::new();
@@ -131,6 +143,14 @@ pub fn execute(plan: BakePlan, compute: &Compute) -> Result<BakeOutcome, BakeErr
         verify,
         passed,
     })
+}
+
+/// The release folder's own name (the signature's subject name), not the temporary one.
+fn release_name(dir: &Path) -> String {
+    dir.file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("")
+        .to_string()
 }
 
 /// The SVD basis cache of `[merge]`, created when missing.
@@ -234,6 +254,7 @@ impl ReferenceDir {
             replace: Replace::Overwrite,
             svd_cache: None,
             compute: &Compute::Cpu,
+            before_commit: None,
         };
         let guard = ReferenceDir(dir.clone());
         write_merge(

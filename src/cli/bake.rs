@@ -201,6 +201,14 @@ fn describe_outcome(o: &BakeOutcome, seconds: f64, p: &mut Printer) -> serde_jso
         "  verify: OK ({} files, {} tensors)",
         o.verify.files_checked, o.verify.tensors_checked
     ));
+    if let Some(s) = o.release.manifest.options.get("sign") {
+        p.line(format!(
+            "  signed: {} ({} key hint {})",
+            s["signature"].as_str().unwrap_or_default(),
+            s["curve"].as_str().unwrap_or_default(),
+            s["key_hint"].as_str().unwrap_or_default()
+        ));
+    }
     json!({
         "dir": o.release.dir,
         "status": o.release.manifest.status,

@@ -14,6 +14,7 @@ pub mod printer;
 pub mod progress;
 pub mod restack;
 pub mod run;
+pub mod sign;
 pub mod synth;
 pub mod translate;
 pub mod verify;
@@ -86,6 +87,8 @@ pub enum Command {
     Run(run::Args),
     /// Bake a release from a recipe: plan, merge + restack, check, commit, verify.
     Bake(bake::Args),
+    /// Sign a release folder (OpenSSF model signing bundle, ECDSA key; `verify --public-key`).
+    Sign(sign::Args),
 }
 
 /// Runs the parsed command line.
@@ -115,6 +118,7 @@ pub fn execute(cli: Cli) -> anyhow::Result<Status> {
         Command::Restack(a) => shown(a.json, quiet, a, restack::execute),
         Command::Run(a) => shown(a.json, quiet, a, run::execute),
         Command::Bake(a) => shown(a.json, quiet, a, bake::execute),
+        Command::Sign(a) => shown(a.json, quiet, a, sign::execute),
     }
 }
 

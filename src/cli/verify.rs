@@ -1,5 +1,6 @@
-//! `wanbake verify DIR [--json]`: recomputes every hash of a release and compares it with the
-//! manifest; exit 3 and a list of every difference on mismatch.
+//! `wanbake verify DIR [--json] [--public-key KEY [--signature PATH]]`: recomputes every hash
+//! of a release and compares it with the manifest; exit 3 and a list of every difference on
+//! mismatch. With `--public-key`, the model signature is checked too (`cli::sign`).
 
 use std::path::PathBuf;
 
@@ -14,10 +15,20 @@ pub struct Args {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Also check the folder's model signature with this ECDSA public key (PEM); a folder
+    /// without a manifest is then checked by its signature alone.
+    #[arg(long)]
+    pub public_key: Option<PathBuf>,
+    /// The signature to check (default DIR/model.sig); needs --public-key.
+    #[arg(long, requires = "public_key")]
+    pub signature: Option<PathBuf>,
 }
 
 /// Runs `verify`.
 pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
+    if let Some(key) = &args.public_key {
+        return super::sign::verify_signed(&args.dir, key, args.signature.as_deref(), p);
+    }
     let report = verify_dir(&args.dir)?;
     p.json(&serde_json::to_value(&report)?);
     if report.ok() {

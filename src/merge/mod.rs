@@ -42,7 +42,7 @@ use crate::io::Checkpoint;
 use crate::io::staging::{Allocation, Replace};
 use crate::linalg::SvdCache;
 use crate::manifest::{InputFile, InputRecord, record_inputs};
-use crate::release::{Checked, Release, ReleaseError, ReleaseRequest, write_release_checked};
+use crate::release::{Checked, Release, ReleaseError, ReleaseRequest, write_release_sealed};
 
 /// A written merge.
 #[derive(Debug)]
@@ -99,6 +99,7 @@ pub fn merge_release(
         replace,
         svd_cache,
         compute,
+        before_commit: None,
     };
     write_merge(prepared, base, adapters, options, dest, settings, |_| {
         Ok(Checked {
@@ -170,6 +171,9 @@ pub fn prepare_merge(
     })
 }
 
+/// A step run on a complete staged release just before it is renamed into place.
+pub type BeforeCommit<'a> = dyn Fn(&Path) -> anyhow::Result<()> + 'a;
+
 /// How a prepared merge is recorded and watched.
 pub struct WriteSettings<'a> {
     /// Subcommand named in the manifest.
@@ -184,6 +188,9 @@ pub struct WriteSettings<'a> {
     pub svd_cache: Option<&'a SvdCache>,
     /// Where targets are computed.
     pub compute: &'a Compute,
+    /// Runs on the complete temporary directory (manifest written) just before the rename
+    /// (`release::write_release_sealed`); bake signs the release here.
+    pub before_commit: Option<&'a BeforeCommit<'a>>,
 }
 
 /// Writes a prepared merge to `dest` as a release; `check` runs on the sealed output
@@ -226,7 +233,8 @@ pub fn write_merge(
         allocation: Allocation::Reserve,
     };
     let mut report = None;
-    let release = write_release_checked(
+    let before_commit = settings.before_commit;
+    let release = write_release_sealed(
         req,
         |staging| {
             let exec = exec::Exec {
@@ -244,6 +252,7 @@ pub fn write_merge(
             Ok(json)
         },
         check,
+        |tmp| before_commit.map_or(Ok(()), |f| f(tmp)),
     )?;
     let report =
         report.ok_or_else(|| MergeError::Internal("the merge finished without a report".into()))?;
