@@ -79,15 +79,17 @@ def linear(module):
 
 
 def forward_weight(mod, lin, module, mult):
-    """W0 + the delta the module's rebuild forward adds at multiplier `mult`."""
+    """(W0 + the weight delta, b0 + the bias delta) the module's rebuild forward applies at
+    multiplier `mult`: the output on the identity minus the output on zero is W'ᵀ, the output
+    on zero is b'."""
     mod.multiplier = mult
-    w0, b0 = BASE[module + ".weight"], BASE[module + ".bias"]
-    eye = torch.eye(w0.shape[1], dtype=torch.float32)
+    n = BASE[module + ".weight"].shape[1]
+    eye = torch.eye(n, dtype=torch.float32)
+    zero = torch.zeros(1, n, dtype=torch.float32)
     with torch.no_grad():
-        out = lin(eye)  # lycoris forward (apply_to replaced lin.forward)
-        base = torch.nn.functional.linear(eye, w0, b0)
-    delta = (out - base).T.contiguous()
-    return (w0 + delta).contiguous()
+        bias = lin(zero)[0]  # lycoris forward (apply_to replaced lin.forward)
+        weight = (lin(eye) - bias).T
+    return weight.contiguous(), bias.contiguous()
 
 
 def randomise(mod, seed, keep=("alpha", "on_input")):
@@ -156,18 +158,19 @@ def main():
         save_adapter(os.path.join(ADIR, name + ".safetensors"), lyco_name, sd)
         save_adapter(os.path.join(ADIR, name + "__kohya.safetensors"), kohya_name(module), sd)
         w0 = BASE[module + ".weight"]
-        w1 = forward_weight(mod, lin, module, 1.0)
+        w1, b1 = forward_weight(mod, lin, module, 1.0)
         refs = {module + ".weight": w1}
         if cls is FullModule:
-            refs[module + ".bias"] = BASE[module + ".bias"] + sd["diff_b"]
+            refs[module + ".bias"] = b1
         save_file(refs, os.path.join(RDIR, name + ".safetensors"))
         # wanbake's strength rule at lambda = 0.5, from the multiplier-1 forward
         half = {module + ".weight": (w0 + 0.5 * (w1 - w0)).contiguous()}
         if cls is FullModule:
-            half[module + ".bias"] = BASE[module + ".bias"] + 0.5 * sd["diff_b"]
+            b0 = BASE[module + ".bias"]
+            half[module + ".bias"] = (b0 + 0.5 * (b1 - b0)).contiguous()
         save_file(half, os.path.join(RDIR, name + "__s0.5.safetensors"))
         if cls in (LohaModule, LokrModule, GLoRAModule, FullModule):
-            lyco_half = forward_weight(mod, lin, module, 0.5)
+            lyco_half, _ = forward_weight(mod, lin, module, 0.5)
             save_file({module + ".weight": lyco_half},
                       os.path.join(RDIR, name + "__lyco_s0.5.safetensors"))
         print(name, module, {k: tuple(v.shape) for k, v in sd.items()},
