@@ -23,7 +23,7 @@ Outputs (small, committed):
      else for OFT/BOFT; for LoHa/LoKr/GLoRA/full the library's own multiplier-0.5 forward is
      also recorded as `__lyco_s0.5` and must agree with the rule).
 
-Not covered yet: Conv3d (patch_embedding, Tucker), PEFT LOHA/LOKR folders.
+Not covered yet: Tucker cores on the Conv3d, PEFT LOHA/LOKR folders.
 
 Run: PYTHONPATH=<dir with lycoris-lora 4.1.3, einops, toml> python golden/lycoris_golden.py
 """
@@ -65,12 +65,21 @@ ORIG = {
 
 
 def kohya_name(module):
+    if module == "patch_embedding":
+        return "lora_unet_patch_embedding"
     parts = module.split(".", 2)  # blocks, N, rest
     return "lora_unet_" + f"blocks.{parts[1]}.{ORIG[parts[2]]}".replace(".", "_")
 
 
 def linear(module):
     w = BASE[module + ".weight"]
+    if w.dim() == 5:  # Conv3d patch_embedding, kernel = stride
+        k = tuple(w.shape[2:])
+        conv = torch.nn.Conv3d(w.shape[1], w.shape[0], k, stride=k, bias=True)
+        with torch.no_grad():
+            conv.weight.copy_(w)
+            conv.bias.copy_(BASE[module + ".bias"])
+        return conv
     lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=True)
     with torch.no_grad():
         lin.weight.copy_(w)
@@ -83,12 +92,13 @@ def forward_weight(mod, lin, module, mult):
     multiplier `mult`: the output on the identity minus the output on zero is W'ᵀ, the output
     on zero is b'."""
     mod.multiplier = mult
-    n = BASE[module + ".weight"].shape[1]
-    eye = torch.eye(n, dtype=torch.float32)
-    zero = torch.zeros(1, n, dtype=torch.float32)
+    shape = BASE[module + ".weight"].shape
+    n = shape[1:].numel()
+    eye = torch.eye(n, dtype=torch.float32).reshape(n, *shape[1:])  # one-hot patches for a conv
+    zero = torch.zeros(1, *shape[1:], dtype=torch.float32)
     with torch.no_grad():
-        bias = lin(zero)[0]  # lycoris forward (apply_to replaced lin.forward)
-        weight = (lin(eye) - bias).T
+        bias = lin(zero).reshape(-1)  # lycoris forward (apply_to replaced lin.forward)
+        weight = (lin(eye).reshape(n, -1) - bias).T.reshape(shape)
     return weight.contiguous(), bias.contiguous()
 
 
@@ -132,6 +142,12 @@ case("ia3_out", "blocks.1.attn1.to_q", IA3Module, 9, train_on_input=False)
 case("ia3_in", "blocks.1.attn2.to_q", IA3Module, 10, train_on_input=True)
 # full diff + diff_b
 case("full", "blocks.0.attn1.to_v", FullModule, 11)
+# Conv3d patch_embedding (32, 4, 1, 2, 2), no Tucker
+case("conv_loha", "patch_embedding", LohaModule, 12, lora_dim=2, alpha=3)
+case("conv_lokr", "patch_embedding", LokrModule, 13, lora_dim=2, alpha=1, factor=2)
+case("conv_lokr_full", "patch_embedding", LokrModule, 14, lora_dim=10000, alpha=5, factor=4)
+case("conv_oft", "patch_embedding", DiagOFTModule, 15, lora_dim=8, alpha=0)
+case("conv_ia3_in", "patch_embedding", IA3Module, 16, train_on_input=True)
 
 
 def save_adapter(path, lyco_name, sd):

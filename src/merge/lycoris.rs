@@ -207,9 +207,13 @@ pub fn delta(
             Ok(round_all(wa.iter().zip(&pb).map(|(x, y)| s * (x + y))))
         }
         Module::Ia3 { weight, on_input } => {
+            // (n,) for a Linear, (1, in, 1, …) or (out, 1, …) for a conv
             let len = weight.data.len();
-            if weight.shape.len() != 1 || weight.shape[0] != len {
-                return Err(err(format!("weight is {:?}, expected 1-D", weight.shape)));
+            if weight.numel() != len || weight.shape.iter().filter(|&&d| d != 1).count() > 1 {
+                return Err(err(format!(
+                    "weight is {:?}, expected one axis of channels",
+                    weight.shape
+                )));
             }
             if *on_input {
                 if len == 0 || !inp.is_multiple_of(len) {
@@ -507,6 +511,18 @@ mod tests {
     fn ia3_output_and_input() {
         check("ia3_out", "blocks.1.attn1.to_q");
         check("ia3_in", "blocks.1.attn2.to_q");
+    }
+    #[test]
+    fn conv3d_patch_embedding() {
+        for case in [
+            "conv_loha",
+            "conv_lokr",
+            "conv_lokr_full",
+            "conv_oft",
+            "conv_ia3_in",
+        ] {
+            check(case, "patch_embedding");
+        }
     }
     #[test]
     fn full_diff() {
