@@ -47,6 +47,15 @@ pub enum Factor {
     Full(Param),
     /// `lokr_w1_a@lokr_w1_b` / `lokr_w2_a@lokr_w2_b`.
     Product(Param, Param),
+    /// Tucker W2 (conv only): `lokr_t2 (r,r,*k)`, `lokr_w2_a (r,out_k)`, `lokr_w2_b (r,in_n)`.
+    Tucker {
+        /// `lokr_t2`.
+        t: Param,
+        /// `lokr_w2_a`, transposed vs the plain form.
+        a: Param,
+        /// `lokr_w2_b`.
+        b: Param,
+    },
 }
 
 /// One LyCORIS module's tensors, by kind (spec lycoris.md §1, §2).
@@ -62,6 +71,9 @@ pub enum Module {
         w2_a: Param,
         /// `hada_w2_b`.
         w2_b: Param,
+        /// Tucker cores `hada_t1`, `hada_t2` (r,r,*k) (conv only; then `hada_w*_a` is (r,out)
+        /// and `hada_w*_b` (r,in)).
+        t: Option<(Param, Param)>,
         /// `alpha`, if stored.
         alpha: Option<f64>,
     },
@@ -194,8 +206,10 @@ impl Module {
                         alpha.map_or("none".to_string(), |a| a.to_string())
                     ),
                 },
-                (_, Factor::Product(_, b)) => ratio(*alpha, b.shape[0], "rank of lokr_w2_b"),
-                (Factor::Product(_, b), Factor::Full(_)) => {
+                (_, Factor::Product(_, b) | Factor::Tucker { b, .. }) => {
+                    ratio(*alpha, b.shape[0], "rank of lokr_w2_b")
+                }
+                (Factor::Product(_, b) | Factor::Tucker { b, .. }, Factor::Full(_)) => {
                     ratio(*alpha, b.shape[0], "rank of lokr_w1_b")
                 }
             },
@@ -251,24 +265,32 @@ impl Module {
         }
         let get = |kind: &'static str, k: &str| t.get(k).cloned().ok_or_else(|| missing(kind, k));
         if t.keys().any(|k| k.starts_with("hada_")) {
-            if t.contains_key("hada_t1") || t.contains_key("hada_t2") {
-                return Err(unsupported("loha", "Tucker (`hada_t1`/`hada_t2`)"));
-            }
+            let tucker = if t.contains_key("hada_t1") || t.contains_key("hada_t2") {
+                Some((get("loha", "hada_t1")?, get("loha", "hada_t2")?))
+            } else {
+                None
+            };
             return Ok(Module::Loha {
                 w1_a: get("loha", "hada_w1_a")?,
                 w1_b: get("loha", "hada_w1_b")?,
                 w2_a: get("loha", "hada_w2_a")?,
                 w2_b: get("loha", "hada_w2_b")?,
+                t: tucker,
                 alpha,
             });
         }
         if t.keys().any(|k| k.starts_with("lokr_")) {
-            if t.contains_key("lokr_t1") || t.contains_key("lokr_t2") {
-                return Err(unsupported("lokr", "Tucker (`lokr_t2`)"));
+            if t.contains_key("lokr_t1") {
+                return Err(unsupported("lokr", "a Tucker W1 (`lokr_t1`)"));
             }
             let fac = |n: &str| -> Result<Factor, LycorisError> {
                 match t.get(n) {
                     Some(p) => Ok(Factor::Full(p.clone())),
+                    None if n == "lokr_w2" && t.contains_key("lokr_t2") => Ok(Factor::Tucker {
+                        t: get("lokr", "lokr_t2")?,
+                        a: get("lokr", "lokr_w2_a")?,
+                        b: get("lokr", "lokr_w2_b")?,
+                    }),
                     None => {
                         let (a, b) = (format!("{n}_a"), format!("{n}_b"));
                         if !t.contains_key(&a) && !t.contains_key(&b) {

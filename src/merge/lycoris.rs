@@ -19,8 +19,8 @@
 //! rotation (`R ← λR + (1−λ)I`), which is not `W0 + λ·(f(W0) − W0)`. wanbake keeps its one
 //! documented rule for every kind; the two agree at λ = 1.
 //!
-//! Not handled yet (refused with `LycorisError::Unsupported`): Tucker cores (`hada_t1/t2`,
-//! `lokr_t2`), LyCORIS DoRA (`dora_scale`), GLoRA's `bm.weight`.
+//! Not handled yet (refused with `LycorisError::Unsupported`): LyCORIS DoRA (`dora_scale`),
+//! GLoRA's `bm.weight`, a Tucker W1 (`lokr_t1`, which LyCORIS never writes).
 
 use crate::adapter::lycoris::{Factor, LycorisError, Module, Param};
 
@@ -55,11 +55,22 @@ pub fn delta(
             w1_b,
             w2_a,
             w2_b,
+            t,
             ..
         } => {
-            let p1 = product(w1_a, w1_b, "hada_w1_a", "hada_w1_b").map_err(err)?;
-            let p2 = product(w2_a, w2_b, "hada_w2_a", "hada_w2_b").map_err(err)?;
-            for (p, n) in [(&p1, "hada_w1_a@hada_w1_b"), (&p2, "hada_w2_a@hada_w2_b")] {
+            let (p1, p2) = match t {
+                None => (
+                    product(w1_a, w1_b, "hada_w1_a", "hada_w1_b").map_err(err)?,
+                    product(w2_a, w2_b, "hada_w2_a", "hada_w2_b").map_err(err)?,
+                ),
+                Some((t1, t2)) => (
+                    tucker(t1, w1_a, w1_b, "hada_t1", "hada_w1_a", "hada_w1_b", target)
+                        .map_err(err)?,
+                    tucker(t2, w2_a, w2_b, "hada_t2", "hada_w2_a", "hada_w2_b", target)
+                        .map_err(err)?,
+                ),
+            };
+            for (p, n) in [(&p1, "W1"), (&p2, "W2")] {
                 if (p.0, p.1) != (out, inp) {
                     return Err(err(format!(
                         "{n} is ({}, {}), expected ({out}, {inp})",
@@ -305,7 +316,64 @@ fn factor(f: &Factor, name: &str) -> Result<(usize, usize, Vec<f64>), String> {
             let (na, nb) = (format!("{name}_a"), format!("{name}_b"));
             product(a, b, &na, &nb)
         }
+        Factor::Tucker { t, a, b } => {
+            let (na, nb) = (format!("{name}_a"), format!("{name}_b"));
+            tucker(t, a, b, "lokr_t2", &na, &nb, &[])
+        }
     }
+}
+
+/// `W[p,q,…] = Σ_ij t[i,j,…]·a[i,p]·b[j,q]` (LyCORIS `rebuild_tucker`), as (out, in·∏k).
+/// With a non-empty `target`, the core's kernel must be the target's.
+fn tucker(
+    t: &Param,
+    a: &Param,
+    b: &Param,
+    nt: &str,
+    na: &str,
+    nb: &str,
+    target: &[usize],
+) -> Result<(usize, usize, Vec<f64>), String> {
+    let (ra, out) = dims(a, na)?;
+    let (rb, inp) = dims(b, nb)?;
+    let bad = || {
+        format!(
+            "Tucker core {nt} is {:?}, {na} is {:?}, {nb} is {:?}: expected ({ra}, {rb}, *k)              with k the target's kernel",
+            t.shape, a.shape, b.shape
+        )
+    };
+    if t.shape.len() < 3 || t.shape[0] != ra || t.shape[1] != rb || t.numel() != t.data.len() {
+        return Err(bad());
+    }
+    if !target.is_empty() && (target.len() != t.shape.len() || target[2..] != t.shape[2..]) {
+        return Err(bad());
+    }
+    let k: usize = t.shape[2..].iter().product();
+    let (tv, av, bv) = (widen(&t.data), widen(&a.data), widen(&b.data));
+    // tmp[i, q, kk] = Σ_j t[i, j, kk]·b[j, q]
+    let mut tmp = vec![0f64; ra * inp * k];
+    for i in 0..ra {
+        for j in 0..rb {
+            for q in 0..inp {
+                let f = bv[j * inp + q];
+                for kk in 0..k {
+                    tmp[(i * inp + q) * k + kk] += tv[(i * rb + j) * k + kk] * f;
+                }
+            }
+        }
+    }
+    // W[p, q, kk] = Σ_i a[i, p]·tmp[i, q, kk]
+    let mut w = vec![0f64; out * inp * k];
+    for p in 0..out {
+        let row = &mut w[p * inp * k..(p + 1) * inp * k];
+        for i in 0..ra {
+            let f = av[i * out + p];
+            row.iter_mut()
+                .zip(&tmp[i * inp * k..(i + 1) * inp * k])
+                .for_each(|(x, y)| *x += f * y);
+        }
+    }
+    Ok((out, inp * k, w))
 }
 
 /// `rescale` as one factor per output row.
@@ -613,19 +681,50 @@ mod tests {
             w1_b: p(&[4, 16]),
             w2_a: p(&[32, 4]),
             w2_b: p(&[4, 16]),
+            t: None,
             alpha: Some(4.0),
         };
         let e = delta(&m, "lycoris_m", &w0, &target)
             .unwrap_err()
             .to_string();
         assert!(e.contains("(32, 16), expected (32, 32)"), "{e}");
-        // Tucker is refused, not silently mis-merged
+        // Tucker core of the wrong rank
+        let m = Module::Loha {
+            w1_a: p(&[2, 32]),
+            w1_b: p(&[2, 4]),
+            w2_a: p(&[2, 32]),
+            w2_b: p(&[2, 4]),
+            t: Some((p(&[3, 2, 1, 2, 2]), p(&[2, 2, 1, 2, 2]))),
+            alpha: None,
+        };
+        let e = delta(
+            &m,
+            "lycoris_patch_embedding",
+            &vec![0.5f32; 32 * 16],
+            &[32, 4, 1, 2, 2],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("lycoris_patch_embedding") && e.contains("hada_t1 is [3, 2, 1, 2, 2]"),
+            "{e}"
+        );
+        // a Tucker LoHa missing one core
         t.insert("hada_w2_b".to_string(), p(&[4, 32]));
         t.insert("hada_t1".to_string(), p(&[4, 4, 1, 2, 2]));
         let e = Module::from_tensors("lycoris_m", &t)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("Tucker") && e.contains("not supported"), "{e}");
+        assert!(e.contains("hada_t2 is missing"), "{e}");
+        // LyCORIS DoRA is refused, not silently mis-merged
+        t.insert("dora_scale".to_string(), p(&[32, 1]));
+        let e = Module::from_tensors("lycoris_m", &t)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("dora_scale") && e.contains("not supported"),
+            "{e}"
+        );
     }
 
     #[test]
