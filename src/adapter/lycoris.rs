@@ -6,6 +6,12 @@
 //! `Module::scale_rule` (the scale and why: LoKr with both factors full is scale 1 whatever the
 //! stored alpha says) and `LycorisError` (naming the module and the shapes). Does not own: the
 //! formulas (`merge::lycoris`), the file namings and binding (not wired yet, see issue 14).
+//!
+//! `scale_rule` is LyCORIS's (files written by lycoris-lora, kohya/musubi). PEFT LOHA/LOKR
+//! folders follow another rule that a PEFT reader must apply instead: PEFT 0.21.2 scales by
+//! the config's `alpha / r` (after `rank_pattern`/`alpha_pattern`) for every module, a LoKr
+//! with both factors full included (`tuners/lokr/layer.py`: `scaling = alpha / r`,
+//! `make_kron(w1, w2, scaling)`).
 
 use std::collections::BTreeMap;
 
