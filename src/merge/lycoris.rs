@@ -622,6 +622,89 @@ mod tests {
         }
     }
 
+    /// Largest |W0 + d − ref| / max|ref| for a case at strength 1.
+    fn rel_err(case: &str, target: &str, d: &[f32]) -> f32 {
+        let base = golden("models/t2v/diffusion_pytorch_model.safetensors");
+        let w0 = param(&base, &format!("{target}.weight")).data;
+        let r = golden(&format!("references/lycoris/{case}.safetensors"));
+        let want = param(&r, &format!("{target}.weight")).data;
+        let scale = want.iter().fold(0f32, |a, b| a.max(b.abs()));
+        let err = w0
+            .iter()
+            .zip(d)
+            .zip(&want)
+            .fold(0f32, |a, ((w, x), y)| a.max((w + x - y).abs()));
+        err / scale
+    }
+
+    /// The goldens tell the traps apart: the wrong reading of each is far outside tolerance.
+    #[test]
+    fn traps_are_caught_by_the_goldens() {
+        let base = golden("models/t2v/diffusion_pytorch_model.safetensors");
+        let load = |case: &str| {
+            let (name, t) = module_of(&golden(&format!("adapters/lycoris/{case}.safetensors")));
+            Module::from_tensors(&name, &t).expect("module")
+        };
+        // s² (merge_to's error): LoHa with α 2, r 4 scaled twice
+        let w0 = param(&base, "blocks.0.attn1.to_q.weight");
+        let m = load("loha");
+        let s = m.scale_rule().scale as f32;
+        let d: Vec<f32> = delta(&m, "m", &w0.data, &w0.shape)
+            .expect("delta")
+            .iter()
+            .map(|x| x * s)
+            .collect();
+        assert!(rel_err("loha", "blocks.0.attn1.to_q", &d) > 1e-3);
+        // BOFT stages applied in reverse order
+        let w0 = param(&base, "blocks.0.ffn.net.2.weight");
+        let Module::Boft {
+            blocks,
+            alpha,
+            rescale,
+        } = load("boft")
+        else {
+            panic!("boft")
+        };
+        let [st, n, b, _] = blocks.shape[..] else {
+            panic!("shape")
+        };
+        let per = n * b * b;
+        let mut rev = Vec::with_capacity(blocks.data.len());
+        for i in (0..st).rev() {
+            rev.extend_from_slice(&blocks.data[i * per..(i + 1) * per]);
+        }
+        let m = Module::Boft {
+            blocks: Param::new(blocks.shape.clone(), rev),
+            alpha,
+            rescale,
+        };
+        let d = delta(&m, "m", &w0.data, &w0.shape).expect("delta");
+        assert!(rel_err("boft", "blocks.0.ffn.net.2", &d) > 1e-3);
+        // OFT with its constraint ignored
+        let w0 = param(&base, "blocks.2.attn1.to_out.0.weight");
+        let Module::DiagOft {
+            blocks, rescale, ..
+        } = load("oft")
+        else {
+            panic!("oft")
+        };
+        let m = Module::DiagOft {
+            blocks,
+            alpha: None,
+            rescale,
+        };
+        let d = delta(&m, "m", &w0.data, &w0.shape).expect("delta");
+        assert!(rel_err("oft", "blocks.2.attn1.to_out.0", &d) > 1e-3);
+        // LoKr both full read with α/r-style scaling (stored α 1 over w1's 4 rows)
+        let w0 = param(&base, "blocks.1.attn1.to_v.weight");
+        let d: Vec<f32> = delta(&load("lokr_full"), "m", &w0.data, &w0.shape)
+            .expect("delta")
+            .iter()
+            .map(|x| x / 4.0)
+            .collect();
+        assert!(rel_err("lokr_full", "blocks.1.attn1.to_v", &d) > 1e-3);
+    }
+
     fn p(shape: &[usize]) -> Param {
         let n = shape.iter().product::<usize>();
         Param::new(
