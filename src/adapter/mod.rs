@@ -19,6 +19,7 @@ pub mod error;
 pub mod grammar;
 pub mod kinds;
 pub mod kohya;
+pub mod lycoris;
 pub mod names;
 pub mod nnx;
 pub mod peft;

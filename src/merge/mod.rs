@@ -22,6 +22,7 @@ pub mod bind;
 pub mod device;
 pub mod error;
 pub mod exec;
+pub mod lycoris;
 pub mod math;
 pub mod output;
 pub mod plan;
