@@ -32,16 +32,27 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 /// Size and sha256 of a file, read in 4 MiB chunks (memory does not grow with file size).
 pub fn sha256_file(path: &Path) -> Result<(u64, String), ReadError> {
     let mut f = std::fs::File::open(path).map_err(|e| ReadError::io(path, e))?;
+    sha256_stream(&mut f, path, &|_| {})
+}
+
+/// Length and sha256 of everything `r` yields, read in 4 MiB chunks (`on_bytes` hears of
+/// each); `path` names the source in errors.
+pub fn sha256_stream(
+    r: &mut dyn Read,
+    path: &Path,
+    on_bytes: &dyn Fn(u64),
+) -> Result<(u64, String), ReadError> {
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 4 << 20];
     let mut total = 0u64;
     loop {
-        let n = f.read(&mut buf).map_err(|e| ReadError::io(path, e))?;
+        let n = r.read(&mut buf).map_err(|e| ReadError::io(path, e))?;
         if n == 0 {
             break;
         }
         h.update(&buf[..n]);
         total += n as u64;
+        on_bytes(n as u64);
     }
     Ok((total, hex(&h.finalize())))
 }

@@ -18,13 +18,10 @@
 //! entry is ignored, so a damaged cache costs a re-hash, never a wrong hash. `verify` never
 //! uses the cache: it re-reads everything.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use sha2::{Digest, Sha256};
-
-use super::digest::hex;
+use super::digest::sha256_stream;
 use super::file::ReadError;
 use super::mmap::{FileStamp, describe_change};
 
@@ -109,18 +106,7 @@ pub fn sha256_input(path: &Path, on_bytes: &dyn Fn(u64)) -> Result<(u64, String)
         on_bytes(before.size);
         return Ok((before.size, sha));
     }
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 4 << 20];
-    let mut total = 0u64;
-    loop {
-        let n = f.read(&mut buf).map_err(|e| ReadError::io(path, e))?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-        total += n as u64;
-        on_bytes(n as u64);
-    }
+    let (total, sha) = sha256_stream(&mut f, path, on_bytes)?;
     let after = FileStamp::at(path).map_err(|e| ReadError::io(path, e))?;
     let read = FileStamp {
         size: total,
@@ -134,7 +120,6 @@ pub fn sha256_input(path: &Path, on_bytes: &dyn Fn(u64)) -> Result<(u64, String)
             what,
         });
     }
-    let sha = hex(&h.finalize());
     remember(&before, &sha);
     Ok((total, sha))
 }
