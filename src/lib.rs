@@ -9,6 +9,7 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod adapter;
+pub mod backend;
 pub mod bake;
 pub mod convert;
 pub mod gpu;

@@ -4,7 +4,7 @@
 //!   `--device auto` falls back to the CPU and says why.
 //! * Every kernel file compiles with NVRTC (PTX, and a cubin for sm_90) and defines exactly the
 //!   expected `{op}_{dtype}` entry points. Skipped with a message when libnvrtc is absent.
-//! * The host reference of the kernels' arithmetic (`gpu::arith`) equals `io::dtype` bit for
+//! * The host reference of the kernels' arithmetic (`backend::arith`) equals `io::dtype` bit for
 //!   bit, and independent oracles (IEEE value formulas, an exact round-to-nearest-even search).
 //! * Every `Backend` op: one test body, expanded for the CPU backend (always) and the CUDA
 //!   backend (skipped with a message when no device is found). Expected values come from
@@ -18,16 +18,14 @@ mod common;
 use std::collections::BTreeSet;
 
 use faer::Par;
+use wanbake::backend::{Backend, BackendError, CpuBackend, MatShape, NonFinite, arith};
 use wanbake::gpu::device::Library;
 use wanbake::gpu::kernels::{Target, compile};
-use wanbake::gpu::{
-    Backend, CpuBackend, CudaDevice, DeviceChoice, GpuError, KernelFile, MatShape, NonFinite,
-    arith, probe, select,
-};
+use wanbake::gpu::{CudaDevice, DeviceChoice, KernelFile, probe, select};
 use wanbake::io::DType;
 use wanbake::io::dtype::{narrow_from_f32, round_to_bf16, round_to_f16, widen_to_f32};
 
-type TestResult = Result<(), GpuError>;
+type TestResult = Result<(), BackendError>;
 
 use common::Rng;
 
@@ -59,7 +57,7 @@ fn cuda_choice_without_a_device_is_a_clear_unavailable_error() {
         return;
     }
     let err = select(DeviceChoice::Cuda).expect_err("no device: --device cuda must fail");
-    let GpuError::Unavailable { reason } = &err else {
+    let BackendError::Unavailable { reason } = &err else {
         panic!("expected Unavailable, found {err:?}");
     };
     let msg = err.to_string();
@@ -70,9 +68,9 @@ fn cuda_choice_without_a_device_is_a_clear_unavailable_error() {
     // The same through the lower-level entry point, and again (no cached panic state).
     assert!(matches!(
         CudaDevice::open(0),
-        Err(GpuError::Unavailable { .. })
+        Err(BackendError::Unavailable { .. })
     ));
-    assert!(matches!(probe(), Err(GpuError::Unavailable { .. })));
+    assert!(matches!(probe(), Err(BackendError::Unavailable { .. })));
 }
 
 #[test]
@@ -82,7 +80,7 @@ fn missing_driver_library_is_named_with_the_files_searched() {
         return;
     }
     let reason = match probe() {
-        Err(GpuError::Unavailable { reason }) => reason,
+        Err(BackendError::Unavailable { reason }) => reason,
         other => panic!("expected Unavailable, found {other:?}"),
     };
     assert!(
@@ -204,7 +202,7 @@ fn every_kernel_file_compiles_to_a_cubin_for_hopper() {
 
 #[test]
 fn kernel_errors_name_module_and_kernel() {
-    let e = GpuError::MissingKernel {
+    let e = BackendError::MissingKernel {
         module: "kernels/convert.cu",
         kernel: "add_narrow_bf16".into(),
         detail: "CUDA_ERROR_NOT_FOUND".into(),
@@ -459,7 +457,7 @@ macro_rules! on_every_backend {
             $(
                 #[test]
                 fn $case() {
-                    let mut b = wanbake::gpu::CpuBackend::new(faer::Par::Seq);
+                    let mut b = wanbake::backend::CpuBackend::new(faer::Par::Seq);
                     super::$case(&mut b).unwrap_or_else(|e| panic!("cpu: {e}"));
                 }
             )*
@@ -949,7 +947,7 @@ fn merged<B: Backend>(
     b: &mut B,
     W: &[f32],
     adapters: &[(f64, Adapter<'_>)],
-) -> Result<Vec<f32>, GpuError> {
+) -> Result<Vec<f32>, BackendError> {
     let W0 = b.upload(W, 2, 3)?;
     let mut D = b.zeros(2, 3)?;
     for (a, ad) in adapters {
@@ -1180,12 +1178,15 @@ fn xs_bases_recover_a_known_svd<B: Backend>(b: &mut B) -> TestResult {
         assert!((f64::from(s[p]) - wide.singular_values[p]).abs() < 1e-12);
     }
     // Rank errors are the CPU path's errors.
-    assert!(matches!(b.xs_bases(&W, 2, 3, 3), Err(GpuError::Linalg(_))));
+    assert!(matches!(
+        b.xs_bases(&W, 2, 3, 3),
+        Err(BackendError::Linalg(_))
+    ));
     let mut bad = W;
     bad[4] = f32::NAN;
     assert!(matches!(
         b.xs_bases(&bad, 2, 3, 1),
-        Err(GpuError::Linalg(_))
+        Err(BackendError::Linalg(_))
     ));
     Ok(())
 }
@@ -1194,11 +1195,11 @@ fn unsupported_dtypes_are_errors<B: Backend>(b: &mut B) -> TestResult {
     let m = b.upload(&[1.0, 2.0], 1, 2)?;
     let mut out = vec![0u8; 16];
     match b.narrow(&m, DType::F64, &mut out) {
-        Err(GpuError::UnsupportedDType(e)) => assert_eq!(e.dtype, DType::F64),
+        Err(BackendError::UnsupportedDType(e)) => assert_eq!(e.dtype, DType::F64),
         other => panic!("expected UnsupportedDType, found {other:?}"),
     }
     match b.widen(DType::I32, &[0u8; 8], 1, 2) {
-        Err(GpuError::UnsupportedDType(e)) => assert_eq!(e.dtype, DType::I32),
+        Err(BackendError::UnsupportedDType(e)) => assert_eq!(e.dtype, DType::I32),
         Err(e) => panic!("expected UnsupportedDType, found {e:?}"),
         Ok(_) => panic!("I32 must not widen"),
     }
@@ -1264,7 +1265,7 @@ impl MergeCase {
     }
 
     /// The whole merge on backend `b`, summed and rounded once to bf16.
-    fn run<B: Backend>(&self, b: &mut B) -> Result<Vec<u8>, GpuError> {
+    fn run<B: Backend>(&self, b: &mut B) -> Result<Vec<u8>, BackendError> {
         let (out, inp, r) = (self.out, self.inp, self.r);
         let W0 = b.widen(DType::BF16, &self.base, out, inp)?;
         let mut D = b.zeros(out, inp)?;

@@ -25,7 +25,7 @@ use cudarc::cublas::sys::{
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtrMut};
 
-use super::error::GpuError;
+use crate::backend::BackendError;
 
 /// Bytes of the private cuBLAS workspace of each handle (NVIDIA's recommendation for Hopper,
 /// `CUBLAS_WORKSPACE_CONFIG=:4096:8`).
@@ -74,16 +74,16 @@ pub(crate) fn configure(
     blas: &CudaBlas,
     stream: &std::sync::Arc<CudaStream>,
     workspace: &mut CudaSlice<u8>,
-) -> Result<(), GpuError> {
+) -> Result<(), BackendError> {
     let handle = *blas.handle();
     // SAFETY: `handle` is the live handle of `blas`; the enum values are valid modes.
     unsafe { cublasSetMathMode(handle, cublasMath_t::CUBLAS_PEDANTIC_MATH) }
         .result()
-        .map_err(|e| GpuError::cuda("cublasSetMathMode(PEDANTIC)", e))?;
+        .map_err(|e| BackendError::cuda("cublasSetMathMode(PEDANTIC)", e))?;
     // SAFETY: as above.
     unsafe { cublasSetAtomicsMode(handle, cublasAtomicsMode_t::CUBLAS_ATOMICS_NOT_ALLOWED) }
         .result()
-        .map_err(|e| GpuError::cuda("cublasSetAtomicsMode(NOT_ALLOWED)", e))?;
+        .map_err(|e| BackendError::cuda("cublasSetAtomicsMode(NOT_ALLOWED)", e))?;
     let bytes = workspace.len();
     let (ptr, _record) = workspace.device_ptr_mut(stream);
     // SAFETY: `ptr` addresses `bytes` bytes of device memory owned by the backend, which keeps
@@ -91,7 +91,7 @@ pub(crate) fn configure(
     // 256-byte alignment, which cuMemAlloc gives.
     unsafe { cublasSetWorkspace_v2(handle, ptr as *mut std::ffi::c_void, bytes) }
         .result()
-        .map_err(|e| GpuError::cuda("cublasSetWorkspace", e))
+        .map_err(|e| BackendError::cuda("cublasSetWorkspace", e))
 }
 
 /// `C ← α·op(L)·op(R) + β·C` for row-major device matrices, with `call = row_major(…)`:
@@ -105,7 +105,7 @@ pub(crate) fn gemm(
     second: &CudaSlice<f32>,
     beta: f32,
     c: &mut CudaSlice<f32>,
-) -> Result<(), GpuError> {
+) -> Result<(), BackendError> {
     let ColMajorGemm { m, n, k, .. } = call;
     assert!(
         first.len() >= m * k && second.len() >= k * n && c.len() >= m * n,
@@ -116,7 +116,7 @@ pub(crate) fn gemm(
     );
     let int = |v: usize, what: &str| {
         c_int::try_from(v).map_err(|_| {
-            GpuError::cuda(
+            BackendError::cuda(
                 "cublasSgemm",
                 format!("{what} = {v} exceeds cuBLAS's 32-bit dimension limit"),
             )
@@ -147,7 +147,7 @@ pub(crate) fn gemm(
     // asserted above. All three buffers live on this context; cudarc orders them on the
     // handle's stream.
     unsafe { blas.gemm(cfg, first, second, c) }
-        .map_err(|e| GpuError::cuda(format!("cublasSgemm (m={m}, n={n}, k={k})"), e))
+        .map_err(|e| BackendError::cuda(format!("cublasSgemm (m={m}, n={n}, k={k})"), e))
 }
 
 #[cfg(test)]

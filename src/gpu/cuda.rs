@@ -46,14 +46,14 @@ use cudarc::driver::{
     CudaContext, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits,
 };
 
-use super::arith;
-use super::backend::{Backend, BackendKind, MatShape, NonFinite, ScalesLen, check, output_size};
 use super::blas::{self, WORKSPACE_BYTES, row_major};
 use super::device::CudaDevice;
-use super::error::GpuError;
 use super::kernels::{Kernel, KernelDType, KernelTable, Op};
 use super::staging::Staging;
 use super::svd::{GesvdPlan, gesvd};
+use crate::backend::BackendError;
+use crate::backend::arith;
+use crate::backend::{Backend, BackendKind, MatShape, NonFinite, ScalesLen, check, output_size};
 use crate::io::DType;
 use crate::io::dtype::{UnsupportedDType, to_f32_vec};
 use crate::linalg::{LinalgError, XsBases};
@@ -111,18 +111,18 @@ pub struct CudaBackend {
 
 impl CudaBackend {
     /// A new lane on `device`.
-    pub(crate) fn new(device: &CudaDevice) -> Result<CudaBackend, GpuError> {
+    pub(crate) fn new(device: &CudaDevice) -> Result<CudaBackend, BackendError> {
         let ctx = device.ctx.clone();
         ctx.bind_to_thread()
-            .map_err(|e| GpuError::cuda("binding the CUDA context", e))?;
+            .map_err(|e| BackendError::cuda("binding the CUDA context", e))?;
         let stream = ctx
             .new_stream()
-            .map_err(|e| GpuError::cuda("creating a stream", e))?;
+            .map_err(|e| BackendError::cuda("creating a stream", e))?;
         let blas =
-            CudaBlas::new(stream.clone()).map_err(|e| GpuError::cuda("creating cuBLAS", e))?;
+            CudaBlas::new(stream.clone()).map_err(|e| BackendError::cuda("creating cuBLAS", e))?;
         // SAFETY: cuBLAS uses its workspace as scratch and never reads what it did not write.
         let mut workspace = unsafe { stream.alloc::<u8>(WORKSPACE_BYTES) }
-            .map_err(|e| GpuError::cuda("allocating the cuBLAS workspace", e))?;
+            .map_err(|e| BackendError::cuda("allocating the cuBLAS workspace", e))?;
         blas::configure(&blas, &stream, &mut workspace)?;
         let solver = deterministic_solver(&stream)?;
         let staging = Staging::new(&ctx)?;
@@ -144,27 +144,27 @@ impl CudaBackend {
     }
 
     /// Whether this lane's cuSOLVER handle is in deterministic-results mode.
-    pub fn solver_is_deterministic(&self) -> Result<bool, GpuError> {
+    pub fn solver_is_deterministic(&self) -> Result<bool, BackendError> {
         let mut mode = cusolverDeterministicMode_t::CUSOLVER_ALLOW_NON_DETERMINISTIC_RESULTS;
         // SAFETY: the handle is live; the call writes one mode through a valid pointer.
         unsafe {
             cudarc::cusolver::sys::cusolverDnGetDeterministicMode(self.solver.cu(), &mut mode)
         }
         .result()
-        .map_err(|e| GpuError::cuda("cusolverDnGetDeterministicMode", e))?;
+        .map_err(|e| BackendError::cuda("cusolverDnGetDeterministicMode", e))?;
         Ok(mode == cusolverDeterministicMode_t::CUSOLVER_DETERMINISTIC_RESULTS)
     }
 
     /// Makes this lane's context current on the calling thread (raw library calls need it).
-    fn bind(&self) -> Result<(), GpuError> {
+    fn bind(&self) -> Result<(), BackendError> {
         self.ctx
             .bind_to_thread()
-            .map_err(|e| GpuError::cuda("binding the CUDA context", e))
+            .map_err(|e| BackendError::cuda("binding the CUDA context", e))
     }
 
     /// `max(n, 1)` uninitialised device values of `T`, for a buffer the caller fully writes
     /// (its first `n` values) before anything reads it.
-    fn alloc<T: DeviceRepr>(&self, n: usize, what: &str) -> Result<CudaSlice<T>, GpuError> {
+    fn alloc<T: DeviceRepr>(&self, n: usize, what: &str) -> Result<CudaSlice<T>, BackendError> {
         // SAFETY: every caller writes the first n values (an upload of n values, a kernel,
         // GEMM or solver call that writes each output index, a device copy) before they are
         // read, and nothing reads past n; T is plain data with no invalid bit patterns.
@@ -176,7 +176,7 @@ impl CudaBackend {
         &self,
         n: usize,
         what: &str,
-    ) -> Result<CudaSlice<T>, GpuError> {
+    ) -> Result<CudaSlice<T>, BackendError> {
         let buf = self
             .stream
             .alloc_zeros::<T>(n.max(1))
@@ -187,7 +187,7 @@ impl CudaBackend {
     }
 
     /// An uninitialised (rows, cols) matrix the caller fully writes (see [`Self::alloc`]).
-    fn mat(&self, rows: usize, cols: usize, what: &str) -> Result<DeviceMat, GpuError> {
+    fn mat(&self, rows: usize, cols: usize, what: &str) -> Result<DeviceMat, BackendError> {
         let n = mat_len(rows, cols, what)?;
         Ok(DeviceMat {
             rows,
@@ -205,7 +205,7 @@ impl CudaBackend {
         &self,
         op: Op,
         dtype: KernelDType,
-    ) -> Result<(Kernel, &cudarc::driver::CudaFunction), GpuError> {
+    ) -> Result<(Kernel, &cudarc::driver::CudaFunction), BackendError> {
         let kernel = Kernel { op, dtype };
         Ok((kernel, self.kernels.function(kernel)?))
     }
@@ -214,17 +214,17 @@ impl CudaBackend {
 /// A cuSOLVER handle on `stream` in deterministic-results mode. Resolves
 /// `cusolverDnSetDeterministicMode`, so call it under the guard of `super::device` (cudarc
 /// panics on a missing symbol).
-pub(crate) fn deterministic_solver(stream: &Arc<CudaStream>) -> Result<DnHandle, GpuError> {
+pub(crate) fn deterministic_solver(stream: &Arc<CudaStream>) -> Result<DnHandle, BackendError> {
     let solver =
-        DnHandle::new(stream.clone()).map_err(|e| GpuError::cuda("creating cuSOLVER", e))?;
+        DnHandle::new(stream.clone()).map_err(|e| BackendError::cuda("creating cuSOLVER", e))?;
     solver
         .set_deterministic_mode(cusolverDeterministicMode_t::CUSOLVER_DETERMINISTIC_RESULTS)
-        .map_err(|e| GpuError::cuda("cusolverDnSetDeterministicMode", e))?;
+        .map_err(|e| BackendError::cuda("cusolverDnSetDeterministicMode", e))?;
     Ok(solver)
 }
 
-fn alloc_error<T>(n: usize, what: &str, e: impl std::fmt::Display) -> GpuError {
-    GpuError::cuda(
+fn alloc_error<T>(n: usize, what: &str, e: impl std::fmt::Display) -> BackendError {
+    BackendError::cuda(
         format!(
             "allocating {n} × {} bytes for {what}",
             std::mem::size_of::<T>()
@@ -233,9 +233,9 @@ fn alloc_error<T>(n: usize, what: &str, e: impl std::fmt::Display) -> GpuError {
     )
 }
 
-fn mat_len(rows: usize, cols: usize, what: &str) -> Result<usize, GpuError> {
+fn mat_len(rows: usize, cols: usize, what: &str) -> Result<usize, BackendError> {
     rows.checked_mul(cols)
-        .ok_or_else(|| GpuError::cuda(format!("allocating {what}"), "size overflows"))
+        .ok_or_else(|| BackendError::cuda(format!("allocating {what}"), "size overflows"))
 }
 
 /// A grid-stride launch over `n` elements.
@@ -259,8 +259,8 @@ fn grid_2d(rows: usize, cols: usize) -> LaunchConfig {
     }
 }
 
-fn launch_error(kernel: Kernel, e: impl std::fmt::Display) -> GpuError {
-    GpuError::cuda(format!("launching {kernel}"), e)
+fn launch_error(kernel: Kernel, e: impl std::fmt::Display) -> BackendError {
+    BackendError::cuda(format!("launching {kernel}"), e)
 }
 
 fn storage_kernel_dtype(dtype: DType) -> Option<KernelDType> {
@@ -279,7 +279,7 @@ impl CudaBackend {
         dtype: KernelDType,
         src: &DeviceMat,
         out: &mut [u8],
-    ) -> Result<(), GpuError> {
+    ) -> Result<(), BackendError> {
         let n = src.len();
         let mut dst = self.alloc::<u16>(n, "the narrowed tensor")?;
         let (kernel, f) = self.kernel(Op::Narrow, dtype)?;
@@ -302,7 +302,7 @@ impl CudaBackend {
         base: &DeviceMat,
         delta: &DeviceMat,
         out: &mut [u8],
-    ) -> Result<Option<NonFinite>, GpuError> {
+    ) -> Result<Option<NonFinite>, BackendError> {
         let n = base.len();
         let mut dst = self.alloc::<T>(n, "the merged tensor")?;
         // All ones = "none yet"; uploaded through the pinned staging, so nothing waits.
@@ -354,7 +354,7 @@ impl CudaBackend {
         op: Op,
         X: &DeviceMat,
         shape: (usize, usize),
-    ) -> Result<DeviceMat, GpuError> {
+    ) -> Result<DeviceMat, BackendError> {
         self.bind()?;
         let mut dst = self.mat(shape.0, shape.1, "norms")?;
         let len = dst.len();
@@ -375,7 +375,7 @@ impl CudaBackend {
     }
 
     /// `len` ones (a missing α or β), uploaded through the pinned staging (no stream sync).
-    fn ones(&mut self, len: usize) -> Result<CudaSlice<f64>, GpuError> {
+    fn ones(&mut self, len: usize) -> Result<CudaSlice<f64>, BackendError> {
         let mut buf = self.alloc::<f64>(len, "unit factors")?;
         let ones = vec![1.0f64; len];
         self.staging
@@ -392,12 +392,17 @@ impl Backend for CudaBackend {
         BackendKind::Cuda
     }
 
-    fn attach(&mut self) -> Result<(), GpuError> {
+    fn attach(&mut self) -> Result<(), BackendError> {
         self.bind()
     }
 
     #[track_caller]
-    fn upload(&mut self, data: &[f32], rows: usize, cols: usize) -> Result<DeviceMat, GpuError> {
+    fn upload(
+        &mut self,
+        data: &[f32],
+        rows: usize,
+        cols: usize,
+    ) -> Result<DeviceMat, BackendError> {
         check::data("upload", data.len(), rows, cols);
         self.bind()?;
         let mut m = self.mat(rows, cols, "an uploaded matrix")?;
@@ -413,7 +418,7 @@ impl Backend for CudaBackend {
         bytes: &[u8],
         rows: usize,
         cols: usize,
-    ) -> Result<DeviceMat, GpuError> {
+    ) -> Result<DeviceMat, BackendError> {
         self.bind()?;
         let n = rows * cols;
         let Some(kdtype) = storage_kernel_dtype(dtype) else {
@@ -457,7 +462,7 @@ impl Backend for CudaBackend {
         Ok(m)
     }
 
-    fn zeros(&mut self, rows: usize, cols: usize) -> Result<DeviceMat, GpuError> {
+    fn zeros(&mut self, rows: usize, cols: usize) -> Result<DeviceMat, BackendError> {
         self.bind()?;
         let n = mat_len(rows, cols, "a zero matrix")?;
         Ok(DeviceMat {
@@ -467,12 +472,12 @@ impl Backend for CudaBackend {
         })
     }
 
-    fn duplicate(&mut self, src: &DeviceMat) -> Result<DeviceMat, GpuError> {
+    fn duplicate(&mut self, src: &DeviceMat) -> Result<DeviceMat, BackendError> {
         self.bind()?;
         let mut m = self.mat(src.rows, src.cols, "a copy")?;
         self.stream
             .memcpy_dtod(&src.buf, &mut m.buf)
-            .map_err(|e| GpuError::cuda("copying a device matrix", e))?;
+            .map_err(|e| BackendError::cuda("copying a device matrix", e))?;
         Ok(m)
     }
 
@@ -483,7 +488,7 @@ impl Backend for CudaBackend {
         s: f32,
         B: &DeviceMat,
         A: &DeviceMat,
-    ) -> Result<(), GpuError> {
+    ) -> Result<(), BackendError> {
         check::product(W, B, A);
         self.bind()?;
         let (out, inp, r) = (W.rows, W.cols, B.cols);
@@ -505,7 +510,7 @@ impl Backend for CudaBackend {
         U: &DeviceMat,
         M: &DeviceMat,
         V: &DeviceMat,
-    ) -> Result<(), GpuError> {
+    ) -> Result<(), BackendError> {
         check::xs(W, U, M, V);
         self.bind()?;
         let (out, inp, r) = (W.rows, W.cols, U.cols);
@@ -530,11 +535,11 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
-    fn row_norms(&mut self, X: &DeviceMat) -> Result<DeviceMat, GpuError> {
+    fn row_norms(&mut self, X: &DeviceMat) -> Result<DeviceMat, BackendError> {
         self.norms(Op::RowNorms, X, (X.rows, 1))
     }
 
-    fn col_norms(&mut self, X: &DeviceMat) -> Result<DeviceMat, GpuError> {
+    fn col_norms(&mut self, X: &DeviceMat) -> Result<DeviceMat, BackendError> {
         self.norms(Op::ColNorms, X, (1, X.cols))
     }
 
@@ -544,7 +549,7 @@ impl Backend for CudaBackend {
         V: &DeviceMat,
         m: &DeviceMat,
         eps: f64,
-    ) -> Result<DeviceScales, GpuError> {
+    ) -> Result<DeviceScales, BackendError> {
         check::vector("row_scales: m", m, V.rows);
         self.bind()?;
         let rows = V.rows;
@@ -579,7 +584,7 @@ impl Backend for CudaBackend {
         alpha: Option<&DeviceScales>,
         m: &DeviceMat,
         eps: f64,
-    ) -> Result<DeviceScales, GpuError> {
+    ) -> Result<DeviceScales, BackendError> {
         check::vector("col_scales: m", m, V.cols);
         if let Some(a) = alpha {
             assert_eq!(a.len, V.rows, "col_scales: alpha holds one value per row");
@@ -629,7 +634,7 @@ impl Backend for CudaBackend {
         W0: &DeviceMat,
         alpha: Option<&DeviceScales>,
         beta: Option<&DeviceScales>,
-    ) -> Result<(), GpuError> {
+    ) -> Result<(), BackendError> {
         check::same("accumulate_normalised: D, V", D, V);
         check::same("accumulate_normalised: D, W0", D, W0);
         let (rows, cols) = (D.rows, D.cols);
@@ -683,7 +688,7 @@ impl Backend for CudaBackend {
         D: &mut DeviceMat,
         coef: f64,
         X: &DeviceMat,
-    ) -> Result<(), GpuError> {
+    ) -> Result<(), BackendError> {
         check::same("accumulate_scaled: D, X", D, X);
         self.bind()?;
         let n = D.len();
@@ -702,7 +707,7 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
-    fn download_scales(&mut self, s: &DeviceScales) -> Result<Vec<f64>, GpuError> {
+    fn download_scales(&mut self, s: &DeviceScales) -> Result<Vec<f64>, BackendError> {
         self.bind()?;
         let mut values = vec![0.0f64; s.len];
         self.staging
@@ -717,7 +722,7 @@ impl Backend for CudaBackend {
         delta: &DeviceMat,
         dtype: DType,
         out: &mut [u8],
-    ) -> Result<Option<NonFinite>, GpuError> {
+    ) -> Result<Option<NonFinite>, BackendError> {
         check::same("add_narrow: base, delta", base, delta);
         let size = output_size(dtype)?;
         assert_eq!(
@@ -738,7 +743,12 @@ impl Backend for CudaBackend {
     }
 
     #[track_caller]
-    fn narrow(&mut self, src: &DeviceMat, dtype: DType, out: &mut [u8]) -> Result<(), GpuError> {
+    fn narrow(
+        &mut self,
+        src: &DeviceMat,
+        dtype: DType,
+        out: &mut [u8],
+    ) -> Result<(), BackendError> {
         let size = output_size(dtype)?;
         assert_eq!(out.len(), src.len() * size, "narrow: output byte length");
         self.bind()?;
@@ -752,7 +762,7 @@ impl Backend for CudaBackend {
         }
     }
 
-    fn download(&mut self, src: &DeviceMat) -> Result<Vec<f32>, GpuError> {
+    fn download(&mut self, src: &DeviceMat) -> Result<Vec<f32>, BackendError> {
         self.bind()?;
         let mut values = vec![0.0f32; src.len()];
         self.staging.download(
@@ -770,7 +780,7 @@ impl Backend for CudaBackend {
         out: usize,
         inp: usize,
         r: usize,
-    ) -> Result<XsBases, GpuError> {
+    ) -> Result<XsBases, BackendError> {
         check::data("xs_bases: W", W.len(), out, inp);
         crate::linalg::svd::check_rank(r, out, inp)?;
         if let Some(i) = W.iter().position(|x| !x.is_finite()) {

@@ -8,7 +8,7 @@
 //!
 //! Nothing calls into a CUDA library before its presence is checked with cudarc's
 //! `is_culib_present` (cudarc panics on a missing library); absence, an old driver or no
-//! device is [`GpuError::Unavailable`]. As a last guard, probing and opening run under
+//! device is [`BackendError::Unavailable`]. As a last guard, probing and opening run under
 //! `catch_unwind`, so even an unexpected panic inside cudarc (a symbol missing from a broken
 //! installation) becomes an error value.
 
@@ -21,8 +21,8 @@ use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaContext, result as driver, sys as driver_sys};
 
 use super::cuda::{CudaBackend, deterministic_solver};
-use super::error::GpuError;
 use super::kernels::KernelTable;
+use crate::backend::BackendError;
 
 /// What the device's memory pool keeps reserved across synchronisations: everything. With
 /// the default (0) the pool unmaps its free memory at every synchronisation, and each target
@@ -132,8 +132,8 @@ impl fmt::Display for Library {
     }
 }
 
-/// `Ok` when `lib` loads, else [`GpuError::Unavailable`] naming the file names searched.
-pub fn require_library(lib: Library) -> Result<(), GpuError> {
+/// `Ok` when `lib` loads, else [`BackendError::Unavailable`] naming the file names searched.
+pub fn require_library(lib: Library) -> Result<(), BackendError> {
     if lib.is_present() {
         return Ok(());
     }
@@ -147,7 +147,7 @@ pub fn require_library(lib: Library) -> Result<(), GpuError> {
              or use --device cpu"
         }
     };
-    Err(GpuError::unavailable(format!(
+    Err(BackendError::unavailable(format!(
         "{lib} could not be loaded (searched {}); {hint}",
         names.join(", ")
     )))
@@ -185,55 +185,55 @@ impl fmt::Display for DeviceInfo {
 
 /// The cheap check behind `--device`: every library loads, the driver is new enough, device 0
 /// exists. Creates no context and compiles nothing.
-pub fn probe() -> Result<DeviceInfo, GpuError> {
+pub fn probe() -> Result<DeviceInfo, BackendError> {
     guarded("probing", || probe_device(0))
 }
 
-/// Runs `f`, turning a panic inside a CUDA library binding into [`GpuError::Unavailable`].
-fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, GpuError>) -> Result<T, GpuError> {
+/// Runs `f`, turning a panic inside a CUDA library binding into [`BackendError::Unavailable`].
+fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, BackendError>) -> Result<T, BackendError> {
     catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|panic| {
         let msg = panic
             .downcast_ref::<String>()
             .map(String::as_str)
             .or_else(|| panic.downcast_ref::<&str>().copied())
             .unwrap_or("(no message)");
-        Err(GpuError::unavailable(format!(
+        Err(BackendError::unavailable(format!(
             "a CUDA library failed while {what}: {msg}"
         )))
     })
 }
 
-fn probe_device(ordinal: usize) -> Result<DeviceInfo, GpuError> {
+fn probe_device(ordinal: usize) -> Result<DeviceInfo, BackendError> {
     require_library(Library::Driver)?;
     let mut driver_version = 0;
     // SAFETY: libcuda is loadable (checked above); cuDriverGetVersion writes one int through a
     // valid pointer and may be called before cuInit.
     unsafe { driver_sys::cuDriverGetVersion(&mut driver_version) }
         .result()
-        .map_err(|e| GpuError::unavailable(format!("cuDriverGetVersion failed: {e}")))?;
+        .map_err(|e| BackendError::unavailable(format!("cuDriverGetVersion failed: {e}")))?;
     if driver_version < MIN_DRIVER_VERSION {
-        return Err(GpuError::unavailable(format!(
+        return Err(BackendError::unavailable(format!(
             "the NVIDIA driver supports CUDA {}.{}, but wanbake's CUDA backend needs a driver \
              for CUDA 13.0 or newer; update the driver or use --device cpu",
             driver_version / 1000,
             driver_version % 1000 / 10
         )));
     }
-    driver::init().map_err(|e| GpuError::unavailable(format!("cuInit failed: {e}")))?;
+    driver::init().map_err(|e| BackendError::unavailable(format!("cuInit failed: {e}")))?;
     let count = driver::device::get_count()
-        .map_err(|e| GpuError::unavailable(format!("counting CUDA devices: {e}")))?;
+        .map_err(|e| BackendError::unavailable(format!("counting CUDA devices: {e}")))?;
     let index = i32::try_from(ordinal).unwrap_or(i32::MAX);
     if count <= index {
-        return Err(GpuError::unavailable(format!(
+        return Err(BackendError::unavailable(format!(
             "no CUDA device {ordinal} (the driver reports {count} device(s))"
         )));
     }
     let dev = driver::device::get(index)
-        .map_err(|e| GpuError::unavailable(format!("opening CUDA device {ordinal}: {e}")))?;
+        .map_err(|e| BackendError::unavailable(format!("opening CUDA device {ordinal}: {e}")))?;
     let attr = |a| {
         // SAFETY: `dev` is a valid device handle from cuDeviceGet after cuInit.
         unsafe { driver::device::get_attribute(dev, a) }
-            .map_err(|e| GpuError::unavailable(format!("querying CUDA device {ordinal}: {e}")))
+            .map_err(|e| BackendError::unavailable(format!("querying CUDA device {ordinal}: {e}")))
     };
     use driver_sys::CUdevice_attribute::*;
     let compute_capability = (
@@ -241,10 +241,10 @@ fn probe_device(ordinal: usize) -> Result<DeviceInfo, GpuError> {
         attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
     );
     let name = driver::device::get_name(dev)
-        .map_err(|e| GpuError::unavailable(format!("querying CUDA device {ordinal}: {e}")))?;
+        .map_err(|e| BackendError::unavailable(format!("querying CUDA device {ordinal}: {e}")))?;
     // SAFETY: as above.
     let total_memory = unsafe { driver::device::total_mem(dev) }
-        .map_err(|e| GpuError::unavailable(format!("querying CUDA device {ordinal}: {e}")))?;
+        .map_err(|e| BackendError::unavailable(format!("querying CUDA device {ordinal}: {e}")))?;
     for lib in [Library::Nvrtc, Library::Cublas, Library::Cusolver] {
         require_library(lib)?;
     }
@@ -281,19 +281,19 @@ impl CudaDevice {
     /// cudarc panics on a missing one), and sets the release threshold of the device's memory
     /// pool ([`POOL_RELEASE_THRESHOLD`]), so that everything a run needs is known to work
     /// before any output is planned.
-    pub fn open(ordinal: usize) -> Result<CudaDevice, GpuError> {
+    pub fn open(ordinal: usize) -> Result<CudaDevice, BackendError> {
         guarded("opening the device", || {
             let info = probe_device(ordinal)?;
             let ctx = CudaContext::new(ordinal).map_err(|e| {
-                GpuError::unavailable(format!("creating a CUDA context on {}: {e}", info.name))
+                BackendError::unavailable(format!("creating a CUDA context on {}: {e}", info.name))
             })?;
             let (major, minor) = info.compute_capability;
             let kernels = Arc::new(KernelTable::new(ctx.clone(), major, minor));
             kernels.load_all()?;
             let stream = ctx.default_stream();
             CudaBlas::new(stream.clone())
-                .map_err(|e| GpuError::unavailable(format!("creating a cuBLAS handle: {e}")))?;
-            deterministic_solver(&stream).map_err(|e| GpuError::unavailable(e.to_string()))?;
+                .map_err(|e| BackendError::unavailable(format!("creating a cuBLAS handle: {e}")))?;
+            deterministic_solver(&stream).map_err(|e| BackendError::unavailable(e.to_string()))?;
             let device = CudaDevice { ctx, kernels, info };
             device.set_pool_release_threshold(POOL_RELEASE_THRESHOLD)?;
             Ok(device)
@@ -301,20 +301,20 @@ impl CudaDevice {
     }
 
     /// The device's default memory pool (the one `cuMemAllocAsync` draws from).
-    fn pool(&self) -> Result<driver_sys::CUmemoryPool, GpuError> {
+    fn pool(&self) -> Result<driver_sys::CUmemoryPool, BackendError> {
         self.ctx
             .bind_to_thread()
-            .map_err(|e| GpuError::cuda("binding the CUDA context", e))?;
+            .map_err(|e| BackendError::cuda("binding the CUDA context", e))?;
         let mut pool = std::ptr::null_mut();
         // SAFETY: writes one pool handle through a valid pointer; the device handle comes
         // from the live context.
         unsafe { driver_sys::cuDeviceGetDefaultMemPool(&mut pool, self.ctx.cu_device()) }
             .result()
-            .map_err(|e| GpuError::cuda("cuDeviceGetDefaultMemPool", e))?;
+            .map_err(|e| BackendError::cuda("cuDeviceGetDefaultMemPool", e))?;
         Ok(pool)
     }
 
-    fn set_pool_release_threshold(&self, bytes: u64) -> Result<(), GpuError> {
+    fn set_pool_release_threshold(&self, bytes: u64) -> Result<(), BackendError> {
         let pool = self.pool()?;
         let mut value = bytes;
         // SAFETY: CU_MEMPOOL_ATTR_RELEASE_THRESHOLD takes a cuuint64_t, read through the
@@ -327,12 +327,12 @@ impl CudaDevice {
             )
         }
         .result()
-        .map_err(|e| GpuError::cuda("setting the memory pool's release threshold", e))
+        .map_err(|e| BackendError::cuda("setting the memory pool's release threshold", e))
     }
 
     /// The release threshold of the device's default memory pool, in bytes: what the pool
     /// keeps reserved across synchronisations ([`POOL_RELEASE_THRESHOLD`] once opened).
-    pub fn pool_release_threshold(&self) -> Result<u64, GpuError> {
+    pub fn pool_release_threshold(&self) -> Result<u64, BackendError> {
         let pool = self.pool()?;
         let mut value = 0u64;
         // SAFETY: CU_MEMPOOL_ATTR_RELEASE_THRESHOLD writes one cuuint64_t through the pointer,
@@ -345,7 +345,7 @@ impl CudaDevice {
             )
         }
         .result()
-        .map_err(|e| GpuError::cuda("reading the memory pool's release threshold", e))?;
+        .map_err(|e| BackendError::cuda("reading the memory pool's release threshold", e))?;
         Ok(value)
     }
 
@@ -356,7 +356,7 @@ impl CudaDevice {
 
     /// A new, independent backend lane on this device: its own stream, cuBLAS handle and
     /// pinned staging buffers. Give each worker thread its own lane (see `super::cuda`).
-    pub fn backend(&self) -> Result<CudaBackend, GpuError> {
+    pub fn backend(&self) -> Result<CudaBackend, BackendError> {
         guarded("creating a backend lane", || CudaBackend::new(self))
     }
 }
@@ -393,7 +393,7 @@ impl Selection {
 /// Resolves `--device`: `cpu` always succeeds; `cuda` opens device 0 or returns why it cannot;
 /// `auto` opens device 0 and otherwise falls back to the CPU, with the reason in
 /// [`Selection::reason`].
-pub fn select(choice: DeviceChoice) -> Result<Selection, GpuError> {
+pub fn select(choice: DeviceChoice) -> Result<Selection, BackendError> {
     match choice {
         DeviceChoice::Cpu => Ok(Selection {
             selected: Selected::Cpu,

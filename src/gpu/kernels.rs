@@ -9,7 +9,7 @@
 //!
 //! Compilation options are fixed ([`NVRTC_OPTIONS`]): no fused multiply-add contraction,
 //! IEEE denormals, IEEE division and square root, so each operation rounds exactly as the
-//! host reference (`super::arith`). For a device the source is compiled straight to a cubin
+//! host reference (`crate::backend::arith`). For a device the source is compiled straight to a cubin
 //! for its `sm_XY`, which the driver loads without a PTX JIT (a PTX from a newer NVRTC can be
 //! rejected by an older driver; a cubin is not subject to that).
 
@@ -22,7 +22,7 @@ use cudarc::nvrtc::{Ptx, result as nvrtc, sys as nvrtc_sys};
 
 use super::device::Library;
 use super::device::require_library;
-use super::error::GpuError;
+use crate::backend::BackendError;
 
 /// A kernel source file under `kernels/`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -198,7 +198,7 @@ impl fmt::Display for Kernel {
 }
 
 /// The NVRTC options of every compilation: no FMA contraction, IEEE denormals, IEEE division
-/// and square root (the exactness contract of `super::arith`).
+/// and square root (the exactness contract of `crate::backend::arith`).
 pub const NVRTC_OPTIONS: [&str; 4] = [
     "--fmad=false",
     "--ftz=false",
@@ -251,11 +251,11 @@ impl Compiled {
 }
 
 /// Compiles one kernel file with NVRTC. Needs only libnvrtc (no driver, no device); returns
-/// [`GpuError::Unavailable`] when libnvrtc cannot be loaded and [`GpuError::Compile`], with
+/// [`BackendError::Unavailable`] when libnvrtc cannot be loaded and [`BackendError::Compile`], with
 /// the NVRTC log, when the source is rejected.
-pub fn compile(file: KernelFile, target: Target) -> Result<Compiled, GpuError> {
+pub fn compile(file: KernelFile, target: Target) -> Result<Compiled, BackendError> {
     require_library(Library::Nvrtc)?;
-    let fail = |log: String| GpuError::Compile {
+    let fail = |log: String| BackendError::Compile {
         module: file.path(),
         target: target.to_string(),
         log,
@@ -340,7 +340,7 @@ struct LoadedModule {
 pub struct KernelTable {
     ctx: Arc<CudaContext>,
     target: Target,
-    slots: [OnceLock<Result<LoadedModule, GpuError>>; 3],
+    slots: [OnceLock<Result<LoadedModule, BackendError>>; 3],
 }
 
 impl KernelTable {
@@ -355,7 +355,7 @@ impl KernelTable {
     }
 
     /// Loads every kernel file now (so a device that cannot run them is refused up front).
-    pub(crate) fn load_all(&self) -> Result<(), GpuError> {
+    pub(crate) fn load_all(&self) -> Result<(), BackendError> {
         for file in KernelFile::ALL {
             self.module(file)?;
         }
@@ -363,33 +363,33 @@ impl KernelTable {
     }
 
     /// The loaded function of `kernel`.
-    pub(crate) fn function(&self, kernel: Kernel) -> Result<&CudaFunction, GpuError> {
+    pub(crate) fn function(&self, kernel: Kernel) -> Result<&CudaFunction, BackendError> {
         let module = self.module(kernel.file())?;
         module
             .functions
             .iter()
             .find(|(k, _)| *k == kernel)
             .map(|(_, f)| f)
-            .ok_or_else(|| GpuError::MissingKernel {
+            .ok_or_else(|| BackendError::MissingKernel {
                 module: kernel.file().path(),
                 kernel: kernel.name(),
                 detail: "not in the table of expected entry points".into(),
             })
     }
 
-    fn module(&self, file: KernelFile) -> Result<&LoadedModule, GpuError> {
+    fn module(&self, file: KernelFile) -> Result<&LoadedModule, BackendError> {
         self.slots[file.slot()]
             .get_or_init(|| self.load(file))
             .as_ref()
             .map_err(Clone::clone)
     }
 
-    fn load(&self, file: KernelFile) -> Result<LoadedModule, GpuError> {
+    fn load(&self, file: KernelFile) -> Result<LoadedModule, BackendError> {
         let compiled = compile(file, self.target)?;
         let module = self
             .ctx
             .load_module(Ptx::from_binary(compiled.image))
-            .map_err(|e| GpuError::Load {
+            .map_err(|e| BackendError::Load {
                 module: file.path(),
                 detail: e.to_string(),
             })?;
@@ -400,7 +400,7 @@ impl KernelTable {
                 module
                     .load_function(&kernel.name())
                     .map(|f| (kernel, f))
-                    .map_err(|e| GpuError::MissingKernel {
+                    .map_err(|e| BackendError::MissingKernel {
                         module: file.path(),
                         kernel: kernel.name(),
                         detail: e.to_string(),

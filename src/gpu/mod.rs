@@ -1,25 +1,25 @@
 //! The optional CUDA backend, chosen at run time, with the same semantics as the CPU path.
 //!
 //! Owns: device selection (`--device auto|cpu|cuda`, [`DeviceChoice`], [`select`], the cheap
-//! [`probe`]), the [`Backend`] trait that a merge's per-tensor work is written against, its
-//! two implementations ([`CpuBackend`], the reference, and [`CudaBackend`]), the CUDA C
-//! kernels under `kernels/` and their run-time compilation through NVRTC ([`kernels`]), the
-//! element arithmetic every kernel implements, as host functions ([`arith`]), cuBLAS GEMMs
-//! and the cuSOLVER `gesvd` route to LoRA-XS bases. Does not own: which ops a merge runs
-//! (`merge`), the SVD basis cache or the sign convention (`linalg`), tensor I/O (`io`).
+//! [`probe`]), the CUDA implementation of `backend::Backend` ([`CudaBackend`]), the CUDA C
+//! kernels under `kernels/` and their run-time compilation through NVRTC ([`kernels`]),
+//! cuBLAS GEMMs and the cuSOLVER `gesvd` route to LoRA-XS bases. Does not own: the op set,
+//! its CPU reference implementation and the element arithmetic every kernel mirrors
+//! (`backend`), which ops a merge runs (`merge`), the SVD basis cache or the sign convention
+//! (`linalg`), tensor I/O (`io`).
 //!
 //! # Optional at build time and at run time
 //! cudarc loads every CUDA library with `dlopen` when it is first used, so the crate builds
 //! and runs without CUDA. cudarc panics when a library is missing, so nothing here calls into
 //! a library before [`probe`] has checked that it loads (`sys::is_culib_present`) and that
 //! the driver is new enough for the CUDA 13 bindings; a missing piece becomes
-//! [`GpuError::Unavailable`], never a panic.
+//! [`BackendError::Unavailable`], never a panic.
 //!
 //! # Same semantics as the CPU path
 //! * Conversions (`widen`, `narrow`, `add_narrow`) and the DoRA/BoRA and diff accumulation
 //!   steps are bit-identical on both backends: the kernels are integer bit arithmetic or fixed
 //!   sequences of single IEEE operations (f64 where `merge::math` computes in f64), written
-//!   once in [`arith`] (used by the CPU backend and checked against `io::dtype` by the tests)
+//!   once in `backend::arith` (used by the CPU backend and checked against `io::dtype` by the tests)
 //!   and mirrored in `kernels/*.cu`.
 //! * Row/column norms and DoRA/BoRA scales are bit-identical: f64 accumulation in index order,
 //!   one thread per sum, exactly `linalg::norms` and `merge::math`.
@@ -33,21 +33,14 @@
 //!   f32 ulp, not bit for bit, so a merge computes its bases on the CPU on every route
 //!   (`merge::device`, "-xs bases"); [`CudaBackend`]'s `xs_bases` is the measured alternative.
 
-pub mod arith;
-pub mod backend;
 pub mod cuda;
 pub mod device;
-pub mod error;
 pub mod kernels;
 
 mod blas;
 mod staging;
 mod svd;
 
-pub use backend::{
-    Backend, BackendKind, CpuBackend, HostMat, HostScales, MatShape, NonFinite, ScalesLen,
-};
 pub use cuda::{CudaBackend, DeviceMat, DeviceScales};
 pub use device::{CudaDevice, DeviceChoice, DeviceInfo, Selected, Selection, probe, select};
-pub use error::GpuError;
 pub use kernels::{Kernel, KernelDType, KernelFile, Op};

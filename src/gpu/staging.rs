@@ -29,7 +29,7 @@ use cudarc::driver::{
     result as driver,
 };
 
-use super::error::GpuError;
+use crate::backend::BackendError;
 
 /// Bytes per pinned buffer (two per direction per lane).
 pub(crate) const CHUNK_BYTES: usize = 8 << 20;
@@ -108,15 +108,17 @@ pub(crate) struct Staging {
 
 impl Staging {
     /// Allocates two pinned buffers of [`CHUNK_BYTES`].
-    pub fn new(ctx: &Arc<CudaContext>) -> Result<Staging, GpuError> {
+    pub fn new(ctx: &Arc<CudaContext>) -> Result<Staging, BackendError> {
         let pinned = || {
             // SAFETY: cuMemHostAlloc returns CHUNK_BYTES of uninitialised page-locked memory;
             // u8 has no invalid values, and only bytes written by this module are ever
             // copied to the device or read back.
-            unsafe { ctx.alloc_pinned_with_flags::<u8>(CHUNK_BYTES, 0) }
-                .map_err(|e| GpuError::cuda(format!("allocating {CHUNK_BYTES} pinned bytes"), e))
+            unsafe { ctx.alloc_pinned_with_flags::<u8>(CHUNK_BYTES, 0) }.map_err(|e| {
+                BackendError::cuda(format!("allocating {CHUNK_BYTES} pinned bytes"), e)
+            })
         };
-        let event = || Event::new(ctx).map_err(|e| GpuError::cuda("creating a staging event", e));
+        let event =
+            || Event::new(ctx).map_err(|e| BackendError::cuda("creating a staging event", e));
         Ok(Staging {
             bufs: [pinned()?, pinned()?],
             done: [event()?, event()?],
@@ -132,7 +134,7 @@ impl Staging {
 
     /// The error of a wait or a synchronous copy on the lane's stream: `op` failed with `e`,
     /// naming the last launched work, where an asynchronous fault of it would surface.
-    pub fn wait_error(&self, op: &str, e: impl std::fmt::Display) -> GpuError {
+    pub fn wait_error(&self, op: &str, e: impl std::fmt::Display) -> BackendError {
         after_launch(op, e, self.last_launch.as_deref())
     }
 
@@ -151,7 +153,7 @@ impl Staging {
         stream: &Arc<CudaStream>,
         host: &[u8],
         dst: &mut CudaSlice<T>,
-    ) -> Result<(), GpuError> {
+    ) -> Result<(), BackendError> {
         let capacity = dst.len() * std::mem::size_of::<T>();
         assert!(
             host.len() <= capacity,
@@ -186,7 +188,7 @@ impl Staging {
     }
 
     /// Waits until the device no longer reads or writes either pinned buffer.
-    fn quiesce(&self) -> Result<(), GpuError> {
+    fn quiesce(&self) -> Result<(), BackendError> {
         for done in &self.done {
             done.synchronize()
                 .map_err(|e| self.wait_error("waiting for a staging buffer", e))?;
@@ -202,7 +204,7 @@ impl Staging {
         stream: &Arc<CudaStream>,
         src: &CudaSlice<T>,
         host: &mut [u8],
-    ) -> Result<(), GpuError> {
+    ) -> Result<(), BackendError> {
         let capacity = src.len() * std::mem::size_of::<T>();
         assert!(
             host.len() <= capacity,
@@ -213,7 +215,7 @@ impl Staging {
         let total = host.len();
         let chunks = total.div_ceil(CHUNK_BYTES);
         let len = |c: usize| CHUNK_BYTES.min(total - c * CHUNK_BYTES);
-        let queue = |this: &mut Staging, c: usize| -> Result<(), GpuError> {
+        let queue = |this: &mut Staging, c: usize| -> Result<(), BackendError> {
             let slot = c % 2;
             let pinned = this.bufs[slot].as_mut_slice().map_err(|e| {
                 after_launch("mapping a staging buffer", e, this.last_launch.as_deref())
@@ -260,16 +262,20 @@ impl Drop for Staging {
 }
 
 /// `op` failed with `e`; `last` is the last work launched on the lane, if any.
-pub(crate) fn after_launch(op: &str, e: impl std::fmt::Display, last: Option<&str>) -> GpuError {
+pub(crate) fn after_launch(
+    op: &str,
+    e: impl std::fmt::Display,
+    last: Option<&str>,
+) -> BackendError {
     match last {
-        Some(last) => GpuError::cuda(
+        Some(last) => BackendError::cuda(
             format!(
                 "{op} (an asynchronous fault of the last work launched on this lane, {last}, \
                  is reported here)"
             ),
             e,
         ),
-        None => GpuError::cuda(op, e),
+        None => BackendError::cuda(op, e),
     }
 }
 

@@ -27,7 +27,7 @@ use cudarc::cusolver::DnHandle;
 use cudarc::cusolver::sys as solver_sys;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtrMut};
 
-use super::error::GpuError;
+use crate::backend::BackendError;
 use crate::linalg::{XsBases, canonicalize_signs};
 
 /// How one (out, in) weight goes through `gesvd`.
@@ -151,7 +151,7 @@ pub(crate) fn gesvd(
     solver: &DnHandle,
     plan: &GesvdPlan,
     A: &mut CudaSlice<f64>,
-) -> Result<GesvdOutput, GpuError> {
+) -> Result<GesvdOutput, BackendError> {
     let (m, n, k) = (plan.m, plan.n, plan.k());
     assert!(
         m >= n && A.len() == m * n,
@@ -159,7 +159,7 @@ pub(crate) fn gesvd(
     );
     let int = |v: usize| {
         i32::try_from(v).map_err(|_| {
-            GpuError::cuda("cusolverDnDgesvd", format!("dimension {v} exceeds 32 bits"))
+            BackendError::cuda("cusolverDnDgesvd", format!("dimension {v} exceeds 32 bits"))
         })
     };
     let (mi, ni, ki) = (int(m)?, int(n)?, int(k)?);
@@ -168,13 +168,13 @@ pub(crate) fn gesvd(
     // SAFETY: `handle` is live; the call only writes the workspace size through `&mut lwork`.
     unsafe { solver_sys::cusolverDnDgesvd_bufferSize(handle, mi, ni, &mut lwork) }
         .result()
-        .map_err(|e| GpuError::cuda(format!("cusolverDnDgesvd_bufferSize ({m}×{n})"), e))?;
+        .map_err(|e| BackendError::cuda(format!("cusolverDnDgesvd_bufferSize ({m}×{n})"), e))?;
     // Uninitialised: gesvd writes S, U (k columns), VT (k rows), rwork and info, and uses
     // work as scratch; nothing here reads a value gesvd did not write.
     let alloc = |len: usize, what: &str| {
         // SAFETY: see above; f64 has no invalid bit patterns.
         unsafe { stream.alloc::<f64>(len.max(1)) }
-            .map_err(|e| GpuError::cuda(format!("allocating the SVD {what} ({len} f64)"), e))
+            .map_err(|e| BackendError::cuda(format!("allocating the SVD {what} ({len} f64)"), e))
     };
     let mut S = alloc(k, "singular values")?;
     let mut U = alloc(m * k, "left vectors")?;
@@ -183,7 +183,7 @@ pub(crate) fn gesvd(
     let mut rwork = alloc(k.saturating_sub(1), "superdiagonal")?;
     // SAFETY: gesvd always writes info; i32 has no invalid bit patterns.
     let mut info = unsafe { stream.alloc::<i32>(1) }
-        .map_err(|e| GpuError::cuda("allocating the SVD status", e))?;
+        .map_err(|e| BackendError::cuda("allocating the SVD status", e))?;
     {
         let (a, _ra) = A.device_ptr_mut(stream);
         let (s, _rs) = S.device_ptr_mut(stream);
@@ -218,9 +218,9 @@ pub(crate) fn gesvd(
             )
         }
         .result()
-        .map_err(|e| GpuError::cuda(format!("cusolverDnDgesvd ({m}×{n})"), e))?;
+        .map_err(|e| BackendError::cuda(format!("cusolverDnDgesvd ({m}×{n})"), e))?;
     }
-    let download = |what: &str, e| GpuError::cuda(format!("downloading the SVD {what}"), e);
+    let download = |what: &str, e| BackendError::cuda(format!("downloading the SVD {what}"), e);
     let status = stream
         .clone_dtoh(&info)
         .map_err(|e| download("status", e))?;
@@ -234,7 +234,7 @@ pub(crate) fn gesvd(
             .into());
         }
         i => {
-            return Err(GpuError::cuda(
+            return Err(BackendError::cuda(
                 "cusolverDnDgesvd",
                 format!("parameter {} had an illegal value", -i),
             ));

@@ -3,8 +3,8 @@
 //! Owns: [`Compute`] (row bands on the CPU, whole tensors on CUDA lanes, or whole tensors on
 //! the CPU reference backend), [`Compute::select`] (`--device` → what runs, and why),
 //! [`Lanes`] (backend lanes shared by the merge's worker threads) and [`merge_whole`], the op
-//! sequence of `gpu::backend`'s module doc applied to one target's [`Update`]s. Does not own:
-//! the ops themselves (`gpu`), which tensors a target reads (`merge::exec`), or the band path
+//! sequence of `backend`'s module doc applied to one target's [`Update`]s. Does not own:
+//! the ops themselves (`backend`, `gpu`), which tensors a target reads (`merge::exec`), or the band path
 //! (`merge::math`).
 //!
 //! # The two routes
@@ -44,9 +44,8 @@ use faer::Par;
 use super::error::MergeError;
 use super::math::{Factors, Form, SA3_EPS, Update};
 use super::report::DeviceRecord;
-use crate::gpu::{
-    Backend, CpuBackend, CudaDevice, DeviceChoice, GpuError, MatShape, NonFinite, Selected, select,
-};
+use crate::backend::{Backend, BackendError, CpuBackend, MatShape, NonFinite};
+use crate::gpu::{CudaDevice, DeviceChoice, Selected, select};
 use crate::io::DType;
 
 /// Where a merge's targets are computed.
@@ -75,7 +74,7 @@ pub struct DeviceReport {
 impl Compute {
     /// Resolves `--device`: `cpu` → bands; `cuda` → CUDA or the reason it is unavailable;
     /// `auto` → CUDA when the device and every library load, else bands (and why).
-    pub fn select(choice: DeviceChoice) -> Result<(Compute, DeviceReport), GpuError> {
+    pub fn select(choice: DeviceChoice) -> Result<(Compute, DeviceReport), BackendError> {
         let selection = select(choice)?;
         let compute = match selection.selected {
             Selected::Cpu => Compute::Cpu,
@@ -136,7 +135,7 @@ pub struct Lanes<B> {
     pool: Mutex<Pool<B>>,
     returned: Condvar,
     max: usize,
-    make: Box<dyn Fn() -> Result<B, GpuError> + Send + Sync>,
+    make: Box<dyn Fn() -> Result<B, BackendError> + Send + Sync>,
 }
 
 struct Pool<B> {
@@ -154,9 +153,12 @@ pub trait LaneFault {
     fn is_device_fault(&self) -> bool;
 }
 
-impl LaneFault for GpuError {
+impl LaneFault for BackendError {
     fn is_device_fault(&self) -> bool {
-        !matches!(self, GpuError::Linalg(_) | GpuError::UnsupportedDType(_))
+        !matches!(
+            self,
+            BackendError::Linalg(_) | BackendError::UnsupportedDType(_)
+        )
     }
 }
 
@@ -180,7 +182,7 @@ impl<B: Backend> Lanes<B> {
     /// A pool of at most `max` (≥ 1) lanes made with `make`.
     pub fn new(
         max: usize,
-        make: impl Fn() -> Result<B, GpuError> + Send + Sync + 'static,
+        make: impl Fn() -> Result<B, BackendError> + Send + Sync + 'static,
     ) -> Lanes<B> {
         Lanes {
             pool: Mutex::new(Pool {
@@ -201,7 +203,7 @@ impl<B: Backend> Lanes<B> {
     pub fn with<T, E: LaneFault>(
         &self,
         f: impl FnOnce(&mut B) -> Result<T, E>,
-    ) -> Result<Result<T, E>, GpuError> {
+    ) -> Result<Result<T, E>, BackendError> {
         let mut lane = self.take()?;
         let held = Held::new(self);
         let result = lane.attach().map(|()| f(&mut lane));
@@ -236,7 +238,7 @@ impl<B: Backend> Lanes<B> {
     /// in its own pool, and a rayon worker that waits on another pool steals jobs of its
     /// own meanwhile, one of which may be the next target): waiting there would hold one lane
     /// while waiting for another, and with every lane held that way the merge would hang.
-    fn take(&self) -> Result<B, GpuError> {
+    fn take(&self) -> Result<B, BackendError> {
         let nested = HELD.with(|h| h.get()) > 0;
         let mut pool = self.lock();
         loop {
@@ -341,7 +343,7 @@ pub fn merge_whole<B: Backend>(
     updates: &[(Update<'_>, f64)],
     dtype: DType,
     dst: &mut [u8],
-) -> Result<Option<NonFinite>, GpuError> {
+) -> Result<Option<NonFinite>, BackendError> {
     let W0 = match base {
         BaseWeight::Stored { dtype, bytes } => b.widen(dtype, bytes, out, inp)?,
         BaseWeight::F32(w) => b.upload(w, out, inp)?,
@@ -360,7 +362,7 @@ fn add_contribution<B: Backend>(
     W0: &B::Mat,
     update: &Update<'_>,
     w: f64,
-) -> Result<(), GpuError> {
+) -> Result<(), BackendError> {
     let (out, inp) = (W0.rows(), W0.cols());
     let (factors, sigma, form) = match *update {
         Update::Full { diff, scale } => {
@@ -405,7 +407,7 @@ fn add_delta<B: Backend>(
     W: &mut B::Mat,
     s: f32,
     factors: &Factors<'_>,
-) -> Result<(), GpuError> {
+) -> Result<(), BackendError> {
     let (out, inp) = (W.rows(), W.cols());
     match *factors {
         Factors::BA { B: Bf, A, rank } => {
@@ -429,7 +431,7 @@ mod tests {
     //! hand-derived values (the end-to-end oracles are in tests/merge.rs).
 
     use super::*;
-    use crate::gpu::HostMat;
+    use crate::backend::HostMat;
     use crate::merge::math::{Scratch, add_contribution as add_band, column_scales};
 
     const W: [f32; 6] = [1.0, -2.0, 0.5, -0.5, 1.5, 2.0];
@@ -560,9 +562,9 @@ mod tests {
             lanes.with(|b| b.zeros(1, 1).map(|_| ())).unwrap().unwrap();
         }
         assert_eq!(made.load(Ordering::SeqCst), 1);
-        let failed = lanes.with(|_| Err::<(), _>(GpuError::cuda("injected", "fault")));
+        let failed = lanes.with(|_| Err::<(), _>(BackendError::cuda("injected", "fault")));
         assert!(failed.unwrap().is_err());
-        lanes.with(|_| Ok::<(), GpuError>(())).unwrap().unwrap();
+        lanes.with(|_| Ok::<(), BackendError>(())).unwrap().unwrap();
         assert_eq!(made.load(Ordering::SeqCst), 2);
         assert_eq!(lanes.leaked(), 1);
     }
@@ -587,9 +589,9 @@ mod tests {
         };
         assert!(lanes.with(|_| Err::<(), _>(non_finite)).unwrap().is_err());
         let bad_rank =
-            GpuError::Linalg(crate::linalg::LinalgError::NoConvergence { out: 2, inp: 2 });
+            BackendError::Linalg(crate::linalg::LinalgError::NoConvergence { out: 2, inp: 2 });
         assert!(lanes.with(|_| Err::<(), _>(bad_rank)).unwrap().is_err());
-        lanes.with(|_| Ok::<(), GpuError>(())).unwrap().unwrap();
+        lanes.with(|_| Ok::<(), BackendError>(())).unwrap().unwrap();
         assert_eq!((made.load(Ordering::SeqCst), lanes.leaked()), (1, 0));
     }
 
@@ -610,9 +612,9 @@ mod tests {
     }
 
     impl FaultyLane {
-        fn check(&self) -> Result<(), GpuError> {
+        fn check(&self) -> Result<(), BackendError> {
             if self.broken.load(std::sync::atomic::Ordering::SeqCst) {
-                return Err(GpuError::cuda(
+                return Err(BackendError::cuda(
                     "launching 'widen_bf16'",
                     "an illegal address",
                 ));
@@ -624,23 +626,29 @@ mod tests {
     /// Every op checks the shared state first, then runs on the CPU backend.
     impl Backend for FaultyLane {
         type Mat = HostMat;
-        type Scales = crate::gpu::HostScales;
-        fn kind(&self) -> crate::gpu::BackendKind {
-            crate::gpu::BackendKind::Cuda
+        type Scales = crate::backend::HostScales;
+        fn kind(&self) -> crate::backend::BackendKind {
+            crate::backend::BackendKind::Cuda
         }
-        fn upload(&mut self, d: &[f32], r: usize, c: usize) -> Result<HostMat, GpuError> {
+        fn upload(&mut self, d: &[f32], r: usize, c: usize) -> Result<HostMat, BackendError> {
             self.check()?;
             self.cpu.upload(d, r, c)
         }
-        fn widen(&mut self, t: DType, b: &[u8], r: usize, c: usize) -> Result<HostMat, GpuError> {
+        fn widen(
+            &mut self,
+            t: DType,
+            b: &[u8],
+            r: usize,
+            c: usize,
+        ) -> Result<HostMat, BackendError> {
             self.check()?;
             self.cpu.widen(t, b, r, c)
         }
-        fn zeros(&mut self, r: usize, c: usize) -> Result<HostMat, GpuError> {
+        fn zeros(&mut self, r: usize, c: usize) -> Result<HostMat, BackendError> {
             self.check()?;
             self.cpu.zeros(r, c)
         }
-        fn duplicate(&mut self, m: &HostMat) -> Result<HostMat, GpuError> {
+        fn duplicate(&mut self, m: &HostMat) -> Result<HostMat, BackendError> {
             self.check()?;
             self.cpu.duplicate(m)
         }
@@ -650,7 +658,7 @@ mod tests {
             s: f32,
             bm: &HostMat,
             am: &HostMat,
-        ) -> Result<(), GpuError> {
+        ) -> Result<(), BackendError> {
             self.check()?;
             self.cpu.add_scaled_product(w, s, bm, am)
         }
@@ -661,15 +669,15 @@ mod tests {
             U: &HostMat,
             M: &HostMat,
             V: &HostMat,
-        ) -> Result<(), GpuError> {
+        ) -> Result<(), BackendError> {
             self.check()?;
             self.cpu.add_xs_update(w, s, U, M, V)
         }
-        fn row_norms(&mut self, X: &HostMat) -> Result<HostMat, GpuError> {
+        fn row_norms(&mut self, X: &HostMat) -> Result<HostMat, BackendError> {
             self.check()?;
             self.cpu.row_norms(X)
         }
-        fn col_norms(&mut self, X: &HostMat) -> Result<HostMat, GpuError> {
+        fn col_norms(&mut self, X: &HostMat) -> Result<HostMat, BackendError> {
             self.check()?;
             self.cpu.col_norms(X)
         }
@@ -678,7 +686,7 @@ mod tests {
             V: &HostMat,
             m: &HostMat,
             eps: f64,
-        ) -> Result<Self::Scales, GpuError> {
+        ) -> Result<Self::Scales, BackendError> {
             self.check()?;
             self.cpu.row_scales(V, m, eps)
         }
@@ -688,7 +696,7 @@ mod tests {
             a: Option<&Self::Scales>,
             m: &HostMat,
             eps: f64,
-        ) -> Result<Self::Scales, GpuError> {
+        ) -> Result<Self::Scales, BackendError> {
             self.check()?;
             self.cpu.col_scales(V, a, m, eps)
         }
@@ -700,7 +708,7 @@ mod tests {
             w0: &HostMat,
             a: Option<&Self::Scales>,
             b: Option<&Self::Scales>,
-        ) -> Result<(), GpuError> {
+        ) -> Result<(), BackendError> {
             self.check()?;
             self.cpu.accumulate_normalised(D, wt, V, w0, a, b)
         }
@@ -709,11 +717,11 @@ mod tests {
             D: &mut HostMat,
             coef: f64,
             X: &HostMat,
-        ) -> Result<(), GpuError> {
+        ) -> Result<(), BackendError> {
             self.check()?;
             self.cpu.accumulate_scaled(D, coef, X)
         }
-        fn download_scales(&mut self, s: &Self::Scales) -> Result<Vec<f64>, GpuError> {
+        fn download_scales(&mut self, s: &Self::Scales) -> Result<Vec<f64>, BackendError> {
             self.check()?;
             self.cpu.download_scales(s)
         }
@@ -723,15 +731,20 @@ mod tests {
             delta: &HostMat,
             dtype: DType,
             out: &mut [u8],
-        ) -> Result<Option<NonFinite>, GpuError> {
+        ) -> Result<Option<NonFinite>, BackendError> {
             self.check()?;
             self.cpu.add_narrow(base, delta, dtype, out)
         }
-        fn narrow(&mut self, src: &HostMat, dtype: DType, out: &mut [u8]) -> Result<(), GpuError> {
+        fn narrow(
+            &mut self,
+            src: &HostMat,
+            dtype: DType,
+            out: &mut [u8],
+        ) -> Result<(), BackendError> {
             self.check()?;
             self.cpu.narrow(src, dtype, out)
         }
-        fn download(&mut self, src: &HostMat) -> Result<Vec<f32>, GpuError> {
+        fn download(&mut self, src: &HostMat) -> Result<Vec<f32>, BackendError> {
             self.check()?;
             self.cpu.download(src)
         }
@@ -741,7 +754,7 @@ mod tests {
             out: usize,
             inp: usize,
             r: usize,
-        ) -> Result<crate::linalg::XsBases, GpuError> {
+        ) -> Result<crate::linalg::XsBases, BackendError> {
             self.check()?;
             self.cpu.xs_bases(x, out, inp, r)
         }
@@ -832,7 +845,7 @@ mod tests {
                                 peak.fetch_max(now, Ordering::SeqCst);
                                 std::thread::sleep(std::time::Duration::from_micros(200));
                                 busy.fetch_sub(1, Ordering::SeqCst);
-                                Ok::<(), GpuError>(())
+                                Ok::<(), BackendError>(())
                             })
                             .unwrap()
                             .unwrap();
@@ -848,12 +861,12 @@ mod tests {
     fn a_panic_on_a_lane_gives_its_place_back() {
         let lanes = Lanes::new(1, || Ok(CpuBackend::new(Par::Seq)));
         let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            lanes.with(|_| -> Result<(), GpuError> { panic!("injected") })
+            lanes.with(|_| -> Result<(), BackendError> { panic!("injected") })
         }));
         assert!(panicked.is_err());
         assert_eq!(lanes.lock().made, 0);
         // The only place is free again: this would wait forever otherwise.
-        lanes.with(|_| Ok::<(), GpuError>(())).unwrap().unwrap();
+        lanes.with(|_| Ok::<(), BackendError>(())).unwrap().unwrap();
     }
 
     #[test]

@@ -169,7 +169,7 @@ pub enum MergeError {
         device: &'static str,
         /// What failed.
         #[source]
-        source: crate::gpu::GpuError,
+        source: crate::backend::BackendError,
     },
     /// Writing the output failed.
     #[error("writing `{tensor}`: {source}")]

@@ -35,7 +35,7 @@ use super::math::{Factors, Form, SA3_EPS, Scratch, Update, add_contribution, col
 use super::plan::{BoundAdapter, Contribution, Job, MergePlan, RowOrder, Target};
 use super::report::SvdReport;
 use crate::adapter::{AdapterSet, Kind, ParamRole, TensorSource};
-use crate::gpu::Backend;
+use crate::backend::Backend;
 use crate::io::dtype::{narrow_from_f32, widen_to_f32};
 use crate::io::{DType, ReadError, Staging, TensorRef, TensorView};
 use crate::layout::Transform;

@@ -9,6 +9,10 @@
 //! caller-owned f32 accumulator). Does not own: which tensors these are, loading them, or
 //! where results go (`merge::exec`); the SVD (`linalg`).
 //!
+//! The element steps (row and column factors, the DoRA/BoRA combination, diff accumulation)
+//! are `backend::arith`'s functions, the ones the whole-tensor route's backends compute with
+//! (`backend::CpuBackend`, mirrored by the CUDA kernels): one formula per operation.
+//!
 //! Arithmetic (documented because output bits depend on it):
 //! - `V = W0 + σ·Δ` is f32, the low-rank product through `linalg::lowrank` (faer, f32
 //!   accumulation, `Par::Seq`), as the references compute it in f32.
@@ -24,6 +28,7 @@
 
 use faer::{MatMut, MatRef, Par};
 
+use crate::backend::arith;
 use crate::linalg::{add_scaled_product_into, add_xs_update_into, xs_update_scratch_len};
 
 /// SA3's ε, added to every DoRA/BoRA norm (spec sa3_lora.md §1.2).
@@ -188,12 +193,11 @@ pub fn column_scales<E>(
         for (i, Vi) in V.chunks_exact(inp).enumerate() {
             // BoRA sums the squares of H = α_i·V_i, dora-cols those of V.
             let alpha = match *form {
-                Form::Bora { m_r, .. } => f64::from(m_r[r0 + i]) / (row_norm(Vi) + SA3_EPS),
+                Form::Bora { m_r, .. } => arith::row_scale(Vi, m_r[r0 + i], SA3_EPS),
                 _ => 1.0,
             };
             for (s, &v) in sums.iter_mut().zip(Vi) {
-                let h = alpha * f64::from(v);
-                *s += h * h;
+                *s += arith::scaled_square(alpha, v);
             }
         }
         r0 += rows;
@@ -201,16 +205,9 @@ pub fn column_scales<E>(
     Ok(Some(
         sums.iter()
             .zip(m_col)
-            .map(|(s, &m)| f64::from(m) / (s.sqrt() + SA3_EPS))
+            .map(|(s, &m)| arith::magnitude_scale(s.sqrt(), m, SA3_EPS))
             .collect(),
     ))
-}
-
-/// `‖x‖₂` with the squares summed in f64 in index order.
-fn row_norm(x: &[f32]) -> f64 {
-    x.iter()
-        .fold(0.0f64, |acc, &v| acc + f64::from(v) * f64::from(v))
-        .sqrt()
 }
 
 /// Scratch buffers one worker reuses across bands and contributions.
@@ -218,6 +215,8 @@ fn row_norm(x: &[f32]) -> f64 {
 pub struct Scratch {
     V: Vec<f32>,
     xs: Vec<f32>,
+    /// `inp` ones: β of a form without column factors.
+    ones: Vec<f64>,
 }
 
 /// Adds `w·(f(W0) − W0)` for rows `r0 .. r0 + rows` into `D`, the (rows, inp) band of the
@@ -247,7 +246,7 @@ pub fn add_contribution(
             let coef = w * scale;
             let band = &diff[r0 * inp..(r0 + rows) * inp];
             for (d, &x) in D.iter_mut().zip(band) {
-                *d += (coef * f64::from(x)) as f32;
+                *d = arith::scaled_contribution(*d, coef, x);
             }
         }
         Update::LowRank {
@@ -261,33 +260,28 @@ pub fn add_contribution(
             form,
         } => {
             assert_eq!(W0.len(), rows * inp, "W0 band must be (rows, inp)");
-            let V = &mut scratch.V;
+            let Scratch { V, xs, ones } = scratch;
             V.clear();
             V.extend_from_slice(W0);
-            factors.add_rows(V, r0, rows, inp, sigma as f32, &mut scratch.xs);
+            factors.add_rows(V, r0, rows, inp, sigma as f32, xs);
+            ones.resize(inp, 1.0);
             let rows_iter = V.chunks_exact(inp).zip(W0.chunks_exact(inp));
             for (i, ((Vi, W0i), Di)) in rows_iter.zip(D.chunks_exact_mut(inp)).enumerate() {
                 let row = r0 + i;
-                // f_ij = α_i·β_j·V_ij with α, β = 1 where the form has no such factor.
+                // f_ij = β_j·(α_i·V_ij) with α, β = 1 where the form has no such factor.
                 let alpha = match form {
-                    Form::Rows { m, eps } => f64::from(m[row]) / (row_norm(Vi) + eps),
-                    Form::Bora { m_r, .. } => f64::from(m_r[row]) / (row_norm(Vi) + SA3_EPS),
+                    Form::Rows { m, eps } => arith::row_scale(Vi, m[row], eps),
+                    Form::Bora { m_r, .. } => arith::row_scale(Vi, m_r[row], SA3_EPS),
                     Form::Cols { .. } | Form::Additive => 1.0,
                 };
-                match form {
+                let beta = match form {
                     Form::Cols { .. } | Form::Bora { .. } => {
-                        let beta = col_scale.expect("column-coupled update needs column scales");
-                        for j in 0..inp {
-                            let f = beta[j] * (alpha * f64::from(Vi[j]));
-                            Di[j] += (w * (f - f64::from(W0i[j]))) as f32;
-                        }
+                        col_scale.expect("column-coupled update needs column scales")
                     }
-                    Form::Rows { .. } | Form::Additive => {
-                        for j in 0..inp {
-                            let f = alpha * f64::from(Vi[j]);
-                            Di[j] += (w * (f - f64::from(W0i[j]))) as f32;
-                        }
-                    }
+                    Form::Rows { .. } | Form::Additive => &ones[..],
+                };
+                for (((d, &v), &w0), &b) in Di.iter_mut().zip(Vi).zip(W0i).zip(beta) {
+                    *d = arith::normalised_contribution(*d, w, v, w0, alpha, b);
                 }
             }
         }

@@ -1,15 +1,17 @@
-//! The one error type of the GPU backend.
+//! The one error type of every backend op and of choosing the CUDA device.
 //!
-//! Owns: [`GpuError`]. Every variant names what failed (the library, the kernel file and entry
-//! point, or the CUDA call) and carries the library's own message as text, so the error is
-//! `Clone` (a failed module load is cached and reported again on the next use).
+//! Owns: [`BackendError`]. The data errors (an SVD that fails, a dtype no op converts) come
+//! from any backend; the others from the CUDA one (`gpu`): every variant names what failed
+//! (the library, the kernel file and entry point, or the CUDA call) and carries the library's
+//! own message as text, so the error is `Clone` (a failed module load is cached and reported
+//! again on the next use).
 
 use crate::io::dtype::UnsupportedDType;
 use crate::linalg::LinalgError;
 
-/// Why a GPU operation (or choosing the GPU at all) failed.
+/// Why a backend operation (or choosing the CUDA device at all) failed.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
-pub enum GpuError {
+pub enum BackendError {
     /// No usable CUDA device: a library is missing, the driver is too old, no device exists,
     /// or the context could not be created. `reason` says which, and what to do.
     #[error("CUDA is unavailable: {reason}")]
@@ -61,18 +63,18 @@ pub enum GpuError {
     UnsupportedDType(#[from] UnsupportedDType),
 }
 
-impl GpuError {
+impl BackendError {
     /// A failed CUDA call, with what was being done.
-    pub(crate) fn cuda(op: impl Into<String>, err: impl std::fmt::Display) -> GpuError {
-        GpuError::Cuda {
+    pub(crate) fn cuda(op: impl Into<String>, err: impl std::fmt::Display) -> BackendError {
+        BackendError::Cuda {
             op: op.into(),
             detail: err.to_string(),
         }
     }
 
     /// An unavailable device.
-    pub(crate) fn unavailable(reason: impl Into<String>) -> GpuError {
-        GpuError::Unavailable {
+    pub(crate) fn unavailable(reason: impl Into<String>) -> BackendError {
+        BackendError::Unavailable {
             reason: reason.into(),
         }
     }

@@ -2,7 +2,7 @@
 //!
 //! Owns: one Rust function per device function or per-element kernel body, written as the
 //! same sequence of integer and IEEE operations, in the same order. The CPU backend
-//! ([`super::CpuBackend`]) computes with these functions, and the tests check them bit for
+//! ([`super::CpuBackend`]) and the band route (`merge::math`) compute with these functions, and the tests check them bit for
 //! bit against `io::dtype` (over all 65 536 bf16/f16 patterns and a sweep of f32 patterns:
 //! ties, subnormals, NaN, ±inf, max finite), so the kernels, this file and the I/O core agree
 //! by construction. Does not own: the reductions (`linalg::norms` is the reference for the
@@ -139,7 +139,7 @@ pub fn add_narrow_f32(base: f32, delta: f32) -> u32 {
 }
 
 /// `sqrt(Σ x²)` with the squares summed in f64 in iteration order (the `row_root` of
-/// `kernels/norms.cu`; `merge::math::row_norm`).
+/// `kernels/norms.cu`).
 pub fn root_sum_squares(values: impl Iterator<Item = f32>) -> f64 {
     values
         .fold(0.0f64, |acc, x| {
@@ -155,20 +155,32 @@ pub fn norm_in_order(values: impl Iterator<Item = f32>) -> f32 {
     root_sum_squares(values) as f32
 }
 
-/// One row factor of DoRA/BoRA, `α = m / (‖row‖ + ε)` in f64 (`row_scales_f32`).
-pub fn row_scale(row: &[f32], m: f32, eps: f64) -> f64 {
-    f64::from(m) / (root_sum_squares(row.iter().copied()) + eps)
+/// A DoRA/BoRA factor from its norm, `m / (norm + ε)` in f64: a row factor α (`row_scale`)
+/// or a column factor β (`col_scale`).
+#[inline(always)]
+pub fn magnitude_scale(norm: f64, m: f32, eps: f64) -> f64 {
+    f64::from(m) / (norm + eps)
 }
 
-/// One column factor, `β = m / (sqrt(Σ_i (α_i·x_i)²) + ε)` in f64 with `h = α_i·x_i` rounded
-/// in f64 before squaring, rows in order (`col_scales_f32`; `merge::math::column_scales`).
-/// dora-cols passes α = 1 (exact).
+/// One row factor of DoRA/BoRA, `α = m / (‖row‖ + ε)` in f64 (`row_scales_f32`).
+pub fn row_scale(row: &[f32], m: f32, eps: f64) -> f64 {
+    magnitude_scale(root_sum_squares(row.iter().copied()), m, eps)
+}
+
+/// One term of a column factor's sum, `(α·x)²` with `h = α·x` rounded in f64 before
+/// squaring. dora-cols passes α = 1 (exact).
+#[inline(always)]
+pub fn scaled_square(alpha: f64, x: f32) -> f64 {
+    let h = alpha * f64::from(x);
+    h * h
+}
+
+/// One column factor, `β = m / (sqrt(Σ_i (α_i·x_i)²) + ε)` in f64, the terms
+/// [`scaled_square`] summed over rows in order (`col_scales_f32`; `merge::math::column_scales`
+/// sums the same terms band by band).
 pub fn col_scale(column: impl Iterator<Item = (f64, f32)>, m: f32, eps: f64) -> f64 {
-    let sum = column.fold(0.0f64, |acc, (alpha, x)| {
-        let h = alpha * f64::from(x);
-        acc + h * h
-    });
-    f64::from(m) / (sum.sqrt() + eps)
+    let sum = column.fold(0.0f64, |acc, (alpha, x)| acc + scaled_square(alpha, x));
+    magnitude_scale(sum.sqrt(), m, eps)
 }
 
 /// One element of a DoRA/BoRA contribution, `d + f32(w·(β·(α·v) − w0))`: the combination in
