@@ -1,25 +1,26 @@
 //! Dtype conversion of any safetensors checkpoint, mirroring its naming (single file,
 //! shards + index, model folder, pipeline folder), as a release with a manifest.
 //!
-//! Owns: `ConvertSpec`, `convert_release`, and `stream_convert`, the chunked, bounded-memory
-//! copy-or-convert of one tensor into an output slot that every producing command uses for
-//! tensors it does not compute on (a tensor whose dtype does not change is copied byte for
-//! byte; otherwise it is widened to f32 and rounded once with round-to-nearest-even).
+//! Owns: `ConvertSpec`, `DtypeChoice` and `convert_release` (the output plan mirrors the
+//! input; every tensor goes through `layout::exec::convert_piece`, the copy-or-convert loop
+//! every producing command uses: a tensor whose dtype does not change is copied byte for
+//! byte, otherwise it is widened to f32 and rounded once with round-to-nearest-even). Does
+//! not own: the atomic writer (`release`, `io::staging`).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use rayon::prelude::*;
 
+use crate::io::DType;
 use crate::io::checkpoint::Checkpoint;
 use crate::io::header_layout::PlannedTensor;
-use crate::io::staging::{Allocation, Replace, Staging, WriteError};
+use crate::io::staging::{Allocation, Replace};
 use crate::io::writer::{AuxFile, ComponentOutput, OutputPlan, Slot};
-use crate::io::{DType, TensorRef, dtype};
+use crate::layout::Transform::Identity;
+use crate::layout::exec::{PIECE_BAND_BYTES, convert_piece};
+use crate::layout::transform::{KernelError, SrcTensor};
 use crate::release::{Release, ReleaseError, ReleaseRequest, write_release};
-
-/// Elements converted per chunk: bounds memory per worker to a few MiB.
-pub const CHUNK_ELEMS: usize = 1 << 20;
 
 /// Which dtype each float tensor gets.
 #[derive(Clone, Debug)]
@@ -40,47 +41,6 @@ impl DtypeChoice {
             None => dtype,
         }
     }
-}
-
-/// Copies (same dtype) or converts (widen + one RNE) `src` into `slot`, in chunks.
-pub fn stream_convert(
-    staging: &Staging,
-    slot: Slot,
-    src: &TensorRef<'_>,
-    out: DType,
-) -> Result<(), WriteError> {
-    let v = src.view;
-    if v.dtype == out {
-        for (i, chunk) in v.bytes.chunks(CHUNK_ELEMS * 4).enumerate() {
-            staging.write(slot, i * CHUNK_ELEMS * 4, chunk)?;
-        }
-        src.file.release(src.position);
-        return Ok(());
-    }
-    let (isz, osz) = match (v.dtype.size(), out.size()) {
-        (Some(a), Some(b)) if v.dtype.is_float() && out.is_output_float() => (a, b),
-        _ => {
-            return Err(WriteError::Io {
-                path: PathBuf::from(v.name),
-                source: std::io::Error::other(format!("cannot convert {} to {out}", v.dtype)),
-            });
-        }
-    };
-    let n = v.numel();
-    let mut wide = vec![0f32; CHUNK_ELEMS.min(n)];
-    let mut narrow = vec![0u8; wide.len() * osz];
-    let mut done = 0;
-    while done < n {
-        let k = CHUNK_ELEMS.min(n - done);
-        let bytes = &v.bytes[done * isz..(done + k) * isz];
-        // Both conversions are infallible here: dtypes were checked above.
-        let _ = dtype::widen_to_f32(v.dtype, bytes, &mut wide[..k]);
-        let _ = dtype::narrow_from_f32(out, &wide[..k], &mut narrow[..k * osz]);
-        staging.write(slot, done * osz, &narrow[..k * osz])?;
-        done += k;
-    }
-    src.file.release(src.position);
-    Ok(())
 }
 
 /// A conversion request.
@@ -166,7 +126,26 @@ pub fn convert_release(spec: &ConvertSpec) -> Result<Release, ReleaseError> {
                     .get(name)
                     .ok_or_else(|| anyhow::anyhow!("internal: planned tensor `{name}` vanished"))?;
                 let out = staging.plan().files[slot.file].layout.tensors[slot.tensor].dtype;
-                stream_convert(staging, slot, &t, out)?;
+                let v = t.view;
+                let src = SrcTensor {
+                    dtype: v.dtype,
+                    shape: v.shape,
+                    bytes: v.bytes,
+                };
+                let write = |offset: usize, bytes: &[u8]| -> anyhow::Result<()> {
+                    Ok(staging.write(slot, offset, bytes)?)
+                };
+                let refused = |e: KernelError| anyhow::anyhow!("{name}: {e}");
+                convert_piece(
+                    Identity,
+                    src,
+                    out,
+                    PIECE_BAND_BYTES,
+                    &mut Vec::new(),
+                    write,
+                    refused,
+                )?;
+                t.file.release(t.position);
                 Ok(())
             })?;
         for (ci, name, slot) in &jobs {

@@ -76,10 +76,66 @@ pub struct ExecOptions {
 impl Default for ExecOptions {
     fn default() -> Self {
         ExecOptions {
-            band_bytes: 8 << 20,
+            band_bytes: PIECE_BAND_BYTES,
             threads: None,
         }
     }
+}
+
+/// Destination bytes a copy or conversion handles at once, per worker, unless tuned
+/// ([`ExecOptions::band_bytes`]); the output does not depend on it.
+pub const PIECE_BAND_BYTES: usize = 8 << 20;
+
+/// Writes `transform(src)` converted to `dtype` (raw byte moves when the dtypes are equal,
+/// else widened and rounded once), band by band, through `write(byte offset in the piece,
+/// bytes)`: the one copy-or-convert loop of every producing command (`restack`, `convert`,
+/// the untouched tensors of `merge`). At most `band_bytes` (at least one destination row)
+/// are held in `buf` at a time; an identity transform is treated as one flat run, so a
+/// large 1-D tensor is banded too, and an identity copy in the same dtype (any dtype,
+/// packed sub-byte ones included) is written straight from `src` without `buf`. The output
+/// bytes do not depend on `band_bytes`.
+pub fn convert_piece<E>(
+    transform: Transform,
+    src: SrcTensor<'_>,
+    dtype: DType,
+    band_bytes: usize,
+    buf: &mut Vec<u8>,
+    mut write: impl FnMut(usize, &[u8]) -> Result<(), E>,
+    kernel_err: impl Fn(KernelError) -> E,
+) -> Result<(), E> {
+    let band_bytes = band_bytes.max(1);
+    if transform == Transform::Identity && src.dtype == dtype {
+        for (i, chunk) in src.bytes.chunks(band_bytes).enumerate() {
+            write(i * band_bytes, chunk)?;
+        }
+        return Ok(());
+    }
+    let numel: usize = src.shape.iter().product();
+    let flat = [numel, 1];
+    let src = match transform {
+        Transform::Identity => SrcTensor {
+            shape: &flat,
+            ..src
+        },
+        _ => src,
+    };
+    let dst_size = dtype
+        .size()
+        .ok_or_else(|| kernel_err(KernelError::SubByte(dtype)))?;
+    let (rows, row_len) = transform
+        .dst_rows(src.shape)
+        .map_err(|e| kernel_err(e.into()))?;
+    let row_bytes = (row_len * dst_size).max(1);
+    let band_rows = (band_bytes / row_bytes).max(1);
+    let mut r0 = 0;
+    while r0 < rows {
+        let r1 = (r0 + band_rows).min(rows);
+        buf.resize((r1 - r0) * row_len * dst_size, 0);
+        transform::convert_rows(transform, src, dtype, r0..r1, buf).map_err(&kernel_err)?;
+        write(r0 * row_len * dst_size, buf)?;
+        r0 = r1;
+    }
+    Ok(())
 }
 
 /// One piece of work: a stored tensor (or one layer of it) into its place in an output.
@@ -330,24 +386,22 @@ impl Conversion {
         let dst_size = dtype
             .size()
             .ok_or(kernel_err(KernelError::SubByte(dtype)))?;
-        let (rows, row_len) = job
-            .transform
-            .dst_rows(&job.stored_shape)
-            .map_err(|e| kernel_err(e.into()))?;
-        let row_bytes = (row_len * dst_size).max(1);
-        let band_rows = (band_bytes / row_bytes).max(1);
-        let mut r0 = 0;
-        while r0 < rows {
-            let r1 = (r0 + band_rows).min(rows);
-            buf.resize((r1 - r0) * row_len * dst_size, 0);
-            transform::convert_rows(job.transform, src, dtype, r0..r1, buf).map_err(kernel_err)?;
-            sink.write_at(&out.name, job.dst_offset + r0 * row_len * dst_size, buf)
+        let written = |offset: usize, bytes: &[u8]| {
+            sink.write_at(&out.name, job.dst_offset + offset, bytes)
                 .map_err(|source| ExecError::Sink {
                     tensor: out.name.clone(),
                     source,
-                })?;
-            r0 = r1;
-        }
+                })
+        };
+        convert_piece(
+            job.transform,
+            src,
+            dtype,
+            band_bytes,
+            buf,
+            written,
+            kernel_err,
+        )?;
         Ok((numel * dst_size, start..start + slice))
     }
 }

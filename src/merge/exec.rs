@@ -39,15 +39,13 @@ use crate::backend::Backend;
 use crate::io::dtype::{narrow_from_f32, widen_to_f32};
 use crate::io::{DType, ReadError, Staging, TensorRef, TensorView};
 use crate::layout::Transform;
-use crate::layout::transform::{SrcTensor, convert_rows};
+use crate::layout::exec::{PIECE_BAND_BYTES, convert_piece};
+use crate::layout::transform::SrcTensor;
 use crate::linalg::{CacheError, CacheOutcome, SvdCache, XsBases, xs_bases};
 
 /// Largest band of a merged tensor a worker holds in one buffer, in f32 values (4 MiB).
 /// A constant, so the band split (and with it every rounding) never depends on the machine.
 pub const BAND_ELEMS: usize = 1 << 20;
-
-/// Largest band of an untouched tensor converted at once, in output bytes.
-const COPY_BAND_BYTES: usize = 8 << 20;
 
 /// Rows per band of a (·, inp) matrix.
 pub fn band_rows(inp: usize) -> usize {
@@ -209,8 +207,7 @@ impl Exec<'_> {
         self.convert_bands(job, job.transform, src)
     }
 
-    /// Writes `transform(src)` converted to the job's dtype, band by band, through the
-    /// layout module's fused kernel (raw byte moves when the dtypes are equal).
+    /// Writes `transform(src)` converted to the job's dtype (`layout::exec::convert_piece`).
     fn convert_bands(
         &self,
         job: &Job,
@@ -221,23 +218,17 @@ impl Exec<'_> {
             tensor: job.stored.clone(),
             reason: e.to_string(),
         };
-        let size = job.dtype.size().unwrap_or(1);
-        let (rows, row_len) = job
-            .transform
-            .dst_rows(src.shape)
-            .map_err(|e| err(e.into()))?;
-        let row_bytes = (row_len * size).max(1);
-        let band = (COPY_BAND_BYTES / row_bytes).max(1);
         let mut buf = Vec::new();
-        let mut r0 = 0;
-        while r0 < rows {
-            let r1 = (r0 + band).min(rows);
-            buf.resize((r1 - r0) * row_len * size, 0);
-            convert_rows(transform, src, job.dtype, r0..r1, &mut buf).map_err(err)?;
-            self.write(job, r0 * row_len * size, &buf)?;
-            r0 = r1;
-        }
-        Ok(())
+        let write = |offset: usize, bytes: &[u8]| self.write(job, offset, bytes);
+        convert_piece(
+            transform,
+            src,
+            job.dtype,
+            PIECE_BAND_BYTES,
+            &mut buf,
+            write,
+            err,
+        )
     }
 
     /// A target: `W' = W0 + Σ w·(f(W0) − W0)`, band by band, checked finite, rounded once.
