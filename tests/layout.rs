@@ -13,8 +13,9 @@ use wanbake::io::{DType, SafetensorsFile, TensorView};
 use wanbake::layout::exec::SinkError;
 use wanbake::layout::{
     Conversion, ExecOptions, KeepF32, Layout, MemorySink, OutputDType, PlanError, ReadPlan,
-    StoredTensor, TensorSink, TensorSource, Transform, WritePlan, detect_layout,
+    StoredTensor, TensorSink, TensorSource, WritePlan, detect_layout,
 };
+use wanbake::model::transform::Transform;
 use wanbake::model::wan::{ParamSpec, WanConfig, WanVariant};
 
 // ---------------------------------------------------------------------------------------

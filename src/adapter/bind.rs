@@ -23,8 +23,9 @@ use super::names::{
 use super::{AdapterError, AdapterSet, EntryProblem};
 use crate::io::TensorSet;
 use crate::layout::table::{self, Position, SKIPPED_MARKER, Scope};
-use crate::layout::{Layout, Transform, detect_layout};
+use crate::layout::{Layout, detect_layout};
 use crate::model::fingerprint::{Fingerprint, fingerprint};
+use crate::model::transform::Transform;
 
 /// One base tensor (or one layer of a stacked one) an entry can change.
 #[derive(Clone, Debug, PartialEq, Serialize)]

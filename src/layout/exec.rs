@@ -24,10 +24,10 @@ use super::Layout;
 use super::dtype_policy::{KeepF32, OutputDType, decide_dtypes};
 use super::error::PlanError;
 use super::read::ReadPlan;
-use super::transform::{self, KernelError, SrcTensor, Transform};
 use super::write::WritePlan;
 use crate::io::header_layout::PlannedTensor;
 use crate::io::{DType, SafetensorsFile, TensorView};
+use crate::model::transform::{self, KernelError, SrcTensor, Transform};
 
 /// Where stored tensors come from.
 pub trait TensorSource: Sync {

@@ -25,7 +25,6 @@ pub mod exec;
 pub mod read;
 pub mod restack;
 pub mod table;
-pub mod transform;
 pub mod write;
 
 pub use detect::{LAYOUT_FIELD, detect_layout, layout_from_config, resolve_layout, stamp_config};
@@ -35,7 +34,6 @@ pub use exec::{
     Conversion, ExecError, ExecOptions, ExecReport, MemorySink, TensorSink, TensorSource,
 };
 pub use read::{CanonicalSource, ReadPlan, SkippedKey, StoredTensor, infer_config};
-pub use transform::Transform;
 pub use write::{OutputTensor, Piece, WritePlan};
 
 /// A naming and storage convention for the WAN transformer's parameters.

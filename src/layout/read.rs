@@ -15,8 +15,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use super::Layout;
 use super::error::{PlanError, ShapeMismatch};
 use super::table::{self, Entry, Position, SKIPPED_MARKER};
-use super::transform::Transform;
 use crate::io::{DType, TensorInfo, TensorView};
+use crate::model::transform::Transform;
 use crate::model::wan::{ParamSpec, WanConfig};
 
 /// A tensor of the input as its header describes it.

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::sync::OnceLock;
 
 use super::Layout;
-use super::transform::Transform;
+use crate::model::transform::Transform;
 
 /// Whether a parameter sits outside the blocks or inside every block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

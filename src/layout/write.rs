@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use super::Layout;
 use super::error::PlanError;
 use super::table::{self, Entry};
-use super::transform::Transform;
+use crate::model::transform::Transform;
 use crate::model::wan::ParamSpec;
 
 /// One canonical parameter's contribution to an output tensor.

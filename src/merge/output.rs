@@ -15,9 +15,10 @@ use crate::io::header_layout::PlannedTensor;
 use crate::io::writer::{AuxFile, ComponentOutput, OutputPlan};
 use crate::io::{Checkpoint, Component, DType, Slot};
 use crate::layout::{
-    Conversion, KeepF32, Layout, OutputDType, ReadPlan, StoredTensor, Transform, detect_layout,
+    Conversion, KeepF32, Layout, OutputDType, ReadPlan, StoredTensor, detect_layout,
     resolve_layout, stamp_config,
 };
+use crate::model::transform::Transform;
 use crate::model::wan::WanConfig;
 
 /// The output side of the plan.

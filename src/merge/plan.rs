@@ -20,7 +20,8 @@ use crate::adapter::variant::mismatch_line;
 use crate::adapter::{AdapterSet, BaseIndex, Entry, Kind, view_2d};
 use crate::io::writer::OutputPlan;
 use crate::io::{Checkpoint, Component, DType, Slot, TensorView};
-use crate::layout::{KeepF32, Layout, OutputDType, Transform};
+use crate::layout::{KeepF32, Layout, OutputDType};
+use crate::model::transform::Transform;
 
 /// An adapter bound to one transformer of the base.
 #[derive(Debug)]

@@ -17,8 +17,8 @@ use rayon::prelude::*;
 use super::error::RunError;
 use crate::io::DType;
 use crate::io::checkpoint::{Checkpoint, Component, TensorSet};
-use crate::layout::transform::{SrcTensor, Transform, convert};
 use crate::layout::{Layout, PlanError, ReadPlan, StoredTensor, resolve_layout};
+use crate::model::transform::{SrcTensor, Transform, convert};
 use crate::model::wan::{WanConfig, WanVariant};
 
 /// A WAN transformer's weights in diffusers naming and PyTorch layout, as f32.
