@@ -12,11 +12,12 @@ use wanbake::io::header_layout::{HeaderLayout, PlannedTensor};
 use wanbake::io::{DType, SafetensorsFile, TensorView};
 use wanbake::layout::exec::SinkError;
 use wanbake::layout::{
-    Conversion, ExecOptions, KeepF32, Layout, MemorySink, OutputDType, PlanError, ReadPlan,
-    StoredTensor, TensorSink, TensorSource, WritePlan, detect_layout,
+    Conversion, ExecOptions, KeepF32, MemorySink, OutputDType, PlanError, ReadPlan, StoredTensor,
+    TensorSink, TensorSource, WritePlan, detect_layout,
 };
 use wanbake::model::transform::Transform;
 use wanbake::model::wan::{ParamSpec, WanConfig, WanVariant};
+use wanbake::model::wan_layout::Layout;
 
 // ---------------------------------------------------------------------------------------
 // Fixtures
@@ -1424,7 +1425,8 @@ mod restack_cli {
 
     use wanbake::io::{Checkpoint, DType};
     use wanbake::layout::restack::{RestackOptions, read_output_config, restack};
-    use wanbake::layout::{ExecOptions, Layout, OutputDType};
+    use wanbake::layout::{ExecOptions, OutputDType};
+    use wanbake::model::wan_layout::Layout;
 
     fn golden(rel: &str) -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -12,9 +12,9 @@
 
 use serde_json::{Map, Value};
 
-use super::Layout;
 use super::error::PlanError;
-use super::table::{self, SKIPPED_MARKER};
+use crate::model::wan_layout::Layout;
+use crate::model::wan_names::{self, SKIPPED_MARKER};
 
 /// The config.json field that records a checkpoint's layout.
 pub const LAYOUT_FIELD: &str = "_wanbake_layout";
@@ -29,7 +29,7 @@ pub fn detect_layout<S: AsRef<str>>(names: &[S]) -> Result<Layout, PlanError> {
         .collect();
     let explained = |layout: Layout| {
         keys.iter()
-            .filter(|k| table::parse_stored(layout, k).is_some())
+            .filter(|k| wan_names::parse_stored(layout, k).is_some())
             .count()
     };
     let counts: Vec<(Layout, usize)> = Layout::ALL.iter().map(|&l| (l, explained(l))).collect();
@@ -50,7 +50,7 @@ pub fn detect_layout<S: AsRef<str>>(names: &[S]) -> Result<Layout, PlanError> {
             let closest = (closest.1 > 0).then_some(closest.0);
             let mut unknown: Vec<String> = keys
                 .iter()
-                .filter(|k| closest.is_none_or(|l| table::parse_stored(l, k).is_none()))
+                .filter(|k| closest.is_none_or(|l| wan_names::parse_stored(l, k).is_none()))
                 .map(|k| k.to_string())
                 .collect();
             unknown.sort();

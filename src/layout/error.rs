@@ -7,8 +7,8 @@
 
 use std::fmt::{self, Write as _};
 
-use super::Layout;
 use crate::io::DType;
+use crate::model::wan_layout::Layout;
 
 /// How many keys an error message lists before it counts the rest.
 pub const LISTED_KEYS: usize = 40;

@@ -20,7 +20,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use rayon::prelude::*;
 
-use super::Layout;
 use super::dtype_policy::{KeepF32, OutputDType, decide_dtypes};
 use super::error::PlanError;
 use super::read::ReadPlan;
@@ -28,6 +27,7 @@ use super::write::WritePlan;
 use crate::io::header_layout::PlannedTensor;
 use crate::io::{DType, SafetensorsFile, TensorView};
 use crate::model::transform::{self, KernelError, SrcTensor, Transform};
+use crate::model::wan_layout::Layout;
 
 /// Where stored tensors come from.
 pub trait TensorSource: Sync {

@@ -5,19 +5,19 @@
 //! (diffusers, PyTorch-layout) parameter, the stored tensor it comes from, the layer index
 //! when that tensor is stacked, and the transform back to the PyTorch layout. Also owns
 //! `infer_config`, which recovers the config from shapes when there is no config.json.
-//! Does not own: the name table (`layout::table`) or moving bytes (`layout::exec`).
+//! Does not own: the name table (`model::wan_names`) or moving bytes (`layout::exec`).
 //!
 //! Every input key is accounted for: it maps to canonical parameters, or it is skipped and
 //! reported (`norm_added_q`, which every reference ignores), or the plan fails naming it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use super::Layout;
 use super::error::{PlanError, ShapeMismatch};
-use super::table::{self, Entry, Position, SKIPPED_MARKER};
 use crate::io::{DType, TensorInfo, TensorView};
 use crate::model::transform::Transform;
 use crate::model::wan::{ParamSpec, WanConfig};
+use crate::model::wan_layout::Layout;
+use crate::model::wan_names::{self, Entry, Position, SKIPPED_MARKER};
 
 /// A tensor of the input as its header describes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -128,7 +128,7 @@ impl ReadPlan {
                     shape: t.shape.clone(),
                     reason: SKIP_REASON,
                 });
-            } else if let Some((entry, pos)) = table::parse_stored(layout, &t.name) {
+            } else if let Some((entry, pos)) = wan_names::parse_stored(layout, &t.name) {
                 parsed.push((t, entry, pos));
             } else {
                 unknown.push(t.name.clone());
@@ -393,7 +393,7 @@ fn shape_mismatch(
 
 /// The name a canonical parameter has in `layout` (the stacked name for `nnx-scanned`).
 fn stored_name_for(layout: Layout, canonical: &str) -> String {
-    match table::parse_canonical(canonical) {
+    match wan_names::parse_canonical(canonical) {
         Some((e, block)) => e.stored_name(layout, block.unwrap_or(0)).0,
         None => canonical.to_string(),
     }

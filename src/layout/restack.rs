@@ -15,7 +15,6 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
-use super::Layout;
 use super::detect::{resolve_layout, stamp_config};
 use super::dtype_policy::{KeepF32, OutputDType};
 use super::error::PlanError;
@@ -26,6 +25,7 @@ use crate::io::staging::{Allocation, Replace, Staging};
 use crate::io::writer::{AuxFile, ComponentOutput, OutputPlan};
 use crate::io::{ReadError, TensorView};
 use crate::model::wan::WanConfig;
+use crate::model::wan_layout::Layout;
 use crate::release::{Release, ReleaseError, ReleaseRequest, write_release};
 
 /// What to convert to and how.

@@ -10,11 +10,11 @@
 
 use std::collections::BTreeMap;
 
-use super::Layout;
 use super::error::PlanError;
-use super::table::{self, Entry};
 use crate::model::transform::Transform;
 use crate::model::wan::ParamSpec;
+use crate::model::wan_layout::Layout;
+use crate::model::wan_names::{self, Entry};
 
 /// One canonical parameter's contribution to an output tensor.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -63,7 +63,7 @@ impl WritePlan {
         let mut unknown = Vec::new();
         let mut resolved = Vec::with_capacity(params.len());
         for p in params {
-            match table::parse_canonical(&p.name) {
+            match wan_names::parse_canonical(&p.name) {
                 Some((e, block)) => resolved.push((p, e, block)),
                 None => unknown.push(p.name.clone()),
             }

@@ -15,11 +15,12 @@ use crate::io::header_layout::PlannedTensor;
 use crate::io::writer::{AuxFile, ComponentOutput, OutputPlan};
 use crate::io::{Checkpoint, Component, DType, Slot};
 use crate::layout::{
-    Conversion, KeepF32, Layout, OutputDType, ReadPlan, StoredTensor, detect_layout,
-    resolve_layout, stamp_config,
+    Conversion, KeepF32, OutputDType, ReadPlan, StoredTensor, detect_layout, resolve_layout,
+    stamp_config,
 };
 use crate::model::transform::Transform;
 use crate::model::wan::WanConfig;
+use crate::model::wan_layout::Layout;
 
 /// The output side of the plan.
 pub struct OutputSide {
@@ -103,7 +104,7 @@ fn default_policy(comp: &Component, to: Option<Layout>) -> KeepF32 {
 /// The canonical (diffusers) name of a stored WAN tensor, for the keep-f32 rules; the name
 /// itself for other bases.
 fn canonical_name(layout: Option<Layout>, name: &str) -> String {
-    use crate::layout::table::{Position, parse_stored};
+    use crate::model::wan_names::{Position, parse_stored};
     match layout.and_then(|l| parse_stored(l, name)) {
         Some((e, Position::Block(b))) => format!("blocks.{b}.{}", e.diffusers),
         Some((e, _)) => e.diffusers.to_string(),
@@ -138,7 +139,7 @@ fn output_dtype(
 /// A stacked (`nnx-scanned`) tensor gets one job per layer, so adapters can change single
 /// layers of it.
 fn same_layout(ci: usize, comp: &Component, dtype: OutputDType, policy: &KeepF32) -> ComponentJobs {
-    use crate::layout::table::{Position, parse_stored};
+    use crate::model::wan_names::{Position, parse_stored};
     let layout = wan_layout(comp);
     let mut tensors = Vec::new();
     let mut jobs = Vec::new();

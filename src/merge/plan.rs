@@ -20,8 +20,9 @@ use crate::adapter::variant::mismatch_line;
 use crate::adapter::{AdapterSet, BaseIndex, Entry, Kind, view_2d};
 use crate::io::writer::OutputPlan;
 use crate::io::{Checkpoint, Component, DType, Slot, TensorView};
-use crate::layout::{KeepF32, Layout, OutputDType};
+use crate::layout::{KeepF32, OutputDType};
 use crate::model::transform::Transform;
+use crate::model::wan_layout::Layout;
 
 /// An adapter bound to one transformer of the base.
 #[derive(Debug)]

@@ -295,7 +295,8 @@ mod tests {
 
     #[test]
     fn every_layout_of_a_released_config_is_recognised() {
-        use crate::layout::{Layout, WritePlan};
+        use crate::layout::WritePlan;
+        use crate::model::wan_layout::Layout;
         for layout in [Layout::Wan, Layout::Nnx, Layout::NnxScanned] {
             for v in [WanVariant::T2V1_3B, WanVariant::I2V14B, WanVariant::TI2V5B] {
                 let plan = WritePlan::new(layout, &v.config().diffusers_params()).unwrap();

@@ -18,8 +18,9 @@ use crate::io::checkpoint::{Checkpoint, TensorSet};
 use crate::io::gguf::{GgufFile, single_gguf_in, torch_shape};
 use crate::io::quant::fp8;
 use crate::io::{DType, ReadError};
-use crate::layout::{Layout, ReadPlan, StoredTensor};
+use crate::layout::{ReadPlan, StoredTensor};
 use crate::model::wan::{WanConfig, WanVariant};
+use crate::model::wan_layout::Layout;
 
 enum Source {
     Gguf {

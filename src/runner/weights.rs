@@ -17,9 +17,10 @@ use rayon::prelude::*;
 use super::error::RunError;
 use crate::io::DType;
 use crate::io::checkpoint::{Checkpoint, Component, TensorSet};
-use crate::layout::{Layout, PlanError, ReadPlan, StoredTensor, resolve_layout};
+use crate::layout::{PlanError, ReadPlan, StoredTensor, resolve_layout};
 use crate::model::transform::{SrcTensor, Transform, convert};
 use crate::model::wan::{WanConfig, WanVariant};
+use crate::model::wan_layout::Layout;
 
 /// A WAN transformer's weights in diffusers naming and PyTorch layout, as f32.
 ///
@@ -42,8 +43,8 @@ pub fn is_ignored_on_load(name: &str) -> bool {
     name.split('.').any(|t| t == "norm_added_q")
 }
 
-/// A WAN transformer checkpoint in any layout (`layout::Layout`: diffusers, original Wan /
-/// ComfyUI, NNX, NNX-scanned), one file or the shards of an index, read through a
+/// A WAN transformer checkpoint in any layout (`model::wan_layout::Layout`: diffusers,
+/// original Wan / ComfyUI, NNX, NNX-scanned), one file or the shards of an index, read through a
 /// `layout::ReadPlan`: every stored key is accounted for, every shape checked against the
 /// config, and each canonical parameter is widened to f32 and transformed back to the
 /// PyTorch layout (a layer sliced out of a stacked tensor) when a layer asks for it.

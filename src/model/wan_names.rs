@@ -13,8 +13,8 @@
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
-use super::Layout;
-use crate::model::transform::Transform;
+use super::transform::Transform;
+use super::wan_layout::Layout;
 
 /// Whether a parameter sits outside the blocks or inside every block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
