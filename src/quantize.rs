@@ -109,7 +109,7 @@ pub fn plan(
     source: &[(String, DType, Vec<usize>)],
 ) -> anyhow::Result<QuantPlan> {
     let names: Vec<&str> = source.iter().map(|(n, _, _)| n.as_str()).collect();
-    let layout = crate::layout::detect::detect_layout(&names)?;
+    let layout = crate::model::wan_layout::detect_layout(&names)?;
     if !matches!(layout, Layout::Diffusers | Layout::Wan) {
         anyhow::bail!(
             "--to {}: the input is in the {layout} layout; quantized outputs read the diffusers or \

@@ -12,12 +12,14 @@ use wanbake::io::header_layout::{HeaderLayout, PlannedTensor};
 use wanbake::io::{DType, SafetensorsFile, TensorView};
 use wanbake::layout::exec::SinkError;
 use wanbake::layout::{
-    Conversion, ExecOptions, KeepF32, MemorySink, OutputDType, PlanError, ReadPlan, StoredTensor,
-    TensorSink, TensorSource, WritePlan, detect_layout,
+    Conversion, ExecOptions, KeepF32, MemorySink, OutputDType, TensorSink, TensorSource, WritePlan,
 };
+use wanbake::model::plan_error::PlanError;
+use wanbake::model::read_plan::{ReadPlan, StoredTensor};
 use wanbake::model::transform::Transform;
 use wanbake::model::wan::{ParamSpec, WanConfig, WanVariant};
 use wanbake::model::wan_layout::Layout;
+use wanbake::model::wan_layout::detect_layout;
 
 // ---------------------------------------------------------------------------------------
 // Fixtures

@@ -22,10 +22,10 @@ use super::names::{
 };
 use super::{AdapterError, AdapterSet, EntryProblem};
 use crate::io::TensorSet;
-use crate::layout::detect_layout;
 use crate::model::fingerprint::{Fingerprint, fingerprint};
 use crate::model::transform::Transform;
 use crate::model::wan_layout::Layout;
+use crate::model::wan_layout::detect_layout;
 use crate::model::wan_names::{self, Position, SKIPPED_MARKER, Scope};
 
 /// One base tensor (or one layer of a stacked one) an entry can change.

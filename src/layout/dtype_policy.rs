@@ -25,10 +25,10 @@
 use std::fmt;
 use std::str::FromStr;
 
-use super::error::PlanError;
-use super::read::ReadPlan;
 use super::write::WritePlan;
 use crate::io::DType;
+use crate::model::plan_error::PlanError;
+use crate::model::read_plan::ReadPlan;
 use crate::model::wan_layout::Layout;
 use crate::model::wan_names::{self, Scope};
 

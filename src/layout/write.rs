@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use super::error::PlanError;
+use crate::model::plan_error::PlanError;
 use crate::model::transform::Transform;
 use crate::model::wan::ParamSpec;
 use crate::model::wan_layout::Layout;
@@ -187,4 +187,41 @@ fn stack(
         shape,
         pieces,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::model::fingerprint::{ShapeSource, fingerprint};
+    use crate::model::wan::WanVariant;
+
+    struct Shapes(BTreeMap<String, Vec<usize>>);
+    impl ShapeSource for Shapes {
+        fn shape(&self, n: &str) -> Option<Vec<usize>> {
+            self.0.get(n).cloned()
+        }
+        fn names(&self) -> Vec<String> {
+            self.0.keys().cloned().collect()
+        }
+    }
+
+    #[test]
+    fn every_layout_of_a_released_config_is_recognised() {
+        for layout in [Layout::Wan, Layout::Nnx, Layout::NnxScanned] {
+            for v in [WanVariant::T2V1_3B, WanVariant::I2V14B, WanVariant::TI2V5B] {
+                let plan = WritePlan::new(layout, &v.config().diffusers_params()).unwrap();
+                let s = Shapes(
+                    plan.tensors
+                        .into_iter()
+                        .map(|t| (t.name, t.shape))
+                        .collect(),
+                );
+                let f = fingerprint(&s);
+                assert_eq!(f.variant.as_deref(), Some(v.id()), "{layout:?}: {f:?}");
+                assert_eq!(f.naming.as_deref(), Some(layout.as_str()));
+            }
+        }
+    }
 }

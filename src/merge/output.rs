@@ -14,13 +14,12 @@ use super::plan::{Job, MergeOptions};
 use crate::io::header_layout::PlannedTensor;
 use crate::io::writer::{AuxFile, ComponentOutput, OutputPlan};
 use crate::io::{Checkpoint, Component, DType, Slot};
-use crate::layout::{
-    Conversion, KeepF32, OutputDType, ReadPlan, StoredTensor, detect_layout, resolve_layout,
-    stamp_config,
-};
+use crate::layout::{Conversion, KeepF32, OutputDType};
+use crate::model::read_plan::{ReadPlan, StoredTensor};
 use crate::model::transform::Transform;
 use crate::model::wan::WanConfig;
 use crate::model::wan_layout::Layout;
+use crate::model::wan_layout::{detect_layout, resolve_layout, stamp_config};
 
 /// The output side of the plan.
 pub struct OutputSide {

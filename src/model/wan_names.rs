@@ -5,7 +5,7 @@
 //! MaxDiffusion NNX path (spec wan.md §4.2, after the renames of §4.3) and the transform
 //! from the PyTorch layout to the NNX layout; and the codecs that turn a (row, block) into
 //! a stored tensor name of a layout and back. Does not own: shapes (`model::wan`), plans
-//! (`layout::read`, `layout::write`).
+//! (`model::read_plan`, `layout::write`).
 //!
 //! The table is the final 1:1 mapping, not a re-implementation of the `str.replace` chains
 //! of the converters (spec wan.md §1.4 says to use the final table).

@@ -1,14 +1,16 @@
 //! Why a layout conversion could not be planned.
 //!
-//! Owns: `PlanError`, the one error type of reading, writing, detection and dtype planning.
-//! Every variant carries the keys it concerns and, for shapes, expected versus found; the
+//! Owns: `PlanError`, the one error type of reading (`model::read_plan`), layout detection
+//! (`model::wan_layout`), writing and dtype planning (`layout::write`,
+//! `layout::dtype_policy`, `layout::exec`); it lives in `model` because imports go one way
+//! and the lowest of its users is here. Every variant carries the keys it concerns and, for shapes, expected versus found; the
 //! file name is attached by the caller that knows it (`io` or the CLI). Long key lists are
 //! shown in full up to a limit, then counted.
 
 use std::fmt::{self, Write as _};
 
+use super::wan_layout::Layout;
 use crate::io::DType;
-use crate::model::wan_layout::Layout;
 
 /// How many keys an error message lists before it counts the rest.
 pub const LISTED_KEYS: usize = 40;

@@ -12,12 +12,12 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use super::error::{PlanError, ShapeMismatch};
+use super::plan_error::{PlanError, ShapeMismatch};
+use super::transform::Transform;
+use super::wan::{ParamSpec, WanConfig};
+use super::wan_layout::Layout;
+use super::wan_names::{self, Entry, Position, SKIPPED_MARKER};
 use crate::io::{DType, TensorInfo, TensorView};
-use crate::model::transform::Transform;
-use crate::model::wan::{ParamSpec, WanConfig};
-use crate::model::wan_layout::Layout;
-use crate::model::wan_names::{self, Entry, Position, SKIPPED_MARKER};
 
 /// A tensor of the input as its header describes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
