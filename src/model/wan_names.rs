@@ -1,10 +1,13 @@
 //! The one name table of the WAN transformer across its four layouts.
 //!
-//! Owns: `ENTRIES`, one row per parameter kind (a top-level parameter, or a parameter every
+//! Owns: `entries`, one row per parameter kind (a top-level parameter, or a parameter every
 //! block has), giving its diffusers name, its original Wan-AI name (spec wan.md §1.4), its
-//! MaxDiffusion NNX path (spec wan.md §4.2, after the renames of §4.3) and the transform
-//! from the PyTorch layout to the NNX layout; and the codecs that turn a (row, block) into
-//! a stored tensor name of a layout and back. Does not own: shapes (`model::wan`), plans
+//! MaxDiffusion NNX path (spec wan.md §4.2, after the renames of §4.3), the transform from
+//! the PyTorch layout to the NNX layout, its PyTorch shape in config symbols (`Dim`, spec
+//! wan.md §1.2) and the part of the model it belongs to (`Part`: every config has the
+//! core, the rest only when the config says so); and the codecs that turn a (row, block)
+//! into a stored tensor name of a layout and back. Does not own: the sizes a config gives
+//! the symbols and the parameter list it implies (`model::wan`), plans
 //! (`model::read_plan`, `layout::write`).
 //!
 //! The table is the final 1:1 mapping, not a re-implementation of the `str.replace` chains
@@ -25,6 +28,60 @@ pub enum Scope {
     Block,
 }
 
+/// One axis of a parameter's PyTorch-layout shape, named after the config symbol that
+/// sizes it (spec wan.md §1.2); `WanConfig::dim` gives its size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Dim {
+    /// 1.
+    One,
+    /// 2.
+    Two,
+    /// 6.
+    Six,
+    /// D = H · Dh.
+    Inner,
+    /// 6 · D.
+    SixInner,
+    /// C_in.
+    InChannels,
+    /// pt.
+    PatchT,
+    /// ph.
+    PatchH,
+    /// pw.
+    PatchW,
+    /// Fq, the sinusoidal timestep width.
+    Freq,
+    /// T, the text encoder width.
+    Text,
+    /// F, the feed-forward width.
+    Ffn,
+    /// I, the CLIP image width.
+    Image,
+    /// A, the added k/v input width.
+    AddedKv,
+    /// P, the first-last-frame position embedding length.
+    PosEmbed,
+    /// C_out · pt · ph · pw.
+    OutPatch,
+}
+
+/// The part of the model a parameter belongs to, which decides whether a config has it
+/// (`WanConfig::has`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Part {
+    /// Every WAN transformer.
+    Core,
+    /// The CLIP image embedder (`image_dim`, Wan 2.1 I2V/FLF2V).
+    ImageEmbedder,
+    /// The first-last-frame position embedding (`pos_embed_seq_len`, FLF2V).
+    PosEmbed,
+    /// The image cross-attention (`added_kv_proj_dim`, Wan 2.1 I2V/FLF2V).
+    ImageCrossAttn,
+    /// The affine norm before cross-attention (`cross_attn_norm`).
+    CrossAttnNorm,
+}
+
 /// One parameter kind in every layout. Block names are relative to `blocks.N.`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Entry {
@@ -38,65 +95,76 @@ pub struct Entry {
     pub nnx: &'static str,
     /// PyTorch layout → NNX layout.
     pub to_nnx: Transform,
+    /// PyTorch-layout shape, one symbol per axis.
+    pub shape: &'static [Dim],
+    /// The part of the model it belongs to.
+    pub part: Part,
 }
 
 macro_rules! row {
-    ($scope:ident, $d:expr, $w:expr, $n:expr, $t:ident) => {
+    ($scope:ident, $d:expr, $w:expr, $n:expr, $t:ident, [$($dim:ident),+]) => {
         Entry {
             scope: Scope::$scope,
             diffusers: $d,
             wan: $w,
             nnx: $n,
             to_nnx: Transform::$t,
+            shape: &[$(Dim::$dim),+],
+            part: Part::Core,
         }
     };
 }
 
-/// A Linear layer: `.weight` (transposed for NNX, renamed `kernel`) and `.bias`.
+/// A Linear layer of shape (out, in): `.weight` (transposed for NNX, renamed `kernel`) and
+/// `.bias` (out).
 macro_rules! linear {
-    ($scope:ident, $d:literal, $w:literal, $n:literal) => {
+    ($scope:ident, $d:literal, $w:literal, $n:literal, $out:ident, $in:ident) => {
         [
             row!(
                 $scope,
                 concat!($d, ".weight"),
                 concat!($w, ".weight"),
                 concat!($n, ".kernel"),
-                Transpose
+                Transpose,
+                [$out, $in]
             ),
             row!(
                 $scope,
                 concat!($d, ".bias"),
                 concat!($w, ".bias"),
                 concat!($n, ".bias"),
-                Identity
+                Identity,
+                [$out]
             ),
         ]
     };
 }
 
-/// An affine norm: `.weight` → NNX `.scale`, and `.bias`.
+/// An affine norm over `dim`: `.weight` → NNX `.scale`, and `.bias`.
 macro_rules! affine_norm {
-    ($scope:ident, $d:literal, $w:literal, $n:literal) => {
+    ($scope:ident, $d:literal, $w:literal, $n:literal, $dim:ident) => {
         [
             row!(
                 $scope,
                 concat!($d, ".weight"),
                 concat!($w, ".weight"),
                 concat!($n, ".scale"),
-                Identity
+                Identity,
+                [$dim]
             ),
             row!(
                 $scope,
                 concat!($d, ".bias"),
                 concat!($w, ".bias"),
                 concat!($n, ".bias"),
-                Identity
+                Identity,
+                [$dim]
             ),
         ]
     };
 }
 
-/// An RMSNorm: `.weight` → NNX `.scale`.
+/// An RMSNorm over D: `.weight` → NNX `.scale`.
 macro_rules! rms_norm {
     ($scope:ident, $d:literal, $w:literal, $n:literal) => {
         [row!(
@@ -104,9 +172,15 @@ macro_rules! rms_norm {
             concat!($d, ".weight"),
             concat!($w, ".weight"),
             concat!($n, ".scale"),
-            Identity
+            Identity,
+            [Inner]
         )]
     };
+}
+
+/// `rows`, marked as belonging to `part`.
+fn only_in<const N: usize>(part: Part, rows: [Entry; N]) -> [Entry; N] {
+    rows.map(|e| Entry { part, ..e })
 }
 
 fn build_entries() -> Vec<Entry> {
@@ -117,100 +191,166 @@ fn build_entries() -> Vec<Entry> {
         "patch_embedding.weight",
         "patch_embedding.weight",
         "patch_embedding.kernel",
-        OidhwToDhwio
+        OidhwToDhwio,
+        [Inner, InChannels, PatchT, PatchH, PatchW]
     ));
     e.push(row!(
         Top,
         "patch_embedding.bias",
         "patch_embedding.bias",
         "patch_embedding.bias",
-        Identity
+        Identity,
+        [Inner]
     ));
     e.extend(linear!(
         Top,
         "condition_embedder.time_embedder.linear_1",
         "time_embedding.0",
-        "condition_embedder.time_embedder.linear_1"
+        "condition_embedder.time_embedder.linear_1",
+        Inner,
+        Freq
     ));
     e.extend(linear!(
         Top,
         "condition_embedder.time_embedder.linear_2",
         "time_embedding.2",
-        "condition_embedder.time_embedder.linear_2"
+        "condition_embedder.time_embedder.linear_2",
+        Inner,
+        Inner
     ));
     e.extend(linear!(
         Top,
         "condition_embedder.time_proj",
         "time_projection.1",
-        "condition_embedder.time_proj"
+        "condition_embedder.time_proj",
+        SixInner,
+        Inner
     ));
     e.extend(linear!(
         Top,
         "condition_embedder.text_embedder.linear_1",
         "text_embedding.0",
-        "condition_embedder.text_embedder.linear_1"
+        "condition_embedder.text_embedder.linear_1",
+        Inner,
+        Text
     ));
     e.extend(linear!(
         Top,
         "condition_embedder.text_embedder.linear_2",
         "text_embedding.2",
-        "condition_embedder.text_embedder.linear_2"
+        "condition_embedder.text_embedder.linear_2",
+        Inner,
+        Inner
     ));
-    e.extend(affine_norm!(
-        Top,
-        "condition_embedder.image_embedder.norm1",
-        "img_emb.proj.0",
-        "condition_embedder.image_embedder.norm1.layer_norm"
+    e.extend(only_in(
+        Part::ImageEmbedder,
+        affine_norm!(
+            Top,
+            "condition_embedder.image_embedder.norm1",
+            "img_emb.proj.0",
+            "condition_embedder.image_embedder.norm1.layer_norm",
+            Image
+        ),
     ));
-    e.extend(linear!(
-        Top,
-        "condition_embedder.image_embedder.ff.net.0.proj",
-        "img_emb.proj.1",
-        "condition_embedder.image_embedder.ff.net_0"
+    e.extend(only_in(
+        Part::ImageEmbedder,
+        linear!(
+            Top,
+            "condition_embedder.image_embedder.ff.net.0.proj",
+            "img_emb.proj.1",
+            "condition_embedder.image_embedder.ff.net_0",
+            Image,
+            Image
+        ),
     ));
-    e.extend(linear!(
-        Top,
-        "condition_embedder.image_embedder.ff.net.2",
-        "img_emb.proj.3",
-        "condition_embedder.image_embedder.ff.net_2"
+    e.extend(only_in(
+        Part::ImageEmbedder,
+        linear!(
+            Top,
+            "condition_embedder.image_embedder.ff.net.2",
+            "img_emb.proj.3",
+            "condition_embedder.image_embedder.ff.net_2",
+            Inner,
+            Image
+        ),
     ));
-    e.extend(affine_norm!(
-        Top,
-        "condition_embedder.image_embedder.norm2",
-        "img_emb.proj.4",
-        "condition_embedder.image_embedder.norm2.layer_norm"
+    e.extend(only_in(
+        Part::ImageEmbedder,
+        affine_norm!(
+            Top,
+            "condition_embedder.image_embedder.norm2",
+            "img_emb.proj.4",
+            "condition_embedder.image_embedder.norm2.layer_norm",
+            Inner
+        ),
     ));
-    e.push(row!(
-        Top,
-        "condition_embedder.image_embedder.pos_embed",
-        "img_emb.emb_pos",
-        "condition_embedder.image_embedder.pos_embed",
-        Identity
+    e.extend(only_in(
+        Part::PosEmbed,
+        [row!(
+            Top,
+            "condition_embedder.image_embedder.pos_embed",
+            "img_emb.emb_pos",
+            "condition_embedder.image_embedder.pos_embed",
+            Identity,
+            [One, PosEmbed, Image]
+        )],
     ));
     e.push(row!(
         Top,
         "scale_shift_table",
         "head.modulation",
         "scale_shift_table",
-        Identity
+        Identity,
+        [One, Two, Inner]
     ));
-    e.extend(linear!(Top, "proj_out", "head.head", "proj_out"));
+    e.extend(linear!(
+        Top,
+        "proj_out",
+        "head.head",
+        "proj_out",
+        OutPatch,
+        Inner
+    ));
     // Per block. Note the norm2/norm3 swap between diffusers and the original.
     e.push(row!(
         Block,
         "scale_shift_table",
         "modulation",
         "adaln_scale_shift_table",
-        Identity
+        Identity,
+        [One, Six, Inner]
     ));
-    e.extend(linear!(Block, "attn1.to_q", "self_attn.q", "attn1.query"));
-    e.extend(linear!(Block, "attn1.to_k", "self_attn.k", "attn1.key"));
-    e.extend(linear!(Block, "attn1.to_v", "self_attn.v", "attn1.value"));
+    e.extend(linear!(
+        Block,
+        "attn1.to_q",
+        "self_attn.q",
+        "attn1.query",
+        Inner,
+        Inner
+    ));
+    e.extend(linear!(
+        Block,
+        "attn1.to_k",
+        "self_attn.k",
+        "attn1.key",
+        Inner,
+        Inner
+    ));
+    e.extend(linear!(
+        Block,
+        "attn1.to_v",
+        "self_attn.v",
+        "attn1.value",
+        Inner,
+        Inner
+    ));
     e.extend(linear!(
         Block,
         "attn1.to_out.0",
         "self_attn.o",
-        "attn1.proj_attn"
+        "attn1.proj_attn",
+        Inner,
+        Inner
     ));
     e.extend(rms_norm!(
         Block,
@@ -224,14 +364,37 @@ fn build_entries() -> Vec<Entry> {
         "self_attn.norm_k",
         "attn1.norm_k"
     ));
-    e.extend(linear!(Block, "attn2.to_q", "cross_attn.q", "attn2.query"));
-    e.extend(linear!(Block, "attn2.to_k", "cross_attn.k", "attn2.key"));
-    e.extend(linear!(Block, "attn2.to_v", "cross_attn.v", "attn2.value"));
+    e.extend(linear!(
+        Block,
+        "attn2.to_q",
+        "cross_attn.q",
+        "attn2.query",
+        Inner,
+        Inner
+    ));
+    e.extend(linear!(
+        Block,
+        "attn2.to_k",
+        "cross_attn.k",
+        "attn2.key",
+        Inner,
+        Inner
+    ));
+    e.extend(linear!(
+        Block,
+        "attn2.to_v",
+        "cross_attn.v",
+        "attn2.value",
+        Inner,
+        Inner
+    ));
     e.extend(linear!(
         Block,
         "attn2.to_out.0",
         "cross_attn.o",
-        "attn2.proj_attn"
+        "attn2.proj_attn",
+        Inner,
+        Inner
     ));
     e.extend(rms_norm!(
         Block,
@@ -245,27 +408,57 @@ fn build_entries() -> Vec<Entry> {
         "cross_attn.norm_k",
         "attn2.norm_k"
     ));
-    e.extend(linear!(
-        Block,
-        "attn2.add_k_proj",
-        "cross_attn.k_img",
-        "attn2.add_k_proj"
+    e.extend(only_in(
+        Part::ImageCrossAttn,
+        linear!(
+            Block,
+            "attn2.add_k_proj",
+            "cross_attn.k_img",
+            "attn2.add_k_proj",
+            Inner,
+            AddedKv
+        ),
+    ));
+    e.extend(only_in(
+        Part::ImageCrossAttn,
+        linear!(
+            Block,
+            "attn2.add_v_proj",
+            "cross_attn.v_img",
+            "attn2.add_v_proj",
+            Inner,
+            AddedKv
+        ),
+    ));
+    e.extend(only_in(
+        Part::ImageCrossAttn,
+        rms_norm!(
+            Block,
+            "attn2.norm_added_k",
+            "cross_attn.norm_k_img",
+            "attn2.norm_added_k"
+        ),
+    ));
+    e.extend(only_in(
+        Part::CrossAttnNorm,
+        affine_norm!(Block, "norm2", "norm3", "norm2.layer_norm", Inner),
     ));
     e.extend(linear!(
         Block,
-        "attn2.add_v_proj",
-        "cross_attn.v_img",
-        "attn2.add_v_proj"
+        "ffn.net.0.proj",
+        "ffn.0",
+        "ffn.act_fn.proj",
+        Ffn,
+        Inner
     ));
-    e.extend(rms_norm!(
+    e.extend(linear!(
         Block,
-        "attn2.norm_added_k",
-        "cross_attn.norm_k_img",
-        "attn2.norm_added_k"
+        "ffn.net.2",
+        "ffn.2",
+        "ffn.proj_out",
+        Inner,
+        Ffn
     ));
-    e.extend(affine_norm!(Block, "norm2", "norm3", "norm2.layer_norm"));
-    e.extend(linear!(Block, "ffn.net.0.proj", "ffn.0", "ffn.act_fn.proj"));
-    e.extend(linear!(Block, "ffn.net.2", "ffn.2", "ffn.proj_out"));
     e
 }
 
@@ -297,6 +490,12 @@ pub const WAN_PREFIXES: [&str; 2] = ["model.diffusion_model.", "diffusion_model.
 pub const SKIPPED_MARKER: &str = "norm_added_q";
 
 impl Entry {
+    /// True for the output head (original names `head.*`: the final modulation and
+    /// projection), which the diffusers parameter order puts after the blocks.
+    pub fn is_head(&self) -> bool {
+        self.scope == Scope::Top && self.wan.starts_with("head.")
+    }
+
     /// This entry's local name in `layout`.
     pub fn local(&self, layout: Layout) -> &'static str {
         match layout {
