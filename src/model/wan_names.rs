@@ -575,6 +575,20 @@ fn parse_index(s: &str) -> Option<usize> {
     if canonical { s.parse().ok() } else { None }
 }
 
+/// The first row, in table order, whose shape has `dim`, and the axis it is on: where a
+/// config's size for `dim` can be read back from shapes.
+pub fn first_axis_of(dim: Dim) -> Option<(&'static Entry, usize)> {
+    entries()
+        .iter()
+        .find_map(|e| Some((e, e.shape.iter().position(|&d| d == dim)?)))
+}
+
+/// The first row, in table order, of `part`: the parameter whose presence says a
+/// checkpoint has that part.
+pub fn first_of(part: Part) -> Option<&'static Entry> {
+    entries().iter().find(|e| e.part == part)
+}
+
 /// Splits a canonical (diffusers) parameter name into its row and block index.
 pub fn parse_canonical(name: &str) -> Option<(&'static Entry, Option<usize>)> {
     match parse_stored(Layout::Diffusers, name)? {

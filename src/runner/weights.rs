@@ -21,8 +21,8 @@ use crate::model::plan_error::PlanError;
 use crate::model::read_plan::{ReadPlan, StoredTensor};
 use crate::model::transform::{SrcTensor, Transform, convert};
 use crate::model::wan::{WanConfig, WanVariant};
-use crate::model::wan_layout::Layout;
-use crate::model::wan_layout::resolve_layout;
+use crate::model::wan_layout::{Layout, resolve_layout};
+use crate::model::wan_names::SKIPPED_MARKER;
 
 /// A WAN transformer's weights in diffusers naming and PyTorch layout, as f32.
 ///
@@ -42,7 +42,7 @@ pub trait WeightSource: Sync {
 /// Parameters a diffusers checkpoint may carry that diffusers ignores on load
 /// (`_keys_to_ignore_on_load_unexpected = ["norm_added_q"]`).
 pub fn is_ignored_on_load(name: &str) -> bool {
-    name.split('.').any(|t| t == "norm_added_q")
+    name.split('.').any(|t| t == SKIPPED_MARKER)
 }
 
 /// A WAN transformer checkpoint in any layout (`model::wan_layout::Layout`: diffusers,
