@@ -276,7 +276,7 @@ fn build_wan_modules() -> Vec<WanModule> {
     out
 }
 
-/// Every WAN module kind (derived once from the layout name table).
+/// Every WAN module kind (derived once from the name table, `model::wan_names`).
 pub fn wan_modules() -> &'static [WanModule] {
     static M: OnceLock<Vec<WanModule>> = OnceLock::new();
     M.get_or_init(build_wan_modules)

@@ -210,7 +210,7 @@ impl Exec<'_> {
     }
 
     /// Writes `transform(src)` converted to the job's dtype, band by band, through the
-    /// layout module's fused kernel (raw byte moves when the dtypes are equal).
+    /// fused kernel of `model::transform` (raw byte moves when the dtypes are equal).
     fn convert_bands(
         &self,
         job: &Job,

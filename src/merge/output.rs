@@ -2,10 +2,11 @@
 //! that fills it.
 //!
 //! Owns: `plan_output` (per base component: the same names and layouts as the base, or
-//! another WAN layout through the layout module's read and write plans; the keep-f32
-//! policy and its defaults; config.json with the layout stamped; sharding like the base or
-//! as asked). Does not own: which tensors change (`merge::plan`), the layouts, name tables
-//! and keep-f32 rules themselves (`layout`), laying out files (`io::writer`).
+//! another WAN layout through the read plan (`model::read_plan`) and the layout module's
+//! write plans; the keep-f32 policy and its defaults; config.json with the layout stamped;
+//! sharding like the base or as asked). Does not own: which tensors change (`merge::plan`),
+//! the layouts and name tables themselves (`model`), the keep-f32 rules (`layout`), laying
+//! out files (`io::writer`).
 
 use std::path::PathBuf;
 
@@ -184,7 +185,7 @@ fn same_layout(ci: usize, comp: &Component, dtype: OutputDType, policy: &KeepF32
     }
 }
 
-/// Written in another WAN layout through the layout module's read and write plans.
+/// Written in another WAN layout through the read plan and the layout module's write plans.
 fn converted(
     ci: usize,
     comp: &Component,

@@ -7,7 +7,7 @@
 //! or merge), and the checks: unmatched keys, nothing bound, missing parameters, shapes
 //! (with the base variant the adapter seems made for), ranks, non-finite adapter values.
 //! Does not own: binding names (`adapter`), the formulas (`merge::math`), running the jobs
-//! (`merge::exec`), layouts and keep-f32 rules (`layout`).
+//! (`merge::exec`), layouts (`model`) and keep-f32 rules (`layout`).
 
 use std::collections::BTreeMap;
 
