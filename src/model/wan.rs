@@ -329,6 +329,20 @@ mod tests {
     }
 
     #[test]
+    fn variant_only_fragments_match_exactly_their_rows_of_the_name_table() {
+        for e in entries() {
+            let want = match e.part {
+                Part::Core | Part::CrossAttnNorm => None,
+                p => Some(p),
+            };
+            for name in [e.diffusers, e.wan, e.nnx] {
+                let found = VariantOnlyPart::of(name).map(|p| p.rows);
+                assert_eq!(found, want, "{name}");
+            }
+        }
+    }
+
+    #[test]
     fn config_json_with_extra_fields_parses() {
         let cfg = WanConfig::from_json(
             r#"{"_class_name":"WanTransformer3DModel","num_attention_heads":12,"ffn_dim":8960,"num_layers":30,"image_dim":null}"#,
@@ -342,9 +356,12 @@ mod tests {
 /// of its parameter names in every naming (diffusers, original Wan / ComfyUI, NNX) and the
 /// variants that have it (spec/wan.md: `image_dim`, `pos_embed_seq_len`; the Wan 2.2
 /// checkpoints have no image branch). Used to explain, in model terms, why an adapter's
-/// modules bind to nothing in a base.
+/// modules bind to nothing in a base. The fragments are spelling-agnostic substrings (they
+/// must also match kohya's underscored names); a test checks them against the rows of the
+/// name table that belong to each part, so they cannot drift from it.
 pub const VARIANT_ONLY_PARTS: &[VariantOnlyPart] = &[
     VariantOnlyPart {
+        rows: Part::ImageCrossAttn,
         fragments: &[
             "add_k_proj",
             "add_v_proj",
@@ -357,11 +374,13 @@ pub const VARIANT_ONLY_PARTS: &[VariantOnlyPart] = &[
         models: "a Wan 2.1 I2V/FLF2V model",
     },
     VariantOnlyPart {
+        rows: Part::PosEmbed,
         fragments: &["pos_embed", "emb_pos"],
         part: "the first-last-frame position embedding",
         models: "a Wan 2.1 FLF2V model",
     },
     VariantOnlyPart {
+        rows: Part::ImageEmbedder,
         fragments: &["image_embedder", "img_emb"],
         part: "the image embedder (CLIP projection)",
         models: "a Wan 2.1 I2V/FLF2V model",
@@ -371,6 +390,8 @@ pub const VARIANT_ONLY_PARTS: &[VariantOnlyPart] = &[
 /// A part of the transformer that only some variants have (see [`VARIANT_ONLY_PARTS`]).
 #[derive(Debug)]
 pub struct VariantOnlyPart {
+    /// The name table's rows of this part.
+    pub rows: Part,
     /// Fragments of its parameter names, in any naming.
     pub fragments: &'static [&'static str],
     /// What it is, in model terms.
