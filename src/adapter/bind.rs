@@ -100,7 +100,7 @@ fn wan_layout(names: &[&str]) -> Option<Layout> {
     best.map(|(l, _)| l)
 }
 
-fn row_index(e: &'static wan_names::Entry) -> Option<usize> {
+fn row_index(e: &'static wan_names::NameRow) -> Option<usize> {
     wan_names::entries().iter().position(|x| std::ptr::eq(x, e))
 }
 
@@ -183,7 +183,7 @@ impl BaseIndex {
     fn add_wan(
         &mut self,
         layout: Layout,
-        row: &'static wan_names::Entry,
+        row: &'static wan_names::NameRow,
         pos: Position,
         name: &str,
         shape: &[usize],

@@ -14,7 +14,7 @@ use crate::model::plan_error::PlanError;
 use crate::model::transform::Transform;
 use crate::model::wan::ParamSpec;
 use crate::model::wan_layout::Layout;
-use crate::model::wan_names::{self, Entry};
+use crate::model::wan_names::{self, NameRow};
 
 /// One canonical parameter's contribution to an output tensor.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -98,7 +98,7 @@ fn transformed(key: &str, t: Transform, shape: &[usize]) -> Result<Vec<usize>, P
 fn single(
     layout: Layout,
     p: &ParamSpec,
-    e: &Entry,
+    e: &NameRow,
     block: Option<usize>,
 ) -> Result<OutputTensor, PlanError> {
     let t = e.from_canonical(layout);
@@ -118,11 +118,11 @@ fn single(
 /// `nnx-scanned`: top-level parameters one each; every block parameter stacked over
 /// blocks 0..L, which must all be present with one shape.
 fn stacked_tensors(
-    resolved: &[(&ParamSpec, &'static Entry, Option<usize>)],
+    resolved: &[(&ParamSpec, &'static NameRow, Option<usize>)],
 ) -> Result<Vec<OutputTensor>, PlanError> {
     let mut out = Vec::new();
     let mut groups: Vec<&'static str> = Vec::new();
-    let mut by_local: BTreeMap<&'static str, Vec<(usize, &ParamSpec, &'static Entry)>> =
+    let mut by_local: BTreeMap<&'static str, Vec<(usize, &ParamSpec, &'static NameRow)>> =
         BTreeMap::new();
     for &(p, e, block) in resolved {
         match block {
@@ -147,7 +147,7 @@ fn stacked_tensors(
 
 fn stack(
     local: &str,
-    layers: &[(usize, &ParamSpec, &'static Entry)],
+    layers: &[(usize, &ParamSpec, &'static NameRow)],
     num_layers: usize,
 ) -> Result<OutputTensor, PlanError> {
     let name = format!("blocks.{local}");

@@ -16,7 +16,7 @@ use super::plan_error::{PlanError, ShapeMismatch};
 use super::transform::Transform;
 use super::wan::{ParamSpec, WanConfig};
 use super::wan_layout::Layout;
-use super::wan_names::{self, Dim, Entry, Part, Position, SKIPPED_MARKER};
+use super::wan_names::{self, Dim, NameRow, Position, SKIPPED_MARKER, WanPart};
 use crate::io::{DType, TensorInfo, TensorView};
 
 /// A tensor of the input as its header describes it.
@@ -103,7 +103,7 @@ const SKIP_REASON: &str =
 /// A key resolved to one canonical parameter, before checking it against the config.
 struct Found<'a> {
     stored: &'a StoredTensor,
-    entry: &'static Entry,
+    entry: &'static NameRow,
     block: Option<usize>,
     layer: Option<usize>,
     stored_shape: Vec<usize>,
@@ -204,7 +204,9 @@ fn name_of(f: &Found<'_>) -> String {
 
 /// L from the keys alone: one more than the largest block index (unscanned), or the
 /// leading axis of the stacked tensors (scanned; they must agree, checked in `expand`).
-fn count_layers(parsed: &[(&StoredTensor, &'static Entry, Position)]) -> Result<usize, PlanError> {
+fn count_layers(
+    parsed: &[(&StoredTensor, &'static NameRow, Position)],
+) -> Result<usize, PlanError> {
     let mut stacked: Vec<&StoredTensor> = parsed
         .iter()
         .filter(|(_, _, p)| *p == Position::Stacked)
@@ -236,7 +238,7 @@ fn count_layers(parsed: &[(&StoredTensor, &'static Entry, Position)]) -> Result<
 /// keys become L parameters.
 fn expand<'a>(
     layout: Layout,
-    parsed: &[(&'a StoredTensor, &'static Entry, Position)],
+    parsed: &[(&'a StoredTensor, &'static NameRow, Position)],
     num_layers: usize,
 ) -> Result<Vec<Found<'a>>, PlanError> {
     let mut found = Vec::new();
@@ -435,8 +437,8 @@ pub fn infer_config(
     } else {
         (1, d)
     };
-    let cross_attn_norm = wan_names::first_of(Part::CrossAttnNorm)
-        .is_some_and(|e| shapes.contains_key(&canonical_name(e)));
+    let cross_attn_norm = wan_names::first_of(WanPart::CrossAttnNorm)
+        .is_some_and(|e| shapes.contains_key(&table_row_name(e)));
     Ok(WanConfig {
         patch_size,
         num_attention_heads,
@@ -456,7 +458,7 @@ pub fn infer_config(
 }
 
 /// The canonical name of a row (block 0 for a block row).
-fn canonical_name(e: &Entry) -> String {
+fn table_row_name(e: &NameRow) -> String {
     e.stored_name(Layout::Diffusers, 0).0
 }
 
@@ -464,7 +466,7 @@ fn canonical_name(e: &Entry) -> String {
 /// of the name table whose shape has it.
 fn locate(dim: Dim) -> Result<(String, usize, usize), PlanError> {
     wan_names::first_axis_of(dim)
-        .map(|(e, axis)| (canonical_name(e), e.shape.len(), axis))
+        .map(|(e, axis)| (table_row_name(e), e.shape.len(), axis))
         .ok_or_else(|| PlanError::Infer(format!("no WAN parameter has a {dim:?} axis")))
 }
 

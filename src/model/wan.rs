@@ -10,7 +10,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::wan_layout::Layout;
-use super::wan_names::{Dim, Entry, Part, Scope, entries};
+use super::wan_names::{Dim, NameRow, Scope, WanPart, entries};
 
 /// The config fields of `WanTransformer3DModel` that determine parameters and the forward
 /// pass. Unknown fields of a real config.json are ignored (diffusers adds `_class_name`,
@@ -232,12 +232,12 @@ impl WanConfig {
             entries()
                 .iter()
                 .filter(move |e| e.scope == Scope::Top && e.is_head() == head)
-                .filter_map(|e| self.param(e, 0))
+                .filter_map(|e| self.param_of_row(e, 0))
         };
         let mut p: Vec<ParamSpec> = top(false).collect();
         for b in 0..self.num_layers {
             let block = entries().iter().filter(|e| e.scope == Scope::Block);
-            p.extend(block.filter_map(|e| self.param(e, b)));
+            p.extend(block.filter_map(|e| self.param_of_row(e, b)));
         }
         p.extend(top(true));
         p
@@ -245,8 +245,8 @@ impl WanConfig {
 
     /// The row's parameter in block `block` (ignored for top-level rows), when this config
     /// has it.
-    fn param(&self, e: &Entry, block: usize) -> Option<ParamSpec> {
-        if !self.has(e.part) {
+    fn param_of_row(&self, e: &NameRow, block: usize) -> Option<ParamSpec> {
+        if !self.has_part(e.part) {
             return None;
         }
         let shape = e
@@ -261,13 +261,13 @@ impl WanConfig {
     }
 
     /// True when this config has the parameters of `part`.
-    pub fn has(&self, part: Part) -> bool {
+    pub fn has_part(&self, part: WanPart) -> bool {
         match part {
-            Part::Core => true,
-            Part::ImageEmbedder => self.image_dim.is_some(),
-            Part::PosEmbed => self.image_dim.is_some() && self.pos_embed_seq_len.is_some(),
-            Part::ImageCrossAttn => self.added_kv_proj_dim.is_some(),
-            Part::CrossAttnNorm => self.cross_attn_norm,
+            WanPart::Core => true,
+            WanPart::ImageEmbedder => self.image_dim.is_some(),
+            WanPart::PosEmbed => self.image_dim.is_some() && self.pos_embed_seq_len.is_some(),
+            WanPart::ImageCrossAttn => self.added_kv_proj_dim.is_some(),
+            WanPart::CrossAttnNorm => self.cross_attn_norm,
         }
     }
 
@@ -332,7 +332,7 @@ mod tests {
     fn variant_only_fragments_match_exactly_their_rows_of_the_name_table() {
         for e in entries() {
             let want = match e.part {
-                Part::Core | Part::CrossAttnNorm => None,
+                WanPart::Core | WanPart::CrossAttnNorm => None,
                 p => Some(p),
             };
             for name in [e.diffusers, e.wan, e.nnx] {
@@ -361,7 +361,7 @@ mod tests {
 /// name table that belong to each part, so they cannot drift from it.
 pub const VARIANT_ONLY_PARTS: &[VariantOnlyPart] = &[
     VariantOnlyPart {
-        rows: Part::ImageCrossAttn,
+        rows: WanPart::ImageCrossAttn,
         fragments: &[
             "add_k_proj",
             "add_v_proj",
@@ -374,13 +374,13 @@ pub const VARIANT_ONLY_PARTS: &[VariantOnlyPart] = &[
         models: "a Wan 2.1 I2V/FLF2V model",
     },
     VariantOnlyPart {
-        rows: Part::PosEmbed,
+        rows: WanPart::PosEmbed,
         fragments: &["pos_embed", "emb_pos"],
         part: "the first-last-frame position embedding",
         models: "a Wan 2.1 FLF2V model",
     },
     VariantOnlyPart {
-        rows: Part::ImageEmbedder,
+        rows: WanPart::ImageEmbedder,
         fragments: &["image_embedder", "img_emb"],
         part: "the image embedder (CLIP projection)",
         models: "a Wan 2.1 I2V/FLF2V model",
@@ -391,7 +391,7 @@ pub const VARIANT_ONLY_PARTS: &[VariantOnlyPart] = &[
 #[derive(Debug)]
 pub struct VariantOnlyPart {
     /// The name table's rows of this part.
-    pub rows: Part,
+    pub rows: WanPart,
     /// Fragments of its parameter names, in any naming.
     pub fragments: &'static [&'static str],
     /// What it is, in model terms.

@@ -4,7 +4,7 @@
 //! block has), giving its diffusers name, its original Wan-AI name (spec wan.md §1.4), its
 //! MaxDiffusion NNX path (spec wan.md §4.2, after the renames of §4.3), the transform from
 //! the PyTorch layout to the NNX layout, its PyTorch shape in config symbols (`Dim`, spec
-//! wan.md §1.2) and the part of the model it belongs to (`Part`: every config has the
+//! wan.md §1.2) and the part of the model it belongs to (`WanPart`: every config has the
 //! core, the rest only when the config says so); and the codecs that turn a (row, block)
 //! into a stored tensor name of a layout and back. Does not own: the sizes a config gives
 //! the symbols and the parameter list it implies (`model::wan`), plans
@@ -67,9 +67,9 @@ pub enum Dim {
 }
 
 /// The part of the model a parameter belongs to, which decides whether a config has it
-/// (`WanConfig::has`).
+/// (`WanConfig::has_part`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Part {
+pub enum WanPart {
     /// Every WAN transformer.
     Core,
     /// The CLIP image embedder (`image_dim`, Wan 2.1 I2V/FLF2V).
@@ -84,7 +84,7 @@ pub enum Part {
 
 /// One parameter kind in every layout. Block names are relative to `blocks.N.`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Entry {
+pub struct NameRow {
     /// Top-level or per block.
     pub scope: Scope,
     /// diffusers `WanTransformer3DModel` name (the canonical name).
@@ -98,19 +98,19 @@ pub struct Entry {
     /// PyTorch-layout shape, one symbol per axis.
     pub shape: &'static [Dim],
     /// The part of the model it belongs to.
-    pub part: Part,
+    pub part: WanPart,
 }
 
 macro_rules! row {
     ($scope:ident, $d:expr, $w:expr, $n:expr, $t:ident, [$($dim:ident),+]) => {
-        Entry {
+        NameRow {
             scope: Scope::$scope,
             diffusers: $d,
             wan: $w,
             nnx: $n,
             to_nnx: Transform::$t,
             shape: &[$(Dim::$dim),+],
-            part: Part::Core,
+            part: WanPart::Core,
         }
     };
 }
@@ -179,12 +179,12 @@ macro_rules! rms_norm {
 }
 
 /// `rows`, marked as belonging to `part`.
-fn only_in<const N: usize>(part: Part, rows: [Entry; N]) -> [Entry; N] {
-    rows.map(|e| Entry { part, ..e })
+fn only_in<const N: usize>(part: WanPart, rows: [NameRow; N]) -> [NameRow; N] {
+    rows.map(|e| NameRow { part, ..e })
 }
 
-fn build_entries() -> Vec<Entry> {
-    let mut e: Vec<Entry> = Vec::with_capacity(56);
+fn build_entries() -> Vec<NameRow> {
+    let mut e: Vec<NameRow> = Vec::with_capacity(56);
     // Top level (spec wan.md §1.2, §1.4, §4.2).
     e.push(row!(
         Top,
@@ -243,7 +243,7 @@ fn build_entries() -> Vec<Entry> {
         Inner
     ));
     e.extend(only_in(
-        Part::ImageEmbedder,
+        WanPart::ImageEmbedder,
         affine_norm!(
             Top,
             "condition_embedder.image_embedder.norm1",
@@ -253,7 +253,7 @@ fn build_entries() -> Vec<Entry> {
         ),
     ));
     e.extend(only_in(
-        Part::ImageEmbedder,
+        WanPart::ImageEmbedder,
         linear!(
             Top,
             "condition_embedder.image_embedder.ff.net.0.proj",
@@ -264,7 +264,7 @@ fn build_entries() -> Vec<Entry> {
         ),
     ));
     e.extend(only_in(
-        Part::ImageEmbedder,
+        WanPart::ImageEmbedder,
         linear!(
             Top,
             "condition_embedder.image_embedder.ff.net.2",
@@ -275,7 +275,7 @@ fn build_entries() -> Vec<Entry> {
         ),
     ));
     e.extend(only_in(
-        Part::ImageEmbedder,
+        WanPart::ImageEmbedder,
         affine_norm!(
             Top,
             "condition_embedder.image_embedder.norm2",
@@ -285,7 +285,7 @@ fn build_entries() -> Vec<Entry> {
         ),
     ));
     e.extend(only_in(
-        Part::PosEmbed,
+        WanPart::PosEmbed,
         [row!(
             Top,
             "condition_embedder.image_embedder.pos_embed",
@@ -409,7 +409,7 @@ fn build_entries() -> Vec<Entry> {
         "attn2.norm_k"
     ));
     e.extend(only_in(
-        Part::ImageCrossAttn,
+        WanPart::ImageCrossAttn,
         linear!(
             Block,
             "attn2.add_k_proj",
@@ -420,7 +420,7 @@ fn build_entries() -> Vec<Entry> {
         ),
     ));
     e.extend(only_in(
-        Part::ImageCrossAttn,
+        WanPart::ImageCrossAttn,
         linear!(
             Block,
             "attn2.add_v_proj",
@@ -431,7 +431,7 @@ fn build_entries() -> Vec<Entry> {
         ),
     ));
     e.extend(only_in(
-        Part::ImageCrossAttn,
+        WanPart::ImageCrossAttn,
         rms_norm!(
             Block,
             "attn2.norm_added_k",
@@ -440,7 +440,7 @@ fn build_entries() -> Vec<Entry> {
         ),
     ));
     e.extend(only_in(
-        Part::CrossAttnNorm,
+        WanPart::CrossAttnNorm,
         affine_norm!(Block, "norm2", "norm3", "norm2.layer_norm", Inner),
     ));
     e.extend(linear!(
@@ -464,8 +464,8 @@ fn build_entries() -> Vec<Entry> {
 
 /// Every parameter kind of the WAN transformer (T2V, I2V/FLF2V image branch, TI2V), each
 /// once. Rows exist for optional parameters too; a config decides which are present.
-pub fn entries() -> &'static [Entry] {
-    static ENTRIES: OnceLock<Vec<Entry>> = OnceLock::new();
+pub fn entries() -> &'static [NameRow] {
+    static ENTRIES: OnceLock<Vec<NameRow>> = OnceLock::new();
     ENTRIES.get_or_init(build_entries)
 }
 
@@ -489,7 +489,7 @@ pub const WAN_PREFIXES: [&str; 2] = ["model.diffusion_model.", "diffusion_model.
 /// in key`): `blocks.N.attn2.norm_added_q.weight`, which no forward pass uses.
 pub const SKIPPED_MARKER: &str = "norm_added_q";
 
-impl Entry {
+impl NameRow {
     /// True for the output head (original names `head.*`: the final modulation and
     /// projection), which the diffusers parameter order puts after the blocks.
     pub fn is_head(&self) -> bool {
@@ -543,7 +543,7 @@ fn local_maps() -> &'static LocalMaps {
 /// Parses a stored tensor name of `layout` into (row of [`entries`], position). `None`
 /// when the name is not a WAN parameter of that layout. Block indices must be written in
 /// canonical decimal (no sign, no leading zero).
-pub fn parse_stored(layout: Layout, name: &str) -> Option<(&'static Entry, Position)> {
+pub fn parse_stored(layout: Layout, name: &str) -> Option<(&'static NameRow, Position)> {
     let name = match layout {
         Layout::Wan => strip_wan_prefix(name),
         _ => name,
@@ -577,7 +577,7 @@ fn parse_index(s: &str) -> Option<usize> {
 
 /// The first row, in table order, whose shape has `dim`, and the axis it is on: where a
 /// config's size for `dim` can be read back from shapes.
-pub fn first_axis_of(dim: Dim) -> Option<(&'static Entry, usize)> {
+pub fn first_axis_of(dim: Dim) -> Option<(&'static NameRow, usize)> {
     entries()
         .iter()
         .find_map(|e| Some((e, e.shape.iter().position(|&d| d == dim)?)))
@@ -585,12 +585,12 @@ pub fn first_axis_of(dim: Dim) -> Option<(&'static Entry, usize)> {
 
 /// The first row, in table order, of `part`: the parameter whose presence says a
 /// checkpoint has that part.
-pub fn first_of(part: Part) -> Option<&'static Entry> {
+pub fn first_of(part: WanPart) -> Option<&'static NameRow> {
     entries().iter().find(|e| e.part == part)
 }
 
 /// Splits a canonical (diffusers) parameter name into its row and block index.
-pub fn parse_canonical(name: &str) -> Option<(&'static Entry, Option<usize>)> {
+pub fn parse_canonical(name: &str) -> Option<(&'static NameRow, Option<usize>)> {
     match parse_stored(Layout::Diffusers, name)? {
         (e, Position::Top) => Some((e, None)),
         (e, Position::Block(b)) => Some((e, Some(b))),
