@@ -1,5 +1,6 @@
-//! Integration tests of `wanbake::layout`: the spec's name tables and worked examples as
-//! literals, bit-exact round trips through all four layouts on tiny configs, parameter
+//! Integration tests of `wanbake::layout` and the model facts it plans with
+//! (`wanbake::model`: layouts, the name table, read plans): the spec's name tables and
+//! worked examples as literals, bit-exact round trips through all four layouts on tiny configs, parameter
 //! counts of every released config in every layout, NNX values checked by index arithmetic
 //! written from spec wan.md §4.2, keep-f32 policies against the lists of spec §2.6 / §4.4,
 //! error reports, the golden NNX layouts of `golden/nnx/` (a numpy re-implementation of
