@@ -17,7 +17,7 @@ pub const LISTED_KEYS: usize = 40;
 
 /// One stored tensor whose shape differs from what the config implies.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ShapeMismatch {
+pub struct StoredShapeMismatch {
     /// The stored tensor name.
     pub key: String,
     /// The shape the config implies for it.
@@ -60,7 +60,7 @@ pub enum PlanError {
         /// The layout.
         layout: Layout,
         /// Each mismatch.
-        mismatches: Vec<ShapeMismatch>,
+        mismatches: Vec<StoredShapeMismatch>,
     },
     /// Two stored keys are the same parameter (e.g. with and without a `diffusion_model.`
     /// prefix).
@@ -179,7 +179,7 @@ fn list(keys: &[String]) -> String {
     s
 }
 
-fn list_shapes(m: &[ShapeMismatch]) -> String {
+fn list_shapes(m: &[StoredShapeMismatch]) -> String {
     let mut s = String::new();
     for x in m.iter().take(LISTED_KEYS) {
         let _ = write!(

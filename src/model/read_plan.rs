@@ -12,7 +12,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use super::plan_error::{PlanError, ShapeMismatch};
+use super::plan_error::{PlanError, StoredShapeMismatch};
 use super::transform::Transform;
 use super::wan::{ParamSpec, WanConfig};
 use super::wan_layout::Layout;
@@ -292,7 +292,7 @@ fn check_against_config(
     let mut by_name = index_by_canonical(found)?;
     let expected = config.diffusers_params();
     check_names(layout, &expected, &by_name)?;
-    let mut mismatches: BTreeMap<String, ShapeMismatch> = BTreeMap::new();
+    let mut mismatches: BTreeMap<String, StoredShapeMismatch> = BTreeMap::new();
     let mut params = Vec::with_capacity(expected.len());
     for p in expected {
         let Some(f) = by_name.remove(&p.name) else {
@@ -377,7 +377,7 @@ fn shape_mismatch(
     config: &WanConfig,
     f: &Found<'_>,
     p: &ParamSpec,
-) -> ShapeMismatch {
+) -> StoredShapeMismatch {
     let mut want = f
         .entry
         .from_canonical(layout)
@@ -386,7 +386,7 @@ fn shape_mismatch(
     if f.layer.is_some() {
         want.insert(0, config.num_layers);
     }
-    ShapeMismatch {
+    StoredShapeMismatch {
         key: f.stored.name.clone(),
         expected: want,
         found: f.stored.shape.clone(),
