@@ -17,9 +17,9 @@ use crate::io::checkpoint::Checkpoint;
 use crate::io::header_layout::PlannedTensor;
 use crate::io::staging::{Allocation, Replace};
 use crate::io::writer::{AuxFile, ComponentOutput, OutputPlan, Slot};
-use crate::layout::Transform::Identity;
 use crate::layout::exec::{PIECE_BAND_BYTES, convert_piece};
-use crate::layout::transform::{KernelError, SrcTensor};
+use crate::model::transform::Transform::Identity;
+use crate::model::transform::{KernelError, SrcTensor};
 use crate::release::{Release, ReleaseError, ReleaseRequest, write_release};
 
 /// Which dtype each float tensor gets.

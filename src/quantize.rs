@@ -7,7 +7,7 @@
 //! laid out by `io::gguf`), [`encode_into`] (one f32 tensor → its bytes in the staged file,
 //! plus the dequantized error), the quantization report, and `quantize_release` (the
 //! `convert --to` path). Does not own: the encodings (`io::quant`), the rules
-//! (`model::quant_rules`), name tables (`layout::table`) or the atomic writer (`release`).
+//! (`model::quant_rules`), name tables (`model::wan_names`) or the atomic writer (`release`).
 //!
 //! Every tensor is computed on its exact f32 value (the widened source, or the merged f32
 //! weight) and rounded once to its encoding. A non-finite weight is an error naming the
@@ -27,11 +27,11 @@ use crate::io::quant::ggml::{self, GgmlType};
 use crate::io::staging::{Allocation, Replace, Staging};
 use crate::io::writer::{ComponentOutput, OutputPlan};
 use crate::io::{DType, dtype};
-use crate::layout::Layout;
-use crate::layout::table::{self, Position};
 use crate::manifest::{InputRecord, record_inputs};
 use crate::merge::MergeOptions;
 use crate::model::quant_rules::{self, QuantFormat, Why};
+use crate::model::wan_layout::Layout;
+use crate::model::wan_names::{self, Position};
 use crate::release::{Release, ReleaseError, ReleaseRequest, write_release};
 
 /// The name of the fp8 marker tensor.
@@ -109,7 +109,7 @@ pub fn plan(
     source: &[(String, DType, Vec<usize>)],
 ) -> anyhow::Result<QuantPlan> {
     let names: Vec<&str> = source.iter().map(|(n, _, _)| n.as_str()).collect();
-    let layout = crate::layout::detect::detect_layout(&names)?;
+    let layout = crate::model::wan_layout::detect_layout(&names)?;
     if !matches!(layout, Layout::Diffusers | Layout::Wan) {
         anyhow::bail!(
             "--to {}: the input is in the {layout} layout; quantized outputs read the diffusers or \
@@ -120,11 +120,11 @@ pub fn plan(
     let mut tensors = Vec::new();
     let mut skipped = Vec::new();
     for (name, dt, shape) in source {
-        if name.contains(table::SKIPPED_MARKER) {
+        if name.contains(wan_names::SKIPPED_MARKER) {
             skipped.push(name.clone());
             continue;
         }
-        let Some((entry, pos)) = table::parse_stored(layout, name) else {
+        let Some((entry, pos)) = wan_names::parse_stored(layout, name) else {
             anyhow::bail!("{name}: not a WAN transformer parameter of the {layout} layout");
         };
         if !dt.is_float() {

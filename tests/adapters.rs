@@ -17,7 +17,7 @@ use wanbake::adapter::{
     AdapterError, AdapterOptions, AdapterSet, Convention, Entry, Kind, ParamRole, ScaleSource,
 };
 use wanbake::io::{Checkpoint, DType, SafetensorsFile};
-use wanbake::layout::Transform;
+use wanbake::model::transform::Transform;
 
 // ---------------------------------------------------------------------------------------
 // Reading tensors (f64) and small f64 linear algebra, all on the test side.

@@ -1,5 +1,6 @@
-//! Integration tests of `wanbake::layout`: the spec's name tables and worked examples as
-//! literals, bit-exact round trips through all four layouts on tiny configs, parameter
+//! Integration tests of `wanbake::layout` and the model facts it plans with
+//! (`wanbake::model`: layouts, the name table, read plans): the spec's name tables and
+//! worked examples as literals, bit-exact round trips through all four layouts on tiny configs, parameter
 //! counts of every released config in every layout, NNX values checked by index arithmetic
 //! written from spec wan.md §4.2, keep-f32 policies against the lists of spec §2.6 / §4.4,
 //! error reports, the golden NNX layouts of `golden/nnx/` (a numpy re-implementation of
@@ -12,10 +13,14 @@ use wanbake::io::header_layout::{HeaderLayout, PlannedTensor};
 use wanbake::io::{DType, SafetensorsFile, TensorView};
 use wanbake::layout::exec::SinkError;
 use wanbake::layout::{
-    Conversion, ExecOptions, KeepF32, Layout, MemorySink, OutputDType, PlanError, ReadPlan,
-    StoredTensor, TensorSink, TensorSource, Transform, WritePlan, detect_layout,
+    Conversion, ExecOptions, KeepF32, MemorySink, OutputDType, TensorSink, TensorSource, WritePlan,
 };
+use wanbake::model::plan_error::PlanError;
+use wanbake::model::read_plan::{ReadPlan, StoredTensor};
+use wanbake::model::transform::Transform;
 use wanbake::model::wan::{ParamSpec, WanConfig, WanVariant};
+use wanbake::model::wan_layout::Layout;
+use wanbake::model::wan_layout::detect_layout;
 
 // ---------------------------------------------------------------------------------------
 // Fixtures
@@ -1423,7 +1428,8 @@ mod restack_cli {
 
     use wanbake::io::{Checkpoint, DType};
     use wanbake::layout::restack::{RestackOptions, read_output_config, restack};
-    use wanbake::layout::{ExecOptions, Layout, OutputDType};
+    use wanbake::layout::{ExecOptions, OutputDType};
+    use wanbake::model::wan_layout::Layout;
 
     fn golden(rel: &str) -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR"))

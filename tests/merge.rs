@@ -20,11 +20,12 @@ use wanbake::adapter::{AdapterSet, Convention, Entry, Kind, ParamRole, ScaleSour
 use wanbake::gpu::CudaDevice;
 use wanbake::io::staging::Replace;
 use wanbake::io::{Checkpoint, DType, SafetensorsFile};
-use wanbake::layout::{Layout, OutputDType};
+use wanbake::layout::OutputDType;
 use wanbake::merge::{
     AdapterSpec, BoundAdapter, Compute, DoraStrength, MergeFailure, MergeOptions, MergeOutcome,
     bind_specs, merge_release,
 };
+use wanbake::model::wan_layout::Layout;
 
 // ---------------------------------------------------------------------------------------
 // Building adapters by hand.

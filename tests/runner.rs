@@ -9,11 +9,11 @@ use std::path::{Path, PathBuf};
 
 use common::{parts, repo, run, tmp};
 use wanbake::io::SafetensorsFile;
-use wanbake::layout::{
-    Conversion, ExecOptions, KeepF32, Layout, MemorySink, OutputDType, ReadPlan, StoredTensor,
-    stamp_config,
-};
+use wanbake::layout::{Conversion, ExecOptions, KeepF32, MemorySink, OutputDType};
+use wanbake::model::read_plan::{ReadPlan, StoredTensor};
 use wanbake::model::wan::WanConfig;
+use wanbake::model::wan_layout::Layout;
+use wanbake::model::wan_layout::stamp_config;
 use wanbake::runner::output::write_f32_file;
 use wanbake::runner::{RunInputs, Tensor};
 

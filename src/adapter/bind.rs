@@ -22,9 +22,11 @@ use super::names::{
 };
 use super::{AdapterError, AdapterSet, EntryProblem};
 use crate::io::TensorSet;
-use crate::layout::table::{self, Position, SKIPPED_MARKER, Scope};
-use crate::layout::{Layout, Transform, detect_layout};
 use crate::model::fingerprint::{Fingerprint, fingerprint};
+use crate::model::transform::Transform;
+use crate::model::wan_layout::Layout;
+use crate::model::wan_layout::detect_layout;
+use crate::model::wan_names::{self, Position, SKIPPED_MARKER, Scope};
 
 /// One base tensor (or one layer of a stacked one) an entry can change.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -89,7 +91,7 @@ fn wan_layout(names: &[&str]) -> Option<Layout> {
     for l in Layout::ALL {
         let n = names
             .iter()
-            .filter(|k| !k.contains(SKIPPED_MARKER) && table::parse_stored(l, k).is_some())
+            .filter(|k| !k.contains(SKIPPED_MARKER) && wan_names::parse_stored(l, k).is_some())
             .count();
         if n > 0 && best.is_none_or(|(_, b)| n > b) {
             best = Some((l, n));
@@ -98,8 +100,8 @@ fn wan_layout(names: &[&str]) -> Option<Layout> {
     best.map(|(l, _)| l)
 }
 
-fn row_index(e: &'static table::Entry) -> Option<usize> {
-    table::entries().iter().position(|x| std::ptr::eq(x, e))
+fn row_index(e: &'static wan_names::NameRow) -> Option<usize> {
+    wan_names::entries().iter().position(|x| std::ptr::eq(x, e))
 }
 
 impl BaseIndex {
@@ -130,7 +132,7 @@ impl BaseIndex {
             let wan = ix
                 .layout
                 .filter(|_| !name.contains(SKIPPED_MARKER))
-                .and_then(|l| table::parse_stored(l, name).map(|p| (l, p)));
+                .and_then(|l| wan_names::parse_stored(l, name).map(|p| (l, p)));
             match wan {
                 Some((l, (row, pos))) => ix.add_wan(l, row, pos, name, shape),
                 None => ix.add_generic(name, shape),
@@ -181,7 +183,7 @@ impl BaseIndex {
     fn add_wan(
         &mut self,
         layout: Layout,
-        row: &'static table::Entry,
+        row: &'static wan_names::NameRow,
         pos: Position,
         name: &str,
         shape: &[usize],

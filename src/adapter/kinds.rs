@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::layout::Transform;
+use crate::model::transform::Transform;
 
 /// What an entry does to its target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -228,7 +228,7 @@ pub struct Binding {
 
 /// Serialises a `Transform` by name.
 mod transform_name {
-    use crate::layout::Transform;
+    use crate::model::transform::Transform;
     use serde::{Deserialize, Deserializer, Serializer};
 
     const NAMES: [(Transform, &str); 4] = [

@@ -3,7 +3,7 @@
 //! Owns: `ModuleId` (one module, or bare parameter, of the base model, independent of how
 //! any adapter spells it), `Naming` (the name family a spelling uses: diffusers, original
 //! Wan, MaxDiffusion NNX, or a generic path), the WAN module table derived from the layout
-//! name table (`layout::table`, the one copy of the diffusers ↔ original ↔ NNX names),
+//! name table (`model::wan_names`, the one copy of the diffusers ↔ original ↔ NNX names),
 //! every alias spelling of a module in every convention (`aliases`), and the spelling a
 //! renderer writes (`ModuleId::spell`). Does not own: matching aliases against a base
 //! (`bind`).
@@ -17,7 +17,7 @@ use std::sync::OnceLock;
 use serde::Serialize;
 
 use super::Convention;
-use crate::layout::table::{self, Scope};
+use crate::model::wan_names::{self, Scope};
 
 /// The name family a module spelling belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -212,7 +212,7 @@ pub struct WanModule {
     pub wan: String,
     /// NNX module path.
     pub nnx: String,
-    /// Rows of `layout::table::entries()` per role.
+    /// Rows of `model::wan_names::entries()` per role.
     pub rows: Vec<(Role, usize)>,
 }
 
@@ -255,7 +255,7 @@ fn split_param(name: &str, naming: Naming) -> (String, Role) {
 
 fn build_wan_modules() -> Vec<WanModule> {
     let mut out: Vec<WanModule> = Vec::new();
-    for (i, e) in table::entries().iter().enumerate() {
+    for (i, e) in wan_names::entries().iter().enumerate() {
         let (d, role) = split_param(e.diffusers, Naming::Diffusers);
         let (w, _) = split_param(e.wan, Naming::Wan);
         let (n, _) = split_param(e.nnx, Naming::Nnx);
@@ -276,7 +276,7 @@ fn build_wan_modules() -> Vec<WanModule> {
     out
 }
 
-/// Every WAN module kind (derived once from the layout name table).
+/// Every WAN module kind (derived once from the name table, `model::wan_names`).
 pub fn wan_modules() -> &'static [WanModule] {
     static M: OnceLock<Vec<WanModule>> = OnceLock::new();
     M.get_or_init(build_wan_modules)

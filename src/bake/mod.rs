@@ -3,7 +3,7 @@
 //! Owns: the order of a bake — plan everything (`plan`), then merge and restack in one
 //! streaming pass with provenance stamped into every output file, run the recipe's checks
 //! on the sealed output (`check`), commit, and verify the committed release against its
-//! manifest. Does not own: the merge (`merge`), layouts (`layout`), the runner (`runner`),
+//! manifest. Does not own: the merge (`merge`), restacking (`layout`), the runner (`runner`),
 //! atomic writing and manifests (`release`, `io`, `manifest`), showing progress (the CLI).
 //!
 //! Provenance: the manifest's `options` is `{"recipe": <normalised recipe>}` and its

@@ -5,7 +5,7 @@
 
 use clap::builder::PossibleValuesParser;
 use wanbake::io::DType;
-use wanbake::layout::Layout;
+use wanbake::model::wan_layout::Layout;
 
 /// `--shard-size`: decimal (KB, MB, GB) or binary (KiB, MiB, GiB) units, or bytes.
 pub fn size(s: &str) -> Result<u64, String> {

@@ -10,8 +10,9 @@ use super::{Printer, Status, UsageError, output};
 use wanbake::gpu::DeviceChoice;
 use wanbake::io::staging::Replace;
 use wanbake::layout::restack::{RestackOptions, restack};
-use wanbake::layout::{ExecOptions, KeepF32, Layout, OutputDType};
+use wanbake::layout::{ExecOptions, KeepF32, OutputDType};
 use wanbake::merge::Compute;
+use wanbake::model::wan_layout::Layout;
 
 /// Arguments of `restack`.
 #[derive(clap::Args, Debug)]

@@ -2,7 +2,7 @@
 //!
 //! Owns: `OutputDType` (`bf16`, `f16`, `f32`, `keep`), `KeepF32` (the keep-f32 policies) and
 //! `decide_dtypes`, which gives every output tensor of a write plan its dtype. Does not own:
-//! the conversion itself (`io::dtype`, `layout::transform`).
+//! the conversion itself (`io::dtype`, `model::transform`).
 //!
 //! Policies (which parameters stay f32 when the output dtype is bf16 or f16):
 //! - `diffusers`: `_keep_in_fp32_modules = ["rope", "time_embedder", "scale_shift_table",
@@ -25,12 +25,12 @@
 use std::fmt;
 use std::str::FromStr;
 
-use super::Layout;
-use super::error::PlanError;
-use super::read::ReadPlan;
-use super::table::{self, Scope};
 use super::write::WritePlan;
 use crate::io::DType;
+use crate::model::plan_error::PlanError;
+use crate::model::read_plan::ReadPlan;
+use crate::model::wan_layout::Layout;
+use crate::model::wan_names::{self, Scope};
 
 /// The dtype asked for on the command line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -151,7 +151,7 @@ impl fmt::Display for KeepF32 {
 /// The unscanned NNX path of a canonical name (the scanned path differs only by the block
 /// index, which no keyword can match).
 fn nnx_path(canonical: &str) -> String {
-    match table::parse_canonical(canonical) {
+    match wan_names::parse_canonical(canonical) {
         Some((e, Some(b))) if e.scope == Scope::Block => format!("blocks.{b}.{}", e.nnx),
         Some((e, _)) => e.nnx.to_string(),
         None => canonical.to_string(),

@@ -20,14 +20,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use rayon::prelude::*;
 
-use super::Layout;
 use super::dtype_policy::{KeepF32, OutputDType, decide_dtypes};
-use super::error::PlanError;
-use super::read::ReadPlan;
-use super::transform::{self, KernelError, SrcTensor, Transform};
 use super::write::WritePlan;
 use crate::io::header_layout::PlannedTensor;
 use crate::io::{DType, SafetensorsFile, TensorView};
+use crate::model::plan_error::PlanError;
+use crate::model::read_plan::ReadPlan;
+use crate::model::transform::{self, KernelError, SrcTensor, Transform};
+use crate::model::wan_layout::Layout;
 
 /// Where stored tensors come from.
 pub trait TensorSource: Sync {

@@ -1,13 +1,13 @@
-//! The four WAN transformer layouts and the streaming plans that convert between them.
+//! The restack executor: converting a WAN transformer checkpoint between its four layouts.
 //!
-//! Owns: `Layout` (`diffusers`, `wan`, `nnx`, `nnx-scanned`), the name table (`table`), the
-//! tensor transforms and their fused kernels (`transform`), reading a checkpoint of any
-//! layout into the canonical form (`read`), writing the canonical form out in any layout
-//! (`write`), layout detection and the config.json layout field (`detect`), the keep-f32
-//! dtype policies (`dtype_policy`), the executor that runs a conversion against a source
+//! Owns: writing the canonical form out in any layout (`write`), the keep-f32 dtype
+//! policies (`dtype_policy`), the executor that runs a conversion against a source
 //! and a sink (`exec`), and whole-checkpoint restacking into a release (`restack`). Does
-//! not own: file formats, folders and the atomic writer (`io`, `release`), configs and the
-//! diffusers parameter list (`model::wan`).
+//! not own: file formats, folders and the atomic writer (`io`, `release`), or the model
+//! facts it plans with (`model`: the `Layout` enum and its detection in `wan_layout`, the
+//! name table in `wan_names`, reading a checkpoint of any layout into the canonical form in
+//! `read_plan`, the tensor transforms and their kernels in `transform`, configs and the
+//! diffusers parameter list in `wan`, and `PlanError`).
 //!
 //! The canonical form is the diffusers `WanTransformer3DModel` parameter set, with diffusers
 //! names and PyTorch layouts. Every conversion goes through it: a read plan says where each
@@ -15,101 +15,13 @@
 //! parameter goes in the output, and the executor fuses the two (input transform, output
 //! transform and dtype conversion become one kernel per tensor slice).
 
-use std::fmt;
-use std::str::FromStr;
-
-pub mod detect;
 pub mod dtype_policy;
-pub mod error;
 pub mod exec;
-pub mod read;
 pub mod restack;
-pub mod table;
-pub mod transform;
 pub mod write;
 
-pub use detect::{LAYOUT_FIELD, detect_layout, layout_from_config, resolve_layout, stamp_config};
 pub use dtype_policy::{KeepF32, OutputDType, decide_dtypes};
-pub use error::PlanError;
 pub use exec::{
     Conversion, ExecError, ExecOptions, ExecReport, MemorySink, TensorSink, TensorSource,
 };
-pub use read::{CanonicalSource, ReadPlan, SkippedKey, StoredTensor, infer_config};
-pub use transform::Transform;
 pub use write::{OutputTensor, Piece, WritePlan};
-
-/// A naming and storage convention for the WAN transformer's parameters.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Layout {
-    /// diffusers `WanTransformer3DModel` names, PyTorch layouts (the canonical form).
-    Diffusers,
-    /// Original Wan-AI / ComfyUI names (spec wan.md §1.4), PyTorch layouts. On input the
-    /// `model.diffusion_model.` and `diffusion_model.` prefixes are accepted.
-    Wan,
-    /// MaxDiffusion NNX paths with `scan_layers: False`: `blocks.N.attn1.query.kernel` (in,
-    /// out), Conv3d kernel DHWIO, norm `scale`s.
-    Nnx,
-    /// MaxDiffusion NNX paths with `scan_layers: True`: one tensor per block parameter with
-    /// a leading axis of size L (`blocks.attn1.query.kernel` (L, in, out)).
-    NnxScanned,
-}
-
-impl Layout {
-    /// Every layout.
-    pub const ALL: [Layout; 4] = [
-        Layout::Diffusers,
-        Layout::Wan,
-        Layout::Nnx,
-        Layout::NnxScanned,
-    ];
-
-    /// The command-line and config.json spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Layout::Diffusers => "diffusers",
-            Layout::Wan => "wan",
-            Layout::Nnx => "nnx",
-            Layout::NnxScanned => "nnx-scanned",
-        }
-    }
-
-    /// True for the two MaxDiffusion layouts.
-    pub fn is_nnx(self) -> bool {
-        matches!(self, Layout::Nnx | Layout::NnxScanned)
-    }
-}
-
-impl fmt::Display for Layout {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// A layout name that is not one of the four.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown layout `{0}` (expected diffusers, wan, nnx or nnx-scanned)")]
-pub struct UnknownLayout(pub String);
-
-impl FromStr for Layout {
-    type Err = UnknownLayout;
-
-    fn from_str(s: &str) -> Result<Layout, UnknownLayout> {
-        Layout::ALL
-            .into_iter()
-            .find(|l| l.as_str() == s)
-            .ok_or_else(|| UnknownLayout(s.to_string()))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn spellings_round_trip() {
-        for l in Layout::ALL {
-            assert_eq!(l.as_str().parse::<Layout>().unwrap(), l);
-        }
-        assert!("nnx_scanned".parse::<Layout>().is_err());
-    }
-}

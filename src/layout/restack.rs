@@ -15,17 +15,17 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
-use super::Layout;
-use super::detect::{resolve_layout, stamp_config};
 use super::dtype_policy::{KeepF32, OutputDType};
-use super::error::PlanError;
 use super::exec::{Conversion, ExecOptions, SinkError, TensorSink, TensorSource};
-use super::read::{INFERRED_HEAD_DIM, ReadPlan, StoredTensor};
 use crate::io::checkpoint::{Checkpoint, Component, TensorSet};
 use crate::io::staging::{Allocation, Replace, Staging};
 use crate::io::writer::{AuxFile, ComponentOutput, OutputPlan};
 use crate::io::{ReadError, TensorView};
+use crate::model::plan_error::PlanError;
+use crate::model::read_plan::{INFERRED_HEAD_DIM, ReadPlan, StoredTensor};
 use crate::model::wan::WanConfig;
+use crate::model::wan_layout::Layout;
+use crate::model::wan_layout::{resolve_layout, stamp_config};
 use crate::release::{Release, ReleaseError, ReleaseRequest, write_release};
 
 /// What to convert to and how.
@@ -490,9 +490,11 @@ pub fn read_output_config(dir: &Path) -> Result<(Option<Layout>, WanConfig), Res
         path: path.clone(),
         reason: e.to_string(),
     })?;
-    let layout = super::detect::layout_from_config(&json).map_err(|source| RestackError::Plan {
-        path: path.clone(),
-        source,
+    let layout = crate::model::wan_layout::layout_from_config(&json).map_err(|source| {
+        RestackError::Plan {
+            path: path.clone(),
+            source,
+        }
     })?;
     let config = WanConfig::from_json(&text).map_err(|e| RestackError::Config {
         path,

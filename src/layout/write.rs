@@ -10,11 +10,11 @@
 
 use std::collections::BTreeMap;
 
-use super::Layout;
-use super::error::PlanError;
-use super::table::{self, Entry};
-use super::transform::Transform;
+use crate::model::plan_error::PlanError;
+use crate::model::transform::Transform;
 use crate::model::wan::ParamSpec;
+use crate::model::wan_layout::Layout;
+use crate::model::wan_names::{self, NameRow};
 
 /// One canonical parameter's contribution to an output tensor.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -63,7 +63,7 @@ impl WritePlan {
         let mut unknown = Vec::new();
         let mut resolved = Vec::with_capacity(params.len());
         for p in params {
-            match table::parse_canonical(&p.name) {
+            match wan_names::parse_canonical(&p.name) {
                 Some((e, block)) => resolved.push((p, e, block)),
                 None => unknown.push(p.name.clone()),
             }
@@ -98,7 +98,7 @@ fn transformed(key: &str, t: Transform, shape: &[usize]) -> Result<Vec<usize>, P
 fn single(
     layout: Layout,
     p: &ParamSpec,
-    e: &Entry,
+    e: &NameRow,
     block: Option<usize>,
 ) -> Result<OutputTensor, PlanError> {
     let t = e.from_canonical(layout);
@@ -118,11 +118,11 @@ fn single(
 /// `nnx-scanned`: top-level parameters one each; every block parameter stacked over
 /// blocks 0..L, which must all be present with one shape.
 fn stacked_tensors(
-    resolved: &[(&ParamSpec, &'static Entry, Option<usize>)],
+    resolved: &[(&ParamSpec, &'static NameRow, Option<usize>)],
 ) -> Result<Vec<OutputTensor>, PlanError> {
     let mut out = Vec::new();
     let mut groups: Vec<&'static str> = Vec::new();
-    let mut by_local: BTreeMap<&'static str, Vec<(usize, &ParamSpec, &'static Entry)>> =
+    let mut by_local: BTreeMap<&'static str, Vec<(usize, &ParamSpec, &'static NameRow)>> =
         BTreeMap::new();
     for &(p, e, block) in resolved {
         match block {
@@ -147,7 +147,7 @@ fn stacked_tensors(
 
 fn stack(
     local: &str,
-    layers: &[(usize, &ParamSpec, &'static Entry)],
+    layers: &[(usize, &ParamSpec, &'static NameRow)],
     num_layers: usize,
 ) -> Result<OutputTensor, PlanError> {
     let name = format!("blocks.{local}");
@@ -187,4 +187,41 @@ fn stack(
         shape,
         pieces,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::model::fingerprint::{ShapeSource, fingerprint};
+    use crate::model::wan::WanVariant;
+
+    struct Shapes(BTreeMap<String, Vec<usize>>);
+    impl ShapeSource for Shapes {
+        fn shape(&self, n: &str) -> Option<Vec<usize>> {
+            self.0.get(n).cloned()
+        }
+        fn names(&self) -> Vec<String> {
+            self.0.keys().cloned().collect()
+        }
+    }
+
+    #[test]
+    fn every_layout_of_a_released_config_is_recognised() {
+        for layout in [Layout::Wan, Layout::Nnx, Layout::NnxScanned] {
+            for v in [WanVariant::T2V1_3B, WanVariant::I2V14B, WanVariant::TI2V5B] {
+                let plan = WritePlan::new(layout, &v.config().diffusers_params()).unwrap();
+                let s = Shapes(
+                    plan.tensors
+                        .into_iter()
+                        .map(|t| (t.name, t.shape))
+                        .collect(),
+                );
+                let f = fingerprint(&s);
+                assert_eq!(f.variant.as_deref(), Some(v.id()), "{layout:?}: {f:?}");
+                assert_eq!(f.naming.as_deref(), Some(layout.as_str()));
+            }
+        }
+    }
 }

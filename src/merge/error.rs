@@ -23,7 +23,7 @@ pub enum MergeError {
         component: String,
         /// Why.
         #[source]
-        source: crate::layout::PlanError,
+        source: crate::model::plan_error::PlanError,
     },
     /// A usage problem found against the base (component names, an output dtype that cannot
     /// hold merged values).

@@ -7,7 +7,7 @@
 //! entry's tensors, the -xs bases (through the SVD cache when one is given, computed by the
 //! CPU SVD on a miss, on every route), and writing each band or whole tensor into its slot. Does
 //! not own: the formulas (`merge::math`) or the whole-tensor program (`merge::device`), the
-//! kernel that copies and converts untouched tensors (`layout::transform`), or the atomic
+//! kernel that copies and converts untouched tensors (`model::transform`), or the atomic
 //! output (`io::staging`).
 //!
 //! Memory: a worker holds a few bands of at most [`BAND_ELEMS`] f32 values (W0, the
@@ -38,10 +38,9 @@ use crate::adapter::{AdapterSet, Kind, ParamRole, TensorSource};
 use crate::backend::Backend;
 use crate::io::dtype::{narrow_from_f32, widen_to_f32};
 use crate::io::{DType, ReadError, Staging, TensorRef, TensorView};
-use crate::layout::Transform;
 use crate::layout::exec::{PIECE_BAND_BYTES, convert_piece};
-use crate::layout::transform::SrcTensor;
 use crate::linalg::{CacheError, CacheOutcome, SvdCache, XsBases, xs_bases};
+use crate::model::transform::{SrcTensor, Transform};
 
 /// Largest band of a merged tensor a worker holds in one buffer, in f32 values (4 MiB).
 /// A constant, so the band split (and with it every rounding) never depends on the machine.
@@ -214,7 +213,7 @@ impl Exec<'_> {
         transform: Transform,
         src: SrcTensor<'_>,
     ) -> Result<(), MergeError> {
-        let err = |e: crate::layout::transform::KernelError| MergeError::Convert {
+        let err = |e: crate::model::transform::KernelError| MergeError::Convert {
             tensor: job.stored.clone(),
             reason: e.to_string(),
         };
@@ -659,7 +658,7 @@ impl<'a> BaseRows<'a> {
             shape: &job.stored_shape,
             bytes,
         };
-        crate::layout::transform::convert(t.to_canonical, stored, DType::F32, &mut raw).map_err(
+        crate::model::transform::convert(t.to_canonical, stored, DType::F32, &mut raw).map_err(
             |e| MergeError::Convert {
                 tensor: t.name.clone(),
                 reason: e.to_string(),

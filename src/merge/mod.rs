@@ -5,8 +5,8 @@
 //! binding specs to the base's transformers (`bind`), the plan and every refusal (`plan`,
 //! `error`), the output files, dtypes and jobs (`output`), the formulas (`math`), the job
 //! loop (`exec`) and the report (`report`). Does not own: parsing adapters and binding their
-//! names (`adapter`), the SVD and its cache (`linalg`), layouts and keep-f32 rules
-//! (`layout`), atomic output and manifests (`io`, `release`, `manifest`).
+//! names (`adapter`), the SVD and its cache (`linalg`), layouts (`model`) and keep-f32
+//! rules (`layout`), atomic output and manifests (`io`, `release`, `manifest`).
 //!
 //! Numerical contract (DESIGN.md): `W' = round_once(W0 + Σ_i a_i·(f_i(W0) − W0))` in f32,
 //! with `W0` the original weight for every adapter, `f_i` the adapter's effective weight at

@@ -2,10 +2,11 @@
 //! that fills it.
 //!
 //! Owns: `plan_output` (per base component: the same names and layouts as the base, or
-//! another WAN layout through the layout module's read and write plans; the keep-f32
-//! policy and its defaults; config.json with the layout stamped; sharding like the base or
-//! as asked). Does not own: which tensors change (`merge::plan`), the layouts, name tables
-//! and keep-f32 rules themselves (`layout`), laying out files (`io::writer`).
+//! another WAN layout through the read plan (`model::read_plan`) and the layout module's
+//! write plans; the keep-f32 policy and its defaults; config.json with the layout stamped;
+//! sharding like the base or as asked). Does not own: which tensors change (`merge::plan`),
+//! the layouts and name tables themselves (`model`), the keep-f32 rules (`layout`), laying
+//! out files (`io::writer`).
 
 use std::path::PathBuf;
 
@@ -14,11 +15,12 @@ use super::plan::{Job, MergeOptions};
 use crate::io::header_layout::PlannedTensor;
 use crate::io::writer::{AuxFile, ComponentOutput, OutputPlan};
 use crate::io::{Checkpoint, Component, DType, Slot};
-use crate::layout::{
-    Conversion, KeepF32, Layout, OutputDType, ReadPlan, StoredTensor, Transform, detect_layout,
-    resolve_layout, stamp_config,
-};
+use crate::layout::{Conversion, KeepF32, OutputDType};
+use crate::model::read_plan::{ReadPlan, StoredTensor};
+use crate::model::transform::Transform;
 use crate::model::wan::WanConfig;
+use crate::model::wan_layout::Layout;
+use crate::model::wan_layout::{detect_layout, resolve_layout, stamp_config};
 
 /// The output side of the plan.
 pub struct OutputSide {
@@ -102,7 +104,7 @@ fn default_policy(comp: &Component, to: Option<Layout>) -> KeepF32 {
 /// The canonical (diffusers) name of a stored WAN tensor, for the keep-f32 rules; the name
 /// itself for other bases.
 fn canonical_name(layout: Option<Layout>, name: &str) -> String {
-    use crate::layout::table::{Position, parse_stored};
+    use crate::model::wan_names::{Position, parse_stored};
     match layout.and_then(|l| parse_stored(l, name)) {
         Some((e, Position::Block(b))) => format!("blocks.{b}.{}", e.diffusers),
         Some((e, _)) => e.diffusers.to_string(),
@@ -137,7 +139,7 @@ fn output_dtype(
 /// A stacked (`nnx-scanned`) tensor gets one job per layer, so adapters can change single
 /// layers of it.
 fn same_layout(ci: usize, comp: &Component, dtype: OutputDType, policy: &KeepF32) -> ComponentJobs {
-    use crate::layout::table::{Position, parse_stored};
+    use crate::model::wan_names::{Position, parse_stored};
     let layout = wan_layout(comp);
     let mut tensors = Vec::new();
     let mut jobs = Vec::new();
@@ -183,7 +185,7 @@ fn same_layout(ci: usize, comp: &Component, dtype: OutputDType, policy: &KeepF32
     }
 }
 
-/// Written in another WAN layout through the layout module's read and write plans.
+/// Written in another WAN layout through the read plan and the layout module's write plans.
 fn converted(
     ci: usize,
     comp: &Component,

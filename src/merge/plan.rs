@@ -7,7 +7,7 @@
 //! or merge), and the checks: unmatched keys, nothing bound, missing parameters, shapes
 //! (with the base variant the adapter seems made for), ranks, non-finite adapter values.
 //! Does not own: binding names (`adapter`), the formulas (`merge::math`), running the jobs
-//! (`merge::exec`), layouts and keep-f32 rules (`layout`).
+//! (`merge::exec`), layouts (`model`) and keep-f32 rules (`layout`).
 
 use std::collections::BTreeMap;
 
@@ -20,7 +20,9 @@ use crate::adapter::variant::mismatch_line;
 use crate::adapter::{AdapterSet, BaseIndex, Entry, Kind, view_2d};
 use crate::io::writer::OutputPlan;
 use crate::io::{Checkpoint, Component, DType, Slot, TensorView};
-use crate::layout::{KeepF32, Layout, OutputDType, Transform};
+use crate::layout::{KeepF32, OutputDType};
+use crate::model::transform::Transform;
+use crate::model::wan_layout::Layout;
 
 /// An adapter bound to one transformer of the base.
 #[derive(Debug)]

@@ -6,7 +6,7 @@
 //! Owns: the quantized output formats (`QuantFormat`), their names on the command line, the
 //! GGUF `general.file_type` of each, and the per-tensor decision with its reason. Does not
 //! own: the encodings (`io::quant`), the GGUF container (`io::gguf`) or the name mapping from
-//! diffusers (`layout`).
+//! diffusers (`model::wan_names`).
 
 use std::fmt;
 

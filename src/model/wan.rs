@@ -1,11 +1,16 @@
 //! WAN 2.1 / 2.2 transformer configurations and their complete parameter tables.
 //!
 //! Owns: `WanConfig` (the fields of diffusers' `WanTransformer3DModel` config.json), the
-//! released configs of spec wan.md §1.3, and `diffusers_params`, the complete list of
-//! parameter names and PyTorch-layout shapes a config implies (spec wan.md §1.2). Does not
-//! own: other naming conventions (`layout`) or the forward pass (`runner`).
+//! released configs of spec wan.md §1.3, the size a config gives each shape symbol and
+//! which optional parts it has, and `diffusers_params`, the complete list of parameter
+//! names and PyTorch-layout shapes a config implies (spec wan.md §1.2), derived from the
+//! name table. Does not own: the names, shapes in symbols and other layouts of the
+//! parameters (`model::wan_names`) or the forward pass (`runner`).
 
 use serde::{Deserialize, Serialize};
+
+use super::wan_layout::Layout;
+use super::wan_names::{Dim, NameRow, Scope, WanPart, entries};
 
 /// The config fields of `WanTransformer3DModel` that determine parameters and the forward
 /// pass. Unknown fields of a real config.json are ignored (diffusers adds `_class_name`,
@@ -186,13 +191,6 @@ pub struct ParamSpec {
 }
 
 impl ParamSpec {
-    fn new(name: impl Into<String>, shape: &[usize]) -> ParamSpec {
-        ParamSpec {
-            name: name.into(),
-            shape: shape.to_vec(),
-        }
-    }
-
     /// Number of elements.
     pub fn numel(&self) -> u64 {
         self.shape.iter().map(|&d| d as u64).product()
@@ -226,88 +224,74 @@ impl WanConfig {
     }
 
     /// Every parameter of the diffusers `WanTransformer3DModel` for this config, with
-    /// PyTorch-layout shapes (spec wan.md §1.2), in a fixed order: top-level parameters
-    /// first, then blocks 0..L.
+    /// PyTorch-layout shapes (spec wan.md §1.2), derived from the name table
+    /// (`model::wan_names`) in a fixed order: the top-level parameters before the blocks,
+    /// then blocks 0..L, then the output head.
     pub fn diffusers_params(&self) -> Vec<ParamSpec> {
-        let d = self.inner_dim();
-        let [pt, ph, pw] = self.patch_size;
-        let mut p = vec![
-            ParamSpec::new("patch_embedding.weight", &[d, self.in_channels, pt, ph, pw]),
-            ParamSpec::new("patch_embedding.bias", &[d]),
-        ];
-        let ce = "condition_embedder";
-        let linear = |p: &mut Vec<ParamSpec>, name: &str, out: usize, inp: usize| {
-            p.push(ParamSpec::new(format!("{name}.weight"), &[out, inp]));
-            p.push(ParamSpec::new(format!("{name}.bias"), &[out]));
+        let top = |head: bool| {
+            entries()
+                .iter()
+                .filter(move |e| e.scope == Scope::Top && e.is_head() == head)
+                .filter_map(|e| self.param_of_row(e, 0))
         };
-        linear(
-            &mut p,
-            &format!("{ce}.time_embedder.linear_1"),
-            d,
-            self.freq_dim,
-        );
-        linear(&mut p, &format!("{ce}.time_embedder.linear_2"), d, d);
-        linear(&mut p, &format!("{ce}.time_proj"), 6 * d, d);
-        linear(
-            &mut p,
-            &format!("{ce}.text_embedder.linear_1"),
-            d,
-            self.text_dim,
-        );
-        linear(&mut p, &format!("{ce}.text_embedder.linear_2"), d, d);
-        if let Some(i) = self.image_dim {
-            let ie = format!("{ce}.image_embedder");
-            p.push(ParamSpec::new(format!("{ie}.norm1.weight"), &[i]));
-            p.push(ParamSpec::new(format!("{ie}.norm1.bias"), &[i]));
-            linear(&mut p, &format!("{ie}.ff.net.0.proj"), i, i);
-            linear(&mut p, &format!("{ie}.ff.net.2"), d, i);
-            p.push(ParamSpec::new(format!("{ie}.norm2.weight"), &[d]));
-            p.push(ParamSpec::new(format!("{ie}.norm2.bias"), &[d]));
-            if let Some(pos) = self.pos_embed_seq_len {
-                p.push(ParamSpec::new(format!("{ie}.pos_embed"), &[1, pos, i]));
-            }
-        }
+        let mut p: Vec<ParamSpec> = top(false).collect();
         for b in 0..self.num_layers {
-            self.push_block_params(&mut p, b);
+            let block = entries().iter().filter(|e| e.scope == Scope::Block);
+            p.extend(block.filter_map(|e| self.param_of_row(e, b)));
         }
-        p.push(ParamSpec::new("scale_shift_table", &[1, 2, d]));
-        let proj = self.out_channels() * self.patch_volume();
-        linear(&mut p, "proj_out", proj, d);
+        p.extend(top(true));
         p
     }
 
-    fn push_block_params(&self, p: &mut Vec<ParamSpec>, b: usize) {
-        let d = self.inner_dim();
-        let pre = format!("blocks.{b}");
-        let linear = |p: &mut Vec<ParamSpec>, name: String, out: usize, inp: usize| {
-            p.push(ParamSpec::new(format!("{name}.weight"), &[out, inp]));
-            p.push(ParamSpec::new(format!("{name}.bias"), &[out]));
-        };
-        p.push(ParamSpec::new(
-            format!("{pre}.scale_shift_table"),
-            &[1, 6, d],
-        ));
-        for attn in ["attn1", "attn2"] {
-            for proj in ["to_q", "to_k", "to_v", "to_out.0"] {
-                linear(p, format!("{pre}.{attn}.{proj}"), d, d);
-            }
-            p.push(ParamSpec::new(format!("{pre}.{attn}.norm_q.weight"), &[d]));
-            p.push(ParamSpec::new(format!("{pre}.{attn}.norm_k.weight"), &[d]));
+    /// The row's parameter in block `block` (ignored for top-level rows), when this config
+    /// has it.
+    fn param_of_row(&self, e: &NameRow, block: usize) -> Option<ParamSpec> {
+        if !self.has_part(e.part) {
+            return None;
         }
-        if let Some(a) = self.added_kv_proj_dim {
-            linear(p, format!("{pre}.attn2.add_k_proj"), d, a);
-            linear(p, format!("{pre}.attn2.add_v_proj"), d, a);
-            p.push(ParamSpec::new(
-                format!("{pre}.attn2.norm_added_k.weight"),
-                &[d],
-            ));
+        let shape = e
+            .shape
+            .iter()
+            .map(|&d| self.dim(d))
+            .collect::<Option<_>>()?;
+        Some(ParamSpec {
+            name: e.stored_name(Layout::Diffusers, block).0,
+            shape,
+        })
+    }
+
+    /// True when this config has the parameters of `part`.
+    pub fn has_part(&self, part: WanPart) -> bool {
+        match part {
+            WanPart::Core => true,
+            WanPart::ImageEmbedder => self.image_dim.is_some(),
+            WanPart::PosEmbed => self.image_dim.is_some() && self.pos_embed_seq_len.is_some(),
+            WanPart::ImageCrossAttn => self.added_kv_proj_dim.is_some(),
+            WanPart::CrossAttnNorm => self.cross_attn_norm,
         }
-        if self.cross_attn_norm {
-            p.push(ParamSpec::new(format!("{pre}.norm2.weight"), &[d]));
-            p.push(ParamSpec::new(format!("{pre}.norm2.bias"), &[d]));
-        }
-        linear(p, format!("{pre}.ffn.net.0.proj"), self.ffn_dim, d);
-        linear(p, format!("{pre}.ffn.net.2"), d, self.ffn_dim);
+    }
+
+    /// The size this config gives a shape symbol, `None` for an optional width it lacks.
+    pub fn dim(&self, dim: Dim) -> Option<usize> {
+        let [pt, ph, pw] = self.patch_size;
+        Some(match dim {
+            Dim::One => 1,
+            Dim::Two => 2,
+            Dim::Six => 6,
+            Dim::Inner => self.inner_dim(),
+            Dim::SixInner => 6 * self.inner_dim(),
+            Dim::InChannels => self.in_channels,
+            Dim::PatchT => pt,
+            Dim::PatchH => ph,
+            Dim::PatchW => pw,
+            Dim::Freq => self.freq_dim,
+            Dim::Text => self.text_dim,
+            Dim::Ffn => self.ffn_dim,
+            Dim::Image => self.image_dim?,
+            Dim::AddedKv => self.added_kv_proj_dim?,
+            Dim::PosEmbed => self.pos_embed_seq_len?,
+            Dim::OutPatch => self.out_channels() * self.patch_volume(),
+        })
     }
 
     /// Total parameter count.
@@ -345,6 +329,20 @@ mod tests {
     }
 
     #[test]
+    fn variant_only_fragments_match_exactly_their_rows_of_the_name_table() {
+        for e in entries() {
+            let want = match e.part {
+                WanPart::Core | WanPart::CrossAttnNorm => None,
+                p => Some(p),
+            };
+            for name in [e.diffusers, e.wan, e.nnx] {
+                let found = VariantOnlyPart::of(name).map(|p| p.rows);
+                assert_eq!(found, want, "{name}");
+            }
+        }
+    }
+
+    #[test]
     fn config_json_with_extra_fields_parses() {
         let cfg = WanConfig::from_json(
             r#"{"_class_name":"WanTransformer3DModel","num_attention_heads":12,"ffn_dim":8960,"num_layers":30,"image_dim":null}"#,
@@ -358,9 +356,12 @@ mod tests {
 /// of its parameter names in every naming (diffusers, original Wan / ComfyUI, NNX) and the
 /// variants that have it (spec/wan.md: `image_dim`, `pos_embed_seq_len`; the Wan 2.2
 /// checkpoints have no image branch). Used to explain, in model terms, why an adapter's
-/// modules bind to nothing in a base.
+/// modules bind to nothing in a base. The fragments are spelling-agnostic substrings (they
+/// must also match kohya's underscored names); a test checks them against the rows of the
+/// name table that belong to each part, so they cannot drift from it.
 pub const VARIANT_ONLY_PARTS: &[VariantOnlyPart] = &[
     VariantOnlyPart {
+        rows: WanPart::ImageCrossAttn,
         fragments: &[
             "add_k_proj",
             "add_v_proj",
@@ -373,11 +374,13 @@ pub const VARIANT_ONLY_PARTS: &[VariantOnlyPart] = &[
         models: "a Wan 2.1 I2V/FLF2V model",
     },
     VariantOnlyPart {
+        rows: WanPart::PosEmbed,
         fragments: &["pos_embed", "emb_pos"],
         part: "the first-last-frame position embedding",
         models: "a Wan 2.1 FLF2V model",
     },
     VariantOnlyPart {
+        rows: WanPart::ImageEmbedder,
         fragments: &["image_embedder", "img_emb"],
         part: "the image embedder (CLIP projection)",
         models: "a Wan 2.1 I2V/FLF2V model",
@@ -387,6 +390,8 @@ pub const VARIANT_ONLY_PARTS: &[VariantOnlyPart] = &[
 /// A part of the transformer that only some variants have (see [`VARIANT_ONLY_PARTS`]).
 #[derive(Debug)]
 pub struct VariantOnlyPart {
+    /// The name table's rows of this part.
+    pub rows: WanPart,
     /// Fragments of its parameter names, in any naming.
     pub fragments: &'static [&'static str],
     /// What it is, in model terms.

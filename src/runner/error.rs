@@ -44,7 +44,7 @@ pub enum RunError {
         source_name: String,
         /// What does not fit.
         #[source]
-        source: crate::layout::PlanError,
+        source: crate::model::plan_error::PlanError,
     },
     /// An input tensor is missing, mis-shaped or inconsistent with the model.
     #[error("{origin}: input `{tensor}`: {reason}")]

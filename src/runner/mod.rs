@@ -8,7 +8,7 @@
 //! `rope`, `embed` (patch, time, text and image embeddings), `attention`, `block`,
 //! `forward` (the model), `job` (one run: a forward or a sampling loop), `scheduler` (FlowMatchEulerDiscreteScheduler), `sampler` (CFG
 //! loop and expert switch), `weights` (the `WeightSource` trait, checkpoints of any layout
-//! through `layout::ReadPlan`, in-memory weights),
+//! through `model::read_plan::ReadPlan`, in-memory weights),
 //! `quant_weights` (GGUF and scaled-fp8 checkpoints, dequantized per tensor),
 //! `model_dir` (what `--model` may name), `inputs` and `output` (the files of `wanbake
 //! run`), `error`.

@@ -2,11 +2,11 @@
 //! (spec quant_formats.md), dequantized per tensor when a layer asks, as their loaders do.
 //!
 //! Owns: `QuantWeights` (a `WeightSource` over either format, original-Wan names mapped to
-//! the diffusers table through `layout::ReadPlan`) and `open_quantized`, which says whether
-//! a `--model` path is one of them. Dequantization: scaled fp8 `W = q.to(f32) * scale_weight`
+//! the diffusers table through `model::read_plan::ReadPlan`) and `open_quantized`, which
+//! says whether a `--model` path is one of them. Dequantization: scaled fp8 `W = q.to(f32) * scale_weight`
 //! (ComfyUI's legacy ops, f32 compute), GGUF as gguf-py's dequantizers (`d·q`, `d·q + m`,
 //! F16/BF16 widened). Does not own: the encodings (`io::quant`), the GGUF parser
-//! (`io::gguf`), or the layouts (`layout`).
+//! (`io::gguf`), or the layouts (`model`).
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -18,8 +18,9 @@ use crate::io::checkpoint::{Checkpoint, TensorSet};
 use crate::io::gguf::{GgufFile, single_gguf_in, torch_shape};
 use crate::io::quant::fp8;
 use crate::io::{DType, ReadError};
-use crate::layout::{Layout, ReadPlan, StoredTensor};
+use crate::model::read_plan::{ReadPlan, StoredTensor};
 use crate::model::wan::{WanConfig, WanVariant};
+use crate::model::wan_layout::Layout;
 
 enum Source {
     Gguf {

@@ -3,10 +3,10 @@
 //! Owns: the `WeightSource` trait (a config plus f32 tensors in diffusers naming and
 //! PyTorch layout, fetched one at a time when a layer runs), `CheckpointWeights` (a
 //! checkpoint in any layout and float dtype, planned and validated at open time by
-//! `layout::ReadPlan`, read straight from the memory map: f32 diffusers-layout weights are
+//! `model::read_plan::ReadPlan`, read straight from the memory map: f32 diffusers-layout weights are
 //! borrowed, everything else widened and transposed per tensor when asked) and
 //! `MemoryWeights`. Does not own: finding files and folders (`io::checkpoint`), the name
-//! tables and transforms (`layout`), or which transformer is which (`runner::model_dir`).
+//! tables and transforms (`model`), or which transformer is which (`runner::model_dir`).
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -17,9 +17,12 @@ use rayon::prelude::*;
 use super::error::RunError;
 use crate::io::DType;
 use crate::io::checkpoint::{Checkpoint, Component, TensorSet};
-use crate::layout::transform::{SrcTensor, Transform, convert};
-use crate::layout::{Layout, PlanError, ReadPlan, StoredTensor, resolve_layout};
+use crate::model::plan_error::PlanError;
+use crate::model::read_plan::{ReadPlan, StoredTensor};
+use crate::model::transform::{SrcTensor, Transform, convert};
 use crate::model::wan::{WanConfig, WanVariant};
+use crate::model::wan_layout::{Layout, resolve_layout};
+use crate::model::wan_names::SKIPPED_MARKER;
 
 /// A WAN transformer's weights in diffusers naming and PyTorch layout, as f32.
 ///
@@ -39,12 +42,12 @@ pub trait WeightSource: Sync {
 /// Parameters a diffusers checkpoint may carry that diffusers ignores on load
 /// (`_keys_to_ignore_on_load_unexpected = ["norm_added_q"]`).
 pub fn is_ignored_on_load(name: &str) -> bool {
-    name.split('.').any(|t| t == "norm_added_q")
+    name.split('.').any(|t| t == SKIPPED_MARKER)
 }
 
-/// A WAN transformer checkpoint in any layout (`layout::Layout`: diffusers, original Wan /
-/// ComfyUI, NNX, NNX-scanned), one file or the shards of an index, read through a
-/// `layout::ReadPlan`: every stored key is accounted for, every shape checked against the
+/// A WAN transformer checkpoint in any layout (`model::wan_layout::Layout`: diffusers,
+/// original Wan / ComfyUI, NNX, NNX-scanned), one file or the shards of an index, read through a
+/// `model::read_plan::ReadPlan`: every stored key is accounted for, every shape checked against the
 /// config, and each canonical parameter is widened to f32 and transformed back to the
 /// PyTorch layout (a layer sliced out of a stacked tensor) when a layer asks for it.
 pub struct CheckpointWeights {

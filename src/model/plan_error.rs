@@ -1,13 +1,15 @@
 //! Why a layout conversion could not be planned.
 //!
-//! Owns: `PlanError`, the one error type of reading, writing, detection and dtype planning.
-//! Every variant carries the keys it concerns and, for shapes, expected versus found; the
+//! Owns: `PlanError`, the one error type of reading (`model::read_plan`), layout detection
+//! (`model::wan_layout`), writing and dtype planning (`layout::write`,
+//! `layout::dtype_policy`, `layout::exec`); it lives in `model` because imports go one way
+//! and the lowest of its users is here. Every variant carries the keys it concerns and, for shapes, expected versus found; the
 //! file name is attached by the caller that knows it (`io` or the CLI). Long key lists are
 //! shown in full up to a limit, then counted.
 
 use std::fmt::{self, Write as _};
 
-use super::Layout;
+use super::wan_layout::Layout;
 use crate::io::DType;
 
 /// How many keys an error message lists before it counts the rest.
@@ -15,7 +17,7 @@ pub const LISTED_KEYS: usize = 40;
 
 /// One stored tensor whose shape differs from what the config implies.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ShapeMismatch {
+pub struct StoredShapeMismatch {
     /// The stored tensor name.
     pub key: String,
     /// The shape the config implies for it.
@@ -58,7 +60,7 @@ pub enum PlanError {
         /// The layout.
         layout: Layout,
         /// Each mismatch.
-        mismatches: Vec<ShapeMismatch>,
+        mismatches: Vec<StoredShapeMismatch>,
     },
     /// Two stored keys are the same parameter (e.g. with and without a `diffusion_model.`
     /// prefix).
@@ -177,7 +179,7 @@ fn list(keys: &[String]) -> String {
     s
 }
 
-fn list_shapes(m: &[ShapeMismatch]) -> String {
+fn list_shapes(m: &[StoredShapeMismatch]) -> String {
     let mut s = String::new();
     for x in m.iter().take(LISTED_KEYS) {
         let _ = write!(

@@ -5,19 +5,19 @@
 //! (diffusers, PyTorch-layout) parameter, the stored tensor it comes from, the layer index
 //! when that tensor is stacked, and the transform back to the PyTorch layout. Also owns
 //! `infer_config`, which recovers the config from shapes when there is no config.json.
-//! Does not own: the name table (`layout::table`) or moving bytes (`layout::exec`).
+//! Does not own: the name table (`model::wan_names`) or moving bytes (`layout::exec`).
 //!
 //! Every input key is accounted for: it maps to canonical parameters, or it is skipped and
 //! reported (`norm_added_q`, which every reference ignores), or the plan fails naming it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use super::Layout;
-use super::error::{PlanError, ShapeMismatch};
-use super::table::{self, Entry, Position, SKIPPED_MARKER};
+use super::plan_error::{PlanError, StoredShapeMismatch};
 use super::transform::Transform;
+use super::wan::{ParamSpec, WanConfig};
+use super::wan_layout::Layout;
+use super::wan_names::{self, Dim, NameRow, Position, SKIPPED_MARKER, WanPart};
 use crate::io::{DType, TensorInfo, TensorView};
-use crate::model::wan::{ParamSpec, WanConfig};
 
 /// A tensor of the input as its header describes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -103,7 +103,7 @@ const SKIP_REASON: &str =
 /// A key resolved to one canonical parameter, before checking it against the config.
 struct Found<'a> {
     stored: &'a StoredTensor,
-    entry: &'static Entry,
+    entry: &'static NameRow,
     block: Option<usize>,
     layer: Option<usize>,
     stored_shape: Vec<usize>,
@@ -128,7 +128,7 @@ impl ReadPlan {
                     shape: t.shape.clone(),
                     reason: SKIP_REASON,
                 });
-            } else if let Some((entry, pos)) = table::parse_stored(layout, &t.name) {
+            } else if let Some((entry, pos)) = wan_names::parse_stored(layout, &t.name) {
                 parsed.push((t, entry, pos));
             } else {
                 unknown.push(t.name.clone());
@@ -204,7 +204,9 @@ fn name_of(f: &Found<'_>) -> String {
 
 /// L from the keys alone: one more than the largest block index (unscanned), or the
 /// leading axis of the stacked tensors (scanned; they must agree, checked in `expand`).
-fn count_layers(parsed: &[(&StoredTensor, &'static Entry, Position)]) -> Result<usize, PlanError> {
+fn count_layers(
+    parsed: &[(&StoredTensor, &'static NameRow, Position)],
+) -> Result<usize, PlanError> {
     let mut stacked: Vec<&StoredTensor> = parsed
         .iter()
         .filter(|(_, _, p)| *p == Position::Stacked)
@@ -236,7 +238,7 @@ fn count_layers(parsed: &[(&StoredTensor, &'static Entry, Position)]) -> Result<
 /// keys become L parameters.
 fn expand<'a>(
     layout: Layout,
-    parsed: &[(&'a StoredTensor, &'static Entry, Position)],
+    parsed: &[(&'a StoredTensor, &'static NameRow, Position)],
     num_layers: usize,
 ) -> Result<Vec<Found<'a>>, PlanError> {
     let mut found = Vec::new();
@@ -290,7 +292,7 @@ fn check_against_config(
     let mut by_name = index_by_canonical(found)?;
     let expected = config.diffusers_params();
     check_names(layout, &expected, &by_name)?;
-    let mut mismatches: BTreeMap<String, ShapeMismatch> = BTreeMap::new();
+    let mut mismatches: BTreeMap<String, StoredShapeMismatch> = BTreeMap::new();
     let mut params = Vec::with_capacity(expected.len());
     for p in expected {
         let Some(f) = by_name.remove(&p.name) else {
@@ -375,7 +377,7 @@ fn shape_mismatch(
     config: &WanConfig,
     f: &Found<'_>,
     p: &ParamSpec,
-) -> ShapeMismatch {
+) -> StoredShapeMismatch {
     let mut want = f
         .entry
         .from_canonical(layout)
@@ -384,7 +386,7 @@ fn shape_mismatch(
     if f.layer.is_some() {
         want.insert(0, config.num_layers);
     }
-    ShapeMismatch {
+    StoredShapeMismatch {
         key: f.stored.name.clone(),
         expected: want,
         found: f.stored.shape.clone(),
@@ -393,7 +395,7 @@ fn shape_mismatch(
 
 /// The name a canonical parameter has in `layout` (the stacked name for `nnx-scanned`).
 fn stored_name_for(layout: Layout, canonical: &str) -> String {
-    match table::parse_canonical(canonical) {
+    match wan_names::parse_canonical(canonical) {
         Some((e, block)) => e.stored_name(layout, block.unwrap_or(0)).0,
         None => canonical.to_string(),
     }
@@ -409,60 +411,125 @@ pub const INFERRED_HEAD_DIM: usize = 128;
 /// C_out, I, A, P and cross_attn_norm. The split of D into heads × head_dim shapes no
 /// parameter, so it is a guess: Dh = 128 when D is a multiple of 128 (every released
 /// model), else one head of width D. eps, rope_max_seq_len and qk_norm take diffusers'
-/// defaults.
+/// defaults. Each size is read from the first parameter of the name table whose shape has
+/// its symbol (`wan_names::first_axis_of`), so no parameter name is written here.
 pub fn infer_config(
     shapes: &HashMap<String, Vec<usize>>,
     num_layers: usize,
 ) -> Result<WanConfig, PlanError> {
-    let get = |name: &str, ndim: usize| -> Result<&[usize], PlanError> {
-        match shapes.get(name) {
-            Some(s) if s.len() == ndim => Ok(s),
-            Some(s) => Err(PlanError::Infer(format!(
-                "`{name}` has shape {s:?}, expected {ndim} dimensions"
-            ))),
-            None => Err(PlanError::Infer(format!(
-                "`{name}` (canonical name) is missing"
-            ))),
-        }
-    };
-    let pe = get("patch_embedding.weight", 5)?;
-    let (d, in_channels, patch_size) = (pe[0], pe[1], [pe[2], pe[3], pe[4]]);
+    let get = |dim: Dim| required_dim(shapes, dim);
+    let optional = |dim: Dim| read_dim(shapes, dim);
+    let (d, in_channels) = (get(Dim::Inner)?, get(Dim::InChannels)?);
+    let patch_size = [get(Dim::PatchT)?, get(Dim::PatchH)?, get(Dim::PatchW)?];
     if num_layers == 0 {
         return Err(PlanError::Infer("no transformer blocks found".into()));
     }
-    let proj = get("proj_out.weight", 2)?[0];
+    let proj = get(Dim::OutPatch)?;
     let patch_volume: usize = patch_size.iter().product();
     if patch_volume == 0 || proj % patch_volume != 0 {
         return Err(PlanError::Infer(format!(
-            "proj_out.weight has {proj} rows, not a multiple of the patch volume {patch_volume}"
+            "{} has {proj} rows, not a multiple of the patch volume {patch_volume}",
+            locate(Dim::OutPatch)?.0
         )));
     }
-    let optional = |name: &str, ndim: usize, axis: usize| -> Result<Option<usize>, PlanError> {
-        if shapes.contains_key(name) {
-            Ok(Some(get(name, ndim)?[axis]))
-        } else {
-            Ok(None)
-        }
-    };
     let (num_attention_heads, attention_head_dim) = if d % INFERRED_HEAD_DIM == 0 {
         (d / INFERRED_HEAD_DIM, INFERRED_HEAD_DIM)
     } else {
         (1, d)
     };
+    let cross_attn_norm = wan_names::first_of(WanPart::CrossAttnNorm)
+        .is_some_and(|e| shapes.contains_key(&table_row_name(e)));
     Ok(WanConfig {
         patch_size,
         num_attention_heads,
         attention_head_dim,
         in_channels,
         out_channels: Some(proj / patch_volume),
-        text_dim: get("condition_embedder.text_embedder.linear_1.weight", 2)?[1],
-        freq_dim: get("condition_embedder.time_embedder.linear_1.weight", 2)?[1],
-        ffn_dim: get("blocks.0.ffn.net.0.proj.weight", 2)?[0],
+        text_dim: get(Dim::Text)?,
+        freq_dim: get(Dim::Freq)?,
+        ffn_dim: get(Dim::Ffn)?,
         num_layers,
-        cross_attn_norm: shapes.contains_key("blocks.0.norm2.weight"),
-        image_dim: optional("condition_embedder.image_embedder.norm1.weight", 1, 0)?,
-        added_kv_proj_dim: optional("blocks.0.attn2.add_k_proj.weight", 2, 1)?,
-        pos_embed_seq_len: optional("condition_embedder.image_embedder.pos_embed", 3, 1)?,
+        cross_attn_norm,
+        image_dim: optional(Dim::Image)?,
+        added_kv_proj_dim: optional(Dim::AddedKv)?,
+        pos_embed_seq_len: optional(Dim::PosEmbed)?,
         ..WanConfig::default()
     })
+}
+
+/// The canonical name of a row (block 0 for a block row).
+fn table_row_name(e: &NameRow) -> String {
+    e.stored_name(Layout::Diffusers, 0).0
+}
+
+/// Where `dim` is read back from: the canonical name, rank and axis of the first parameter
+/// of the name table whose shape has it.
+fn locate(dim: Dim) -> Result<(String, usize, usize), PlanError> {
+    wan_names::first_axis_of(dim)
+        .map(|(e, axis)| (table_row_name(e), e.shape.len(), axis))
+        .ok_or_else(|| PlanError::Infer(format!("no WAN parameter has a {dim:?} axis")))
+}
+
+/// The size of `dim` in `shapes`, `None` when the parameter it is read from is absent.
+fn read_dim(shapes: &HashMap<String, Vec<usize>>, dim: Dim) -> Result<Option<usize>, PlanError> {
+    let (name, ndim, axis) = locate(dim)?;
+    match shapes.get(&name) {
+        None => Ok(None),
+        Some(s) if s.len() == ndim => Ok(Some(s[axis])),
+        Some(s) => Err(PlanError::Infer(format!(
+            "`{name}` has shape {s:?}, expected {ndim} dimensions"
+        ))),
+    }
+}
+
+/// The size of `dim` in `shapes`; the parameter it is read from must be present.
+fn required_dim(shapes: &HashMap<String, Vec<usize>>, dim: Dim) -> Result<usize, PlanError> {
+    read_dim(shapes, dim)?.ok_or_else(|| {
+        let name = locate(dim).map(|l| l.0).unwrap_or_default();
+        PlanError::Infer(format!("`{name}` (canonical name) is missing"))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::wan::WanVariant;
+
+    fn shapes_of(config: &WanConfig) -> HashMap<String, Vec<usize>> {
+        config
+            .diffusers_params()
+            .into_iter()
+            .map(|p| (p.name, p.shape))
+            .collect()
+    }
+
+    #[test]
+    fn every_released_config_is_recovered_from_its_shapes() {
+        for v in WanVariant::ALL {
+            let c = v.config();
+            assert_eq!(
+                infer_config(&shapes_of(&c), c.num_layers).unwrap(),
+                c,
+                "{v:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn inference_errors_name_the_canonical_parameter() {
+        let c = WanVariant::T2V1_3B.config();
+        let mut shapes = shapes_of(&c);
+        shapes.insert("proj_out.weight".into(), vec![64]);
+        let e = infer_config(&shapes, c.num_layers).unwrap_err().to_string();
+        assert!(
+            e.contains("`proj_out.weight` has shape [64], expected 2 dimensions"),
+            "{e}"
+        );
+        shapes.remove("patch_embedding.weight");
+        let e = infer_config(&shapes, c.num_layers).unwrap_err().to_string();
+        assert!(
+            e.contains("`patch_embedding.weight` (canonical name) is missing"),
+            "{e}"
+        );
+    }
 }

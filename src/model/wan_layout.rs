@@ -1,20 +1,89 @@
-//! Which layout a checkpoint is in: from its config.json, else from its keys.
+//! The four layouts a WAN transformer checkpoint can be stored in, and which one a
+//! checkpoint is in: from its config.json, else from its keys.
 //!
-//! Owns: the config.json field `_wanbake_layout` (written by `wanbake restack`, preferred by
-//! every later read), `detect_layout` (the one layout whose name table explains every key),
-//! and `resolve_layout`, the order of precedence: an explicit choice, then the config
-//! field, then detection. Does not own: checking shapes (`layout::read`).
+//! Owns: `Layout` (`diffusers`, `wan`, `nnx`, `nnx-scanned`), its command-line and
+//! config.json spelling, and `UnknownLayout`; the config.json field `_wanbake_layout`
+//! (written by `wanbake restack`, preferred by every later read), `detect_layout` (the one
+//! layout whose name table explains every key), and `resolve_layout`, the order of
+//! precedence: an explicit choice, then the config field, then detection. Does not own: the
+//! names each layout gives a parameter (`model::wan_names`), checking shapes
+//! (`model::read_plan`) or converting a checkpoint between layouts (`layout`).
 //!
 //! The field name starts with `_`, so diffusers' `ConfigMixin.extract_init_dict` drops it
 //! as a private attribute ("remove private attributes") without a warning, and
 //! `WanConfig` ignores it like any unknown field. Its value is a layout name:
 //! `"diffusers"`, `"wan"`, `"nnx"` or `"nnx-scanned"`.
 
+use std::fmt;
+use std::str::FromStr;
+
 use serde_json::{Map, Value};
 
-use super::Layout;
-use super::error::PlanError;
-use super::table::{self, SKIPPED_MARKER};
+use super::plan_error::PlanError;
+use super::wan_names::{self, SKIPPED_MARKER};
+
+/// A naming and storage convention for the WAN transformer's parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Layout {
+    /// diffusers `WanTransformer3DModel` names, PyTorch layouts (the canonical form).
+    Diffusers,
+    /// Original Wan-AI / ComfyUI names (spec wan.md §1.4), PyTorch layouts. On input the
+    /// `model.diffusion_model.` and `diffusion_model.` prefixes are accepted.
+    Wan,
+    /// MaxDiffusion NNX paths with `scan_layers: False`: `blocks.N.attn1.query.kernel` (in,
+    /// out), Conv3d kernel DHWIO, norm `scale`s.
+    Nnx,
+    /// MaxDiffusion NNX paths with `scan_layers: True`: one tensor per block parameter with
+    /// a leading axis of size L (`blocks.attn1.query.kernel` (L, in, out)).
+    NnxScanned,
+}
+
+impl Layout {
+    /// Every layout.
+    pub const ALL: [Layout; 4] = [
+        Layout::Diffusers,
+        Layout::Wan,
+        Layout::Nnx,
+        Layout::NnxScanned,
+    ];
+
+    /// The command-line and config.json spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Layout::Diffusers => "diffusers",
+            Layout::Wan => "wan",
+            Layout::Nnx => "nnx",
+            Layout::NnxScanned => "nnx-scanned",
+        }
+    }
+
+    /// True for the two MaxDiffusion layouts.
+    pub fn is_nnx(self) -> bool {
+        matches!(self, Layout::Nnx | Layout::NnxScanned)
+    }
+}
+
+impl fmt::Display for Layout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A layout name that is not one of the four.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown layout `{0}` (expected diffusers, wan, nnx or nnx-scanned)")]
+pub struct UnknownLayout(pub String);
+
+impl FromStr for Layout {
+    type Err = UnknownLayout;
+
+    fn from_str(s: &str) -> Result<Layout, UnknownLayout> {
+        Layout::ALL
+            .into_iter()
+            .find(|l| l.as_str() == s)
+            .ok_or_else(|| UnknownLayout(s.to_string()))
+    }
+}
 
 /// The config.json field that records a checkpoint's layout.
 pub const LAYOUT_FIELD: &str = "_wanbake_layout";
@@ -29,7 +98,7 @@ pub fn detect_layout<S: AsRef<str>>(names: &[S]) -> Result<Layout, PlanError> {
         .collect();
     let explained = |layout: Layout| {
         keys.iter()
-            .filter(|k| table::parse_stored(layout, k).is_some())
+            .filter(|k| wan_names::parse_stored(layout, k).is_some())
             .count()
     };
     let counts: Vec<(Layout, usize)> = Layout::ALL.iter().map(|&l| (l, explained(l))).collect();
@@ -50,7 +119,7 @@ pub fn detect_layout<S: AsRef<str>>(names: &[S]) -> Result<Layout, PlanError> {
             let closest = (closest.1 > 0).then_some(closest.0);
             let mut unknown: Vec<String> = keys
                 .iter()
-                .filter(|k| closest.is_none_or(|l| table::parse_stored(l, k).is_none()))
+                .filter(|k| closest.is_none_or(|l| wan_names::parse_stored(l, k).is_none()))
                 .map(|k| k.to_string())
                 .collect();
             unknown.sort();
@@ -103,6 +172,14 @@ pub fn resolve_layout<S: AsRef<str>>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn spellings_round_trip() {
+        for l in Layout::ALL {
+            assert_eq!(l.as_str().parse::<Layout>().unwrap(), l);
+        }
+        assert!("nnx_scanned".parse::<Layout>().is_err());
+    }
 
     #[test]
     fn detects_each_layout_from_characteristic_keys() {

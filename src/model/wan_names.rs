@@ -1,11 +1,14 @@
 //! The one name table of the WAN transformer across its four layouts.
 //!
-//! Owns: `ENTRIES`, one row per parameter kind (a top-level parameter, or a parameter every
+//! Owns: `entries`, one row per parameter kind (a top-level parameter, or a parameter every
 //! block has), giving its diffusers name, its original Wan-AI name (spec wan.md §1.4), its
-//! MaxDiffusion NNX path (spec wan.md §4.2, after the renames of §4.3) and the transform
-//! from the PyTorch layout to the NNX layout; and the codecs that turn a (row, block) into
-//! a stored tensor name of a layout and back. Does not own: shapes (`model::wan`), plans
-//! (`layout::read`, `layout::write`).
+//! MaxDiffusion NNX path (spec wan.md §4.2, after the renames of §4.3), the transform from
+//! the PyTorch layout to the NNX layout, its PyTorch shape in config symbols (`Dim`, spec
+//! wan.md §1.2) and the part of the model it belongs to (`WanPart`: every config has the
+//! core, the rest only when the config says so); and the codecs that turn a (row, block)
+//! into a stored tensor name of a layout and back. Does not own: the sizes a config gives
+//! the symbols and the parameter list it implies (`model::wan`), plans
+//! (`model::read_plan`, `layout::write`).
 //!
 //! The table is the final 1:1 mapping, not a re-implementation of the `str.replace` chains
 //! of the converters (spec wan.md §1.4 says to use the final table).
@@ -13,8 +16,8 @@
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
-use super::Layout;
 use super::transform::Transform;
+use super::wan_layout::Layout;
 
 /// Whether a parameter sits outside the blocks or inside every block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -25,9 +28,63 @@ pub enum Scope {
     Block,
 }
 
+/// One axis of a parameter's PyTorch-layout shape, named after the config symbol that
+/// sizes it (spec wan.md §1.2); `WanConfig::dim` gives its size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Dim {
+    /// 1.
+    One,
+    /// 2.
+    Two,
+    /// 6.
+    Six,
+    /// D = H · Dh.
+    Inner,
+    /// 6 · D.
+    SixInner,
+    /// C_in.
+    InChannels,
+    /// pt.
+    PatchT,
+    /// ph.
+    PatchH,
+    /// pw.
+    PatchW,
+    /// Fq, the sinusoidal timestep width.
+    Freq,
+    /// T, the text encoder width.
+    Text,
+    /// F, the feed-forward width.
+    Ffn,
+    /// I, the CLIP image width.
+    Image,
+    /// A, the added k/v input width.
+    AddedKv,
+    /// P, the first-last-frame position embedding length.
+    PosEmbed,
+    /// C_out · pt · ph · pw.
+    OutPatch,
+}
+
+/// The part of the model a parameter belongs to, which decides whether a config has it
+/// (`WanConfig::has_part`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WanPart {
+    /// Every WAN transformer.
+    Core,
+    /// The CLIP image embedder (`image_dim`, Wan 2.1 I2V/FLF2V).
+    ImageEmbedder,
+    /// The first-last-frame position embedding (`pos_embed_seq_len`, FLF2V).
+    PosEmbed,
+    /// The image cross-attention (`added_kv_proj_dim`, Wan 2.1 I2V/FLF2V).
+    ImageCrossAttn,
+    /// The affine norm before cross-attention (`cross_attn_norm`).
+    CrossAttnNorm,
+}
+
 /// One parameter kind in every layout. Block names are relative to `blocks.N.`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Entry {
+pub struct NameRow {
     /// Top-level or per block.
     pub scope: Scope,
     /// diffusers `WanTransformer3DModel` name (the canonical name).
@@ -38,65 +95,76 @@ pub struct Entry {
     pub nnx: &'static str,
     /// PyTorch layout → NNX layout.
     pub to_nnx: Transform,
+    /// PyTorch-layout shape, one symbol per axis.
+    pub shape: &'static [Dim],
+    /// The part of the model it belongs to.
+    pub part: WanPart,
 }
 
 macro_rules! row {
-    ($scope:ident, $d:expr, $w:expr, $n:expr, $t:ident) => {
-        Entry {
+    ($scope:ident, $d:expr, $w:expr, $n:expr, $t:ident, [$($dim:ident),+]) => {
+        NameRow {
             scope: Scope::$scope,
             diffusers: $d,
             wan: $w,
             nnx: $n,
             to_nnx: Transform::$t,
+            shape: &[$(Dim::$dim),+],
+            part: WanPart::Core,
         }
     };
 }
 
-/// A Linear layer: `.weight` (transposed for NNX, renamed `kernel`) and `.bias`.
+/// A Linear layer of shape (out, in): `.weight` (transposed for NNX, renamed `kernel`) and
+/// `.bias` (out).
 macro_rules! linear {
-    ($scope:ident, $d:literal, $w:literal, $n:literal) => {
+    ($scope:ident, $d:literal, $w:literal, $n:literal, $out:ident, $in:ident) => {
         [
             row!(
                 $scope,
                 concat!($d, ".weight"),
                 concat!($w, ".weight"),
                 concat!($n, ".kernel"),
-                Transpose
+                Transpose,
+                [$out, $in]
             ),
             row!(
                 $scope,
                 concat!($d, ".bias"),
                 concat!($w, ".bias"),
                 concat!($n, ".bias"),
-                Identity
+                Identity,
+                [$out]
             ),
         ]
     };
 }
 
-/// An affine norm: `.weight` → NNX `.scale`, and `.bias`.
+/// An affine norm over `dim`: `.weight` → NNX `.scale`, and `.bias`.
 macro_rules! affine_norm {
-    ($scope:ident, $d:literal, $w:literal, $n:literal) => {
+    ($scope:ident, $d:literal, $w:literal, $n:literal, $dim:ident) => {
         [
             row!(
                 $scope,
                 concat!($d, ".weight"),
                 concat!($w, ".weight"),
                 concat!($n, ".scale"),
-                Identity
+                Identity,
+                [$dim]
             ),
             row!(
                 $scope,
                 concat!($d, ".bias"),
                 concat!($w, ".bias"),
                 concat!($n, ".bias"),
-                Identity
+                Identity,
+                [$dim]
             ),
         ]
     };
 }
 
-/// An RMSNorm: `.weight` → NNX `.scale`.
+/// An RMSNorm over D: `.weight` → NNX `.scale`.
 macro_rules! rms_norm {
     ($scope:ident, $d:literal, $w:literal, $n:literal) => {
         [row!(
@@ -104,113 +172,185 @@ macro_rules! rms_norm {
             concat!($d, ".weight"),
             concat!($w, ".weight"),
             concat!($n, ".scale"),
-            Identity
+            Identity,
+            [Inner]
         )]
     };
 }
 
-fn build_entries() -> Vec<Entry> {
-    let mut e: Vec<Entry> = Vec::with_capacity(56);
+/// `rows`, marked as belonging to `part`.
+fn only_in<const N: usize>(part: WanPart, rows: [NameRow; N]) -> [NameRow; N] {
+    rows.map(|e| NameRow { part, ..e })
+}
+
+fn build_entries() -> Vec<NameRow> {
+    let mut e: Vec<NameRow> = Vec::with_capacity(56);
     // Top level (spec wan.md §1.2, §1.4, §4.2).
     e.push(row!(
         Top,
         "patch_embedding.weight",
         "patch_embedding.weight",
         "patch_embedding.kernel",
-        OidhwToDhwio
+        OidhwToDhwio,
+        [Inner, InChannels, PatchT, PatchH, PatchW]
     ));
     e.push(row!(
         Top,
         "patch_embedding.bias",
         "patch_embedding.bias",
         "patch_embedding.bias",
-        Identity
+        Identity,
+        [Inner]
     ));
     e.extend(linear!(
         Top,
         "condition_embedder.time_embedder.linear_1",
         "time_embedding.0",
-        "condition_embedder.time_embedder.linear_1"
+        "condition_embedder.time_embedder.linear_1",
+        Inner,
+        Freq
     ));
     e.extend(linear!(
         Top,
         "condition_embedder.time_embedder.linear_2",
         "time_embedding.2",
-        "condition_embedder.time_embedder.linear_2"
+        "condition_embedder.time_embedder.linear_2",
+        Inner,
+        Inner
     ));
     e.extend(linear!(
         Top,
         "condition_embedder.time_proj",
         "time_projection.1",
-        "condition_embedder.time_proj"
+        "condition_embedder.time_proj",
+        SixInner,
+        Inner
     ));
     e.extend(linear!(
         Top,
         "condition_embedder.text_embedder.linear_1",
         "text_embedding.0",
-        "condition_embedder.text_embedder.linear_1"
+        "condition_embedder.text_embedder.linear_1",
+        Inner,
+        Text
     ));
     e.extend(linear!(
         Top,
         "condition_embedder.text_embedder.linear_2",
         "text_embedding.2",
-        "condition_embedder.text_embedder.linear_2"
+        "condition_embedder.text_embedder.linear_2",
+        Inner,
+        Inner
     ));
-    e.extend(affine_norm!(
-        Top,
-        "condition_embedder.image_embedder.norm1",
-        "img_emb.proj.0",
-        "condition_embedder.image_embedder.norm1.layer_norm"
+    e.extend(only_in(
+        WanPart::ImageEmbedder,
+        affine_norm!(
+            Top,
+            "condition_embedder.image_embedder.norm1",
+            "img_emb.proj.0",
+            "condition_embedder.image_embedder.norm1.layer_norm",
+            Image
+        ),
     ));
-    e.extend(linear!(
-        Top,
-        "condition_embedder.image_embedder.ff.net.0.proj",
-        "img_emb.proj.1",
-        "condition_embedder.image_embedder.ff.net_0"
+    e.extend(only_in(
+        WanPart::ImageEmbedder,
+        linear!(
+            Top,
+            "condition_embedder.image_embedder.ff.net.0.proj",
+            "img_emb.proj.1",
+            "condition_embedder.image_embedder.ff.net_0",
+            Image,
+            Image
+        ),
     ));
-    e.extend(linear!(
-        Top,
-        "condition_embedder.image_embedder.ff.net.2",
-        "img_emb.proj.3",
-        "condition_embedder.image_embedder.ff.net_2"
+    e.extend(only_in(
+        WanPart::ImageEmbedder,
+        linear!(
+            Top,
+            "condition_embedder.image_embedder.ff.net.2",
+            "img_emb.proj.3",
+            "condition_embedder.image_embedder.ff.net_2",
+            Inner,
+            Image
+        ),
     ));
-    e.extend(affine_norm!(
-        Top,
-        "condition_embedder.image_embedder.norm2",
-        "img_emb.proj.4",
-        "condition_embedder.image_embedder.norm2.layer_norm"
+    e.extend(only_in(
+        WanPart::ImageEmbedder,
+        affine_norm!(
+            Top,
+            "condition_embedder.image_embedder.norm2",
+            "img_emb.proj.4",
+            "condition_embedder.image_embedder.norm2.layer_norm",
+            Inner
+        ),
     ));
-    e.push(row!(
-        Top,
-        "condition_embedder.image_embedder.pos_embed",
-        "img_emb.emb_pos",
-        "condition_embedder.image_embedder.pos_embed",
-        Identity
+    e.extend(only_in(
+        WanPart::PosEmbed,
+        [row!(
+            Top,
+            "condition_embedder.image_embedder.pos_embed",
+            "img_emb.emb_pos",
+            "condition_embedder.image_embedder.pos_embed",
+            Identity,
+            [One, PosEmbed, Image]
+        )],
     ));
     e.push(row!(
         Top,
         "scale_shift_table",
         "head.modulation",
         "scale_shift_table",
-        Identity
+        Identity,
+        [One, Two, Inner]
     ));
-    e.extend(linear!(Top, "proj_out", "head.head", "proj_out"));
+    e.extend(linear!(
+        Top,
+        "proj_out",
+        "head.head",
+        "proj_out",
+        OutPatch,
+        Inner
+    ));
     // Per block. Note the norm2/norm3 swap between diffusers and the original.
     e.push(row!(
         Block,
         "scale_shift_table",
         "modulation",
         "adaln_scale_shift_table",
-        Identity
+        Identity,
+        [One, Six, Inner]
     ));
-    e.extend(linear!(Block, "attn1.to_q", "self_attn.q", "attn1.query"));
-    e.extend(linear!(Block, "attn1.to_k", "self_attn.k", "attn1.key"));
-    e.extend(linear!(Block, "attn1.to_v", "self_attn.v", "attn1.value"));
+    e.extend(linear!(
+        Block,
+        "attn1.to_q",
+        "self_attn.q",
+        "attn1.query",
+        Inner,
+        Inner
+    ));
+    e.extend(linear!(
+        Block,
+        "attn1.to_k",
+        "self_attn.k",
+        "attn1.key",
+        Inner,
+        Inner
+    ));
+    e.extend(linear!(
+        Block,
+        "attn1.to_v",
+        "self_attn.v",
+        "attn1.value",
+        Inner,
+        Inner
+    ));
     e.extend(linear!(
         Block,
         "attn1.to_out.0",
         "self_attn.o",
-        "attn1.proj_attn"
+        "attn1.proj_attn",
+        Inner,
+        Inner
     ));
     e.extend(rms_norm!(
         Block,
@@ -224,14 +364,37 @@ fn build_entries() -> Vec<Entry> {
         "self_attn.norm_k",
         "attn1.norm_k"
     ));
-    e.extend(linear!(Block, "attn2.to_q", "cross_attn.q", "attn2.query"));
-    e.extend(linear!(Block, "attn2.to_k", "cross_attn.k", "attn2.key"));
-    e.extend(linear!(Block, "attn2.to_v", "cross_attn.v", "attn2.value"));
+    e.extend(linear!(
+        Block,
+        "attn2.to_q",
+        "cross_attn.q",
+        "attn2.query",
+        Inner,
+        Inner
+    ));
+    e.extend(linear!(
+        Block,
+        "attn2.to_k",
+        "cross_attn.k",
+        "attn2.key",
+        Inner,
+        Inner
+    ));
+    e.extend(linear!(
+        Block,
+        "attn2.to_v",
+        "cross_attn.v",
+        "attn2.value",
+        Inner,
+        Inner
+    ));
     e.extend(linear!(
         Block,
         "attn2.to_out.0",
         "cross_attn.o",
-        "attn2.proj_attn"
+        "attn2.proj_attn",
+        Inner,
+        Inner
     ));
     e.extend(rms_norm!(
         Block,
@@ -245,34 +408,64 @@ fn build_entries() -> Vec<Entry> {
         "cross_attn.norm_k",
         "attn2.norm_k"
     ));
-    e.extend(linear!(
-        Block,
-        "attn2.add_k_proj",
-        "cross_attn.k_img",
-        "attn2.add_k_proj"
+    e.extend(only_in(
+        WanPart::ImageCrossAttn,
+        linear!(
+            Block,
+            "attn2.add_k_proj",
+            "cross_attn.k_img",
+            "attn2.add_k_proj",
+            Inner,
+            AddedKv
+        ),
+    ));
+    e.extend(only_in(
+        WanPart::ImageCrossAttn,
+        linear!(
+            Block,
+            "attn2.add_v_proj",
+            "cross_attn.v_img",
+            "attn2.add_v_proj",
+            Inner,
+            AddedKv
+        ),
+    ));
+    e.extend(only_in(
+        WanPart::ImageCrossAttn,
+        rms_norm!(
+            Block,
+            "attn2.norm_added_k",
+            "cross_attn.norm_k_img",
+            "attn2.norm_added_k"
+        ),
+    ));
+    e.extend(only_in(
+        WanPart::CrossAttnNorm,
+        affine_norm!(Block, "norm2", "norm3", "norm2.layer_norm", Inner),
     ));
     e.extend(linear!(
         Block,
-        "attn2.add_v_proj",
-        "cross_attn.v_img",
-        "attn2.add_v_proj"
+        "ffn.net.0.proj",
+        "ffn.0",
+        "ffn.act_fn.proj",
+        Ffn,
+        Inner
     ));
-    e.extend(rms_norm!(
+    e.extend(linear!(
         Block,
-        "attn2.norm_added_k",
-        "cross_attn.norm_k_img",
-        "attn2.norm_added_k"
+        "ffn.net.2",
+        "ffn.2",
+        "ffn.proj_out",
+        Inner,
+        Ffn
     ));
-    e.extend(affine_norm!(Block, "norm2", "norm3", "norm2.layer_norm"));
-    e.extend(linear!(Block, "ffn.net.0.proj", "ffn.0", "ffn.act_fn.proj"));
-    e.extend(linear!(Block, "ffn.net.2", "ffn.2", "ffn.proj_out"));
     e
 }
 
 /// Every parameter kind of the WAN transformer (T2V, I2V/FLF2V image branch, TI2V), each
 /// once. Rows exist for optional parameters too; a config decides which are present.
-pub fn entries() -> &'static [Entry] {
-    static ENTRIES: OnceLock<Vec<Entry>> = OnceLock::new();
+pub fn entries() -> &'static [NameRow] {
+    static ENTRIES: OnceLock<Vec<NameRow>> = OnceLock::new();
     ENTRIES.get_or_init(build_entries)
 }
 
@@ -296,7 +489,13 @@ pub const WAN_PREFIXES: [&str; 2] = ["model.diffusion_model.", "diffusion_model.
 /// in key`): `blocks.N.attn2.norm_added_q.weight`, which no forward pass uses.
 pub const SKIPPED_MARKER: &str = "norm_added_q";
 
-impl Entry {
+impl NameRow {
+    /// True for the output head (original names `head.*`: the final modulation and
+    /// projection), which the diffusers parameter order puts after the blocks.
+    pub fn is_head(&self) -> bool {
+        self.scope == Scope::Top && self.wan.starts_with("head.")
+    }
+
     /// This entry's local name in `layout`.
     pub fn local(&self, layout: Layout) -> &'static str {
         match layout {
@@ -344,7 +543,7 @@ fn local_maps() -> &'static LocalMaps {
 /// Parses a stored tensor name of `layout` into (row of [`entries`], position). `None`
 /// when the name is not a WAN parameter of that layout. Block indices must be written in
 /// canonical decimal (no sign, no leading zero).
-pub fn parse_stored(layout: Layout, name: &str) -> Option<(&'static Entry, Position)> {
+pub fn parse_stored(layout: Layout, name: &str) -> Option<(&'static NameRow, Position)> {
     let name = match layout {
         Layout::Wan => strip_wan_prefix(name),
         _ => name,
@@ -376,8 +575,22 @@ fn parse_index(s: &str) -> Option<usize> {
     if canonical { s.parse().ok() } else { None }
 }
 
+/// The first row, in table order, whose shape has `dim`, and the axis it is on: where a
+/// config's size for `dim` can be read back from shapes.
+pub fn first_axis_of(dim: Dim) -> Option<(&'static NameRow, usize)> {
+    entries()
+        .iter()
+        .find_map(|e| Some((e, e.shape.iter().position(|&d| d == dim)?)))
+}
+
+/// The first row, in table order, of `part`: the parameter whose presence says a
+/// checkpoint has that part.
+pub fn first_of(part: WanPart) -> Option<&'static NameRow> {
+    entries().iter().find(|e| e.part == part)
+}
+
 /// Splits a canonical (diffusers) parameter name into its row and block index.
-pub fn parse_canonical(name: &str) -> Option<(&'static Entry, Option<usize>)> {
+pub fn parse_canonical(name: &str) -> Option<(&'static NameRow, Option<usize>)> {
     match parse_stored(Layout::Diffusers, name)? {
         (e, Position::Top) => Some((e, None)),
         (e, Position::Block(b)) => Some((e, Some(b))),
