@@ -106,6 +106,7 @@ fn options(dtype: OutputDType) -> MergeOptions {
         dora_strength: DoraStrength::Merge,
         allow_unmatched: false,
         shard_bytes: None,
+        quantize: None,
     }
 }
 

@@ -242,6 +242,7 @@ impl ReferenceDir {
             keep_f32: None,
             layout: None,
             shard_bytes: None,
+            quantize: None,
             ..options.clone()
         };
         let mut prepared = prepare_merge(base, adapters, &ref_options, BaseHash::Skip)?;

@@ -113,10 +113,15 @@ fn describe_plan(plan: &BakePlan, p: &mut Printer) -> serde_json::Value {
     }
     let out = &plan.prepared.plan.output;
     let o = &r.output;
+    let encoding = match (&o.to, o.city96_rounding) {
+        (Some(to), false) => to.clone(),
+        (Some(to), true) => format!("{to} (city96 rounding)"),
+        (None, _) => o.dtype().unwrap_or("bf16").to_string(),
+    };
     p.line(format!(
         "  output   {}: {}, layout {}, keep-f32 {}, {} files, {} tensors, {}",
         r.relative(&o.dir),
-        o.dtype,
+        encoding,
         o.layout.as_deref().unwrap_or("same as the base"),
         plan.prepared.plan.keep_f32,
         out.files.len() + out.aux.len() + 1,
