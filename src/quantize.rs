@@ -22,11 +22,11 @@ use std::path::PathBuf;
 use serde_json::json;
 
 use crate::io::checkpoint::{Checkpoint, Component};
-use crate::io::gguf::{self, GgufLayout, TensorPlan};
+use crate::io::gguf::{self, TensorPlan};
 use crate::io::header_layout::PlannedTensor;
 use crate::io::quant::fp8;
 use crate::io::quant::ggml::{self, GgmlType};
-use crate::io::writer::{ComponentOutput, OutputPlan};
+use crate::io::writer::{ComponentOutput, GgufParts, OutputPlan};
 use crate::io::{DType, dtype};
 use crate::layout::Layout;
 use crate::layout::table::{self, Position};
@@ -239,20 +239,14 @@ impl QuantPlan {
             };
             return Ok(OutputPlan::build(&[c], &[])?);
         }
-        let (kv, plans) = self.gguf_parts();
-        let layout = GgufLayout::new(&kv, &plans);
         let mut out = OutputPlan::build(&[], &[])?;
-        out.add_laid_out_file(
-            0,
-            PathBuf::from(format!("{stem}.gguf")),
-            layout.to_header_layout(&plans),
-        );
+        out.add_gguf_file(0, PathBuf::from(format!("{stem}.gguf")), self.gguf_parts());
         Ok(out)
     }
 
     /// GGUF metadata (spec §2.2) and tensor infos (`ne` = torch shape reversed, every
     /// dimension kept).
-    fn gguf_parts(&self) -> (Vec<(String, gguf::Value)>, Vec<TensorPlan>) {
+    fn gguf_parts(&self) -> GgufParts {
         let kv = vec![
             (
                 "general.architecture".to_string(),
@@ -267,7 +261,7 @@ impl QuantPlan {
                 gguf::Value::U32(self.options.format.file_type().unwrap_or(0)),
             ),
         ];
-        let plans = self
+        let tensors = self
             .tensors
             .iter()
             .map(|t| TensorPlan {
@@ -279,7 +273,7 @@ impl QuantPlan {
                 },
             })
             .collect();
-        (kv, plans)
+        GgufParts { kv, tensors }
     }
 }
 
