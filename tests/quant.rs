@@ -1105,3 +1105,169 @@ fn i2v_outputs_match_the_references() {
         );
     }
 }
+
+// ---- `bake` with `[output] to`: the same one-pass merge, provenance in the GGUF metadata,
+// the runner's checks on the quantized release, and the recipe's refusals.
+
+fn quant_recipe(dir: &std::path::Path, output: &str, checks: &str) -> std::path::PathBuf {
+    let text = format!(
+        "[base]\npath = \"{}\"\n\n[[adapter]]\npath = \"{}\"\n\n[output]\ndir = \"out\"\n{output}\n{checks}",
+        repo().join("golden/models/t2v").display(),
+        repo().join("golden/adapters/peft_plain").display(),
+    );
+    let path = dir.join("q.toml");
+    fs_err::write(&path, text).unwrap();
+    path
+}
+
+/// A GGUF bake: its tensors are byte for byte those of `merge --to` (the header differs only
+/// by the recipe's provenance, stamped as GGUF string metadata), its manifest describes the
+/// tensors by ggml type and torch shape, and the runner's checks run on the quantized file.
+#[test]
+fn bake_to_gguf_is_the_merge_with_provenance_and_checks() {
+    use wanbake::io::gguf::{GgufFile, Value};
+    let d = tmp();
+    let inputs = repo().join("golden/runner/t2v__inputs.safetensors");
+    let fused = repo().join("golden/runner/t2v__peft_plain__fused_forward.safetensors");
+    let checks = format!(
+        "[[check]]\nname = \"vs-diffusers\"\ninputs = \"{}\"\nexpected = \"{}\"\ntolerance = 0.3\n\n\
+         [[check]]\nname = \"vs-unmerged\"\ninputs = \"{}\"\nexpected = \"unmerged\"\ntolerance = 0.3\n",
+        inputs.display(),
+        fused.display(),
+        inputs.display()
+    );
+    let recipe = quant_recipe(
+        d.path(),
+        "to = \"gguf:q4_0\"\ncity96_rounding = true",
+        &checks,
+    );
+    let stdout = ok(run(d.path(), &["bake", recipe.to_str().unwrap()]));
+    assert!(stdout.contains("gguf:q4_0 (city96 rounding)"), "{stdout}");
+    let baked = GgufFile::open(&d.path().join("out/model-q4_0.gguf")).unwrap();
+    let m2 = d.path().join("m2");
+    ok(run(
+        d.path(),
+        &[
+            "merge",
+            "--base",
+            repo().join("golden/models/t2v").to_str().unwrap(),
+            "--adapter",
+            repo().join("golden/adapters/peft_plain").to_str().unwrap(),
+            "--to",
+            "gguf:q4_0",
+            "--city96-rounding",
+            "--out",
+            m2.to_str().unwrap(),
+        ],
+    ));
+    let want = GgufFile::open(&m2.join("model-q4_0.gguf")).unwrap();
+    let (hb, hw) = (baked.header(), want.header());
+    assert_eq!(hb.tensors.len(), hw.tensors.len());
+    for (i, t) in hb.tensors.iter().enumerate() {
+        let w = &hw.tensors[i];
+        assert_eq!((&t.name, t.ty, &t.ne), (&w.name, w.ty, &w.ne));
+        assert!(baked.data(i) == want.data(i), "{}: bytes differ", t.name);
+    }
+    assert_eq!(
+        &hb.kv[..hw.kv.len()],
+        &hw.kv[..],
+        "the file's own metadata first"
+    );
+    let extra: Vec<&str> = hb.kv[hw.kv.len()..]
+        .iter()
+        .map(|(k, _)| k.as_str())
+        .collect();
+    assert_eq!(
+        extra,
+        ["wanbake.inputs", "wanbake.recipe", "wanbake.version"]
+    );
+    let Some(Value::Str(r)) = baked.header().get("wanbake.recipe") else {
+        panic!("no recipe in the GGUF metadata")
+    };
+    assert!(r.contains("\"to\":\"gguf:q4_0\""), "{r}");
+    let m: serde_json::Value =
+        serde_json::from_slice(&fs_err::read(d.path().join("out/wanbake.manifest.json")).unwrap())
+            .unwrap();
+    assert_eq!(m["status"], "ok");
+    assert_eq!(m["command"], "bake");
+    assert!(m["report"]["quantization"]["tensors"].is_object());
+    assert_eq!(m["report"]["merge"]["targets_merged"], 32);
+    // the activation error of Q4_0 on the tiny model: the check ran on the quantized file
+    for c in m["checks"].as_array().unwrap() {
+        assert_eq!(c["passed"], true, "{c}");
+        let e = c["max_abs_diff"].as_f64().unwrap();
+        assert!(e > 1e-2 && e < 0.3, "{c}");
+    }
+    let q = &m["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["path"] == "model-q4_0.gguf")
+        .unwrap()["tensors"]["blocks.0.self_attn.q.weight"];
+    assert_eq!(q["dtype"], "Q4_0");
+    assert_eq!(q["shape"], serde_json::json!([32, 32]));
+    ok(run(d.path(), &["verify", "out"]));
+}
+
+/// `[output] to` and its companions are checked with the recipe, naming the field; nothing
+/// is written.
+#[test]
+fn bake_to_refusals_name_the_field() {
+    let d = tmp();
+    for (output, want) in [
+        (
+            "to = \"gguf:q3_k\"",
+            "output.to: unknown format `gguf:q3_k`",
+        ),
+        (
+            "to = \"gguf:q8_0\"\ndtype = \"bf16\"",
+            "output.dtype: `bf16`: gguf:q8_0 decides every tensor's type",
+        ),
+        (
+            "to = \"fp8-scaled\"\nlayout = \"wan\"",
+            "output.layout: fp8-scaled decides the output",
+        ),
+        (
+            "to = \"fp8-scaled\"\ncity96_rounding = true",
+            "output.city96_rounding: applies to gguf:<type> only",
+        ),
+        (
+            "city96_rounding = true",
+            "output.city96_rounding: needs to = gguf:<type>",
+        ),
+    ] {
+        let recipe = quant_recipe(d.path(), output, "");
+        let (code, _, err) = parts(&run(d.path(), &["bake", recipe.to_str().unwrap()]));
+        assert_ne!(code, 0, "{output}: {err}");
+        assert!(err.contains(want), "{output}: {err}");
+        assert_eq!(tree(d.path()), ["q.toml"], "{output}");
+    }
+}
+
+/// An fp8-scaled bake keeps F16 high-precision tensors by default (as the CLI), BF16 when
+/// the recipe says `dtype = "bf16"`, and its weight file carries the provenance metadata.
+#[test]
+fn bake_to_fp8_scaled_takes_dtype_as_the_high_precision_dtype() {
+    let d = tmp();
+    for (dtype, want) in [("", "F16"), ("dtype = \"bf16\"", "BF16")] {
+        let recipe = quant_recipe(
+            d.path(),
+            &format!("to = \"fp8-scaled\"\noverwrite = true\n{dtype}"),
+            "",
+        );
+        ok(run(d.path(), &["bake", recipe.to_str().unwrap()]));
+        let f = SafetensorsFile::open(&d.path().join("out/model_fp8_scaled.safetensors")).unwrap();
+        assert_eq!(
+            f.view("blocks.0.norm3.weight").unwrap().dtype.as_str(),
+            want
+        );
+        assert_eq!(
+            f.view("blocks.0.self_attn.q.weight")
+                .unwrap()
+                .dtype
+                .as_str(),
+            "F8_E4M3"
+        );
+        assert!(f.metadata().contains_key("wanbake.recipe"));
+    }
+}
