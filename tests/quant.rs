@@ -1271,3 +1271,102 @@ fn bake_to_fp8_scaled_takes_dtype_as_the_high_precision_dtype() {
         assert!(f.metadata().contains_key("wanbake.recipe"));
     }
 }
+
+// ---- ComfyUI-GGUF's own loader on our files: golden/quant_golden.py `comfy-loader` ran
+// city96/ComfyUI-GGUF @ 795e451's `gguf_sd_loader` + `dequantize_tensor` (ComfyUI's `comfy`
+// modules stubbed; only GGMLTensor is used) on `wanbake merge --to gguf:<fmt>` of the tiny T2V
+// and peft_plain, and recorded the state dict it built (names, ggml types, shapes) and the
+// values it dequantizes: `N` at float32 ("target"), `N|default` with the node's default
+// (block types multiply d·q in float16).
+
+/// The loader reads our GGUF as a Wan model with the names, types and shapes our manifest
+/// states, dequantizes (at f32) to exactly the values our runner uses, and the errors our
+/// report claims are those of the loader's values against the f32 merge.
+#[test]
+fn comfyui_gguf_loader_reads_our_files_as_our_manifest_and_report_say() {
+    use wanbake::io::gguf::GgufFile;
+    let d = tmp();
+    let f32_out = d.path().join("f32");
+    ok(run(
+        d.path(),
+        &[
+            "merge",
+            "--base",
+            repo().join("golden/models/t2v").to_str().unwrap(),
+            "--adapter",
+            repo().join("golden/adapters/peft_plain").to_str().unwrap(),
+            "--dtype",
+            "f32",
+            "--layout",
+            "wan",
+            "--keep-f32",
+            "none",
+            "--out",
+            f32_out.to_str().unwrap(),
+            "--device",
+            "cpu",
+        ],
+    ));
+    let merged = SafetensorsFile::open(&f32_out.join("diffusion_pytorch_model.safetensors"))
+        .or_else(|_| SafetensorsFile::open(&f32_out.join("model.safetensors")))
+        .unwrap();
+    for fmt in ["q8_0", "q4_0"] {
+        let out = merge_to(d.path(), &format!("gguf:{fmt}"));
+        let ours = GgufFile::open(&out.join(format!("model-{fmt}.gguf"))).unwrap();
+        let info: serde_json::Value = serde_json::from_slice(
+            &fs_err::read(repo().join(format!("golden/quant/comfy_loader_{fmt}.json"))).unwrap(),
+        )
+        .unwrap();
+        let loaded = golden(&format!("comfy_loader_{fmt}.safetensors"));
+        let m: serde_json::Value =
+            serde_json::from_slice(&fs_err::read(out.join("wanbake.manifest.json")).unwrap())
+                .unwrap();
+        let described = &m["files"][0]["tensors"];
+        let report = &m["report"]["quantization"]["tensors"];
+        assert_eq!(info["arch"], "wan");
+        let tensors = info["tensors"].as_object().unwrap();
+        assert_eq!(tensors.len(), ours.header().tensors.len(), "{fmt}");
+        let (mut quantized, mut exact_f16) = (0, 0);
+        for (i, t) in ours.header().tensors.iter().enumerate() {
+            let l = &tensors[&t.name];
+            assert_eq!(l["type"], t.ty.name(), "{fmt} {}", t.name);
+            assert_eq!(l["type"], described[&t.name]["dtype"], "{}", t.name);
+            assert_eq!(l["shape"], described[&t.name]["shape"], "{}", t.name);
+            let x = ours.read_f32(i);
+            if t.ty != GgmlType::F32 {
+                let y = loaded.read_f32(&t.name).unwrap();
+                let same = x.iter().zip(&y).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(
+                    same && x.len() == y.len(),
+                    "{fmt} {}: values differ",
+                    t.name
+                );
+            }
+            if t.ty.is_block() {
+                // the default path rounds d·q (exact in f32) to f16
+                let y = loaded.read_f32(&format!("{}|default", t.name)).unwrap();
+                for (a, b) in x.iter().zip(&y) {
+                    assert_eq!(half::f16::from_f32(*a).to_f32(), *b, "{}", t.name);
+                    exact_f16 += (a == b) as usize;
+                }
+                quantized += 1;
+            }
+            // the report's errors, recomputed from the loader's values (== x above)
+            let w = merged.read_f32(&t.name).unwrap();
+            let (mut max_abs, mut se) = (0f64, 0f64);
+            for (a, b) in w.iter().zip(&x) {
+                let e = (*a as f64 - *b as f64).abs();
+                max_abs = max_abs.max(e);
+                se += e * e;
+            }
+            let r = &report[&t.name];
+            assert_eq!(r["max_abs_err"].as_f64(), Some(max_abs), "{}", t.name);
+            let rms = (se / w.len() as f64).sqrt();
+            assert_eq!(r["rms_err"].as_f64(), Some(rms), "{}", t.name);
+        }
+        assert!(quantized >= 20, "{fmt}: {quantized} block tensors");
+        eprintln!(
+            "{fmt}: {exact_f16} dequantized values are already f16 under the loader's default path"
+        );
+    }
+}
