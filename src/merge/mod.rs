@@ -1,7 +1,9 @@
 //! The streaming merge engine: base + bound adapters → a verified release, in one pass.
 //!
 //! Owns: `merge_release` (hash the adapters, plan, hash the base, write through
-//! `release::write_release`), and through its submodules the `--adapter` syntax (`spec`),
+//! `release::write_release`), `quantize_release` (`convert --to`: the same merge with no
+//! adapters into a quantized output; `MergeOptions::quantize` makes any merge's output one
+//! fp8-scaled or GGUF file, encoded in the job loop), and through its submodules the `--adapter` syntax (`spec`),
 //! binding specs to the base's transformers (`bind`), the plan and every refusal (`plan`,
 //! `error`), the output files, dtypes and jobs (`output`), the formulas (`math`), the job
 //! loop (`exec`) and the report (`report`). Does not own: parsing adapters and binding their
