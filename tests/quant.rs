@@ -1370,3 +1370,118 @@ fn comfyui_gguf_loader_reads_our_files_as_our_manifest_and_report_say() {
         );
     }
 }
+
+/// A weight larger than one band of the job loop (2.1 M elements, 3 bands of whole rows):
+/// merged (a LoRA on it) and untouched (`convert`), its GGUF and fp8 bytes equal the
+/// encoders applied to the whole f32 tensor at once (the encoders themselves are held to
+/// gguf-py and torch above), so band offsets, the fp8 two-pass scale and the merged fp8
+/// assembly do not move a byte.
+#[test]
+fn tensors_larger_than_a_band_encode_as_whole_tensors() {
+    let d = tmp();
+    let src =
+        SafetensorsFile::open(&repo().join("golden/models/t2v_original.safetensors")).unwrap();
+    let (rows, cols) = (32800usize, 64usize);
+    let big: Vec<f32> = (0..rows * cols)
+        .map(|i| ((i as f32 * 0.618_034).fract() - 0.5) * (1.0 + (i % 97) as f32 / 13.0))
+        .collect();
+    let mut tensors: Vec<(String, Vec<usize>, Vec<f32>)> = src
+        .infos()
+        .iter()
+        .map(|i| {
+            (
+                i.name.clone(),
+                i.shape.clone(),
+                src.read_f32(&i.name).unwrap(),
+            )
+        })
+        .collect();
+    let t = tensors
+        .iter_mut()
+        .find(|t| t.0 == "blocks.0.ffn.0.weight")
+        .unwrap();
+    (t.1, t.2) = (vec![rows, cols], big.clone());
+    let refs: Vec<(&str, Vec<usize>, Vec<f32>)> = tensors
+        .iter()
+        .map(|(n, s, v)| (n.as_str(), s.clone(), v.clone()))
+        .collect();
+    write_f32(&d.path().join("base.safetensors"), &refs);
+    let down: Vec<f32> = (0..4 * cols)
+        .map(|i| (i as f32 * 0.37).sin() * 0.1)
+        .collect();
+    let up: Vec<f32> = (0..rows * 4)
+        .map(|i| (i as f32 * 0.11).cos() * 0.1)
+        .collect();
+    write_f32(
+        &d.path().join("lora.safetensors"),
+        &[
+            (
+                "diffusion_model.blocks.0.ffn.0.lora_down.weight",
+                vec![4, cols],
+                down,
+            ),
+            (
+                "diffusion_model.blocks.0.ffn.0.lora_up.weight",
+                vec![rows, 4],
+                up,
+            ),
+        ],
+    );
+    let merge = |extra: &[&str], out: &str| {
+        let mut args = vec![
+            "merge",
+            "--base",
+            "base.safetensors",
+            "--adapter",
+            "lora.safetensors",
+            "--out",
+            out,
+            "--device",
+            "cpu",
+        ];
+        args.extend_from_slice(extra);
+        ok(run(d.path(), &args));
+    };
+    merge(&["--dtype", "f32", "--keep-f32", "none"], "f32");
+    let merged = SafetensorsFile::open(&d.path().join("f32/base.safetensors"))
+        .unwrap()
+        .read_f32("blocks.0.ffn.0.weight")
+        .unwrap();
+    assert_ne!(merged, big, "the LoRA changes the tensor");
+    let name = "blocks.0.ffn.0.weight";
+    for (route, w) in [("merge", &merged), ("convert", &big)] {
+        let run_to = |to: &str, out: &str| match route {
+            "merge" => merge(&["--to", to], out),
+            _ => {
+                ok(run(
+                    d.path(),
+                    &["convert", "base.safetensors", "--to", to, "--out", out],
+                ));
+            }
+        };
+        let out = format!("{route}_q8");
+        run_to("gguf:q8_0", &out);
+        let g = wanbake::io::gguf::GgufFile::open(&d.path().join(&out).join("model-q8_0.gguf"))
+            .unwrap();
+        let i = g
+            .header()
+            .tensors
+            .iter()
+            .position(|t| t.name == name)
+            .unwrap();
+        assert_eq!(g.header().tensors[i].ty, GgmlType::Q8_0);
+        let want = ggml::quantize_vec(GgmlType::Q8_0, w).unwrap();
+        assert!(g.data(i) == &want[..], "{route}: Q8_0 bytes differ");
+        let out = format!("{route}_fp8");
+        run_to("fp8-scaled", &out);
+        let f = SafetensorsFile::open(&d.path().join(&out).join("model_fp8_scaled.safetensors"))
+            .unwrap();
+        let q = fp8::quantize_scaled(w);
+        assert!(bytes(&f, name) == &q.codes[..], "{route}: fp8 codes differ");
+        assert_eq!(
+            bytes(&f, "blocks.0.ffn.0.scale_weight"),
+            q.scale.to_le_bytes(),
+            "{route}: scale"
+        );
+    }
+}
