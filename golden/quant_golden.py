@@ -29,6 +29,9 @@ Writes golden/quant/:
 - `gguf_written.gguf`: a file written by gguf-py's GGUFWriter (arch "wan", Q8_0, F16, F32 and a
   3-D and a 5-D tensor) and `gguf_written.json`: what GGUFReader reads back from it.
 
+- `comfy_loader_{q8_0,q4_0}.{safetensors,json}` (mode `comfy-loader`, see below): what
+  city96/ComfyUI-GGUF's own loader reads and dequantizes from wanbake's GGUF output.
+
 Run with the versions in golden/README.md (torch 2.15.0, gguf 0.19.0, numpy 2.4.6):
 `python golden/quant_golden.py`.
 """
@@ -302,7 +305,87 @@ def dequantized(fmt: str) -> None:
     save_file(out, str(OUT / f"t2v_{fmt}_dequant.safetensors"))
 
 
+# ---- ComfyUI-GGUF's own loader on wanbake's GGUF (`comfy-loader` mode) -------------------
+#
+# The files are wanbake's own output (`wanbake merge --to gguf:<fmt>` of the tiny T2V and the
+# peft_plain LoRA: merged and untouched tensors, every rule of spec §2.4), loaded by
+# city96/ComfyUI-GGUF's real `loader.gguf_sd_loader` and dequantized by its real
+# `dequant.dequantize_tensor`, from a checkout of commit 795e451 (the spec's [G-load]) that is
+# NOT part of this repository: pass its folder. Its `ops.py` imports ComfyUI (`comfy.ops`,
+# `comfy.lora`, `comfy.model_management`) for the layer classes; only `GGMLTensor` is used
+# here, so those three modules are STUBBED below with the few names `ops.py` touches at import
+# time. Nothing else of ComfyUI-GGUF is replaced.
+#
+#   python golden/quant_golden.py comfy-loader target/release/wanbake /path/to/ComfyUI-GGUF
+#
+# (extra pins for this mode: tqdm 4.67.1 and packaging 25.0, imported by dequant.py / ops.py)
+COMFY_FORMATS = ("q8_0", "q4_0")
+
+
+def wanbake_merge_gguf(wanbake: str, fmt: str, out: Path) -> Path:
+    import subprocess
+    subprocess.run([wanbake, "-q", "merge", "--base", str(ROOT / "models/t2v"), "--adapter",
+                    str(ROOT / "adapters/peft_plain"), "--to", f"gguf:{fmt}", "--out", str(out),
+                    "--device", "cpu"], check=True)
+    return out / f"model-{fmt}.gguf"
+
+
+def import_comfy_gguf(checkout: Path):
+    import sys
+    import types
+
+    class _Layer(torch.nn.Module):
+        pass
+
+    ops = types.ModuleType("comfy.ops")
+    ops.manual_cast = type("manual_cast", (), {
+        n: type(n, (_Layer,), {}) for n in ("Linear", "Conv2d", "Embedding", "LayerNorm", "GroupNorm")})
+    ops.cast_to = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("stub: not used here"))
+    lora = types.ModuleType("comfy.lora")
+    lora.calculate_weight = ops.cast_to
+    mm = types.ModuleType("comfy.model_management")
+    mm.device_supports_non_blocking = lambda device: False
+    comfy = types.ModuleType("comfy")
+    comfy.ops, comfy.lora, comfy.model_management = ops, lora, mm
+    sys.modules.update({"comfy": comfy, "comfy.ops": ops, "comfy.lora": lora,
+                        "comfy.model_management": mm})
+    # the checkout as a package without running its __init__ (which registers ComfyUI nodes)
+    pkg = types.ModuleType("comfy_gguf")
+    pkg.__path__ = [str(checkout)]
+    sys.modules["comfy_gguf"] = pkg
+    import importlib
+    return importlib.import_module("comfy_gguf.loader"), importlib.import_module("comfy_gguf.dequant")
+
+
+def comfy_loader(wanbake: str, checkout: Path) -> None:
+    import tempfile
+    loader, dequant = import_comfy_gguf(checkout)
+    with tempfile.TemporaryDirectory() as tmp:
+        for fmt in COMFY_FORMATS:
+            path = wanbake_merge_gguf(wanbake, fmt, Path(tmp) / fmt)
+            sd, arch = loader.gguf_sd_loader(str(path), return_arch=True)
+            tensors, info = {}, {"arch": arch, "tensors": {}}
+            for name, t in sd.items():
+                info["tensors"][name] = {"type": t.tensor_type.name,
+                                         "shape": [int(d) for d in t.tensor_shape]}
+                if t.tensor_type.name == "F32":
+                    continue  # a plain view of the stored f32 (names, types, shapes above)
+                # what ComfyUI computes with: "target" at float32, and the node's default
+                # (dequant_dtype None: the block types multiply d·q in float16)
+                tensors[name] = (
+                    dequant.dequantize_tensor(t, torch.float32, "target").contiguous().numpy())
+                if dequant.is_quantized(t):
+                    tensors[f"{name}|default"] = (
+                        dequant.dequantize_tensor(t, torch.float32).contiguous().numpy())
+            save_file(tensors, str(OUT / f"comfy_loader_{fmt}.safetensors"))
+            (OUT / f"comfy_loader_{fmt}.json").write_text(json.dumps(info, indent=1, sort_keys=True) + "\n")
+
+
 def main() -> None:
+    import sys
+    if len(sys.argv) == 4 and sys.argv[1] == "comfy-loader":
+        comfy_loader(sys.argv[2], Path(sys.argv[3]))
+        return
     OUT.mkdir(exist_ok=True)
     xs = cast_inputs()
     save_file({"x": xs, "codes": torch.from_numpy(xs).to(torch.float8_e4m3fn).view(torch.uint8).numpy()},

@@ -1,13 +1,16 @@
 //! Quantized deployment outputs of a WAN transformer: ComfyUI scaled fp8 safetensors and
-//! city96 ComfyUI-GGUF files (spec quant_formats.md), written through the one release writer.
+//! city96 ComfyUI-GGUF files (spec quant_formats.md), as output encodings of the merge's
+//! one writer and job loop.
 //!
 //! Owns: `QuantPlan` (every output tensor under its original-Wan name with its encoding and
 //! the reason, from `model::quant_rules`), the output file plan of each format (one
 //! `.safetensors` with the `scaled_fp8` marker and `scale_weight` tensors, or one `.gguf`
-//! laid out by `io::gguf`), [`encode_into`] (one f32 tensor → its bytes in the staged file,
-//! plus the dequantized error), the quantization report, and `quantize_release` (the
-//! `convert --to` path). Does not own: the encodings (`io::quant`), the rules
-//! (`model::quant_rules`), name tables (`model::wan_names`) or the atomic writer (`release`).
+//! laid out by `io::gguf`), [`encode`] (f32 values of a tensor, or of a band of its whole
+//! rows, to the bytes of its encoding, plus the values a loader dequantizes), the error
+//! sums and the quantization report. Does not own: the encodings themselves (`io::quant`),
+//! the rules (`model::quant_rules`), name tables (`model::wan_names`), the jobs that feed
+//! [`encode`] (`merge::output`, `merge::exec`: `convert --to` is that merge with no
+//! adapters) or the atomic writer (`release`).
 //!
 //! Every tensor is computed on its exact f32 value (the widened source, or the merged f32
 //! weight) and rounded once to its encoding. A non-finite weight is an error naming the
@@ -16,23 +19,18 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use rayon::prelude::*;
 use serde_json::json;
 
 use crate::io::checkpoint::{Checkpoint, Component};
-use crate::io::gguf::{self, GgufLayout, TensorPlan};
+use crate::io::gguf::{self, TensorPlan};
 use crate::io::header_layout::PlannedTensor;
 use crate::io::quant::fp8;
 use crate::io::quant::ggml::{self, GgmlType};
-use crate::io::staging::{Allocation, Replace, Staging};
-use crate::io::writer::{ComponentOutput, OutputPlan};
+use crate::io::writer::{ComponentOutput, GgufParts, OutputPlan};
 use crate::io::{DType, dtype};
-use crate::manifest::{InputRecord, record_inputs};
-use crate::merge::MergeOptions;
 use crate::model::quant_rules::{self, QuantFormat, Why};
 use crate::model::wan_layout::Layout;
 use crate::model::wan_names::{self, Position};
-use crate::release::{Release, ReleaseError, ReleaseRequest, write_release};
 
 /// The name of the fp8 marker tensor.
 pub const FP8_MARKER: &str = "scaled_fp8";
@@ -241,20 +239,14 @@ impl QuantPlan {
             };
             return Ok(OutputPlan::build(&[c], &[])?);
         }
-        let (kv, plans) = self.gguf_parts();
-        let layout = GgufLayout::new(&kv, &plans);
         let mut out = OutputPlan::build(&[], &[])?;
-        out.add_laid_out_file(
-            0,
-            PathBuf::from(format!("{stem}.gguf")),
-            layout.to_header_layout(&plans),
-        );
+        out.add_gguf_file(0, PathBuf::from(format!("{stem}.gguf")), self.gguf_parts());
         Ok(out)
     }
 
     /// GGUF metadata (spec §2.2) and tensor infos (`ne` = torch shape reversed, every
     /// dimension kept).
-    fn gguf_parts(&self) -> (Vec<(String, gguf::Value)>, Vec<TensorPlan>) {
+    fn gguf_parts(&self) -> GgufParts {
         let kv = vec![
             (
                 "general.architecture".to_string(),
@@ -269,7 +261,7 @@ impl QuantPlan {
                 gguf::Value::U32(self.options.format.file_type().unwrap_or(0)),
             ),
         ];
-        let plans = self
+        let tensors = self
             .tensors
             .iter()
             .map(|t| TensorPlan {
@@ -281,7 +273,7 @@ impl QuantPlan {
                 },
             })
             .collect();
-        (kv, plans)
+        GgufParts { kv, tensors }
     }
 }
 
@@ -306,26 +298,44 @@ pub struct ErrorStats {
     pub rms_w: f64,
 }
 
-impl ErrorStats {
-    fn measure(w: &[f32], y: &[f32]) -> ErrorStats {
-        let (mut max_abs, mut se, mut amax, mut sw) = (0f64, 0f64, 0f64, 0f64);
+/// [`ErrorStats`] summed over the parts of one tensor in element order, so a tensor
+/// encoded in bands gives the same sums (and bits) as one encoded whole.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ErrorSum {
+    max_abs: f64,
+    se: f64,
+    amax: f64,
+    sw: f64,
+    n: usize,
+}
+
+impl ErrorSum {
+    /// Adds the next part: `w` the f32 weights, `y` their dequantized values.
+    pub fn add(&mut self, w: &[f32], y: &[f32]) {
         for (&a, &b) in w.iter().zip(y) {
             let (a, b) = (a as f64, b as f64);
             let e = (a - b).abs();
-            max_abs = max_abs.max(e);
-            se += e * e;
-            amax = amax.max(a.abs());
-            sw += a * a;
+            self.max_abs = self.max_abs.max(e);
+            self.se += e * e;
+            self.amax = self.amax.max(a.abs());
+            self.sw += a * a;
         }
-        let n = w.len().max(1) as f64;
-        ErrorStats {
-            max_abs,
-            rms: (se / n).sqrt(),
-            amax,
-            rms_w: (sw / n).sqrt(),
-        }
+        self.n += w.len().min(y.len());
     }
 
+    /// The statistics of everything added.
+    pub fn stats(&self) -> ErrorStats {
+        let n = self.n.max(1) as f64;
+        ErrorStats {
+            max_abs: self.max_abs,
+            rms: (self.se / n).sqrt(),
+            amax: self.amax,
+            rms_w: (self.sw / n).sqrt(),
+        }
+    }
+}
+
+impl ErrorStats {
     /// `max_abs / amax` (0 for an all-zero tensor).
     pub fn rel_max(&self) -> f64 {
         if self.amax > 0.0 {
@@ -345,40 +355,67 @@ impl ErrorStats {
     }
 }
 
-/// Encodes tensor `t` from its f32 values `w` into its slot(s) of `staging` and returns the
-/// dequantized error. `file` names the source in errors.
-pub fn encode_into(
-    staging: &Staging,
+/// One output tensor encoded: its bytes (codes for fp8) and, for fp8, its `scale_weight`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Encoded {
+    /// The bytes of the tensor's own slot (or of the part encoded).
+    pub bytes: Vec<u8>,
+    /// `scale_weight` of an fp8 weight.
+    pub scale: Option<f32>,
+}
+
+impl Encoding {
+    /// True when a run of whole rows can be encoded on its own (every encoding but fp8,
+    /// whose scale is the whole tensor's `max|W|`).
+    pub fn streams(&self) -> bool {
+        !matches!(self, Encoding::Fp8)
+    }
+
+    /// Byte offset in the encoded tensor of flat element `elems` (a band's first element);
+    /// `None` when it is not on a block boundary.
+    pub fn byte_offset(&self, elems: usize) -> Option<usize> {
+        match self {
+            Encoding::Plain(d) => d.byte_len(elems),
+            Encoding::Fp8 => Some(elems),
+            Encoding::Ggml { ty, .. } => ty.byte_len(elems),
+        }
+    }
+}
+
+/// Encodes `w` (f32: a whole tensor, or a run of whole rows) and decodes the result into
+/// `y` (same length), as the loaders dequantize it. For fp8, `fp8_scale` is the whole
+/// tensor's scale ([`fp8::scale_for`] of its `max|W|`) when `w` is a part of it; `None`
+/// takes it from `w`. `what` names the tensor (file and key) in errors. A non-finite value
+/// is refused.
+pub fn encode(
     options: &QuantOptions,
-    t: &QuantTensor,
+    encoding: Encoding,
     w: &[f32],
-    file: &str,
-) -> anyhow::Result<ErrorStats> {
+    y: &mut [f32],
+    fp8_scale: Option<f32>,
+    what: &str,
+) -> anyhow::Result<Encoded> {
     if let Some(i) = w.iter().position(|x| !x.is_finite()) {
         anyhow::bail!(
-            "{file}: {}: element {i} is {}; a quantized output needs finite weights",
-            t.source,
+            "{what}: element {i} is {}; a quantized output needs finite weights",
             w[i]
         );
     }
-    let slot = |name: &str| {
-        staging
-            .plan()
-            .slot(0, name)
-            .ok_or_else(|| anyhow::anyhow!("internal: no slot for {name}"))
-    };
-    let mut y = vec![0f32; w.len()];
-    match t.encoding {
+    match encoding {
         Encoding::Plain(d) => {
             let bytes = dtype::from_f32_vec(d, w)?;
-            dtype::widen_to_f32(d, &bytes, &mut y)?;
-            staging.write(slot(&t.name)?, 0, &bytes)?;
+            dtype::widen_to_f32(d, &bytes, y)?;
+            Ok(Encoded { bytes, scale: None })
         }
         Encoding::Fp8 => {
-            let q = fp8::quantize_scaled(w);
-            fp8::decode_scaled(&q.codes, q.scale, &mut y);
-            staging.write(slot(&t.name)?, 0, &q.codes)?;
-            staging.write(slot(&scale_name(&t.name))?, 0, &q.scale.to_le_bytes())?;
+            let scale = fp8_scale.unwrap_or_else(|| fp8::scale_for(fp8::amax(w)));
+            let mut codes = vec![0u8; w.len()];
+            fp8::encode_scaled(w, scale, &mut codes);
+            fp8::decode_scaled(&codes, scale, y);
+            Ok(Encoded {
+                bytes: codes,
+                scale: Some(scale),
+            })
         }
         Encoding::Ggml { ty, step1 } => {
             let rounded;
@@ -397,12 +434,11 @@ pub fn encode_into(
                 w
             };
             let bytes = ggml::quantize_vec(ty, src)
-                .ok_or_else(|| anyhow::anyhow!("internal: {} is not whole {ty} blocks", t.name))?;
-            ggml::dequantize(ty, &bytes, &mut y);
-            staging.write(slot(&t.name)?, 0, &bytes)?;
+                .ok_or_else(|| anyhow::anyhow!("internal: {what} is not whole {ty} blocks"))?;
+            ggml::dequantize(ty, &bytes, y);
+            Ok(Encoded { bytes, scale: None })
         }
     }
-    Ok(ErrorStats::measure(w, &y))
 }
 
 /// The quantization report: options, per-tensor encoding, reason and error, and a summary
@@ -451,19 +487,6 @@ pub fn report_json(plan: &QuantPlan, stats: &[ErrorStats]) -> serde_json::Value 
     })
 }
 
-/// A `convert --to` request.
-#[derive(Clone, Debug)]
-pub struct QuantizeSpec {
-    /// Input WAN transformer (diffusers folder, original single file, ...).
-    pub input: PathBuf,
-    /// Output release directory.
-    pub out: PathBuf,
-    /// Options.
-    pub options: QuantOptions,
-    /// Replace an existing output.
-    pub replace: Replace,
-}
-
 /// The stem of the output weight file of `format`.
 pub fn output_stem(format: QuantFormat) -> String {
     match format {
@@ -480,106 +503,9 @@ pub fn source_tensors(c: &Component) -> Vec<(String, DType, Vec<usize>)> {
         .collect()
 }
 
-/// Where a quantized release comes from, for its manifest, when it is not a plain
-/// `convert` of `QuantizeSpec::input` (the merge path).
-#[derive(Clone, Debug)]
-pub struct Provenance {
-    /// Subcommand named in the manifest.
-    pub command: String,
-    /// Hashed inputs.
-    pub inputs: Vec<InputRecord>,
-    /// The manifest's `options`.
-    pub options: serde_json::Value,
-    /// Added to the report (e.g. `merge`: the merge report).
-    pub report: serde_json::Map<String, serde_json::Value>,
-    /// Paths the destination must not overlap (besides the input).
-    pub input_paths: Vec<PathBuf>,
-}
-
-/// Converts a WAN transformer checkpoint into a quantized release (`convert --to`).
-pub fn quantize_release(spec: &QuantizeSpec) -> Result<Release, ReleaseError> {
-    quantize_release_from(spec, None)
-}
-
-/// [`quantize_release`], with the manifest's provenance given by the caller.
-pub fn quantize_release_from(
-    spec: &QuantizeSpec,
-    provenance: Option<Provenance>,
-) -> Result<Release, ReleaseError> {
-    let produce_err = |e: anyhow::Error| ReleaseError::Produce(e);
-    let ck = Checkpoint::open(&spec.input).map_err(|e| produce_err(e.into()))?;
-    let comp = single_transformer(&ck, spec.options.format).map_err(produce_err)?;
-    let qplan = plan(spec.options, &source_tensors(comp))
-        .map_err(|e| produce_err(e.context(spec.input.display().to_string())))?;
-    let out_plan = qplan
-        .output_plan(&output_stem(spec.options.format), BTreeMap::new())
-        .map_err(produce_err)?;
-    let mut input_paths = vec![spec.input.clone()];
-    let (command, inputs, options, mut report) = match provenance {
-        Some(p) => {
-            input_paths.extend(p.input_paths);
-            (p.command, p.inputs, p.options, p.report)
-        }
-        None => {
-            let input_files = ck.input_files();
-            let inputs = record_inputs(
-                &input_files
-                    .iter()
-                    .map(|p| ("input".to_string(), p.clone(), p.display().to_string()))
-                    .collect::<Vec<_>>(),
-            )
-            .map_err(|e| produce_err(e.into()))?;
-            let options = json!({
-                "input": spec.input.display().to_string(),
-                "to": spec.options.format.as_str(),
-                "high_precision": (spec.options.format == QuantFormat::Fp8Scaled)
-                    .then(|| spec.options.high_precision.as_str()),
-                "city96_rounding": spec.options.city96_rounding,
-            });
-            (
-                "convert".to_string(),
-                inputs,
-                options,
-                serde_json::Map::new(),
-            )
-        }
-    };
-    let req = ReleaseRequest {
-        dest: &spec.out,
-        plan: out_plan,
-        input_paths: &input_paths,
-        inputs,
-        hash_while_writing: Vec::new(),
-        command: &command,
-        options,
-        replace: spec.replace,
-        allocation: Allocation::Reserve,
-    };
-    write_release(req, |staging| {
-        let stats: Vec<ErrorStats> = qplan
-            .tensors
-            .par_iter()
-            .map(|t| -> anyhow::Result<ErrorStats> {
-                let src = comp
-                    .tensors
-                    .get(&t.source)
-                    .ok_or_else(|| anyhow::anyhow!("internal: {} vanished", t.source))?;
-                let w = src.view.to_f32()?;
-                let file = src.file.path().display().to_string();
-                let s = encode_into(staging, &qplan.options, t, &w, &file)?;
-                src.file.release(src.position);
-                Ok(s)
-            })
-            .collect::<anyhow::Result<_>>()?;
-        report.insert("tensors".into(), json!(qplan.tensors.len()));
-        report.insert("quantization".into(), report_json(&qplan, &stats));
-        Ok(serde_json::Value::Object(report))
-    })
-}
-
 /// The one transformer of `ck`: a quantized output is one file, so a pipeline with two
 /// experts is refused with the way out.
-fn single_transformer(ck: &Checkpoint, format: QuantFormat) -> anyhow::Result<&Component> {
+pub fn single_transformer(ck: &Checkpoint, format: QuantFormat) -> anyhow::Result<&Component> {
     match ck.components.as_slice() {
         [c] => Ok(c),
         many => anyhow::bail!(
@@ -598,112 +524,81 @@ fn single_transformer(ck: &Checkpoint, format: QuantFormat) -> anyhow::Result<&C
     }
 }
 
-/// A merge whose output is quantized (`merge --to`).
-pub struct MergeQuantized<'a> {
-    /// The base.
-    pub base: &'a Checkpoint,
-    /// Bound adapters.
-    pub adapters: &'a [crate::merge::BoundAdapter],
-    /// Merge options (dtype, layout, keep-f32 and shards are overridden: f32, wan, none,
-    /// one file).
-    pub merge: MergeOptions,
-    /// The SVD cache.
-    pub svd_cache: Option<&'a crate::linalg::SvdCache>,
-    /// Where merged targets are computed.
-    pub compute: &'a crate::merge::Compute,
-    /// The quantized output.
-    pub spec: QuantizeSpec,
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// Merges in f32 (original-Wan layout, nothing rounded) into a temporary release beside the
-/// destination, then quantizes that release into the destination; the temporary release
-/// is removed whatever happens. The manifest names the base and adapters as inputs and
-/// carries the merge report beside the quantization report.
-///
-/// Two passes through the disk: the f32 intermediate needs the model's f32 size in free
-/// space (not a one-pass merge-and-quantize).
-pub fn merge_quantized(
-    m: MergeQuantized<'_>,
-) -> Result<(Release, crate::merge::MergeReport), anyhow::Error> {
-    let dest = &m.spec.out;
-    let name = dest
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "out".into());
-    let tmp = dest.with_file_name(format!(".{name}.wanbake-f32-merge"));
-    struct Remove<'p>(&'p std::path::Path);
-    impl Drop for Remove<'_> {
-        fn drop(&mut self) {
-            let _ = fs_err::remove_dir_all(self.0);
+    /// What the job loop relies on: a tensor encoded in bands of whole rows (fp8 with the
+    /// whole tensor's scale) gives the bytes and error statistics of the tensor encoded whole.
+    #[test]
+    fn bands_of_whole_rows_encode_as_the_whole_tensor() {
+        let (rows, cols) = (7, 64);
+        // a seeded xorshift in [-1, 1)
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let w: Vec<f32> = (0..rows * cols)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+            })
+            .collect();
+        let gg = |ty, step1| Encoding::Ggml { ty, step1 };
+        let encodings = [
+            gg(GgmlType::Q8_0, GgmlType::F16),
+            gg(GgmlType::Q4_1, GgmlType::F16),
+            gg(GgmlType::Q5_0, GgmlType::F16),
+            gg(GgmlType::F16, GgmlType::F16),
+            Encoding::Plain(DType::BF16),
+            Encoding::Fp8,
+        ];
+        for city96_rounding in [false, true] {
+            let o = QuantOptions {
+                format: QuantFormat::GgufQ8_0,
+                high_precision: DType::F16,
+                city96_rounding,
+            };
+            for enc in encodings {
+                let mut y = vec![0f32; w.len()];
+                let whole = encode(&o, enc, &w, &mut y, None, "t").unwrap();
+                let mut sum = ErrorSum::default();
+                sum.add(&w, &y);
+                let scale = whole.scale;
+                let mut bytes = Vec::new();
+                let mut banded = ErrorSum::default();
+                for band in w.chunks(3 * cols) {
+                    let mut y = vec![0f32; band.len()];
+                    let first = (band.as_ptr() as usize - w.as_ptr() as usize) / 4;
+                    let part = encode(&o, enc, band, &mut y, scale, "t").unwrap();
+                    assert_eq!(enc.byte_offset(first), Some(bytes.len()), "{enc:?}");
+                    bytes.extend(part.bytes);
+                    banded.add(band, &y);
+                }
+                assert_eq!(bytes, whole.bytes, "{enc:?} city96 {city96_rounding}");
+                assert_eq!(banded.stats(), sum.stats(), "{enc:?}");
+            }
         }
     }
-    if m.spec.replace == Replace::Never && dest.symlink_metadata().is_ok() {
-        return Err(crate::io::WriteError::Exists { path: dest.clone() }.into());
-    }
-    // Everything the quantizer would refuse is refused before the merge runs: one
-    // transformer, a WAN layout it reads, float tensors.
-    let comp = single_transformer(m.base, m.spec.options.format)?;
-    plan(m.spec.options, &source_tensors(comp))
-        .map_err(|e| e.context(m.base.path.display().to_string()))?;
-    let merge_options = MergeOptions {
-        dtype: crate::layout::OutputDType::F32,
-        keep_f32: Some(crate::layout::KeepF32::None),
-        layout: Some(Layout::Wan),
-        shard_bytes: None,
-        ..m.merge.clone()
-    };
-    let _cleanup = Remove(&tmp);
-    let outcome = crate::merge::merge_release(
-        m.base,
-        m.adapters,
-        &merge_options,
-        m.svd_cache,
-        &tmp,
-        Replace::Overwrite,
-        m.compute,
-    )?;
-    let mut options =
-        crate::merge::options_json(m.base, m.adapters, &m.merge, m.svd_cache.is_some());
-    if let Some(o) = options.as_object_mut() {
-        o.remove("dtype");
-        o.remove("keep_f32");
-        o.remove("layout");
-        o.remove("shard_bytes");
-        o.insert("to".into(), json!(m.spec.options.format.as_str()));
-        o.insert(
-            "city96_rounding".into(),
-            json!(m.spec.options.city96_rounding),
+
+    #[test]
+    fn non_finite_values_are_refused_naming_the_tensor() {
+        let o = QuantOptions {
+            format: QuantFormat::Fp8Scaled,
+            high_precision: DType::F16,
+            city96_rounding: false,
+        };
+        let mut y = [0f32; 3];
+        let e = encode(
+            &o,
+            Encoding::Fp8,
+            &[1.0, f32::NAN, 2.0],
+            &mut y,
+            None,
+            "f: k",
         );
-        if m.spec.options.format == QuantFormat::Fp8Scaled {
-            o.insert(
-                "high_precision".into(),
-                json!(m.spec.options.high_precision.as_str()),
-            );
-        }
+        assert_eq!(
+            e.unwrap_err().to_string(),
+            "f: k: element 1 is NaN; a quantized output needs finite weights"
+        );
     }
-    let mut report = serde_json::Map::new();
-    report.insert("merge".into(), serde_json::to_value(&outcome.report)?);
-    let input_paths = m
-        .base
-        .input_files()
-        .into_iter()
-        .chain(m.adapters.iter().flat_map(|a| a.set.input_files()))
-        .collect();
-    let prov = Provenance {
-        command: "merge".into(),
-        inputs: outcome.release.manifest.inputs.clone(),
-        options,
-        report,
-        input_paths,
-    };
-    let mut spec = m.spec.clone();
-    spec.input = tmp.clone();
-    let release = quantize_release_from(&spec, Some(prov)).map_err(|e| {
-        anyhow::Error::from(e).context(format!(
-            "quantizing the merge of {} (its f32 intermediate {} is removed)",
-            m.base.path.display(),
-            tmp.display()
-        ))
-    })?;
-    Ok((release, outcome.report))
 }

@@ -98,9 +98,11 @@ fn one() -> f64 {
 pub struct OutputSpec {
     /// Output directory.
     pub dir: PathBuf,
-    /// `bf16`, `f16`, `f32` or `keep` (default `bf16`).
-    #[serde(default = "default_dtype")]
-    pub dtype: String,
+    /// `bf16`, `f16`, `f32` or `keep` (default `bf16`; with `to`: the high-precision dtype
+    /// of fp8-scaled, default f16, and not allowed for GGUF). Read it through
+    /// [`OutputSpec::dtype`].
+    #[serde(default, rename = "dtype", skip_serializing_if = "Option::is_none")]
+    pub dtype_field: Option<String>,
     /// `diffusers`, `wan`, `nnx`, `nnx-scanned`; default: the base's own layout.
     #[serde(default)]
     pub layout: Option<String>,
@@ -113,10 +115,26 @@ pub struct OutputSpec {
     /// Replace an existing output directory (default false).
     #[serde(default)]
     pub overwrite: bool,
+    /// A quantized output: `fp8-scaled` or `gguf:q8_0|q4_0|q5_0|bf16|f16` (spec
+    /// quant_formats.md); one file with original-Wan names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<String>,
+    /// With `to = "gguf:<block type>"`: quantize the F16/BF16 rounding of each weight, as
+    /// city96's two-step pipeline does (default false).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub city96_rounding: bool,
 }
 
-fn default_dtype() -> String {
-    "bf16".into()
+impl OutputSpec {
+    /// The `dtype` field as the merge options read it: the default `bf16` without `to`;
+    /// with `to`, only what the recipe says (`quantize` picks the default).
+    pub fn dtype(&self) -> Option<&str> {
+        match (&self.dtype_field, &self.to) {
+            (Some(d), _) => Some(d),
+            (None, None) => Some("bf16"),
+            (None, Some(_)) => None,
+        }
+    }
 }
 
 /// A shard size as written in a recipe.
@@ -383,10 +401,12 @@ impl Recipe {
             check_sha_spec(a.sha256.as_ref()).map_err(|m| self.invalid(f("sha256"), m))?;
         }
         check_sha_spec(self.base.sha256.as_ref()).map_err(|m| self.invalid("base.sha256", m))?;
-        if !matches!(self.output.dtype.as_str(), "bf16" | "f16" | "f32" | "keep") {
+        if let Some(d) = self.output.dtype()
+            && !matches!(d, "bf16" | "f16" | "f32" | "keep")
+        {
             return Err(self.invalid(
                 "output.dtype",
-                format!("`{}` is not bf16, f16, f32 or keep", self.output.dtype),
+                format!("`{d}` is not bf16, f16, f32 or keep"),
             ));
         }
         if let Some(l) = &self.output.layout
@@ -426,6 +446,9 @@ impl Recipe {
     pub fn normalised(&self) -> serde_json::Value {
         let rel = |p: &Path| self.relative(p);
         let mut v = serde_json::to_value(self).expect("recipe serialises");
+        if let Some(d) = self.output.dtype() {
+            v["output"]["dtype"] = d.into();
+        }
         v["base"]["path"] = rel(&self.base.path).into();
         for (i, a) in self.adapters.iter().enumerate() {
             v["adapters"][i]["path"] = rel(&a.path).into();
@@ -495,7 +518,7 @@ tolerance = 0.01
         assert_eq!(r.base.path, Path::new("recipes/models/t2v"));
         assert_eq!(r.adapters[1].path, Path::new("/abs/b"));
         assert_eq!(r.adapters[1].strength, 1.0);
-        assert_eq!(r.output.dtype, "bf16");
+        assert_eq!(r.output.dtype(), Some("bf16"));
         assert_eq!(
             r.output.shard_size.as_ref().unwrap().bytes().unwrap(),
             5_000_000_000

@@ -107,6 +107,7 @@ fn options(dtype: OutputDType) -> MergeOptions {
         dora_strength: DoraStrength::Merge,
         allow_unmatched: false,
         shard_bytes: None,
+        quantize: None,
     }
 }
 

@@ -417,7 +417,7 @@ fn refusals_write_nothing() {
     for (args, want) in [
         (
             vec!["convert", inp, "--to", "gguf:q3_k", "--out", "o"],
-            "unknown --to",
+            "--to: unknown format `gguf:q3_k`",
         ),
         (
             vec!["convert", inp, "--to", "gguf:q8_0", "--out", "o.gguf"],
@@ -434,7 +434,7 @@ fn refusals_write_nothing() {
                 "--out",
                 "o",
             ],
-            "drop --dtype",
+            "--dtype: `f16`: gguf:q8_0 decides every tensor's type",
         ),
         (
             vec![
@@ -657,11 +657,6 @@ fn merge_then_quantize_gguf_matches_the_reference_path() {
             "{roles:?}"
         );
         ok(run(d.path(), &["verify", out.to_str().unwrap()]));
-        // the f32 intermediate is gone
-        assert_eq!(
-            tree(d.path()).iter().filter(|p| !p.contains('/')).count(),
-            1 + (fmt == "q4_0") as usize
-        );
     }
 }
 
@@ -726,6 +721,93 @@ fn merge_then_quantize_fp8_matches_the_reference_path() {
     assert!(total > 40000, "{total} fp8 codes");
     eprintln!("fp8: {differ} of {total} codes differ from the reference path");
     assert!(differ * 100 <= total, "{differ} of {total} codes differ");
+}
+
+/// `merge --to` is one pass (merge, encode, write, hash), and it writes exactly the bytes of
+/// the reference path it replaced: merge in f32 (original-Wan layout, nothing rounded), then
+/// `convert --to` that f32 release. Covers merged and untouched tensors of every encoding
+/// (block types, F16 fallbacks, F32 rules, fp8 with its scale, high-precision F16) and the
+/// city96 rounding, on 1 and 3 threads.
+#[test]
+fn merge_to_is_byte_identical_to_merge_f32_then_convert() {
+    let d = tmp();
+    let base = repo().join("golden/models/t2v");
+    let lora = repo().join("golden/adapters/peft_plain");
+    ok(run(
+        d.path(),
+        &[
+            "merge",
+            "--base",
+            base.to_str().unwrap(),
+            "--adapter",
+            lora.to_str().unwrap(),
+            "--dtype",
+            "f32",
+            "--layout",
+            "wan",
+            "--keep-f32",
+            "none",
+            "--out",
+            "f32",
+            "--device",
+            "cpu",
+        ],
+    ));
+    let cases: [(&str, &[&str], &str); 4] = [
+        ("gguf:q8_0", &[], "model-q8_0.gguf"),
+        ("gguf:q4_0", &["--city96-rounding"], "model-q4_0.gguf"),
+        ("gguf:q5_0", &[], "model-q5_0.gguf"),
+        ("fp8-scaled", &[], "model_fp8_scaled.safetensors"),
+    ];
+    for (to, extra, file) in cases {
+        let reference = d.path().join(format!("ref_{}", to.replace(':', "_")));
+        let mut args = vec!["convert", "f32", "--to", to, "--out"];
+        args.push(reference.to_str().unwrap());
+        args.extend_from_slice(extra);
+        ok(run(d.path(), &args));
+        let want = fs_err::read(reference.join(file)).unwrap();
+        for threads in ["1", "3"] {
+            let out = d
+                .path()
+                .join(format!("one_{}_{threads}", to.replace(':', "_")));
+            let mut args = vec![
+                "--threads",
+                threads,
+                "merge",
+                "--base",
+                base.to_str().unwrap(),
+                "--adapter",
+                lora.to_str().unwrap(),
+                "--to",
+                to,
+                "--out",
+                out.to_str().unwrap(),
+                "--device",
+                "cpu",
+            ];
+            args.extend_from_slice(extra);
+            ok(run(d.path(), &args));
+            let got = fs_err::read(out.join(file)).unwrap();
+            assert!(
+                got == want,
+                "{to} {extra:?} on {threads} threads: bytes differ"
+            );
+            let report = |dir: &std::path::Path| -> serde_json::Value {
+                let m: serde_json::Value = serde_json::from_slice(
+                    &fs_err::read(dir.join("wanbake.manifest.json")).unwrap(),
+                )
+                .unwrap();
+                let mut t = m["report"]["quantization"]["tensors"].clone();
+                // `source` names the key read: diffusers here, original-Wan in the f32 release
+                for v in t.as_object_mut().unwrap().values_mut() {
+                    v.as_object_mut().unwrap().remove("source");
+                }
+                t
+            };
+            let (a, b) = (report(&out), report(&reference));
+            assert!(a == b, "{to}: the error reports differ");
+        }
+    }
 }
 
 // ---- the runner on quantized checkpoints: the forward of a GGUF / scaled-fp8 release equals
@@ -927,10 +1009,10 @@ fn refusals_name_the_way_out() {
     }
 }
 
-/// A non-finite weight the adapter does not touch: the merge succeeds, the quantizer refuses
-/// it naming the base and the key, and neither the output nor the f32 intermediate remains.
+/// A non-finite weight the adapter does not touch: the one-pass merge refuses it when it
+/// encodes it, naming the base file and the key, and nothing remains.
 #[test]
-fn merge_to_refusal_leaves_no_intermediate() {
+fn merge_to_refusal_writes_nothing() {
     let d = tmp();
     let src =
         SafetensorsFile::open(&repo().join("golden/models/t2v_original.safetensors")).unwrap();
@@ -971,9 +1053,8 @@ fn merge_to_refusal_leaves_no_intermediate() {
     ];
     let (code, _, err) = parts(&run(d.path(), &args));
     assert_eq!(code, 1, "{err}");
-    assert!(err.contains("merge of base.safetensors"), "{err}");
     assert!(
-        err.contains("blocks.2.cross_attn.norm_k.weight: element 1 is inf"),
+        err.contains("base.safetensors: blocks.2.cross_attn.norm_k.weight: element 1 is inf"),
         "{err}"
     );
     assert_eq!(tree(d.path()), ["base.safetensors"]);
@@ -1021,6 +1102,386 @@ fn i2v_outputs_match_the_references() {
             ours.view(n).unwrap().dtype,
             wanbake::io::DType::F8_E4M3,
             "{n}"
+        );
+    }
+}
+
+// ---- `bake` with `[output] to`: the same one-pass merge, provenance in the GGUF metadata,
+// the runner's checks on the quantized release, and the recipe's refusals.
+
+fn quant_recipe(dir: &std::path::Path, output: &str, checks: &str) -> std::path::PathBuf {
+    let text = format!(
+        "[base]\npath = \"{}\"\n\n[[adapter]]\npath = \"{}\"\n\n[output]\ndir = \"out\"\n{output}\n{checks}",
+        repo().join("golden/models/t2v").display(),
+        repo().join("golden/adapters/peft_plain").display(),
+    );
+    let path = dir.join("q.toml");
+    fs_err::write(&path, text).unwrap();
+    path
+}
+
+/// A GGUF bake: its tensors are byte for byte those of `merge --to` (the header differs only
+/// by the recipe's provenance, stamped as GGUF string metadata), its manifest describes the
+/// tensors by ggml type and torch shape, and the runner's checks run on the quantized file.
+#[test]
+fn bake_to_gguf_is_the_merge_with_provenance_and_checks() {
+    use wanbake::io::gguf::{GgufFile, Value};
+    let d = tmp();
+    let inputs = repo().join("golden/runner/t2v__inputs.safetensors");
+    let fused = repo().join("golden/runner/t2v__peft_plain__fused_forward.safetensors");
+    let checks = format!(
+        "[[check]]\nname = \"vs-diffusers\"\ninputs = \"{}\"\nexpected = \"{}\"\ntolerance = 0.3\n\n\
+         [[check]]\nname = \"vs-unmerged\"\ninputs = \"{}\"\nexpected = \"unmerged\"\ntolerance = 0.3\n",
+        inputs.display(),
+        fused.display(),
+        inputs.display()
+    );
+    let recipe = quant_recipe(
+        d.path(),
+        "to = \"gguf:q4_0\"\ncity96_rounding = true",
+        &checks,
+    );
+    let stdout = ok(run(d.path(), &["bake", recipe.to_str().unwrap()]));
+    assert!(stdout.contains("gguf:q4_0 (city96 rounding)"), "{stdout}");
+    let baked = GgufFile::open(&d.path().join("out/model-q4_0.gguf")).unwrap();
+    let m2 = d.path().join("m2");
+    ok(run(
+        d.path(),
+        &[
+            "merge",
+            "--base",
+            repo().join("golden/models/t2v").to_str().unwrap(),
+            "--adapter",
+            repo().join("golden/adapters/peft_plain").to_str().unwrap(),
+            "--to",
+            "gguf:q4_0",
+            "--city96-rounding",
+            "--out",
+            m2.to_str().unwrap(),
+        ],
+    ));
+    let want = GgufFile::open(&m2.join("model-q4_0.gguf")).unwrap();
+    let (hb, hw) = (baked.header(), want.header());
+    assert_eq!(hb.tensors.len(), hw.tensors.len());
+    for (i, t) in hb.tensors.iter().enumerate() {
+        let w = &hw.tensors[i];
+        assert_eq!((&t.name, t.ty, &t.ne), (&w.name, w.ty, &w.ne));
+        assert!(baked.data(i) == want.data(i), "{}: bytes differ", t.name);
+    }
+    assert_eq!(
+        &hb.kv[..hw.kv.len()],
+        &hw.kv[..],
+        "the file's own metadata first"
+    );
+    let extra: Vec<&str> = hb.kv[hw.kv.len()..]
+        .iter()
+        .map(|(k, _)| k.as_str())
+        .collect();
+    assert_eq!(
+        extra,
+        ["wanbake.inputs", "wanbake.recipe", "wanbake.version"]
+    );
+    let Some(Value::Str(r)) = baked.header().get("wanbake.recipe") else {
+        panic!("no recipe in the GGUF metadata")
+    };
+    assert!(r.contains("\"to\":\"gguf:q4_0\""), "{r}");
+    let m: serde_json::Value =
+        serde_json::from_slice(&fs_err::read(d.path().join("out/wanbake.manifest.json")).unwrap())
+            .unwrap();
+    assert_eq!(m["status"], "ok");
+    assert_eq!(m["command"], "bake");
+    assert!(m["report"]["quantization"]["tensors"].is_object());
+    assert_eq!(m["report"]["merge"]["targets_merged"], 32);
+    // the activation error of Q4_0 on the tiny model: the check ran on the quantized file
+    for c in m["checks"].as_array().unwrap() {
+        assert_eq!(c["passed"], true, "{c}");
+        let e = c["max_abs_diff"].as_f64().unwrap();
+        assert!(e > 1e-2 && e < 0.3, "{c}");
+    }
+    let q = &m["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["path"] == "model-q4_0.gguf")
+        .unwrap()["tensors"]["blocks.0.self_attn.q.weight"];
+    assert_eq!(q["dtype"], "Q4_0");
+    assert_eq!(q["shape"], serde_json::json!([32, 32]));
+    ok(run(d.path(), &["verify", "out"]));
+}
+
+/// `[output] to` and its companions are checked with the recipe, naming the field; nothing
+/// is written.
+#[test]
+fn bake_to_refusals_name_the_field() {
+    let d = tmp();
+    for (output, want) in [
+        (
+            "to = \"gguf:q3_k\"",
+            "output.to: unknown format `gguf:q3_k`",
+        ),
+        (
+            "to = \"gguf:q8_0\"\ndtype = \"bf16\"",
+            "output.dtype: `bf16`: gguf:q8_0 decides every tensor's type",
+        ),
+        (
+            "to = \"fp8-scaled\"\nlayout = \"wan\"",
+            "output.layout: fp8-scaled decides the output",
+        ),
+        (
+            "to = \"fp8-scaled\"\ncity96_rounding = true",
+            "output.city96_rounding: applies to gguf:<type> only",
+        ),
+        (
+            "city96_rounding = true",
+            "output.city96_rounding: needs to = gguf:<type>",
+        ),
+    ] {
+        let recipe = quant_recipe(d.path(), output, "");
+        let (code, _, err) = parts(&run(d.path(), &["bake", recipe.to_str().unwrap()]));
+        assert_ne!(code, 0, "{output}: {err}");
+        assert!(err.contains(want), "{output}: {err}");
+        assert_eq!(tree(d.path()), ["q.toml"], "{output}");
+    }
+}
+
+/// An fp8-scaled bake keeps F16 high-precision tensors by default (as the CLI), BF16 when
+/// the recipe says `dtype = "bf16"`, and its weight file carries the provenance metadata.
+#[test]
+fn bake_to_fp8_scaled_takes_dtype_as_the_high_precision_dtype() {
+    let d = tmp();
+    for (dtype, want) in [("", "F16"), ("dtype = \"bf16\"", "BF16")] {
+        let recipe = quant_recipe(
+            d.path(),
+            &format!("to = \"fp8-scaled\"\noverwrite = true\n{dtype}"),
+            "",
+        );
+        ok(run(d.path(), &["bake", recipe.to_str().unwrap()]));
+        let f = SafetensorsFile::open(&d.path().join("out/model_fp8_scaled.safetensors")).unwrap();
+        assert_eq!(
+            f.view("blocks.0.norm3.weight").unwrap().dtype.as_str(),
+            want
+        );
+        assert_eq!(
+            f.view("blocks.0.self_attn.q.weight")
+                .unwrap()
+                .dtype
+                .as_str(),
+            "F8_E4M3"
+        );
+        assert!(f.metadata().contains_key("wanbake.recipe"));
+    }
+}
+
+// ---- ComfyUI-GGUF's own loader on our files: golden/quant_golden.py `comfy-loader` ran
+// city96/ComfyUI-GGUF @ 795e451's `gguf_sd_loader` + `dequantize_tensor` (ComfyUI's `comfy`
+// modules stubbed; only GGMLTensor is used) on `wanbake merge --to gguf:<fmt>` of the tiny T2V
+// and peft_plain, and recorded the state dict it built (names, ggml types, shapes) and the
+// values it dequantizes: `N` at float32 ("target"), `N|default` with the node's default
+// (block types multiply d·q in float16).
+
+/// The loader reads our GGUF as a Wan model with the names, types and shapes our manifest
+/// states, dequantizes (at f32) to exactly the values our runner uses, and the errors our
+/// report claims are those of the loader's values against the f32 merge.
+#[test]
+fn comfyui_gguf_loader_reads_our_files_as_our_manifest_and_report_say() {
+    use wanbake::io::gguf::GgufFile;
+    let d = tmp();
+    let f32_out = d.path().join("f32");
+    ok(run(
+        d.path(),
+        &[
+            "merge",
+            "--base",
+            repo().join("golden/models/t2v").to_str().unwrap(),
+            "--adapter",
+            repo().join("golden/adapters/peft_plain").to_str().unwrap(),
+            "--dtype",
+            "f32",
+            "--layout",
+            "wan",
+            "--keep-f32",
+            "none",
+            "--out",
+            f32_out.to_str().unwrap(),
+            "--device",
+            "cpu",
+        ],
+    ));
+    let merged = SafetensorsFile::open(&f32_out.join("diffusion_pytorch_model.safetensors"))
+        .or_else(|_| SafetensorsFile::open(&f32_out.join("model.safetensors")))
+        .unwrap();
+    for fmt in ["q8_0", "q4_0"] {
+        let out = merge_to(d.path(), &format!("gguf:{fmt}"));
+        let ours = GgufFile::open(&out.join(format!("model-{fmt}.gguf"))).unwrap();
+        let info: serde_json::Value = serde_json::from_slice(
+            &fs_err::read(repo().join(format!("golden/quant/comfy_loader_{fmt}.json"))).unwrap(),
+        )
+        .unwrap();
+        let loaded = golden(&format!("comfy_loader_{fmt}.safetensors"));
+        let m: serde_json::Value =
+            serde_json::from_slice(&fs_err::read(out.join("wanbake.manifest.json")).unwrap())
+                .unwrap();
+        let described = &m["files"][0]["tensors"];
+        let report = &m["report"]["quantization"]["tensors"];
+        assert_eq!(info["arch"], "wan");
+        let tensors = info["tensors"].as_object().unwrap();
+        assert_eq!(tensors.len(), ours.header().tensors.len(), "{fmt}");
+        let (mut quantized, mut exact_f16) = (0, 0);
+        for (i, t) in ours.header().tensors.iter().enumerate() {
+            let l = &tensors[&t.name];
+            assert_eq!(l["type"], t.ty.name(), "{fmt} {}", t.name);
+            assert_eq!(l["type"], described[&t.name]["dtype"], "{}", t.name);
+            assert_eq!(l["shape"], described[&t.name]["shape"], "{}", t.name);
+            let x = ours.read_f32(i);
+            if t.ty != GgmlType::F32 {
+                let y = loaded.read_f32(&t.name).unwrap();
+                let same = x.iter().zip(&y).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(
+                    same && x.len() == y.len(),
+                    "{fmt} {}: values differ",
+                    t.name
+                );
+            }
+            if t.ty.is_block() {
+                // the default path rounds d·q (exact in f32) to f16
+                let y = loaded.read_f32(&format!("{}|default", t.name)).unwrap();
+                for (a, b) in x.iter().zip(&y) {
+                    assert_eq!(half::f16::from_f32(*a).to_f32(), *b, "{}", t.name);
+                    exact_f16 += (a == b) as usize;
+                }
+                quantized += 1;
+            }
+            // the report's errors, recomputed from the loader's values (== x above)
+            let w = merged.read_f32(&t.name).unwrap();
+            let (mut max_abs, mut se) = (0f64, 0f64);
+            for (a, b) in w.iter().zip(&x) {
+                let e = (*a as f64 - *b as f64).abs();
+                max_abs = max_abs.max(e);
+                se += e * e;
+            }
+            let r = &report[&t.name];
+            assert_eq!(r["max_abs_err"].as_f64(), Some(max_abs), "{}", t.name);
+            let rms = (se / w.len() as f64).sqrt();
+            assert_eq!(r["rms_err"].as_f64(), Some(rms), "{}", t.name);
+        }
+        assert!(quantized >= 20, "{fmt}: {quantized} block tensors");
+        eprintln!(
+            "{fmt}: {exact_f16} dequantized values are already f16 under the loader's default path"
+        );
+    }
+}
+
+/// A weight larger than one band of the job loop (2.1 M elements, 3 bands of whole rows):
+/// merged (a LoRA on it) and untouched (`convert`), its GGUF and fp8 bytes equal the
+/// encoders applied to the whole f32 tensor at once (the encoders themselves are held to
+/// gguf-py and torch above), so band offsets, the fp8 two-pass scale and the merged fp8
+/// assembly do not move a byte.
+#[test]
+fn tensors_larger_than_a_band_encode_as_whole_tensors() {
+    let d = tmp();
+    let src =
+        SafetensorsFile::open(&repo().join("golden/models/t2v_original.safetensors")).unwrap();
+    let (rows, cols) = (32800usize, 64usize);
+    let big: Vec<f32> = (0..rows * cols)
+        .map(|i| ((i as f32 * 0.618_034).fract() - 0.5) * (1.0 + (i % 97) as f32 / 13.0))
+        .collect();
+    let mut tensors: Vec<(String, Vec<usize>, Vec<f32>)> = src
+        .infos()
+        .iter()
+        .map(|i| {
+            (
+                i.name.clone(),
+                i.shape.clone(),
+                src.read_f32(&i.name).unwrap(),
+            )
+        })
+        .collect();
+    let t = tensors
+        .iter_mut()
+        .find(|t| t.0 == "blocks.0.ffn.0.weight")
+        .unwrap();
+    (t.1, t.2) = (vec![rows, cols], big.clone());
+    let refs: Vec<(&str, Vec<usize>, Vec<f32>)> = tensors
+        .iter()
+        .map(|(n, s, v)| (n.as_str(), s.clone(), v.clone()))
+        .collect();
+    write_f32(&d.path().join("base.safetensors"), &refs);
+    let down: Vec<f32> = (0..4 * cols)
+        .map(|i| (i as f32 * 0.37).sin() * 0.1)
+        .collect();
+    let up: Vec<f32> = (0..rows * 4)
+        .map(|i| (i as f32 * 0.11).cos() * 0.1)
+        .collect();
+    write_f32(
+        &d.path().join("lora.safetensors"),
+        &[
+            (
+                "diffusion_model.blocks.0.ffn.0.lora_down.weight",
+                vec![4, cols],
+                down,
+            ),
+            (
+                "diffusion_model.blocks.0.ffn.0.lora_up.weight",
+                vec![rows, 4],
+                up,
+            ),
+        ],
+    );
+    let merge = |extra: &[&str], out: &str| {
+        let mut args = vec![
+            "merge",
+            "--base",
+            "base.safetensors",
+            "--adapter",
+            "lora.safetensors",
+            "--out",
+            out,
+            "--device",
+            "cpu",
+        ];
+        args.extend_from_slice(extra);
+        ok(run(d.path(), &args));
+    };
+    merge(&["--dtype", "f32", "--keep-f32", "none"], "f32");
+    let merged = SafetensorsFile::open(&d.path().join("f32/base.safetensors"))
+        .unwrap()
+        .read_f32("blocks.0.ffn.0.weight")
+        .unwrap();
+    assert_ne!(merged, big, "the LoRA changes the tensor");
+    let name = "blocks.0.ffn.0.weight";
+    for (route, w) in [("merge", &merged), ("convert", &big)] {
+        let run_to = |to: &str, out: &str| match route {
+            "merge" => merge(&["--to", to], out),
+            _ => {
+                ok(run(
+                    d.path(),
+                    &["convert", "base.safetensors", "--to", to, "--out", out],
+                ));
+            }
+        };
+        let out = format!("{route}_q8");
+        run_to("gguf:q8_0", &out);
+        let g = wanbake::io::gguf::GgufFile::open(&d.path().join(&out).join("model-q8_0.gguf"))
+            .unwrap();
+        let i = g
+            .header()
+            .tensors
+            .iter()
+            .position(|t| t.name == name)
+            .unwrap();
+        assert_eq!(g.header().tensors[i].ty, GgmlType::Q8_0);
+        let want = ggml::quantize_vec(GgmlType::Q8_0, w).unwrap();
+        assert!(g.data(i) == &want[..], "{route}: Q8_0 bytes differ");
+        let out = format!("{route}_fp8");
+        run_to("fp8-scaled", &out);
+        let f = SafetensorsFile::open(&d.path().join(&out).join("model_fp8_scaled.safetensors"))
+            .unwrap();
+        let q = fp8::quantize_scaled(w);
+        assert!(bytes(&f, name) == &q.codes[..], "{route}: fp8 codes differ");
+        assert_eq!(
+            bytes(&f, "blocks.0.ffn.0.scale_weight"),
+            q.scale.to_le_bytes(),
+            "{route}: scale"
         );
     }
 }

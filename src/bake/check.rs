@@ -61,13 +61,14 @@ pub fn settings(c: &CheckSpec) -> RunSettings {
     }
 }
 
-/// Runs the model at `model` on the check's inputs.
-pub fn run_on(model: &Path, c: &CheckSpec) -> Result<Tensor, BakeError> {
+/// Runs the model at `model` on the check's inputs; `config` replaces its config.json (a
+/// quantized release carries none: the base's is given).
+pub fn run_on(model: &Path, config: Option<&Path>, c: &CheckSpec) -> Result<Tensor, BakeError> {
     let fail = |reason: String| BakeError::CheckSetup {
         check: c.name.clone().unwrap_or_default(),
         reason,
     };
-    let models = ModelSet::open(model, None).map_err(|e| fail(e.to_string()))?;
+    let models = ModelSet::open(model, config).map_err(|e| fail(e.to_string()))?;
     let inputs = RunInputs::read(&c.inputs).map_err(|e| fail(e.to_string()))?;
     let out =
         run_models(&models, &inputs, &c.inputs, &settings(c)).map_err(|e| fail(e.to_string()))?;
@@ -96,15 +97,17 @@ pub fn read_expected(c: &CheckSpec) -> Result<Tensor, BakeError> {
     })
 }
 
-/// Runs check `c` on the baked model at `model` against `expected`.
+/// Runs check `c` on the baked model at `model` (with `config`, as [`run_on`]) against
+/// `expected`.
 pub fn run_check(
     recipe: &Recipe,
     model: &Path,
+    config: Option<&Path>,
     c: &CheckSpec,
     expected: &Tensor,
 ) -> Result<CheckOutcome, BakeError> {
     let started = Instant::now();
-    let got = run_on(model, c)?;
+    let got = run_on(model, config, c)?;
     let seconds = started.elapsed().as_secs_f64();
     let name = c.name.clone().unwrap_or_default();
     if got.shape != expected.shape {

@@ -99,6 +99,12 @@ pub fn execute(plan: BakePlan, compute: &Compute) -> Result<BakeOutcome, BakeErr
         before_commit: sign_hook.as_ref().map(|f| f as &crate::merge::BeforeCommit),
     };
     let reference_inputs = prepared.inputs.clone();
+    // A quantized release has no config.json: its checks run with the base's.
+    let run_config = options
+        .quantize
+        .and(base.components.first())
+        .and_then(|c| c.sidecar("config.json"))
+        .map(|s| s.path.clone());
     let mut outcomes = Vec::new();
     let outcome = write_merge(
         prepared,
@@ -111,7 +117,13 @@ pub fn execute(plan: BakePlan, compute: &Compute) -> Result<BakeOutcome, BakeErr
             let checking = crate::progress::begin("checking", 0, recipe.checks.len() as u64);
             let expected = expected_outputs(&recipe, &base, &adapters, &options, reference_inputs)?;
             for (c, want) in recipe.checks.iter().zip(&expected) {
-                outcomes.push(check::run_check(&recipe, staged, c, want)?);
+                outcomes.push(check::run_check(
+                    &recipe,
+                    staged,
+                    run_config.as_deref(),
+                    c,
+                    want,
+                )?);
                 checking.add_item();
             }
             Ok(Checked {
@@ -216,7 +228,7 @@ fn expected_outputs(
             .as_ref()
             .map(|r| r.0.clone())
             .ok_or_else(|| BakeError::Internal("no reference model".into()))?;
-        out.push(check::run_on(&dir, c)?);
+        out.push(check::run_on(&dir, None, c)?);
     }
     Ok(out)
 }
@@ -242,6 +254,7 @@ impl ReferenceDir {
             keep_f32: None,
             layout: None,
             shard_bytes: None,
+            quantize: None,
             ..options.clone()
         };
         let mut prepared = prepare_merge(base, adapters, &ref_options, BaseHash::Skip)?;

@@ -168,12 +168,14 @@ pub fn merge_options(recipe: &Recipe) -> Result<MergeOptions, BakeError> {
         .transpose()
         .map_err(|e| BakeError::recipe(recipe, "output.shard_size", e))?;
     MergeOptions::from_text(&OptionsText {
-        dtype: Some(o.dtype.as_str()),
+        dtype: o.dtype(),
         keep_f32: o.keep_f32.as_deref(),
         layout: o.layout.as_deref(),
         dora_strength: recipe.merge.dora_strength.as_deref(),
         allow_unmatched: recipe.merge.allow_unmatched,
         shard_bytes,
+        to: o.to.as_deref(),
+        city96_rounding: o.city96_rounding,
     })
     .map_err(|b| {
         let section = if b.field == "dora_strength" {

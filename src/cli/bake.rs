@@ -113,12 +113,20 @@ fn describe_plan(plan: &BakePlan, p: &mut Printer) -> serde_json::Value {
     }
     let out = &plan.prepared.plan.output;
     let o = &r.output;
+    let encoding = match (&o.to, o.city96_rounding) {
+        (Some(to), false) => format!("{to}, original-Wan names"),
+        (Some(to), true) => format!("{to} (city96 rounding), original-Wan names"),
+        (None, _) => format!(
+            "{}, layout {}, keep-f32 {}",
+            o.dtype().unwrap_or("bf16"),
+            o.layout.as_deref().unwrap_or("same as the base"),
+            plan.prepared.plan.keep_f32
+        ),
+    };
     p.line(format!(
-        "  output   {}: {}, layout {}, keep-f32 {}, {} files, {} tensors, {}",
+        "  output   {}: {}, {} files, {} tensors, {}",
         r.relative(&o.dir),
-        o.dtype,
-        o.layout.as_deref().unwrap_or("same as the base"),
-        plan.prepared.plan.keep_f32,
+        encoding,
         out.files.len() + out.aux.len() + 1,
         out.tensor_count(),
         human_bytes(out.total_bytes())

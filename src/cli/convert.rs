@@ -1,15 +1,15 @@
 //! `wanbake convert IN --dtype bf16|f16|f32 --out DIR [--shard-size BYTES]`: converts every
 //! float tensor of any checkpoint, mirroring its naming, as a verified release.
 //! `wanbake convert IN --to fp8-scaled|gguf:q8_0|q4_0|q5_0|bf16|f16 --out DIR`: a WAN
-//! transformer as one quantized file with original-Wan names (`wanbake::quantize`).
+//! transformer as one quantized file with original-Wan names: the merge of no adapters
+//! (`wanbake::merge::quantize_release`).
 
 use std::path::PathBuf;
 
 use super::{Printer, Status, UsageError, output};
 use wanbake::convert::{ConvertSpec, DtypeChoice, convert_release, keep_none};
 use wanbake::io::staging::Replace;
-use wanbake::model::quant_rules::{ALL_FORMATS, QuantFormat};
-use wanbake::quantize::{QuantOptions, QuantizeSpec, quantize_release};
+use wanbake::merge::{MergeFailure, MergeOptions, OptionsText, quantize_release};
 
 /// Arguments of `convert`.
 #[derive(clap::Args, Debug)]
@@ -80,46 +80,29 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
 }
 
 fn execute_quantized(to: &str, args: &Args, p: &mut Printer) -> anyhow::Result<Status> {
-    let format = QuantFormat::parse(&to.to_ascii_lowercase()).ok_or_else(|| {
-        let all: Vec<&str> = ALL_FORMATS.iter().map(|f| f.as_str()).collect();
-        UsageError(format!("unknown --to `{to}` (one of: {})", all.join(", ")))
-    })?;
-    if args.shard_size.is_some() {
-        return Err(UsageError(format!("--to {format} writes one file; drop --shard-size")).into());
-    }
-    if args.city96_rounding && !format.is_gguf() {
-        return Err(UsageError("--city96-rounding applies to --to gguf:<type> only".into()).into());
-    }
-    if args.dtype.is_some() && format.is_gguf() {
-        return Err(UsageError(format!(
-            "--to {format} decides every tensor's type (spec: F32/F16 by rule); drop --dtype"
-        ))
-        .into());
-    }
-    if args.out.extension().is_some_and(|e| e == "gguf") {
-        return Err(UsageError(format!(
-            "{}: wanbake writes a release directory (the .gguf plus wanbake.manifest.json); \
-             pass --out DIR",
-            args.out.display()
-        ))
-        .into());
-    }
-    let high_precision = args.dtype.unwrap_or(wanbake::io::DType::F16);
-    let spec = QuantizeSpec {
-        input: args.input.clone(),
-        out: args.out.clone(),
-        options: QuantOptions {
-            format,
-            high_precision,
-            city96_rounding: args.city96_rounding,
-        },
-        replace: if args.overwrite {
-            Replace::Overwrite
-        } else {
-            Replace::Never
-        },
+    let dtype = args.dtype.map(|d| d.as_str().to_ascii_lowercase());
+    let options = MergeOptions::from_text(&OptionsText {
+        dtype: dtype.as_deref(),
+        shard_bytes: args.shard_size,
+        to: Some(to),
+        city96_rounding: args.city96_rounding,
+        ..OptionsText::default()
+    })
+    .map_err(|b| UsageError(format!("--{}: {}", b.field.replace('_', "-"), b.message)))?;
+    let Some(q) = options.quantize else {
+        return Err(UsageError(format!("--to {to}: not a quantized output")).into());
     };
-    let r = quantize_release(&spec)?;
+    super::merge::refuse_gguf_out(&args.out)?;
+    let replace = if args.overwrite {
+        Replace::Overwrite
+    } else {
+        Replace::Never
+    };
+    let format = q.format;
+    let r = quantize_release(&args.input, q, &args.out, replace).map_err(|e| match e {
+        MergeFailure::Merge(m) => super::merge::usage_or(*m),
+        other => other.into(),
+    })?;
     let bytes: u64 = r.manifest.files.iter().map(|f| f.bytes).sum();
     p.line(format!(
         "wrote {} ({format}: {} files, {} bytes)",
@@ -127,16 +110,7 @@ fn execute_quantized(to: &str, args: &Args, p: &mut Printer) -> anyhow::Result<S
         r.manifest.files.len(),
         bytes
     ));
-    if let Some(s) = r.manifest.report["quantization"]["summary"].as_object() {
-        for (enc, v) in s {
-            p.line(format!(
-                "  {enc}: {} tensors, worst relative error max {:.3e} rms {:.3e}",
-                v["tensors"],
-                v["worst_rel_max_err"].as_f64().unwrap_or(0.0),
-                v["worst_rel_rms_err"].as_f64().unwrap_or(0.0)
-            ));
-        }
-    }
+    super::merge::print_quantization(p, &r.manifest.report, "  ");
     p.json(&serde_json::json!({"dir": r.dir, "report": r.manifest.report, "bytes": bytes}));
     Ok(Status::Ok)
 }

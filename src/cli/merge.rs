@@ -103,7 +103,7 @@ pub struct Args {
     pub json: bool,
     /// Quantize the merged f32 weights for ComfyUI: fp8-scaled or
     /// gguf:q8_0|q4_0|q5_0|bf16|f16 (one file, original-Wan names; `wanbake convert --help`).
-    /// Needs f32 free space for an intermediate merge, removed afterwards.
+    /// One pass: each merged tensor is quantized as it is written.
     #[arg(long, value_name = "FORMAT")]
     pub to: Option<String>,
     /// With --to gguf:<block type>: quantize the F16 rounding, as city96's pipeline does.
@@ -120,12 +120,14 @@ fn merge_options(args: &Args) -> Result<MergeOptions, UsageError> {
         dora_strength: Some(&args.dora_strength),
         allow_unmatched: args.allow_unmatched,
         shard_bytes: args.shard_size,
+        to: args.to.as_deref(),
+        city96_rounding: args.city96_rounding,
     })
     .map_err(|b| UsageError(format!("--{}: {}", b.field.replace('_', "-"), b.message)))
 }
 
 /// Library errors, with the usage ones turned into `UsageError` (exit code 2).
-fn usage_or(e: MergeError) -> anyhow::Error {
+pub(super) fn usage_or(e: MergeError) -> anyhow::Error {
     match e {
         MergeError::Usage(m) => UsageError(m).into(),
         other => other.into(),
@@ -148,7 +150,9 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
         .map_err(|e| UsageError(format!("--svd-cache: {e} (create the directory first)")))?;
     let (compute, device) = args.device.select()?;
     p.line(format!("device: {}", device.reason));
-    let quant = quantized_output(&args)?;
+    if options.quantize.is_some() {
+        refuse_gguf_out(&args.out)?;
+    }
     let base = Checkpoint::open(&args.base)?;
     let adapters = bind_specs(&specs, &base, args.allow_unmatched).map_err(usage_or)?;
     let replace = if args.overwrite {
@@ -156,20 +160,6 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
     } else {
         Replace::Never
     };
-    if let Some(options_q) = quant {
-        return execute_quantized(
-            p,
-            &base,
-            &adapters,
-            options,
-            cache.as_ref(),
-            &compute,
-            &args.out,
-            options_q,
-            replace,
-            &device,
-        );
-    }
     let outcome = merge_release(
         &base,
         &adapters,
@@ -186,11 +176,19 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
     let files = &outcome.release.manifest.files;
     let bytes: u64 = files.iter().map(|f| f.bytes).sum();
     print_summary(p, &outcome.report, &outcome.release.dir, files.len(), bytes);
+    let report = match &options.quantize {
+        None => serde_json::to_value(&outcome.report)?,
+        Some(q) => {
+            p.line(format!("  quantized: {}", q.format));
+            print_quantization(p, &outcome.release.manifest.report, "    ");
+            outcome.release.manifest.report.clone()
+        }
+    };
     p.json(&serde_json::json!({
         "dir": outcome.release.dir,
         "files": files.len(),
         "bytes": bytes,
-        "report": outcome.report,
+        "report": report,
         "device": device_json(&device),
     }));
     Ok(Status::Ok)
@@ -243,113 +241,28 @@ fn print_summary(p: &mut Printer, r: &MergeReport, dir: &Path, files: usize, byt
     ));
 }
 
-/// `--to` and its companions, validated (`None` without `--to`).
-fn quantized_output(args: &Args) -> Result<Option<wanbake::quantize::QuantOptions>, UsageError> {
-    use wanbake::model::quant_rules::{ALL_FORMATS, QuantFormat};
-    let Some(to) = &args.to else {
-        if args.city96_rounding {
-            return Err(UsageError(
-                "--city96-rounding needs --to gguf:<type>".into(),
-            ));
-        }
-        return Ok(None);
-    };
-    let format = QuantFormat::parse(&to.to_ascii_lowercase()).ok_or_else(|| {
-        let all: Vec<&str> = ALL_FORMATS.iter().map(|f| f.as_str()).collect();
-        UsageError(format!("unknown --to `{to}` (one of: {})", all.join(", ")))
-    })?;
-    for (given, flag) in [
-        (args.keep_f32.is_some(), "--keep-f32"),
-        (args.layout.is_some(), "--layout"),
-        (args.shard_size.is_some(), "--shard-size"),
-    ] {
-        if given {
-            return Err(UsageError(format!(
-                "--to {format} decides the output; drop {flag}"
-            )));
-        }
-    }
-    if args.city96_rounding && !format.is_gguf() {
-        return Err(UsageError(
-            "--city96-rounding applies to --to gguf:<type> only".into(),
-        ));
-    }
-    let high_precision = match (args.dtype.as_str(), format.is_gguf()) {
-        ("keep", _) => wanbake::io::DType::F16,
-        (d, false) => output::float_dtype(d).map_err(UsageError)?,
-        (_, true) => {
-            return Err(UsageError(format!(
-                "--to {format} decides every tensor's type; drop --dtype"
-            )));
-        }
-    };
-    if args.out.extension().is_some_and(|e| e == "gguf") {
+/// `--out x.gguf` is refused: a quantized output is a release directory.
+pub(super) fn refuse_gguf_out(out: &Path) -> Result<(), UsageError> {
+    if out.extension().is_some_and(|e| e == "gguf") {
         return Err(UsageError(format!(
             "{}: wanbake writes a release directory (the .gguf plus wanbake.manifest.json); \
              pass --out DIR",
-            args.out.display()
+            out.display()
         )));
     }
-    Ok(Some(wanbake::quantize::QuantOptions {
-        format,
-        high_precision,
-        city96_rounding: args.city96_rounding,
-    }))
+    Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
-fn execute_quantized(
-    p: &mut Printer,
-    base: &Checkpoint,
-    adapters: &[wanbake::merge::BoundAdapter],
-    options: MergeOptions,
-    cache: Option<&SvdCache>,
-    compute: &wanbake::merge::Compute,
-    out: &Path,
-    q: wanbake::quantize::QuantOptions,
-    replace: Replace,
-    device: &wanbake::merge::DeviceReport,
-) -> anyhow::Result<Status> {
-    let spec = wanbake::quantize::QuantizeSpec {
-        input: PathBuf::new(),
-        out: out.to_path_buf(),
-        options: q,
-        replace,
-    };
-    let (release, report) = wanbake::quantize::merge_quantized(wanbake::quantize::MergeQuantized {
-        base,
-        adapters,
-        merge: options,
-        svd_cache: cache,
-        compute,
-        spec,
-    })
-    .map_err(|e| match e.downcast::<MergeFailure>() {
-        Ok(MergeFailure::Merge(m)) => usage_or(*m),
-        Ok(other) => other.into(),
-        Err(e) => e,
-    })?;
-    let files = &release.manifest.files;
-    let bytes: u64 = files.iter().map(|f| f.bytes).sum();
-    print_summary(p, &report, &release.dir, files.len(), bytes);
-    let quant = &release.manifest.report["quantization"];
-    p.line(format!("  quantized: {}", q.format));
-    if let Some(s) = quant["summary"].as_object() {
+/// The quantization summary of a quantized release's report, one line per encoding.
+pub(super) fn print_quantization(p: &mut Printer, report: &serde_json::Value, indent: &str) {
+    if let Some(s) = report["quantization"]["summary"].as_object() {
         for (enc, v) in s {
             p.line(format!(
-                "    {enc}: {} tensors, worst relative error max {:.3e} rms {:.3e}",
+                "{indent}{enc}: {} tensors, worst relative error max {:.3e} rms {:.3e}",
                 v["tensors"],
                 v["worst_rel_max_err"].as_f64().unwrap_or(0.0),
                 v["worst_rel_rms_err"].as_f64().unwrap_or(0.0)
             ));
         }
     }
-    p.json(&serde_json::json!({
-        "dir": release.dir,
-        "files": files.len(),
-        "bytes": bytes,
-        "report": release.manifest.report,
-        "device": device_json(device),
-    }));
-    Ok(Status::Ok)
 }

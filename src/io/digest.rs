@@ -12,6 +12,7 @@ use sha2::{Digest, Sha256};
 
 use super::dtype::DType;
 use super::file::{ReadError, SafetensorsFile};
+use super::quant::ggml::GgmlType;
 
 /// Lower-case hex of a digest.
 pub fn hex(bytes: &[u8]) -> String {
@@ -57,14 +58,35 @@ pub fn sha256_stream(
     Ok((total, hex(&h.finalize())))
 }
 
+/// What a manifest says a tensor's elements are: a safetensors dtype, or the ggml block
+/// type of a GGUF tensor (`Q8_0`, ...; GGUF's F32/F16/BF16 are the dtypes of those names).
+/// Written as the bare name either way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(untagged)]
+pub enum ElementType {
+    /// A safetensors dtype.
+    Dtype(DType),
+    /// A ggml block type.
+    Ggml(GgmlType),
+}
+
+impl std::fmt::Display for ElementType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ElementType::Dtype(d) => f.write_str(d.as_str()),
+            ElementType::Ggml(t) => f.write_str(t.name()),
+        }
+    }
+}
+
 /// Digest of one tensor.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TensorDigest {
     /// Element type.
-    pub dtype: DType,
-    /// Shape.
+    pub dtype: ElementType,
+    /// Logical shape (the torch shape; for a GGUF tensor, `ne` reversed).
     pub shape: Vec<usize>,
-    /// sha256 of the tensor's bytes.
+    /// sha256 of the tensor's bytes as stored (a GGUF block tensor: its raw blocks).
     pub sha256: String,
 }
 
@@ -118,7 +140,7 @@ pub fn digest_safetensors(
                     f.release_bytes(base + k * CHUNK, base + k * CHUNK + chunk.len());
                 }
                 let d = TensorDigest {
-                    dtype: t.dtype,
+                    dtype: ElementType::Dtype(t.dtype),
                     shape: t.shape.clone(),
                     sha256: hex(&one.finalize()),
                 };

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::io::DType;
-use crate::io::digest::{self, SafetensorsDigest, TensorDigest};
+use crate::io::digest::{self, ElementType, SafetensorsDigest, TensorDigest};
 use crate::io::file::ReadError;
 use crate::io::header::TensorInfo;
 use crate::io::header_layout::HeaderLayout;
@@ -684,17 +684,17 @@ impl GgufFile {
     }
 }
 
-/// The dtype and shape a GGUF tensor is recorded with in a manifest: the plain float types
-/// as themselves with their torch shape; block types as their raw bytes (`U8`,
-/// `[n_bytes]`), since safetensors has no dtype for them (the ggml type and torch shape are
-/// in the quantization report).
-pub fn manifest_dtype_shape(t: &GgufTensor, n_bytes: usize) -> (DType, Vec<usize>) {
-    match t.ty {
-        GgmlType::F32 => (DType::F32, torch_shape(&t.ne)),
-        GgmlType::F16 => (DType::F16, torch_shape(&t.ne)),
-        GgmlType::BF16 => (DType::BF16, torch_shape(&t.ne)),
-        _ => (DType::U8, vec![n_bytes]),
-    }
+/// The element type and shape a GGUF tensor is recorded with in a manifest: its ggml type
+/// (F32/F16/BF16 as the dtypes of those names) and its torch shape (`ne` reversed, as the
+/// loaders see it). The sha256 beside them is of the stored bytes.
+pub fn manifest_type_shape(t: &GgufTensor) -> (ElementType, Vec<usize>) {
+    let ty = match t.ty {
+        GgmlType::F32 => ElementType::Dtype(DType::F32),
+        GgmlType::F16 => ElementType::Dtype(DType::F16),
+        GgmlType::BF16 => ElementType::Dtype(DType::BF16),
+        block => ElementType::Ggml(block),
+    };
+    (ty, torch_shape(&t.ne))
 }
 
 /// Validates and hashes a GGUF file and each tensor's data in one sequential pass, like
@@ -728,7 +728,7 @@ pub fn digest_gguf(path: &Path) -> Result<SafetensorsDigest, ReadError> {
         hash_span(r.start, r.end, Some(&mut one));
         pos = r.end;
         let t = &f.header.tensors[i];
-        let (dtype, shape) = manifest_dtype_shape(t, r.len());
+        let (dtype, shape) = manifest_type_shape(t);
         tensors.insert(
             t.name.clone(),
             TensorDigest {

@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use super::gguf;
 use super::header_layout::{HeaderLayout, LayoutError, PlannedTensor};
 
 /// One component (model or pipeline transformer) of an output, as the producer sees it.
@@ -37,8 +38,37 @@ pub struct PlannedFile {
     pub layout: HeaderLayout,
     /// Index of the component it belongs to.
     pub component: usize,
-    /// Its `__metadata__`.
+    /// Its `__metadata__` (for a GGUF file: string key-value pairs added after its own).
     pub metadata: BTreeMap<String, String>,
+    /// A GGUF file's own key-value pairs and tensor infos (`None` for safetensors), from
+    /// which its layout is rebuilt when metadata is stamped.
+    pub gguf: Option<GgufParts>,
+}
+
+/// What a GGUF file of the plan is made of: its key-value pairs and tensor infos, in file
+/// order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GgufParts {
+    /// Metadata, in file order.
+    pub kv: Vec<(String, gguf::Value)>,
+    /// Tensor infos, in file order.
+    pub tensors: Vec<gguf::TensorPlan>,
+}
+
+impl GgufParts {
+    /// The file's layout with `extra` appended as string key-value pairs (a key it already
+    /// holds is replaced in place).
+    fn layout(&self, extra: &BTreeMap<String, String>) -> HeaderLayout {
+        let mut kv = self.kv.clone();
+        for (k, v) in extra {
+            let value = gguf::Value::Str(v.clone());
+            match kv.iter_mut().find(|(key, _)| key == k) {
+                Some(slot) => slot.1 = value,
+                None => kv.push((k.clone(), value)),
+            }
+        }
+        gguf::GgufLayout::new(&kv, &self.tensors).to_header_layout(&self.tensors)
+    }
 }
 
 /// A non-weight file of the plan (index, config.json, model_index.json).
@@ -113,6 +143,7 @@ impl OutputPlan {
                 layout,
                 component: ci,
                 metadata: c.metadata.clone(),
+                gguf: None,
             });
         }
         if n > 1 {
@@ -138,12 +169,16 @@ impl OutputPlan {
     }
 
     /// Adds `extra` to the `__metadata__` of every weight file (an existing key is
-    /// replaced) and lays the headers out again. Tensor order, and so every slot, is
-    /// unchanged: it depends only on the tensors.
+    /// replaced; a GGUF file gets them as string key-value pairs) and lays the headers out
+    /// again. Tensor order, and so every slot, is unchanged: it depends only on the tensors.
     pub fn stamp_metadata(&mut self, extra: &BTreeMap<String, String>) -> Result<(), LayoutError> {
         for f in &mut self.files {
             f.metadata
                 .extend(extra.iter().map(|(k, v)| (k.clone(), v.clone())));
+            if let Some(parts) = &f.gguf {
+                f.layout = parts.layout(&f.metadata);
+                continue;
+            }
             let tensors: Vec<PlannedTensor> = f
                 .layout
                 .tensors
@@ -167,12 +202,13 @@ impl OutputPlan {
         Ok(())
     }
 
-    /// Adds a weight file that another format laid out (a GGUF file, `io::gguf`):
-    /// `layout.prefix` is written at offset 0, each entry of `layout.tensors` (absolute byte
-    /// ranges) becomes a slot of component `component`, and the bytes between them stay
-    /// zero. The file is digested by its extension (`digest::digest_weight_file`).
-    pub fn add_laid_out_file(&mut self, component: usize, rel_path: PathBuf, layout: HeaderLayout) {
+    /// Adds a GGUF weight file (`io::gguf`, laid out as gguf-py does): its header is
+    /// written at offset 0, each tensor's raw byte range becomes a slot of component
+    /// `component`, and the bytes between them stay zero. The file is digested by its
+    /// extension (`digest::digest_weight_file`).
+    pub fn add_gguf_file(&mut self, component: usize, rel_path: PathBuf, parts: GgufParts) {
         let file = self.files.len();
+        let layout = parts.layout(&BTreeMap::new());
         for (ti, t) in layout.tensors.iter().enumerate() {
             self.slots
                 .insert((component, t.name.clone()), Slot { file, tensor: ti });
@@ -182,6 +218,7 @@ impl OutputPlan {
             layout,
             component,
             metadata: BTreeMap::new(),
+            gguf: Some(parts),
         });
     }
 

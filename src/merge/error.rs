@@ -2,8 +2,8 @@
 //!
 //! Owns: `MergeError`. Every variant names the adapter file (or the base tensor), the key,
 //! what was expected and what was found, and where the cause is recognisable, what to do.
-//! Every variant except `NonFiniteResult`, `Convert`, `Svd` and `Write` is raised while planning, before
-//! the output directory exists; those four are raised while writing, and the temporary
+//! Every variant except `NonFiniteResult`, `Convert`, `Encode`, `Svd` and `Write` is raised while
+//! planning, before the output directory exists; those five are raised while writing, and the temporary
 //! output is then discarded.
 
 use std::path::PathBuf;
@@ -157,6 +157,10 @@ pub enum MergeError {
         /// Why.
         reason: String,
     },
+    /// A tensor could not be encoded for a quantized output (a non-finite weight); the
+    /// message names the file and key.
+    #[error("{0}")]
+    Encode(String),
     /// The SVD bases of an -xs target could not be computed or cached.
     #[error(transparent)]
     Svd(Box<crate::linalg::CacheError>),

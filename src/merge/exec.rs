@@ -18,12 +18,19 @@
 //! layout (`--layout nnx`) is the exception: it is assembled whole (f32) before it is
 //! transposed. So is every target on the whole-tensor route, at most
 //! `merge::device::MAX_LANES` at a time (host and device memory: W0, the accumulator, V and
-//! the output bytes of one tensor per lane).
+//! the output bytes of one tensor per lane), and a merged target of a scaled-fp8 output
+//! (its scale is the whole tensor's `max|W|`).
+//!
+//! Quantized outputs (`Job::encoding`): each band of merged or widened f32 rows goes through
+//! `quantize::encode` into its slot (a band of whole rows is whole ggml blocks), with the
+//! dequantized error summed in element order; an untouched scaled-fp8 weight is read twice
+//! in bands (its `max|W|`, then its codes), so only merged fp8 targets are held whole.
 
 #![allow(non_snake_case)]
 
 use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use faer::Par;
@@ -41,6 +48,7 @@ use crate::io::{DType, ReadError, Staging, TensorRef, TensorView};
 use crate::layout::exec::{PIECE_BAND_BYTES, convert_piece};
 use crate::linalg::{CacheError, CacheOutcome, SvdCache, XsBases, xs_bases};
 use crate::model::transform::{SrcTensor, Transform};
+use crate::quantize::{self, Encoding, ErrorStats, ErrorSum};
 
 /// Largest band of a merged tensor a worker holds in one buffer, in f32 values (4 MiB).
 /// A constant, so the band split (and with it every rounding) never depends on the machine.
@@ -82,6 +90,8 @@ pub struct Exec<'a> {
     pub svd_cache: Option<&'a SvdCache>,
     /// Where targets are computed (untouched tensors are always copied on the CPU).
     pub compute: &'a Compute,
+    /// A quantized output's dequantized error per output tensor, filled as jobs finish.
+    pub quant_errors: Mutex<BTreeMap<String, ErrorStats>>,
 }
 
 #[derive(Default)]
@@ -145,7 +155,7 @@ impl Exec<'_> {
             .try_for_each_init(init, |state, job| {
                 let src = self.stored(job)?;
                 match job.target {
-                    None => self.copy(job, src.view)?,
+                    None => self.copy(job, &src)?,
                     Some(t) => merge_target(state, job, &self.plan.targets[t], &src, &svd)?,
                 }
                 let key = (job.component, job.stored.as_str());
@@ -196,14 +206,118 @@ impl Exec<'_> {
             })
     }
 
-    /// An untouched tensor: copied byte for byte (same dtype) or converted once.
-    fn copy(&self, job: &Job, view: TensorView<'_>) -> Result<(), MergeError> {
+    /// An untouched tensor: copied byte for byte (same dtype) or converted once, or
+    /// encoded for a quantized output.
+    fn copy(&self, job: &Job, src: &TensorRef<'_>) -> Result<(), MergeError> {
+        let view = src.view;
+        if let Some(enc) = job.encoding {
+            return self.copy_encoded(job, enc, src);
+        }
         let src = SrcTensor {
             dtype: view.dtype,
             shape: &job.stored_shape,
             bytes: layer_bytes(&view, job.layer, &job.stored_shape)?,
         };
         self.convert_bands(job, job.transform, src)
+    }
+
+    /// An untouched tensor of a quantized output: widened to f32 in bands of whole rows
+    /// (innermost dimension) and encoded band by band; a scaled-fp8 weight first has its
+    /// `max|W|` taken over the same bands.
+    fn copy_encoded(
+        &self,
+        job: &Job,
+        enc: Encoding,
+        src: &TensorRef<'_>,
+    ) -> Result<(), MergeError> {
+        let view = src.view;
+        let size = view.dtype.size().ok_or_else(|| MergeError::Convert {
+            tensor: job.stored.clone(),
+            reason: format!("dtype {} cannot be quantized", view.dtype),
+        })?;
+        let row = view.shape.last().copied().unwrap_or(1).max(1);
+        let band = (BAND_ELEMS / row).max(1) * row;
+        let n = view.numel();
+        let read = |at: usize, buf: &mut Vec<f32>| -> Result<(), MergeError> {
+            let k = band.min(n - at);
+            buf.resize(k, 0.0);
+            widen_to_f32(view.dtype, &view.bytes[at * size..(at + k) * size], buf).map_err(|e| {
+                MergeError::Convert {
+                    tensor: job.stored.clone(),
+                    reason: e.to_string(),
+                }
+            })
+        };
+        let mut buf = Vec::new();
+        let mut fp8_scale = None;
+        if enc == Encoding::Fp8 {
+            let mut amax = 0f32;
+            for at in (0..n).step_by(band) {
+                read(at, &mut buf)?;
+                amax = amax.max(crate::io::quant::fp8::amax(&buf));
+            }
+            fp8_scale = Some(crate::io::quant::fp8::scale_for(amax));
+        }
+        let what = format!("{}: {}", src.file.path().display(), job.stored);
+        let mut sum = ErrorSum::default();
+        // `n.max(1)`: an empty tensor is still encoded once (an fp8 scale is written)
+        for at in (0..n.max(1)).step_by(band) {
+            read(at, &mut buf)?;
+            self.encode_part(job, enc, at, &buf, fp8_scale, &what, &mut sum)?;
+        }
+        self.record_error(job, &sum);
+        Ok(())
+    }
+
+    /// Encodes `w`, the f32 values of elements `first ..` of `job`'s tensor, into its slot
+    /// (and the fp8 scale into its own), adding the dequantized error to `sum`.
+    #[allow(clippy::too_many_arguments)]
+    fn encode_part(
+        &self,
+        job: &Job,
+        enc: Encoding,
+        first: usize,
+        w: &[f32],
+        fp8_scale: Option<f32>,
+        what: &str,
+        sum: &mut ErrorSum,
+    ) -> Result<(), MergeError> {
+        let internal = |m: &str| MergeError::Internal(format!("`{}`: {m}", job.output));
+        let options = self
+            .plan
+            .quant
+            .as_ref()
+            .map(|q| q.options)
+            .ok_or_else(|| internal("an encoded job in a plan without a quantized output"))?;
+        let mut y = vec![0f32; w.len()];
+        let e = quantize::encode(&options, enc, w, &mut y, fp8_scale, what)
+            .map_err(|e| MergeError::Encode(format!("{e:#}")))?;
+        let at = enc
+            .byte_offset(first)
+            .ok_or_else(|| internal("a band that does not start on a block boundary"))?;
+        self.write(job, at, &e.bytes)?;
+        if let (Some(scale), 0) = (e.scale, first) {
+            let name = quantize::scale_name(&job.output);
+            let slot = self
+                .staging
+                .plan()
+                .slot(job.component, &name)
+                .ok_or_else(|| MergeError::Internal(format!("no output slot for `{name}`")))?;
+            self.staging
+                .write(slot, 0, &scale.to_le_bytes())
+                .map_err(|source| MergeError::Write {
+                    tensor: name,
+                    source: Box::new(source),
+                })?;
+        }
+        sum.add(w, &y);
+        Ok(())
+    }
+
+    fn record_error(&self, job: &Job, sum: &ErrorSum) {
+        if let Ok(mut m) = self.quant_errors.lock() {
+            m.insert(job.output.clone(), sum.stats());
+        }
     }
 
     /// Writes `transform(src)` converted to the job's dtype (`layout::exec::convert_piece`).
@@ -304,7 +418,7 @@ impl Exec<'_> {
             .map(|l| (l.update(), l.contribution.weight))
             .collect();
         let mut out = Emit::new(job, t)?;
-        let keeps_layout = out.to_output == Transform::Identity;
+        let keeps_layout = out.direct();
         // The whole tensor is read, merged and (when it needs no layout work) written while
         // the lane is held, so at most one whole tensor per lane is resident.
         let merged = lanes
@@ -459,14 +573,17 @@ impl Band {
     }
 }
 
-/// Where merged bands go: narrowed straight into the output when the output layout is the
-/// PyTorch layout (or the MLX row order), else assembled whole and converted at the end.
+/// Where merged bands go: narrowed (or encoded, for a quantized output) straight into the
+/// output when the output layout is the PyTorch layout (or the MLX row order), else
+/// assembled whole and converted at the end; a scaled-fp8 weight is assembled whole and
+/// encoded at the end (its scale needs the whole tensor's `max|W|`).
 struct Emit<'a> {
     job: &'a Job,
     t: &'a Target,
     to_output: Transform,
     bytes: Vec<u8>,
     whole: Vec<f32>,
+    error: ErrorSum,
 }
 
 impl<'a> Emit<'a> {
@@ -481,13 +598,30 @@ impl<'a> Emit<'a> {
                 tensor: t.name.clone(),
                 reason: e.to_string(),
             })?;
+        if job.encoding.is_some() && to_output != Transform::Identity {
+            return Err(MergeError::Internal(format!(
+                "`{}`: a quantized output of a permuted layout",
+                t.name
+            )));
+        }
         Ok(Emit {
             job,
             t,
             to_output,
             bytes: Vec::new(),
             whole: Vec::new(),
+            error: ErrorSum::default(),
         })
+    }
+
+    /// Are merged values written as the backend rounds them (a plain dtype, stored layout)?
+    fn direct(&self) -> bool {
+        self.to_output == Transform::Identity && self.job.encoding.is_none()
+    }
+
+    /// Is the merged tensor assembled whole before it is written?
+    fn assembles(&self) -> bool {
+        self.to_output != Transform::Identity || self.job.encoding.is_some_and(|e| !e.streams())
     }
 
     fn band(
@@ -497,11 +631,16 @@ impl<'a> Emit<'a> {
         r0: usize,
         D: &[f32],
     ) -> Result<(), MergeError> {
-        if self.to_output != Transform::Identity {
+        if self.assembles() {
             self.whole.extend_from_slice(D);
             return Ok(());
         }
         let stored = rows.to_stored_order(D);
+        if let Some(enc) = self.job.encoding {
+            let first = r0 * self.t.inp;
+            let what = self.t.name.clone();
+            return exec.encode_part(self.job, enc, first, &stored, None, &what, &mut self.error);
+        }
         let size = self.job.dtype.size().unwrap_or(4);
         self.bytes.resize(stored.len() * size, 0);
         narrow_from_f32(self.job.dtype, &stored, &mut self.bytes).map_err(|e| {
@@ -513,7 +652,16 @@ impl<'a> Emit<'a> {
         exec.write(self.job, r0 * self.t.inp * size, &self.bytes)
     }
 
-    fn finish(self, exec: &Exec<'_>) -> Result<(), MergeError> {
+    fn finish(mut self, exec: &Exec<'_>) -> Result<(), MergeError> {
+        if let Some(enc) = self.job.encoding {
+            if self.assembles() {
+                let what = self.t.name.clone();
+                let whole = std::mem::take(&mut self.whole);
+                exec.encode_part(self.job, enc, 0, &whole, None, &what, &mut self.error)?;
+            }
+            exec.record_error(self.job, &self.error);
+            return Ok(());
+        }
         if self.to_output == Transform::Identity {
             return Ok(());
         }

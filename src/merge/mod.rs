@@ -1,7 +1,9 @@
 //! The streaming merge engine: base + bound adapters → a verified release, in one pass.
 //!
 //! Owns: `merge_release` (hash the adapters, plan, hash the base, write through
-//! `release::write_release`), and through its submodules the `--adapter` syntax (`spec`),
+//! `release::write_release`), `quantize_release` (`convert --to`: the same merge with no
+//! adapters into a quantized output; `MergeOptions::quantize` makes any merge's output one
+//! fp8-scaled or GGUF file, encoded in the job loop), and through its submodules the `--adapter` syntax (`spec`),
 //! binding specs to the base's transformers (`bind`), the plan and every refusal (`plan`,
 //! `error`), the output files, dtypes and jobs (`output`), the formulas (`math`), the job
 //! loop (`exec`) and the report (`report`). Does not own: parsing adapters and binding their
@@ -108,6 +110,51 @@ pub fn merge_release(
             passed: true,
         })
     })
+}
+
+/// `convert --to`: the merge of no adapters into a quantized output (`options.quantize`),
+/// recorded as `convert` with the input's files under the role `input`.
+pub fn quantize_release(
+    input: &Path,
+    quantize: crate::quantize::QuantOptions,
+    dest: &Path,
+    replace: Replace,
+) -> Result<Release, MergeFailure> {
+    let base = Checkpoint::open(input).map_err(MergeError::from)?;
+    let options = MergeOptions {
+        dtype: crate::layout::OutputDType::Keep,
+        keep_f32: None,
+        layout: None,
+        dora_strength: DoraStrength::Merge,
+        allow_unmatched: false,
+        shard_bytes: None,
+        quantize: Some(quantize),
+    };
+    let mut prepared = prepare_merge(&base, &[], &options, BaseHash::WhileWriting)?;
+    for f in &mut prepared.hash_while_writing {
+        f.0 = "input".into();
+    }
+    let settings = WriteSettings {
+        command: "convert",
+        options: serde_json::json!({
+            "input": input.display().to_string(),
+            "to": quantize.format.as_str(),
+            "high_precision": (!quantize.format.is_gguf()).then(|| quantize.high_precision.as_str()),
+            "city96_rounding": quantize.city96_rounding,
+        }),
+        file_metadata: BTreeMap::new(),
+        replace,
+        svd_cache: None,
+        compute: &Compute::Cpu,
+        before_commit: None,
+    };
+    let outcome = write_merge(prepared, &base, &[], &options, dest, settings, |_| {
+        Ok(Checked {
+            checks: serde_json::Value::Array(Vec::new()),
+            passed: true,
+        })
+    })?;
+    Ok(outcome.release)
 }
 
 /// A merge planned and checked, its inputs hashed; nothing written yet.
@@ -245,10 +292,14 @@ pub fn write_merge(
                 staging,
                 svd_cache: settings.svd_cache,
                 compute: settings.compute,
+                quant_errors: Default::default(),
             };
             let svd = exec.run()?;
             let r = build_report(&plan, options, svd, settings.compute);
-            let json = serde_json::to_value(&r)?;
+            let json = match &plan.quant {
+                None => serde_json::to_value(&r)?,
+                Some(q) => quantized_report(q, &r, exec.quant_errors.into_inner(), adapters)?,
+            };
             report = Some(r);
             Ok(json)
         },
@@ -258,6 +309,37 @@ pub fn write_merge(
     let report =
         report.ok_or_else(|| MergeError::Internal("the merge finished without a report".into()))?;
     Ok(MergeOutcome { release, report })
+}
+
+/// The report of a quantized output: `tensors`, `quantization` (`quantize::report_json`)
+/// and, when adapters were merged, `merge`.
+fn quantized_report(
+    q: &crate::quantize::QuantPlan,
+    r: &MergeReport,
+    errors: std::sync::LockResult<BTreeMap<String, crate::quantize::ErrorStats>>,
+    adapters: &[BoundAdapter],
+) -> anyhow::Result<serde_json::Value> {
+    let errors = errors.map_err(|_| anyhow::anyhow!("internal: a worker panicked"))?;
+    let stats = q
+        .tensors
+        .iter()
+        .map(|t| {
+            errors
+                .get(&t.name)
+                .copied()
+                .ok_or_else(|| anyhow::anyhow!("internal: `{}` was not encoded", t.name))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let mut report = serde_json::Map::new();
+    if !adapters.is_empty() {
+        report.insert("merge".into(), serde_json::to_value(r)?);
+    }
+    report.insert("tensors".into(), q.tensors.len().into());
+    report.insert(
+        "quantization".into(),
+        crate::quantize::report_json(q, &stats),
+    );
+    Ok(serde_json::Value::Object(report))
 }
 
 /// Hashes every adapter file once (an adapter bound to two components is one input).
@@ -302,16 +384,28 @@ pub fn options_json(
             })
         })
         .collect();
-    serde_json::json!({
+    let mut json = serde_json::json!({
         "adapters": adapters,
-        "dtype": dtype_name(o.dtype),
-        "keep_f32": o.keep_f32.as_ref().map(|p| p.to_string()),
-        "layout": o.layout.map(|l| l.as_str()),
         "dora_strength": o.dora_strength.as_str(),
         "allow_unmatched": o.allow_unmatched,
-        "shard_bytes": o.shard_bytes,
         "svd_cache": svd_cache,
-    })
+    });
+    match o.quantize {
+        None => {
+            json["dtype"] = dtype_name(o.dtype).into();
+            json["keep_f32"] = o.keep_f32.as_ref().map(|p| p.to_string()).into();
+            json["layout"] = o.layout.map(|l| l.as_str()).into();
+            json["shard_bytes"] = o.shard_bytes.into();
+        }
+        Some(q) => {
+            json["to"] = q.format.as_str().into();
+            json["city96_rounding"] = q.city96_rounding.into();
+            if !q.format.is_gguf() {
+                json["high_precision"] = q.high_precision.as_str().into();
+            }
+        }
+    }
+    json
 }
 
 /// The recipe / command-line name of an output dtype.

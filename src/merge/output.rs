@@ -4,10 +4,13 @@
 //! Owns: `plan_output` (per base component: the same names and layouts as the base, or
 //! another WAN layout through the read plan (`model::read_plan`) and the layout module's
 //! write plans; the keep-f32 policy and its defaults; config.json with the layout stamped;
-//! sharding like the base or as asked). Does not own: which tensors change (`merge::plan`),
-//! the layouts and name tables themselves (`model`), the keep-f32 rules (`layout`), laying
-//! out files (`io::writer`).
+//! sharding like the base or as asked), and a quantized output (one fp8-scaled or GGUF file
+//! from `quantize`'s plan: one job per tensor carrying its encoding). Does not own: which
+//! tensors change (`merge::plan`), the layouts and name tables themselves (`model`), the
+//! keep-f32 rules (`layout`), the quantization rules and encodings (`quantize`), laying out
+//! files (`io::writer`).
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use super::error::MergeError;
@@ -21,6 +24,7 @@ use crate::model::transform::Transform;
 use crate::model::wan::WanConfig;
 use crate::model::wan_layout::Layout;
 use crate::model::wan_layout::{detect_layout, resolve_layout, stamp_config};
+use crate::quantize::{self, QuantOptions, QuantPlan};
 
 /// The output side of the plan.
 pub struct OutputSide {
@@ -32,6 +36,8 @@ pub struct OutputSide {
     pub dropped: Vec<String>,
     /// The keep-f32 policy applied, in words.
     pub keep_f32: String,
+    /// The quantized output's plan, when `options.quantize` asks for one.
+    pub quant: Option<QuantPlan>,
 }
 
 /// One component's output before slots are known.
@@ -43,6 +49,9 @@ struct ComponentJobs {
 
 /// Plans every output component of `base` under `options`.
 pub fn plan_output(base: &Checkpoint, options: &MergeOptions) -> Result<OutputSide, MergeError> {
+    if let Some(q) = options.quantize {
+        return quantized(base, q);
+    }
     let mut outputs = Vec::new();
     let mut jobs = Vec::new();
     let mut dropped = Vec::new();
@@ -85,6 +94,54 @@ pub fn plan_output(base: &Checkpoint, options: &MergeOptions) -> Result<OutputSi
         jobs,
         dropped,
         keep_f32: policies.join(", "),
+        quant: None,
+    })
+}
+
+/// A quantized output: the one transformer of `base` as one fp8-scaled or GGUF file under
+/// original-Wan names; every job reads its source tensor whole (no layer slices: the
+/// diffusers and original layouts store PyTorch-layout tensors) and carries its encoding.
+fn quantized(base: &Checkpoint, q: QuantOptions) -> Result<OutputSide, MergeError> {
+    let plan_err = |e: anyhow::Error| MergeError::Plan(format!("{e:#}"));
+    let comp = quantize::single_transformer(base, q.format).map_err(plan_err)?;
+    let qplan = quantize::plan(q, &quantize::source_tensors(comp))
+        .map_err(|e| plan_err(e.context(base.path.display().to_string())))?;
+    let output = qplan
+        .output_plan(&quantize::output_stem(q.format), BTreeMap::new())
+        .map_err(|e| MergeError::Plan(format!("the output cannot be laid out: {e:#}")))?;
+    let jobs = qplan
+        .tensors
+        .iter()
+        .map(|t| {
+            let slot = output
+                .slot(0, &t.name)
+                .ok_or_else(|| MergeError::Internal(format!("no output slot for `{}`", t.name)))?;
+            Ok(Job {
+                component: 0,
+                output: t.name.clone(),
+                slot,
+                dst_offset: 0,
+                dtype: DType::F32,
+                transform: Transform::Identity,
+                stored: t.source.clone(),
+                layer: None,
+                stored_shape: t.shape.clone(),
+                target: None,
+                encoding: Some(t.encoding),
+            })
+        })
+        .collect::<Result<Vec<_>, MergeError>>()?;
+    let dropped = qplan
+        .skipped
+        .iter()
+        .map(|n| format!("{n}: no original-Wan name (no Wan forward reads it)"))
+        .collect();
+    Ok(OutputSide {
+        output,
+        jobs,
+        dropped,
+        keep_f32: "none".into(),
+        quant: Some(qplan),
     })
 }
 
@@ -163,6 +220,7 @@ fn same_layout(ci: usize, comp: &Component, dtype: OutputDType, policy: &KeepF32
             layer,
             stored_shape: stored_shape.to_vec(),
             target: None,
+            encoding: None,
         };
         let stacked = layout == Some(Layout::NnxScanned)
             && matches!(
@@ -230,6 +288,7 @@ fn converted(
             layer: j.layer,
             stored_shape: j.stored_shape.clone(),
             target: None,
+            encoding: None,
         })
         .collect();
     let dropped = conv

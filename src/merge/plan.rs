@@ -23,6 +23,7 @@ use crate::io::{Checkpoint, Component, DType, Slot, TensorView};
 use crate::layout::{KeepF32, OutputDType};
 use crate::model::transform::Transform;
 use crate::model::wan_layout::Layout;
+use crate::quantize::{Encoding, QuantOptions, QuantPlan};
 
 /// An adapter bound to one transformer of the base.
 #[derive(Debug)]
@@ -56,6 +57,10 @@ pub struct MergeOptions {
     /// Largest output shard in bytes; `None` shards like the base (one file for a one-file
     /// base, shards no larger than the base's largest for a sharded one).
     pub shard_bytes: Option<u64>,
+    /// A quantized output (`--to`, recipe `output.to`): one fp8-scaled or GGUF file with
+    /// original-Wan names, each tensor encoded from its f32 value (`quantize`); `dtype`,
+    /// `keep_f32`, `layout` and `shard_bytes` are then unused.
+    pub quantize: Option<QuantOptions>,
 }
 
 /// Merge options as text, spelt as on the command line and in recipes: the one place both
@@ -74,10 +79,14 @@ pub struct OptionsText<'a> {
     pub allow_unmatched: bool,
     /// Largest output shard in bytes (already parsed: the front ends take "5GB" or bytes).
     pub shard_bytes: Option<u64>,
+    /// A quantized output format (`QuantFormat::parse`: `fp8-scaled`, `gguf:q8_0`, ...).
+    pub to: Option<&'a str>,
+    /// With a GGUF block type: quantize the F16/BF16 rounding, as city96's pipeline does.
+    pub city96_rounding: bool,
 }
 
 /// An option whose value is not valid: which (`dtype`, `keep_f32`, `layout`,
-/// `dora_strength`) and why. Each front end names it its own way (`--keep-f32`,
+/// `dora_strength`, `shard_size`, `to`, `city96_rounding`) and why. Each front end names it its own way (`--keep-f32`,
 /// `output.keep_f32`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BadOption {
@@ -91,8 +100,13 @@ impl MergeOptions {
     /// Parses and checks merge options given as text.
     pub fn from_text(t: &OptionsText<'_>) -> Result<MergeOptions, BadOption> {
         let bad = |field: &'static str| move |message: String| BadOption { field, message };
+        let quantize = quantize_options(t)?;
+        let dtype = match quantize {
+            Some(_) => "keep",
+            None => t.dtype.unwrap_or("keep"),
+        };
         Ok(MergeOptions {
-            dtype: t.dtype.unwrap_or("keep").parse().map_err(bad("dtype"))?,
+            dtype: dtype.parse().map_err(bad("dtype"))?,
             keep_f32: t
                 .keep_f32
                 .map(KeepF32::parse)
@@ -114,8 +128,62 @@ impl MergeOptions {
             },
             allow_unmatched: t.allow_unmatched,
             shard_bytes: t.shard_bytes,
+            quantize,
         })
     }
+}
+
+/// `to` and its companions: the format decides names, files and every tensor's type, so
+/// `keep_f32`, `layout` and `shard_size` are refused with it; `dtype` is the
+/// high-precision dtype of fp8-scaled (f16 by default; bf16 or f32) and refused for GGUF.
+fn quantize_options(t: &OptionsText<'_>) -> Result<Option<QuantOptions>, BadOption> {
+    use crate::model::quant_rules::{ALL_FORMATS, QuantFormat};
+    let bad = |field: &'static str, message: String| BadOption { field, message };
+    let Some(to) = t.to else {
+        if t.city96_rounding {
+            return Err(bad("city96_rounding", "needs to = gguf:<type>".into()));
+        }
+        return Ok(None);
+    };
+    let format = QuantFormat::parse(&to.to_ascii_lowercase()).ok_or_else(|| {
+        let all: Vec<&str> = ALL_FORMATS.iter().map(|f| f.as_str()).collect();
+        bad(
+            "to",
+            format!("unknown format `{to}` (one of: {})", all.join(", ")),
+        )
+    })?;
+    for (given, field) in [
+        (t.keep_f32.is_some(), "keep_f32"),
+        (t.layout.is_some(), "layout"),
+        (t.shard_bytes.is_some(), "shard_size"),
+    ] {
+        if given {
+            let m = format!("{format} decides the output (one file, original-Wan names); drop it");
+            return Err(bad(field, m));
+        }
+    }
+    if t.city96_rounding && !format.is_gguf() {
+        return Err(bad("city96_rounding", "applies to gguf:<type> only".into()));
+    }
+    let high_precision = match (t.dtype.unwrap_or("keep"), format.is_gguf()) {
+        ("keep", _) => DType::F16,
+        ("bf16", false) => DType::BF16,
+        ("f16", false) => DType::F16,
+        ("f32", false) => DType::F32,
+        (d, false) => {
+            let m = format!("`{d}`: {format} keeps its high-precision tensors in f16, bf16 or f32");
+            return Err(bad("dtype", m));
+        }
+        (d, true) => {
+            let m = format!("`{d}`: {format} decides every tensor's type; drop it");
+            return Err(bad("dtype", m));
+        }
+    };
+    Ok(Some(QuantOptions {
+        format,
+        high_precision,
+        city96_rounding: t.city96_rounding,
+    }))
 }
 
 /// How a row of a target's 2-D (out, in') view is stored.
@@ -195,6 +263,9 @@ pub struct Job {
     pub stored_shape: Vec<usize>,
     /// Index into `MergePlan::targets` when merged; `None`: copied or converted.
     pub target: Option<usize>,
+    /// A quantized output's encoding of the tensor (`dtype` is then F32, the values the
+    /// encoder reads); `None`: `dtype` is the output.
+    pub encoding: Option<Encoding>,
 }
 
 /// Everything a merge will do.
@@ -212,6 +283,8 @@ pub struct MergePlan {
     pub dropped_by_layout: Vec<String>,
     /// Keep-f32 policy applied, in words.
     pub keep_f32: String,
+    /// The quantized output's tensors, encodings and reasons, when the output is quantized.
+    pub quant: Option<QuantPlan>,
 }
 
 /// Checks everything and plans the merge. `identities[i]` is adapter i's content identity
@@ -239,6 +312,7 @@ pub fn plan_merge(
         adapters: reports,
         dropped_by_layout: layout.dropped,
         keep_f32: layout.keep_f32,
+        quant: layout.quant,
     };
     attach_targets(&mut plan)?;
     Ok(plan)

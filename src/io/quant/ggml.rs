@@ -26,7 +26,9 @@ pub const QK: usize = 32;
 
 /// A ggml tensor type wanbake writes or reads.
 #[allow(non_camel_case_types)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub enum GgmlType {
     /// IEEE single.
     F32,
