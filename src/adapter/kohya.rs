@@ -3,8 +3,10 @@
 //! Wan/VideoX-Fun `lora_unet__…` spelling and LyCORIS's `lycoris_…` prefix (spec
 //! conventions.md §6, §7.1).
 //!
-//! Owns: reading them (the suffix grammar is ComfyUI's; module names are only ever looked
-//! up in the base's alias table, never split back into dots) and writing them (LoRA and
+//! Owns: reading them (the suffix grammar is ComfyUI's, LyCORIS modules (`hada_*`,
+//! `lokr_*`, `oft_blocks`, GLoRA, (IA)³) are taken out first by `lycoris::with_modules`;
+//! module names are only ever looked up in the base's alias table, never split back into
+//! dots) and writing them (LoRA and
 //! alpha only: musubi's and diffusers' kohya loaders accept nothing else).
 
 use std::collections::BTreeMap;
@@ -12,17 +14,20 @@ use std::collections::BTreeMap;
 use super::comfy::{alpha_rule, render_lora_alpha};
 use super::grammar::{self, COMFY};
 use super::kinds::Kind;
+use super::lycoris::{ScalePolicy, with_modules};
 use super::names::KOHYA_PREFIX;
 use super::translate::{RenderCtx, Rendered};
 use super::{AdapterError, Convention, EntryProblem, ParseInput, Parsed};
 
 /// Reads a kohya-family file.
 pub fn parse(input: &ParseInput<'_>) -> Result<Parsed, AdapterError> {
-    let (groups, problems) = grammar::group(&input.keys, &COMFY, |m| {
-        (!(m.starts_with(KOHYA_PREFIX) || m.starts_with("lycoris_")))
-            .then(|| format!("kohya keys start with `{KOHYA_PREFIX}` or `lycoris_`"))
-    });
-    Ok(grammar::build(input, groups, problems, &alpha_rule))
+    Ok(with_modules(input, &ScalePolicy::Lycoris, |keys| {
+        let (groups, problems) = grammar::group(keys, &COMFY, |m| {
+            (!(m.starts_with(KOHYA_PREFIX) || m.starts_with("lycoris_")))
+                .then(|| format!("kohya keys start with `{KOHYA_PREFIX}` or `lycoris_`"))
+        });
+        grammar::build(input, groups, problems, &alpha_rule)
+    }))
 }
 
 /// Renders a musubi-style file.

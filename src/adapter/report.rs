@@ -301,6 +301,7 @@ fn scale_source_text(s: &ScaleSource) -> String {
         ScaleSource::NnxMetadata => "lora_alpha/lora_rank metadata".into(),
         ScaleSource::User => "given with --scale".into(),
         ScaleSource::Unscaled => "unscaled full delta".into(),
+        ScaleSource::Lycoris { rule } => format!("LyCORIS rule: {rule}"),
     }
 }
 

@@ -31,9 +31,11 @@ use rayon::prelude::*;
 
 use super::device::{BaseWeight, Compute, Lanes, MAX_LANES, merge_whole, reference_lanes};
 use super::error::MergeError;
+use super::lycoris::delta_scaled;
 use super::math::{Factors, Form, SA3_EPS, Scratch, Update, add_contribution, column_scales};
 use super::plan::{BoundAdapter, Contribution, Job, MergePlan, RowOrder, Target};
 use super::report::SvdReport;
+use crate::adapter::lycoris::{LycorisError, module_of};
 use crate::adapter::{AdapterSet, Kind, ParamRole, TensorSource};
 use crate::gpu::Backend;
 use crate::io::dtype::{narrow_from_f32, widen_to_f32};
@@ -366,6 +368,15 @@ impl Exec<'_> {
             for (&role, src) in &entry.params {
                 params.insert(role, load_param(set, src)?);
             }
+            if c.kind.is_lycoris() {
+                let delta = lycoris_delta(t, rows, entry, &params).map_err(|source| {
+                    MergeError::Lycoris {
+                        adapter: set.path.clone(),
+                        source,
+                    }
+                })?;
+                params = BTreeMap::from([(ParamRole::Diff, delta?)]);
+            }
             let xs = if c.kind.is_xs() {
                 let b = match bases.get(&c.rank) {
                     Some(b) => b.clone(),
@@ -567,6 +578,13 @@ impl Loaded {
             scale: sigma,
         };
         let form = match c.kind {
+            // σ is already inside the LyCORIS delta (`merge::lycoris`).
+            Kind::Loha | Kind::Lokr | Kind::DiagOft | Kind::Boft | Kind::Glora | Kind::Ia3 => {
+                return Update::Full {
+                    diff: self.get(ParamRole::Diff),
+                    scale: 1.0,
+                };
+            }
             Kind::Diff => return full(ParamRole::Diff),
             Kind::DiffBias => return full(ParamRole::DiffBias),
             Kind::LoraBias => return full(ParamRole::LoraBias),
@@ -606,6 +624,22 @@ impl Loaded {
             form,
         }
     }
+}
+
+/// `f(W0) − W0` of a LyCORIS entry on the whole target (`merge::lycoris`, with the entry's
+/// σ), from its loaded tensors. The outer error is the module's, the inner a read of W0.
+fn lycoris_delta(
+    t: &Target,
+    rows: &BaseRows<'_>,
+    entry: &crate::adapter::Entry,
+    params: &BTreeMap<ParamRole, Vec<f32>>,
+) -> Result<Result<Vec<f32>, MergeError>, LycorisError> {
+    let m = module_of(entry, params)?;
+    let mut W0 = vec![0.0f32; t.out * t.inp];
+    if let Err(e) = rows.read(0, t.out, &mut W0) {
+        return Ok(Err(e));
+    }
+    delta_scaled(&m, &entry.module, &W0, &t.shape, entry.scale).map(Ok)
 }
 
 /// The bytes of one layer of a stacked tensor (or the whole tensor).
