@@ -397,3 +397,60 @@ fn a_tensor_that_does_not_belong_to_the_module_kind_is_refused() {
         &[m, "no `rescale` tensor"],
     );
 }
+
+#[test]
+fn inspect_lists_each_module_with_its_structure_scale_rule_and_target() {
+    let dir = tmp();
+    let a = golden("adapters/lycoris/lokr_full.safetensors");
+    let out = common::ok(run(dir.path(), &["inspect", a.to_str().unwrap()]));
+    assert!(out.contains("LyCORIS's own naming"), "{out}");
+    assert!(
+        out.contains(
+            "lycoris_blocks_1_attn1_to_v (lokr, W1 full [4, 4], W2 full [8, 8]): σ 1 (LyCORIS \
+             rule: LoKr, both factors full: scale 1, stored alpha 1 ignored) → \
+             blocks.1.attn1.to_v.weight"
+        ),
+        "{out}"
+    );
+    let a = golden("adapters/lycoris/boft__kohya.safetensors");
+    let b = base();
+    let json = common::ok(run(
+        dir.path(),
+        &[
+            "inspect",
+            a.to_str().unwrap(),
+            "--base",
+            b.to_str().unwrap(),
+            "--json",
+        ],
+    ));
+    let v: serde_json::Value = serde_json::from_str(&json).expect("json");
+    let report = &v[0]["components"][0]["adapter"];
+    let line = &report["lycoris"][0];
+    assert_eq!(line["kind"], "boft");
+    assert_eq!(line["structure"], "4 stages × 8 blocks of 4");
+    assert_eq!(line["target"], "blocks.0.ffn.net.2.weight");
+    assert!(
+        line["rule"]
+            .as_str()
+            .unwrap()
+            .contains("rotation constraint")
+    );
+    let bound = &report["bindings"][0]["bound"][0];
+    assert_eq!(bound["target"], "blocks.0.ffn.net.2.weight");
+    assert_eq!(bound["kind"], "boft");
+}
+
+#[test]
+fn the_manifest_report_lists_lycoris_kinds_and_their_scale_rule() {
+    let dir = tmp();
+    let a = golden("adapters/lycoris/loha__kohya.safetensors");
+    merge(dir.path(), &a, "1", "f32");
+    let m: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("out-f32-1/wanbake.manifest.json")).unwrap(),
+    )
+    .unwrap();
+    let text = m["report"].to_string();
+    assert!(text.contains("\"loha\":1"), "{text}");
+    assert!(text.contains("lycoris_rule"), "{text}");
+}

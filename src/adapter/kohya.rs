@@ -21,13 +21,20 @@ use super::{AdapterError, Convention, EntryProblem, ParseInput, Parsed};
 
 /// Reads a kohya-family file.
 pub fn parse(input: &ParseInput<'_>) -> Result<Parsed, AdapterError> {
-    Ok(with_modules(input, &ScalePolicy::Lycoris, |keys| {
+    let mut parsed = with_modules(input, &ScalePolicy::Lycoris, |keys| {
         let (groups, problems) = grammar::group(keys, &COMFY, |m| {
             (!(m.starts_with(KOHYA_PREFIX) || m.starts_with("lycoris_")))
                 .then(|| format!("kohya keys start with `{KOHYA_PREFIX}` or `lycoris_`"))
         });
         grammar::build(input, groups, problems, &alpha_rule)
-    }))
+    });
+    if input.keys.iter().any(|k| k.name.starts_with("lycoris_")) {
+        parsed.notes.push(
+            "LyCORIS's own naming (`lycoris_<module>`, the trainer's module names with . → _)"
+                .into(),
+        );
+    }
+    Ok(parsed)
 }
 
 /// Renders a musubi-style file.

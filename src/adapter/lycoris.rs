@@ -906,3 +906,58 @@ pub fn with_modules(
     parsed.unparsed.extend(problems);
     parsed
 }
+
+/// What `inspect` says about the structure of a LyCORIS entry: rank, LoKr factors, OFT
+/// blocks and stages, (IA)³ side, Tucker cores.
+pub fn structure(entry: &Entry) -> String {
+    let Ok(m) = module_of(entry, &BTreeMap::new()) else {
+        return "malformed".into();
+    };
+    let fac = |f: &Factor| match f {
+        Factor::Full(p) => format!("full {:?}", p.shape),
+        Factor::Product(a, b) => format!(
+            "rank {} ({}, {})",
+            b.shape.first().copied().unwrap_or(0),
+            a.shape.first().copied().unwrap_or(0),
+            b.shape.get(1).copied().unwrap_or(0)
+        ),
+        Factor::Tucker { t, .. } => format!(
+            "Tucker rank {}, kernel {:?}",
+            t.shape.first().copied().unwrap_or(0),
+            t.shape.get(2..).unwrap_or(&[])
+        ),
+    };
+    let rescale = |r: &Option<Param>| if r.is_some() { ", rescale" } else { "" };
+    match &m {
+        Module::Loha { t, .. } => format!(
+            "rank {}{}",
+            m.rank().unwrap_or(0),
+            if t.is_some() { ", Tucker cores" } else { "" }
+        ),
+        Module::Lokr { w1, w2, .. } => format!("W1 {}, W2 {}", fac(w1), fac(w2)),
+        Module::DiagOft {
+            blocks, rescale: r, ..
+        } => format!(
+            "{} blocks of {}{}",
+            blocks.shape.first().copied().unwrap_or(0),
+            blocks.shape.get(1).copied().unwrap_or(0),
+            rescale(r)
+        ),
+        Module::Boft {
+            blocks, rescale: r, ..
+        } => format!(
+            "{} stages × {} blocks of {}{}",
+            blocks.shape.first().copied().unwrap_or(0),
+            blocks.shape.get(1).copied().unwrap_or(0),
+            blocks.shape.get(2).copied().unwrap_or(0),
+            rescale(r)
+        ),
+        Module::Glora { .. } => format!("rank {}", m.rank().unwrap_or(0)),
+        Module::Ia3 { weight, on_input } => format!(
+            "{} {} channels",
+            weight.numel(),
+            if *on_input { "input" } else { "output" }
+        ),
+        Module::Full { diff } => format!("full {:?}", diff.shape),
+    }
+}
