@@ -454,3 +454,58 @@ fn the_manifest_report_lists_lycoris_kinds_and_their_scale_rule() {
     assert!(text.contains("\"loha\":1"), "{text}");
     assert!(text.contains("lycoris_rule"), "{text}");
 }
+
+/// PEFT LOHA/LOKR folders (golden/lycoris_peft_golden.py) against PEFT's own
+/// `merge_and_unload()`: LoHa with rank and alpha patterns, LoKr with w2 decomposed, with
+/// decompose_both, and with both factors full (PEFT scales that one by alpha/r = 0.25 where
+/// LyCORIS's rule gives 1).
+#[test]
+fn peft_loha_and_lokr_folders_match_merge_and_unload() {
+    let dir = tmp();
+    for case in ["loha", "lokr", "lokr_both_dec", "lokr_full"] {
+        let a = golden(&format!("adapters/lycoris/peft_{case}"));
+        for (strength, suffix) in [("1", ""), ("0.5", "__s0.5")] {
+            let got = merge(dir.path(), &a, strength, "f32");
+            let r = golden(&format!(
+                "references/lycoris/peft_{case}{suffix}.safetensors"
+            ));
+            check(&format!("peft_{case} λ={strength}"), &got, &r, DType::F32);
+            std::fs::remove_dir_all(dir.path().join(format!("out-f32-{strength}"))).unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_peft_lokr_folder_whose_factors_disagree_with_its_config_rank_is_refused() {
+    let dir = tmp();
+    let src = golden("adapters/lycoris/peft_lokr");
+    let folder = dir.path().join("peft_lokr");
+    std::fs::create_dir(&folder).unwrap();
+    std::fs::copy(
+        src.join("adapter_model.safetensors"),
+        folder.join("adapter_model.safetensors"),
+    )
+    .unwrap();
+    let cfg = std::fs::read_to_string(src.join("adapter_config.json")).unwrap();
+    std::fs::write(
+        folder.join("adapter_config.json"),
+        cfg.replace("\"r\": 2", "\"r\": 3"),
+    )
+    .unwrap();
+    let o = run(
+        dir.path(),
+        &[
+            "merge",
+            "--base",
+            base().to_str().unwrap(),
+            "--adapter",
+            folder.to_str().unwrap(),
+            "--out",
+            "out",
+        ],
+    );
+    let (code, _, err) = parts(&o);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("rank 3 but its factors have rank 2"), "{err}");
+    assert!(!dir.path().join("out").exists());
+}
