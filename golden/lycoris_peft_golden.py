@@ -88,10 +88,12 @@ def main():
         out = os.path.join(ADIR, "peft_" + name)
         shutil.rmtree(out, ignore_errors=True)
         peft_model.save_pretrained(out)
-        # keep the config stable across runs (no absolute paths or versions that drift)
+        # keep the config stable across runs: PEFT keeps target_modules as a set, so its
+        # order depends on the hash seed
         cfg_path = os.path.join(out, "adapter_config.json")
         with open(cfg_path) as f:
             cfg = json.load(f)
+        cfg["target_modules"] = sorted(cfg["target_modules"])
         with open(cfg_path, "w") as f:
             json.dump(cfg, f, indent=2, sort_keys=True)
         readme = os.path.join(out, "README.md")
