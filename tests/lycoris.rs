@@ -509,3 +509,124 @@ fn a_peft_lokr_folder_whose_factors_disagree_with_its_config_rank_is_refused() {
     assert!(err.contains("rank 3 but its factors have rank 2"), "{err}");
     assert!(!dir.path().join("out").exists());
 }
+
+/// name → (shape, values as f64) of a safetensors file (integer scalars widened).
+fn values(path: &Path) -> BTreeMap<String, (Vec<usize>, Vec<f64>)> {
+    tensors(path)
+        .into_iter()
+        .map(|(n, (d, s, b))| {
+            let v: Vec<f64> = match d {
+                DType::I64 => b
+                    .chunks_exact(8)
+                    .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as f64)
+                    .collect(),
+                DType::F32 => f32s(&b).into_iter().map(f64::from).collect(),
+                other => panic!("{n}: unexpected {other}"),
+            };
+            (n, (s, v))
+        })
+        .collect()
+}
+
+#[test]
+fn translate_lycoris_naming_to_kohya_gives_the_tensors_lycoris_kohya_wrapper_wrote() {
+    // The golden script saved every module under both namings; translating the first must
+    // give the second (factors byte for byte, alpha and on_input by value). `full` is left
+    // out: kohya output holds no diffs (musubi cannot load them).
+    let dir = tmp();
+    for (case, _) in CASES.iter().filter(|(c, _)| *c != "full") {
+        let a = golden(&format!("adapters/lycoris/{case}.safetensors"));
+        let out = dir.path().join(format!("k_{case}"));
+        common::ok(run(
+            dir.path(),
+            &[
+                "translate",
+                a.to_str().unwrap(),
+                "--to",
+                "kohya",
+                "--out",
+                out.to_str().unwrap(),
+            ],
+        ));
+        let got = values(&out.join(format!("{case}.safetensors")));
+        let want = values(&golden(&format!(
+            "adapters/lycoris/{case}__kohya.safetensors"
+        )));
+        assert_eq!(got, want, "{case}");
+    }
+}
+
+#[test]
+fn a_peft_lokr_translated_to_kohya_merges_to_peft_merge_and_unload() {
+    let dir = tmp();
+    let a = golden("adapters/lycoris/peft_lokr");
+    let out = dir.path().join("k");
+    common::ok(run(
+        dir.path(),
+        &[
+            "translate",
+            a.to_str().unwrap(),
+            "--to",
+            "kohya",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    ));
+    let file = std::fs::read_dir(&out)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .expect("weights");
+    let got = merge(dir.path(), &file, "1", "f32");
+    check(
+        "peft_lokr via kohya",
+        &got,
+        &golden("references/lycoris/peft_lokr.safetensors"),
+        DType::F32,
+    );
+}
+
+/// A translate that must be refused: exit 1, each needle in the message, nothing written.
+#[track_caller]
+fn translate_refused(adapter: &str, to: &str, needles: &[&str]) {
+    let dir = tmp();
+    let a = golden(adapter);
+    let o = run(
+        dir.path(),
+        &["translate", a.to_str().unwrap(), "--to", to, "--out", "out"],
+    );
+    let (code, _, err) = parts(&o);
+    assert_eq!(code, 1, "{err}");
+    for n in needles {
+        assert!(err.contains(n), "`{n}` not in:\n{err}");
+    }
+    assert!(tree(dir.path()).is_empty(), "{:?}", tree(dir.path()));
+}
+
+#[test]
+fn translate_refuses_what_the_target_cannot_express_module_by_module() {
+    translate_refused(
+        "adapters/lycoris/conv_loha_tucker.safetensors",
+        "peft",
+        &[
+            "lycoris_patch_embedding (loha",
+            "PEFT has no Conv3d LoHa/LoKr",
+        ],
+    );
+    translate_refused(
+        "adapters/lycoris/oft.safetensors",
+        "peft",
+        &["diag-oft", "another parametrisation"],
+    );
+    translate_refused(
+        "adapters/lycoris/loha.safetensors",
+        "comfy",
+        &["not a LoRA", "wanbake extract"],
+    );
+    translate_refused(
+        "adapters/lycoris/peft_lokr_full",
+        "kohya",
+        &["both factors full by 1", "σ is 0.25"],
+    );
+}

@@ -961,3 +961,102 @@ pub fn structure(entry: &Entry) -> String {
         Module::Full { diff } => format!("full {:?}", diff.shape),
     }
 }
+
+/// Why entry `e` (a LyCORIS module) cannot be written in convention `to`, or `None` when it
+/// can (kohya, or `e` is not a LyCORIS module). A LoHa/LoKr/OFT/... is not a LoRA: turning
+/// one into LoRA factors is an approximation, which is `wanbake extract`'s job.
+pub fn refusal(e: &Entry, to: super::Convention) -> Option<String> {
+    use super::Convention;
+    if !e.kind.is_lycoris() || to == Convention::Kohya {
+        return None;
+    }
+    let extract = "a LyCORIS module is not a LoRA; for LoRA factors that approximate it, merge \
+                   it and run `wanbake extract` on the result";
+    let tucker =
+        e.params.contains_key(&ParamRole::HadaT1) || e.params.contains_key(&ParamRole::LokrT2);
+    Some(match (to, e.kind) {
+        (Convention::Peft, Kind::DiagOft | Kind::Boft) => format!(
+            "PEFT's OFT/BOFT are another parametrisation (input columns, another Cayley \
+             convention): not the same adapter; {extract}"
+        ),
+        (Convention::Peft, Kind::Loha | Kind::Lokr) if tucker => {
+            format!("PEFT has no Conv3d LoHa/LoKr (Tucker cores); {extract}")
+        }
+        (Convention::Peft, Kind::Loha | Kind::Lokr) => format!(
+            "writing PEFT LOHA/LOKR folders is not implemented (read them, or translate to \
+             kohya); {extract}"
+        ),
+        (Convention::Peft, _) => format!(
+            "PEFT has no LyCORIS {} module; {extract}",
+            super::bind::kind_name(e.kind)
+        ),
+        _ => format!("{to} files hold LoRA factors and diffs only; {extract}"),
+    })
+}
+
+/// Writes LyCORIS entry `i` as `<name>.<suffix>` for each of its tensors (byte for byte),
+/// `<name>.alpha` and (IA)³'s `<name>.on_input`, with an alpha that makes LyCORIS's own rule
+/// give the entry's σ exactly (a PEFT module's σ may have none: refused).
+pub fn render_module(
+    ctx: &super::translate::RenderCtx<'_>,
+    i: usize,
+    name: &str,
+    tensors: &mut Vec<super::translate::OutTensor>,
+) -> Result<(), super::EntryProblem> {
+    use super::translate::{OutData, OutTensor, alpha_linear, scalar_dtype};
+    let e = &ctx.set.entries[i];
+    let m = module_of(e, &BTreeMap::new()).map_err(|err| ctx.problem(i, err.to_string()))?;
+    let alpha = match (&e.scale_source, e.kind, m.rank()) {
+        (ScaleSource::Lycoris { .. }, _, _) | (_, Kind::DiagOft | Kind::Boft | Kind::Ia3, _) => {
+            e.alpha
+        }
+        (_, _, None) if e.scale == 1.0 => None,
+        (_, _, None) => {
+            return Err(ctx.problem(
+                i,
+                format!(
+                    "LyCORIS's rule scales a LoKr with both factors full by 1, this module's σ is {}",
+                    e.scale
+                ),
+            ));
+        }
+        (_, _, Some(_)) => Some(alpha_linear(e).ok_or_else(|| {
+            ctx.problem(
+                i,
+                format!("no alpha reproduces σ = {} as alpha/rank", e.scale),
+            )
+        })?),
+    };
+    for role in m.roles() {
+        let src = e
+            .param(role)
+            .ok_or_else(|| ctx.problem(i, format!("internal: {role:?} missing")))?;
+        let suffix = suffix_of(role).unwrap_or("weight");
+        tensors.push(ctx.param(
+            i,
+            role,
+            format!("{name}.{suffix}"),
+            src.shape.clone(),
+            false,
+        )?);
+    }
+    if let Some(a) = alpha {
+        tensors.push(OutTensor {
+            name: format!("{name}.alpha"),
+            dtype: scalar_dtype(a),
+            shape: Vec::new(),
+            data: OutData::Scalar { value: a },
+        });
+    }
+    if let Module::Ia3 { on_input, .. } = m {
+        tensors.push(OutTensor {
+            name: format!("{name}.on_input"),
+            dtype: DType::I64,
+            shape: Vec::new(),
+            data: OutData::Scalar {
+                value: f64::from(u8::from(on_input)),
+            },
+        });
+    }
+    Ok(())
+}
