@@ -630,3 +630,69 @@ fn translate_refuses_what_the_target_cannot_express_module_by_module() {
         &["both factors full by 1", "σ is 0.25"],
     );
 }
+
+#[test]
+fn comfyui_names_are_read_too() {
+    // The kohya golden's tensors under ComfyUI's `diffusion_model.<original module>` names.
+    let dir = tmp();
+    let renamed: Vec<_> = golden_f32("adapters/lycoris/loha__kohya.safetensors")
+        .into_iter()
+        .map(|(n, s, d)| {
+            let suffix = n.split_once('.').unwrap().1.to_string();
+            (
+                format!("diffusion_model.blocks.0.self_attn.q.{suffix}"),
+                s,
+                d,
+            )
+        })
+        .collect();
+    let a = dir.path().join("comfy.safetensors");
+    write(&a, &renamed);
+    let got = merge(dir.path(), &a, "1", "f32");
+    check(
+        "loha comfy",
+        &got,
+        &golden("references/lycoris/loha.safetensors"),
+        DType::F32,
+    );
+}
+
+#[test]
+fn a_recipe_bakes_lycoris_and_peft_lokr_adapters_together() {
+    let dir = tmp();
+    let recipe = format!(
+        r#"
+[base]
+path = "{base}"
+
+[[adapter]]
+path = "{loha}"
+
+[[adapter]]
+path = "{boft}"
+strength = 0.5
+
+[[adapter]]
+path = "{lokr}"
+
+[output]
+dir = "baked"
+dtype = "f32"
+"#,
+        base = base().display(),
+        loha = golden("adapters/lycoris/loha__kohya.safetensors").display(),
+        boft = golden("adapters/lycoris/boft.safetensors").display(),
+        lokr = golden("adapters/lycoris/peft_lokr").display(),
+    );
+    std::fs::write(dir.path().join("r.toml"), recipe).unwrap();
+    common::ok(run(dir.path(), &["bake", "r.toml"]));
+    let got = tensors(&dir.path().join("baked"));
+    for (what, reference) in [
+        ("loha", "loha"),
+        ("boft λ=0.5", "boft__s0.5"),
+        ("peft_lokr", "peft_lokr"),
+    ] {
+        let r = golden(&format!("references/lycoris/{reference}.safetensors"));
+        check_named(what, &got, &r, DType::F32, true);
+    }
+}

@@ -404,13 +404,14 @@ pub const TENSORS: [(&str, ParamRole); 21] = [
 ];
 
 /// Suffixes that make a module a LyCORIS module (every factor but the ambiguous `weight`,
-/// plus `on_input`, plus the LyCORIS-only `lokr_t1`, `bm.weight` and `dora_scale` so that
-/// they are refused with a reason instead of being read as something else).
+/// plus `on_input`, plus the LyCORIS-only `lokr_t1` and `bm.weight` so that they are
+/// refused with a reason instead of being read as something else). `alpha`, `weight` and
+/// `dora_scale` belong to a module that has one of these (a lone `dora_scale` is a LoRA's
+/// DoRA, which the LoRA grammar refuses with its own reason).
 fn is_marker(suffix: &str) -> bool {
     suffix == "on_input"
         || suffix == "lokr_t1"
         || suffix == "bm.weight"
-        || suffix == "dora_scale"
         || TENSORS.iter().any(|(s, _)| *s == suffix && *s != "weight")
 }
 
@@ -490,10 +491,23 @@ pub fn take_modules(
             lyco.entry(m).or_default().insert(s, k.clone());
         }
     }
+    // A module that also holds keys no LyCORIS suffix explains (a `lora_down.weight` next to
+    // a `hada_w1_a`) is refused; its `alpha` is left to the LoRA grammar so the LoRA keeps it.
+    let mut mixed: BTreeMap<String, String> = BTreeMap::new();
+    for k in &keys {
+        let own = split(&k.name).is_some_and(|(m, _)| lyco.contains_key(&m));
+        if let Some(m) = lyco
+            .keys()
+            .find(|m| !own && k.name.starts_with(&format!("{m}.")))
+        {
+            mixed.entry(m.clone()).or_insert_with(|| k.name.clone());
+        }
+    }
     let mut rest = Vec::new();
     for k in keys {
         let attached = split(&k.name).and_then(|(m, s)| {
-            let attach = is_marker(&s) || matches!(s.as_str(), "alpha" | "weight");
+            let extra = matches!(s.as_str(), "alpha" | "weight" | "dora_scale");
+            let attach = is_marker(&s) || (extra && !mixed.contains_key(&m));
             lyco.get_mut(&m).filter(|_| attach).map(|g| (g, s))
         });
         match attached {
@@ -506,7 +520,14 @@ pub fn take_modules(
     let mut entries = Vec::new();
     let mut problems = Vec::new();
     for (module, keys) in lyco {
-        match entry_of(input, &module, &keys, policy) {
+        let entry = match mixed.get(&module) {
+            Some(other) => Err(format!(
+                "module `{module}` holds LyCORIS tensors and `{other}`: one module has one \
+                 algorithm"
+            )),
+            None => entry_of(input, &module, &keys, policy),
+        };
+        match entry {
             Ok(e) => entries.push(e),
             Err(reason) => problems.extend(keys.values().map(|k| KeyProblem {
                 key: k.name.clone(),

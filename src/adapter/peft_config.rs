@@ -224,7 +224,8 @@ impl LoraConfig {
         let peft_type = peft_type.as_ref().and_then(Value::as_str).unwrap_or("LORA");
         if peft_type != "LORA" {
             return Err(format!(
-                "peft_type is {peft_type:?}; wanbake reads LoRA adapters (peft_type \"LORA\") only"
+                "peft_type is {peft_type:?}; wanbake reads peft_type \"LORA\" adapters, and \
+                 \"LOHA\"/\"LOKR\" (LyCORIS kinds) only"
             ));
         }
         if obj.get("fan_in_fan_out").and_then(|v| v.as_bool()) == Some(true) {
