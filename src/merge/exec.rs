@@ -4,7 +4,8 @@
 //! Owns: the job loop (rayon across jobs; every job's own arithmetic is sequential, so the
 //! bytes never depend on the thread count), the route each target takes ([`Compute`]), the
 //! band reader of base rows (dtype widening, the MLX Conv1d row permutation), loading an
-//! entry's tensors, the -xs bases (through the SVD cache when one is given, computed by the
+//! entry's tensors (for a LyCORIS entry: its whole `f(W0) − W0` from `merge::lycoris`, added
+//! like a diff, since OFT/BOFT mix rows across bands), the -xs bases (through the SVD cache when one is given, computed by the
 //! CPU SVD on a miss, on every route), and writing each band or whole tensor into its slot. Does
 //! not own: the formulas (`merge::math`) or the whole-tensor program (`merge::device`), the
 //! kernel that copies and converts untouched tensors (`layout::transform`), or the atomic
@@ -12,7 +13,8 @@
 //!
 //! Memory: a worker holds a few bands of at most [`BAND_ELEMS`] f32 values (W0, the
 //! accumulator, V), the factors of the target it works on, and, for -xs kinds, the target's
-//! SVD bases (the SVD itself needs the whole weight). A base tensor's mapped pages are
+//! SVD bases (the SVD itself needs the whole weight), or for LyCORIS kinds the target's
+//! whole W0 and delta (f32). A base tensor's mapped pages are
 //! dropped once its last job is done, and an adapter tensor's once it is loaded, so the
 //! resident set does not grow with the model. A merged tensor written through a permuting
 //! layout (`--layout nnx`) is the exception: it is assembled whole (f32) before it is
