@@ -696,3 +696,67 @@ dtype = "f32"
         check_named(what, &got, &r, DType::F32, true);
     }
 }
+
+#[test]
+fn row_mixing_kinds_merge_into_a_scanned_nnx_base_and_restack_back_to_the_reference() {
+    // BOFT and Diag-OFT mix output rows; an nnx-scanned base stores (L, in, out) kernels, so
+    // the merge reads W0 transposed out of a stack and writes it back. Restacked to
+    // diffusers, the result must be the f32 reference (restack moves bytes only).
+    let dir = tmp();
+    let p = |s: &str| dir.path().join(s).to_str().unwrap().to_string();
+    let b = base();
+    common::ok(run(
+        dir.path(),
+        &[
+            "restack",
+            b.to_str().unwrap(),
+            "--to",
+            "nnx-scanned",
+            "--dtype",
+            "f32",
+            "--out",
+            &p("nnx"),
+        ],
+    ));
+    for case in ["boft", "oft", "lokr_w2ab"] {
+        let a = golden(&format!("adapters/lycoris/{case}__kohya.safetensors"));
+        let merged = p(&format!("m_{case}"));
+        let back = p(&format!("d_{case}"));
+        common::ok(run(
+            dir.path(),
+            &[
+                "merge",
+                "--base",
+                &p("nnx"),
+                "--adapter",
+                a.to_str().unwrap(),
+                "--dtype",
+                "f32",
+                "--out",
+                &merged,
+            ],
+        ));
+        common::ok(run(
+            dir.path(),
+            &[
+                "restack",
+                &merged,
+                "--to",
+                "diffusers",
+                "--dtype",
+                "f32",
+                "--out",
+                &back,
+            ],
+        ));
+        let got = tensors(Path::new(&back));
+        let r = golden(&format!("references/lycoris/{case}.safetensors"));
+        check_named(
+            &format!("{case} via nnx-scanned"),
+            &got,
+            &r,
+            DType::F32,
+            true,
+        );
+    }
+}

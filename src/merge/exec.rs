@@ -226,10 +226,9 @@ impl Exec<'_> {
             reason: e.to_string(),
         };
         let size = job.dtype.size().unwrap_or(1);
-        let (rows, row_len) = job
-            .transform
-            .dst_rows(src.shape)
-            .map_err(|e| err(e.into()))?;
+        // The rows of what `transform` writes (a merged NNX kernel is transposed back from
+        // PyTorch layout here, so its rows are not the job's stored → output rows).
+        let (rows, row_len) = transform.dst_rows(src.shape).map_err(|e| err(e.into()))?;
         let row_bytes = (row_len * size).max(1);
         let band = (COPY_BAND_BYTES / row_bytes).max(1);
         let mut buf = Vec::new();
