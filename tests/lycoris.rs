@@ -760,3 +760,32 @@ fn row_mixing_kinds_merge_into_a_scanned_nnx_base_and_restack_back_to_the_refere
         );
     }
 }
+
+#[test]
+fn lycoris_merges_are_byte_identical_on_one_and_two_threads() {
+    let dir = tmp();
+    let a = golden("adapters/lycoris/boft.safetensors");
+    let b = golden("adapters/lycoris/conv_lokr_tucker__kohya.safetensors");
+    let mut outs = Vec::new();
+    for threads in ["1", "2"] {
+        let out = dir.path().join(format!("t{threads}"));
+        common::ok(run(
+            dir.path(),
+            &[
+                "merge",
+                "--threads",
+                threads,
+                "--base",
+                base().to_str().unwrap(),
+                "--adapter",
+                a.to_str().unwrap(),
+                "--adapter",
+                &format!("{}:0.7", b.display()),
+                "--out",
+                out.to_str().unwrap(),
+            ],
+        ));
+        outs.push(tensors(&out));
+    }
+    assert_eq!(outs[0], outs[1]);
+}
