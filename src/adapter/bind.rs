@@ -450,6 +450,7 @@ pub fn check_fit(entry: &Entry, shape: &[usize]) -> Result<(), String> {
             }
             return Ok(());
         }
+        k if k.is_lycoris() => return super::lycoris::check_entry(entry, shape),
         _ => {}
     }
     let Some((out, inp)) = view_2d(shape) else {
@@ -527,6 +528,12 @@ pub fn kind_name(k: Kind) -> &'static str {
         Kind::Diff => "diff",
         Kind::DiffBias => "diff-bias",
         Kind::LoraBias => "lora-bias",
+        Kind::Loha => "loha",
+        Kind::Lokr => "lokr",
+        Kind::DiagOft => "diag-oft",
+        Kind::Boft => "boft",
+        Kind::Glora => "glora",
+        Kind::Ia3 => "ia3",
     }
 }
 

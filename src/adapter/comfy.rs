@@ -4,7 +4,8 @@
 //! `.alpha`, and the full deltas `.diff`, `.diff_b`, lightx2v's `.diff_m` (the block's
 //! modulation) and LyCORIS norm `w_norm`/`b_norm` (spec conventions.md §5, §6).
 //!
-//! Owns: reading (σ = α/r with the file's `.alpha`, σ = 1 without one, as ComfyUI and
+//! Owns: reading (LyCORIS modules in ComfyUI names, as its `load_lora` accepts them, through
+//! `lycoris::with_modules`; σ = α/r with the file's `.alpha`, σ = 1 without one, as ComfyUI and
 //! musubi do) and writing (`lora_down`/`lora_up`/`.alpha`/`.diff`/`.diff_b`), plus the
 //! LoRA-with-alpha writer kohya shares.
 
@@ -12,6 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::grammar::{self, COMFY, ScaleInfo};
 use super::kinds::{Kind, ScaleSource};
+use super::lycoris::{ScalePolicy, with_modules};
 use super::translate::{
     OutData, OutTensor, RenderCtx, Rendered, ScaleRule, alpha_linear, factor_shapes, scalar_dtype,
     scale_rule,
@@ -37,8 +39,10 @@ pub fn alpha_rule(_module: &str, rank: usize, alpha: Option<f64>) -> Result<Scal
 
 /// Reads a ComfyUI / original-Wan file.
 pub fn parse(input: &ParseInput<'_>) -> Result<Parsed, AdapterError> {
-    let (groups, problems) = grammar::group(&input.keys, &COMFY, |_| None);
-    Ok(grammar::build(input, groups, problems, &alpha_rule))
+    Ok(with_modules(input, &ScalePolicy::Lycoris, |keys| {
+        let (groups, problems) = grammar::group(keys, &COMFY, |_| None);
+        grammar::build(input, groups, problems, &alpha_rule)
+    }))
 }
 
 /// Writes entry `i` (a plain LoRA) as `<name>.lora_down.weight`, `<name>.lora_up.weight`

@@ -5,7 +5,8 @@
 //! Owns: the suffix tables of the two dialects (`PEFT`: `.lora_A.weight`, `.lora_B.weight`,
 //! `.lora_B.bias`, `.lora_magnitude_vector`; `COMFY`: every spelling ComfyUI's `load_lora`
 //! accepts, spec conventions.md §5.2, plus lightx2v `.diff_m`), the reasons for suffixes that
-//! are known but not supported (LoHa, LoKr, Tucker, LyCORIS DoRA, OFT, ...), grouping keys by
+//! are known but not supported here (Tucker LoCon, LyCORIS DoRA, LyCORIS factors where LoRA
+//! keys are expected: `adapter::lycoris` takes LyCORIS modules out first), grouping keys by
 //! module, and building canonical entries from a group with a convention's scale rule.
 //! Does not own: where σ comes from (each convention passes its rule).
 
@@ -55,7 +56,9 @@ pub struct Dialect {
     pub unsupported: &'static [(&'static str, &'static str)],
 }
 
-const LYCORIS: &str = "LyCORIS LoHa/LoKr/OFT/GLoRA tensors are not supported by wanbake";
+const LYCORIS: &str = "a LyCORIS tensor where this file's convention expects LoRA keys (a PEFT \
+     LoHa/LoKr folder says peft_type LOHA/LOKR in adapter_config.json; other files' LyCORIS \
+     modules are read by `adapter::lycoris`)";
 const TUCKER: &str = "Tucker-decomposed LoCon (lora_mid) is not supported by wanbake";
 const LYCORIS_DORA: &str = "LyCORIS/ComfyUI DoRA (dora_scale) is not supported: its norm axis and strength rule differ from PEFT's (spec conventions.md §5.4)";
 const SET_WEIGHT: &str =

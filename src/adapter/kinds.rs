@@ -47,6 +47,18 @@ pub enum Kind {
     DiffBias,
     /// b' = b + σ·lora_B.bias (PEFT `lora_bias=True`).
     LoraBias,
+    /// LyCORIS LoHa: ΔW = σ·(w1_a·w1_b) ⊙ (w2_a·w2_b), Tucker cores on convolutions.
+    Loha,
+    /// LyCORIS LoKr: ΔW = σ·kron(W1, W2), each factor full, a product or (W2) Tucker.
+    Lokr,
+    /// LyCORIS Diag-OFT: output rows rotated by Cayley blocks, optional rescale.
+    DiagOft,
+    /// LyCORIS BOFT: butterfly stages of Cayley blocks, optional rescale.
+    Boft,
+    /// LyCORIS GLoRA: ΔW = σ·(W·a1·a2 + b1·b2).
+    Glora,
+    /// LyCORIS (IA)³: output rows or input columns scaled by (1 + w).
+    Ia3,
 }
 
 impl Kind {
@@ -63,7 +75,22 @@ impl Kind {
             Kind::Diff => &[Diff],
             Kind::DiffBias => &[DiffBias],
             Kind::LoraBias => &[LoraBias],
+            Kind::Loha => &[HadaW1A, HadaW1B, HadaW2A, HadaW2B],
+            Kind::DiagOft | Kind::Boft => &[OftBlocks],
+            Kind::Glora => &[GloraA1, GloraA2, GloraB1, GloraB2],
+            // Which factors a LoKr stores varies (full, product, Tucker), and (IA)³ holds
+            // one of two roles: `adapter::lycoris` checks them when the file is read.
+            Kind::Lokr | Kind::Ia3 => &[],
         }
+    }
+
+    /// True for the LyCORIS kinds whose effective weight `merge::lycoris` computes whole
+    /// (`f(W0) − W0`, added like a full diff).
+    pub fn is_lycoris(self) -> bool {
+        matches!(
+            self,
+            Kind::Loha | Kind::Lokr | Kind::DiagOft | Kind::Boft | Kind::Glora | Kind::Ia3
+        )
     }
 
     /// True for the kinds whose U, V come from an SVD of the base weight.
@@ -126,6 +153,48 @@ pub enum ParamRole {
     DiffBias,
     /// PEFT lora_B.bias (out,), scaled by σ.
     LoraBias,
+    /// LyCORIS `hada_w1_a`.
+    HadaW1A,
+    /// LyCORIS `hada_w1_b`.
+    HadaW1B,
+    /// LyCORIS `hada_w2_a`.
+    HadaW2A,
+    /// LyCORIS `hada_w2_b`.
+    HadaW2B,
+    /// LyCORIS `hada_t1` (Tucker core).
+    HadaT1,
+    /// LyCORIS `hada_t2` (Tucker core).
+    HadaT2,
+    /// LyCORIS `lokr_w1`.
+    LokrW1,
+    /// LyCORIS `lokr_w1_a`.
+    LokrW1A,
+    /// LyCORIS `lokr_w1_b`.
+    LokrW1B,
+    /// LyCORIS `lokr_w2`.
+    LokrW2,
+    /// LyCORIS `lokr_w2_a`.
+    LokrW2A,
+    /// LyCORIS `lokr_w2_b`.
+    LokrW2B,
+    /// LyCORIS `lokr_t2` (Tucker core).
+    LokrT2,
+    /// LyCORIS `oft_blocks` (Diag-OFT (n,b,b), BOFT (m,n,b,b)).
+    OftBlocks,
+    /// LyCORIS OFT/BOFT `rescale` (out, 1, …).
+    Rescale,
+    /// LyCORIS GLoRA `a1.weight`.
+    GloraA1,
+    /// LyCORIS GLoRA `a2.weight`.
+    GloraA2,
+    /// LyCORIS GLoRA `b1.weight`.
+    GloraB1,
+    /// LyCORIS GLoRA `b2.weight`.
+    GloraB2,
+    /// LyCORIS (IA)³ `weight` with `on_input` 0: one factor per output row.
+    Ia3Out,
+    /// LyCORIS (IA)³ `weight` with `on_input` 1: one factor per input channel.
+    Ia3In,
 }
 
 /// Where the scale σ of an entry came from (reported in the manifest).
@@ -160,6 +229,12 @@ pub enum ScaleSource {
     User,
     /// Full-tensor deltas (`diff`, `diff_b`) have no scale: σ = 1.
     Unscaled,
+    /// LyCORIS's own rule (spec lycoris.md §2), with the reason shown by inspect
+    /// (`alpha 2 / rank 4`, `LoKr, both factors full: scale 1, stored alpha 4 ignored`).
+    Lycoris {
+        /// Why this scale.
+        rule: String,
+    },
 }
 
 /// How to produce one parameter in PyTorch layout from a file of the adapter.

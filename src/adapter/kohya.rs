@@ -3,26 +3,38 @@
 //! Wan/VideoX-Fun `lora_unet__…` spelling and LyCORIS's `lycoris_…` prefix (spec
 //! conventions.md §6, §7.1).
 //!
-//! Owns: reading them (the suffix grammar is ComfyUI's; module names are only ever looked
-//! up in the base's alias table, never split back into dots) and writing them (LoRA and
-//! alpha only: musubi's and diffusers' kohya loaders accept nothing else).
+//! Owns: reading them (the suffix grammar is ComfyUI's, LyCORIS modules (`hada_*`,
+//! `lokr_*`, `oft_blocks`, GLoRA, (IA)³) are taken out first by `lycoris::with_modules`;
+//! module names are only ever looked up in the base's alias table, never split back into
+//! dots) and writing them (LoRA and alpha, which musubi's and diffusers' kohya loaders
+//! accept, and LyCORIS modules with their own tensors, as LyCORIS's kohya wrapper writes).
 
 use std::collections::BTreeMap;
 
 use super::comfy::{alpha_rule, render_lora_alpha};
 use super::grammar::{self, COMFY};
 use super::kinds::Kind;
+use super::lycoris::{ScalePolicy, render_module, with_modules};
 use super::names::KOHYA_PREFIX;
 use super::translate::{RenderCtx, Rendered};
 use super::{AdapterError, Convention, EntryProblem, ParseInput, Parsed};
 
 /// Reads a kohya-family file.
 pub fn parse(input: &ParseInput<'_>) -> Result<Parsed, AdapterError> {
-    let (groups, problems) = grammar::group(&input.keys, &COMFY, |m| {
-        (!(m.starts_with(KOHYA_PREFIX) || m.starts_with("lycoris_")))
-            .then(|| format!("kohya keys start with `{KOHYA_PREFIX}` or `lycoris_`"))
+    let mut parsed = with_modules(input, &ScalePolicy::Lycoris, |keys| {
+        let (groups, problems) = grammar::group(keys, &COMFY, |m| {
+            (!(m.starts_with(KOHYA_PREFIX) || m.starts_with("lycoris_")))
+                .then(|| format!("kohya keys start with `{KOHYA_PREFIX}` or `lycoris_`"))
+        });
+        grammar::build(input, groups, problems, &alpha_rule)
     });
-    Ok(grammar::build(input, groups, problems, &alpha_rule))
+    if input.keys.iter().any(|k| k.name.starts_with("lycoris_")) {
+        parsed.notes.push(
+            "LyCORIS's own naming (`lycoris_<module>`, the trainer's module names with . → _)"
+                .into(),
+        );
+    }
+    Ok(parsed)
 }
 
 /// Renders a musubi-style file.
@@ -33,6 +45,7 @@ pub fn render(ctx: &RenderCtx<'_>) -> Result<Rendered, Vec<EntryProblem>> {
         let name = ctx.ids[i].spell(Convention::Kohya);
         let r = match e.kind {
             Kind::Lora => render_lora_alpha(ctx, i, &name, &mut tensors),
+            k if k.is_lycoris() => render_module(ctx, i, &name, &mut tensors),
             _ => Err(ctx.problem(
                 i,
                 "kohya/musubi files hold lora_down/lora_up/alpha only (musubi's and diffusers' loaders reject anything else)",

@@ -4,8 +4,13 @@
 //! LyCORIS module's tensors by kind: LoHa, LoKr, Diag-OFT, BOFT, GLoRA, (IA)³, full),
 //! `Module::from_tensors` (the kind detected from the tensor suffixes alone, no metadata),
 //! `Module::scale_rule` (the scale and why: LoKr with both factors full is scale 1 whatever the
-//! stored alpha says) and `LycorisError` (naming the module and the shapes). Does not own: the
-//! formulas (`merge::lycoris`), the file namings and binding (not wired yet, see issue 14).
+//! stored alpha says), `LycorisError` (naming the module and the shapes), reading LyCORIS
+//! modules out of any naming's key set (`take_modules` / `with_modules`: the module is
+//! whatever precedes a LyCORIS suffix, so `lycoris_…`, kohya `lora_unet_…`, ComfyUI and PEFT
+//! names all work, and the name is resolved later against the base by `bind`), the canonical
+//! entry of a module (kind, roles, rank, σ and why) and back (`module_of`), and the shape
+//! check against a target (`check_entry`, used by binding before anything is computed).
+//! Does not own: the formulas (`merge::lycoris`), name resolution (`bind`, `names`).
 //!
 //! `scale_rule` is LyCORIS's (files written by lycoris-lora, kohya/musubi). PEFT LOHA/LOKR
 //! folders follow another rule that a PEFT reader must apply instead: PEFT 0.21.2 scales by
@@ -16,6 +21,11 @@
 use std::collections::BTreeMap;
 
 use thiserror::Error;
+
+use super::grammar::ScaleInfo;
+use super::kinds::{Entry, Kind, ParamRole, ScaleSource};
+use super::{KeyProblem, KeyRef, ParseInput};
+use crate::io::DType;
 
 /// One stored tensor, widened to f32, row-major.
 #[derive(Clone, Debug, PartialEq)]
@@ -142,8 +152,9 @@ pub enum Module {
 pub enum LycorisError {
     /// Shapes that do not fit together or do not fit the target.
     #[error(
-        "LyCORIS module `{module}` ({kind}): {what}; target weight is {target:?}; \
-         the file is malformed or was made for another model"
+        "LyCORIS module `{module}` ({kind}): {what}{}; the file is malformed or was made for \
+         another model",
+        target_note(target)
     )]
     Shape {
         /// The module's name.
@@ -165,6 +176,15 @@ pub enum LycorisError {
         /// What.
         what: String,
     },
+}
+
+/// `; target weight is [..]` when a target is known.
+fn target_note(target: &[usize]) -> String {
+    if target.is_empty() {
+        String::new()
+    } else {
+        format!("; target weight is {target:?}")
+    }
 }
 
 /// The scale a module's delta is multiplied by, and why (spec lycoris.md §2).
@@ -355,4 +375,709 @@ impl Module {
             "a LyCORIS factor (hada_*, lokr_*, oft_blocks, a1/b1.weight, on_input, diff)",
         ))
     }
+}
+
+/// Every stored LyCORIS factor: its suffix after `<module>.` and its canonical role. (IA)³'s
+/// `weight` takes `Ia3Out` or `Ia3In` from the module's `on_input`.
+pub const TENSORS: [(&str, ParamRole); 21] = [
+    ("hada_w1_a", ParamRole::HadaW1A),
+    ("hada_w1_b", ParamRole::HadaW1B),
+    ("hada_w2_a", ParamRole::HadaW2A),
+    ("hada_w2_b", ParamRole::HadaW2B),
+    ("hada_t1", ParamRole::HadaT1),
+    ("hada_t2", ParamRole::HadaT2),
+    ("lokr_w1", ParamRole::LokrW1),
+    ("lokr_w1_a", ParamRole::LokrW1A),
+    ("lokr_w1_b", ParamRole::LokrW1B),
+    ("lokr_w2", ParamRole::LokrW2),
+    ("lokr_w2_a", ParamRole::LokrW2A),
+    ("lokr_w2_b", ParamRole::LokrW2B),
+    ("lokr_t2", ParamRole::LokrT2),
+    ("oft_blocks", ParamRole::OftBlocks),
+    ("rescale", ParamRole::Rescale),
+    ("a1.weight", ParamRole::GloraA1),
+    ("a2.weight", ParamRole::GloraA2),
+    ("b1.weight", ParamRole::GloraB1),
+    ("b2.weight", ParamRole::GloraB2),
+    ("weight", ParamRole::Ia3Out),
+    ("weight", ParamRole::Ia3In),
+];
+
+/// Suffixes that make a module a LyCORIS module (every factor but the ambiguous `weight`,
+/// plus `on_input`, plus the LyCORIS-only `lokr_t1` and `bm.weight` so that they are
+/// refused with a reason instead of being read as something else). `alpha`, `weight` and
+/// `dora_scale` belong to a module that has one of these (a lone `dora_scale` is a LoRA's
+/// DoRA, which the LoRA grammar refuses with its own reason).
+fn is_marker(suffix: &str) -> bool {
+    suffix == "on_input"
+        || suffix == "lokr_t1"
+        || suffix == "bm.weight"
+        || TENSORS.iter().any(|(s, _)| *s == suffix && *s != "weight")
+}
+
+/// The stored suffix of a LyCORIS role.
+pub fn suffix_of(role: ParamRole) -> Option<&'static str> {
+    TENSORS.iter().find(|(_, r)| *r == role).map(|(s, _)| *s)
+}
+
+/// The value of a 0-d (or one-element) tensor, integer or float, widened to f64.
+fn scalar_value(input: &ParseInput<'_>, k: &KeyRef) -> Result<f64, String> {
+    let view = input
+        .files
+        .get(k.file)
+        .and_then(|f| f.view(&k.name))
+        .ok_or_else(|| format!("`{}`: no such tensor", k.name))?;
+    if k.numel() != 1 {
+        return Err(format!(
+            "`{}` is {:?}, expected a single value",
+            k.name, k.shape
+        ));
+    }
+    let b = view.bytes;
+    let int = |n: usize| -> Option<[u8; 8]> {
+        let mut a = [0u8; 8];
+        a[..n].copy_from_slice(b.get(..n)?);
+        // sign-extend
+        if n < 8 && b.get(n - 1).is_some_and(|x| x & 0x80 != 0) {
+            a[n..].iter_mut().for_each(|x| *x = 0xff);
+        }
+        Some(a)
+    };
+    let v = match view.dtype {
+        DType::I64 | DType::U64 => int(8).map(|a| i64::from_le_bytes(a) as f64),
+        DType::I32 => int(4).map(|a| i64::from_le_bytes(a) as f64),
+        DType::I16 => int(2).map(|a| i64::from_le_bytes(a) as f64),
+        DType::I8 => int(1).map(|a| i64::from_le_bytes(a) as f64),
+        DType::U8 | DType::BOOL => b.first().map(|&x| f64::from(x)),
+        DType::F64 => b
+            .get(..8)
+            .and_then(|s| s.try_into().ok())
+            .map(f64::from_le_bytes),
+        d if d.is_float() => view
+            .to_f32()
+            .ok()
+            .and_then(|v| v.first().map(|&x| f64::from(x))),
+        _ => None,
+    }
+    .ok_or_else(|| format!("`{}` ({}) is not a readable number", k.name, view.dtype))?;
+    if !v.is_finite() {
+        return Err(format!("`{}` is {v}, not a finite number", k.name));
+    }
+    Ok(v)
+}
+
+/// How a convention scales LoHa/LoKr/GLoRA: LyCORIS's own rule (`Module::scale_rule`), or a
+/// fixed σ per module from a config (PEFT LOHA/LOKR: `alpha / r` after the patterns).
+pub enum ScalePolicy<'a> {
+    /// lycoris-lora's files (`lycoris_…`, kohya `lora_unet_…`, ComfyUI names).
+    Lycoris,
+    /// σ, α and its source for a module name (PEFT).
+    Config(&'a dyn Fn(&str) -> Result<ScaleInfo, String>),
+}
+
+/// The LyCORIS modules of a key set, as entries (targets unbound). `split(key)` gives
+/// `(module, suffix)` for a key of the convention's naming. Returns the entries, the keys
+/// that belong to a LyCORIS module but could not be used (with the reason), and every other
+/// key, untouched, for the convention's LoRA grammar.
+pub fn take_modules(
+    input: &ParseInput<'_>,
+    keys: Vec<KeyRef>,
+    split: impl Fn(&str) -> Option<(String, String)>,
+    policy: &ScalePolicy<'_>,
+) -> (Vec<Entry>, Vec<KeyProblem>, Vec<KeyRef>) {
+    let mut lyco: BTreeMap<String, BTreeMap<String, KeyRef>> = BTreeMap::new();
+    for k in &keys {
+        if let Some((m, s)) = split(&k.name).filter(|(_, s)| is_marker(s)) {
+            lyco.entry(m).or_default().insert(s, k.clone());
+        }
+    }
+    // A module that also holds keys no LyCORIS suffix explains (a `lora_down.weight` next to
+    // a `hada_w1_a`) is refused; its `alpha` is left to the LoRA grammar so the LoRA keeps it.
+    let mut mixed: BTreeMap<String, String> = BTreeMap::new();
+    for k in &keys {
+        let own = split(&k.name).is_some_and(|(m, _)| lyco.contains_key(&m));
+        if let Some(m) = lyco
+            .keys()
+            .find(|m| !own && k.name.starts_with(&format!("{m}.")))
+        {
+            mixed.entry(m.clone()).or_insert_with(|| k.name.clone());
+        }
+    }
+    let mut rest = Vec::new();
+    for k in keys {
+        let attached = split(&k.name).and_then(|(m, s)| {
+            let extra = matches!(s.as_str(), "alpha" | "weight" | "dora_scale");
+            let attach = is_marker(&s) || (extra && !mixed.contains_key(&m));
+            lyco.get_mut(&m).filter(|_| attach).map(|g| (g, s))
+        });
+        match attached {
+            Some((g, s)) => {
+                g.insert(s, k);
+            }
+            None => rest.push(k),
+        }
+    }
+    let mut entries = Vec::new();
+    let mut problems = Vec::new();
+    for (module, keys) in lyco {
+        let entry = match mixed.get(&module) {
+            Some(other) => Err(format!(
+                "module `{module}` holds LyCORIS tensors and `{other}`: one module has one \
+                 algorithm"
+            )),
+            None => entry_of(input, &module, &keys, policy),
+        };
+        match entry {
+            Ok(e) => entries.push(e),
+            Err(reason) => problems.extend(keys.values().map(|k| KeyProblem {
+                key: k.name.clone(),
+                reason: reason.clone(),
+            })),
+        }
+    }
+    (entries, problems, rest)
+}
+
+/// One LyCORIS module's keys (by suffix) as a canonical entry.
+fn entry_of(
+    input: &ParseInput<'_>,
+    module: &str,
+    keys: &BTreeMap<String, KeyRef>,
+    policy: &ScalePolicy<'_>,
+) -> Result<Entry, String> {
+    let mut shapes: BTreeMap<String, Param> = BTreeMap::new();
+    for (s, k) in keys {
+        let data = match s.as_str() {
+            "alpha" | "on_input" => vec![scalar_value(input, k)? as f32],
+            _ => Vec::new(),
+        };
+        shapes.insert(s.clone(), Param::new(k.shape.clone(), data));
+    }
+    let alpha = match keys.get("alpha") {
+        Some(k) => Some(scalar_value(input, k)?),
+        None => None,
+    };
+    let m = Module::from_tensors(module, &shapes).map_err(|e| e.to_string())?;
+    let roles = m.roles();
+    let mut e = Entry::new(module, m.kind());
+    for role in &roles {
+        let suffix = suffix_of(*role).unwrap_or("weight");
+        let k = keys
+            .get(suffix)
+            .ok_or_else(|| format!("module `{module}`: `{suffix}` is missing"))?;
+        e.params.insert(*role, k.source(k.shape.clone()));
+        e.source_keys.push(k.name.clone());
+    }
+    let used: Vec<&str> = roles.iter().filter_map(|r| suffix_of(*r)).collect();
+    for (s, k) in keys {
+        let ia3_extra = s == "on_input" && e.kind == Kind::Ia3;
+        if s == "alpha" || ia3_extra {
+            e.source_keys.push(k.name.clone());
+        } else if !(used.contains(&s.as_str()) || s == "weight" && e.kind == Kind::Ia3) {
+            return Err(format!(
+                "module `{module}` is a LyCORIS {} module, which has no `{s}` tensor",
+                m.kind_name()
+            ));
+        }
+    }
+    e.source_keys.sort();
+    e.rank = m.rank();
+    e.alpha = alpha;
+    match (policy, e.kind) {
+        (ScalePolicy::Config(rule), Kind::Loha | Kind::Lokr) => {
+            let s = rule(module)?;
+            e.scale = s.scale;
+            e.alpha = s.alpha;
+            e.scale_source = s.source;
+        }
+        _ => {
+            let r = m.scale_rule();
+            e.scale = r.scale;
+            e.scale_source = ScaleSource::Lycoris { rule: r.why };
+        }
+    }
+    Ok(e)
+}
+
+impl Module {
+    /// The canonical kind.
+    pub fn kind(&self) -> Kind {
+        match self {
+            Module::Loha { .. } => Kind::Loha,
+            Module::Lokr { .. } => Kind::Lokr,
+            Module::DiagOft { .. } => Kind::DiagOft,
+            Module::Boft { .. } => Kind::Boft,
+            Module::Glora { .. } => Kind::Glora,
+            Module::Ia3 { .. } => Kind::Ia3,
+            Module::Full { .. } => Kind::Diff,
+        }
+    }
+
+    /// The roles of the tensors this module holds (scalars excluded).
+    pub fn roles(&self) -> Vec<ParamRole> {
+        use ParamRole::*;
+        let fac = |f: &Factor, full, a, b| match f {
+            Factor::Full(_) => vec![full],
+            Factor::Product(..) => vec![a, b],
+            Factor::Tucker { .. } => vec![LokrT2, a, b],
+        };
+        match self {
+            Module::Loha { t, .. } => {
+                let mut v = vec![HadaW1A, HadaW1B, HadaW2A, HadaW2B];
+                if t.is_some() {
+                    v.extend([HadaT1, HadaT2]);
+                }
+                v
+            }
+            Module::Lokr { w1, w2, .. } => {
+                let mut v = fac(w1, LokrW1, LokrW1A, LokrW1B);
+                v.extend(fac(w2, LokrW2, LokrW2A, LokrW2B));
+                v
+            }
+            Module::DiagOft { rescale, .. } | Module::Boft { rescale, .. } => {
+                let mut v = vec![OftBlocks];
+                v.extend(rescale.as_ref().map(|_| Rescale));
+                v
+            }
+            Module::Glora { .. } => vec![GloraA1, GloraA2, GloraB1, GloraB2],
+            Module::Ia3 { on_input, .. } => vec![if *on_input { Ia3In } else { Ia3Out }],
+            Module::Full { .. } => vec![ParamRole::Diff],
+        }
+    }
+
+    /// The rank the scale rule divides by (LoHa, LoKr with a decomposed factor, GLoRA).
+    pub fn rank(&self) -> Option<usize> {
+        match self {
+            Module::Loha { w1_b, .. } => w1_b.shape.first().copied(),
+            Module::Lokr { w1, w2, .. } => match (w1, w2) {
+                (_, Factor::Product(_, b) | Factor::Tucker { b, .. })
+                | (Factor::Product(_, b) | Factor::Tucker { b, .. }, Factor::Full(_)) => {
+                    b.shape.first().copied()
+                }
+                (Factor::Full(_), Factor::Full(_)) => None,
+            },
+            Module::Glora { a1, .. } => a1.shape.get(1).copied(),
+            _ => None,
+        }
+    }
+}
+
+/// The module of a LyCORIS entry, from its tensors loaded as f32 (`data` by role).
+pub fn module_of(
+    entry: &Entry,
+    data: &BTreeMap<ParamRole, Vec<f32>>,
+) -> Result<Module, LycorisError> {
+    let mut t: BTreeMap<String, Param> = BTreeMap::new();
+    for (role, src) in &entry.params {
+        if let Some(s) = suffix_of(*role) {
+            let v = data.get(role).cloned().unwrap_or_default();
+            t.insert(s.to_string(), Param::new(src.shape.clone(), v));
+        }
+        if matches!(role, ParamRole::Ia3Out | ParamRole::Ia3In) {
+            let on = f32::from(u8::from(*role == ParamRole::Ia3In));
+            t.insert("on_input".into(), Param::new(Vec::new(), vec![on]));
+        }
+    }
+    if let Some(a) = entry.alpha {
+        t.insert("alpha".into(), Param::new(Vec::new(), vec![a as f32]));
+    }
+    Module::from_tensors(&entry.module, &t)
+}
+
+/// Checks a LyCORIS entry's shapes against its target (PyTorch layout), before anything is
+/// computed: the same fit rules `merge::lycoris::delta` relies on, on shapes alone.
+pub fn check_entry(entry: &Entry, target: &[usize]) -> Result<(), String> {
+    let m = module_of(entry, &BTreeMap::new()).map_err(|e| e.to_string())?;
+    m.check_target(&entry.module, target)
+        .map_err(|e| e.to_string())
+}
+
+/// (rows, cols) of a LoKr factor on its flattened view, from shapes alone; a Tucker W2 is
+/// (out_k, in_n·∏k) and its core must have the target's kernel.
+fn factor_dims(f: &Factor, name: &str, kernel: &[usize]) -> Result<(usize, usize), String> {
+    match f {
+        Factor::Full(p) => match p.shape.split_first() {
+            Some((&r, rest)) if !rest.is_empty() && r > 0 => Ok((r, rest.iter().product())),
+            _ => Err(format!("{name} is {:?}, expected a matrix", p.shape)),
+        },
+        Factor::Product(a, b) => match (&a.shape[..], &b.shape[..]) {
+            ([m, k], [k2, n]) if k == k2 => Ok((*m, *n)),
+            _ => Err(format!(
+                "{name}_a is {:?} and {name}_b is {:?}: expected (m, r) and (r, n)",
+                a.shape, b.shape
+            )),
+        },
+        Factor::Tucker { t, a, b } => {
+            tucker_dims(t, a, b, ["lokr_t2", "lokr_w2_a", "lokr_w2_b"], kernel)
+        }
+    }
+}
+
+/// (out, in·∏k) of a Tucker product `t (ra, rb, *k)`, `a (ra, out)`, `b (rb, in)`.
+fn tucker_dims(
+    t: &Param,
+    a: &Param,
+    b: &Param,
+    names: [&str; 3],
+    kernel: &[usize],
+) -> Result<(usize, usize), String> {
+    match (&t.shape[..], &a.shape[..], &b.shape[..]) {
+        ([ra, rb, k @ ..], [ra2, out], [rb2, inp]) if ra == ra2 && rb == rb2 && k == kernel => {
+            Ok((*out, inp * k.iter().product::<usize>()))
+        }
+        _ => Err(format!(
+            "Tucker core {} is {:?}, {} is {:?}, {} is {:?}: expected (r1, r2, *k), (r1, out), \
+             (r2, in) with k the target's kernel {kernel:?}",
+            names[0], t.shape, names[1], a.shape, names[2], b.shape
+        )),
+    }
+}
+
+impl Module {
+    /// Checks this module's shapes against a target weight of `target` shape (PyTorch
+    /// layout), the data aside: the refusal names the module, the shapes and the target.
+    pub fn check_target(&self, module: &str, target: &[usize]) -> Result<(), LycorisError> {
+        let err = |what: String| LycorisError::Shape {
+            module: module.to_string(),
+            kind: self.kind_name(),
+            what,
+            target: target.to_vec(),
+        };
+        let (out, inp) = match target.split_first() {
+            Some((&o, rest)) if !rest.is_empty() && o > 0 => (o, rest.iter().product::<usize>()),
+            _ => return Err(err("the target is not a weight matrix or kernel".into())),
+        };
+        let kernel = target.get(2..).unwrap_or(&[]);
+        let want = |(r, c): (usize, usize), what: &str| {
+            if (r, c) == (out, inp) {
+                Ok(())
+            } else {
+                Err(err(format!(
+                    "{what} is ({r}, {c}), expected ({out}, {inp})"
+                )))
+            }
+        };
+        let oft = |blocks: &Param, rescale: &Option<Param>, n: usize, b: usize| {
+            if n * b != out {
+                return Err(err(format!(
+                    "oft_blocks is {:?}: {n} blocks of {b} rows cover {} rows, expected {out}",
+                    blocks.shape,
+                    n * b
+                )));
+            }
+            match rescale {
+                Some(r) if r.shape.first() != Some(&out) || r.numel() != out => Err(err(format!(
+                    "rescale is {:?}, expected ({out}, 1, …)",
+                    r.shape
+                ))),
+                _ => Ok(()),
+            }
+        };
+        match self {
+            Module::Loha {
+                w1_a,
+                w1_b,
+                w2_a,
+                w2_b,
+                t,
+                ..
+            } => {
+                let pair = |a: &Param, b: &Param, n: [&str; 3], t: Option<&Param>| match t {
+                    Some(t) => tucker_dims(t, a, b, n, kernel).map_err(&err),
+                    None => match (&a.shape[..], &b.shape[..]) {
+                        ([m, k], [k2, c]) if k == k2 => Ok((*m, *c)),
+                        _ => Err(err(format!(
+                            "{} is {:?} and {} is {:?}: expected (out, r) and (r, in')",
+                            n[1], a.shape, n[2], b.shape
+                        ))),
+                    },
+                };
+                let (t1, t2) = (t.as_ref().map(|x| &x.0), t.as_ref().map(|x| &x.1));
+                want(
+                    pair(w1_a, w1_b, ["hada_t1", "hada_w1_a", "hada_w1_b"], t1)?,
+                    "W1",
+                )?;
+                want(
+                    pair(w2_a, w2_b, ["hada_t2", "hada_w2_a", "hada_w2_b"], t2)?,
+                    "W2",
+                )
+            }
+            Module::Lokr { w1, w2, .. } => {
+                let (a, b) = factor_dims(w1, "lokr_w1", &[]).map_err(&err)?;
+                let (c, d) = factor_dims(w2, "lokr_w2", kernel).map_err(&err)?;
+                if (a * c, b * d) != (out, inp) {
+                    return Err(err(format!(
+                        "kron of W1 ({a}, {b}) and W2 ({c}, {d}) is ({}, {}), expected ({out}, {inp})",
+                        a * c,
+                        b * d
+                    )));
+                }
+                Ok(())
+            }
+            Module::DiagOft {
+                blocks, rescale, ..
+            } => match blocks.shape[..] {
+                [n, b, b2] if b == b2 => oft(blocks, rescale, n, b),
+                _ => Err(err(format!(
+                    "oft_blocks is {:?}, expected (n, b, b)",
+                    blocks.shape
+                ))),
+            },
+            Module::Boft {
+                blocks, rescale, ..
+            } => match blocks.shape[..] {
+                [m, n, b, b2]
+                    if b == b2
+                        && n.is_power_of_two()
+                        && b.is_multiple_of(2)
+                        && m > 0
+                        && (1usize << (m - 1).min(63)) <= n =>
+                {
+                    oft(blocks, rescale, n, b)
+                }
+                _ => Err(err(format!(
+                    "oft_blocks is {:?}: BOFT needs (stages, n, b, b) with n a power of two, b \
+                     even and at most log2(n)+1 stages",
+                    blocks.shape
+                ))),
+            },
+            Module::Glora { a1, a2, b1, b2, .. } => {
+                match (&a1.shape[..], &a2.shape[..], &b1.shape[..], &b2.shape[..]) {
+                    ([i1, r1], [r2, i2], [o, r3], [r4, i3])
+                        if (*i1, *i2, *i3, *o) == (inp, inp, inp, out) && r1 == r2 && r3 == r4 =>
+                    {
+                        Ok(())
+                    }
+                    _ => Err(err(format!(
+                        "a1.weight {:?}, a2.weight {:?}, b1.weight {:?}, b2.weight {:?}: expected \
+                         ({inp}, r), (r, {inp}), ({out}, r'), (r', {inp})",
+                        a1.shape, a2.shape, b1.shape, b2.shape
+                    ))),
+                }
+            }
+            Module::Ia3 { weight, on_input } => {
+                let len = weight.numel();
+                let one_axis = weight.shape.iter().filter(|&&d| d != 1).count() <= 1;
+                let fits = if *on_input {
+                    len > 0 && target.get(1) == Some(&len)
+                } else {
+                    len == out
+                };
+                if one_axis && fits {
+                    Ok(())
+                } else {
+                    Err(err(format!(
+                        "weight is {:?} with on_input {}, expected the {} channels ({})",
+                        weight.shape,
+                        u8::from(*on_input),
+                        if *on_input { "input" } else { "output" },
+                        if *on_input {
+                            target.get(1).copied().unwrap_or(0)
+                        } else {
+                            out
+                        }
+                    )))
+                }
+            }
+            Module::Full { diff } => {
+                if diff.shape == target {
+                    Ok(())
+                } else {
+                    Err(err(format!(
+                        "diff is {:?}, expected {target:?}",
+                        diff.shape
+                    )))
+                }
+            }
+        }
+    }
+}
+
+/// Every suffix `take_modules` splits off, longest first so `x.a1.weight` is module `x`.
+fn suffixes() -> &'static [&'static str] {
+    static S: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
+    S.get_or_init(|| {
+        let mut v: Vec<&str> = TENSORS.iter().map(|(s, _)| *s).collect();
+        v.extend(["on_input", "alpha", "lokr_t1", "bm.weight", "dora_scale"]);
+        v.sort_by_key(|s| std::cmp::Reverse(s.len()));
+        v.dedup();
+        v
+    })
+}
+
+/// `(module, suffix)` of a key `<module>.<suffix>` for a LyCORIS suffix (any naming: the
+/// module is whatever precedes it, dotted or underscored).
+pub fn split_key(key: &str) -> Option<(String, String)> {
+    suffixes().iter().find_map(|s| {
+        let m = key.strip_suffix(s)?.strip_suffix('.')?;
+        (!m.is_empty()).then(|| (m.to_string(), s.to_string()))
+    })
+}
+
+/// A convention's LoRA parse with its LyCORIS modules taken out first: `rest` gets the
+/// keys that are not LyCORIS, and its result is merged with the LyCORIS entries.
+pub fn with_modules(
+    input: &ParseInput<'_>,
+    policy: &ScalePolicy<'_>,
+    rest: impl FnOnce(&[KeyRef]) -> super::Parsed,
+) -> super::Parsed {
+    let (entries, problems, keys) = take_modules(input, input.keys.clone(), split_key, policy);
+    let mut parsed = rest(&keys);
+    parsed.entries.extend(entries);
+    parsed.unparsed.extend(problems);
+    parsed
+}
+
+/// What `inspect` says about the structure of a LyCORIS entry: rank, LoKr factors, OFT
+/// blocks and stages, (IA)³ side, Tucker cores.
+pub fn structure(entry: &Entry) -> String {
+    let Ok(m) = module_of(entry, &BTreeMap::new()) else {
+        return "malformed".into();
+    };
+    let fac = |f: &Factor| match f {
+        Factor::Full(p) => format!("full {:?}", p.shape),
+        Factor::Product(a, b) => format!(
+            "rank {} ({}, {})",
+            b.shape.first().copied().unwrap_or(0),
+            a.shape.first().copied().unwrap_or(0),
+            b.shape.get(1).copied().unwrap_or(0)
+        ),
+        Factor::Tucker { t, .. } => format!(
+            "Tucker rank {}, kernel {:?}",
+            t.shape.first().copied().unwrap_or(0),
+            t.shape.get(2..).unwrap_or(&[])
+        ),
+    };
+    let rescale = |r: &Option<Param>| if r.is_some() { ", rescale" } else { "" };
+    match &m {
+        Module::Loha { t, .. } => format!(
+            "rank {}{}",
+            m.rank().unwrap_or(0),
+            if t.is_some() { ", Tucker cores" } else { "" }
+        ),
+        Module::Lokr { w1, w2, .. } => format!("W1 {}, W2 {}", fac(w1), fac(w2)),
+        Module::DiagOft {
+            blocks, rescale: r, ..
+        } => format!(
+            "{} blocks of {}{}",
+            blocks.shape.first().copied().unwrap_or(0),
+            blocks.shape.get(1).copied().unwrap_or(0),
+            rescale(r)
+        ),
+        Module::Boft {
+            blocks, rescale: r, ..
+        } => format!(
+            "{} stages × {} blocks of {}{}",
+            blocks.shape.first().copied().unwrap_or(0),
+            blocks.shape.get(1).copied().unwrap_or(0),
+            blocks.shape.get(2).copied().unwrap_or(0),
+            rescale(r)
+        ),
+        Module::Glora { .. } => format!("rank {}", m.rank().unwrap_or(0)),
+        Module::Ia3 { weight, on_input } => format!(
+            "{} {} channels",
+            weight.numel(),
+            if *on_input { "input" } else { "output" }
+        ),
+        Module::Full { diff } => format!("full {:?}", diff.shape),
+    }
+}
+
+/// Why entry `e` (a LyCORIS module) cannot be written in convention `to`, or `None` when it
+/// can (kohya, or `e` is not a LyCORIS module). A LoHa/LoKr/OFT/... is not a LoRA: turning
+/// one into LoRA factors is an approximation, which is `wanbake extract`'s job.
+pub fn refusal(e: &Entry, to: super::Convention) -> Option<String> {
+    use super::Convention;
+    if !e.kind.is_lycoris() || to == Convention::Kohya {
+        return None;
+    }
+    let extract = "a LyCORIS module is not a LoRA; for LoRA factors that approximate it, merge \
+                   it and run `wanbake extract` on the result";
+    let tucker =
+        e.params.contains_key(&ParamRole::HadaT1) || e.params.contains_key(&ParamRole::LokrT2);
+    Some(match (to, e.kind) {
+        (Convention::Peft, Kind::DiagOft | Kind::Boft) => format!(
+            "PEFT's OFT/BOFT are another parametrisation (input columns, another Cayley \
+             convention): not the same adapter; {extract}"
+        ),
+        (Convention::Peft, Kind::Loha | Kind::Lokr) if tucker => {
+            format!("PEFT has no Conv3d LoHa/LoKr (Tucker cores); {extract}")
+        }
+        (Convention::Peft, Kind::Loha | Kind::Lokr) => format!(
+            "writing PEFT LOHA/LOKR folders is not implemented (read them, or translate to \
+             kohya); {extract}"
+        ),
+        (Convention::Peft, _) => format!(
+            "PEFT has no LyCORIS {} module; {extract}",
+            super::bind::kind_name(e.kind)
+        ),
+        _ => format!("{to} files hold LoRA factors and diffs only; {extract}"),
+    })
+}
+
+/// Writes LyCORIS entry `i` as `<name>.<suffix>` for each of its tensors (byte for byte),
+/// `<name>.alpha` and (IA)³'s `<name>.on_input`, with an alpha that makes LyCORIS's own rule
+/// give the entry's σ exactly (a PEFT module's σ may have none: refused).
+pub fn render_module(
+    ctx: &super::translate::RenderCtx<'_>,
+    i: usize,
+    name: &str,
+    tensors: &mut Vec<super::translate::OutTensor>,
+) -> Result<(), super::EntryProblem> {
+    use super::translate::{OutData, OutTensor, alpha_linear, scalar_dtype};
+    let e = &ctx.set.entries[i];
+    let m = module_of(e, &BTreeMap::new()).map_err(|err| ctx.problem(i, err.to_string()))?;
+    let alpha = match (&e.scale_source, e.kind, m.rank()) {
+        (ScaleSource::Lycoris { .. }, _, _) | (_, Kind::DiagOft | Kind::Boft | Kind::Ia3, _) => {
+            e.alpha
+        }
+        (_, _, None) if e.scale == 1.0 => None,
+        (_, _, None) => {
+            return Err(ctx.problem(
+                i,
+                format!(
+                    "LyCORIS's rule scales a LoKr with both factors full by 1, this module's σ is {}",
+                    e.scale
+                ),
+            ));
+        }
+        (_, _, Some(_)) => Some(alpha_linear(e).ok_or_else(|| {
+            ctx.problem(
+                i,
+                format!("no alpha reproduces σ = {} as alpha/rank", e.scale),
+            )
+        })?),
+    };
+    for role in m.roles() {
+        let src = e
+            .param(role)
+            .ok_or_else(|| ctx.problem(i, format!("internal: {role:?} missing")))?;
+        let suffix = suffix_of(role).unwrap_or("weight");
+        tensors.push(ctx.param(
+            i,
+            role,
+            format!("{name}.{suffix}"),
+            src.shape.clone(),
+            false,
+        )?);
+    }
+    if let Some(a) = alpha {
+        tensors.push(OutTensor {
+            name: format!("{name}.alpha"),
+            dtype: scalar_dtype(a),
+            shape: Vec::new(),
+            data: OutData::Scalar { value: a },
+        });
+    }
+    if let Module::Ia3 { on_input, .. } = m {
+        tensors.push(OutTensor {
+            name: format!("{name}.on_input"),
+            dtype: DType::I64,
+            shape: Vec::new(),
+            data: OutData::Scalar {
+                value: f64::from(u8::from(on_input)),
+            },
+        });
+    }
+    Ok(())
 }

@@ -456,7 +456,7 @@ fn apply_user_scale(
         });
     }
     for e in &mut parsed.entries {
-        if !matches!(e.kind, Kind::Diff | Kind::DiffBias) {
+        if !matches!(e.kind, Kind::Diff | Kind::DiffBias) && !e.kind.is_lycoris() {
             e.scale = s;
             e.alpha = None;
             e.scale_source = ScaleSource::User;

@@ -3,7 +3,9 @@
 //! Owns: reading a PEFT folder (keys `base_model.model.<P>.lora_A.weight`, `.lora_B.weight`,
 //! `.lora_B.bias`, `.lora_magnitude_vector`, spec conventions.md §2) with σ from the config
 //! (`peft_config`: r, lora_alpha, use_rslora, rank/alpha patterns), checking the config
-//! against the tensors (use_dora ⇔ magnitudes, lora_bias ⇔ biases), and writing one
+//! against the tensors (use_dora ⇔ magnitudes, lora_bias ⇔ biases), reading PEFT LOHA/LOKR
+//! folders (`hada_*` / `lokr_*` factors through `lycoris::with_modules`, σ = config α/r for
+//! every module, `peft_config::LycorisPeftConfig`), and writing one
 //! (`render`, shared with diffusers through `render_peft_like`). Conv LoRA factors keep
 //! their conv shapes ((r, in, *k) / (out, r, 1, …)).
 
@@ -11,13 +13,14 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::grammar::{self, PEFT};
 use super::kinds::Kind;
+use super::lycoris::{ScalePolicy, with_modules};
 use super::names::{ModuleId, PEFT_PREFIX};
-use super::peft_config::{ConfigOrigin, ConfigPlan, LoraConfig};
+use super::peft_config::{ConfigOrigin, ConfigPlan, LoraConfig, LycorisPeftConfig, OrderedObject};
 use super::translate::{
     OutTensor, RenderCtx, Rendered, ScaleRule, alpha_linear, alpha_sqrt, conv_kernel_unknown,
     factor_shapes, kernel_of, scale_rule,
 };
-use super::{AdapterError, Convention, EntryProblem, ParamRole, ParseInput, Parsed};
+use super::{AdapterError, Convention, EntryProblem, KeyProblem, ParamRole, ParseInput, Parsed};
 
 /// Reads a PEFT adapter. The config is adapter_config.json next to the weights, or (for
 /// exporters that embed it) the `adapter_config` entry of the header metadata.
@@ -35,6 +38,17 @@ pub fn parse(input: &ParseInput<'_>) -> Result<Parsed, AdapterError> {
             });
         }
     };
+    let config_err = |reason: String| AdapterError::Config {
+        path: input.path.to_path_buf(),
+        what: what.clone(),
+        reason,
+    };
+    if let Some(cfg) = OrderedObject::parse(&text)
+        .ok()
+        .and_then(|o| LycorisPeftConfig::from_object(&o))
+    {
+        return parse_lycoris(input, &cfg.map_err(config_err)?, &what);
+    }
     let cfg =
         LoraConfig::parse(&text, ConfigOrigin::Peft).map_err(|reason| AdapterError::Config {
             path: input.path.to_path_buf(),
@@ -48,6 +62,78 @@ pub fn parse(input: &ParseInput<'_>) -> Result<Parsed, AdapterError> {
         cfg.scale_for(module.strip_prefix(PEFT_PREFIX).unwrap_or(module), rank)
     });
     check_against_config(input, &cfg, &what, &parsed)?;
+    Ok(parsed)
+}
+
+/// A PEFT LOHA/LOKR folder: every key is a LoHa (LOHA) or LoKr (LOKR) factor of a module
+/// under `base_model.model.`, σ = α/r from the config for every module (PEFT's rule, not
+/// LyCORIS's: a LoKr with both factors full is scaled too), and the decomposed factors have
+/// the config's rank.
+fn parse_lycoris(
+    input: &ParseInput<'_>,
+    cfg: &LycorisPeftConfig,
+    what: &str,
+) -> Result<Parsed, AdapterError> {
+    let rel = |m: &str| m.strip_prefix(PEFT_PREFIX).unwrap_or(m).to_string();
+    let rule = |m: &str| Ok(cfg.scale_for(&rel(m)).0);
+    let want = if cfg.peft_type == "LOHA" {
+        Kind::Loha
+    } else {
+        Kind::Lokr
+    };
+    let mut parsed = with_modules(input, &ScalePolicy::Config(&rule), |keys| Parsed {
+        unparsed: keys
+            .iter()
+            .map(|k| KeyProblem {
+                key: k.name.clone(),
+                reason: format!(
+                    "not a tensor of a PEFT {} adapter (expected `{PEFT_PREFIX}<module>.{}`)",
+                    cfg.peft_type,
+                    if want == Kind::Loha {
+                        "hada_*"
+                    } else {
+                        "lokr_*"
+                    }
+                ),
+            })
+            .collect(),
+        ..Parsed::default()
+    });
+    let mut bad = Vec::new();
+    parsed.entries.retain(|e| {
+        let (_, r) = cfg.scale_for(&rel(&e.module));
+        let reason = if !e.module.starts_with(PEFT_PREFIX) {
+            Some(format!("PEFT keys start with `{PEFT_PREFIX}`"))
+        } else if e.kind != want {
+            Some(format!(
+                "a {} module in a PEFT {} folder",
+                super::bind::kind_name(e.kind),
+                cfg.peft_type
+            ))
+        } else {
+            e.rank.filter(|&t| t != r).map(|t| {
+                format!(
+                    "the config gives module `{}` rank {r} but its factors have rank {t} (PEFT \
+                     would fail to load it)",
+                    rel(&e.module)
+                )
+            })
+        };
+        if let Some(reason) = reason {
+            bad.extend(e.source_keys.iter().map(|k| KeyProblem {
+                key: k.clone(),
+                reason: reason.clone(),
+            }));
+        }
+        bad.is_empty()
+    });
+    if let Some(first) = bad.first() {
+        return Err(AdapterError::Config {
+            path: input.path.to_path_buf(),
+            what: what.to_string(),
+            reason: format!("`{}`: {}", first.key, first.reason),
+        });
+    }
     Ok(parsed)
 }
 

@@ -224,7 +224,8 @@ impl LoraConfig {
         let peft_type = peft_type.as_ref().and_then(Value::as_str).unwrap_or("LORA");
         if peft_type != "LORA" {
             return Err(format!(
-                "peft_type is {peft_type:?}; wanbake reads LoRA adapters (peft_type \"LORA\") only"
+                "peft_type is {peft_type:?}; wanbake reads peft_type \"LORA\" adapters, and \
+                 \"LOHA\"/\"LOKR\" (LyCORIS kinds) only"
             ));
         }
         if obj.get("fan_in_fan_out").and_then(|v| v.as_bool()) == Some(true) {
@@ -322,6 +323,104 @@ impl LoraConfig {
             alpha: Some(alpha),
             source,
         })
+    }
+}
+
+/// A PEFT `LoHaConfig` / `LoKrConfig` (peft_type `LOHA` / `LOKR`): the fields that change
+/// a merge. PEFT 0.21.2 scales every module by `alpha / r` after the patterns (a LoKr with
+/// both factors full included: `tuners/lokr/layer.py`), unlike LyCORIS's own rule.
+#[derive(Clone, Debug)]
+pub struct LycorisPeftConfig {
+    /// `LOHA` or `LOKR`.
+    pub peft_type: String,
+    /// Default rank.
+    pub r: usize,
+    /// Default α.
+    pub alpha: f64,
+    /// `rank_pattern`, in file order.
+    pub rank_pattern: Vec<Pattern>,
+    /// `alpha_pattern`, in file order.
+    pub alpha_pattern: Vec<Pattern>,
+}
+
+/// LOHA/LOKR fields read, or that only shape the factors the tensors already show
+/// (`decompose_both`, `decompose_factor`), or only matter in training.
+const LYCORIS_HANDLED: &[&str] = &[
+    "peft_type",
+    "r",
+    "alpha",
+    "rank_pattern",
+    "alpha_pattern",
+    "decompose_both",
+    "decompose_factor",
+    "rank_dropout",
+    "module_dropout",
+    "rank_dropout_scale",
+    "init_weights",
+    "use_effective_conv2d",
+];
+
+impl LycorisPeftConfig {
+    /// The config, when `obj` is a LOHA/LOKR one (`None` for any other peft_type).
+    pub fn from_object(obj: &OrderedObject) -> Option<Result<LycorisPeftConfig, String>> {
+        let peft_type = obj.get("peft_type")?.as_str()?.to_string();
+        if peft_type != "LOHA" && peft_type != "LOKR" {
+            return None;
+        }
+        Some(LycorisPeftConfig::read(obj, peft_type))
+    }
+
+    fn read(obj: &OrderedObject, peft_type: String) -> Result<LycorisPeftConfig, String> {
+        for (k, v) in &obj.0 {
+            let v = v.to_value();
+            let known = LYCORIS_HANDLED.contains(&k.as_str())
+                || (INFORMATIONAL.contains(&k.as_str()) && k != "modules_to_save");
+            if !known && !is_empty_value(&v) {
+                return Err(format!(
+                    "field {k:?} is set to {v}: it selects a PEFT {peft_type} feature wanbake does \
+                     not implement (or does not know), so merging could be wrong"
+                ));
+            }
+        }
+        let r = obj
+            .get("r")
+            .and_then(|v| v.as_u64())
+            .filter(|&r| r > 0)
+            .ok_or("`r` must be a positive integer")? as usize;
+        let alpha = obj
+            .get("alpha")
+            .and_then(|v| v.as_f64())
+            .filter(|a| a.is_finite())
+            .ok_or("`alpha` must be a number")?;
+        Ok(LycorisPeftConfig {
+            peft_type,
+            r,
+            alpha,
+            rank_pattern: patterns(obj.get_raw("rank_pattern"), "rank_pattern")?,
+            alpha_pattern: patterns(obj.get_raw("alpha_pattern"), "alpha_pattern")?,
+        })
+    }
+
+    /// σ = α/r of `module` (relative to the wrapped model), with α and r after the patterns,
+    /// and the rank r the module's decomposed factors must have.
+    pub fn scale_for(&self, module: &str) -> (ScaleInfo, usize) {
+        let rank_hit = first_match(&self.rank_pattern, module);
+        let alpha_hit = first_match(&self.alpha_pattern, module);
+        let r = rank_hit.map_or(self.r, |p| p.value as usize);
+        let alpha = alpha_hit.map_or(self.alpha, |p| p.value);
+        let source = match alpha_hit.or(rank_hit) {
+            Some(p) => ScaleSource::PeftPattern {
+                pattern: p.key.clone(),
+                rslora: false,
+            },
+            None => ScaleSource::PeftConfig { rslora: false },
+        };
+        let info = ScaleInfo {
+            scale: alpha / r as f64,
+            alpha: Some(alpha),
+            source,
+        };
+        (info, r)
     }
 }
 

@@ -32,6 +32,24 @@ pub struct ScaleGroup {
     pub entries: usize,
 }
 
+/// One LyCORIS module, as `inspect` lists it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LycorisLine {
+    /// Adapter module.
+    pub module: String,
+    /// Kind (`loha`, `lokr`, `diag-oft`, `boft`, `glora`, `ia3`).
+    pub kind: String,
+    /// Rank, LoKr factors, OFT blocks and stages, (IA)³ side.
+    pub structure: String,
+    /// σ applied once to LoHa/LoKr/GLoRA (1 for the others).
+    pub scale: f64,
+    /// The rule that gave σ, and why (`LoKr, both factors full: scale 1, stored alpha 4
+    /// ignored`; the OFT constraint).
+    pub rule: String,
+    /// The WAN base weight its name resolves to (diffusers name), when it is a WAN module.
+    pub target: Option<String>,
+}
+
 /// One bound entry.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct BoundLine {
@@ -93,6 +111,9 @@ pub struct AdapterReport {
     pub notes: Vec<String>,
     /// Keys no entry consumed.
     pub unparsed: Vec<KeyProblem>,
+    /// Every LyCORIS module (empty for LoRA-family adapters).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lycoris: Vec<LycorisLine>,
     /// Against each base component, with `--base`.
     pub bindings: Vec<BaseBinding>,
 }
@@ -170,8 +191,19 @@ pub fn describe(set: &AdapterSet) -> AdapterReport {
     let mut ranks = BTreeMap::new();
     let mut rank_by_module = BTreeMap::new();
     let mut targets = BTreeMap::new();
+    let mut lycoris = Vec::new();
     for (e, id) in set.entries.iter().zip(&ids) {
         *kinds.entry(kind_name(e.kind).to_string()).or_insert(0) += 1;
+        if e.kind.is_lycoris() {
+            lycoris.push(LycorisLine {
+                module: e.module.clone(),
+                kind: kind_name(e.kind).into(),
+                structure: super::lycoris::structure(e),
+                scale: e.scale,
+                rule: scale_source_text(&e.scale_source),
+                target: id.as_ref().map(|i| format!("{}.weight", i.display())),
+            });
+        }
         if let Some(r) = e.rank {
             *ranks.entry(r).or_insert(0) += 1;
             rank_by_module.insert(e.module.clone(), r);
@@ -194,6 +226,7 @@ pub fn describe(set: &AdapterSet) -> AdapterReport {
         made_for: guess(set),
         notes: set.notes.clone(),
         unparsed: set.unparsed.clone(),
+        lycoris,
         bindings: Vec::new(),
     }
 }
@@ -301,6 +334,7 @@ fn scale_source_text(s: &ScaleSource) -> String {
         ScaleSource::NnxMetadata => "lora_alpha/lora_rank metadata".into(),
         ScaleSource::User => "given with --scale".into(),
         ScaleSource::Unscaled => "unscaled full delta".into(),
+        ScaleSource::Lycoris { rule } => format!("LyCORIS rule: {rule}"),
     }
 }
 
@@ -361,6 +395,18 @@ pub fn render_text(r: &AdapterReport) -> String {
         (None, true) => format!("unknown ({} module names)", r.made_for.family),
     };
     let _ = writeln!(s, "    made for:   {made_for}");
+    for l in &r.lycoris {
+        let target = l.target.as_deref().unwrap_or("no WAN module of that name");
+        let _ = writeln!(
+            s,
+            "    lycoris:    {} ({}, {}): σ {} ({}) → {target}",
+            l.module,
+            l.kind,
+            l.structure,
+            fmt_f(l.scale),
+            l.rule
+        );
+    }
     for n in &r.notes {
         let _ = writeln!(s, "    note:       {n}");
     }

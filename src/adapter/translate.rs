@@ -280,8 +280,20 @@ pub struct TranslateOutcome {
     pub notes: Vec<String>,
 }
 
-/// Renders `set` in convention `to`.
+/// Renders `set` in convention `to`. LyCORIS modules only go to kohya (`lora_unet_…`, the
+/// same tensors); every other target is refused for them before its renderer runs, each
+/// module listed with the reason (`adapter::lycoris::refusal`).
 pub fn render(ctx: &RenderCtx<'_>, to: Convention) -> Result<Rendered, Vec<EntryProblem>> {
+    let lycoris: Vec<EntryProblem> = ctx
+        .set
+        .entries
+        .iter()
+        .enumerate()
+        .filter_map(|(i, e)| super::lycoris::refusal(e, to).map(|r| ctx.problem(i, r)))
+        .collect();
+    if !lycoris.is_empty() {
+        return Err(lycoris);
+    }
     match to {
         Convention::Peft => super::peft::render(ctx),
         Convention::Diffusers => super::diffusers::render(ctx),
@@ -435,6 +447,7 @@ fn tensor_bytes(set: &AdapterSet, t: &OutTensor) -> anyhow::Result<Vec<u8>> {
     match &t.data {
         OutData::Scalar { value } => Ok(match t.dtype {
             DType::F64 => value.to_le_bytes().to_vec(),
+            DType::I64 => (*value as i64).to_le_bytes().to_vec(),
             _ => (*value as f32).to_le_bytes().to_vec(),
         }),
         OutData::Param {

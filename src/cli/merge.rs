@@ -44,6 +44,9 @@ STRENGTH
   weight, ComfyUI). --dora-strength peft: the strength sits inside the norm,
   W' = m*(W + a*s*B*A)/||W + a*s*B*A|| (PEFT, diffusers fuse_lora(lora_scale=a), SA3
   lora_strength). The two agree at a = 1 and for every non-DoRA kind.
+  LyCORIS kinds follow the same rule. LyCORIS's own multiplier agrees for LoHa, LoKr,
+  GLoRA, (IA)3 and full, but interpolates each rotation for Diag-OFT/BOFT (R <- aR+(1-a)I),
+  which differs from the rule at a != 1 (README, section LyCORIS).
 
 DTYPES
   --dtype keep (default) keeps every tensor's stored dtype; bf16/f16 narrow except what the

@@ -2,9 +2,9 @@
 //!
 //! Owns: `MergeError`. Every variant names the adapter file (or the base tensor), the key,
 //! what was expected and what was found, and where the cause is recognisable, what to do.
-//! Every variant except `NonFiniteResult`, `Convert`, `Encode`, `Svd` and `Write` is raised while
-//! planning, before the output directory exists; those five are raised while writing, and the temporary
-//! output is then discarded.
+//! Every variant except `NonFiniteResult`, `Convert`, `Encode`, `Svd`, `Lycoris` and `Write` is
+//! raised while planning, before the output directory exists; those six are raised while writing,
+//! and the temporary output is then discarded.
 
 use std::path::PathBuf;
 
@@ -36,6 +36,16 @@ pub enum MergeError {
     /// An adapter could not be opened or bound to the base.
     #[error(transparent)]
     Adapter(Box<crate::adapter::AdapterError>),
+    /// A LyCORIS module whose effective weight could not be computed (shapes were checked
+    /// when binding; this is raised while writing, and the temporary output is discarded).
+    #[error("{}: {source}", adapter.display())]
+    Lycoris {
+        /// The adapter.
+        adapter: PathBuf,
+        /// The module and why.
+        #[source]
+        source: crate::adapter::lycoris::LycorisError,
+    },
     /// A bug: an invariant of the plan did not hold.
     #[error("internal error: {0}")]
     Internal(String),

@@ -4,7 +4,8 @@
 //! Owns: the job loop (rayon across jobs; every job's own arithmetic is sequential, so the
 //! bytes never depend on the thread count), the route each target takes ([`Compute`]), the
 //! band reader of base rows (dtype widening, the MLX Conv1d row permutation), loading an
-//! entry's tensors, the -xs bases (through the SVD cache when one is given, computed by the
+//! entry's tensors (for a LyCORIS entry: its whole `f(W0) − W0` from `merge::lycoris`, added
+//! like a diff, since OFT/BOFT mix rows across bands), the -xs bases (through the SVD cache when one is given, computed by the
 //! CPU SVD on a miss, on every route), and writing each band or whole tensor into its slot. Does
 //! not own: the formulas (`merge::math`) or the whole-tensor program (`merge::device`), the
 //! kernel that copies and converts untouched tensors (`model::transform`), or the atomic
@@ -12,7 +13,8 @@
 //!
 //! Memory: a worker holds a few bands of at most [`BAND_ELEMS`] f32 values (W0, the
 //! accumulator, V), the factors of the target it works on, and, for -xs kinds, the target's
-//! SVD bases (the SVD itself needs the whole weight). A base tensor's mapped pages are
+//! SVD bases (the SVD itself needs the whole weight), or for LyCORIS kinds the target's
+//! whole W0 and delta (f32). A base tensor's mapped pages are
 //! dropped once its last job is done, and an adapter tensor's once it is loaded, so the
 //! resident set does not grow with the model. A merged tensor written through a permuting
 //! layout (`--layout nnx`) is the exception: it is assembled whole (f32) before it is
@@ -38,9 +40,11 @@ use rayon::prelude::*;
 
 use super::device::{BaseWeight, Compute, Lanes, MAX_LANES, merge_whole, reference_lanes};
 use super::error::MergeError;
+use super::lycoris::delta_scaled;
 use super::math::{Factors, Form, SA3_EPS, Scratch, Update, add_contribution, column_scales};
 use super::plan::{BoundAdapter, Contribution, Job, MergePlan, RowOrder, Target};
 use super::report::SvdReport;
+use crate::adapter::lycoris::{LycorisError, module_of};
 use crate::adapter::{AdapterSet, Kind, ParamRole, TensorSource};
 use crate::backend::Backend;
 use crate::io::dtype::{narrow_from_f32, widen_to_f32};
@@ -470,6 +474,15 @@ impl Exec<'_> {
             for (&role, src) in &entry.params {
                 params.insert(role, load_param(set, src)?);
             }
+            if c.kind.is_lycoris() {
+                let delta = lycoris_delta(t, rows, entry, &params).map_err(|source| {
+                    MergeError::Lycoris {
+                        adapter: set.path.clone(),
+                        source,
+                    }
+                })?;
+                params = BTreeMap::from([(ParamRole::Diff, delta?)]);
+            }
             let xs = if c.kind.is_xs() {
                 let b = match bases.get(&c.rank) {
                     Some(b) => b.clone(),
@@ -705,6 +718,13 @@ impl Loaded {
             scale: sigma,
         };
         let form = match c.kind {
+            // σ is already inside the LyCORIS delta (`merge::lycoris`).
+            Kind::Loha | Kind::Lokr | Kind::DiagOft | Kind::Boft | Kind::Glora | Kind::Ia3 => {
+                return Update::Full {
+                    diff: self.get(ParamRole::Diff),
+                    scale: 1.0,
+                };
+            }
             Kind::Diff => return full(ParamRole::Diff),
             Kind::DiffBias => return full(ParamRole::DiffBias),
             Kind::LoraBias => return full(ParamRole::LoraBias),
@@ -744,6 +764,22 @@ impl Loaded {
             form,
         }
     }
+}
+
+/// `f(W0) − W0` of a LyCORIS entry on the whole target (`merge::lycoris`, with the entry's
+/// σ), from its loaded tensors. The outer error is the module's, the inner a read of W0.
+fn lycoris_delta(
+    t: &Target,
+    rows: &BaseRows<'_>,
+    entry: &crate::adapter::Entry,
+    params: &BTreeMap<ParamRole, Vec<f32>>,
+) -> Result<Result<Vec<f32>, MergeError>, LycorisError> {
+    let m = module_of(entry, params)?;
+    let mut W0 = vec![0.0f32; t.out * t.inp];
+    if let Err(e) = rows.read(0, t.out, &mut W0) {
+        return Ok(Err(e));
+    }
+    delta_scaled(&m, &entry.module, &W0, &t.shape, entry.scale).map(Ok)
 }
 
 /// The bytes of one layer of a stacked tensor (or the whole tensor).

@@ -25,12 +25,26 @@
 use crate::adapter::lycoris::{Factor, LycorisError, Module, Param};
 
 /// `f(W0) − W0` on the (out, in') view of `w0` (`target` is the target's full shape,
-/// `out = target[0]`), rounded once to f32 per element.
+/// `out = target[0]`), rounded once to f32 per element, with LyCORIS's own scale rule
+/// (`Module::scale_rule`).
 pub fn delta(
     m: &Module,
     module: &str,
     w0: &[f32],
     target: &[usize],
+) -> Result<Vec<f32>, LycorisError> {
+    delta_scaled(m, module, w0, target, m.scale_rule().scale)
+}
+
+/// `delta` with the scale `s` of LoHa/LoKr/GLoRA given by the caller (the entry's σ: a
+/// PEFT LOHA/LOKR folder scales by its config's alpha/r, not by LyCORIS's rule). The other
+/// kinds have no scale and ignore `s`.
+pub fn delta_scaled(
+    m: &Module,
+    module: &str,
+    w0: &[f32],
+    target: &[usize],
+    s: f64,
 ) -> Result<Vec<f32>, LycorisError> {
     let kind = m.kind_name();
     let err = |what: String| LycorisError::Shape {
@@ -48,7 +62,6 @@ pub fn delta(
         )));
     }
     let inp = numel / out;
-    let s = m.scale_rule().scale;
     match m {
         Module::Loha {
             w1_a,

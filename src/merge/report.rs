@@ -141,5 +141,6 @@ pub fn scale_source_label(s: &ScaleSource) -> String {
         ScaleSource::NnxMetadata => "nnx_metadata".into(),
         ScaleSource::User => "user".into(),
         ScaleSource::Unscaled => "unscaled".into(),
+        ScaleSource::Lycoris { .. } => "lycoris_rule".into(),
     }
 }
