@@ -11,6 +11,7 @@
 pub mod adapter;
 pub mod bake;
 pub mod convert;
+pub mod extract;
 pub mod gpu;
 pub mod inspect;
 pub mod io;

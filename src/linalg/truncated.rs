@@ -111,8 +111,9 @@ pub fn top_singular(
 }
 
 /// The exact SVD of the product `B·A` ((m, r)·(r, n), f64) from its factors: thin QR of `B`
-/// and `Aᵀ`, the SVD of the r×r core `R_B·R_Aᵀ`, and the vectors mapped back. Every singular
-/// value is returned (`complete`); at most `r` are non-zero.
+/// and `Aᵀ`, the SVD of the r×r core `R_B·R_Aᵀ`, and the vectors mapped back. `S` holds the
+/// r singular values of the product, the others are zero, so the result counts as
+/// `complete` (every non-zero value present).
 pub fn factored_top_singular(
     B: MatRef<'_, f64>,
     A: MatRef<'_, f64>,
@@ -161,7 +162,7 @@ pub fn factored_top_singular(
         U,
         S: core.S,
         V,
-        complete: false,
+        complete: true,
     })
 }
 
