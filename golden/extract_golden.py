@@ -18,7 +18,8 @@ Wan names, f32). Outputs, all in golden/extract/ (about 300 KB):
 - expect.json: for every tensor that differs (reference ΔW = f64(tuned) − f64(base)): the
   singular values, and for each rank R in RANKS the retained energy Σ_{i<R} σ_i² / ‖ΔW‖_F² and
   rel_error = ‖ΔW − ΔW_R‖_F / ‖ΔW‖_F; for each F in ENERGIES the smallest rank whose energy is
-  ≥ F. The script checks every pick sits at least 1e-4 away from its threshold.
+  ≥ F. The script checks every pick sits at least 1e-4 away from its threshold. `budgets`: the
+  ranks `--budget B` must give for each B in BUDGETS (greedy by σ², see budget_ranks).
 - expect_trunc.safetensors: `r{R}.<name>` = the truncated product ΔW_R (f32) for R in
   TRUNC_RANKS.
 - resize_lora.safetensors: a ComfyUI-convention LoRA (`diffusion_model.` prefix) with modules
@@ -49,6 +50,10 @@ ENERGIES = [0.9, 0.99, 0.999]
 RESIZE_RANK = 3
 RESIZE_ENERGY = 0.95
 STRENGTHS = ["1", "0.5"]
+# `--budget` cases (bytes of tensor data): ranks by largest σ², each rank of an (out, in)
+# module costing (out + in)·4 bytes, plus 4 for its .alpha with the first rank; the full
+# differences (f32) are paid first.
+BUDGETS = [6000, 12000]
 
 # Planted Linear deltas: original-Wan weight name → singular values.
 PLANTED = {
@@ -129,7 +134,37 @@ def extract_expectations(base: dict, tuned: dict) -> tuple[dict, dict]:
                 trunc[f"r{r}.{name}"] = ((u[:, :k] * s[:k]) @ vt[:k]).astype(np.float32)
         else:
             diffs[name] = {"shape": list(d.shape), "norm": float(np.sqrt(np.sum(d * d)))}
-    return {"ranks": RANKS, "energies": ENERGIES, "modules": modules, "diffs": diffs}, trunc
+    fixed = sum(4 * int(np.prod(d["shape"])) for d in diffs.values())
+    budgets = {str(b): budget_ranks(modules, b - fixed) for b in BUDGETS}
+    return {"ranks": RANKS, "energies": ENERGIES, "modules": modules, "diffs": diffs,
+            "budgets": budgets, "fixed_bytes": fixed}, trunc
+
+
+def budget_ranks(modules: dict, budget: int) -> dict:
+    """Greedy allocation written out plainly: at each step, over all modules whose next rank
+    still fits, the largest next σ² (ties: the module first in name order)."""
+    names = sorted(modules)
+    ranks = {n: 0 for n in names}
+    stopped = set()
+    while True:
+        best = None
+        for n in names:
+            s = modules[n]["singular_values"]
+            r = ranks[n]
+            if n in stopped or r >= len(s):
+                continue
+            if best is None or s[r] ** 2 > best[0]:
+                best = (s[r] ** 2, n)
+        if best is None:
+            return ranks
+        n = best[1]
+        out, inp = modules[n]["shape"]
+        cost = (out + inp) * 4 + (4 if ranks[n] == 0 else 0)
+        if cost > budget:
+            stopped.add(n)
+            continue
+        budget -= cost
+        ranks[n] += 1
 
 
 RESIZE_MODULES = {
