@@ -84,10 +84,10 @@ mod tests {
 
     #[test]
     fn largest_marginal_energy_first() {
-        let a = [1.0, 0.5, 0.1];
-        let b = [0.8, 0.7, 0.6];
+        let a: &'static [f64] = &[1.0, 0.5, 0.1];
+        let b: &'static [f64] = &[0.8, 0.7, 0.6];
         let c = |s: &'static [f64]| Candidate { s, per_rank: 10 };
-        let cands = [c(&a), c(&b)];
+        let cands = [c(a), c(b)];
         // 1.0², 0.8², 0.7², 0.6², 0.5², ... each 10 bytes (+4 for a first rank).
         assert_eq!(allocate(&cands, 0), vec![0, 0]);
         assert_eq!(allocate(&cands, 14), vec![1, 0]);
@@ -97,13 +97,10 @@ mod tests {
         assert_eq!(allocate(&cands, 1000), vec![3, 3]);
         // A module too expensive for what is left stops; a cheaper one goes on.
         let big = Candidate {
-            s: &a,
+            s: a,
             per_rank: 100,
         };
-        let small = Candidate {
-            s: &b,
-            per_rank: 10,
-        };
+        let small = Candidate { s: b, per_rank: 10 };
         let mixed = [big, small];
         assert_eq!(allocate(&mixed, 110), vec![1, 0]);
         assert_eq!(allocate(&mixed, 130), vec![1, 2]);
