@@ -480,3 +480,51 @@ fn adapters_become_one_plain_lora() {
         "the intermediate merge is removed"
     );
 }
+
+#[test]
+fn a_bake_check_sees_the_activation_error_of_an_extracted_adapter() {
+    // Issue 15 item 4 with what bake already has: the tuned model's own forward
+    // (`wanbake run`) is the expected output of a [[check]] on base + extracted adapter.
+    // At a covering rank the forward matches; at rank 1 the check fails and says by how much.
+    let dir = tmp();
+    let config = golden("models/t2v/config.json").display().to_string();
+    let inputs = golden("runner/t2v__inputs.safetensors")
+        .display()
+        .to_string();
+    let t = tuned();
+    ok(run(
+        dir.path(),
+        &[
+            "run",
+            "--model",
+            &t,
+            "--config",
+            &config,
+            "--inputs",
+            &inputs,
+            "--out",
+            "tuned_forward.safetensors",
+            "-q",
+        ],
+    ));
+    for (rank, passes) in [("8", true), ("1", false)] {
+        let out = format!("r{rank}");
+        extract_json(dir.path(), &out, &["--rank", rank]);
+        let recipe = format!(
+            "[base]\npath = {:?}\n[[adapter]]\npath = \"{out}/lora.safetensors\"\n\
+             [output]\ndir = \"baked{rank}\"\ndtype = \"f32\"\n[[check]]\n\
+             name = \"extracted-vs-tuned\"\ninputs = {inputs:?}\n\
+             expected = \"tuned_forward.safetensors\"\ntolerance = 1e-4\n",
+            golden("models/t2v").display().to_string()
+        );
+        let path = dir.path().join(format!("bake{rank}.toml"));
+        std::fs::write(&path, recipe).unwrap();
+        let (code, stdout, err) = parts(&run(dir.path(), &["bake", path.to_str().unwrap()]));
+        let verdict = if passes { "passed" } else { "FAILED" };
+        assert!(
+            stdout.contains(&format!("check extracted-vs-tuned: {verdict}")),
+            "rank {rank}: {stdout}\n{err}"
+        );
+        assert_eq!(code == 0, passes, "rank {rank}: exit {code}");
+    }
+}
