@@ -263,6 +263,28 @@ fn a_diffusers_base_pairs_with_an_original_wan_tuned_model() {
         std::fs::read(weights(&dir.path().join("y"))).unwrap(),
     );
     assert_eq!(x, y, "the same adapter whatever the base's layout");
+    // And from MaxDiffusion's scanned NNX layout (stacked (L, ...) kernels, transposed).
+    let g = golden("models/t2v").display().to_string();
+    ok(run(
+        dir.path(),
+        &[
+            "restack",
+            &g,
+            "--to",
+            "nnx-scanned",
+            "--dtype",
+            "f32",
+            "--out",
+            "nnx",
+            "-q",
+        ],
+    ));
+    let args = [
+        "extract", "--base", "nnx", "--tuned", &t, "--rank", "4", "--out", "z", "-q",
+    ];
+    ok(run(dir.path(), &args));
+    let z = std::fs::read(weights(&dir.path().join("z"))).unwrap();
+    assert_eq!(z, y, "the same adapter from an nnx-scanned base");
 }
 
 #[test]

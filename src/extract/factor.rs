@@ -54,13 +54,21 @@ impl Spectrum {
         retained(&self.top.S, self.total, r, self.top.complete)
     }
 
-    /// The factors of rank `r ≤ S.len()`, each element rounded once from f64 to f32.
+    /// Drops the singular vectors beyond the first `r` (the values stay, for the report).
+    pub fn keep_vectors(&mut self, r: usize) {
+        let r = r.min(self.top.U.ncols());
+        self.top.U = self.top.U.get(.., ..r).to_owned();
+        self.top.V = self.top.V.get(.., ..r).to_owned();
+    }
+
+    /// The factors of rank `r` (at most the vectors kept), each element rounded once from f64
+    /// to f32.
     #[track_caller]
     pub fn factors(&self, r: usize) -> Factors {
         assert!(
-            r <= self.top.S.len(),
-            "rank {r} > {} computed",
-            self.top.S.len()
+            r <= self.top.U.ncols(),
+            "rank {r} > {} vectors kept",
+            self.top.U.ncols()
         );
         let (U, S, V) = (&self.top.U, &self.top.S, &self.top.V);
         let mut B = Vec::with_capacity(self.out * r);

@@ -107,31 +107,15 @@ pub fn extract(req: &ExtractRequest) -> Result<ExtractOutcome, ExtractError> {
     let (bset, tset) = models.sets()?;
     let pairs = pair_models(&req.base, bset, &req.tuned, tset)?;
     let sides = ((req.base.as_path(), bset), (req.tuned.as_path(), tset));
-    let diffs = full_differences(&pairs, sides)?;
+    let (kept_diffs, mut left_out) = split_diffs(full_differences(&pairs, sides)?, &pairs, req)?;
     let linear = linear_deltas(&pairs, sides, req)?;
-    if diffs.is_empty() && linear.is_empty() {
+    if kept_diffs.is_empty() && left_out.is_empty() && linear.is_empty() {
         return Err(ExtractError::NothingDiffers {
             base: req.base.clone(),
             tuned: req.tuned.clone(),
             count: pairs.len(),
         });
     }
-    let mut left_out = Vec::new();
-    let kept_diffs = if req.to == Convention::Peft {
-        if !req.linear_only && !diffs.is_empty() {
-            return Err(ExtractError::Inexpressible {
-                to: req.to.to_string(),
-                tensors: diffs
-                    .iter()
-                    .map(|(i, _)| pairs[*i].canonical.clone())
-                    .collect(),
-            });
-        }
-        left_out.extend(diffs.iter().map(|(i, _)| pairs[*i].canonical.clone()));
-        Vec::new()
-    } else {
-        diffs
-    };
     let ranks = choose_ranks(&linear, &kept_diffs, req)?;
     let (items, mut report) = assemble(&pairs, &linear, &ranks, kept_diffs, req.to);
     for ((i, _), &r) in linear.iter().zip(&ranks) {
@@ -153,6 +137,29 @@ pub fn extract(req: &ExtractRequest) -> Result<ExtractOutcome, ExtractError> {
         dir: release,
         report,
     })
+}
+
+/// The full differences to write, and those left out: `--to peft` refuses them (before any
+/// SVD runs) unless `--linear-only`, which leaves them out.
+fn split_diffs(
+    diffs: Vec<(usize, Vec<f32>)>,
+    pairs: &[Pair],
+    req: &ExtractRequest,
+) -> Result<(Vec<(usize, Vec<f32>)>, Vec<String>), ExtractError> {
+    if req.to != Convention::Peft {
+        return Ok((diffs, Vec::new()));
+    }
+    let names: Vec<String> = diffs
+        .iter()
+        .map(|(i, _)| pairs[*i].canonical.clone())
+        .collect();
+    if !req.linear_only && !names.is_empty() {
+        return Err(ExtractError::Inexpressible {
+            to: req.to.to_string(),
+            tensors: names,
+        });
+    }
+    Ok((Vec::new(), names))
 }
 
 fn method_name(m: TruncMethod) -> &'static str {
@@ -200,13 +207,17 @@ fn linear_deltas(
             let rule = req
                 .rule
                 .filter(|r| req.budget.is_none() || r.rank.is_some());
-            let s =
+            let mut s =
                 spectrum(&d, out, inp, rule.as_ref(), max_rank, req.method).map_err(|source| {
                     ExtractError::Svd {
                         module: p.canonical.clone(),
                         source,
                     }
                 })?;
+            if let (Some(rule), None) = (rule, req.budget) {
+                // The rank is known now: keep only the vectors the factors need.
+                s.keep_vectors(rule.pick(&s.top.S, s.total, s.top.S.len()));
+            }
             Ok(Some((i, s)))
         })
         .collect::<Result<_, ExtractError>>()?;
