@@ -114,18 +114,24 @@ pub fn resize(req: &ResizeRequest) -> Result<ExtractOutcome, ExtractError> {
     Ok(ExtractOutcome { dir, report })
 }
 
-/// Only plain LoRA modules and full differences can be resized / kept.
+/// Only plain LoRA modules, full differences and unscaled bias deltas can be resized / kept.
 fn check_kinds(set: &AdapterSet) -> Result<(), ExtractError> {
     let other: Vec<String> = set
         .entries
         .iter()
         .filter(|e| {
-            !matches!(
-                e.kind,
-                Kind::Lora | Kind::Diff | Kind::DiffBias | Kind::LoraBias
-            )
+            // A σ-scaled lora_B.bias would follow its module's σ, which resize folds to 1.
+            let scaled_bias = e.kind == Kind::LoraBias && e.scale != 1.0;
+            scaled_bias
+                || !matches!(
+                    e.kind,
+                    Kind::Lora | Kind::Diff | Kind::DiffBias | Kind::LoraBias
+                )
         })
-        .map(|e| format!("{} ({})", e.module, kind_name(e.kind)))
+        .map(|e| match e.kind {
+            Kind::LoraBias => format!("{} (lora_B.bias scaled by σ = {})", e.module, e.scale),
+            k => format!("{} ({})", e.module, kind_name(k)),
+        })
         .collect();
     if other.is_empty() {
         return Ok(());
