@@ -139,13 +139,16 @@ pub fn extract(req: &ExtractRequest) -> Result<ExtractOutcome, ExtractError> {
     })
 }
 
+/// (pair index, f32 difference) of the non-Linear parameters that differ.
+type Diffs = Vec<(usize, Vec<f32>)>;
+
 /// The full differences to write, and those left out: `--to peft` refuses them (before any
 /// SVD runs) unless `--linear-only`, which leaves them out.
 fn split_diffs(
-    diffs: Vec<(usize, Vec<f32>)>,
+    diffs: Diffs,
     pairs: &[Pair],
     req: &ExtractRequest,
-) -> Result<(Vec<(usize, Vec<f32>)>, Vec<String>), ExtractError> {
+) -> Result<(Diffs, Vec<String>), ExtractError> {
     if req.to != Convention::Peft {
         return Ok((diffs, Vec::new()));
     }
