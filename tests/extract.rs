@@ -550,3 +550,24 @@ fn a_bake_check_sees_the_activation_error_of_an_extracted_adapter() {
         assert_eq!(code == 0, passes, "rank {rank}: exit {code}");
     }
 }
+
+#[test]
+fn resize_refuses_what_it_cannot_reduce_and_writes_nothing() {
+    let dir = tmp();
+    let dora = golden("adapters/peft_dora").display().to_string();
+    let (code, _, err) = parts(&run(
+        dir.path(),
+        &["resize", &dora, "--rank", "2", "--out", "o"],
+    ));
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("resize reduces plain LoRA modules") && err.contains("extract"),
+        "{err}"
+    );
+    let lora = golden("extract/resize_lora.safetensors")
+        .display()
+        .to_string();
+    let (code, _, err) = parts(&run(dir.path(), &["resize", &lora, "--out", "o"]));
+    assert_ne!(code, 0, "no rank rule: {err}");
+    assert_eq!(common::tree(dir.path()), Vec::<String>::new());
+}
