@@ -304,8 +304,12 @@ pub fn render(ctx: &RenderCtx<'_>, to: Convention) -> Result<Rendered, Vec<Entry
     }
 }
 
-/// Module ids of every entry: bound against the base, or from the name tables.
-fn module_ids(set: &mut AdapterSet, base: Option<&Path>) -> Result<Vec<ModuleId>, TranslateError> {
+/// Module ids of every entry: bound against the base, or from the name tables (also used by
+/// `extract::resize`).
+pub fn module_ids(
+    set: &mut AdapterSet,
+    base: Option<&Path>,
+) -> Result<Vec<ModuleId>, TranslateError> {
     let Some(base) = base else {
         return Ok(resolve_names(set)?);
     };
@@ -443,7 +447,7 @@ fn write(
 }
 
 /// The bytes of one output tensor.
-fn tensor_bytes(set: &AdapterSet, t: &OutTensor) -> anyhow::Result<Vec<u8>> {
+pub fn tensor_bytes(set: &AdapterSet, t: &OutTensor) -> anyhow::Result<Vec<u8>> {
     match &t.data {
         OutData::Scalar { value } => Ok(match t.dtype {
             DType::F64 => value.to_le_bytes().to_vec(),

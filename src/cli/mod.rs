@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 pub mod bake;
 pub mod convert;
 pub mod device;
+pub mod extract;
 pub mod inspect;
 pub mod merge;
 pub mod output;
@@ -89,6 +90,10 @@ pub enum Command {
     Bake(bake::Args),
     /// Sign a release folder (OpenSSF model signing bundle, ECDSA key; `verify --public-key`).
     Sign(sign::Args),
+    /// Extract a LoRA from a fine-tune (tuned − base, or base + adapters), by rank, energy or budget.
+    Extract(extract::ExtractArgs),
+    /// Reduce a LoRA's ranks (best rank-R approximation of σ·B·A), in its own convention.
+    Resize(extract::ResizeArgs),
 }
 
 /// Runs the parsed command line.
@@ -119,6 +124,8 @@ pub fn execute(cli: Cli) -> anyhow::Result<Status> {
         Command::Run(a) => shown(a.json, quiet, a, run::execute),
         Command::Bake(a) => shown(a.json, quiet, a, bake::execute),
         Command::Sign(a) => shown(a.json, quiet, a, sign::execute),
+        Command::Extract(a) => shown(a.json, quiet, a, extract::execute_extract),
+        Command::Resize(a) => shown(a.json, quiet, a, extract::execute_resize),
     }
 }
 

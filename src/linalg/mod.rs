@@ -3,7 +3,8 @@
 //! Owns: the exact, deterministic thin SVD and the LoRA-XS bases built from it (`svd`), SA3's
 //! sign convention for singular vectors (`signs`), the content-addressed basis cache
 //! (`cache`), the low-rank update kernels `W ← W + s·B·A` and `W ← W + s·U·M·Vᵀ` (`lowrank`),
-//! and row/column norms (`norms`). Does not own: adapter formulas (`adapter`), tensor I/O
+//! row/column norms (`norms`), and the leading singular triplets, exact or randomized, for
+//! extraction and rank reduction (`truncated`). Does not own: adapter formulas (`adapter`), tensor I/O
 //! (`io`) or the GPU backend (`gpu`).
 //!
 //! Every function takes its parallelism as an explicit [`faer::Par`] and never reads faer's
@@ -15,6 +16,7 @@ pub mod lowrank;
 pub mod norms;
 pub mod signs;
 pub mod svd;
+pub mod truncated;
 
 pub use cache::{
     BasisKey, CacheError, CacheOutcome, CacheProblem, CachedBases, SvdCache, basis_key,
@@ -26,3 +28,4 @@ pub use lowrank::{
 pub use norms::{col_norms, col_norms_into, row_norms, row_norms_into};
 pub use signs::{SignFloat, canonicalize_signs, canonicalize_signs_mat};
 pub use svd::{LinalgError, SVD_PARTITION_DEGREE, XsBases, xs_bases};
+pub use truncated::{TopSingular, TruncMethod, factored_top_singular, top_singular};

@@ -1,0 +1,234 @@
+//! `wanbake extract --base BASE (--tuned TUNED | --adapter PATH[:S]...) --out DIR
+//! (--rank R | --energy F | --budget SIZE) [--to comfy|peft] [--linear-only] [--svd ..]
+//! [--overwrite] [--json]` and `wanbake resize ADAPTER (--rank R | --energy F) --out DIR
+//! [--base BASE] [--overwrite] [--json]`: clap values → `extract::ExtractRequest` /
+//! `extract::ResizeRequest`, then the per-module table.
+
+use std::path::PathBuf;
+
+use super::device::DeviceArg;
+use super::{Printer, Status, UsageError, output};
+use wanbake::adapter::{AdapterOptions, Convention};
+use wanbake::extract::{
+    ExtractError, ExtractOutcome, ExtractReport, ExtractRequest, FromAdapters, RankRule,
+    ResizeRequest, extract, extract_from_adapters, resize,
+};
+use wanbake::io::Checkpoint;
+use wanbake::io::staging::Replace;
+use wanbake::linalg::TruncMethod;
+use wanbake::merge::{AdapterSpec, MergeOptions, OptionsText, bind_specs};
+
+const EXTRACT_HELP: &str = "\
+OUTPUT
+  Every 2-D Linear weight that differs becomes a LoRA: the truncated SVD of
+  dW = W_tuned - W_base (f64), B = U_r*S_r (lora_up / lora_B), A = V_r^T (lora_down /
+  lora_A), f32, alpha = r (scale 1). Every other differing tensor (biases, norms,
+  modulation tables, the Conv3d patch embedding) is a full difference: diff / diff_b.
+  --to comfy (default): diffusion_model.<original Wan name>.lora_down.weight, .lora_up.weight,
+  .alpha, .diff, .diff_b. --to peft: adapter_model.safetensors + adapter_config.json; PEFT
+  cannot hold full differences, so they are refused (listed) unless --linear-only.
+
+RANKS
+  --rank R: at most R per module. --energy F: the smallest rank keeping >= F of
+  ||dW||_F^2 (with --rank R too: the smaller). --budget SIZE (\"200MB\", bytes of tensor
+  data): ranks across all modules by largest marginal energy (sigma^2) until the budget is
+  spent (--rank R caps each module). The report (--json, and the manifest) lists rank,
+  energy and rel_error = ||dW - dW_r||_F / ||dW||_F per module.
+
+TUNED SIDE
+  --tuned CHECKPOINT, or --adapter PATH[:STRENGTH] (repeatable): the tuned model is
+  base + adapters, merged exactly by the merge engine in f32 into a temporary folder
+  beside --out (removed afterwards), so any stack (LyCORIS, DoRA, several adapters)
+  becomes one plain LoRA.";
+
+/// Arguments of `extract`.
+#[derive(clap::Args, Debug)]
+#[command(after_long_help = EXTRACT_HELP)]
+pub struct ExtractArgs {
+    /// The base checkpoint (any layout and dtype wanbake reads).
+    #[arg(long)]
+    pub base: PathBuf,
+    /// The fine-tuned checkpoint (same parameters and shapes as the base).
+    #[arg(
+        long,
+        conflicts_with = "adapters",
+        required_unless_present = "adapters"
+    )]
+    pub tuned: Option<PathBuf>,
+    /// The tuned side as base + this adapter, `PATH[:STRENGTH]` (repeatable).
+    #[arg(long = "adapter", value_name = "PATH[:STRENGTH]")]
+    pub adapters: Vec<String>,
+    /// Output directory (written atomically, with a manifest).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Largest rank per module.
+    #[arg(long)]
+    pub rank: Option<usize>,
+    /// Smallest rank per module that keeps this fraction of ‖ΔW‖² (0 < F ≤ 1).
+    #[arg(long)]
+    pub energy: Option<f64>,
+    /// Global size of the tensor data ("200MB", "1GiB", bytes): ranks by marginal energy.
+    #[arg(long, value_name = "SIZE", value_parser = output::size)]
+    pub budget: Option<u64>,
+    /// Output convention: comfy (default) or peft.
+    #[arg(long, default_value = "comfy", value_parser = ["comfy", "peft"])]
+    pub to: String,
+    /// Extract Linear weights only; the other differing tensors are left out (and listed).
+    #[arg(long)]
+    pub linear_only: bool,
+    /// SVD: randomized (range finder, exact SVD for small matrices; default) or exact.
+    #[arg(long, default_value = "randomized", value_parser = ["randomized", "exact"])]
+    pub svd: String,
+    /// `--device` for merging --adapter stacks.
+    #[command(flatten)]
+    pub device: DeviceArg,
+    /// Replace an existing output directory.
+    #[arg(long)]
+    pub overwrite: bool,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Arguments of `resize`.
+#[derive(clap::Args, Debug)]
+pub struct ResizeArgs {
+    /// The adapter (any convention wanbake reads; written back in the same one).
+    pub adapter: PathBuf,
+    /// Largest rank per module (modules at or below it are unchanged).
+    #[arg(long)]
+    pub rank: Option<usize>,
+    /// Smallest rank per module that keeps this fraction of ‖σ·B·A‖² (0 < F ≤ 1).
+    #[arg(long)]
+    pub energy: Option<f64>,
+    /// Output directory (written atomically, with a manifest).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Resolve module names (and check shapes) against this base.
+    #[arg(long)]
+    pub base: Option<PathBuf>,
+    /// Replace an existing output directory.
+    #[arg(long)]
+    pub overwrite: bool,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn replace(overwrite: bool) -> Replace {
+    if overwrite {
+        Replace::Overwrite
+    } else {
+        Replace::Never
+    }
+}
+
+/// Library usage errors become exit code 2.
+fn usage_or(e: ExtractError) -> anyhow::Error {
+    match e {
+        ExtractError::Usage(m) => UsageError(m).into(),
+        other => other.into(),
+    }
+}
+
+/// Runs `extract`.
+pub fn execute_extract(args: ExtractArgs, p: &mut Printer) -> anyhow::Result<Status> {
+    let rule = (args.rank.is_some() || args.energy.is_some()).then_some(RankRule {
+        rank: args.rank,
+        energy: args.energy,
+    });
+    let to: Convention = args
+        .to
+        .parse()
+        .map_err(|e| UsageError(format!("--to: {e}")))?;
+    let method = match args.svd.as_str() {
+        "exact" => TruncMethod::Exact,
+        _ => TruncMethod::RANDOMIZED,
+    };
+    let mut req = ExtractRequest {
+        base: args.base.clone(),
+        tuned: args.tuned.clone().unwrap_or_default(),
+        rule,
+        budget: args.budget,
+        to,
+        linear_only: args.linear_only,
+        method,
+        out: args.out.clone(),
+        replace: replace(args.overwrite),
+        provenance: serde_json::Value::Null,
+        tuned_inputs: None,
+    };
+    let outcome = if args.adapters.is_empty() {
+        extract(&req).map_err(usage_or)?
+    } else {
+        let specs = args
+            .adapters
+            .iter()
+            .map(|a| AdapterSpec::parse(a).map_err(|e| UsageError(e.to_string())))
+            .collect::<Result<Vec<_>, _>>()?;
+        let merge = MergeOptions::from_text(&OptionsText::default())
+            .map_err(|b| UsageError(format!("{}: {}", b.field, b.message)))?;
+        let (compute, device) = args.device.select()?;
+        p.line(format!("device: {}", device.reason));
+        let base = Checkpoint::open(&args.base)?;
+        let adapters = bind_specs(&specs, &base, false)?;
+        req.provenance = serde_json::json!({ "adapters": args.adapters });
+        extract_from_adapters(
+            &req,
+            FromAdapters {
+                base: &base,
+                adapters: &adapters,
+                merge,
+                compute: &compute,
+            },
+        )
+        .map_err(usage_or)?
+    };
+    show(p, &outcome);
+    Ok(Status::Ok)
+}
+
+/// Runs `resize`.
+pub fn execute_resize(args: ResizeArgs, p: &mut Printer) -> anyhow::Result<Status> {
+    let req = ResizeRequest {
+        adapter: args.adapter.clone(),
+        opts: AdapterOptions::default(),
+        base: args.base.clone(),
+        rule: RankRule {
+            rank: args.rank,
+            energy: args.energy,
+        },
+        out: args.out.clone(),
+        replace: replace(args.overwrite),
+    };
+    let outcome = resize(&req).map_err(usage_or)?;
+    show(p, &outcome);
+    Ok(Status::Ok)
+}
+
+fn show(p: &mut Printer, o: &ExtractOutcome) {
+    let r: &ExtractReport = &o.report;
+    let low_rank = r.modules.iter().filter(|m| m.rank.is_some()).count();
+    p.line(format!(
+        "wrote {} ({}: {low_rank} low-rank modules, {} full differences, {} bytes of tensors)",
+        o.dir.display(),
+        r.to,
+        r.modules.len() - low_rank,
+        r.tensor_bytes
+    ));
+    for m in &r.modules {
+        match (m.rank, m.energy, m.rel_error) {
+            (Some(rank), Some(e), Some(err)) => p.line(format!(
+                "  {:<40} {:>10} rank {rank:>4}{}  energy {e:.6}  rel_error {err:.3e}",
+                m.name,
+                m.kind,
+                m.rank_in.map(|r| format!(" (was {r})")).unwrap_or_default()
+            )),
+            _ => p.line(format!("  {:<40} {:>10} {:?}", m.name, m.kind, m.shape)),
+        }
+    }
+    for l in &r.left_out {
+        p.warn(format!("left out: {l}"));
+    }
+    p.json(&serde_json::to_value(r).unwrap_or_default());
+}

@@ -1,0 +1,181 @@
+//! Pairs a base with its tuned model parameter by parameter, and reads ΔW.
+//!
+//! Owns: [`pair_models`] (both checkpoints indexed by `adapter::BaseIndex`, matched on the
+//! canonical parameter name, so a diffusers base and an original-Wan or NNX tuned model pair
+//! up; a missing, extra or reshaped parameter is a mismatch), [`Pair`], and [`delta`] (the
+//! difference of one pair in f64, PyTorch layout). Does not own: what to do with ΔW
+//! (`factor`, `run`).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use super::ExtractError;
+use crate::adapter::BaseIndex;
+use crate::adapter::bind::BaseTarget;
+use crate::adapter::names::{ModuleId, Role};
+use crate::io::{DType, TensorSet};
+use crate::model::transform::{SrcTensor, convert};
+
+/// Mismatches named in a refusal.
+const FIRST_MISMATCHES: usize = 8;
+
+/// One parameter present in both models.
+#[derive(Clone, Debug)]
+pub struct Pair {
+    /// Its module.
+    pub id: ModuleId,
+    /// Which tensor of the module.
+    pub role: Role,
+    /// Canonical name (diffusers for WAN).
+    pub canonical: String,
+    /// PyTorch-layout shape.
+    pub shape: Vec<usize>,
+    /// Where it is in the base.
+    pub base: BaseTarget,
+    /// Where it is in the tuned model.
+    pub tuned: BaseTarget,
+}
+
+impl Pair {
+    /// A 2-D `.weight`: a Linear layer, extracted as a LoRA.
+    pub fn is_linear(&self) -> bool {
+        self.role == Role::Weight && self.shape.len() == 2
+    }
+}
+
+/// Every parameter of the index by canonical name, with its module and role.
+fn by_canonical(ix: &BaseIndex) -> BTreeMap<String, (ModuleId, Role, BaseTarget)> {
+    let mut m = BTreeMap::new();
+    for module in &ix.modules {
+        for (role, &ti) in &module.roles {
+            if let Some(t) = ix.targets.get(ti) {
+                m.insert(t.canonical.clone(), (module.id.clone(), *role, t.clone()));
+            }
+        }
+    }
+    m
+}
+
+/// Pairs every parameter of `base` with the same parameter of `tuned`; any parameter
+/// present in one only, or with another shape, is a mismatch (the first few are named).
+pub fn pair_models(
+    base_path: &Path,
+    base: &TensorSet,
+    tuned_path: &Path,
+    tuned: &TensorSet,
+) -> Result<Vec<Pair>, ExtractError> {
+    let b = by_canonical(&BaseIndex::new(base_path, base));
+    let mut t = by_canonical(&BaseIndex::new(tuned_path, tuned));
+    let mut problems = Vec::new();
+    let mut pairs = Vec::new();
+    for (name, (id, role, bt)) in b {
+        match t.remove(&name) {
+            None => problems.push(format!("`{name}` is in the base only")),
+            Some((_, _, tt)) if tt.shape != bt.shape => problems.push(format!(
+                "`{name}`: base shape {:?}, tuned shape {:?}",
+                bt.shape, tt.shape
+            )),
+            Some((_, _, tt)) => pairs.push(Pair {
+                id,
+                role,
+                canonical: name,
+                shape: bt.shape.clone(),
+                base: bt,
+                tuned: tt,
+            }),
+        }
+    }
+    problems.extend(
+        t.keys()
+            .map(|k| format!("`{k}` is in the tuned model only")),
+    );
+    if !problems.is_empty() {
+        return Err(ExtractError::Mismatch {
+            base: base_path.to_path_buf(),
+            tuned: tuned_path.to_path_buf(),
+            total: problems.len(),
+            first: problems.into_iter().take(FIRST_MISMATCHES).collect(),
+        });
+    }
+    Ok(pairs)
+}
+
+/// One parameter as f32 in PyTorch layout.
+pub fn load_canonical(
+    path: &Path,
+    set: &TensorSet,
+    t: &BaseTarget,
+) -> Result<Vec<f32>, ExtractError> {
+    let bad = |reason: String| ExtractError::Tensor {
+        path: path.to_path_buf(),
+        tensor: t.tensor.clone(),
+        reason,
+    };
+    let r = set
+        .get(&t.tensor)
+        .ok_or_else(|| bad("internal: the tensor vanished from its index".into()))?;
+    let view = r.view;
+    let size = view
+        .dtype
+        .size()
+        .filter(|_| view.dtype.is_float())
+        .ok_or_else(|| {
+            bad(format!(
+                "dtype {} cannot be compared as numbers",
+                view.dtype
+            ))
+        })?;
+    let stored: &[usize] = match t.layer {
+        Some(_) => view.shape.get(1..).unwrap_or(&[]),
+        None => view.shape,
+    };
+    let numel: usize = stored.iter().product();
+    let start = t.layer.unwrap_or(0) * numel * size;
+    let bytes = view
+        .bytes
+        .get(start..start + numel * size)
+        .ok_or_else(|| bad(format!("layer {:?} lies outside the tensor", t.layer)))?;
+    let mut raw = vec![0u8; numel * 4];
+    let src = SrcTensor {
+        dtype: view.dtype,
+        shape: stored,
+        bytes,
+    };
+    convert(t.to_canonical, src, DType::F32, &mut raw).map_err(|e| bad(e.to_string()))?;
+    Ok(raw
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect())
+}
+
+/// ΔW = f64(tuned) − f64(base) of one pair, or `None` when every element is equal; a
+/// non-finite element of either side is an error naming it.
+pub fn delta(
+    base: (&Path, &TensorSet),
+    tuned: (&Path, &TensorSet),
+    p: &Pair,
+) -> Result<Option<Vec<f64>>, ExtractError> {
+    let b = load_canonical(base.0, base.1, &p.base)?;
+    let t = load_canonical(tuned.0, tuned.1, &p.tuned)?;
+    for (side, path, target, v) in [
+        ("base", base.0, &p.base, &b),
+        ("tuned", tuned.0, &p.tuned, &t),
+    ] {
+        if let Some(i) = v.iter().position(|x| !x.is_finite()) {
+            return Err(ExtractError::Tensor {
+                path: path.to_path_buf(),
+                tensor: target.tensor.clone(),
+                reason: format!("the {side} holds {} at element {i}", v[i]),
+            });
+        }
+    }
+    if b.iter().zip(&t).all(|(x, y)| x == y) {
+        return Ok(None);
+    }
+    Ok(Some(
+        b.iter()
+            .zip(&t)
+            .map(|(x, y)| f64::from(*y) - f64::from(*x))
+            .collect(),
+    ))
+}

@@ -1,0 +1,247 @@
+//! The files `extract` and `resize` write, and the one call into the release writer.
+//!
+//! Owns: [`Extracted`] (a low-rank module or a full difference, with its numbers), its keys
+//! in the ComfyUI / original-Wan convention (`diffusion_model.<name>.lora_down.weight`,
+//! `.lora_up.weight`, `.alpha`, `.diff`, `.diff_b`; the modulation tables as
+//! `diffusion_model.blocks.N.modulation.diff`, the key ComfyUI maps to the parameter) and in
+//! PEFT (`base_model.model.<diffusers name>.lora_A.weight` / `.lora_B.weight` +
+//! adapter_config.json, α = r so σ = 1), and [`write_output`] (plan, then
+//! `release::write_release` with the report in the manifest). Does not own: the renderers
+//! of existing adapters (`adapter::translate`, used by `resize`).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use rayon::prelude::*;
+
+use super::ExtractError;
+use super::factor::Factors;
+use crate::adapter::Convention;
+use crate::adapter::names::{ModuleId, Role};
+use crate::adapter::peft_config::ConfigPlan;
+use crate::io::DType;
+use crate::io::header_layout::PlannedTensor;
+use crate::io::staging::{Allocation, Replace};
+use crate::io::writer::{ComponentOutput, OutputPlan};
+use crate::manifest::{InputFile, InputRecord};
+use crate::release::{Release, ReleaseError, ReleaseRequest, write_release};
+
+/// One entry of an extracted adapter.
+#[derive(Clone, Debug)]
+pub enum Extracted {
+    /// A Linear weight as LoRA factors (α = rank).
+    Lora {
+        /// The module.
+        id: ModuleId,
+        /// Its factors.
+        factors: Factors,
+    },
+    /// A full difference, f32, PyTorch layout.
+    Diff {
+        /// The module.
+        id: ModuleId,
+        /// Weight/parameter (`.diff`) or bias (`.diff_b`).
+        role: Role,
+        /// Shape.
+        shape: Vec<usize>,
+        /// Values.
+        data: Vec<f32>,
+    },
+}
+
+/// One tensor to write, with its bytes.
+#[derive(Clone, Debug)]
+pub struct OwnedTensor {
+    /// Key.
+    pub name: String,
+    /// Element type.
+    pub dtype: DType,
+    /// Shape.
+    pub shape: Vec<usize>,
+    /// Little-endian bytes.
+    pub bytes: Vec<u8>,
+}
+
+/// One weights file and its sidecars.
+#[derive(Clone, Debug, Default)]
+pub struct OwnedOutput {
+    /// File stem.
+    pub stem: String,
+    /// Tensors.
+    pub tensors: Vec<OwnedTensor>,
+    /// `__metadata__`.
+    pub metadata: BTreeMap<String, String>,
+    /// Files next to it.
+    pub sidecars: Vec<(String, Vec<u8>)>,
+}
+
+fn f32_tensor(name: String, shape: Vec<usize>, v: &[f32]) -> OwnedTensor {
+    OwnedTensor {
+        name,
+        dtype: DType::F32,
+        shape,
+        bytes: v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+    }
+}
+
+/// The name a report and PEFT config use: original Wan for ComfyUI, diffusers for PEFT.
+pub fn short_name(id: &ModuleId, to: Convention) -> String {
+    match (id, to) {
+        (ModuleId::Wan { wan, .. }, Convention::Comfy | Convention::Kohya) => wan.clone(),
+        (ModuleId::Wan { diffusers, .. }, _) => diffusers.clone(),
+        (ModuleId::Generic { path }, _) => path.clone(),
+    }
+}
+
+/// ComfyUI / original-Wan keys.
+pub fn render_comfy(items: &[Extracted]) -> OwnedOutput {
+    let mut tensors = Vec::new();
+    for it in items {
+        match it {
+            Extracted::Lora { id, factors: f } => {
+                let name = id.spell(Convention::Comfy);
+                tensors.push(f32_tensor(
+                    format!("{name}.lora_down.weight"),
+                    vec![f.rank, f.inp],
+                    &f.A,
+                ));
+                tensors.push(f32_tensor(
+                    format!("{name}.lora_up.weight"),
+                    vec![f.out, f.rank],
+                    &f.B,
+                ));
+                tensors.push(f32_tensor(
+                    format!("{name}.alpha"),
+                    Vec::new(),
+                    &[f.rank as f32],
+                ));
+            }
+            Extracted::Diff {
+                id,
+                role,
+                shape,
+                data,
+            } => {
+                let suffix = if *role == Role::Bias {
+                    "diff_b"
+                } else {
+                    "diff"
+                };
+                let name = format!("{}.{suffix}", id.spell(Convention::Comfy));
+                tensors.push(f32_tensor(name, shape.clone(), data));
+            }
+        }
+    }
+    OwnedOutput {
+        stem: "lora".into(),
+        tensors,
+        ..OwnedOutput::default()
+    }
+}
+
+/// PEFT keys and adapter_config.json (LoRA only; the caller refuses diffs first).
+pub fn render_peft(items: &[Extracted]) -> Result<OwnedOutput, ExtractError> {
+    let mut tensors = Vec::new();
+    let mut modules = Vec::new();
+    for it in items {
+        let Extracted::Lora { id, factors: f } = it else {
+            return Err(ExtractError::Usage(
+                "internal: a full difference reached the PEFT renderer".into(),
+            ));
+        };
+        let name = id.spell(Convention::Peft);
+        tensors.push(f32_tensor(
+            format!("{name}.lora_A.weight"),
+            vec![f.rank, f.inp],
+            &f.A,
+        ));
+        tensors.push(f32_tensor(
+            format!("{name}.lora_B.weight"),
+            vec![f.out, f.rank],
+            &f.B,
+        ));
+        modules.push((short_name(id, Convention::Peft), f.rank, f.rank as f64));
+    }
+    let mut cfg = ConfigPlan::new(&modules, false, false, false).to_json();
+    cfg.insert("base_model_name_or_path".into(), serde_json::Value::Null);
+    let mut bytes = serde_json::to_vec_pretty(&serde_json::Value::Object(cfg))
+        .map_err(|e| ExtractError::Usage(format!("internal: adapter_config.json: {e}")))?;
+    bytes.push(b'\n');
+    Ok(OwnedOutput {
+        stem: "adapter_model".into(),
+        tensors,
+        metadata: BTreeMap::from([("format".to_string(), "pt".to_string())]),
+        sidecars: vec![("adapter_config.json".into(), bytes)],
+    })
+}
+
+/// What the manifest records besides the files.
+pub struct Provenance<'a> {
+    /// Subcommand.
+    pub command: &'a str,
+    /// Options.
+    pub options: serde_json::Value,
+    /// The report.
+    pub report: serde_json::Value,
+    /// Inputs to hash while writing (role, path, display).
+    pub inputs: Vec<InputFile>,
+    /// Inputs already hashed.
+    pub hashed: Vec<InputRecord>,
+    /// Every input path (the output may not overlap them; they must not change).
+    pub input_paths: Vec<PathBuf>,
+}
+
+/// Writes `out` as a release at `dest`; nothing is left there on error.
+pub fn write_output(
+    out: &OwnedOutput,
+    dest: &Path,
+    replace: Replace,
+    prov: Provenance<'_>,
+) -> Result<Release, ExtractError> {
+    let component = ComponentOutput {
+        rel_dir: PathBuf::new(),
+        stem: out.stem.clone(),
+        tensors: out
+            .tensors
+            .iter()
+            .map(|t| PlannedTensor {
+                name: t.name.clone(),
+                dtype: t.dtype,
+                shape: t.shape.clone(),
+            })
+            .collect(),
+        metadata: out.metadata.clone(),
+        sidecars: out.sidecars.clone(),
+        max_shard_bytes: None,
+    };
+    let plan = OutputPlan::build(&[component], &[])
+        .map_err(|e| ReleaseError::Produce(anyhow::anyhow!(e)))?;
+    let report = prov.report;
+    let release = write_release(
+        ReleaseRequest {
+            dest,
+            plan,
+            input_paths: &prov.input_paths,
+            inputs: prov.hashed,
+            hash_while_writing: prov.inputs,
+            command: prov.command,
+            options: prov.options,
+            replace,
+            allocation: Allocation::Reserve,
+        },
+        |staging| {
+            out.tensors
+                .par_iter()
+                .try_for_each(|t| -> anyhow::Result<()> {
+                    let slot = staging
+                        .plan()
+                        .slot(0, &t.name)
+                        .ok_or_else(|| anyhow::anyhow!("internal: no slot for `{}`", t.name))?;
+                    staging.write(slot, 0, &t.bytes)?;
+                    Ok(())
+                })?;
+            Ok(report)
+        },
+    )?;
+    Ok(release)
+}

@@ -1,0 +1,439 @@
+//! `extract`: base + tuned → one adapter, every step checked before anything is written.
+//!
+//! Owns: [`ExtractRequest`], [`extract`]. Order: open and pair both models (mismatch →
+//! refusal) → full differences of every non-Linear tensor (cheap; a `--to peft` refusal
+//! comes here, before any SVD) → spectra of every differing Linear weight (in parallel across
+//! modules, each `Par::Seq`, so the bits do not depend on the thread count) → ranks (per
+//! module, or the global budget) → factors → render → one release. Does not own: the tuned
+//! model built from adapters beyond calling the merge ([`extract_from_adapters`]).
+
+use std::path::PathBuf;
+
+use rayon::prelude::*;
+
+use super::budget::{Candidate, allocate};
+use super::factor::{Spectrum, spectrum};
+use super::pair::{Pair, delta, pair_models};
+use super::render::{
+    Extracted, OwnedOutput, Provenance, render_comfy, render_peft, short_name, write_output,
+};
+use super::report::{ExtractReport, ModuleReport};
+use super::{ExtractError, RankRule};
+use crate::adapter::Convention;
+use crate::adapter::names::Role;
+use crate::io::staging::Replace;
+use crate::io::{Checkpoint, TensorSet};
+use crate::linalg::TruncMethod;
+use crate::manifest::InputRecord;
+use crate::merge::{BoundAdapter, Compute, MergeOptions, merge_release};
+
+/// A request to extract an adapter.
+#[derive(Clone, Debug)]
+pub struct ExtractRequest {
+    /// The base checkpoint.
+    pub base: PathBuf,
+    /// The tuned checkpoint (or what builds it).
+    pub tuned: PathBuf,
+    /// Per-module rank rule (`--rank`, `--energy`); with a budget, `rank` caps every module.
+    pub rule: Option<RankRule>,
+    /// `--budget` in bytes of tensor data.
+    pub budget: Option<u64>,
+    /// `comfy` or `peft`.
+    pub to: Convention,
+    /// Leave full differences out instead of refusing (`--to peft`).
+    pub linear_only: bool,
+    /// SVD method.
+    pub method: TruncMethod,
+    /// Output directory.
+    pub out: PathBuf,
+    /// Replace an existing output.
+    pub replace: Replace,
+    /// Extra manifest options (the adapters a tuned model was built from).
+    pub provenance: serde_json::Value,
+    /// The hashed inputs the tuned model was built from (base + adapters); `None`: the tuned
+    /// files are inputs themselves and are hashed.
+    pub tuned_inputs: Option<Vec<InputRecord>>,
+}
+
+/// What was written.
+#[derive(Debug)]
+pub struct ExtractOutcome {
+    /// The output directory.
+    pub dir: PathBuf,
+    /// The report (also in the manifest).
+    pub report: ExtractReport,
+}
+
+/// The two opened models.
+struct Models {
+    base: Checkpoint,
+    tuned: Checkpoint,
+}
+
+impl Models {
+    fn sets(&self) -> Result<(&TensorSet, &TensorSet), ExtractError> {
+        Ok((&self.base.single()?.tensors, &self.tuned.single()?.tensors))
+    }
+}
+
+fn check_request(req: &ExtractRequest) -> Result<(), ExtractError> {
+    if !matches!(req.to, Convention::Comfy | Convention::Peft) {
+        return Err(ExtractError::Usage(format!(
+            "--to {}: extract writes comfy (default) or peft; `wanbake translate` converts the result to any other convention",
+            req.to
+        )));
+    }
+    match (&req.rule, req.budget) {
+        (None, None) => Err(ExtractError::Usage(
+            "give --rank R, --energy F or --budget SIZE".into(),
+        )),
+        (Some(r), Some(_)) if r.energy.is_some() => Err(ExtractError::Usage(
+            "--energy and --budget choose ranks in two different ways; give one (--rank R may cap a budget)".into(),
+        )),
+        (Some(r), _) if r.rank.is_some() || r.energy.is_some() => {
+            r.check().map_err(ExtractError::Usage)
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Extracts the adapter `tuned − base` and writes it; on any error nothing is written.
+pub fn extract(req: &ExtractRequest) -> Result<ExtractOutcome, ExtractError> {
+    check_request(req)?;
+    let models = Models {
+        base: Checkpoint::open(&req.base)?,
+        tuned: Checkpoint::open(&req.tuned)?,
+    };
+    let (bset, tset) = models.sets()?;
+    let pairs = pair_models(&req.base, bset, &req.tuned, tset)?;
+    let sides = ((req.base.as_path(), bset), (req.tuned.as_path(), tset));
+    let (kept_diffs, mut left_out) = split_diffs(full_differences(&pairs, sides)?, &pairs, req)?;
+    let linear = linear_deltas(&pairs, sides, req)?;
+    if kept_diffs.is_empty() && left_out.is_empty() && linear.is_empty() {
+        return Err(ExtractError::NothingDiffers {
+            base: req.base.clone(),
+            tuned: req.tuned.clone(),
+            count: pairs.len(),
+        });
+    }
+    let ranks = choose_ranks(&linear, &kept_diffs, req)?;
+    let (items, mut report) = assemble(&pairs, &linear, &ranks, kept_diffs, req.to);
+    for ((i, _), &r) in linear.iter().zip(&ranks) {
+        if r == 0 {
+            left_out.push(pairs[*i].canonical.clone());
+        }
+    }
+    report.left_out = left_out;
+    report.to = req.to.to_string();
+    report.svd = method_name(req.method).into();
+    report.budget = req.budget;
+    let out = match req.to {
+        Convention::Peft => render_peft(&items)?,
+        _ => render_comfy(&items),
+    };
+    report.tensor_bytes = out.tensors.iter().map(|t| t.bytes.len() as u64).sum();
+    let release = write(&out, &models, req, &report)?;
+    Ok(ExtractOutcome {
+        dir: release,
+        report,
+    })
+}
+
+/// (pair index, f32 difference) of the non-Linear parameters that differ.
+type Diffs = Vec<(usize, Vec<f32>)>;
+
+/// The full differences to write, and those left out: `--to peft` refuses them (before any
+/// SVD runs) unless `--linear-only`, which leaves them out.
+fn split_diffs(
+    diffs: Diffs,
+    pairs: &[Pair],
+    req: &ExtractRequest,
+) -> Result<(Diffs, Vec<String>), ExtractError> {
+    if req.to != Convention::Peft {
+        return Ok((diffs, Vec::new()));
+    }
+    let names: Vec<String> = diffs
+        .iter()
+        .map(|(i, _)| pairs[*i].canonical.clone())
+        .collect();
+    if !req.linear_only && !names.is_empty() {
+        return Err(ExtractError::Inexpressible {
+            to: req.to.to_string(),
+            tensors: names,
+        });
+    }
+    Ok((Vec::new(), names))
+}
+
+fn method_name(m: TruncMethod) -> &'static str {
+    match m {
+        TruncMethod::Exact => "exact",
+        TruncMethod::Randomized { .. } => "randomized",
+    }
+}
+
+type Side<'a> = (&'a std::path::Path, &'a TensorSet);
+
+/// (pair index, f32 difference) of every differing non-Linear parameter, in pair order.
+fn full_differences(
+    pairs: &[Pair],
+    (b, t): (Side<'_>, Side<'_>),
+) -> Result<Vec<(usize, Vec<f32>)>, ExtractError> {
+    let found: Vec<Option<(usize, Vec<f32>)>> = pairs
+        .par_iter()
+        .enumerate()
+        .filter(|(_, p)| !p.is_linear())
+        .map(|(i, p)| Ok(delta(b, t, p)?.map(|d| (i, d.iter().map(|x| *x as f32).collect()))))
+        .collect::<Result<_, ExtractError>>()?;
+    Ok(found.into_iter().flatten().collect())
+}
+
+/// (pair index, spectrum) of every differing Linear weight, in pair order.
+fn linear_deltas(
+    pairs: &[Pair],
+    (b, t): (Side<'_>, Side<'_>),
+    req: &ExtractRequest,
+) -> Result<Vec<(usize, Spectrum)>, ExtractError> {
+    let found: Vec<Option<(usize, Spectrum)>> = pairs
+        .par_iter()
+        .enumerate()
+        .filter(|(_, p)| p.is_linear())
+        .map(|(i, p)| {
+            let Some(d) = delta(b, t, p)? else {
+                return Ok(None);
+            };
+            let (out, inp) = (p.shape[0], p.shape[1]);
+            let max_rank = match req.budget {
+                Some(bytes) => (bytes / ((out + inp) as u64 * 4)).max(1) as usize,
+                None => out.min(inp),
+            };
+            let rule = req
+                .rule
+                .filter(|r| req.budget.is_none() || r.rank.is_some());
+            let mut s =
+                spectrum(&d, out, inp, rule.as_ref(), max_rank, req.method).map_err(|source| {
+                    ExtractError::Svd {
+                        module: p.canonical.clone(),
+                        source,
+                    }
+                })?;
+            if let (Some(rule), None) = (rule, req.budget) {
+                // The rank is known now: keep only the vectors the factors need.
+                s.keep_vectors(rule.pick(&s.top.S, s.total, s.top.S.len()));
+            }
+            Ok(Some((i, s)))
+        })
+        .collect::<Result<_, ExtractError>>()?;
+    Ok(found.into_iter().flatten().collect())
+}
+
+/// The rank of every Linear module: the rule per module, or the budget across all.
+fn choose_ranks(
+    linear: &[(usize, Spectrum)],
+    diffs: &[(usize, Vec<f32>)],
+    req: &ExtractRequest,
+) -> Result<Vec<usize>, ExtractError> {
+    let Some(budget) = req.budget else {
+        let rule = req.rule.unwrap_or(RankRule {
+            rank: None,
+            energy: None,
+        });
+        return Ok(linear
+            .iter()
+            .map(|(_, s)| rule.pick(&s.top.S, s.total, s.top.S.len().min(s.cap())))
+            .collect());
+    };
+    let fixed: u64 = diffs.iter().map(|(_, d)| d.len() as u64 * 4).sum();
+    if fixed > budget {
+        return Err(ExtractError::BudgetTooSmall { budget, fixed });
+    }
+    let cands: Vec<Candidate<'_>> = linear
+        .iter()
+        .map(|(_, s)| Candidate {
+            s: &s.top.S,
+            per_rank: (s.out + s.inp) as u64 * 4,
+        })
+        .collect();
+    Ok(allocate(&cands, budget - fixed))
+}
+
+/// The output entries in pair order (LoRA modules of rank ≥ 1 and kept diffs) and the report.
+fn assemble(
+    pairs: &[Pair],
+    linear: &[(usize, Spectrum)],
+    ranks: &[usize],
+    diffs: Vec<(usize, Vec<f32>)>,
+    to: Convention,
+) -> (Vec<Extracted>, ExtractReport) {
+    let mut entries: Vec<(usize, Extracted, ModuleReport)> = Vec::new();
+    for ((i, s), &r) in linear.iter().zip(ranks) {
+        if r == 0 {
+            continue;
+        }
+        let p = &pairs[*i];
+        let (energy, rel_error) = s.retained(r);
+        entries.push((
+            *i,
+            Extracted::Lora {
+                id: p.id.clone(),
+                factors: s.factors(r),
+            },
+            ModuleReport {
+                name: short_name(&p.id, to),
+                kind: "lora",
+                rank: Some(r),
+                rank_in: None,
+                energy: Some(energy),
+                rel_error: Some(rel_error),
+                shape: p.shape.clone(),
+            },
+        ));
+    }
+    for (i, data) in diffs {
+        let p = &pairs[i];
+        let kind = if p.role == Role::Bias {
+            "diff_b"
+        } else {
+            "diff"
+        };
+        entries.push((
+            i,
+            Extracted::Diff {
+                id: p.id.clone(),
+                role: p.role,
+                shape: p.shape.clone(),
+                data,
+            },
+            ModuleReport {
+                name: short_name(&p.id, to),
+                kind,
+                rank: None,
+                rank_in: None,
+                energy: None,
+                rel_error: None,
+                shape: p.shape.clone(),
+            },
+        ));
+    }
+    entries.sort_by_key(|(i, _, _)| *i);
+    let mut report = ExtractReport::default();
+    let items = entries
+        .into_iter()
+        .map(|(_, e, m)| {
+            report.modules.push(m);
+            e
+        })
+        .collect();
+    (items, report)
+}
+
+fn write(
+    out: &OwnedOutput,
+    models: &Models,
+    req: &ExtractRequest,
+    report: &ExtractReport,
+) -> Result<PathBuf, ExtractError> {
+    let mut inputs = Vec::new();
+    for (role, ck) in [("base", &models.base), ("tuned", &models.tuned)] {
+        for p in ck.input_files() {
+            inputs.push((role.to_string(), p.clone(), p.display().to_string()));
+        }
+    }
+    let input_paths: Vec<PathBuf> = inputs.iter().map(|(_, p, _)| p.clone()).collect();
+    let hashed = req.tuned_inputs.clone().unwrap_or_default();
+    if req.tuned_inputs.is_some() {
+        // The intermediate merge is no input: its base and adapters are, hashed by the merge.
+        inputs.clear();
+    }
+    let options = serde_json::json!({
+        "base": req.base.display().to_string(),
+        "tuned": req.tuned.display().to_string(),
+        "to": req.to.as_str(),
+        "rank": req.rule.and_then(|r| r.rank),
+        "energy": req.rule.and_then(|r| r.energy),
+        "budget": req.budget,
+        "linear_only": req.linear_only,
+        "svd": method_name(req.method),
+        "built_from": req.provenance,
+    });
+    let release = write_output(
+        out,
+        &req.out,
+        req.replace,
+        Provenance {
+            command: "extract",
+            options,
+            report: serde_json::to_value(report)
+                .map_err(|e| ExtractError::Usage(format!("internal: report: {e}")))?,
+            inputs,
+            hashed,
+            input_paths,
+        },
+    )?;
+    Ok(release.dir)
+}
+
+/// The tuned side as a base plus adapters.
+pub struct FromAdapters<'a> {
+    /// The base, opened.
+    pub base: &'a Checkpoint,
+    /// The adapters, bound to it.
+    pub adapters: &'a [BoundAdapter],
+    /// Merge options (dtype, layout and shards are overridden: f32, the base's, one file).
+    pub merge: MergeOptions,
+    /// Where merged tensors are computed.
+    pub compute: &'a Compute,
+}
+
+/// Extracts `merge(base, adapters) − base`: the adapters are merged by the merge engine
+/// (`merge::merge_release`, the same exact per-tensor computation as `wanbake merge`) into an
+/// f32 release beside the destination, which is then the tuned model; it is removed whatever
+/// happens. The manifest names the base and the adapters as inputs.
+pub fn extract_from_adapters(
+    req: &ExtractRequest,
+    m: FromAdapters<'_>,
+) -> Result<ExtractOutcome, ExtractError> {
+    check_request(req)?;
+    if req.replace == Replace::Never && req.out.symlink_metadata().is_ok() {
+        return Err(crate::io::WriteError::Exists {
+            path: req.out.clone(),
+        }
+        .into());
+    }
+    let name = req
+        .out
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "out".into());
+    let tmp = req
+        .out
+        .with_file_name(format!(".{name}.wanbake-tuned-merge"));
+    struct Remove<'p>(&'p std::path::Path);
+    impl Drop for Remove<'_> {
+        fn drop(&mut self) {
+            let _ = fs_err::remove_dir_all(self.0);
+        }
+    }
+    let _cleanup = Remove(&tmp);
+    let options = MergeOptions {
+        dtype: crate::layout::OutputDType::F32,
+        keep_f32: Some(crate::layout::KeepF32::None),
+        layout: None,
+        shard_bytes: None,
+        ..m.merge
+    };
+    let merged = merge_release(
+        m.base,
+        m.adapters,
+        &options,
+        None,
+        &tmp,
+        Replace::Overwrite,
+        m.compute,
+    )
+    .map_err(|e| ExtractError::Merge(Box::new(e)))?;
+    let mut tuned_req = req.clone();
+    tuned_req.tuned = tmp.clone();
+    tuned_req.tuned_inputs = Some(merged.release.manifest.inputs.clone());
+    extract(&tuned_req)
+}
