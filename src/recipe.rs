@@ -22,7 +22,7 @@ pub struct Recipe {
     /// The base checkpoint.
     pub base: BaseSpec,
     /// Adapters, in application order.
-    pub adapters: Vec<AdapterSpec>,
+    pub adapters: Vec<RecipeAdapter>,
     /// Output.
     pub output: OutputSpec,
     /// Merge options.
@@ -68,7 +68,7 @@ pub enum Sha256Spec {
 /// `[[adapter]]`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct AdapterSpec {
+pub struct RecipeAdapter {
     /// File or folder.
     pub path: PathBuf,
     /// Application weight a_i (default 1.0; 0 skips the adapter).
@@ -241,7 +241,7 @@ pub struct CheckSpec {
 struct RawRecipe {
     base: BaseSpec,
     #[serde(default, rename = "adapter")]
-    adapters: Vec<AdapterSpec>,
+    adapters: Vec<RecipeAdapter>,
     output: OutputSpec,
     #[serde(default)]
     merge: MergeSpec,
@@ -322,7 +322,7 @@ impl Recipe {
             adapters: raw
                 .adapters
                 .into_iter()
-                .map(|a| AdapterSpec {
+                .map(|a| RecipeAdapter {
                     path: resolve(&a.path),
                     ..a
                 })

@@ -20,7 +20,7 @@ use std::collections::BTreeSet;
 use faer::Par;
 use wanbake::backend::{Backend, BackendError, CpuBackend, MatShape, NonFinite, arith};
 use wanbake::gpu::device::Library;
-use wanbake::gpu::kernels::{Target, compile};
+use wanbake::gpu::kernels::{CompileTarget, compile};
 use wanbake::gpu::{CudaDevice, DeviceChoice, KernelFile, probe, select};
 use wanbake::io::DType;
 use wanbake::io::dtype::{narrow_from_f32, round_to_bf16, round_to_f16, widen_to_f32};
@@ -155,7 +155,7 @@ fn every_kernel_file_compiles_to_ptx_with_exactly_the_expected_entry_points() {
     }
     let mut all = BTreeSet::new();
     for file in KernelFile::ALL {
-        let compiled = compile(file, Target::Ptx).unwrap_or_else(|e| panic!("{e}"));
+        let compiled = compile(file, CompileTarget::Ptx).unwrap_or_else(|e| panic!("{e}"));
         let ptx = compiled.ptx().expect("PTX is text");
         let found = ptx_entries(ptx);
         assert_eq!(found, expected_entries(file), "{}", file.path());
@@ -183,8 +183,8 @@ fn every_kernel_file_compiles_to_a_cubin_for_hopper() {
         return;
     }
     for file in KernelFile::ALL {
-        let compiled =
-            compile(file, Target::Cubin { major: 9, minor: 0 }).unwrap_or_else(|e| panic!("{e}"));
+        let compiled = compile(file, CompileTarget::Cubin { major: 9, minor: 0 })
+            .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(&compiled.image[..4], b"\x7fELF", "{}", file.path());
         for name in expected_entries(file) {
             let needle = format!("{name}\0");

@@ -1,6 +1,6 @@
 //! What `inspect` says about an adapter, as data and as text.
 //!
-//! Owns: `AdapterReport` (convention, entry kinds, ranks — per module when mixed —, σ and
+//! Owns: `AdapterInspection` (convention, entry kinds, ranks — per module when mixed —, σ and
 //! where it came from, targets grouped by module type, the base variant the adapter was
 //! made for, parser notes, keys no entry consumed) and `BaseBinding` (with `--base`: which
 //! base tensor each entry binds to, shape problems, the one-line variant verdict, every
@@ -90,7 +90,7 @@ pub struct BaseBinding {
 
 /// Everything `inspect` reports about an adapter.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct AdapterReport {
+pub struct AdapterInspection {
     /// Convention.
     pub convention: String,
     /// Number of entries.
@@ -118,7 +118,7 @@ pub struct AdapterReport {
     pub bindings: Vec<BaseBinding>,
 }
 
-impl AdapterReport {
+impl AdapterInspection {
     /// Problems that make `inspect` exit non-zero, each a full message naming `path`.
     pub fn problems(&self, path: &Path) -> Vec<String> {
         let p = path.display();
@@ -185,7 +185,7 @@ fn scale_groups(set: &AdapterSet) -> Vec<ScaleGroup> {
 }
 
 /// Describes an opened adapter (without a base).
-pub fn describe(set: &AdapterSet) -> AdapterReport {
+pub fn describe(set: &AdapterSet) -> AdapterInspection {
     let ids = wan_ids(set);
     let mut kinds = BTreeMap::new();
     let mut ranks = BTreeMap::new();
@@ -215,7 +215,7 @@ pub fn describe(set: &AdapterSet) -> AdapterReport {
         };
         *targets.entry(module_type(&name)).or_insert(0) += 1;
     }
-    AdapterReport {
+    AdapterInspection {
         convention: set.convention.as_str().into(),
         entries: set.entries.len(),
         kinds,
@@ -293,7 +293,7 @@ fn bind_one(
 pub fn describe_path(
     path: &Path,
     base: Option<(&Path, &Checkpoint)>,
-) -> Result<AdapterReport, AdapterError> {
+) -> Result<AdapterInspection, AdapterError> {
     let opts = AdapterOptions {
         allow_unmatched: true,
         ..AdapterOptions::default()
@@ -346,7 +346,7 @@ fn join_counts(m: &BTreeMap<String, usize>) -> String {
 }
 
 /// Text for people.
-pub fn render_text(r: &AdapterReport) -> String {
+pub fn render_text(r: &AdapterInspection) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -455,7 +455,7 @@ pub fn render_text(r: &AdapterReport) -> String {
 
 /// Text for a report stored as JSON (the `adapter` field of `inspect`'s component report).
 pub fn render_value(v: &serde_json::Value) -> Option<String> {
-    serde_json::from_value::<AdapterReport>(v.clone())
+    serde_json::from_value::<AdapterInspection>(v.clone())
         .ok()
         .map(|r| render_text(&r))
 }

@@ -49,7 +49,7 @@ use cudarc::driver::{
 use super::blas::{self, WORKSPACE_BYTES, row_major};
 use super::device::CudaDevice;
 use super::kernels::{Kernel, KernelDType, KernelTable, Op};
-use super::staging::Staging;
+use super::staging::PinnedStaging;
 use super::svd::{GesvdPlan, gesvd};
 use crate::backend::BackendError;
 use crate::backend::arith;
@@ -104,7 +104,7 @@ pub struct CudaBackend {
     /// Created and set to deterministic results with the lane (under the guard of
     /// `CudaDevice::backend`: cudarc panics on a missing symbol).
     solver: DnHandle,
-    staging: Staging,
+    staging: PinnedStaging,
     /// Bytes zero-filled so far (see the module doc).
     zeroed: Cell<u64>,
 }
@@ -125,7 +125,7 @@ impl CudaBackend {
             .map_err(|e| BackendError::cuda("allocating the cuBLAS workspace", e))?;
         blas::configure(&blas, &stream, &mut workspace)?;
         let solver = deterministic_solver(&stream)?;
-        let staging = Staging::new(&ctx)?;
+        let staging = PinnedStaging::new(&ctx)?;
         Ok(CudaBackend {
             ctx,
             stream,

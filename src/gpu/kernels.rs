@@ -208,7 +208,7 @@ pub const NVRTC_OPTIONS: [&str; 4] = [
 
 /// What to compile a kernel file into.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Target {
+pub enum CompileTarget {
     /// PTX for NVRTC's default virtual architecture (no device needed).
     Ptx,
     /// A cubin for the real architecture `sm_{major}{minor}` (what a device loads).
@@ -220,11 +220,11 @@ pub enum Target {
     },
 }
 
-impl fmt::Display for Target {
+impl fmt::Display for CompileTarget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Target::Ptx => f.write_str("PTX (NVRTC default architecture)"),
-            Target::Cubin { major, minor } => write!(f, "sm_{major}{minor} (cubin)"),
+            CompileTarget::Ptx => f.write_str("PTX (NVRTC default architecture)"),
+            CompileTarget::Cubin { major, minor } => write!(f, "sm_{major}{minor} (cubin)"),
         }
     }
 }
@@ -235,7 +235,7 @@ pub struct Compiled {
     /// The source file.
     pub file: KernelFile,
     /// What it was compiled for.
-    pub target: Target,
+    pub target: CompileTarget,
     /// PTX text or cubin (ELF) bytes.
     pub image: Vec<u8>,
 }
@@ -244,8 +244,8 @@ impl Compiled {
     /// The PTX text (`None` for a cubin).
     pub fn ptx(&self) -> Option<&str> {
         match self.target {
-            Target::Ptx => std::str::from_utf8(&self.image).ok(),
-            Target::Cubin { .. } => None,
+            CompileTarget::Ptx => std::str::from_utf8(&self.image).ok(),
+            CompileTarget::Cubin { .. } => None,
         }
     }
 }
@@ -253,7 +253,7 @@ impl Compiled {
 /// Compiles one kernel file with NVRTC. Needs only libnvrtc (no driver, no device); returns
 /// [`BackendError::Unavailable`] when libnvrtc cannot be loaded and [`BackendError::Compile`], with
 /// the NVRTC log, when the source is rejected.
-pub fn compile(file: KernelFile, target: Target) -> Result<Compiled, BackendError> {
+pub fn compile(file: KernelFile, target: CompileTarget) -> Result<Compiled, BackendError> {
     require_library(Library::Nvrtc)?;
     let fail = |log: String| BackendError::Compile {
         module: file.path(),
@@ -265,7 +265,7 @@ pub fn compile(file: KernelFile, target: Target) -> Result<Compiled, BackendErro
     let program =
         Program(nvrtc::create_program(&src, Some(&name)).map_err(|e| fail(e.to_string()))?);
     let mut options: Vec<String> = NVRTC_OPTIONS.iter().map(|s| s.to_string()).collect();
-    if let Target::Cubin { major, minor } = target {
+    if let CompileTarget::Cubin { major, minor } = target {
         options.push(format!("--gpu-architecture=sm_{major}{minor}"));
     }
     // SAFETY: `program.0` was created above by nvrtcCreateProgram from `src` and `name`, which
@@ -280,10 +280,10 @@ pub fn compile(file: KernelFile, target: Target) -> Result<Compiled, BackendErro
     }
     let image = match target {
         // SAFETY: the same live, successfully compiled program.
-        Target::Ptx => unsafe { nvrtc::get_ptx(program.0) }
+        CompileTarget::Ptx => unsafe { nvrtc::get_ptx(program.0) }
             .map(|p| c_chars_to_string(&p).into_bytes())
             .map_err(|e| fail(format!("reading the PTX: {e}")))?,
-        Target::Cubin { .. } => program
+        CompileTarget::Cubin { .. } => program
             .cubin()
             .map_err(|e| fail(format!("reading the cubin: {e}")))?,
     };
@@ -339,7 +339,7 @@ struct LoadedModule {
 /// failure is cached too and returned on every later use.
 pub struct KernelTable {
     ctx: Arc<CudaContext>,
-    target: Target,
+    target: CompileTarget,
     slots: [OnceLock<Result<LoadedModule, BackendError>>; 3],
 }
 
@@ -349,7 +349,7 @@ impl KernelTable {
     pub(crate) fn new(ctx: Arc<CudaContext>, major: i32, minor: i32) -> KernelTable {
         KernelTable {
             ctx,
-            target: Target::Cubin { major, minor },
+            target: CompileTarget::Cubin { major, minor },
             slots: [OnceLock::new(), OnceLock::new(), OnceLock::new()],
         }
     }

@@ -1,6 +1,6 @@
 //! Host ↔ device copies through two pinned buffers, so host work and transfers overlap.
 //!
-//! Owns: [`Staging`]. Does not own: what is copied (`super::cuda`).
+//! Owns: [`PinnedStaging`]. Does not own: what is copied (`super::cuda`).
 //!
 //! An upload walks the host bytes in chunks of [`CHUNK_BYTES`]. Chunk c is copied by the CPU
 //! into pinned buffer c mod 2 (for a tensor borrowed from an mmap, this memcpy is where the
@@ -19,7 +19,7 @@
 //! `CudaEvent` takes one flag of its enum, not a combination, so this module wraps the raw
 //! event.) The device reports an asynchronous fault of a kernel at the next call that
 //! touches the stream, which here is usually a staging copy or wait: the error then names the
-//! last work launched on the lane ([`Staging::note_launch`]), not only the copy.
+//! last work launched on the lane ([`PinnedStaging::note_launch`]), not only the copy.
 
 use std::sync::Arc;
 
@@ -99,16 +99,16 @@ impl Drop for Event {
 }
 
 /// Two pinned buffers and the events that say when the device is done with each.
-pub(crate) struct Staging {
+pub(crate) struct PinnedStaging {
     bufs: [PinnedHostSlice<u8>; 2],
     done: [Event; 2],
     /// The last kernel, GEMM or solver call queued on the lane (see the module doc).
     last_launch: Option<String>,
 }
 
-impl Staging {
+impl PinnedStaging {
     /// Allocates two pinned buffers of [`CHUNK_BYTES`].
-    pub fn new(ctx: &Arc<CudaContext>) -> Result<Staging, BackendError> {
+    pub fn new(ctx: &Arc<CudaContext>) -> Result<PinnedStaging, BackendError> {
         let pinned = || {
             // SAFETY: cuMemHostAlloc returns CHUNK_BYTES of uninitialised page-locked memory;
             // u8 has no invalid values, and only bytes written by this module are ever
@@ -119,7 +119,7 @@ impl Staging {
         };
         let event =
             || Event::new(ctx).map_err(|e| BackendError::cuda("creating a staging event", e));
-        Ok(Staging {
+        Ok(PinnedStaging {
             bufs: [pinned()?, pinned()?],
             done: [event()?, event()?],
             last_launch: None,
@@ -215,7 +215,7 @@ impl Staging {
         let total = host.len();
         let chunks = total.div_ceil(CHUNK_BYTES);
         let len = |c: usize| CHUNK_BYTES.min(total - c * CHUNK_BYTES);
-        let queue = |this: &mut Staging, c: usize| -> Result<(), BackendError> {
+        let queue = |this: &mut PinnedStaging, c: usize| -> Result<(), BackendError> {
             let slot = c % 2;
             let pinned = this.bufs[slot].as_mut_slice().map_err(|e| {
                 after_launch("mapping a staging buffer", e, this.last_launch.as_deref())
@@ -253,7 +253,7 @@ impl Staging {
     }
 }
 
-impl Drop for Staging {
+impl Drop for PinnedStaging {
     /// An upload returns with its last copies still in flight; the pinned memory must not be
     /// freed under them (after an error, a lane can be dropped with copies queued).
     fn drop(&mut self) {
@@ -312,7 +312,7 @@ mod tests {
                 return;
             }
         };
-        let staging = Staging::new(&device.ctx).unwrap();
+        let staging = PinnedStaging::new(&device.ctx).unwrap();
         let stream = device.ctx.default_stream();
         let [a, b] = staging.events();
         a.record(&stream).unwrap();
