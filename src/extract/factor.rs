@@ -30,7 +30,7 @@ pub struct Spectrum {
 
 /// LoRA factors in PyTorch layout, row-major f32.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Factors {
+pub struct LowRankFactors {
     /// Rank r.
     pub rank: usize,
     /// Rows.
@@ -64,7 +64,7 @@ impl Spectrum {
     /// The factors of rank `r` (at most the vectors kept), each element rounded once from f64
     /// to f32.
     #[track_caller]
-    pub fn factors(&self, r: usize) -> Factors {
+    pub fn factors(&self, r: usize) -> LowRankFactors {
         assert!(
             r <= self.top.U.ncols(),
             "rank {r} > {} vectors kept",
@@ -79,7 +79,7 @@ impl Spectrum {
         for j in 0..r {
             A.extend((0..self.inp).map(|c| V[(c, j)] as f32));
         }
-        Factors {
+        LowRankFactors {
             rank: r,
             out: self.out,
             inp: self.inp,

@@ -2,7 +2,7 @@
 //!
 //! Owns: [`pair_models`] (both checkpoints indexed by `adapter::BaseIndex`, matched on the
 //! canonical parameter name, so a diffusers base and an original-Wan or NNX tuned model pair
-//! up; a missing, extra or reshaped parameter is a mismatch), [`Pair`], and [`delta`] (the
+//! up; a missing, extra or reshaped parameter is a mismatch), [`TensorPair`], and [`delta`] (the
 //! difference of one pair in f64, PyTorch layout). Does not own: what to do with ΔW
 //! (`factor`, `run`).
 
@@ -21,7 +21,7 @@ const FIRST_MISMATCHES: usize = 8;
 
 /// One parameter present in both models.
 #[derive(Clone, Debug)]
-pub struct Pair {
+pub struct TensorPair {
     /// Its module.
     pub id: ModuleId,
     /// Which tensor of the module.
@@ -36,7 +36,7 @@ pub struct Pair {
     pub tuned: BaseTarget,
 }
 
-impl Pair {
+impl TensorPair {
     /// A 2-D `.weight`: a Linear layer, extracted as a LoRA.
     pub fn is_linear(&self) -> bool {
         self.role == Role::Weight && self.shape.len() == 2
@@ -63,7 +63,7 @@ pub fn pair_models(
     base: &TensorSet,
     tuned_path: &Path,
     tuned: &TensorSet,
-) -> Result<Vec<Pair>, ExtractError> {
+) -> Result<Vec<TensorPair>, ExtractError> {
     let b = by_canonical(&BaseIndex::new(base_path, base));
     let mut t = by_canonical(&BaseIndex::new(tuned_path, tuned));
     let mut problems = Vec::new();
@@ -75,7 +75,7 @@ pub fn pair_models(
                 "`{name}`: base shape {:?}, tuned shape {:?}",
                 bt.shape, tt.shape
             )),
-            Some((_, _, tt)) => pairs.push(Pair {
+            Some((_, _, tt)) => pairs.push(TensorPair {
                 id,
                 role,
                 canonical: name,
@@ -153,7 +153,7 @@ pub fn load_canonical(
 pub fn delta(
     base: (&Path, &TensorSet),
     tuned: (&Path, &TensorSet),
-    p: &Pair,
+    p: &TensorPair,
 ) -> Result<Option<Vec<f64>>, ExtractError> {
     let b = load_canonical(base.0, base.1, &p.base)?;
     let t = load_canonical(tuned.0, tuned.1, &p.tuned)?;

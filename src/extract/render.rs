@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use rayon::prelude::*;
 
 use super::ExtractError;
-use super::factor::Factors;
+use super::factor::LowRankFactors;
 use crate::adapter::Convention;
 use crate::adapter::names::{ModuleId, Role};
 use crate::adapter::peft_config::ConfigPlan;
@@ -34,7 +34,7 @@ pub enum Extracted {
         /// The module.
         id: ModuleId,
         /// Its factors.
-        factors: Factors,
+        factors: LowRankFactors,
     },
     /// A full difference, f32, PyTorch layout.
     Diff {

@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use faer::Mat;
 use rayon::prelude::*;
 
-use super::factor::{Factors, Spectrum};
+use super::factor::{LowRankFactors, Spectrum};
 use super::render::{OwnedOutput, OwnedTensor, Provenance, short_name, write_output};
 use super::report::{ExtractReport, ModuleReport, kind_label};
 use super::{ExtractError, ExtractOutcome, RankRule};
@@ -62,7 +62,7 @@ impl From<TranslateError> for ExtractError {
 struct Resized {
     entry: usize,
     rank_in: usize,
-    new: Option<(Factors, f64, f64)>,
+    new: Option<(LowRankFactors, f64, f64)>,
 }
 
 /// Resizes an adapter; on any error nothing is written.
@@ -76,7 +76,7 @@ pub fn resize(req: &ResizeRequest) -> Result<ExtractOutcome, ExtractError> {
         .filter(|&i| set.entries[i].kind == Kind::Lora)
         .map(|i| resize_entry(&set, i, &req.rule))
         .collect::<Result<_, _>>()?;
-    let mut new_factors: BTreeMap<usize, Factors> = BTreeMap::new();
+    let mut new_factors: BTreeMap<usize, LowRankFactors> = BTreeMap::new();
     for r in &resized {
         if let Some((f, _, _)) = &r.new {
             fold_into_entry(&mut set.entries[r.entry], f);
@@ -185,7 +185,7 @@ fn resize_entry(set: &AdapterSet, i: usize, rule: &RankRule) -> Result<Resized, 
 }
 
 /// The entry now has rank k, α = k (σ = 1, folded into the factors), and k-shaped factors.
-fn fold_into_entry(e: &mut Entry, f: &Factors) {
+fn fold_into_entry(e: &mut Entry, f: &LowRankFactors) {
     e.rank = Some(f.rank);
     e.alpha = Some(f.rank as f64);
     e.scale = 1.0;
@@ -202,7 +202,7 @@ fn fold_into_entry(e: &mut Entry, f: &Factors) {
 fn owned_tensor(
     set: &AdapterSet,
     t: &crate::adapter::translate::OutTensor,
-    new: &BTreeMap<usize, Factors>,
+    new: &BTreeMap<usize, LowRankFactors>,
 ) -> Result<OwnedTensor, ExtractError> {
     let internal = |e: anyhow::Error| ExtractError::Usage(format!("internal: {e:#}"));
     if let OutData::Param {

@@ -13,7 +13,7 @@ use rayon::prelude::*;
 
 use super::budget::{Candidate, allocate};
 use super::factor::{Spectrum, spectrum};
-use super::pair::{Pair, delta, pair_models};
+use super::pair::{TensorPair, delta, pair_models};
 use super::render::{
     Extracted, OwnedOutput, Provenance, render_comfy, render_peft, short_name, write_output,
 };
@@ -146,7 +146,7 @@ type Diffs = Vec<(usize, Vec<f32>)>;
 /// SVD runs) unless `--linear-only`, which leaves them out.
 fn split_diffs(
     diffs: Diffs,
-    pairs: &[Pair],
+    pairs: &[TensorPair],
     req: &ExtractRequest,
 ) -> Result<(Diffs, Vec<String>), ExtractError> {
     if req.to != Convention::Peft {
@@ -176,7 +176,7 @@ type Side<'a> = (&'a std::path::Path, &'a TensorSet);
 
 /// (pair index, f32 difference) of every differing non-Linear parameter, in pair order.
 fn full_differences(
-    pairs: &[Pair],
+    pairs: &[TensorPair],
     (b, t): (Side<'_>, Side<'_>),
 ) -> Result<Vec<(usize, Vec<f32>)>, ExtractError> {
     let found: Vec<Option<(usize, Vec<f32>)>> = pairs
@@ -190,7 +190,7 @@ fn full_differences(
 
 /// (pair index, spectrum) of every differing Linear weight, in pair order.
 fn linear_deltas(
-    pairs: &[Pair],
+    pairs: &[TensorPair],
     (b, t): (Side<'_>, Side<'_>),
     req: &ExtractRequest,
 ) -> Result<Vec<(usize, Spectrum)>, ExtractError> {
@@ -259,7 +259,7 @@ fn choose_ranks(
 
 /// The output entries in pair order (LoRA modules of rank ≥ 1 and kept diffs) and the report.
 fn assemble(
-    pairs: &[Pair],
+    pairs: &[TensorPair],
     linear: &[(usize, Spectrum)],
     ranks: &[usize],
     diffs: Vec<(usize, Vec<f32>)>,

@@ -35,7 +35,7 @@ pub struct ForwardInputs<'a> {
 
 /// Sizes derived from checked inputs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Geometry {
+pub struct TokenGeometry {
     /// Batch size B.
     pub batch: usize,
     /// Latent (F, H, W).
@@ -136,7 +136,7 @@ impl<'w> WanTransformer<'w> {
     }
 
     /// Checks every input against the config and returns the derived sizes.
-    pub fn check(&self, inputs: &ForwardInputs<'_>) -> Result<Geometry, RunError> {
+    pub fn check(&self, inputs: &ForwardInputs<'_>) -> Result<TokenGeometry, RunError> {
         check_inputs(self.config(), inputs)
     }
 
@@ -245,7 +245,7 @@ impl<'w> WanTransformer<'w> {
         mut x: Vec<f32>,
         temb: &[f32],
         inp: &BlockInputs<'_>,
-        g: &Geometry,
+        g: &TokenGeometry,
     ) -> Result<Tensor, RunError> {
         let w = self.weights;
         let cfg = w.config();
@@ -274,7 +274,7 @@ fn concat_per_item(a: &[f32], la: usize, b: &[f32], lb: usize, batch: usize, d: 
 
 /// out[b, c, fi·pt + a, hi·ph + β, wi·pw + γ] = proj[b, n, ((a·ph + β)·pw + γ)·C_out + c],
 /// with n = (fi·h + hi)·w + wi (spec wan.md §2.5).
-pub fn unpatchify(proj: &[f32], g: &Geometry, patch: [usize; 3], c_out: usize) -> Tensor {
+pub fn unpatchify(proj: &[f32], g: &TokenGeometry, patch: [usize; 3], c_out: usize) -> Tensor {
     let [pt, ph, pw] = patch;
     let [f, h, w] = g.grid;
     let [fl, hl, wl] = g.latent;
@@ -311,7 +311,10 @@ fn shape_error(tensor: &str, expected: String, found: &[usize]) -> RunError {
 }
 
 /// The shape rules of spec wan.md §2.0 against `cfg`.
-pub fn check_inputs(cfg: &WanConfig, inputs: &ForwardInputs<'_>) -> Result<Geometry, RunError> {
+pub fn check_inputs(
+    cfg: &WanConfig,
+    inputs: &ForwardInputs<'_>,
+) -> Result<TokenGeometry, RunError> {
     check_shapes(
         cfg,
         &inputs.hidden_states.shape,
@@ -331,7 +334,7 @@ pub fn check_shapes(
     ts: &[usize],
     ehs: &[usize],
     image: Option<&[usize]>,
-) -> Result<Geometry, RunError> {
+) -> Result<TokenGeometry, RunError> {
     let [pt, ph, pw] = cfg.patch_size;
     let c_in = cfg.in_channels;
     let &[batch, c, fl, hl, wl] = hs else {
@@ -392,7 +395,7 @@ pub fn check_shapes(
             ehs,
         ));
     }
-    Ok(Geometry {
+    Ok(TokenGeometry {
         batch,
         latent: [fl, hl, wl],
         grid,

@@ -41,7 +41,7 @@ pub mod tensor;
 pub mod weights;
 
 pub use error::RunError;
-pub use forward::{Context, ForwardInputs, Geometry, WanTransformer};
+pub use forward::{Context, ForwardInputs, TokenGeometry, WanTransformer};
 pub use inputs::RunInputs;
 pub use job::{RunOutput, RunSettings, run_models};
 pub use model_dir::ModelSet;

@@ -29,7 +29,7 @@ use crate::manifest::Manifest;
 pub use crate::manifest::SIGNATURE_NAME;
 
 /// Why signing or verifying could not run. A signature that does not hold is not an error:
-/// it is a `VerifyReport` with problems.
+/// it is a `SignatureReport` with problems.
 #[derive(Debug, thiserror::Error)]
 pub enum SignError {
     /// An OS error on a file or folder.
@@ -94,7 +94,7 @@ pub struct SignReport {
 
 /// The result of checking a signature.
 #[derive(Clone, Debug, serde::Serialize)]
-pub struct VerifyReport {
+pub struct SignatureReport {
     /// The signature file.
     pub signature: PathBuf,
     /// The public key's curve.
@@ -107,7 +107,7 @@ pub struct VerifyReport {
     pub problems: Vec<String>,
 }
 
-impl VerifyReport {
+impl SignatureReport {
     /// True when the signature holds for the folder.
     pub fn ok(&self) -> bool {
         self.problems.is_empty()
@@ -193,12 +193,12 @@ pub fn verify(
     signature: &Path,
     key: &VerifyingKey,
     manifest: Option<&Manifest>,
-) -> Result<VerifyReport, SignError> {
+) -> Result<SignatureReport, SignError> {
     let bytes = fs_err::read(signature).map_err(|source| SignError::MissingSignature {
         path: signature.to_path_buf(),
         source,
     })?;
-    let mut report = VerifyReport {
+    let mut report = SignatureReport {
         signature: signature.to_path_buf(),
         curve: key.curve().name(),
         hint_present: false,
