@@ -258,32 +258,16 @@ pub(crate) fn gesvd(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use faer::Mat;
-    use faer::dyn_stack::{MemBuffer, MemStack};
-    use faer::linalg::svd::{ComputeSvdVectors, svd, svd_scratch};
-    use faer::{Col, Par};
+    use crate::linalg::svd::thin_svd;
+    use faer::{Mat, Par};
 
     /// What `gesvd` returns for a column-major (m ≥ n) input, computed with faer in f64:
     /// Ua (m, k) ld m, S, VaT (k, n) ld k. Signs are whatever faer returns.
     fn emulated_gesvd(A: &[f64], m: usize, n: usize) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
         let k = n;
         let A = Mat::<f64>::from_fn(m, n, |i, j| A[i + j * m]);
-        let mut S = Col::<f64>::zeros(k);
-        let mut U = Mat::<f64>::zeros(m, k);
-        let mut V = Mat::<f64>::zeros(n, k);
-        let thin = ComputeSvdVectors::Thin;
-        let params = Default::default();
-        let mut mem = MemBuffer::new(svd_scratch::<f64>(m, n, thin, thin, Par::Seq, params));
-        svd(
-            A.as_ref(),
-            S.as_diagonal_mut(),
-            Some(U.as_mut()),
-            Some(V.as_mut()),
-            Par::Seq,
-            MemStack::new(&mut mem),
-            params,
-        )
-        .unwrap();
+        let t = thin_svd(A.as_ref(), Par::Seq).unwrap();
+        let (U, S, V) = (t.U, t.S, t.V);
         let mut Ua = vec![0.0; m * k];
         let mut VaT = vec![0.0; k * n];
         for p in 0..k {

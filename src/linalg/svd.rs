@@ -51,7 +51,7 @@
 
 use faer::dyn_stack::{MemBuffer, MemStack};
 use faer::linalg::svd::{ComputeSvdVectors, SvdError, svd, svd_scratch};
-use faer::{Col, Mat, Par};
+use faer::{Col, Mat, MatRef, Par};
 
 use super::signs::canonicalize_signs_mat;
 
@@ -165,7 +165,7 @@ pub fn xs_bases(
     check_rank(r, out, inp)?;
     check_finite(W, out, inp)?;
     let degree = Par::rayon(SVD_PARTITION_DEGREE);
-    let CanonicalSvd { U, S, V } =
+    let ThinSvd { U, S, V } =
         with_threads(par.degree(), || canonical_thin_svd(W, out, inp, degree))?;
     Ok(XsBases {
         out,
@@ -219,22 +219,26 @@ fn with_threads<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
 
 /// Thin SVD of `W` in f64 with canonical signs: `U` (out, k), `S` (k), `V` (inp, k),
 /// column-major faer matrices, k = min(out, inp).
-fn canonical_thin_svd(
-    W: &[f32],
-    out: usize,
-    inp: usize,
-    par: Par,
-) -> Result<CanonicalSvd, LinalgError> {
-    let k = out.min(inp);
+fn canonical_thin_svd(W: &[f32], out: usize, inp: usize, par: Par) -> Result<ThinSvd, LinalgError> {
     let A = Mat::<f64>::from_fn(out, inp, |i, j| f64::from(W[i * inp + j]));
+    let mut t = thin_svd(A.as_ref(), par)?;
+    canonicalize_signs_mat(t.U.as_mut(), t.V.as_mut().transpose_mut());
+    Ok(t)
+}
+
+/// faer's thin SVD of `A` (m, n) in f64: `U` (m, k), `S` (k, descending), `V` (n, k),
+/// k = min(m, n), signs as faer returns them. The one call of faer's SVD in the crate.
+pub(crate) fn thin_svd(A: MatRef<'_, f64>, par: Par) -> Result<ThinSvd, LinalgError> {
+    let (m, n) = (A.nrows(), A.ncols());
+    let k = m.min(n);
     let mut S = Col::<f64>::zeros(k);
-    let mut U = Mat::<f64>::zeros(out, k);
-    let mut V = Mat::<f64>::zeros(inp, k);
+    let mut U = Mat::<f64>::zeros(m, k);
+    let mut V = Mat::<f64>::zeros(n, k);
     let params = Default::default();
     let thin = ComputeSvdVectors::Thin;
-    let mut mem = MemBuffer::new(svd_scratch::<f64>(out, inp, thin, thin, par, params));
+    let mut mem = MemBuffer::new(svd_scratch::<f64>(m, n, thin, thin, par, params));
     svd(
-        A.as_ref(),
+        A,
         S.as_diagonal_mut(),
         Some(U.as_mut()),
         Some(V.as_mut()),
@@ -242,19 +246,18 @@ fn canonical_thin_svd(
         MemStack::new(&mut mem),
         params,
     )
-    .map_err(|SvdError::NoConvergence| LinalgError::NoConvergence { out, inp })?;
-    canonicalize_signs_mat(U.as_mut(), V.as_mut().transpose_mut());
-    Ok(CanonicalSvd { U, S, V })
+    .map_err(|SvdError::NoConvergence| LinalgError::NoConvergence { out: m, inp: n })?;
+    Ok(ThinSvd { U, S, V })
 }
 
-/// A thin SVD in f64 with canonical signs (column-major faer matrices).
-struct CanonicalSvd {
-    /// (out, k).
-    U: Mat<f64>,
+/// A thin SVD in f64 (column-major faer matrices).
+pub(crate) struct ThinSvd {
+    /// (m, k).
+    pub(crate) U: Mat<f64>,
     /// (k), descending.
-    S: Col<f64>,
-    /// (inp, k).
-    V: Mat<f64>,
+    pub(crate) S: Col<f64>,
+    /// (n, k).
+    pub(crate) V: Mat<f64>,
 }
 
 /// The first `r` columns of a column-major f64 matrix as a row-major f32 array.

@@ -33,11 +33,10 @@ use faer::linalg::matmul::matmul;
 use faer::linalg::qr::no_pivoting::factor::{
     qr_in_place, qr_in_place_scratch, recommended_block_size,
 };
-use faer::linalg::svd::{ComputeSvdVectors, SvdError, svd, svd_scratch};
-use faer::{Accum, Col, Conj, Mat, MatRef, Par};
+use faer::{Accum, Conj, Mat, MatRef, Par};
 
 use super::signs::canonicalize_signs_mat;
-use super::svd::LinalgError;
+use super::svd::{LinalgError, thin_svd};
 
 /// How to compute the leading singular triplets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -174,28 +173,12 @@ pub fn factored_top_singular(
 
 /// Full thin SVD, truncated to `k`.
 fn exact(A: MatRef<'_, f64>, k: usize) -> Result<TopSingular, LinalgError> {
-    let (m, n) = (A.nrows(), A.ncols());
-    let small = m.min(n);
-    let mut S = Col::<f64>::zeros(small);
-    let mut U = Mat::<f64>::zeros(m, small);
-    let mut V = Mat::<f64>::zeros(n, small);
-    let thin = ComputeSvdVectors::Thin;
-    let params = Default::default();
-    let mut mem = MemBuffer::new(svd_scratch::<f64>(m, n, thin, thin, Par::Seq, params));
-    svd(
-        A,
-        S.as_diagonal_mut(),
-        Some(U.as_mut()),
-        Some(V.as_mut()),
-        Par::Seq,
-        MemStack::new(&mut mem),
-        params,
-    )
-    .map_err(|SvdError::NoConvergence| LinalgError::NoConvergence { out: m, inp: n })?;
+    let small = A.nrows().min(A.ncols());
+    let t = thin_svd(A, Par::Seq)?;
     Ok(TopSingular {
-        U: U.get(.., ..k).to_owned(),
-        S: S.iter().take(k).copied().collect(),
-        V: V.get(.., ..k).to_owned(),
+        U: t.U.get(.., ..k).to_owned(),
+        S: t.S.iter().take(k).copied().collect(),
+        V: t.V.get(.., ..k).to_owned(),
         complete: k == small,
     })
 }
