@@ -7,7 +7,11 @@
 //! MaxDiffusion's converter on diffusers-built models), `restack` on the golden models, and
 //! the 1.3B benchmark (ignored).
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
+
+use common::Rng;
 
 use wanbake::io::header_layout::{HeaderLayout, PlannedTensor};
 use wanbake::io::{DType, SafetensorsFile, TensorView};
@@ -24,18 +28,6 @@ use wanbake::model::wan_layout::detect_layout;
 
 // ---------------------------------------------------------------------------------------
 // Fixtures
-
-/// xorshift64*: deterministic test data without a dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-}
 
 fn tiny_t2v() -> WanConfig {
     // diffusers' own unit-test config (spec wan.md §1.3), with 3 blocks.
@@ -144,12 +136,12 @@ impl Mem {
 /// A diffusers checkpoint of `cfg` with random bit patterns (NaN payloads included) of
 /// `dtype`.
 fn random_diffusers(cfg: &WanConfig, dtype: DType, seed: u64) -> Mem {
-    let mut rng = Rng(seed | 1);
+    let mut rng = Rng(seed);
     let size = dtype.size().unwrap();
     let mut m = Mem::default();
     for p in cfg.diffusers_params() {
         let n = p.numel() as usize * size;
-        let bytes = (0..n).map(|_| rng.next() as u8).collect();
+        let bytes = (0..n).map(|_| rng.next_u64() as u8).collect();
         m.0.insert(
             p.name,
             MemTensor {
@@ -831,7 +823,7 @@ fn f32_to_bf16_is_one_rne_rounding_of_each_element() {
     for t in start.0.values_mut() {
         // Finite values with random low mantissa bits, so ties and near-ties occur.
         for c in t.bytes.chunks_mut(4) {
-            let bits = (rng.next() as u32 & 0x807F_FFFF) | 0x3F00_0000;
+            let bits = (rng.next_u64() as u32 & 0x807F_FFFF) | 0x3F00_0000;
             c.copy_from_slice(&bits.to_le_bytes());
         }
     }
