@@ -16,14 +16,16 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use serde_json::Value;
-use wanbake::adapter::{AdapterSet, Convention, Entry, Kind, ParamRole, ScaleSource, TensorSource};
+use wanbake::adapter::{
+    AdapterSet, BaseIndex, Convention, Entry, Kind, ParamRole, ScaleSource, TensorSource,
+};
 use wanbake::gpu::CudaDevice;
 use wanbake::io::staging::Replace;
 use wanbake::io::{Checkpoint, DType, SafetensorsFile};
 use wanbake::layout::OutputDType;
 use wanbake::merge::{
-    AdapterSpec, BoundAdapter, Compute, DoraStrength, MergeFailure, MergeOptions, MergeOutcome,
-    bind_specs, merge_release,
+    AdapterSpec, BoundSet, Compute, DoraStrength, MergeError, MergeFailure, MergeOptions,
+    MergeOutcome, bind_adapter, bind_specs, merge_release,
 };
 use wanbake::model::wan_layout::Layout;
 
@@ -89,14 +91,32 @@ fn entry(
     e
 }
 
-fn bound(set: AdapterSet, strength: f64) -> BoundAdapter {
-    BoundAdapter {
+/// A hand-built adapter before binding: the merge helpers bind it to the base through the
+/// library's one binding step (`merge::bind_adapter`), as `bind_specs` does for files.
+struct Unbound {
+    set: AdapterSet,
+    strength: f64,
+    component: usize,
+}
+
+fn bound(set: AdapterSet, strength: f64) -> Unbound {
+    Unbound {
         set,
-        component: 0,
         strength,
-        shown: "hand-built".into(),
-        unmatched: Vec::new(),
+        component: 0,
     }
+}
+
+/// Binds hand-built adapters to `base` (one alias table per component).
+fn bind_all(base: &Checkpoint, adapters: Vec<Unbound>) -> Result<BoundSet, MergeError> {
+    adapters
+        .into_iter()
+        .map(|u| {
+            let comp = &base.components[u.component];
+            let index = BaseIndex::new(&base.path.join(&comp.rel_dir), &comp.tensors);
+            bind_adapter(u.set, u.component, &index, u.strength, "hand-built")
+        })
+        .collect()
 }
 
 fn options(dtype: OutputDType) -> MergeOptions {
@@ -229,7 +249,7 @@ fn same(name: &str) -> String {
 
 fn merge(
     base: &Path,
-    adapters: Vec<BoundAdapter>,
+    adapters: Vec<Unbound>,
     options: &MergeOptions,
     dest: &Path,
 ) -> Result<MergeOutcome, MergeFailure> {
@@ -239,7 +259,19 @@ fn merge(
 /// [`merge`] with the targets computed on `compute`.
 fn merge_on(
     base: &Path,
-    adapters: Vec<BoundAdapter>,
+    adapters: Vec<Unbound>,
+    options: &MergeOptions,
+    dest: &Path,
+    compute: &Compute,
+) -> Result<MergeOutcome, MergeFailure> {
+    let adapters = bind_all(&Checkpoint::open(base).unwrap(), adapters)?;
+    merge_bound(base, &adapters, options, dest, compute)
+}
+
+/// [`merge_on`] of adapters already bound (by `bind_specs`, as the command line binds).
+fn merge_bound(
+    base: &Path,
+    adapters: &BoundSet,
     options: &MergeOptions,
     dest: &Path,
     compute: &Compute,
@@ -247,7 +279,7 @@ fn merge_on(
     let base = Checkpoint::open(base).unwrap();
     let out = merge_release(
         &base,
-        &adapters,
+        adapters,
         options,
         None,
         dest,
@@ -367,7 +399,7 @@ fn max_abs_err(got: &[f32], reference: &[f64]) -> f64 {
 fn check_against_reference(
     base: &Path,
     component: &str,
-    make: &dyn Fn() -> Vec<BoundAdapter>,
+    make: &dyn Fn() -> Vec<Unbound>,
     options_f32: &MergeOptions,
     reference: &Path,
     what: &str,
@@ -919,7 +951,7 @@ fn assert_nothing_written(tmp: &Path) {
     assert!(left.is_empty(), "output left behind: {left:?}");
 }
 
-fn refused(tmp: &Path, adapters: Vec<BoundAdapter>, o: &MergeOptions) -> String {
+fn refused(tmp: &Path, adapters: Vec<Unbound>, o: &MergeOptions) -> String {
     let dest = tmp.join("out");
     match merge(&sa3_base(), adapters, o, &dest) {
         Ok(_) => panic!("expected a refusal"),
@@ -938,8 +970,10 @@ fn write_adapter(tmp: &Path, tensors: &[(&str, Vec<usize>, Vec<f32>)]) -> PathBu
     path
 }
 
+/// A one-entry adapter whose module is `target`'s module (binding resolves it).
 fn lora_on(path: &Path, target: &str, kind: Kind) -> AdapterSet {
-    lora_module_on(path, "m", target, kind)
+    let module = target.strip_suffix(".weight").unwrap_or(target);
+    lora_module_on(path, module, target, kind)
 }
 
 fn lora_module_on(path: &Path, module: &str, target: &str, kind: Kind) -> AdapterSet {
@@ -1062,19 +1096,24 @@ fn refuses_unmatched_keys_unless_allowed_and_reports_them() {
             ("B", vec![72, 1], vec![0.1; 72]),
         ],
     );
-    let make = || {
-        let mut b = bound(lora_on(&a, QKV, Kind::Lora), 1.0);
-        b.unmatched = vec!["lora_unet_foo.lora_down.weight".into()];
-        b
+    // A second entry whose module the base does not have: binding finds it unmatched.
+    let make = |allow: bool| {
+        let mut set = lora_on(&a, QKV, Kind::Lora);
+        let mut stray = set.entries[0].clone();
+        stray.module = "lora_unet_foo".into();
+        stray.source_keys = vec!["lora_unet_foo.lora_down.weight".into()];
+        set.entries.push(stray);
+        set.allow_unmatched = allow;
+        bound(set, 1.0)
     };
-    let msg = refused(tmp.path(), vec![make()], &options(OutputDType::F32));
+    let msg = refused(tmp.path(), vec![make(false)], &options(OutputDType::F32));
     assert!(
         msg.contains("lora_unet_foo.lora_down.weight") && msg.contains("--allow-unmatched"),
         "{msg}"
     );
     let mut o = options(OutputDType::F32);
     o.allow_unmatched = true;
-    let out = merge(&sa3_base(), vec![make()], &o, &tmp.path().join("out")).unwrap();
+    let out = merge(&sa3_base(), vec![make(true)], &o, &tmp.path().join("out")).unwrap();
     assert_eq!(
         out.report.adapters[0].unmatched_allowed,
         vec!["lora_unet_foo.lora_down.weight".to_string()]
@@ -1099,12 +1138,13 @@ fn refuses_an_adapter_that_binds_nothing() {
             ("B", vec![72, 1], vec![0.1; 72]),
         ],
     );
-    let mut set = lora_on(&a, QKV, Kind::Lora);
-    set.entries[0].target = None;
+    // Refused even when unmatched keys are allowed: an adapter must change something.
+    let mut set = lora_module_on(&a, "nothing.here", QKV, Kind::Lora);
+    set.allow_unmatched = true;
     let mut o = options(OutputDType::F32);
     o.allow_unmatched = true;
     let msg = refused(tmp.path(), vec![bound(set, 1.0)], &o);
-    assert!(msg.contains("binds to a tensor of the base"), "{msg}");
+    assert!(msg.contains("binds to none of the"), "{msg}");
 }
 
 #[test]
@@ -1134,7 +1174,15 @@ fn refuses_xs_rank_above_the_smaller_dimension() {
     let p = BTreeMap::from([(ParamRole::M, source(&file, "M"))]);
     drop(file);
     let target = "conditioner.conditioners.seconds_total.embedder.embedding.1.weight"; // (12, 16)
-    let e = entry("m", target, Kind::LoraXs, p, 1.0, ScaleSource::Sa3Metadata);
+    let module = target.trim_end_matches(".weight");
+    let e = entry(
+        module,
+        target,
+        Kind::LoraXs,
+        p,
+        1.0,
+        ScaleSource::Sa3Metadata,
+    );
     let set = adapter_set(&a, Convention::Sa3, vec![e]);
     let msg = refused(
         tmp.path(),
@@ -2110,7 +2158,7 @@ fn every_route_agrees_through_the_transposing_layouts_and_on_nnx_bases() {
             let dest = tmp.path().join(format!("{layout:?}-{}", compute.label()));
             let base_name = base.file_name().unwrap().to_string_lossy();
             let what = format!("{base_name} → {layout:?}");
-            merge_on(base, make(base), &o, &dest, &compute)
+            merge_bound(base, &make(base), &o, &dest, &compute)
                 .unwrap_or_else(|e| panic!("{what}: {e}"));
             outputs.push((compute.label(), output_tensors(&dest, "")));
         }
@@ -2133,7 +2181,7 @@ fn the_svd_cache_is_shared_between_routes() {
     let routes = [Compute::Reference, Compute::Cpu];
     for compute in &routes {
         let dest = tmp.path().join(compute.label());
-        let adapters = vec![bound(sa3_set("bora-xs", &same), 0.9)];
+        let adapters = bind_all(&base, vec![bound(sa3_set("bora-xs", &same), 0.9)]).unwrap();
         let o = options(OutputDType::BF16);
         let out = merge_release(
             &base,

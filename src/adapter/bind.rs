@@ -21,8 +21,9 @@ use super::names::{
     preferred_naming, wan_module_of_row, wan_modules, wan_root,
 };
 use super::{AdapterError, AdapterSet, EntryProblem};
-use crate::io::TensorSet;
+use crate::io::{DType, TensorSet};
 use crate::model::fingerprint::{Fingerprint, fingerprint};
+use crate::model::sa3;
 use crate::model::transform::Transform;
 use crate::model::wan_layout::Layout;
 use crate::model::wan_layout::detect_layout;
@@ -75,6 +76,8 @@ pub struct BaseIndex {
     pub fingerprint: Option<Fingerprint>,
     /// Number of stored tensors.
     pub tensor_count: usize,
+    /// Stored tensors whose dtype is not a float (no adapter can change them).
+    non_float: BTreeMap<String, DType>,
     aliases: HashMap<(Naming, String), Hit>,
     by_id: HashMap<ModuleId, usize>,
     /// Generic modules with their full stored module name (for SA3-prefixed roots).
@@ -113,6 +116,7 @@ impl BaseIndex {
             layout: None,
             fingerprint: None,
             tensor_count: 0,
+            non_float: BTreeMap::new(),
             aliases: HashMap::new(),
             by_id: HashMap::new(),
             generic_full: Vec::new(),
@@ -126,15 +130,20 @@ impl BaseIndex {
         let names: Vec<&str> = tensors.names().collect();
         ix.tensor_count = names.len();
         ix.layout = wan_layout(&names);
+        let mlx = ix.layout.is_none() && sa3::is_mlx_dit(names.iter().copied());
         for t in tensors.tensors() {
             let name = t.view.name;
             let shape = t.view.shape;
+            if !t.view.dtype.is_float() {
+                ix.non_float.insert(name.to_string(), t.view.dtype);
+            }
             let wan = ix
                 .layout
                 .filter(|_| !name.contains(SKIPPED_MARKER))
                 .and_then(|l| wan_names::parse_stored(l, name).map(|p| (l, p)));
             match wan {
                 Some((l, (row, pos))) => ix.add_wan(l, row, pos, name, shape),
+                None if mlx => ix.add_mlx(name, shape),
                 None => ix.add_generic(name, shape),
             }
         }
@@ -228,7 +237,24 @@ impl BaseIndex {
         }
     }
 
+    /// A tensor of an MLX SA3 DiT: bound under its PyTorch name, with its PyTorch-layout
+    /// shape (a Conv1d's (out, k, in) read as (out, in, k), spec sa3_lora.md §4.4); the merge
+    /// reads and writes it in the stored order (`merge::plan`'s row order).
+    fn add_mlx(&mut self, name: &str, shape: &[usize]) {
+        let torch = sa3::torch_name_of_mlx(name);
+        let torch_shape = match shape {
+            [o, k, i] => vec![*o, *i, *k],
+            s => s.to_vec(),
+        };
+        self.add_generic_as(name, &torch, &torch_shape);
+    }
+
     fn add_generic(&mut self, name: &str, shape: &[usize]) {
+        self.add_generic_as(name, name, shape);
+    }
+
+    /// A generic tensor `stored`, bound as module + role of `name` with `shape`.
+    fn add_generic_as(&mut self, stored: &str, name: &str, shape: &[usize]) {
         let (module, role) = if let Some(m) = name.strip_suffix(".weight") {
             (m, Role::Weight)
         } else if let Some(m) = name.strip_suffix(".bias") {
@@ -244,7 +270,7 @@ impl BaseIndex {
             mi,
             role,
             BaseTarget {
-                tensor: name.to_string(),
+                tensor: stored.to_string(),
                 layer: None,
                 to_canonical: Transform::Identity,
                 shape: shape.to_vec(),
@@ -453,6 +479,19 @@ pub fn check_fit(entry: &Entry, shape: &[usize]) -> Result<(), String> {
         k if k.is_lycoris() => return super::lycoris::check_entry(entry, shape),
         _ => {}
     }
+    let missing = entry.missing_roles();
+    if !missing.is_empty() {
+        let roles = |r: &[ParamRole]| {
+            let names: Vec<String> = r.iter().map(|r| format!("{r:?}")).collect();
+            names.join(", ")
+        };
+        return Err(format!(
+            "the entry is {:?} but lacks {}: that kind needs {}",
+            entry.kind,
+            roles(&missing),
+            roles(entry.kind.roles())
+        ));
+    }
     let Some((out, inp)) = view_2d(shape) else {
         return Err(format!(
             "a low-rank update needs a matrix target, found shape {shape:?}"
@@ -568,7 +607,11 @@ impl AdapterSet {
                 Err(reason) => unmatched.push(problem(e, reason)),
                 Ok((mi, (_, ti))) => {
                     let t = &base.targets[ti];
-                    match check_fit(e, &t.shape) {
+                    let fit = match base.non_float.get(&t.tensor) {
+                        Some(d) => Err(format!("the base tensor is {d}, not a float")),
+                        None => check_fit(e, &t.shape),
+                    };
+                    match fit {
                         Ok(()) => plans.push((i, mi, ti)),
                         Err(reason) => shapes.push(problem(
                             e,

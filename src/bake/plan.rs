@@ -15,8 +15,8 @@ use crate::io::staging::check_not_input;
 
 use crate::manifest::InputRecord;
 use crate::merge::{
-    AdapterSpec, BaseHash, BoundAdapter, ComponentChoice, MergeOptions, OptionsText, PreparedMerge,
-    bind_specs, prepare_merge,
+    AdapterSpec, BaseHash, BoundAdapter, BoundSet, ComponentChoice, MergeOptions, OptionsText,
+    PreparedMerge, bind_specs, prepare_merge,
 };
 use crate::model::fingerprint::{Fingerprint, fingerprint};
 use crate::recipe::{CheckSpec, Recipe, Sha256Spec};
@@ -67,7 +67,7 @@ pub struct BakePlan {
     /// What the base is.
     pub fingerprints: Vec<(String, Fingerprint)>,
     /// Every adapter bound to its transformer.
-    pub adapters: Vec<BoundAdapter>,
+    pub adapters: BoundSet,
     /// Merge options from the recipe.
     pub options: MergeOptions,
     /// The merge plan and the hashed inputs.

@@ -3,16 +3,82 @@
 //! Owns: `components_of` (which transformer(s) of a base a spec names, with the errors that
 //! tell the user how to say it) and `bind_specs` (open every adapter once per component it
 //! applies to, bind it with the adapter module's alias table of that component, collect the
-//! keys that matched nothing). Does not own: parsing adapters or the alias table
-//! (`adapter`), planning the merge (`merge::plan`). Shared by `wanbake merge` and recipes.
+//! keys that matched nothing), and the types that say it was done: `BoundAdapter` (made
+//! only here, by `AdapterSet::bind`, which checks every entry once: the target exists, is a
+//! float tensor and the entry's parameters fit it; some entry binds; keys that match nothing
+//! are refused unless allowed) and `BoundSet`. `merge::plan` trusts both and re-checks
+//! nothing. Does not own: parsing adapters, the alias table and the fit rules (`adapter`),
+//! planning the merge (`merge::plan`). Shared by `wanbake merge`, `extract` and recipes.
 
 use std::collections::BTreeMap;
 
 use super::error::MergeError;
-use super::plan::BoundAdapter;
 use super::spec::{AdapterSpec, ComponentChoice};
 use crate::adapter::{AdapterOptions, AdapterSet, BaseIndex};
 use crate::io::Checkpoint;
+
+/// An adapter bound to one transformer of the base: every entry it holds has passed
+/// `AdapterSet::bind` against that transformer (it cannot be made any other way).
+// A private field, not `#[non_exhaustive]`: the crate's other modules must not make one
+// either.
+#[allow(clippy::manual_non_exhaustive)]
+#[derive(Debug)]
+pub struct BoundAdapter {
+    /// The adapter; `Entry::target` and `Entry::binding` are set on every bound entry.
+    pub set: AdapterSet,
+    /// Index of the base component (`Checkpoint::components`) it was bound to.
+    pub component: usize,
+    /// Application weight `a` (finite; 0 skips the adapter).
+    pub strength: f64,
+    /// The `--adapter` argument as given.
+    pub shown: String,
+    /// Adapter keys that matched nothing (non-empty only when unmatched keys are allowed).
+    pub unmatched: Vec<String>,
+    /// Only `bind_adapter` makes one.
+    _bound: (),
+}
+
+/// Every adapter of a merge, bound (`bind_specs`). Derefs to the adapters in spec order.
+#[derive(Debug, Default)]
+pub struct BoundSet(Vec<BoundAdapter>);
+
+impl std::ops::Deref for BoundSet {
+    type Target = [BoundAdapter];
+    fn deref(&self) -> &[BoundAdapter] {
+        &self.0
+    }
+}
+
+impl FromIterator<BoundAdapter> for BoundSet {
+    fn from_iter<I: IntoIterator<Item = BoundAdapter>>(iter: I) -> BoundSet {
+        BoundSet(iter.into_iter().collect())
+    }
+}
+
+/// Binds an opened adapter to component `component` of `base` (alias table `index`, built
+/// once per component by the caller): the one place an adapter's entries are checked against
+/// the base.
+pub fn bind_adapter(
+    mut set: AdapterSet,
+    component: usize,
+    index: &BaseIndex,
+    strength: f64,
+    shown: &str,
+) -> Result<BoundAdapter, MergeError> {
+    let report = set.bind(index)?;
+    let mut unmatched: Vec<String> = set.unparsed.iter().map(|k| k.key.clone()).collect();
+    unmatched.extend(report.unmatched.iter().flat_map(|p| p.keys.iter().cloned()));
+    unmatched.sort();
+    unmatched.dedup();
+    Ok(BoundAdapter {
+        set,
+        component,
+        strength,
+        shown: shown.to_string(),
+        unmatched,
+        _bound: (),
+    })
+}
 
 /// The base components (indexes into `Checkpoint::components`) a spec applies to. A base
 /// with several transformers needs a component on every spec (`MergeError::Usage`).
@@ -64,7 +130,7 @@ pub fn bind_specs(
     specs: &[AdapterSpec],
     base: &Checkpoint,
     allow_unmatched: bool,
-) -> Result<Vec<BoundAdapter>, MergeError> {
+) -> Result<BoundSet, MergeError> {
     let mut indexes: BTreeMap<usize, BaseIndex> = BTreeMap::new();
     let mut out = Vec::new();
     for spec in specs {
@@ -78,18 +144,9 @@ pub fn bind_specs(
                 scale: spec.scale,
                 allow_unmatched,
             };
-            let mut set = AdapterSet::open(&spec.path, &opts)?;
-            let report = set.bind(index)?;
-            let mut unmatched: Vec<String> = set.unparsed.iter().map(|k| k.key.clone()).collect();
-            unmatched.extend(report.unmatched.iter().flat_map(|p| p.keys.iter().cloned()));
-            out.push(BoundAdapter {
-                set,
-                component: ci,
-                strength: spec.strength,
-                shown: spec.text.clone(),
-                unmatched,
-            });
+            let set = AdapterSet::open(&spec.path, &opts)?;
+            out.push(bind_adapter(set, ci, index, spec.strength, &spec.text)?);
         }
     }
-    Ok(out)
+    Ok(BoundSet(out))
 }

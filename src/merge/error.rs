@@ -2,13 +2,13 @@
 //!
 //! Owns: `MergeError`. Every variant names the adapter file (or the base tensor), the key,
 //! what was expected and what was found, and where the cause is recognisable, what to do.
+//! Binding refusals (unmatched keys, nothing bound, missing parameters, shapes) are the
+//! adapter module's (`MergeError::Adapter`): they are checked once, when binding.
 //! Every variant except `NonFiniteResult`, `Convert`, `Encode`, `Svd`, `Lycoris` and `Write` is
 //! raised while planning, before the output directory exists; those six are raised while writing,
 //! and the temporary output is then discarded.
 
 use std::path::PathBuf;
-
-use crate::adapter::{Kind, ParamRole};
 
 /// A refused or failed merge. Nothing is left at the destination when one is returned.
 #[derive(Debug, thiserror::Error)]
@@ -49,83 +49,6 @@ pub enum MergeError {
     /// A bug: an invariant of the plan did not hold.
     #[error("internal error: {0}")]
     Internal(String),
-    /// Adapter keys that match no tensor of the base.
-    #[error(
-        "{}: {} key(s) match no tensor of the base{}:{}\nhint: check that the adapter is for this \
-         base; pass --allow-unmatched to merge the rest and list these keys in the report",
-        adapter.display(), keys.len(), component_suffix(component), list(keys)
-    )]
-    Unmatched {
-        /// The adapter.
-        adapter: PathBuf,
-        /// The base component it was bound to.
-        component: String,
-        /// The keys.
-        keys: Vec<String>,
-    },
-    /// An adapter none of whose entries bound to a base tensor.
-    #[error(
-        "{}: none of its {entries} entries binds to a tensor of the base{}: this adapter is for \
-         another model{hint}",
-        adapter.display(), component_suffix(component)
-    )]
-    NothingBound {
-        /// The adapter.
-        adapter: PathBuf,
-        /// The component.
-        component: String,
-        /// How many entries it has.
-        entries: usize,
-        /// `" (its shapes fit …)"` or empty.
-        hint: String,
-    },
-    /// An entry names a target the base does not hold.
-    #[error("{}: entry `{module}` targets `{target}`, which the base{} does not have", adapter.display(), component_suffix(component))]
-    UnknownTarget {
-        /// The adapter.
-        adapter: PathBuf,
-        /// The entry's module.
-        module: String,
-        /// The target name.
-        target: String,
-        /// The component.
-        component: String,
-    },
-    /// An entry lacks tensors its kind needs.
-    #[error(
-        "{}: entry `{module}` is {kind:?} but lacks {}: that kind needs {}",
-        adapter.display(), roles(missing), roles(kind.roles())
-    )]
-    MissingParams {
-        /// The adapter.
-        adapter: PathBuf,
-        /// The entry's module.
-        module: String,
-        /// Its kind.
-        kind: Kind,
-        /// The roles missing.
-        missing: Vec<ParamRole>,
-    },
-    /// An adapter tensor does not fit its base tensor.
-    #[error("{0}")]
-    Shape(Box<ShapeMismatch>),
-    /// The entry's kind cannot apply to this target (a LoRA on a 1-D tensor, an -xs rank above
-    /// the base's smaller dimension, a non-float base tensor).
-    #[error("{}: entry `{module}` ({kind:?}) cannot apply to `{target}` {target_shape:?}: {reason}", adapter.display())]
-    Unfit {
-        /// The adapter.
-        adapter: PathBuf,
-        /// The entry's module.
-        module: String,
-        /// Its kind.
-        kind: Kind,
-        /// The base tensor.
-        target: String,
-        /// Its shape.
-        target_shape: Vec<usize>,
-        /// Why.
-        reason: String,
-    },
     /// NaN or ±inf in an adapter tensor.
     #[error(
         "{}: tensor `{key}` holds {value} at flat index {index}: refusing to merge non-finite values",
@@ -196,30 +119,6 @@ pub enum MergeError {
     },
 }
 
-/// An adapter entry whose tensors do not fit its base tensor.
-#[derive(Debug, thiserror::Error)]
-#[error(
-    "{}: entry `{module}` ({kind}) does not fit the base tensor `{target}` {target_shape:?}: \
-     {reason}\nhint: {hint}",
-    adapter.display()
-)]
-pub struct ShapeMismatch {
-    /// The adapter.
-    pub adapter: PathBuf,
-    /// The entry's module.
-    pub module: String,
-    /// The entry's kind.
-    pub kind: String,
-    /// The base tensor.
-    pub target: String,
-    /// Its shape in PyTorch layout.
-    pub target_shape: Vec<usize>,
-    /// Which tensor does not fit, expected vs found.
-    pub reason: String,
-    /// Which base the adapter seems made for, and what the base is.
-    pub hint: String,
-}
-
 impl From<crate::adapter::AdapterError> for MergeError {
     fn from(e: crate::adapter::AdapterError) -> MergeError {
         MergeError::Adapter(Box::new(e))
@@ -238,26 +137,4 @@ fn component_suffix(component: &str) -> String {
     } else {
         format!(" (component `{component}`)")
     }
-}
-
-fn roles(r: &[ParamRole]) -> String {
-    r.iter()
-        .map(|r| format!("{r:?}"))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// How many keys a message lists before counting the rest.
-const LISTED: usize = 20;
-
-fn list(keys: &[String]) -> String {
-    let mut s = String::new();
-    for k in keys.iter().take(LISTED) {
-        s.push_str("\n  ");
-        s.push_str(k);
-    }
-    if keys.len() > LISTED {
-        s.push_str(&format!("\n  … and {} more", keys.len() - LISTED));
-    }
-    s
 }

@@ -38,11 +38,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use faer::Par;
 use rayon::prelude::*;
 
+use super::bind::BoundAdapter;
 use super::device::{BaseWeight, Compute, Lanes, MAX_LANES, merge_whole, reference_lanes};
 use super::error::MergeError;
 use super::lycoris::delta_scaled;
 use super::math::{Factors, Form, SA3_EPS, Scratch, Update, add_contribution, column_scales};
-use super::plan::{BoundAdapter, Contribution, Job, MergePlan, RowOrder, Target};
+use super::plan::{Contribution, Job, MergePlan, RowOrder, Target};
 use super::report::SvdReport;
 use crate::adapter::lycoris::{LycorisError, module_of};
 use crate::adapter::{AdapterSet, Kind, ParamRole, TensorSource};

@@ -1,44 +1,31 @@
 //! Planning a merge: every adapter entry checked against its base tensor, every output
 //! tensor laid out, every job decided, before the first byte is written.
 //!
-//! Owns: `BoundAdapter` (an adapter bound to one transformer of the base, with its
-//! strength), `MergeOptions`, `MergePlan` with its `Target`s (base tensors that change, each
+//! Owns: `MergeOptions`, `MergePlan` with its `Target`s (base tensors that change, each
 //! with its sorted contributions) and `Job`s (one per output tensor piece: copy, convert,
-//! or merge), and the checks: unmatched keys, nothing bound, missing parameters, shapes
-//! (with the base variant the adapter seems made for), ranks, non-finite adapter values.
-//! Does not own: binding names (`adapter`), the formulas (`merge::math`), running the jobs
-//! (`merge::exec`), layouts (`model`) and keep-f32 rules (`layout`).
+//! or merge), and the checks binding cannot make: non-finite adapter values, targets the
+//! output layout leaves out, integer outputs of merged tensors. Does not own: binding and
+//! its checks (unmatched keys, nothing bound, missing parameters, shapes: `adapter::bind`,
+//! run once through `merge::bind`; a `BoundAdapter` is never re-checked here), the
+//! formulas (`merge::math`), running the jobs (`merge::exec`), layouts (`model`) and
+//! keep-f32 rules (`layout`).
 
 use std::collections::BTreeMap;
 
 use rayon::prelude::*;
 
+use super::bind::BoundAdapter;
 use super::error::MergeError;
 use super::report::{AdapterReport, DoraStrength, scale_source_label};
-use crate::adapter::bind::{check_fit, kind_name};
-use crate::adapter::variant::mismatch_line;
-use crate::adapter::{AdapterSet, BaseIndex, Entry, Kind, view_2d};
+use crate::adapter::bind::kind_name;
+use crate::adapter::{Entry, Kind, view_2d};
 use crate::io::writer::OutputPlan;
 use crate::io::{Checkpoint, Component, DType, Slot, TensorView};
 use crate::layout::{KeepF32, OutputDType};
+use crate::model::sa3;
 use crate::model::transform::Transform;
 use crate::model::wan_layout::Layout;
 use crate::quantize::{Encoding, QuantOptions, QuantPlan};
-
-/// An adapter bound to one transformer of the base.
-#[derive(Debug)]
-pub struct BoundAdapter {
-    /// The adapter; `Entry::target` holds the base tensor name of every bound entry.
-    pub set: AdapterSet,
-    /// Index of the base component (`Checkpoint::components`) it was bound to.
-    pub component: usize,
-    /// Application weight `a` (finite; 0 skips the adapter).
-    pub strength: f64,
-    /// The `--adapter` argument as given.
-    pub shown: String,
-    /// Adapter keys binding matched to nothing.
-    pub unmatched: Vec<String>,
-}
 
 /// How to merge and write.
 #[derive(Clone, Debug)]
@@ -345,13 +332,12 @@ fn bind_targets(
     let mut reports = Vec::with_capacity(adapters.len());
     for (ai, ad) in adapters.iter().enumerate() {
         let comp = &base.components[ad.component];
-        check_unmatched(ad, comp, options.allow_unmatched)?;
         let mut report = adapter_report(ad, comp);
         let mut merged = std::collections::BTreeSet::new();
         for (ei, e) in ad.set.entries.iter().enumerate() {
             let Some(name) = &e.target else { continue };
             let target = target_of(ad, e, comp, name)?;
-            let rank = check_entry(ad, e, comp, &target)?;
+            let rank = e.rank.unwrap_or(1);
             count_entry(&mut report, e);
             merged.insert((name.to_string(), target.layer));
             if ad.strength == 0.0 {
@@ -362,9 +348,6 @@ fn bind_targets(
                 .or_insert(target)
                 .contributions
                 .push(contribution(ai, ei, e, ad.strength, rank, options));
-        }
-        if report.entries == 0 {
-            return Err(nothing_bound(ad, comp));
         }
         report.targets_merged = if ad.strength == 0.0 { 0 } else { merged.len() };
         reports.push(report);
@@ -384,11 +367,13 @@ fn target_of(
     let view = comp
         .tensors
         .get(name)
-        .ok_or_else(|| MergeError::UnknownTarget {
-            adapter: ad.set.path.clone(),
-            module: e.module.clone(),
-            target: name.to_string(),
-            component: comp.name.clone(),
+        .ok_or_else(|| {
+            MergeError::Internal(format!(
+                "`{}`: entry `{}` was bound to `{name}`, which component `{}` lacks",
+                ad.set.path.display(),
+                e.module,
+                comp.name
+            ))
         })?
         .view;
     let rows = row_order(comp, &view);
@@ -413,30 +398,6 @@ fn target_of(
     })
 }
 
-/// Keys binding matched to nothing: the binder's unmatched keys and the keys of entries it
-/// left without a target, sorted.
-fn unmatched_keys(ad: &BoundAdapter) -> Vec<String> {
-    let mut keys: Vec<String> = ad.unmatched.clone();
-    for e in ad.set.entries.iter().filter(|e| e.target.is_none()) {
-        keys.extend(e.source_keys.iter().cloned());
-    }
-    keys.sort();
-    keys.dedup();
-    keys
-}
-
-fn check_unmatched(ad: &BoundAdapter, comp: &Component, allow: bool) -> Result<(), MergeError> {
-    let keys = unmatched_keys(ad);
-    if keys.is_empty() || allow {
-        return Ok(());
-    }
-    Err(MergeError::Unmatched {
-        adapter: ad.set.path.clone(),
-        component: comp.name.clone(),
-        keys,
-    })
-}
-
 fn adapter_report(ad: &BoundAdapter, comp: &Component) -> AdapterReport {
     AdapterReport {
         adapter: ad.shown.clone(),
@@ -450,7 +411,7 @@ fn adapter_report(ad: &BoundAdapter, comp: &Component) -> AdapterReport {
         keys_consumed: 0,
         kinds: BTreeMap::new(),
         scale_sources: BTreeMap::new(),
-        unmatched_allowed: unmatched_keys(ad),
+        unmatched_allowed: ad.unmatched.clone(),
     }
 }
 
@@ -499,84 +460,14 @@ fn matrix_view(shape: &[usize]) -> (usize, usize) {
     view_2d(shape).unwrap_or_else(|| (shape.first().copied().unwrap_or(1), 1))
 }
 
-/// MLX-converted SA3 DiTs (spec sa3_lora.md §4.4–§4.5) store Conv1d weights (out, k, in).
-/// They are recognised by the keys only the MLX conversion writes (`cond.*`,
-/// `to_local_embed.seq.*`) and the absence of the PyTorch `model.model.` prefix.
+/// MLX-converted SA3 DiTs (spec sa3_lora.md §4.4–§4.5, `model::sa3::is_mlx_dit`) store
+/// Conv1d weights (out, k, in).
 fn row_order(comp: &Component, view: &TensorView<'_>) -> RowOrder {
-    let [_, k, cin] = view.shape else {
-        return RowOrder::Torch;
-    };
-    let mut mlx_marker = false;
-    for n in comp.tensors.names() {
-        if n.starts_with("model.model.") {
-            return RowOrder::Torch;
+    match view.shape {
+        [_, k, cin] if sa3::is_mlx_dit(comp.tensors.names()) => {
+            RowOrder::MlxConv { k: *k, cin: *cin }
         }
-        mlx_marker |= n.starts_with("cond.") || n.contains(".to_local_embed.seq.");
-    }
-    if mlx_marker {
-        RowOrder::MlxConv { k: *k, cin: *cin }
-    } else {
-        RowOrder::Torch
-    }
-}
-
-/// Checks an entry against its base tensor with the binder's own fit rules
-/// (`adapter::bind::check_fit`, on the PyTorch-layout shape); returns the rank.
-fn check_entry(
-    ad: &BoundAdapter,
-    e: &Entry,
-    comp: &Component,
-    t: &Target,
-) -> Result<usize, MergeError> {
-    let dtype = comp.tensors.get(&t.name).map(|r| r.view.dtype);
-    if let Some(d) = dtype.filter(|d| !d.is_float()) {
-        return Err(MergeError::Unfit {
-            adapter: ad.set.path.clone(),
-            module: e.module.clone(),
-            kind: e.kind,
-            target: t.name.clone(),
-            target_shape: t.shape.clone(),
-            reason: format!("the base tensor is {d}, not a float"),
-        });
-    }
-    let missing = e.missing_roles();
-    if !missing.is_empty() {
-        return Err(MergeError::MissingParams {
-            adapter: ad.set.path.clone(),
-            module: e.module.clone(),
-            kind: e.kind,
-            missing,
-        });
-    }
-    check_fit(e, &t.shape).map_err(|reason| {
-        let index = BaseIndex::new(&comp.rel_dir, &comp.tensors);
-        MergeError::Shape(Box::new(super::error::ShapeMismatch {
-            adapter: ad.set.path.clone(),
-            module: e.module.clone(),
-            kind: kind_name(e.kind).to_string(),
-            target: t.name.clone(),
-            target_shape: t.shape.clone(),
-            reason,
-            hint: mismatch_line(&ad.set, &index),
-        }))
-    })?;
-    Ok(e.rank.unwrap_or(1))
-}
-
-fn nothing_bound(ad: &BoundAdapter, comp: &Component) -> MergeError {
-    let first_module = ad.set.entries.first().map(|e| e.module.as_str());
-    let first_base = comp.tensors.names().next();
-    let hint = match (first_module, first_base) {
-        (Some(m), Some(b)) => {
-            format!(" (its first module is `{m}`; base tensors are named like `{b}`)")
-        }
-        _ => String::new(),
-    };
-    MergeError::NothingBound {
-        adapter: ad.set.path.clone(),
-        component: comp.name.clone(),
-        entries: ad.set.entries.len(),
-        hint,
+        _ => RowOrder::Torch,
     }
 }
 

@@ -2,7 +2,8 @@
 //! and the checkpoint key prefixes (spec sa3_lora.md §4).
 //!
 //! Owns: `Sa3Variant`, `Sa3Shapes` and `sa3_params`, the Linear / Conv1d parameters of a
-//! full `model.safetensors` in PyTorch layout. Norms, memory tokens and other tensors the
+//! full `model.safetensors` in PyTorch layout; the MLX DiT's key remaps (§4.5:
+//! [`is_mlx_dit`], [`torch_name_of_mlx`]) and Conv1d layout (§4.4: (out, k, in)). Norms, memory tokens and other tensors the
 //! adapters never touch are not listed (the spec does not give them).
 
 use super::wan::ParamSpec;
@@ -80,6 +81,36 @@ impl Sa3Variant {
 pub const DIT_PREFIX: &str = "model.model.";
 /// Prefix of conditioner weights in a full SA3 `model.safetensors`.
 pub const CONDITIONER_PREFIX: &str = "conditioner.";
+
+/// Whether tensor names are those of an MLX-converted SA3 DiT (spec sa3_lora.md §4.5): no
+/// `model.model.` prefix, and keys only the MLX conversion writes (`cond.*`,
+/// `to_local_embed.seq.*`).
+pub fn is_mlx_dit<'a>(names: impl IntoIterator<Item = &'a str>) -> bool {
+    let mut marker = false;
+    for n in names {
+        if n.starts_with(DIT_PREFIX) {
+            return false;
+        }
+        marker |= n.starts_with("cond.") || n.contains(".to_local_embed.seq.");
+    }
+    marker
+}
+
+/// The full-checkpoint (PyTorch) name of a tensor of an MLX DiT: §4.5's remaps undone
+/// (`cond.seconds_total_weight`/`_bias` → the conditioner's `embedding.1`, `model.model.`
+/// restored, `to_local_embed.seq.N` → `to_local_embed.N`).
+pub fn torch_name_of_mlx(name: &str) -> String {
+    const SECONDS: &str = "conditioner.conditioners.seconds_total.embedder.embedding.1";
+    match name {
+        "cond.seconds_total_weight" => return format!("{SECONDS}.weight"),
+        "cond.seconds_total_bias" => return format!("{SECONDS}.bias"),
+        _ => {}
+    }
+    let n = name
+        .replace(".to_local_embed.seq.0", ".to_local_embed.0")
+        .replace(".to_local_embed.seq.2", ".to_local_embed.2");
+    format!("{DIT_PREFIX}{n}")
+}
 
 /// The Linear / Conv1d parameters of spec sa3_lora.md §4.2 with full-checkpoint names.
 pub fn sa3_params(v: Sa3Variant) -> Vec<ParamSpec> {
