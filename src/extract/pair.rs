@@ -100,7 +100,7 @@ pub fn pair_models(
     Ok(pairs)
 }
 
-/// One parameter as f32 in PyTorch layout.
+/// One parameter as f32 in PyTorch layout; its mapped pages are dropped afterwards.
 pub fn load_canonical(
     path: &Path,
     set: &TensorSet,
@@ -142,6 +142,9 @@ pub fn load_canonical(
         bytes,
     };
     convert(t.to_canonical, src, DType::F32, &mut raw).map_err(|e| bad(e.to_string()))?;
+    // The mapped pages are read once: dropping them keeps the resident set at the working
+    // tensors, not the two models (the page cache keeps them for a re-read).
+    r.file.release(r.position);
     Ok(raw
         .chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))

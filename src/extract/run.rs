@@ -117,6 +117,10 @@ pub fn extract(req: &ExtractRequest) -> Result<ExtractOutcome, ExtractError> {
         });
     }
     let ranks = choose_ranks(&linear, &kept_diffs, req)?;
+    let linear = match req.budget {
+        Some(_) => budget_factors(&pairs, sides, req, linear, &ranks)?,
+        None => linear,
+    };
     let (items, mut report) = assemble(&pairs, &linear, &ranks, kept_diffs, req.to);
     for ((i, _), &r) in linear.iter().zip(&ranks) {
         if r == 0 {
@@ -188,10 +192,13 @@ fn full_differences(
     Ok(found.into_iter().flatten().collect())
 }
 
-/// (pair index, spectrum) of every differing Linear weight, in pair order.
+/// (pair index, spectrum) of every differing Linear weight, in pair order. With `--budget`
+/// only the singular values are kept (the vectors of every module at the largest rank the
+/// budget allows would not fit in memory); [`budget_factors`] recomputes the vectors of the
+/// ranks allocated.
 fn linear_deltas(
     pairs: &[TensorPair],
-    (b, t): (Side<'_>, Side<'_>),
+    sides: (Side<'_>, Side<'_>),
     req: &ExtractRequest,
 ) -> Result<Vec<(usize, Spectrum)>, ExtractError> {
     let found: Vec<Option<(usize, Spectrum)>> = pairs
@@ -199,32 +206,74 @@ fn linear_deltas(
         .enumerate()
         .filter(|(_, p)| p.is_linear())
         .map(|(i, p)| {
-            let Some(d) = delta(b, t, p)? else {
+            let (out, inp) = (p.shape[0], p.shape[1]);
+            let (rule, max_rank) = match req.budget {
+                Some(bytes) => (
+                    req.rule.filter(|r| r.rank.is_some()),
+                    (bytes / ((out + inp) as u64 * 4)).max(1) as usize,
+                ),
+                None => (req.rule, out.min(inp)),
+            };
+            let Some(mut s) = pair_spectrum(p, sides, rule.as_ref(), max_rank, req.method)? else {
                 return Ok(None);
             };
-            let (out, inp) = (p.shape[0], p.shape[1]);
-            let max_rank = match req.budget {
-                Some(bytes) => (bytes / ((out + inp) as u64 * 4)).max(1) as usize,
-                None => out.min(inp),
-            };
-            let rule = req
-                .rule
-                .filter(|r| req.budget.is_none() || r.rank.is_some());
-            let mut s =
-                spectrum(&d, out, inp, rule.as_ref(), max_rank, req.method).map_err(|source| {
-                    ExtractError::Svd {
-                        module: p.canonical.clone(),
-                        source,
-                    }
-                })?;
-            if let (Some(rule), None) = (rule, req.budget) {
+            match (rule, req.budget) {
                 // The rank is known now: keep only the vectors the factors need.
-                s.keep_vectors(rule.pick(&s.top.S, s.total, s.top.S.len()));
+                (Some(rule), None) => s.keep_vectors(rule.pick(&s.top.S, s.total, s.top.S.len())),
+                (_, Some(_)) => s.keep_vectors(0),
+                (None, None) => {}
             }
             Ok(Some((i, s)))
         })
         .collect::<Result<_, ExtractError>>()?;
     Ok(found.into_iter().flatten().collect())
+}
+
+/// The spectrum of pair `p`'s ΔW (`None` when nothing differs).
+fn pair_spectrum(
+    p: &TensorPair,
+    (b, t): (Side<'_>, Side<'_>),
+    rule: Option<&RankRule>,
+    max_rank: usize,
+    method: TruncMethod,
+) -> Result<Option<Spectrum>, ExtractError> {
+    let Some(d) = delta(b, t, p)? else {
+        return Ok(None);
+    };
+    let (out, inp) = (p.shape[0], p.shape[1]);
+    spectrum(&d, out, inp, rule, max_rank, method)
+        .map(Some)
+        .map_err(|source| ExtractError::Svd {
+            module: p.canonical.clone(),
+            source,
+        })
+}
+
+/// With `--budget`: the spectra again, for the modules given a rank, with the vectors of
+/// exactly that rank (the singular values of the first pass chose the ranks; the report and
+/// the factors come from this one, which is the SVD a `--rank r` extraction computes).
+fn budget_factors(
+    pairs: &[TensorPair],
+    sides: (Side<'_>, Side<'_>),
+    req: &ExtractRequest,
+    linear: Vec<(usize, Spectrum)>,
+    ranks: &[usize],
+) -> Result<Vec<(usize, Spectrum)>, ExtractError> {
+    linear
+        .into_par_iter()
+        .zip(ranks.par_iter())
+        .map(|((i, s), &r)| {
+            if r == 0 {
+                return Ok((i, s));
+            }
+            let rule = RankRule {
+                rank: Some(r),
+                energy: None,
+            };
+            let again = pair_spectrum(&pairs[i], sides, Some(&rule), r, req.method)?;
+            Ok((i, again.unwrap_or(s)))
+        })
+        .collect()
 }
 
 /// The rank of every Linear module: the rule per module, or the budget across all.
