@@ -29,3 +29,4 @@ pub mod release;
 pub mod runner;
 pub mod signing;
 pub mod synth;
+pub mod translation;

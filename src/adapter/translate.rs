@@ -1,28 +1,20 @@
-//! `translate`: write an adapter in another convention, losslessly or not at all.
+//! Rendering an adapter in another convention, losslessly or not at all.
 //!
 //! Owns: the rendered form every convention's renderer produces (`Rendered`: output
 //! tensors that copy entry parameters byte for byte in their stored dtype, scalars, header
 //! metadata and sidecars), the σ bookkeeping renderers share (`ScaleRule`: which α makes a
-//! convention's rule reproduce σ exactly), and `translate`, which opens the adapter,
-//! resolves its module names (against `--base`, or the WAN name table), renders, and writes
-//! the result through the canonical writer (`release::write_release`) with a manifest.
-//! Entries the target cannot express are listed with the reason and nothing is written.
+//! convention's rule reproduce σ exactly), [`render`] (entries the target cannot express
+//! are listed with the reason), [`module_ids`] (names resolved against a base or the WAN
+//! name table) and [`tensor_bytes`]. Does not own: writing the result as a release (the
+//! `translation` module, above `adapter`).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-
-use rayon::prelude::*;
-use serde::Serialize;
+use std::path::Path;
 
 use super::bind::{BaseIndex, bound_ids, kind_name, resolve_names};
 use super::names::ModuleId;
-use super::{AdapterError, AdapterOptions, AdapterSet, Convention, Entry, EntryProblem, ParamRole};
-use crate::io::header_layout::PlannedTensor;
-use crate::io::staging::{Allocation, Replace};
-use crate::io::writer::{ComponentOutput, OutputPlan};
-use crate::io::{Checkpoint, DType, ReadError};
-use crate::manifest::record_inputs;
-use crate::release::{Release, ReleaseError, ReleaseRequest, write_release};
+use super::{AdapterError, AdapterSet, Convention, Entry, EntryProblem, ParamRole};
+use crate::io::{Checkpoint, DType};
 
 /// Where an output tensor's bytes come from.
 #[derive(Clone, Debug, PartialEq)]
@@ -232,54 +224,6 @@ pub fn conv_kernel_unknown(e: &Entry, id: &ModuleId) -> bool {
         )
 }
 
-/// A request to translate one adapter.
-#[derive(Clone, Debug)]
-pub struct TranslateRequest {
-    /// The adapter.
-    pub adapter: PathBuf,
-    /// Target convention.
-    pub to: Convention,
-    /// How to read the adapter.
-    pub opts: AdapterOptions,
-    /// Resolve names (and check shapes) against this base.
-    pub base: Option<PathBuf>,
-    /// Output directory.
-    pub out: PathBuf,
-    /// Replace an existing output.
-    pub replace: Replace,
-}
-
-/// Why a translation failed; nothing is written in any case.
-#[derive(Debug, thiserror::Error)]
-pub enum TranslateError {
-    /// Reading, binding or rendering the adapter.
-    #[error(transparent)]
-    Adapter(#[from] AdapterError),
-    /// Reading the base.
-    #[error(transparent)]
-    Read(#[from] ReadError),
-    /// Writing the output.
-    #[error(transparent)]
-    Release(#[from] ReleaseError),
-}
-
-/// What was written.
-#[derive(Debug, Serialize)]
-pub struct TranslateOutcome {
-    /// The output directory.
-    pub dir: PathBuf,
-    /// Source convention.
-    pub from: Convention,
-    /// Target convention.
-    pub to: Convention,
-    /// Entries written.
-    pub entries: usize,
-    /// Tensors written.
-    pub tensors: usize,
-    /// Notes (spelling changes).
-    pub notes: Vec<String>,
-}
-
 /// Renders `set` in convention `to`. LyCORIS modules only go to kohya (`lora_unet_…`, the
 /// same tensors); every other target is refused for them before its renderer runs, each
 /// module listed with the reason (`adapter::lycoris::refusal`).
@@ -309,9 +253,9 @@ pub fn render(ctx: &RenderCtx<'_>, to: Convention) -> Result<Rendered, Vec<Entry
 pub fn module_ids(
     set: &mut AdapterSet,
     base: Option<&Path>,
-) -> Result<Vec<ModuleId>, TranslateError> {
+) -> Result<Vec<ModuleId>, AdapterError> {
     let Some(base) = base else {
-        return Ok(resolve_names(set)?);
+        return resolve_names(set);
     };
     let ckpt = Checkpoint::open(base)?;
     let comp = ckpt.single()?;
@@ -335,115 +279,9 @@ pub fn module_ids(
         return Err(AdapterError::Names {
             path: set.path.clone(),
             entries: missing,
-        }
-        .into());
+        });
     }
     Ok(out)
-}
-
-/// Translates an adapter; on any error nothing is written.
-pub fn translate(req: &TranslateRequest) -> Result<TranslateOutcome, TranslateError> {
-    let mut set = AdapterSet::open(&req.adapter, &req.opts)?;
-    let ids = module_ids(&mut set, req.base.as_deref())?;
-    let stem = set
-        .files
-        .first()
-        .and_then(|f| f.path().file_stem())
-        .and_then(|s| s.to_str())
-        .unwrap_or("adapter")
-        .to_string();
-    let ctx = RenderCtx {
-        set: &set,
-        ids: &ids,
-        stem,
-    };
-    let rendered = render(&ctx, req.to).map_err(|entries| AdapterError::Inexpressible {
-        path: set.path.clone(),
-        to: req.to,
-        entries,
-    })?;
-    let release = write(&set, &rendered, req)?;
-    Ok(TranslateOutcome {
-        dir: release.dir,
-        from: set.convention,
-        to: req.to,
-        entries: set.entries.len(),
-        tensors: rendered.tensors.len(),
-        notes: rendered.notes,
-    })
-}
-
-fn write(
-    set: &AdapterSet,
-    r: &Rendered,
-    req: &TranslateRequest,
-) -> Result<Release, TranslateError> {
-    let component = ComponentOutput {
-        rel_dir: PathBuf::new(),
-        stem: r.stem.clone(),
-        tensors: r
-            .tensors
-            .iter()
-            .map(|t| PlannedTensor {
-                name: t.name.clone(),
-                dtype: t.dtype,
-                shape: t.shape.clone(),
-            })
-            .collect(),
-        metadata: r.metadata.clone(),
-        sidecars: r.sidecars.clone(),
-        max_shard_bytes: None,
-    };
-    let plan = OutputPlan::build(&[component], &[])
-        .map_err(|e| ReleaseError::Produce(anyhow::anyhow!(e)))?;
-    let files: Vec<(String, PathBuf, String)> = set
-        .input_files()
-        .into_iter()
-        .map(|p| ("adapter".to_string(), p.clone(), p.display().to_string()))
-        .collect();
-    let inputs = record_inputs(&files)?;
-    let mut input_paths = set.input_files();
-    input_paths.push(set.path.clone());
-    input_paths.extend(req.base.iter().cloned());
-    let options = serde_json::json!({
-        "from": set.convention.as_str(),
-        "to": req.to.as_str(),
-        "base": req.base.as_ref().map(|b| b.display().to_string()),
-        "scale": req.opts.scale,
-    });
-    let report = serde_json::json!({
-        "entries": set.entries.len(),
-        "tensors": r.tensors.len(),
-        "notes": r.notes,
-    });
-    let release = write_release(
-        ReleaseRequest {
-            dest: &req.out,
-            plan,
-            input_paths: &input_paths,
-            inputs,
-            hash_while_writing: Vec::new(),
-            command: "translate",
-            options,
-            replace: req.replace,
-            allocation: Allocation::Reserve,
-        },
-        |staging| {
-            r.tensors
-                .par_iter()
-                .try_for_each(|t| -> anyhow::Result<()> {
-                    let slot = staging
-                        .plan()
-                        .slot(0, &t.name)
-                        .ok_or_else(|| anyhow::anyhow!("internal: no slot for `{}`", t.name))?;
-                    let bytes = tensor_bytes(set, t)?;
-                    staging.write(slot, 0, &bytes)?;
-                    Ok(())
-                })?;
-            Ok(report)
-        },
-    )?;
-    Ok(release)
 }
 
 /// The bytes of one output tensor.

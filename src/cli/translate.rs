@@ -6,9 +6,9 @@
 use std::path::PathBuf;
 
 use super::{Printer, Status, UsageError};
-use wanbake::adapter::translate::{TranslateRequest, translate};
 use wanbake::adapter::{AdapterOptions, Convention};
 use wanbake::io::staging::Replace;
+use wanbake::translation::{TranslateRequest, translate};
 
 /// Arguments of `translate`.
 #[derive(clap::Args, Debug)]

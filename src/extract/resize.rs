@@ -22,9 +22,7 @@ use super::render::{OwnedOutput, OwnedTensor, Provenance, short_name, write_outp
 use super::report::{ExtractReport, ModuleReport, kind_label};
 use super::{ExtractError, ExtractOutcome, RankRule};
 use crate::adapter::bind::kind_name;
-use crate::adapter::translate::{
-    OutData, RenderCtx, TranslateError, module_ids, render, tensor_bytes,
-};
+use crate::adapter::translate::{OutData, RenderCtx, module_ids, render, tensor_bytes};
 use crate::adapter::{AdapterError, AdapterOptions, AdapterSet, Entry, Kind, ParamRole};
 use crate::io::DType;
 use crate::io::staging::Replace;
@@ -45,16 +43,6 @@ pub struct ResizeRequest {
     pub out: PathBuf,
     /// Replace an existing output.
     pub replace: Replace,
-}
-
-impl From<TranslateError> for ExtractError {
-    fn from(e: TranslateError) -> ExtractError {
-        match e {
-            TranslateError::Adapter(a) => ExtractError::Adapter(a),
-            TranslateError::Read(r) => ExtractError::Read(r),
-            TranslateError::Release(r) => ExtractError::Release(r),
-        }
-    }
 }
 
 /// One resized module: its entry index, the rank before, and the new factors with their
