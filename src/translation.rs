@@ -1,23 +1,26 @@
 //! `wanbake translate`: an adapter rewritten in another convention, written as a release.
 //!
 //! Owns: `TranslateRequest`, `TranslateError`, `TranslateOutcome` and [`translate`] (open
-//! the adapter, resolve its module names, render it with `adapter::translate::render`, write
-//! the tensors through the one release writer with a manifest). Does not own: reading
-//! adapters, names and rendering (`adapter`), the atomic writer (`release`, `io::staging`).
-//! On any error nothing is written.
+//! the adapter, resolve its module names, render it with `adapter::translate::render_set`,
+//! write it), and [`write_adapter_file`]: one adapter file (and its sidecars) as a release,
+//! the writer `translate`, `extract` and `resize` share. Does not own: reading adapters,
+//! names and rendering (`adapter`), the atomic writer (`release`, `io::staging`). On any
+//! error nothing is written.
 
-use std::path::PathBuf;
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
 use serde::Serialize;
 
-use crate::adapter::translate::{RenderCtx, Rendered, module_ids, render, tensor_bytes};
+use crate::adapter::translate::{OutTensor, module_ids, render_set, tensor_bytes};
 use crate::adapter::{AdapterError, AdapterOptions, AdapterSet, Convention};
 use crate::io::ReadError;
 use crate::io::header_layout::PlannedTensor;
 use crate::io::staging::{Allocation, Replace};
 use crate::io::writer::{ComponentOutput, OutputPlan};
-use crate::manifest::record_inputs;
+use crate::manifest::{InputFile, InputRecord, record_inputs};
 use crate::release::{Release, ReleaseError, ReleaseRequest, write_release};
 
 /// A request to translate one adapter.
@@ -72,24 +75,40 @@ pub struct TranslateOutcome {
 pub fn translate(req: &TranslateRequest) -> Result<TranslateOutcome, TranslateError> {
     let mut set = AdapterSet::open(&req.adapter, &req.opts)?;
     let ids = module_ids(&mut set, req.base.as_deref())?;
-    let stem = set
-        .files
-        .first()
-        .and_then(|f| f.path().file_stem())
-        .and_then(|s| s.to_str())
-        .unwrap_or("adapter")
-        .to_string();
-    let ctx = RenderCtx {
-        set: &set,
-        ids: &ids,
-        stem,
+    let rendered = render_set(&set, &ids, req.to)?;
+    let files: Vec<(String, PathBuf, String)> = set
+        .input_files()
+        .into_iter()
+        .map(|p| ("adapter".to_string(), p.clone(), p.display().to_string()))
+        .collect();
+    let mut input_paths = set.input_files();
+    input_paths.push(set.path.clone());
+    input_paths.extend(req.base.iter().cloned());
+    let prov = Provenance {
+        command: "translate",
+        options: serde_json::json!({
+            "from": set.convention.as_str(),
+            "to": req.to.as_str(),
+            "base": req.base.as_ref().map(|b| b.display().to_string()),
+            "scale": req.opts.scale,
+        }),
+        report: serde_json::json!({
+            "entries": set.entries.len(),
+            "tensors": rendered.tensors.len(),
+            "notes": rendered.notes,
+        }),
+        inputs: Vec::new(),
+        hashed: record_inputs(&files)?,
+        input_paths,
     };
-    let rendered = render(&ctx, req.to).map_err(|entries| AdapterError::Inexpressible {
-        path: set.path.clone(),
-        to: req.to,
-        entries,
-    })?;
-    let release = write_translation(&set, &rendered, req)?;
+    let file = AdapterFile {
+        stem: &rendered.stem,
+        tensors: rendered.tensors.iter().map(planned).collect(),
+        metadata: &rendered.metadata,
+        sidecars: &rendered.sidecars,
+    };
+    let bytes = |i: usize| tensor_bytes(&set, &rendered.tensors[i]).map(Cow::Owned);
+    let release = write_adapter_file(file, &req.out, req.replace, prov, bytes)?;
     Ok(TranslateOutcome {
         dir: release.dir,
         from: set.convention,
@@ -100,75 +119,88 @@ pub fn translate(req: &TranslateRequest) -> Result<TranslateOutcome, TranslateEr
     })
 }
 
-fn write_translation(
-    set: &AdapterSet,
-    r: &Rendered,
-    req: &TranslateRequest,
-) -> Result<Release, TranslateError> {
+fn planned(t: &OutTensor) -> PlannedTensor {
+    PlannedTensor {
+        name: t.name.clone(),
+        dtype: t.dtype,
+        shape: t.shape.clone(),
+    }
+}
+
+/// What the manifest records besides the files.
+pub struct Provenance<'a> {
+    /// Subcommand.
+    pub command: &'a str,
+    /// Options.
+    pub options: serde_json::Value,
+    /// The report.
+    pub report: serde_json::Value,
+    /// Inputs to hash while writing (role, path, display).
+    pub inputs: Vec<InputFile>,
+    /// Inputs already hashed.
+    pub hashed: Vec<InputRecord>,
+    /// Every input path (the output may not overlap them; they must not change).
+    pub input_paths: Vec<PathBuf>,
+}
+
+/// One adapter weights file as planned: its stem, tensors, `__metadata__` and sidecars.
+pub struct AdapterFile<'a> {
+    /// File stem.
+    pub stem: &'a str,
+    /// Tensors, in file order.
+    pub tensors: Vec<PlannedTensor>,
+    /// `__metadata__`.
+    pub metadata: &'a BTreeMap<String, String>,
+    /// Files next to it (name, bytes).
+    pub sidecars: &'a [(String, Vec<u8>)],
+}
+
+/// Writes `file` as a release at `dest` (nothing is left there on error); `bytes(i)` gives
+/// tensor `i`'s little-endian bytes, called once per tensor on the worker threads.
+pub fn write_adapter_file<'d>(
+    file: AdapterFile<'_>,
+    dest: &Path,
+    replace: Replace,
+    prov: Provenance<'_>,
+    bytes: impl Fn(usize) -> anyhow::Result<Cow<'d, [u8]>> + Sync,
+) -> Result<Release, ReleaseError> {
+    let names: Vec<String> = file.tensors.iter().map(|t| t.name.clone()).collect();
     let component = ComponentOutput {
         rel_dir: PathBuf::new(),
-        stem: r.stem.clone(),
-        tensors: r
-            .tensors
-            .iter()
-            .map(|t| PlannedTensor {
-                name: t.name.clone(),
-                dtype: t.dtype,
-                shape: t.shape.clone(),
-            })
-            .collect(),
-        metadata: r.metadata.clone(),
-        sidecars: r.sidecars.clone(),
+        stem: file.stem.to_string(),
+        tensors: file.tensors,
+        metadata: file.metadata.clone(),
+        sidecars: file.sidecars.to_vec(),
         max_shard_bytes: None,
     };
     let plan = OutputPlan::build(&[component], &[])
         .map_err(|e| ReleaseError::Produce(anyhow::anyhow!(e)))?;
-    let files: Vec<(String, PathBuf, String)> = set
-        .input_files()
-        .into_iter()
-        .map(|p| ("adapter".to_string(), p.clone(), p.display().to_string()))
-        .collect();
-    let inputs = record_inputs(&files)?;
-    let mut input_paths = set.input_files();
-    input_paths.push(set.path.clone());
-    input_paths.extend(req.base.iter().cloned());
-    let options = serde_json::json!({
-        "from": set.convention.as_str(),
-        "to": req.to.as_str(),
-        "base": req.base.as_ref().map(|b| b.display().to_string()),
-        "scale": req.opts.scale,
-    });
-    let report = serde_json::json!({
-        "entries": set.entries.len(),
-        "tensors": r.tensors.len(),
-        "notes": r.notes,
-    });
-    let release = write_release(
+    let report = prov.report;
+    write_release(
         ReleaseRequest {
-            dest: &req.out,
+            dest,
             plan,
-            input_paths: &input_paths,
-            inputs,
-            hash_while_writing: Vec::new(),
-            command: "translate",
-            options,
-            replace: req.replace,
+            input_paths: &prov.input_paths,
+            inputs: prov.hashed,
+            hash_while_writing: prov.inputs,
+            command: prov.command,
+            options: prov.options,
+            replace,
             allocation: Allocation::Reserve,
         },
         |staging| {
-            r.tensors
+            names
                 .par_iter()
-                .try_for_each(|t| -> anyhow::Result<()> {
+                .enumerate()
+                .try_for_each(|(i, name)| -> anyhow::Result<()> {
                     let slot = staging
                         .plan()
-                        .slot(0, &t.name)
-                        .ok_or_else(|| anyhow::anyhow!("internal: no slot for `{}`", t.name))?;
-                    let bytes = tensor_bytes(set, t)?;
-                    staging.write(slot, 0, &bytes)?;
+                        .slot(0, name)
+                        .ok_or_else(|| anyhow::anyhow!("internal: no slot for `{name}`"))?;
+                    staging.write(slot, 0, &bytes(i)?)?;
                     Ok(())
                 })?;
             Ok(report)
         },
-    )?;
-    Ok(release)
+    )
 }

@@ -248,6 +248,29 @@ pub fn render(ctx: &RenderCtx<'_>, to: Convention) -> Result<Rendered, Vec<Entry
     }
 }
 
+/// Renders `set` (module ids `ids`) in convention `to` as one file named after the set's
+/// first file; entries the target cannot express are one `AdapterError::Inexpressible`
+/// listing each with the reason.
+pub fn render_set(
+    set: &AdapterSet,
+    ids: &[ModuleId],
+    to: Convention,
+) -> Result<Rendered, AdapterError> {
+    let stem = set
+        .files
+        .first()
+        .and_then(|f| f.path().file_stem())
+        .and_then(|s| s.to_str())
+        .unwrap_or("adapter")
+        .to_string();
+    let ctx = RenderCtx { set, ids, stem };
+    render(&ctx, to).map_err(|entries| AdapterError::Inexpressible {
+        path: set.path.clone(),
+        to,
+        entries,
+    })
+}
+
 /// Module ids of every entry: bound against the base, or from the name tables (also used by
 /// `extract::resize`).
 pub fn module_ids(

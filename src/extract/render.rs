@@ -5,14 +5,13 @@
 //! `.lora_up.weight`, `.alpha`, `.diff`, `.diff_b`; the modulation tables as
 //! `diffusion_model.blocks.N.modulation.diff`, the key ComfyUI maps to the parameter) and in
 //! PEFT (`base_model.model.<diffusers name>.lora_A.weight` / `.lora_B.weight` +
-//! adapter_config.json, α = r so σ = 1), and [`write_output`] (plan, then
-//! `release::write_release` with the report in the manifest). Does not own: the renderers
-//! of existing adapters (`adapter::translate`, used by `resize`).
+//! adapter_config.json, α = r so σ = 1), and [`write_output`] (through the adapter-file
+//! release writer `translation::write_adapter_file`, with the report in the manifest). Does
+//! not own: the renderers of existing adapters (`adapter::translate`, used by `resize`).
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-
-use rayon::prelude::*;
+use std::path::Path;
 
 use super::ExtractError;
 use super::factor::LowRankFactors;
@@ -21,10 +20,10 @@ use crate::adapter::names::{ModuleId, Role};
 use crate::adapter::peft_config::ConfigPlan;
 use crate::io::DType;
 use crate::io::header_layout::PlannedTensor;
-use crate::io::staging::{Allocation, Replace};
-use crate::io::writer::{ComponentOutput, OutputPlan};
-use crate::manifest::{InputFile, InputRecord};
-use crate::release::{Release, ReleaseError, ReleaseRequest, write_release};
+use crate::io::staging::Replace;
+use crate::release::Release;
+
+use crate::translation::{AdapterFile, Provenance, write_adapter_file};
 
 /// One entry of an extracted adapter.
 #[derive(Clone, Debug)]
@@ -175,32 +174,16 @@ pub fn render_peft(items: &[Extracted]) -> Result<OwnedOutput, ExtractError> {
     })
 }
 
-/// What the manifest records besides the files.
-pub struct Provenance<'a> {
-    /// Subcommand.
-    pub command: &'a str,
-    /// Options.
-    pub options: serde_json::Value,
-    /// The report.
-    pub report: serde_json::Value,
-    /// Inputs to hash while writing (role, path, display).
-    pub inputs: Vec<InputFile>,
-    /// Inputs already hashed.
-    pub hashed: Vec<InputRecord>,
-    /// Every input path (the output may not overlap them; they must not change).
-    pub input_paths: Vec<PathBuf>,
-}
-
-/// Writes `out` as a release at `dest`; nothing is left there on error.
+/// Writes `out` as a release at `dest` (`translation::write_adapter_file`); nothing is
+/// left there on error.
 pub fn write_output(
     out: &OwnedOutput,
     dest: &Path,
     replace: Replace,
     prov: Provenance<'_>,
 ) -> Result<Release, ExtractError> {
-    let component = ComponentOutput {
-        rel_dir: PathBuf::new(),
-        stem: out.stem.clone(),
+    let file = AdapterFile {
+        stem: &out.stem,
         tensors: out
             .tensors
             .iter()
@@ -210,38 +193,9 @@ pub fn write_output(
                 shape: t.shape.clone(),
             })
             .collect(),
-        metadata: out.metadata.clone(),
-        sidecars: out.sidecars.clone(),
-        max_shard_bytes: None,
+        metadata: &out.metadata,
+        sidecars: &out.sidecars,
     };
-    let plan = OutputPlan::build(&[component], &[])
-        .map_err(|e| ReleaseError::Produce(anyhow::anyhow!(e)))?;
-    let report = prov.report;
-    let release = write_release(
-        ReleaseRequest {
-            dest,
-            plan,
-            input_paths: &prov.input_paths,
-            inputs: prov.hashed,
-            hash_while_writing: prov.inputs,
-            command: prov.command,
-            options: prov.options,
-            replace,
-            allocation: Allocation::Reserve,
-        },
-        |staging| {
-            out.tensors
-                .par_iter()
-                .try_for_each(|t| -> anyhow::Result<()> {
-                    let slot = staging
-                        .plan()
-                        .slot(0, &t.name)
-                        .ok_or_else(|| anyhow::anyhow!("internal: no slot for `{}`", t.name))?;
-                    staging.write(slot, 0, &t.bytes)?;
-                    Ok(())
-                })?;
-            Ok(report)
-        },
-    )?;
-    Ok(release)
+    let bytes = |i: usize| Ok(Cow::Borrowed(out.tensors[i].bytes.as_slice()));
+    Ok(write_adapter_file(file, dest, replace, prov, bytes)?)
 }

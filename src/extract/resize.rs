@@ -18,15 +18,16 @@ use faer::Mat;
 use rayon::prelude::*;
 
 use super::factor::{LowRankFactors, Spectrum};
-use super::render::{OwnedOutput, OwnedTensor, Provenance, short_name, write_output};
+use super::render::{OwnedOutput, OwnedTensor, short_name, write_output};
 use super::report::{ExtractReport, ModuleReport, kind_label};
 use super::{ExtractError, ExtractOutcome, RankRule};
 use crate::adapter::bind::kind_name;
-use crate::adapter::translate::{OutData, RenderCtx, module_ids, render, tensor_bytes};
-use crate::adapter::{AdapterError, AdapterOptions, AdapterSet, Entry, Kind, ParamRole};
+use crate::adapter::translate::{OutData, module_ids, render_set, tensor_bytes};
+use crate::adapter::{AdapterOptions, AdapterSet, Entry, Kind, ParamRole};
 use crate::io::DType;
 use crate::io::staging::Replace;
 use crate::linalg::factored_top_singular;
+use crate::translation::Provenance;
 
 /// A request to resize one adapter.
 #[derive(Clone, Debug)]
@@ -71,23 +72,7 @@ pub fn resize(req: &ResizeRequest) -> Result<ExtractOutcome, ExtractError> {
             new_factors.insert(r.entry, f.clone());
         }
     }
-    let stem = set
-        .files
-        .first()
-        .and_then(|f| f.path().file_stem())
-        .and_then(|s| s.to_str())
-        .unwrap_or("adapter")
-        .to_string();
-    let ctx = RenderCtx {
-        set: &set,
-        ids: &ids,
-        stem,
-    };
-    let rendered = render(&ctx, set.convention).map_err(|entries| AdapterError::Inexpressible {
-        path: set.path.clone(),
-        to: set.convention,
-        entries,
-    })?;
+    let rendered = render_set(&set, &ids, set.convention)?;
     let mut out = OwnedOutput {
         stem: rendered.stem.clone(),
         metadata: rendered.metadata.clone(),

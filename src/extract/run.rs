@@ -14,9 +14,7 @@ use rayon::prelude::*;
 use super::budget::{Candidate, allocate};
 use super::factor::{Spectrum, spectrum};
 use super::pair::{TensorPair, delta, pair_models};
-use super::render::{
-    Extracted, OwnedOutput, Provenance, render_comfy, render_peft, short_name, write_output,
-};
+use super::render::{Extracted, OwnedOutput, render_comfy, render_peft, short_name, write_output};
 use super::report::{ExtractReport, ModuleReport};
 use super::{ExtractError, RankRule};
 use crate::adapter::Convention;
@@ -26,6 +24,7 @@ use crate::io::{Checkpoint, TensorSet};
 use crate::linalg::TruncMethod;
 use crate::manifest::InputRecord;
 use crate::merge::{BoundAdapter, Compute, MergeOptions, merge_release};
+use crate::translation::Provenance;
 
 /// A request to extract an adapter.
 #[derive(Clone, Debug)]
