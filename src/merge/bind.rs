@@ -55,9 +55,9 @@ impl FromIterator<BoundAdapter> for BoundSet {
     }
 }
 
-/// Binds an opened adapter to component `component` of `base` (alias table `index`, built
-/// once per component by the caller): the one place an adapter's entries are checked against
-/// the base.
+/// Binds an opened adapter to base component `component`, whose alias table is `index`
+/// (built once per component by the caller): the one place an adapter's entries are checked
+/// against the base.
 pub fn bind_adapter(
     mut set: AdapterSet,
     component: usize,
