@@ -2144,7 +2144,12 @@ fn every_route_agrees_through_the_transposing_layouts_and_on_nnx_bases() {
             .map(|case| AdapterSpec::parse(&(case_adapter(&m["cases"][case]["adapter"]) + ":0.7")))
             .collect::<Result<_, _>>()
             .unwrap();
-        bind_specs(&specs, &Checkpoint::open(base).unwrap(), false).unwrap()
+        bind_specs(
+            &specs,
+            &Checkpoint::open(base).unwrap(),
+            &options(OutputDType::BF16),
+        )
+        .unwrap()
     };
     for (base, layout) in [
         (&golden_base, Layout::Nnx),

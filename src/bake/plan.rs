@@ -99,7 +99,7 @@ pub fn plan_bake(recipe: Recipe, hashing: BaseHashing) -> Result<BakePlan, BakeE
         ));
     }
     check_output_path(&recipe, &base)?;
-    let adapters = bind_specs(&specs, &base, recipe.merge.allow_unmatched)?;
+    let adapters = bind_specs(&specs, &base, &options)?;
     for c in &recipe.checks {
         validate_check(&recipe, c)?;
     }

@@ -171,7 +171,7 @@ pub fn execute_extract(args: ExtractArgs, p: &mut Printer) -> anyhow::Result<Sta
         let (compute, device) = args.device.select()?;
         p.line(format!("device: {}", device.reason));
         let base = Checkpoint::open(&args.base)?;
-        let adapters = bind_specs(&specs, &base, false)?;
+        let adapters = bind_specs(&specs, &base, &merge)?;
         req.provenance = serde_json::json!({ "adapters": args.adapters });
         extract_from_adapters(
             &req,

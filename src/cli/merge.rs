@@ -157,7 +157,7 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
         refuse_gguf_out(&args.out)?;
     }
     let base = Checkpoint::open(&args.base)?;
-    let adapters = bind_specs(&specs, &base, args.allow_unmatched).map_err(usage_or)?;
+    let adapters = bind_specs(&specs, &base, &options).map_err(usage_or)?;
     let replace = if args.overwrite {
         Replace::Overwrite
     } else {

@@ -13,6 +13,7 @@
 use std::collections::BTreeMap;
 
 use super::error::MergeError;
+use super::plan::MergeOptions;
 use super::spec::{AdapterSpec, ComponentChoice};
 use crate::adapter::{AdapterOptions, AdapterSet, BaseIndex};
 use crate::io::Checkpoint;
@@ -124,12 +125,12 @@ pub fn components_of(spec: &AdapterSpec, base: &Checkpoint) -> Result<Vec<usize>
 
 /// Opens and binds every spec's adapter to each component it names, in spec order. Keys
 /// the parser did not consume and entries the binder could not place are refused by the
-/// adapter module unless `allow_unmatched`; when allowed they travel in
-/// `BoundAdapter::unmatched` to the merge report.
+/// adapter module unless `options.allow_unmatched` (binding is the only step that option
+/// acts on); when allowed they travel in `BoundAdapter::unmatched` to the merge report.
 pub fn bind_specs(
     specs: &[AdapterSpec],
     base: &Checkpoint,
-    allow_unmatched: bool,
+    options: &MergeOptions,
 ) -> Result<BoundSet, MergeError> {
     let mut indexes: BTreeMap<usize, BaseIndex> = BTreeMap::new();
     let mut out = Vec::new();
@@ -142,7 +143,7 @@ pub fn bind_specs(
             let opts = AdapterOptions {
                 from: spec.from,
                 scale: spec.scale,
-                allow_unmatched,
+                allow_unmatched: options.allow_unmatched,
             };
             let set = AdapterSet::open(&spec.path, &opts)?;
             out.push(bind_adapter(set, ci, index, spec.strength, &spec.text)?);
