@@ -17,7 +17,7 @@ use wanbake::io::header_layout::{HeaderLayout, PlannedTensor};
 use wanbake::io::{DType, SafetensorsFile, TensorView};
 use wanbake::layout::exec::SinkError;
 use wanbake::layout::{
-    Conversion, ExecOptions, KeepF32, MemorySink, OutputDType, TensorSink, TensorSource, WritePlan,
+    Conversion, ExecOptions, KeepF32, MemorySink, OutputDType, StoredTensors, TensorSink, WritePlan,
 };
 use wanbake::model::plan_error::PlanError;
 use wanbake::model::read_plan::{ReadPlan, StoredTensor};
@@ -103,7 +103,7 @@ struct MemTensor {
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 struct Mem(BTreeMap<String, MemTensor>);
 
-impl TensorSource for Mem {
+impl StoredTensors for Mem {
     fn tensor(&self, name: &str) -> Option<TensorView<'_>> {
         self.0.get_key_value(name).map(|(k, t)| TensorView {
             name: k,

@@ -263,14 +263,14 @@ pub struct ScaleInfo {
 pub type ScaleRuleFn<'a> = dyn Fn(&str, usize, Option<f64>) -> Result<ScaleInfo, String> + 'a;
 
 /// Factor shapes of a LoRA pair: rank, (out, in'), conv kernel dims.
-struct Factors {
+struct FactorShapes {
     rank: usize,
     out: usize,
     in_flat: usize,
     kernel: Option<Vec<usize>>,
 }
 
-fn factor_shapes(a: &KeyRef, b: &KeyRef) -> Result<Factors, String> {
+fn factor_shapes(a: &KeyRef, b: &KeyRef) -> Result<FactorShapes, String> {
     let (rank, in_dims) = match a.shape.split_first() {
         Some((&r, rest)) if !rest.is_empty() => (r, rest),
         _ => {
@@ -311,7 +311,7 @@ fn factor_shapes(a: &KeyRef, b: &KeyRef) -> Result<Factors, String> {
             a.name, a.shape, b.name, b.shape
         ));
     }
-    Ok(Factors {
+    Ok(FactorShapes {
         rank,
         out: *out,
         in_flat: in_dims.iter().product(),

@@ -189,7 +189,7 @@ fn target_note(target: &[usize]) -> String {
 
 /// The scale a module's delta is multiplied by, and why (spec lycoris.md §2).
 #[derive(Clone, Debug, PartialEq)]
-pub struct ScaleRule {
+pub struct LycorisScale {
     /// The scale applied once.
     pub scale: f64,
     /// Why, for inspect and the report.
@@ -211,13 +211,13 @@ impl Module {
     }
 
     /// The scale rule that applies to this module (LoHa/LoKr/GLoRA; the others have none).
-    pub fn scale_rule(&self) -> ScaleRule {
+    pub fn scale_rule(&self) -> LycorisScale {
         let ratio = |alpha: Option<f64>, r: usize, what: &str| match alpha {
-            Some(a) if a != 0.0 && r > 0 => ScaleRule {
+            Some(a) if a != 0.0 && r > 0 => LycorisScale {
                 scale: a / r as f64,
                 why: format!("alpha {a} / rank {r} ({what})"),
             },
-            Some(_) | None => ScaleRule {
+            Some(_) | None => LycorisScale {
                 scale: 1.0,
                 why: format!("scale 1: alpha absent or 0 means alpha = rank ({what})"),
             },
@@ -225,7 +225,7 @@ impl Module {
         match self {
             Module::Loha { w1_b, alpha, .. } => ratio(*alpha, w1_b.shape[0], "rank of hada_w1_b"),
             Module::Lokr { w1, w2, alpha } => match (w1, w2) {
-                (Factor::Full(_), Factor::Full(_)) => ScaleRule {
+                (Factor::Full(_), Factor::Full(_)) => LycorisScale {
                     scale: 1.0,
                     why: format!(
                         "LoKr, both factors full: scale 1, stored alpha {} ignored",
@@ -244,18 +244,18 @@ impl Module {
                 a1.shape.get(1).copied().unwrap_or(0),
                 "rank of a1.weight",
             ),
-            Module::DiagOft { alpha, .. } | Module::Boft { alpha, .. } => ScaleRule {
+            Module::DiagOft { alpha, .. } | Module::Boft { alpha, .. } => LycorisScale {
                 scale: 1.0,
                 why: format!(
                     "no scale: stored alpha {} is the rotation constraint",
                     alpha.unwrap_or(0.0)
                 ),
             },
-            Module::Ia3 { .. } => ScaleRule {
+            Module::Ia3 { .. } => LycorisScale {
                 scale: 1.0,
                 why: "no scale: (IA)³ has no alpha".into(),
             },
-            Module::Full { .. } => ScaleRule {
+            Module::Full { .. } => LycorisScale {
                 scale: 1.0,
                 why: "no scale: full diff".into(),
             },

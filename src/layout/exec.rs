@@ -2,7 +2,7 @@
 //!
 //! Owns: `Conversion` (a read plan, a write plan and the output dtypes fused into jobs, one
 //! per piece: stored tensor, layer, one composed transform, destination byte offset), the
-//! two small traits it runs against (`TensorSource`: borrowed stored tensors;
+//! two small traits it runs against (`StoredTensors`: borrowed stored tensors;
 //! `TensorSink`: positional writes into pre-laid-out output tensors), `MemorySink`, and the
 //! parallel executor. Does not own: files, headers, atomic commit (`io`).
 //!
@@ -30,7 +30,7 @@ use crate::model::transform::{self, KernelError, SrcTensor, Transform};
 use crate::model::wan_layout::Layout;
 
 /// Where stored tensors come from.
-pub trait TensorSource: Sync {
+pub trait StoredTensors: Sync {
     /// The stored tensor `name`, borrowed (no copy), or `None` when absent.
     fn tensor(&self, name: &str) -> Option<TensorView<'_>>;
 
@@ -51,7 +51,7 @@ pub trait TensorSink: Sync {
     fn write_at(&self, tensor: &str, byte_offset: usize, bytes: &[u8]) -> Result<(), SinkError>;
 }
 
-impl TensorSource for SafetensorsFile {
+impl StoredTensors for SafetensorsFile {
     fn tensor(&self, name: &str) -> Option<TensorView<'_>> {
         self.view(name)
     }
@@ -140,7 +140,7 @@ pub fn convert_piece<E>(
 
 /// One piece of work: a stored tensor (or one layer of it) into its place in an output.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Job {
+pub struct RestackJob {
     /// Index of the output tensor in the write plan.
     pub output: usize,
     /// Canonical parameter moved.
@@ -170,7 +170,7 @@ pub struct Conversion {
     pub dtypes: Vec<DType>,
     /// The jobs, grouped by stored tensor (in the order the read plan first needs each),
     /// layers in order: a stacked input is consumed one tensor at a time.
-    pub jobs: Vec<Job>,
+    pub jobs: Vec<RestackJob>,
 }
 
 /// What an execution did.
@@ -259,7 +259,7 @@ impl Conversion {
                 key: write.tensors[output].name.clone(),
                 dtype: dtypes[output],
             })?;
-            jobs.push(Job {
+            jobs.push(RestackJob {
                 output,
                 canonical: src.name.clone(),
                 stored: src.stored.clone(),
@@ -300,7 +300,7 @@ impl Conversion {
     /// Runs every job: reads from `source`, writes every output byte exactly once to `sink`.
     pub fn execute(
         &self,
-        source: &dyn TensorSource,
+        source: &dyn StoredTensors,
         sink: &dyn TensorSink,
         options: &ExecOptions,
     ) -> Result<ExecReport, ExecError> {
@@ -334,7 +334,7 @@ impl Conversion {
     }
 
     /// Every planned stored tensor is present with the planned dtype and shape.
-    fn check_source(&self, source: &dyn TensorSource) -> Result<(), ExecError> {
+    fn check_source(&self, source: &dyn StoredTensors) -> Result<(), ExecError> {
         for j in &self.jobs {
             let view = source
                 .tensor(&j.stored)
@@ -356,8 +356,8 @@ impl Conversion {
 
     fn run_job(
         &self,
-        job: &Job,
-        source: &dyn TensorSource,
+        job: &RestackJob,
+        source: &dyn StoredTensors,
         sink: &dyn TensorSink,
         band_bytes: usize,
         buf: &mut Vec<u8>,

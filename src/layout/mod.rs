@@ -22,6 +22,6 @@ pub mod write;
 
 pub use dtype_policy::{KeepF32, OutputDType, decide_dtypes};
 pub use exec::{
-    Conversion, ExecError, ExecOptions, ExecReport, MemorySink, TensorSink, TensorSource,
+    Conversion, ExecError, ExecOptions, ExecReport, MemorySink, StoredTensors, TensorSink,
 };
 pub use write::{OutputTensor, Piece, WritePlan};

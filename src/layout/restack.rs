@@ -7,7 +7,7 @@
 //! one, the config inferred from the shapes), and running the conversions through the
 //! shared release path (`release::write_release`: staging, fsync, re-read, manifest, atomic
 //! rename). Also the two adapters between `io` and the executor: `TensorSet` as a
-//! `TensorSource`, a staging component as a `TensorSink`. Does not own: argument parsing
+//! `StoredTensors`, a staging component as a `TensorSink`. Does not own: argument parsing
 //! and printing (`cli::restack`).
 
 use std::collections::BTreeMap;
@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{Value, json};
 
 use super::dtype_policy::{KeepF32, OutputDType};
-use super::exec::{Conversion, ExecOptions, SinkError, TensorSink, TensorSource};
+use super::exec::{Conversion, ExecOptions, SinkError, StoredTensors, TensorSink};
 use crate::io::checkpoint::{Checkpoint, Component, TensorSet};
 use crate::io::staging::{Allocation, Replace, Staging};
 use crate::io::writer::{AuxFile, ComponentOutput, OutputPlan};
@@ -198,7 +198,7 @@ fn output_metadata(tensors: &TensorSet, to: Layout) -> BTreeMap<String, String> 
 
 /// The config.json a component is read with: `--config`, else the one next to the weights.
 struct InputConfig {
-    found: Option<(PathBuf, Value, ConfigSource)>,
+    found: Option<(PathBuf, Value, RestackConfig)>,
 }
 
 impl InputConfig {
@@ -221,7 +221,7 @@ impl InputConfig {
 
     fn diffusers(&self) -> Option<&WanConfig> {
         match &self.found {
-            Some((_, _, ConfigSource::Diffusers(cfg))) => Some(cfg),
+            Some((_, _, RestackConfig::Diffusers(cfg))) => Some(cfg),
             _ => None,
         }
     }
@@ -229,8 +229,8 @@ impl InputConfig {
     /// Completes an inferred config from an original one; says where the config came from.
     fn finish(&self, config: &mut WanConfig) -> String {
         match &self.found {
-            Some((p, _, ConfigSource::Diffusers(_))) => p.display().to_string(),
-            Some((p, _, ConfigSource::Original { num_heads })) => {
+            Some((p, _, RestackConfig::Diffusers(_))) => p.display().to_string(),
+            Some((p, _, RestackConfig::Original { num_heads })) => {
                 adopt_heads(config, *num_heads);
                 format!(
                     "inferred from tensor shapes, heads from the original config {}",
@@ -247,7 +247,7 @@ impl InputConfig {
     /// an original one only to a `wan` output (others get the diffusers config).
     fn carried(&self, to: Layout) -> Option<&Value> {
         match &self.found {
-            Some((_, _, ConfigSource::Original { .. })) if to != Layout::Wan => None,
+            Some((_, _, RestackConfig::Original { .. })) if to != Layout::Wan => None,
             Some((_, j, _)) => Some(j),
             None => None,
         }
@@ -255,7 +255,7 @@ impl InputConfig {
 }
 
 /// What an input config.json is.
-enum ConfigSource {
+enum RestackConfig {
     /// A diffusers `WanTransformer3DModel` config (no `_class_name`, or that one).
     Diffusers(WanConfig),
     /// An original Wan-AI `WanModel` config (`dim`, `num_heads`, `in_dim`, ...): the
@@ -275,16 +275,16 @@ fn load_config(path: &Path) -> Result<(PathBuf, Value), RestackError> {
     Ok((path.to_path_buf(), json))
 }
 
-fn classify_config(path: &Path, json: &Value) -> Result<ConfigSource, RestackError> {
+fn classify_config(path: &Path, json: &Value) -> Result<RestackConfig, RestackError> {
     let bad = |reason: String| RestackError::Config {
         path: path.to_path_buf(),
         reason,
     };
     match json.get("_class_name").and_then(Value::as_str) {
         None | Some("WanTransformer3DModel") => serde_json::from_value(json.clone())
-            .map(ConfigSource::Diffusers)
+            .map(RestackConfig::Diffusers)
             .map_err(|e| bad(format!("not a WAN transformer config: {e}"))),
-        Some("WanModel") => Ok(ConfigSource::Original {
+        Some("WanModel") => Ok(RestackConfig::Original {
             num_heads: json
                 .get("num_heads")
                 .and_then(Value::as_u64)
@@ -447,7 +447,7 @@ fn report(checkpoint: &Checkpoint, plans: &[ComponentPlan]) -> Value {
     json!({"components": components, "not_carried": not_carried, "device": {"used": "cpu"}})
 }
 
-impl TensorSource for TensorSet {
+impl StoredTensors for TensorSet {
     fn tensor(&self, name: &str) -> Option<TensorView<'_>> {
         self.get(name).map(|t| t.view)
     }
