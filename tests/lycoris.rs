@@ -698,6 +698,26 @@ dtype = "f32"
 }
 
 #[test]
+fn a_recipe_scale_on_a_lycoris_file_is_refused_not_ignored() {
+    // `scale` overrides σ of LoRA-family entries only; applied to a file with LyCORIS
+    // modules it would leave them at their own σ without a word.
+    let dir = tmp();
+    let recipe = format!(
+        "[base]\npath = \"{}\"\n\n[[adapter]]\npath = \"{}\"\nscale = 0.5\n\n[output]\ndir = \"baked\"\n",
+        base().display(),
+        golden("adapters/lycoris/loha__kohya.safetensors").display(),
+    );
+    std::fs::write(dir.path().join("r.toml"), recipe).unwrap();
+    let (code, _, err) = parts(&run(dir.path(), &["bake", "r.toml"]));
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("`scale`") && err.contains("LyCORIS loha module"),
+        "{err}"
+    );
+    assert!(!dir.path().join("baked").exists());
+}
+
+#[test]
 fn row_mixing_kinds_merge_into_a_scanned_nnx_base_and_restack_back_to_the_reference() {
     // BOFT and Diag-OFT mix output rows; an nnx-scanned base stores (L, in, out) kernels, so
     // the merge reads W0 transposed out of a stack and writes it back. Restacked to

@@ -455,8 +455,23 @@ fn apply_user_scale(
             reason: format!("--scale {s} is not a finite number"),
         });
     }
+    // A LyCORIS module's σ comes from its own alpha and dimension by its algorithm's rule
+    // (`lycoris`); overriding it for the LoRA modules only would merge the rest at another
+    // scale than the user asked, silently.
+    if let Some(e) = parsed.entries.iter().find(|e| e.kind.is_lycoris()) {
+        return Err(AdapterError::Refused {
+            path: path.to_path_buf(),
+            reason: format!(
+                "`scale` sets σ for LoRA-family entries; `{}` is a LyCORIS {} module, whose σ \
+                 comes from its own alpha (remove `scale`, or use `strength` for the whole \
+                 adapter)",
+                e.module,
+                bind::kind_name(e.kind)
+            ),
+        });
+    }
     for e in &mut parsed.entries {
-        if !matches!(e.kind, Kind::Diff | Kind::DiffBias) && !e.kind.is_lycoris() {
+        if !matches!(e.kind, Kind::Diff | Kind::DiffBias) {
             e.scale = s;
             e.alpha = None;
             e.scale_source = ScaleSource::User;
