@@ -1,5 +1,5 @@
-//! Planning a merge: every adapter entry checked against its base tensor, every output
-//! tensor laid out, every job decided, before the first byte is written.
+//! Planning a merge: every bound entry placed on its base tensor, every output tensor laid
+//! out, every job decided, before the first byte is written.
 //!
 //! Owns: `MergeOptions`, `MergePlan` with its `Target`s (base tensors that change, each
 //! with its sorted contributions) and `Job`s (one per output tensor piece: copy, convert,
