@@ -77,9 +77,17 @@ pub fn load_param(set: &AdapterSet, src: &TensorSource) -> Result<Vec<f32>, Read
     Ok(v)
 }
 
-/// How an -xs target's bases are computed when no cache has them: `engine(W, rank)` with
-/// `W` the target's (out, in') f32 matrix (the CPU SVD, on every route).
-type SvdEngine<'e> = &'e dyn Fn(&[f32], usize) -> Result<XsBases, MergeError>;
+/// -xs bases of target `t`'s (out, in') f32 matrix `W`, when no cache has them: the CPU SVD
+/// on every route, so the SVD cache holds one engine's bases whichever route filled it
+/// (`merge::device`, "-xs bases").
+fn cpu_xs_bases(t: &Target, W: &[f32], rank: usize) -> Result<XsBases, MergeError> {
+    xs_bases(W, t.out, t.inp, rank, Par::Seq).map_err(|source| {
+        MergeError::from(CacheError::Linalg {
+            tensor: t.name.clone(),
+            source,
+        })
+    })
+}
 
 /// What every job needs.
 pub struct Exec<'a> {
@@ -359,15 +367,7 @@ impl Exec<'_> {
         svd: &SvdCounters,
     ) -> Result<(), MergeError> {
         let rows = BaseRows::new(t, src, job)?;
-        let cpu_svd = |W: &[f32], rank| {
-            xs_bases(W, t.out, t.inp, rank, Par::Seq).map_err(|source| {
-                MergeError::from(CacheError::Linalg {
-                    tensor: t.name.clone(),
-                    source,
-                })
-            })
-        };
-        let loaded = self.load_factors(t, &rows, svd, &cpu_svd)?;
+        let loaded = self.load_factors(t, &rows, svd)?;
         let updates: Vec<(Update<'_>, f64)> = loaded
             .iter()
             .map(|l| (l.update(), l.contribution.weight))
@@ -407,17 +407,7 @@ impl Exec<'_> {
             source: e,
         };
         let rows = BaseRows::new(t, src, job)?;
-        // -xs bases come from the CPU SVD on every route, so the SVD cache holds one engine's
-        // bases whichever route filled it (`merge::device`, "-xs bases").
-        let cpu_svd = |W: &[f32], rank| {
-            xs_bases(W, t.out, t.inp, rank, Par::Seq).map_err(|source| {
-                MergeError::from(CacheError::Linalg {
-                    tensor: t.name.clone(),
-                    source,
-                })
-            })
-        };
-        let loaded = self.load_factors(t, &rows, svd, &cpu_svd)?;
+        let loaded = self.load_factors(t, &rows, svd)?;
         let updates: Vec<(Update<'_>, f64)> = loaded
             .iter()
             .map(|l| (l.update(), l.contribution.weight))
@@ -457,14 +447,13 @@ impl Exec<'_> {
         Ok(())
     }
 
-    /// The tensors of every contribution to `t`, and the -xs bases (one SVD per rank, by
-    /// `engine(W, rank)` on a miss).
+    /// The tensors of every contribution to `t`, and the -xs bases (one SVD per rank,
+    /// [`cpu_xs_bases`] on a miss).
     fn load_factors(
         &self,
         t: &Target,
         rows: &BaseRows<'_>,
         svd: &SvdCounters,
-        engine: SvdEngine<'_>,
     ) -> Result<Vec<Loaded>, MergeError> {
         let mut bases: BTreeMap<usize, Rc<XsBases>> = BTreeMap::new();
         let mut loaded = Vec::with_capacity(t.contributions.len());
@@ -488,7 +477,7 @@ impl Exec<'_> {
                 let b = match bases.get(&c.rank) {
                     Some(b) => b.clone(),
                     None => {
-                        let b = Rc::new(self.xs_bases(t, rows, c.rank, svd, engine)?);
+                        let b = Rc::new(self.xs_bases(t, rows, c.rank, svd)?);
                         bases.insert(c.rank, b.clone());
                         b
                     }
@@ -507,22 +496,21 @@ impl Exec<'_> {
     }
 
     /// LoRA-XS bases of the target's (out, in') view: from the cache when one is given
-    /// (computed by `engine` and stored on a miss or a rejected entry), else computed.
+    /// (computed by [`cpu_xs_bases`] and stored on a miss or a rejected entry), else computed.
     fn xs_bases(
         &self,
         t: &Target,
         rows: &BaseRows<'_>,
         rank: usize,
         svd: &SvdCounters,
-        engine: SvdEngine<'_>,
     ) -> Result<XsBases, MergeError> {
         let mut W = vec![0.0f32; t.out * t.inp];
         let Some(cache) = self.svd_cache else {
             rows.read(0, t.out, &mut W)?;
             svd.computed.fetch_add(1, Ordering::Relaxed);
-            return engine(&W, rank);
+            return cpu_xs_bases(t, &W, rank);
         };
-        let compute = |W: &[f32], _out, _inp| engine(W, rank);
+        let compute = |W: &[f32], _out, _inp| cpu_xs_bases(t, W, rank);
         // The cache keys the stored bytes when they are the PyTorch-layout matrix, else the
         // f32 PyTorch-layout copy (MLX Conv1d, NNX kernels).
         let cached = match rows.direct_view() {
