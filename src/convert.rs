@@ -2,24 +2,24 @@
 //! shards + index, model folder, pipeline folder), as a release with a manifest.
 //!
 //! Owns: `ConvertSpec`, `DtypeChoice` and `convert_release` (the output plan mirrors the
-//! input; every tensor goes through `layout::exec::convert_piece`, the copy-or-convert loop
-//! every producing command uses: a tensor whose dtype does not change is copied byte for
-//! byte, otherwise it is widened to f32 and rounded once with round-to-nearest-even). Does
-//! not own: the atomic writer (`release`, `io::staging`).
+//! input, one job per tensor). The jobs run through the merge pipeline with no adapters
+//! (`merge::exec::copy_plan`, whose copy-or-convert loop every producing command uses: a
+//! tensor whose dtype does not change is copied byte for byte, otherwise it is widened to
+//! f32 and rounded once with round-to-nearest-even). Does not own: the executor
+//! (`merge::exec`), the atomic writer (`release`, `io::staging`).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-
-use rayon::prelude::*;
 
 use crate::io::DType;
 use crate::io::checkpoint::Checkpoint;
 use crate::io::header_layout::PlannedTensor;
 use crate::io::staging::{Allocation, Replace};
 use crate::io::writer::{AuxFile, ComponentOutput, OutputPlan, Slot};
-use crate::layout::exec::{PIECE_BAND_BYTES, convert_piece};
-use crate::model::transform::Transform::Identity;
-use crate::model::transform::{KernelError, SrcTensor};
+use crate::merge::MergePlan;
+use crate::merge::exec::{ExecOptions, copy_plan};
+use crate::merge::plan::Job;
+use crate::model::transform::Transform;
 use crate::release::{Release, ReleaseError, ReleaseRequest, write_release};
 
 /// Which dtype each float tensor gets.
@@ -93,8 +93,11 @@ pub fn convert_release(spec: &ConvertSpec) -> Result<Release, ReleaseError> {
             bytes: s.text.clone().into_bytes(),
         })
         .collect();
-    let plan =
+    let jobs = mirror_jobs(&ck, &components);
+    let output =
         OutputPlan::build(&components, &root).map_err(|e| ReleaseError::Produce(e.into()))?;
+    let plan = MergePlan::untouched(output, jobs, Vec::new(), "none".into())
+        .map_err(|e| ReleaseError::Produce(e.into()))?;
     let input_files = ck.input_files();
     let hash_while_writing = input_files
         .iter()
@@ -107,7 +110,7 @@ pub fn convert_release(spec: &ConvertSpec) -> Result<Release, ReleaseError> {
     });
     let req = ReleaseRequest {
         dest: &spec.out,
-        plan,
+        plan: plan.output.clone(),
         input_paths: std::slice::from_ref(&spec.input),
         inputs: Vec::new(),
         hash_while_writing,
@@ -117,48 +120,48 @@ pub fn convert_release(spec: &ConvertSpec) -> Result<Release, ReleaseError> {
         allocation: Allocation::Reserve,
     };
     write_release(req, |staging| {
-        let jobs: Vec<(usize, &str, Slot)> = staging.plan().slots().collect();
+        copy_plan(&ck, &plan, staging, &ExecOptions::default())?;
         let mut converted = BTreeMap::<String, usize>::new();
-        jobs.par_iter()
-            .try_for_each(|&(ci, name, slot)| -> anyhow::Result<()> {
-                let t = ck.components[ci]
-                    .tensors
-                    .get(name)
-                    .ok_or_else(|| anyhow::anyhow!("internal: planned tensor `{name}` vanished"))?;
-                let out = staging.plan().files[slot.file].layout.tensors[slot.tensor].dtype;
-                let v = t.view;
-                let src = SrcTensor {
-                    dtype: v.dtype,
-                    shape: v.shape,
-                    bytes: v.bytes,
-                };
-                let write = |offset: usize, bytes: &[u8]| -> anyhow::Result<()> {
-                    Ok(staging.write(slot, offset, bytes)?)
-                };
-                let refused = |e: KernelError| anyhow::anyhow!("{name}: {e}");
-                convert_piece(
-                    Identity,
-                    src,
-                    out,
-                    PIECE_BAND_BYTES,
-                    &mut Vec::new(),
-                    write,
-                    refused,
-                )?;
-                t.file.release(t.position);
-                Ok(())
-            })?;
-        for (ci, name, slot) in &jobs {
-            let from = ck.components[*ci].tensors.get(name).map(|t| t.view.dtype);
-            let to = staging.plan().files[slot.file].layout.tensors[slot.tensor].dtype;
-            if from != Some(to) {
+        for job in &plan.jobs {
+            let from = ck.components[job.component]
+                .tensors
+                .get(&job.stored)
+                .map(|t| t.view.dtype);
+            if from != Some(job.dtype) {
                 *converted
-                    .entry(format!("{}->{}", from.map_or("?", |d| d.as_str()), to))
+                    .entry(format!(
+                        "{}->{}",
+                        from.map_or("?", |d| d.as_str()),
+                        job.dtype
+                    ))
                     .or_default() += 1;
             }
         }
-        Ok(serde_json::json!({ "tensors": jobs.len(), "converted": converted }))
+        Ok(serde_json::json!({ "tensors": plan.jobs.len(), "converted": converted }))
     })
+}
+
+/// One job per stored tensor: copied, or converted to the dtype the output plan gives it.
+fn mirror_jobs(ck: &Checkpoint, output: &[ComponentOutput]) -> Vec<Job> {
+    let mut jobs = Vec::new();
+    for (ci, (c, out)) in ck.components.iter().zip(output).enumerate() {
+        for (t, planned) in c.tensors.tensors().zip(&out.tensors) {
+            jobs.push(Job {
+                component: ci,
+                output: planned.name.clone(),
+                slot: Slot { file: 0, tensor: 0 },
+                dst_offset: 0,
+                dtype: planned.dtype,
+                transform: Transform::Identity,
+                stored: t.view.name.to_string(),
+                layer: None,
+                stored_shape: t.view.shape.to_vec(),
+                target: None,
+                encoding: None,
+            });
+        }
+    }
+    jobs
 }
 
 /// Keeps nothing in f32 (the default for a generic conversion).

@@ -14,11 +14,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use common::Rng;
 
 use wanbake::io::header_layout::{HeaderLayout, PlannedTensor};
-use wanbake::io::{DType, SafetensorsFile, TensorView};
-use wanbake::layout::exec::SinkError;
-use wanbake::layout::{
-    Conversion, ExecOptions, KeepF32, MemorySink, OutputDType, StoredTensors, TensorSink, WritePlan,
-};
+use wanbake::io::{Checkpoint, DType};
+use wanbake::layout::restack::RestackOptions;
+use wanbake::layout::{Conversion, KeepF32, OutputDType, WritePlan};
+use wanbake::merge::exec::ExecOptions;
+use wanbake::merge::restack::restack_release;
 use wanbake::model::plan_error::PlanError;
 use wanbake::model::read_plan::{ReadPlan, StoredTensor};
 use wanbake::model::transform::Transform;
@@ -103,29 +103,7 @@ struct MemTensor {
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 struct Mem(BTreeMap<String, MemTensor>);
 
-impl StoredTensors for Mem {
-    fn tensor(&self, name: &str) -> Option<TensorView<'_>> {
-        self.0.get_key_value(name).map(|(k, t)| TensorView {
-            name: k,
-            dtype: t.dtype,
-            shape: &t.shape,
-            bytes: &t.bytes,
-        })
-    }
-}
-
 impl Mem {
-    fn stored(&self) -> Vec<StoredTensor> {
-        self.0
-            .iter()
-            .map(|(k, t)| StoredTensor {
-                name: k.clone(),
-                dtype: t.dtype,
-                shape: t.shape.clone(),
-            })
-            .collect()
-    }
-
     fn get(&self, name: &str) -> &MemTensor {
         self.0
             .get(name)
@@ -154,6 +132,9 @@ fn random_diffusers(cfg: &WanConfig, dtype: DType, seed: u64) -> Mem {
     m
 }
 
+/// Converts `src` from `from` to `to` the way `restack` does (the library call: the one
+/// executor and release writer) on a temporary file, with `cfg` as its config.json when
+/// given, and reads the output tensors back.
 fn convert_with(
     src: &Mem,
     from: Layout,
@@ -162,32 +143,45 @@ fn convert_with(
     dtype: OutputDType,
     options: &ExecOptions,
 ) -> Mem {
-    let read = ReadPlan::new(from, &src.stored(), cfg).unwrap();
-    let conv = Conversion::new(read, to, dtype, &KeepF32::default_for(to)).unwrap();
-    let sink = MemorySink::for_conversion(&conv);
-    let report = conv.execute(src, &sink, options).unwrap();
-    let mut data = sink.into_tensors();
-    let out = Mem(conv
-        .planned_tensors()
-        .into_iter()
-        .map(|p| {
-            let bytes = data.remove(&p.name).unwrap();
-            (
-                p.name,
-                MemTensor {
-                    dtype: p.dtype,
-                    shape: p.shape,
-                    bytes,
-                },
-            )
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.safetensors");
+    write_mem(&input, src);
+    let config = cfg.map(|c| {
+        let path = dir.path().join("in_config.json");
+        std::fs::write(&path, serde_json::to_vec(c).unwrap()).unwrap();
+        path
+    });
+    let out = dir.path().join("out");
+    let restack = RestackOptions {
+        from: Some(from),
+        to,
+        dtype,
+        keep_f32: None,
+        shard_bytes: None,
+        replace: wanbake::io::staging::Replace::Never,
+        config,
+    };
+    restack_release(&input, &out, &restack, options).unwrap();
+    read_mem(&out)
+}
+
+/// Every tensor of the one component at `path`.
+fn read_mem(path: &std::path::Path) -> Mem {
+    let ck = Checkpoint::open(path).unwrap();
+    assert_eq!(ck.components.len(), 1, "{}", path.display());
+    Mem(ck.components[0]
+        .tensors
+        .tensors()
+        .map(|t| {
+            let v = t.view;
+            let tensor = MemTensor {
+                dtype: v.dtype,
+                shape: v.shape.to_vec(),
+                bytes: v.bytes.to_vec(),
+            };
+            (v.name.to_string(), tensor)
         })
-        .collect());
-    let total: usize = out.0.values().map(|t| t.bytes.len()).sum();
-    assert_eq!(
-        report.bytes_written, total as u64,
-        "every byte written once"
-    );
-    out
+        .collect())
 }
 
 /// Small bands and two threads, so banding and parallel jobs are exercised on tiny data.
@@ -1211,55 +1205,7 @@ fn a14b_pipeline_experts_are_plain_transformers() {
 // ---------------------------------------------------------------------------------------
 // Through a real safetensors file
 
-/// The simplest positional writer: canonical header, pre-sized file, `pwrite` per band.
-/// (Stands in for the lead's `io::writer`; no temp file, fsync or manifest.)
-struct FileSink {
-    file: std::fs::File,
-    layout: HeaderLayout,
-}
-
-impl FileSink {
-    fn create(path: &std::path::Path, tensors: &[PlannedTensor]) -> FileSink {
-        use std::os::unix::fs::FileExt;
-        let layout = HeaderLayout::build(tensors, &BTreeMap::new()).unwrap();
-        let file = std::fs::File::create(path).unwrap();
-        file.set_len(layout.file_len() as u64).unwrap();
-        file.write_all_at(&layout.prefix, 0).unwrap();
-        FileSink { file, layout }
-    }
-}
-
-impl TensorSink for FileSink {
-    fn write_at(&self, tensor: &str, byte_offset: usize, bytes: &[u8]) -> Result<(), SinkError> {
-        use std::os::unix::fs::FileExt;
-        let i = self.layout.position(tensor).ok_or("unknown tensor")?;
-        let info = &self.layout.tensors[i];
-        if byte_offset + bytes.len() > info.end - info.begin {
-            return Err("write overruns the tensor".into());
-        }
-        self.file
-            .write_all_at(bytes, (info.begin + byte_offset) as u64)?;
-        Ok(())
-    }
-}
-
-fn restack_file(
-    input: &std::path::Path,
-    output: &std::path::Path,
-    to: Layout,
-    dtype: OutputDType,
-) -> Conversion {
-    let file = SafetensorsFile::open(input).unwrap();
-    let stored: Vec<StoredTensor> = file.infos().iter().map(StoredTensor::from).collect();
-    let names: Vec<&str> = stored.iter().map(|t| t.name.as_str()).collect();
-    let from = detect_layout(&names).unwrap();
-    let read = ReadPlan::new(from, &stored, None).unwrap();
-    let conv = Conversion::new(read, to, dtype, &KeepF32::default_for(to)).unwrap();
-    let sink = FileSink::create(output, &conv.planned_tensors());
-    conv.execute(&file, &sink, &ExecOptions::default()).unwrap();
-    conv
-}
-
+/// Writes `m` as a plain safetensors file (test input; no manifest).
 fn write_mem(path: &std::path::Path, m: &Mem) {
     let planned: Vec<PlannedTensor> =
         m.0.iter()
@@ -1269,10 +1215,14 @@ fn write_mem(path: &std::path::Path, m: &Mem) {
                 shape: t.shape.clone(),
             })
             .collect();
-    let sink = FileSink::create(path, &planned);
+    let layout = HeaderLayout::build(&planned, &BTreeMap::new()).unwrap();
+    let mut bytes = vec![0u8; layout.file_len()];
+    bytes[..layout.prefix.len()].copy_from_slice(&layout.prefix);
     for (k, t) in &m.0 {
-        sink.write_at(k, 0, &t.bytes).unwrap();
+        let info = &layout.tensors[layout.position(k).unwrap()];
+        bytes[info.begin..info.end].copy_from_slice(&t.bytes);
     }
+    std::fs::write(path, bytes).unwrap();
 }
 
 #[test]
@@ -1281,12 +1231,22 @@ fn file_round_trip_through_safetensors() {
     let cfg = tiny_flf2v();
     let start = random_diffusers(&cfg, DType::BF16, 42);
     let a = dir.path().join("a.safetensors");
-    let b = dir.path().join("b.safetensors");
-    let c = dir.path().join("c.safetensors");
+    let b = dir.path().join("b");
+    let c = dir.path().join("c");
     write_mem(&a, &start);
-    restack_file(&a, &b, Layout::NnxScanned, OutputDType::Keep);
-    restack_file(&b, &c, Layout::Diffusers, OutputDType::Keep);
-    assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&c).unwrap());
+    let options = |to| RestackOptions {
+        from: None,
+        to,
+        dtype: OutputDType::Keep,
+        keep_f32: None,
+        shard_bytes: None,
+        replace: wanbake::io::staging::Replace::Never,
+        config: None,
+    };
+    let exec = ExecOptions::default();
+    restack_release(&a, &b, &options(Layout::NnxScanned), &exec).unwrap();
+    restack_release(&b, &c, &options(Layout::Diffusers), &exec).unwrap();
+    assert_eq!(read_mem(&c), start);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1332,22 +1292,25 @@ fn check_golden(model_dir: &std::path::Path, golden: &std::path::Path, layout: L
         .or(Some(&json))
         .and_then(|v| v.as_array())
         .expect("golden: array of entries");
-    let weights = model_dir.join("diffusion_pytorch_model.safetensors");
     let config: WanConfig =
         WanConfig::from_json(&std::fs::read_to_string(model_dir.join("config.json")).unwrap())
             .unwrap();
-    let file = SafetensorsFile::open(&weights).unwrap();
-    let stored: Vec<StoredTensor> = file.infos().iter().map(StoredTensor::from).collect();
-    let read = ReadPlan::new(Layout::Diffusers, &stored, Some(&config)).unwrap();
-    let conv = Conversion::new(read, layout, OutputDType::F32, &KeepF32::None).unwrap();
-    let sink = MemorySink::for_conversion(&conv);
-    conv.execute(&file, &sink, &ExecOptions::default()).unwrap();
-    let shapes: BTreeMap<String, Vec<usize>> = conv
-        .planned_tensors()
-        .into_iter()
-        .map(|t| (t.name, t.shape))
+    let file = model_dir.join("diffusion_pytorch_model.safetensors");
+    let model = read_mem(&file);
+    let out = convert_with(
+        &model,
+        Layout::Diffusers,
+        layout,
+        Some(&config),
+        OutputDType::F32,
+        &ExecOptions::default(),
+    );
+    let shapes: BTreeMap<String, Vec<usize>> = out
+        .0
+        .iter()
+        .map(|(k, t)| (k.clone(), t.shape.clone()))
         .collect();
-    let data = sink.into_tensors();
+    let data: BTreeMap<String, Vec<u8>> = out.0.into_iter().map(|(k, t)| (k, t.bytes)).collect();
     let mut golden_keys = BTreeSet::new();
     for e in entries {
         let key = e["key"].as_str().unwrap().to_string();
@@ -1419,8 +1382,19 @@ mod restack_cli {
     use std::process::Command;
 
     use wanbake::io::{Checkpoint, DType};
-    use wanbake::layout::restack::{RestackOptions, read_output_config, restack};
-    use wanbake::layout::{ExecOptions, OutputDType};
+    use wanbake::layout::OutputDType;
+    use wanbake::layout::restack::{RestackOptions, read_output_config};
+    use wanbake::merge::exec::ExecOptions;
+    use wanbake::merge::restack::restack_release;
+
+    fn restack(
+        input: &Path,
+        out: &Path,
+        options: &RestackOptions,
+    ) -> Result<wanbake::merge::restack::RestackOutcome, wanbake::layout::restack::RestackError>
+    {
+        restack_release(input, out, options, &ExecOptions::default())
+    }
     use wanbake::model::wan_layout::Layout;
 
     fn golden(rel: &str) -> PathBuf {
@@ -1438,7 +1412,6 @@ mod restack_cli {
             shard_bytes: None,
             replace: wanbake::io::staging::Replace::Never,
             config: None,
-            exec: ExecOptions::default(),
         }
     }
 
@@ -1673,7 +1646,7 @@ mod restack_cli {
 }
 
 // ---------------------------------------------------------------------------------------
-// Benchmark (ignored): the executor alone on a 1.3B-shaped checkpoint. Generate the input
+// Benchmark (ignored): the restack library call on a 1.3B-shaped checkpoint. Generate the input
 // with `wanbake synth --model wan2.1-t2v-1.3b --dtype f32 --fill random --out /tmp/wan13b-f32`
 // and run
 // `cargo test --release --test layout -- --ignored --nocapture bench_executor_1_3b`
@@ -1693,22 +1666,31 @@ fn peak_rss_kib() -> u64 {
 fn bench_executor_1_3b_f32_to_nnx_scanned_bf16() {
     let input = std::env::var("WANBAKE_BENCH_IN")
         .unwrap_or_else(|_| "/tmp/wan13b-f32/diffusion_pytorch_model.safetensors".into());
-    let output = std::env::var("WANBAKE_BENCH_OUT")
-        .unwrap_or_else(|_| "/tmp/wanbake-bench-nnx-bf16.safetensors".into());
+    let output =
+        std::env::var("WANBAKE_BENCH_OUT").unwrap_or_else(|_| "/tmp/wanbake-bench-nnx-bf16".into());
+    let options = RestackOptions {
+        from: None,
+        to: Layout::NnxScanned,
+        dtype: OutputDType::BF16,
+        keep_f32: None,
+        shard_bytes: None,
+        replace: wanbake::io::staging::Replace::Overwrite,
+        config: None,
+    };
     let start = std::time::Instant::now();
-    let conv = restack_file(
+    let outcome = restack_release(
         std::path::Path::new(&input),
         std::path::Path::new(&output),
-        Layout::NnxScanned,
-        OutputDType::BF16,
-    );
+        &options,
+        &ExecOptions::default(),
+    )
+    .unwrap();
     let elapsed = start.elapsed();
-    let bytes = std::fs::metadata(&output).unwrap().len();
+    let bytes: u64 = outcome.release.manifest.files.iter().map(|f| f.bytes).sum();
     println!(
-        "executor: {} -> {} ({} tensors, {bytes} bytes) in {:.2} s, peak RSS {} MiB",
+        "restack (executor, release writer): {} -> {} ({bytes} bytes) in {:.2} s, peak RSS {} MiB",
         input,
         output,
-        conv.write.tensors.len(),
         elapsed.as_secs_f64(),
         peak_rss_kib() / 1024
     );

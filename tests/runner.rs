@@ -9,11 +9,12 @@ use std::path::{Path, PathBuf};
 
 use common::{parts, repo, run, tmp};
 use wanbake::io::SafetensorsFile;
-use wanbake::layout::{Conversion, ExecOptions, KeepF32, MemorySink, OutputDType};
-use wanbake::model::read_plan::{ReadPlan, StoredTensor};
-use wanbake::model::wan::WanConfig;
+use wanbake::io::staging::Replace;
+use wanbake::layout::OutputDType;
+use wanbake::layout::restack::RestackOptions;
+use wanbake::merge::exec::ExecOptions;
+use wanbake::merge::restack::restack_release;
 use wanbake::model::wan_layout::Layout;
-use wanbake::model::wan_layout::stamp_config;
 use wanbake::runner::output::write_f32_file;
 use wanbake::runner::{RunInputs, Tensor};
 
@@ -514,59 +515,29 @@ fn boundary_ratio_without_a_second_expert_is_refused() {
     );
 }
 
-/// Writes the diffusers model folder `src` as a model folder `dest` in `layout` (f32 kept),
-/// through the layout module's own conversion (`layout::Conversion` into memory), with
-/// config.json stamped with the layout.
+/// Writes the diffusers model folder `src` as a model folder `dest` in `layout` (f32 kept)
+/// through the library's restack (the one executor and release writer), config.json
+/// stamped with the layout.
 fn restack(src: &Path, layout: &str, dest: &Path) {
     let to: Layout = layout.parse().unwrap();
-    let file = SafetensorsFile::open(&src.join("diffusion_pytorch_model.safetensors")).unwrap();
-    let config_text = std::fs::read_to_string(src.join("config.json")).unwrap();
-    let config = WanConfig::from_json(&config_text).unwrap();
-    let stored: Vec<StoredTensor> = file.infos().iter().map(StoredTensor::from).collect();
-    let read = ReadPlan::new(Layout::Diffusers, &stored, Some(&config)).unwrap();
-    let conversion =
-        Conversion::new(read, to, OutputDType::Keep, &KeepF32::default_for(to)).unwrap();
-    let sink = MemorySink::for_conversion(&conversion);
-    conversion
-        .execute(&file, &sink, &ExecOptions::default())
-        .unwrap();
-    let shapes: std::collections::BTreeMap<String, Vec<usize>> = conversion
-        .planned_tensors()
-        .into_iter()
-        .map(|t| (t.name, t.shape))
-        .collect();
+    let options = RestackOptions {
+        from: Some(Layout::Diffusers),
+        to,
+        dtype: OutputDType::Keep,
+        keep_f32: None,
+        shard_bytes: None,
+        replace: Replace::Never,
+        config: None,
+    };
+    if let Some(parent) = dest.parent() {
+        std::fs::create_dir_all(parent).unwrap();
+    }
+    restack_release(src, dest, &options, &ExecOptions::default()).unwrap();
+    let out = SafetensorsFile::open(&dest.join("diffusion_pytorch_model.safetensors")).unwrap();
     assert!(
-        !shapes.contains_key("proj_out.weight"),
+        out.view("proj_out.weight").is_none(),
         "{layout}: the conversion kept diffusers names"
     );
-    let tensors: Vec<(String, Tensor)> = sink
-        .into_tensors()
-        .into_iter()
-        .map(|(name, bytes)| {
-            let values = bytes
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect();
-            let t = Tensor::new(shapes[&name].clone(), values);
-            (name, t)
-        })
-        .collect();
-    std::fs::create_dir_all(dest).unwrap();
-    let refs: Vec<(&str, &Tensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
-    write_f32_file(
-        &dest.join("diffusion_pytorch_model.safetensors"),
-        &refs,
-        &Default::default(),
-    )
-    .unwrap();
-    let mut json: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_str(&config_text).unwrap();
-    stamp_config(&mut json, to);
-    std::fs::write(
-        dest.join("config.json"),
-        serde_json::to_vec_pretty(&json).unwrap(),
-    )
-    .unwrap();
 }
 
 /// The output tensor's raw bytes (the values, bit for bit).

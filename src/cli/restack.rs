@@ -2,16 +2,19 @@
 //! [--keep-f32 POLICY] [--shard-size BYTES] [--device auto|cpu|cuda] [--overwrite] [--json]`:
 //! converts a WAN transformer checkpoint between the diffusers, original-Wan, NNX and
 //! NNX-scanned layouts.
-//! The work is `layout::restack`; this file parses, prints and picks the exit code.
+//! The work is `merge::restack` (planned by `layout::restack`); this file parses, prints
+//! and picks the exit code.
 
 use std::path::PathBuf;
 
 use super::{Printer, Status, UsageError, output};
 use wanbake::gpu::DeviceChoice;
 use wanbake::io::staging::Replace;
-use wanbake::layout::restack::{RestackOptions, restack};
-use wanbake::layout::{ExecOptions, KeepF32, OutputDType};
+use wanbake::layout::restack::RestackOptions;
+use wanbake::layout::{KeepF32, OutputDType};
 use wanbake::merge::Compute;
+use wanbake::merge::exec::ExecOptions;
+use wanbake::merge::restack::restack_release;
 use wanbake::model::wan_layout::Layout;
 
 /// Arguments of `restack`.
@@ -89,7 +92,6 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
         } else {
             Replace::Never
         },
-        exec: ExecOptions::default(),
     };
     let (_, device) = Compute::select(args.device)?;
     if device.used != "cpu" {
@@ -99,7 +101,7 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
             device.name.as_deref().unwrap_or(device.used)
         ));
     }
-    let outcome = restack(&args.input, &args.out, &options)?;
+    let outcome = restack_release(&args.input, &args.out, &options, &ExecOptions::default())?;
     let components = outcome.report["components"]
         .as_array()
         .cloned()

@@ -1,32 +1,30 @@
-//! `restack` as a library call: a checkpoint on disk in any layout → a release in another.
+//! Planning a `restack`: a checkpoint on disk in any layout → the output plan of another.
 //!
 //! Owns: `RestackOptions`, planning every component of a checkpoint (a file, a sharded
 //! index, a diffusers model folder, or a pipeline folder whose `transformer/` and
 //! `transformer_2/` are converted side by side) before anything is written, the config.json
 //! that travels with the weights (the input's, stamped with the output layout; or, without
-//! one, the config inferred from the shapes), and running the conversions through the
-//! shared release path (`release::write_release`: staging, fsync, re-read, manifest, atomic
-//! rename). Also the two adapters between `io` and the executor: `TensorSet` as a
-//! `StoredTensors`, a staging component as a `TensorSink`. Does not own: argument parsing
-//! and printing (`cli::restack`).
+//! one, the config inferred from the shapes), and the manifest's report. Does not own:
+//! running the plan (`merge::restack`: the one executor and release writer every producing
+//! command uses), argument parsing and printing (`cli::restack`).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
+use super::conversion::Conversion;
 use super::dtype_policy::{KeepF32, OutputDType};
-use super::exec::{Conversion, ExecOptions, SinkError, StoredTensors, TensorSink};
+use crate::io::ReadError;
 use crate::io::checkpoint::{Checkpoint, Component, TensorSet};
-use crate::io::staging::{Allocation, Replace, Staging};
-use crate::io::writer::{AuxFile, ComponentOutput, OutputPlan};
-use crate::io::{ReadError, TensorView};
+use crate::io::staging::Replace;
+use crate::io::writer::ComponentOutput;
 use crate::model::plan_error::PlanError;
 use crate::model::read_plan::{INFERRED_HEAD_DIM, ReadPlan, StoredTensor};
 use crate::model::wan::WanConfig;
 use crate::model::wan_layout::Layout;
 use crate::model::wan_layout::{resolve_layout, stamp_config};
-use crate::release::{Release, ReleaseError, ReleaseRequest, write_release};
+use crate::release::ReleaseError;
 
 /// What to convert to and how.
 #[derive(Clone, Debug)]
@@ -46,8 +44,6 @@ pub struct RestackOptions {
     /// A config.json to use instead of the one next to the weights (needed for a single
     /// original-format file, whose head count the shapes cannot tell).
     pub config: Option<PathBuf>,
-    /// Executor tuning (never changes the bytes).
-    pub exec: ExecOptions,
 }
 
 /// Why a restack failed. Nothing is left at the destination.
@@ -326,85 +322,23 @@ fn output_config(input: Option<&Value>, conversion: &Conversion, to: Layout) -> 
     bytes
 }
 
-/// What a restack wrote.
-#[derive(Debug)]
-pub struct RestackOutcome {
-    /// The release.
-    pub release: Release,
-    /// The report stored in the manifest.
-    pub report: Value,
-}
-
-/// Converts the checkpoint at `input` and writes the release to `out`.
-pub fn restack(
-    input: &Path,
-    out: &Path,
-    options: &RestackOptions,
-) -> Result<RestackOutcome, RestackError> {
-    let checkpoint = Checkpoint::open(input)?;
-    let plans = plan_restack(&checkpoint, options)?;
-    let components: Vec<ComponentOutput> = plans.iter().map(|p| p.output.clone()).collect();
-    let root: Vec<AuxFile> = checkpoint
-        .root_files
-        .iter()
-        .map(|s| AuxFile {
-            rel_path: PathBuf::from(&s.name),
-            bytes: s.text.clone().into_bytes(),
+impl RestackOptions {
+    /// The manifest's `options`.
+    pub fn to_json(&self) -> Value {
+        let o = self;
+        json!({
+            "from": o.from.map(Layout::as_str),
+            "to": o.to.as_str(),
+            "dtype": format!("{:?}", o.dtype).to_lowercase(),
+            "keep_f32": o.keep_f32.as_ref().map(ToString::to_string),
+            "shard_bytes": o.shard_bytes,
         })
-        .collect();
-    let plan = OutputPlan::build(&components, &root).map_err(|e| RestackError::Output {
-        path: out.to_path_buf(),
-        reason: e.to_string(),
-    })?;
-    let input_paths = checkpoint.input_files();
-    let shown = |p: &PathBuf| p.display().to_string();
-    let hash_while_writing = input_paths
-        .iter()
-        .map(|p| ("base".to_string(), p.clone(), shown(p)))
-        .collect();
-    let report = report(&checkpoint, &plans);
-    let request = ReleaseRequest {
-        dest: out,
-        plan,
-        input_paths: &input_paths,
-        inputs: Vec::new(),
-        hash_while_writing,
-        command: "restack",
-        options: options_json(options),
-        replace: options.replace,
-        allocation: Allocation::Reserve,
-    };
-    let report_for_manifest = report.clone();
-    let release = write_release(request, |staging| {
-        for (ci, (p, c)) in plans.iter().zip(&checkpoint.components).enumerate() {
-            let sink = StagingSink {
-                staging,
-                component: ci,
-            };
-            p.conversion
-                .execute(&c.tensors, &sink, &options.exec)
-                .map_err(|e| {
-                    anyhow::anyhow!("{}: {e}", component_path(&checkpoint, c).display())
-                })?;
-        }
-        Ok(report_for_manifest)
-    })?;
-    Ok(RestackOutcome { release, report })
-}
-
-fn options_json(o: &RestackOptions) -> Value {
-    json!({
-        "from": o.from.map(Layout::as_str),
-        "to": o.to.as_str(),
-        "dtype": format!("{:?}", o.dtype).to_lowercase(),
-        "keep_f32": o.keep_f32.as_ref().map(ToString::to_string),
-        "shard_bytes": o.shard_bytes,
-    })
+    }
 }
 
 /// The manifest report: per component, layouts, config source, counts, dtypes, and every
 /// skipped input key with its reason.
-fn report(checkpoint: &Checkpoint, plans: &[ComponentPlan]) -> Value {
+pub fn restack_report(checkpoint: &Checkpoint, plans: &[ComponentPlan]) -> Value {
     let components: Vec<Value> = plans
         .iter()
         .map(|p| {
@@ -445,40 +379,6 @@ fn report(checkpoint: &Checkpoint, plans: &[ComponentPlan]) -> Value {
     // A restack moves bytes and rounds dtypes, which the CPU does at disk speed and a GPU
     // would only add transfers to; it runs on the CPU whatever `--device` says.
     json!({"components": components, "not_carried": not_carried, "device": {"used": "cpu"}})
-}
-
-impl StoredTensors for TensorSet {
-    fn tensor(&self, name: &str) -> Option<TensorView<'_>> {
-        self.get(name).map(|t| t.view)
-    }
-
-    fn release(&self, name: &str, _bytes: std::ops::Range<usize>) {
-        // SafetensorsFile releases whole tensors only (see the report: a ranged release
-        // would keep the other layers of a stacked input mapped).
-        if let Some(t) = self.get(name) {
-            t.file.release(t.position);
-        }
-    }
-}
-
-/// One component of a staging output, as the executor's sink.
-pub struct StagingSink<'a> {
-    /// The output being written.
-    pub staging: &'a Staging,
-    /// Index of the component in the output plan.
-    pub component: usize,
-}
-
-impl TensorSink for StagingSink<'_> {
-    fn write_at(&self, tensor: &str, byte_offset: usize, bytes: &[u8]) -> Result<(), SinkError> {
-        let slot = self
-            .staging
-            .plan()
-            .slot(self.component, tensor)
-            .ok_or_else(|| format!("output tensor `{tensor}` is not in the output plan"))?;
-        self.staging.write(slot, byte_offset, bytes)?;
-        Ok(())
-    }
 }
 
 /// Reads the config.json fields of a release directory written by restack (for tests and

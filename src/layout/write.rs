@@ -6,7 +6,7 @@
 //! element offset inside the output tensor. A stacked (`nnx-scanned`) output has L pieces,
 //! layer i at offset i·(slice size), so the header is known before any data is read and a
 //! writer can put each layer's slice straight into its place. Does not own: dtypes
-//! (`layout::dtype_policy`) or execution (`layout::exec`).
+//! (`layout::dtype_policy`) or execution (`layout::conversion`).
 
 use std::collections::BTreeMap;
 

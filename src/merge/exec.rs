@@ -50,7 +50,7 @@ use crate::adapter::{AdapterSet, Kind, ParamRole, TensorSource};
 use crate::backend::Backend;
 use crate::io::dtype::{narrow_from_f32, widen_to_f32};
 use crate::io::{DType, ReadError, Staging, TensorRef, TensorView};
-use crate::layout::exec::{PIECE_BAND_BYTES, convert_piece};
+use crate::layout::conversion::{PIECE_BAND_BYTES, convert_piece};
 use crate::linalg::{CacheError, CacheOutcome, SvdCache, XsBases, xs_bases};
 use crate::model::transform::{SrcTensor, Transform};
 use crate::quantize::{self, Encoding, ErrorStats, ErrorSum};
@@ -105,6 +105,72 @@ pub struct Exec<'a> {
     pub compute: &'a Compute,
     /// A quantized output's dequantized error per output tensor, filled as jobs finish.
     pub quant_errors: Mutex<BTreeMap<String, ErrorStats>>,
+    /// Largest band of destination bytes an untouched tensor is copied or converted in
+    /// ([`PIECE_BAND_BYTES`] unless a test shrinks it); never changes the bytes.
+    pub copy_band_bytes: usize,
+}
+
+/// Tuning of a run; none of it changes the output bytes.
+#[derive(Clone, Debug)]
+pub struct ExecOptions {
+    /// Largest destination band an untouched tensor is copied or converted in.
+    pub band_bytes: usize,
+    /// Worker threads (`None`: rayon's global pool).
+    pub threads: Option<usize>,
+}
+
+impl Default for ExecOptions {
+    fn default() -> Self {
+        ExecOptions {
+            band_bytes: PIECE_BAND_BYTES,
+            threads: None,
+        }
+    }
+}
+
+impl ExecOptions {
+    /// Runs `f` on a pool of `threads` workers, or on rayon's global pool.
+    pub fn install<T: Send>(
+        &self,
+        f: impl FnOnce() -> Result<T, MergeError> + Send,
+    ) -> Result<T, MergeError> {
+        match self.threads {
+            None => f(),
+            Some(threads) => rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .map_err(|e| {
+                    MergeError::Internal(format!("cannot start {threads} worker threads: {e}"))
+                })?
+                .install(f),
+        }
+    }
+}
+
+/// Runs a plan that merges nothing (`restack`, `convert`): every job copies or converts one
+/// base tensor (or layer) into its slot, on the CPU, through the same job loop as a merge.
+pub fn copy_plan(
+    base: &crate::io::Checkpoint,
+    plan: &MergePlan,
+    staging: &Staging,
+    options: &ExecOptions,
+) -> Result<(), MergeError> {
+    if !plan.targets.is_empty() {
+        return Err(MergeError::Internal(
+            "copy_plan runs plans without merged targets".into(),
+        ));
+    }
+    let exec = Exec {
+        base,
+        adapters: &[],
+        plan,
+        staging,
+        svd_cache: None,
+        compute: &Compute::Cpu,
+        quant_errors: Default::default(),
+        copy_band_bytes: options.band_bytes,
+    };
+    options.install(|| exec.run().map(drop))
 }
 
 #[derive(Default)]
@@ -333,7 +399,7 @@ impl Exec<'_> {
         }
     }
 
-    /// Writes `transform(src)` converted to the job's dtype (`layout::exec::convert_piece`).
+    /// Writes `transform(src)` converted to the job's dtype (`layout::conversion::convert_piece`).
     fn convert_bands(
         &self,
         job: &Job,
@@ -350,7 +416,7 @@ impl Exec<'_> {
             transform,
             src,
             job.dtype,
-            PIECE_BAND_BYTES,
+            self.copy_band_bytes,
             &mut buf,
             write,
             err,

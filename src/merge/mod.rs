@@ -29,6 +29,7 @@ pub mod math;
 pub mod output;
 pub mod plan;
 pub mod report;
+pub mod restack;
 pub mod spec;
 
 use std::collections::BTreeMap;
@@ -293,6 +294,7 @@ pub fn write_merge(
                 svd_cache: settings.svd_cache,
                 compute: settings.compute,
                 quant_errors: Default::default(),
+                copy_band_bytes: crate::layout::conversion::PIECE_BAND_BYTES,
             };
             let svd = exec.run()?;
             let r = build_report(&plan, options, svd, settings.compute);

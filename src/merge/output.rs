@@ -83,11 +83,7 @@ pub fn plan_output(base: &Checkpoint, options: &MergeOptions) -> Result<OutputSi
         .collect();
     let output = OutputPlan::build(&outputs, &aux)
         .map_err(|e| MergeError::Plan(format!("the output cannot be laid out: {e}")))?;
-    for j in &mut jobs {
-        j.slot = output
-            .slot(j.component, &j.output)
-            .ok_or_else(|| MergeError::Internal(format!("no output slot for `{}`", j.output)))?;
-    }
+    resolve_slots(&output, &mut jobs)?;
     policies.dedup();
     Ok(OutputSide {
         output,
@@ -274,8 +270,25 @@ fn converted(
         .collect();
     let read = ReadPlan::new(from, &stored, config.as_ref()).map_err(layout_err)?;
     let conv = Conversion::new(read, to, dtype, policy).map_err(layout_err)?;
-    let jobs = conv
-        .jobs
+    let jobs = conversion_jobs(ci, &conv);
+    let dropped = conv
+        .read
+        .skipped
+        .iter()
+        .map(|s| format!("{}{}: {}", prefix(comp), s.name, s.reason))
+        .collect();
+    let sidecars = config_sidecar(comp, Some(to));
+    Ok(ComponentJobs {
+        output: component_output(comp, conv.planned_tensors(), sidecars),
+        jobs,
+        dropped,
+    })
+}
+
+/// The jobs of a planned layout conversion of component `ci`, slots not yet resolved
+/// ([`resolve_slots`]): one per stored tensor or layer, copied or converted.
+pub fn conversion_jobs(ci: usize, conv: &Conversion) -> Vec<Job> {
+    conv.jobs
         .iter()
         .map(|j| Job {
             component: ci,
@@ -290,19 +303,17 @@ fn converted(
             target: None,
             encoding: None,
         })
-        .collect();
-    let dropped = conv
-        .read
-        .skipped
-        .iter()
-        .map(|s| format!("{}{}: {}", prefix(comp), s.name, s.reason))
-        .collect();
-    let sidecars = config_sidecar(comp, Some(to));
-    Ok(ComponentJobs {
-        output: component_output(comp, conv.planned_tensors(), sidecars),
-        jobs,
-        dropped,
-    })
+        .collect()
+}
+
+/// Points every job at its output tensor's slot in `output`.
+pub fn resolve_slots(output: &OutputPlan, jobs: &mut [Job]) -> Result<(), MergeError> {
+    for j in jobs {
+        j.slot = output
+            .slot(j.component, &j.output)
+            .ok_or_else(|| MergeError::Internal(format!("no output slot for `{}`", j.output)))?;
+    }
+    Ok(())
 }
 
 fn prefix(comp: &Component) -> String {

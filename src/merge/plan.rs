@@ -305,6 +305,28 @@ pub fn plan_merge(
     Ok(plan)
 }
 
+impl MergePlan {
+    /// A plan that merges nothing (`restack`, `convert`): `jobs` copy or convert base
+    /// tensors into `output`; their slots are resolved here.
+    pub fn untouched(
+        output: OutputPlan,
+        mut jobs: Vec<Job>,
+        dropped_by_layout: Vec<String>,
+        keep_f32: String,
+    ) -> Result<MergePlan, MergeError> {
+        super::output::resolve_slots(&output, &mut jobs)?;
+        Ok(MergePlan {
+            output,
+            jobs,
+            targets: Vec::new(),
+            adapters: Vec::new(),
+            dropped_by_layout,
+            keep_f32,
+            quant: None,
+        })
+    }
+}
+
 /// Canonical order of contributions to one target: by adapter content, strength, module,
 /// entry index. Floating-point sums are commutative for two terms only; sorting makes any
 /// number of adapters give the same bytes in any command-line order.

@@ -2,7 +2,7 @@
 //!
 //! Owns: `PlanError`, the one error type of reading (`model::read_plan`), layout detection
 //! (`model::wan_layout`), writing and dtype planning (`layout::write`,
-//! `layout::dtype_policy`, `layout::exec`); it lives in `model` because imports go one way
+//! `layout::dtype_policy`, `layout::conversion`); it lives in `model` because imports go one way
 //! and the lowest of its users is here. Every variant carries the keys it concerns and, for shapes, expected versus found; the
 //! file name is attached by the caller that knows it (`io` or the CLI). Long key lists are
 //! shown in full up to a limit, then counted.

@@ -5,7 +5,7 @@
 //! (diffusers, PyTorch-layout) parameter, the stored tensor it comes from, the layer index
 //! when that tensor is stacked, and the transform back to the PyTorch layout. Also owns
 //! `infer_config`, which recovers the config from shapes when there is no config.json.
-//! Does not own: the name table (`model::wan_names`) or moving bytes (`layout::exec`).
+//! Does not own: the name table (`model::wan_names`) or moving bytes (`layout::conversion`).
 //!
 //! Every input key is accounted for: it maps to canonical parameters, or it is skipped and
 //! reported (`norm_added_q`, which every reference ignores), or the plan fails naming it.

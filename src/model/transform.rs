@@ -5,7 +5,7 @@
 //! writes any band of destination rows straight into a caller-provided byte slice, fused
 //! with the dtype conversion (source widened to `f32`, output rounded once with
 //! round-to-nearest-even by `io::dtype`). Does not own: which tensor gets which transform
-//! (`model::wan_names`) or where its bytes go (`layout::exec`).
+//! (`model::wan_names`) or where its bytes go (`layout::conversion`).
 //!
 //! When the source and destination dtypes are equal the kernel moves raw element bytes, so
 //! f32→f32 and bf16→bf16 through any transform is a pure permutation of the bytes (NaN
