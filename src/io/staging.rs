@@ -291,21 +291,46 @@ impl Staging {
 
     /// Flushes every file to disk, re-reads and hashes them (validating each header), and
     /// returns the digests of the weight files (plan order) and aux files.
+    ///
+    /// The flush runs on a thread of its own while the re-read hashes the same files: no
+    /// byte changes once sealing starts (every writer has returned), so the hashes describe
+    /// what the flush makes durable, and the disk's write-back overlaps the CPU's hashing
+    /// instead of preceding it. Both finish before `seal` returns.
     pub fn seal(&mut self) -> Result<Sealed, WriteError> {
         self.writing = None;
         let sealing = progress::begin("sealing", self.plan.total_bytes(), 0);
-        for (f, p) in self.files.iter().zip(&self.plan.files) {
-            f.sync_all().map_err(io_err(&self.tmp.join(&p.rel_path)))?;
-        }
-        use rayon::prelude::*;
-        let weights: Vec<SafetensorsDigest> = self
-            .plan
-            .files
-            .par_iter()
-            .map(|p| {
-                digest::digest_weight_file(&self.tmp.join(&p.rel_path), &|n| sealing.add_bytes(n))
-            })
-            .collect::<Result<_, _>>()?;
+        let flush = || -> Result<(), WriteError> {
+            for (f, p) in self.files.iter().zip(&self.plan.files) {
+                f.sync_all().map_err(io_err(&self.tmp.join(&p.rel_path)))?;
+            }
+            Ok(())
+        };
+        let hash = || -> Result<Vec<SafetensorsDigest>, WriteError> {
+            use rayon::prelude::*;
+            Ok(self
+                .plan
+                .files
+                .par_iter()
+                .map(|p| {
+                    digest::digest_weight_file(&self.tmp.join(&p.rel_path), &|n| {
+                        sealing.add_bytes(n)
+                    })
+                })
+                .collect::<Result<_, _>>()?)
+        };
+        let (flushed, weights) = std::thread::scope(|scope| {
+            let flushing = scope.spawn(flush);
+            let weights = hash();
+            let flushed = flushing.join().unwrap_or_else(|_| {
+                Err(WriteError::Io {
+                    path: self.tmp.clone(),
+                    source: std::io::Error::other("the flush thread panicked"),
+                })
+            });
+            (flushed, weights)
+        });
+        flushed?;
+        let weights = weights?;
         let mut aux = BTreeMap::new();
         for a in &self.plan.aux {
             let path = self.tmp.join(&a.rel_path);
