@@ -80,7 +80,7 @@ pub struct RecipeAdapter {
     /// Expected sha256 (as for the base).
     #[serde(default)]
     pub sha256: Option<Sha256Spec>,
-    /// Force a convention instead of detecting it (peft, diffusers, comfy, kohya, sa3, nnx).
+    /// Force a convention instead of detecting it (peft, diffusers, comfy, kohya, lycoris, sa3, nnx).
     #[serde(default)]
     pub from: Option<String>,
     /// Scale σ for files that do not carry one (NNX/Qwix without lora_alpha/lora_rank).

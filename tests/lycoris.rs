@@ -556,6 +556,76 @@ fn translate_lycoris_naming_to_kohya_gives_the_tensors_lycoris_kohya_wrapper_wro
     }
 }
 
+/// `translate ADAPTER --to TO --out DIR` succeeds; the one weights file it wrote.
+fn translated(dir: &Path, adapter: &Path, to: &str, out: &str) -> PathBuf {
+    let out = dir.join(out);
+    common::ok(run(
+        dir,
+        &[
+            "translate",
+            adapter.to_str().unwrap(),
+            "--to",
+            to,
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    ));
+    std::fs::read_dir(&out)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .expect("weights")
+}
+
+#[test]
+fn translate_kohya_naming_to_lycoris_gives_the_file_lycoris_itself_wrote() {
+    // The inverse of the test above: the kohya file of every case translated to LyCORIS's
+    // own naming (`lycoris_<diffusers module>`) holds exactly the tensors lycoris-lora saved
+    // (factors byte for byte, alpha and on_input by value). `full` has no kohya file; its
+    // LyCORIS file goes through the lycoris naming unchanged (diff and diff_b).
+    let dir = tmp();
+    for (case, _) in CASES {
+        let source = match case {
+            "full" => golden("adapters/lycoris/full.safetensors"),
+            _ => golden(&format!("adapters/lycoris/{case}__kohya.safetensors")),
+        };
+        let file = translated(dir.path(), &source, "lycoris", &format!("l_{case}"));
+        let want = values(&golden(&format!("adapters/lycoris/{case}.safetensors")));
+        assert_eq!(values(&file), want, "{case}");
+    }
+}
+
+#[test]
+fn lycoris_naming_is_detected_and_named_by_inspect() {
+    let dir = tmp();
+    let a = golden("adapters/lycoris/loha.safetensors");
+    let o = run(dir.path(), &["inspect", a.to_str().unwrap(), "--json"]);
+    let text = common::ok(o);
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let found = json.to_string();
+    assert!(found.contains("\"lycoris\""), "{found}");
+    assert!(!found.contains("\"kohya\""), "{found}");
+}
+
+#[test]
+fn a_peft_lokr_translated_to_lycoris_naming_merges_to_peft_merge_and_unload() {
+    let dir = tmp();
+    let file = translated(
+        dir.path(),
+        &golden("adapters/lycoris/peft_lokr"),
+        "lycoris",
+        "l",
+    );
+    let got = merge(dir.path(), &file, "1", "f32");
+    check(
+        "peft_lokr via lycoris naming",
+        &got,
+        &golden("references/lycoris/peft_lokr.safetensors"),
+        DType::F32,
+    );
+}
+
 #[test]
 fn a_peft_lokr_translated_to_kohya_merges_to_peft_merge_and_unload() {
     let dir = tmp();

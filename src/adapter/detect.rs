@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use super::names::{DIFFUSERS_PREFIX, KOHYA_PREFIX, PEFT_PREFIX};
+use super::names::{DIFFUSERS_PREFIX, KOHYA_PREFIX, LYCORIS_PREFIX, PEFT_PREFIX};
 use super::{AdapterError, Convention, KeyRef};
 
 /// The convention a key's spelling belongs to.
@@ -19,8 +19,10 @@ pub fn family_of(key: &str) -> Convention {
         Convention::Nnx
     } else if key.starts_with(PEFT_PREFIX) {
         Convention::Peft
-    } else if key.starts_with(KOHYA_PREFIX) || key.starts_with("lycoris_") {
+    } else if key.starts_with(KOHYA_PREFIX) {
         Convention::Kohya
+    } else if key.starts_with(LYCORIS_PREFIX) {
+        Convention::Lycoris
     } else if key.starts_with(DIFFUSERS_PREFIX) {
         Convention::Diffusers
     } else {

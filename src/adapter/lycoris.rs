@@ -988,7 +988,7 @@ pub fn structure(entry: &Entry) -> String {
 /// one into LoRA factors is an approximation, which is `wanbake extract`'s job.
 pub fn refusal(e: &Entry, to: super::Convention) -> Option<String> {
     use super::Convention;
-    if !e.kind.is_lycoris() || to == Convention::Kohya {
+    if !e.kind.is_lycoris() || matches!(to, Convention::Kohya | Convention::Lycoris) {
         return None;
     }
     let extract = "a LyCORIS module is not a LoRA; for LoRA factors that approximate it, merge \

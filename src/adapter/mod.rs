@@ -50,8 +50,10 @@ pub enum Convention {
     Diffusers,
     /// ComfyUI / original Wan: `diffusion_model.…lora_down.weight`, `.alpha`, `.diff`.
     Comfy,
-    /// kohya / musubi: `lora_unet_…`.
+    /// kohya / musubi: `lora_unet_…` (original-Wan module names).
     Kohya,
+    /// LyCORIS's own naming: `lycoris_…` (the trainer's module names, diffusers on WAN).
+    Lycoris,
     /// Stable Audio 3 native parametrizations.
     Sa3,
     /// Flax NNX / Qwix `…kernel_lora_a`.
@@ -60,11 +62,12 @@ pub enum Convention {
 
 impl Convention {
     /// Every convention.
-    pub const ALL: [Convention; 6] = [
+    pub const ALL: [Convention; 7] = [
         Convention::Peft,
         Convention::Diffusers,
         Convention::Comfy,
         Convention::Kohya,
+        Convention::Lycoris,
         Convention::Sa3,
         Convention::Nnx,
     ];
@@ -76,6 +79,7 @@ impl Convention {
             Convention::Diffusers => "diffusers",
             Convention::Comfy => "comfy",
             Convention::Kohya => "kohya",
+            Convention::Lycoris => "lycoris",
             Convention::Sa3 => "sa3",
             Convention::Nnx => "nnx",
         }
@@ -88,9 +92,11 @@ impl std::fmt::Display for Convention {
     }
 }
 
-/// A convention name that is not one of the six.
+/// A convention name that is not one of the seven.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown adapter convention `{0}` (expected peft, diffusers, comfy, kohya, sa3 or nnx)")]
+#[error(
+    "unknown adapter convention `{0}` (expected peft, diffusers, comfy, kohya, lycoris, sa3 or nnx)"
+)]
 pub struct UnknownConvention(pub String);
 
 impl FromStr for Convention {
@@ -284,7 +290,7 @@ impl AdapterSet {
             Convention::Peft => peft::parse(&input)?,
             Convention::Diffusers => diffusers::parse(&input)?,
             Convention::Comfy => comfy::parse(&input)?,
-            Convention::Kohya => kohya::parse(&input)?,
+            Convention::Kohya | Convention::Lycoris => kohya::parse(&input)?,
             Convention::Sa3 => sa3::parse(&input)?,
             Convention::Nnx => nnx::parse(&input)?,
         };

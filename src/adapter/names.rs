@@ -101,6 +101,9 @@ impl ModuleId {
             (ModuleId::Wan { wan, .. }, Convention::Kohya) => {
                 format!("{KOHYA_PREFIX}{}", underscored(wan))
             }
+            (ModuleId::Wan { diffusers, .. }, Convention::Lycoris) => {
+                format!("{LYCORIS_PREFIX}{}", underscored(diffusers))
+            }
             (ModuleId::Wan { diffusers, .. }, Convention::Sa3) => diffusers.clone(),
             (ModuleId::Wan { nnx, .. }, Convention::Nnx) => nnx.clone(),
             (ModuleId::Generic { path }, Convention::Peft) => format!("{PEFT_PREFIX}{path}"),
@@ -110,6 +113,9 @@ impl ModuleId {
             (ModuleId::Generic { path }, Convention::Comfy) => format!("{COMFY_PREFIX}{path}"),
             (ModuleId::Generic { path }, Convention::Kohya) => {
                 format!("{KOHYA_PREFIX}{}", underscored(path))
+            }
+            (ModuleId::Generic { path }, Convention::Lycoris) => {
+                format!("{LYCORIS_PREFIX}{}", underscored(path))
             }
             (ModuleId::Generic { path }, Convention::Sa3) => sa3_native(path),
             (ModuleId::Generic { path }, Convention::Nnx) => path.clone(),
@@ -125,6 +131,8 @@ pub const DIFFUSERS_PREFIX: &str = "transformer.";
 pub const COMFY_PREFIX: &str = "diffusion_model.";
 /// kohya / musubi prefix.
 pub const KOHYA_PREFIX: &str = "lora_unet_";
+/// LyCORIS's own prefix (its `LORA_PREFIX`, in front of the trainer's underscored names).
+pub const LYCORIS_PREFIX: &str = "lycoris_";
 
 /// Prefixes a module spelling may carry in front of a dotted root, in any convention.
 const DOTTED_PREFIXES: [&str; 6] = [
@@ -138,7 +146,7 @@ const DOTTED_PREFIXES: [&str; 6] = [
 
 /// Prefixes in front of an underscored root: kohya/musubi, Wan/VideoX-Fun (double
 /// underscore, spec conventions.md §5.1) and LyCORIS's standalone wrapper.
-const UNDERSCORED_PREFIXES: [&str; 3] = [KOHYA_PREFIX, "lora_unet__", "lycoris_"];
+const UNDERSCORED_PREFIXES: [&str; 3] = [KOHYA_PREFIX, "lora_unet__", LYCORIS_PREFIX];
 
 /// SA3 full-checkpoint prefixes (spec sa3_lora.md §4.1): an adapter layer `L` names the
 /// base key `<prefix>L.weight` for one of these.
@@ -313,7 +321,9 @@ pub fn wan_root(id: &ModuleId, naming: Naming) -> Option<&str> {
 /// when a file's names resolve equally well under two).
 pub fn preferred_naming(c: Convention) -> Naming {
     match c {
-        Convention::Peft | Convention::Diffusers | Convention::Sa3 => Naming::Diffusers,
+        Convention::Peft | Convention::Diffusers | Convention::Sa3 | Convention::Lycoris => {
+            Naming::Diffusers
+        }
         Convention::Comfy | Convention::Kohya => Naming::Wan,
         Convention::Nnx => Naming::Nnx,
     }
@@ -335,7 +345,7 @@ pub fn generic_path_of_spelling(module: &str, c: Convention) -> Option<String> {
                 .unwrap_or(module)
                 .to_string(),
         ),
-        Convention::Kohya => None,
+        Convention::Kohya | Convention::Lycoris => None,
         Convention::Sa3 => Some(if module.starts_with("conditioners.") {
             module.to_string()
         } else {

@@ -224,8 +224,8 @@ pub fn conv_kernel_unknown(e: &Entry, id: &ModuleId) -> bool {
         )
 }
 
-/// Renders `set` in convention `to`. LyCORIS modules only go to kohya (`lora_unet_…`, the
-/// same tensors); every other target is refused for them before its renderer runs, each
+/// Renders `set` in convention `to`. LyCORIS modules only go to kohya (`lora_unet_…`) and
+/// LyCORIS's own naming (`lycoris_…`), the same tensors; every other target is refused for them before its renderer runs, each
 /// module listed with the reason (`adapter::lycoris::refusal`).
 pub fn render(ctx: &RenderCtx<'_>, to: Convention) -> Result<Rendered, Vec<EntryProblem>> {
     let lycoris: Vec<EntryProblem> = ctx
@@ -242,7 +242,7 @@ pub fn render(ctx: &RenderCtx<'_>, to: Convention) -> Result<Rendered, Vec<Entry
         Convention::Peft => super::peft::render(ctx),
         Convention::Diffusers => super::diffusers::render(ctx),
         Convention::Comfy => super::comfy::render(ctx),
-        Convention::Kohya => super::kohya::render(ctx),
+        Convention::Kohya | Convention::Lycoris => super::kohya::render(ctx, to),
         Convention::Sa3 => super::sa3::render(ctx),
         Convention::Nnx => super::nnx::render(ctx),
     }

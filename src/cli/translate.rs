@@ -1,4 +1,4 @@
-//! `wanbake translate ADAPTER --to peft|diffusers|comfy|kohya|sa3|nnx [--from C] [--base BASE]
+//! `wanbake translate ADAPTER --to peft|diffusers|comfy|kohya|lycoris|sa3|nnx [--from C] [--base BASE]
 //! [--scale S] --out DIR [--overwrite] [--json]`: writes the adapter in another convention,
 //! losslessly, or refuses and lists every entry the target cannot express (nothing is
 //! written then).
@@ -15,7 +15,7 @@ use wanbake::translation::{TranslateRequest, translate};
 pub struct Args {
     /// The adapter: a .safetensors file, a PEFT folder, or a folder with one weights file.
     pub adapter: PathBuf,
-    /// Target convention: peft, diffusers, comfy, kohya, sa3 or nnx.
+    /// Target convention: peft, diffusers, comfy, kohya, lycoris, sa3 or nnx.
     #[arg(long)]
     pub to: String,
     /// Read the adapter as this convention instead of detecting it.
