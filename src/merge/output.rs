@@ -57,13 +57,15 @@ pub fn plan_output(base: &Checkpoint, options: &MergeOptions) -> Result<OutputSi
     let mut dropped = Vec::new();
     let mut policies = Vec::new();
     for (ci, comp) in base.components.iter().enumerate() {
+        // The component's WAN layout, detected once for its keep-f32 rules and names.
+        let stored_layout = wan_layout(comp);
         let policy = match &options.keep_f32 {
             Some(p) => p.clone(),
-            None => default_policy(comp, options.layout),
+            None => default_policy(stored_layout, options.layout),
         };
         policies.push(policy.to_string());
         let mut c = match options.layout {
-            None => same_layout(ci, comp, options.dtype, &policy),
+            None => same_layout(ci, comp, stored_layout, options.dtype, &policy),
             Some(to) => converted(ci, comp, to, options.dtype, &policy)?,
         };
         if options.shard_bytes.is_some() {
@@ -147,8 +149,8 @@ fn wan_layout(comp: &Component) -> Option<Layout> {
     detect_layout(&names).ok()
 }
 
-fn default_policy(comp: &Component, to: Option<Layout>) -> KeepF32 {
-    match to.or_else(|| wan_layout(comp)) {
+fn default_policy(stored: Option<Layout>, to: Option<Layout>) -> KeepF32 {
+    match to.or(stored) {
         Some(l) => KeepF32::default_for(l),
         None => KeepF32::None,
     }
@@ -191,9 +193,14 @@ fn output_dtype(
 /// Same names and layouts as the base: every tensor copied, converted or merged in place.
 /// A stacked (`nnx-scanned`) tensor gets one job per layer, so adapters can change single
 /// layers of it.
-fn same_layout(ci: usize, comp: &Component, dtype: OutputDType, policy: &KeepF32) -> ComponentJobs {
+fn same_layout(
+    ci: usize,
+    comp: &Component,
+    layout: Option<Layout>,
+    dtype: OutputDType,
+    policy: &KeepF32,
+) -> ComponentJobs {
     use crate::model::wan_names::{Position, parse_stored};
-    let layout = wan_layout(comp);
     let mut tensors = Vec::new();
     let mut jobs = Vec::new();
     for t in comp.tensors.tensors() {
