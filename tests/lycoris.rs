@@ -699,6 +699,120 @@ fn translate_refuses_what_the_target_cannot_express_module_by_module() {
         "kohya",
         &["both factors full by 1", "σ is 0.25"],
     );
+    translate_refused(
+        "adapters/lycoris/conv_lokr.safetensors",
+        "peft",
+        &[
+            "lycoris_patch_embedding (lokr",
+            "PEFT has no Conv3d LoHa/LoKr",
+        ],
+    );
+}
+
+/// The adapter_config.json of a translated PEFT folder.
+fn peft_config(weights: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(weights.with_file_name("adapter_config.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+#[test]
+fn linear_loha_and_lokr_translated_to_peft_folders_merge_to_the_lycoris_reference() {
+    // Every Linear LoHa/LoKr factor form (LoHa; LoKr with W2 a product, both products, both
+    // full), from LyCORIS's own file and from its kohya file: the PEFT folder wanbake writes
+    // must merge to lycoris-lora's training forward (`golden/references/lycoris`), i.e. the
+    // r, alpha and decompose_* it chose make PEFT's rule give the module's σ and factors.
+    // golden/check_translate_lycoris.py loads the same folders with PEFT itself.
+    let dir = tmp();
+    for (case, peft_type) in [
+        ("loha", "LOHA"),
+        ("lokr_w2ab", "LOKR"),
+        ("lokr_both_dec", "LOKR"),
+        ("lokr_full", "LOKR"),
+    ] {
+        for naming in ["", "__kohya"] {
+            let source = golden(&format!("adapters/lycoris/{case}{naming}.safetensors"));
+            let file = translated(dir.path(), &source, "peft", &format!("p_{case}{naming}"));
+            assert_eq!(peft_config(&file)["peft_type"], peft_type, "{case}{naming}");
+            let got = merge(dir.path(), &file.with_file_name(""), "1", "f32");
+            check(
+                &format!("{case}{naming} via PEFT"),
+                &got,
+                &golden(&format!("references/lycoris/{case}.safetensors")),
+                DType::F32,
+            );
+            std::fs::remove_dir_all(dir.path().join("out-f32-1")).unwrap();
+        }
+    }
+}
+
+#[test]
+fn peft_lokr_and_loha_folders_round_trip_through_the_lycoris_naming() {
+    // PEFT → lycoris → PEFT gives PEFT's own tensors back and a config that lays them out
+    // the same (same decompose_factor / decompose_both, same r and α per module). The
+    // both-full PEFT LoKr (σ = 0.25, which LyCORIS's rule cannot hold) goes PEFT → PEFT.
+    let dir = tmp();
+    for case in [
+        "peft_lokr",
+        "peft_lokr_both_dec",
+        "peft_loha",
+        "peft_lokr_full",
+    ] {
+        let original = golden(&format!("adapters/lycoris/{case}"));
+        let back = if case == "peft_lokr_full" {
+            translated(dir.path(), &original, "peft", &format!("b_{case}"))
+        } else {
+            let l = translated(dir.path(), &original, "lycoris", &format!("l_{case}"));
+            translated(dir.path(), &l, "peft", &format!("b_{case}"))
+        };
+        assert_eq!(
+            values(&back),
+            values(&original.join("adapter_model.safetensors")),
+            "{case}"
+        );
+        let (want, got) = (
+            peft_config(&original.join("adapter_model.safetensors")),
+            peft_config(&back),
+        );
+        for field in [
+            "peft_type",
+            "decompose_factor",
+            "decompose_both",
+            "target_modules",
+        ] {
+            let w = match (&want[field], field) {
+                (serde_json::Value::Null, "decompose_both") if want["peft_type"] == "LOKR" => {
+                    serde_json::Value::Bool(false)
+                }
+                (w, _) => w.clone(),
+            };
+            assert_eq!(got[field], w, "{case}: {field}");
+        }
+        // r and α per module, after the patterns, as PEFT resolves them.
+        let per_module = |c: &serde_json::Value, module: &str, field: &str, pattern: &str| {
+            c[pattern]
+                .as_object()
+                .unwrap()
+                .iter()
+                .find(|(k, _)| regex_lite_match(k, module))
+                .map_or(c[field].as_f64().unwrap(), |(_, v)| v.as_f64().unwrap())
+        };
+        for m in want["target_modules"].as_array().unwrap() {
+            let m = m.as_str().unwrap();
+            for (field, pattern) in [("r", "rank_pattern"), ("alpha", "alpha_pattern")] {
+                assert_eq!(
+                    per_module(&got, m, field, pattern),
+                    per_module(&want, m, field, pattern),
+                    "{case}: {m} {field}"
+                );
+            }
+        }
+    }
+}
+
+/// PEFT's pattern match for the plain and escaped module paths these configs use.
+fn regex_lite_match(key: &str, module: &str) -> bool {
+    let key = key.replace("\\.", ".");
+    module == key || module.ends_with(&format!(".{key}"))
 }
 
 #[test]

@@ -984,7 +984,8 @@ pub fn structure(entry: &Entry) -> String {
 }
 
 /// Why entry `e` (a LyCORIS module) cannot be written in convention `to`, or `None` when it
-/// can (kohya, or `e` is not a LyCORIS module). A LoHa/LoKr/OFT/... is not a LoRA: turning
+/// can (kohya, lycoris, a Linear LoHa/LoKr to PEFT, or `e` is not a LyCORIS module). A
+/// LoHa/LoKr/OFT/... is not a LoRA: turning
 /// one into LoRA factors is an approximation, which is `wanbake extract`'s job.
 pub fn refusal(e: &Entry, to: super::Convention) -> Option<String> {
     use super::Convention;
@@ -1003,10 +1004,9 @@ pub fn refusal(e: &Entry, to: super::Convention) -> Option<String> {
         (Convention::Peft, Kind::Loha | Kind::Lokr) if tucker => {
             format!("PEFT has no Conv3d LoHa/LoKr (Tucker cores); {extract}")
         }
-        (Convention::Peft, Kind::Loha | Kind::Lokr) => format!(
-            "writing PEFT LOHA/LOKR folders is not implemented (read them, or translate to \
-             kohya); {extract}"
-        ),
+        // Linear LoHa/LoKr: `adapter::peft_lycoris` writes them, or refuses each module
+        // PEFT's layout rules cannot reproduce.
+        (Convention::Peft, Kind::Loha | Kind::Lokr) => return None,
         (Convention::Peft, _) => format!(
             "PEFT has no LyCORIS {} module; {extract}",
             super::bind::kind_name(e.kind)

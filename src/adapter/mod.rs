@@ -24,6 +24,7 @@ pub mod names;
 pub mod nnx;
 pub mod peft;
 pub mod peft_config;
+pub mod peft_lycoris;
 pub mod report;
 pub mod sa3;
 pub mod translate;

@@ -195,7 +195,7 @@ pub struct PeftLike {
 }
 
 /// The module path PEFT patterns and target_modules use (without the wrapper prefix).
-fn config_path(id: &ModuleId) -> String {
+pub(crate) fn config_path(id: &ModuleId) -> String {
     match id {
         ModuleId::Wan { diffusers, .. } => diffusers.clone(),
         ModuleId::Generic { path } => path.clone(),

@@ -147,7 +147,8 @@ pub fn scale_rule(e: &Entry) -> ScaleRule {
 }
 
 /// An α with `α / div == σ` exactly in f64 (σ·div, or a neighbour of it).
-fn alpha_for(scale: f64, div: f64) -> Option<f64> {
+/// The α closest to `scale · div` that gives `α / div == scale` exactly.
+pub fn alpha_for(scale: f64, div: f64) -> Option<f64> {
     let guess = scale * div;
     [guess, guess.next_up(), guess.next_down()]
         .into_iter()
@@ -239,6 +240,15 @@ pub fn render(ctx: &RenderCtx<'_>, to: Convention) -> Result<Rendered, Vec<Entry
         return Err(lycoris);
     }
     match to {
+        Convention::Peft
+            if ctx
+                .set
+                .entries
+                .iter()
+                .any(|e| matches!(e.kind, super::Kind::Loha | super::Kind::Lokr)) =>
+        {
+            super::peft_lycoris::render(ctx)
+        }
         Convention::Peft => super::peft::render(ctx),
         Convention::Diffusers => super::diffusers::render(ctx),
         Convention::Comfy => super::comfy::render(ctx),
