@@ -709,6 +709,35 @@ fn translate_refuses_what_the_target_cannot_express_module_by_module() {
     );
 }
 
+#[test]
+fn loha_and_lokr_in_one_file_are_refused_for_one_peft_folder() {
+    // A PEFT folder has one peft_type: the LoHa module is listed with the reason, and
+    // nothing is written; the same file goes to the lycoris naming whole.
+    let dir = tmp();
+    let mut all = golden_f32("adapters/lycoris/loha.safetensors");
+    all.extend(golden_f32("adapters/lycoris/lokr_w2ab.safetensors"));
+    let adapter = dir.path().join("mixed.safetensors");
+    write(&adapter, &all);
+    let o = run(
+        dir.path(),
+        &[
+            "translate",
+            adapter.to_str().unwrap(),
+            "--to",
+            "peft",
+            "--out",
+            "p",
+        ],
+    );
+    let (code, _, err) = parts(&o);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("lycoris_blocks_0_attn1_to_q (loha"), "{err}");
+    assert!(err.contains("one adapter type"), "{err}");
+    assert!(!dir.path().join("p").exists());
+    let file = translated(dir.path(), &adapter, "lycoris", "l");
+    assert_eq!(values(&file), values(&adapter));
+}
+
 /// The adapter_config.json of a translated PEFT folder.
 fn peft_config(weights: &Path) -> serde_json::Value {
     let text = std::fs::read_to_string(weights.with_file_name("adapter_config.json")).unwrap();
