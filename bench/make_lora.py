@@ -1,10 +1,11 @@
 # Rank-64 PEFT LoRA on every block Linear of a Wan2.1-T2V-1.3B-shaped transformer (numpy, seeded).
-# Usage: make_lora.py OUT_DIR   (BENCHMARKS.md, Merge and Pipeline sections)
+# Usage: make_lora.py OUT_DIR [R D F L]   (BENCHMARKS.md, Merge and Pipeline sections;
+# 14B: make_lora.py OUT_DIR 16 5120 13824 40)
 import json, os, sys
 import numpy as np
 from safetensors.numpy import save_file
 
-out, r, D, F, L = sys.argv[1], 64, 1536, 8960, 30
+out, (r, D, F, L) = sys.argv[1], [int(x) for x in sys.argv[2:6]] or (64, 1536, 8960, 30)
 os.makedirs(out, exist_ok=True)
 mods = {f"attn{a}.{p}": (D, D) for a in (1, 2) for p in ("to_q", "to_k", "to_v", "to_out.0")}
 mods.update({"ffn.net.0.proj": (F, D), "ffn.net.2": (D, F)})

@@ -325,13 +325,12 @@ fn output_config(input: Option<&Value>, conversion: &Conversion, to: Layout) -> 
 impl RestackOptions {
     /// The manifest's `options`.
     pub fn to_json(&self) -> Value {
-        let o = self;
         json!({
-            "from": o.from.map(Layout::as_str),
-            "to": o.to.as_str(),
-            "dtype": format!("{:?}", o.dtype).to_lowercase(),
-            "keep_f32": o.keep_f32.as_ref().map(ToString::to_string),
-            "shard_bytes": o.shard_bytes,
+            "from": self.from.map(Layout::as_str),
+            "to": self.to.as_str(),
+            "dtype": format!("{:?}", self.dtype).to_lowercase(),
+            "keep_f32": self.keep_f32.as_ref().map(ToString::to_string),
+            "shard_bytes": self.shard_bytes,
         })
     }
 }

@@ -1,8 +1,9 @@
 //! Running a merge plan: one base tensor at a time per worker, in bands of rows on the CPU,
 //! or whole on a backend lane (`--device cuda`, and the reference route).
 //!
-//! Owns: the job loop (rayon across jobs; every job's own arithmetic is sequential, so the
-//! bytes never depend on the thread count), the route each target takes ([`Compute`]), the
+//! Owns: the job loop of every producing command (rayon across jobs; every job's own
+//! arithmetic is sequential, so the bytes never depend on the thread count; `restack` and
+//! `convert` run their copy-only plans through it with [`copy_plan`]), the route each target takes ([`Compute`]), the
 //! band reader of base rows (dtype widening, the MLX Conv1d row permutation), loading an
 //! entry's tensors (for a LyCORIS entry: its whole `f(W0) − W0` from `merge::lycoris`, added
 //! like a diff, since OFT/BOFT mix rows across bands), the -xs bases (through the SVD cache when one is given, computed by the
