@@ -1,26 +1,10 @@
 # The pipeline rows of BENCHMARKS.md (issue 13): floor, merge, bake, restack, convert, peer, in
 # one run, 1.3B-shaped (assets.sh: /tmp/wb/base, /tmp/wb/lora). $BEFORE is an older binary to
 # compare with (optional).
-B=$(cd "$(dirname "$0")" && pwd)
+source "$(dirname "$0")/common.sh"
 cd /tmp/wb
-W=${WANBAKE:-/tmp/wb/wanbake}
-P=${PYTHON:-python3}  # with torch 2.15.0, diffusers 0.36.0, peft 0.21.2, numpy, safetensors
-T() { /usr/bin/time -f "%e s wall, %U user, %S sys, %M KiB peak" "$@" 2>&1 >/dev/null | tail -1; }
 warm() { cat base/*.safetensors lora/*.safetensors > /dev/null; sync; }
-row() { echo "## $1 | load $(cut -d' ' -f1-3 /proc/loadavg)"; shift; T "$@"; }
-fresh() { rm -rf /tmp/wb/hcache-$1; echo "WANBAKE_CACHE_DIR=/tmp/wb/hcache-$1"; }
-cat > bake.toml <<'TOML'
-[base]
-path = "/tmp/wb/base"
-[[adapter]]
-path = "/tmp/wb/lora"
-strength = 1.0
-[output]
-dir = "/tmp/wb/bake-out"
-dtype = "bf16"
-layout = "nnx-scanned"
-overwrite = true
-TOML
+write_bake_recipe
 nproc; uname -r
 for round in 1 2; do
   echo "# round $round"

@@ -1,10 +1,6 @@
 # Second run (BENCHMARKS.md, Extract and LoKr rows) (after the extract fixes: pages released, budget in two passes).
-B=$(cd "$(dirname "$0")" && pwd)
+source "$(dirname "$0")/common.sh"
 cd /tmp/wb
-W=${WANBAKE:-/tmp/wb/wanbake}
-P=${PYTHON:-python3}  # with torch 2.15.0, diffusers 0.36.0, peft 0.21.2, numpy, safetensors
-T() { /usr/bin/time -f "%e s wall, %U user, %S sys, %M KiB peak" "$@" 2>&1 >/dev/null | tail -1; }
-row() { echo "## $1 | load $(cut -d' ' -f1-3 /proc/loadavg)"; shift; T "$@"; }
 export WANBAKE_CACHE_DIR=/tmp/wb/hcache-run2
 cat base/*.safetensors tuned/*.safetensors > /dev/null
 row "extract --rank 64" bash -c "$W -q extract --base base --tuned tuned --rank 64 --out ex_r64 --overwrite --json > ex_r64.json"

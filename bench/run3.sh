@@ -1,10 +1,6 @@
 # Per-matrix extraction cost at 1.3B and 14B shapes (one Linear weight per pair).
-B=$(cd "$(dirname "$0")" && pwd)
+source "$(dirname "$0")/common.sh"
 cd /tmp/wb
-W=${WANBAKE:-/tmp/wb/wanbake}
-P=${PYTHON:-python3}  # with torch 2.15.0, diffusers 0.36.0, peft 0.21.2, numpy, safetensors
-T() { /usr/bin/time -f "%e s wall, %U user, %S sys, %M KiB peak" "$@" 2>&1 >/dev/null | tail -1; }
-row() { echo "## $1 | load $(cut -d' ' -f1-3 /proc/loadavg)"; shift; T "$@"; }
 export WANBAKE_CACHE_DIR=/tmp/wb/hcache-run3
 for s in "1536 1536" "8960 1536" "1536 8960" "5120 5120" "13824 5120" "5120 13824"; do
   set -- $s; d=pair_$1x$2; $P $B/make_pair.py $d $1 $2

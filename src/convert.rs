@@ -15,7 +15,7 @@ use crate::io::DType;
 use crate::io::checkpoint::Checkpoint;
 use crate::io::header_layout::PlannedTensor;
 use crate::io::staging::{Allocation, Replace};
-use crate::io::writer::{AuxFile, ComponentOutput, OutputPlan, Slot};
+use crate::io::writer::{ComponentOutput, OutputPlan, Slot};
 use crate::merge::MergePlan;
 use crate::merge::exec::{ExecOptions, copy_plan};
 use crate::merge::plan::Job;
@@ -85,14 +85,7 @@ pub fn convert_release(spec: &ConvertSpec) -> Result<Release, ReleaseError> {
             max_shard_bytes: spec.shard_bytes,
         })
         .collect();
-    let root: Vec<AuxFile> = ck
-        .root_files
-        .iter()
-        .map(|s| AuxFile {
-            rel_path: PathBuf::from(&s.name),
-            bytes: s.text.clone().into_bytes(),
-        })
-        .collect();
+    let root = ck.root_aux_files();
     let jobs = mirror_jobs(&ck, &components);
     let output =
         OutputPlan::build(&components, &root).map_err(|e| ReleaseError::Produce(e.into()))?;

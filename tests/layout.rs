@@ -154,15 +154,26 @@ fn convert_with(
     let out = dir.path().join("out");
     let restack = RestackOptions {
         from: Some(from),
-        to,
         dtype,
-        keep_f32: None,
-        shard_bytes: None,
-        replace: wanbake::io::staging::Replace::Never,
         config,
+        ..restack_options(to)
     };
     restack_release(&input, &out, &restack, options).unwrap();
     read_mem(&out)
+}
+
+/// Restack options: detect the input layout, keep dtypes, default keep-f32, one file, no
+/// overwrite.
+fn restack_options(to: Layout) -> RestackOptions {
+    RestackOptions {
+        from: None,
+        to,
+        dtype: OutputDType::Keep,
+        keep_f32: None,
+        shard_bytes: None,
+        replace: wanbake::io::staging::Replace::Never,
+        config: None,
+    }
 }
 
 /// Every tensor of the one component at `path`.
@@ -1234,18 +1245,9 @@ fn file_round_trip_through_safetensors() {
     let b = dir.path().join("b");
     let c = dir.path().join("c");
     write_mem(&a, &start);
-    let options = |to| RestackOptions {
-        from: None,
-        to,
-        dtype: OutputDType::Keep,
-        keep_f32: None,
-        shard_bytes: None,
-        replace: wanbake::io::staging::Replace::Never,
-        config: None,
-    };
     let exec = ExecOptions::default();
-    restack_release(&a, &b, &options(Layout::NnxScanned), &exec).unwrap();
-    restack_release(&b, &c, &options(Layout::Diffusers), &exec).unwrap();
+    restack_release(&a, &b, &restack_options(Layout::NnxScanned), &exec).unwrap();
+    restack_release(&b, &c, &restack_options(Layout::Diffusers), &exec).unwrap();
     assert_eq!(read_mem(&c), start);
 }
 
@@ -1404,15 +1406,7 @@ mod restack_cli {
     }
 
     fn opts(to: Layout) -> RestackOptions {
-        RestackOptions {
-            from: None,
-            to,
-            dtype: OutputDType::Keep,
-            keep_f32: None,
-            shard_bytes: None,
-            replace: wanbake::io::staging::Replace::Never,
-            config: None,
-        }
+        super::restack_options(to)
     }
 
     /// (name, dtype, shape, bytes) of every tensor of every component, keyed by component.
@@ -1669,13 +1663,9 @@ fn bench_executor_1_3b_f32_to_nnx_scanned_bf16() {
     let output =
         std::env::var("WANBAKE_BENCH_OUT").unwrap_or_else(|_| "/tmp/wanbake-bench-nnx-bf16".into());
     let options = RestackOptions {
-        from: None,
-        to: Layout::NnxScanned,
         dtype: OutputDType::BF16,
-        keep_f32: None,
-        shard_bytes: None,
         replace: wanbake::io::staging::Replace::Overwrite,
-        config: None,
+        ..restack_options(Layout::NnxScanned)
     };
     let start = std::time::Instant::now();
     let outcome = restack_release(

@@ -407,6 +407,18 @@ impl Checkpoint {
         self.components.iter().find(|c| c.name == name)
     }
 
+    /// The root files (a pipeline's `model_index.json`, ...) as an output carries them:
+    /// the same bytes under the same relative paths.
+    pub fn root_aux_files(&self) -> Vec<super::writer::AuxFile> {
+        self.root_files
+            .iter()
+            .map(|s| super::writer::AuxFile {
+                rel_path: PathBuf::from(&s.name),
+                bytes: s.text.clone().into_bytes(),
+            })
+            .collect()
+    }
+
     /// Every file this checkpoint reads (weights, indexes, sidecars), sorted.
     pub fn input_files(&self) -> Vec<PathBuf> {
         let mut v = Vec::new();

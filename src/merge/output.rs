@@ -11,12 +11,11 @@
 //! files (`io::writer`).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 use super::error::MergeError;
 use super::plan::{Job, MergeOptions};
 use crate::io::header_layout::PlannedTensor;
-use crate::io::writer::{AuxFile, ComponentOutput, OutputPlan};
+use crate::io::writer::{ComponentOutput, OutputPlan};
 use crate::io::{Checkpoint, Component, DType, Slot};
 use crate::layout::{Conversion, KeepF32, OutputDType};
 use crate::model::read_plan::{ReadPlan, StoredTensor};
@@ -75,14 +74,7 @@ pub fn plan_output(base: &Checkpoint, options: &MergeOptions) -> Result<OutputSi
         jobs.extend(c.jobs);
         dropped.extend(c.dropped);
     }
-    let aux: Vec<AuxFile> = base
-        .root_files
-        .iter()
-        .map(|s| AuxFile {
-            rel_path: PathBuf::from(&s.name),
-            bytes: s.text.clone().into_bytes(),
-        })
-        .collect();
+    let aux = base.root_aux_files();
     let output = OutputPlan::build(&outputs, &aux)
         .map_err(|e| MergeError::Plan(format!("the output cannot be laid out: {e}")))?;
     resolve_slots(&output, &mut jobs)?;

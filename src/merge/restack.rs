@@ -7,7 +7,7 @@
 //! Does not own: the layout planning, config handling and report (`layout::restack`), the
 //! copy-or-convert kernel (`layout::conversion::convert_piece`), argument parsing (`cli::restack`).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde_json::Value;
 
@@ -16,7 +16,7 @@ use super::output::conversion_jobs;
 use super::plan::MergePlan;
 use crate::io::checkpoint::Checkpoint;
 use crate::io::staging::Allocation;
-use crate::io::writer::{AuxFile, ComponentOutput, OutputPlan};
+use crate::io::writer::{ComponentOutput, OutputPlan};
 use crate::layout::restack::{RestackError, RestackOptions, plan_restack, restack_report};
 use crate::release::{Release, ReleaseRequest, write_release};
 
@@ -40,14 +40,7 @@ pub fn restack_release(
     let checkpoint = Checkpoint::open(input)?;
     let plans = plan_restack(&checkpoint, options)?;
     let components: Vec<ComponentOutput> = plans.iter().map(|p| p.output.clone()).collect();
-    let root: Vec<AuxFile> = checkpoint
-        .root_files
-        .iter()
-        .map(|s| AuxFile {
-            rel_path: PathBuf::from(&s.name),
-            bytes: s.text.clone().into_bytes(),
-        })
-        .collect();
+    let root = checkpoint.root_aux_files();
     let output_err = |reason: String| RestackError::Output {
         path: out.to_path_buf(),
         reason,
