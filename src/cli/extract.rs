@@ -37,9 +37,9 @@ RANKS
 
 TUNED SIDE
   --tuned CHECKPOINT, or --adapter PATH[:STRENGTH] (repeatable): the tuned model is
-  base + adapters, merged exactly by the merge engine in f32 into a temporary folder
-  beside --out (removed afterwards), so any stack (LyCORIS, DoRA, several adapters)
-  becomes one plain LoRA.";
+  base + adapters, merged exactly by the merge engine in f32, one tensor at a time in
+  memory (nothing but the adapter is written), so any stack (LyCORIS, DoRA, several
+  adapters) becomes one plain LoRA.";
 
 /// Arguments of `extract`.
 #[derive(clap::Args, Debug)]
@@ -79,7 +79,8 @@ pub struct ExtractArgs {
     /// SVD: randomized (range finder, exact SVD for small matrices; default) or exact.
     #[arg(long, default_value = "randomized", value_parser = ["randomized", "exact"])]
     pub svd: String,
-    /// `--device` for merging --adapter stacks.
+    /// Checked (cuda fails without a usable GPU) so one flag serves a pipeline; extraction,
+    /// and the merge of an --adapter stack, run on the CPU.
     #[command(flatten)]
     pub device: DeviceArg,
     /// Replace an existing output directory.
@@ -156,7 +157,6 @@ pub fn execute_extract(args: ExtractArgs, p: &mut Printer) -> anyhow::Result<Sta
         out: args.out.clone(),
         replace: replace(args.overwrite),
         provenance: serde_json::Value::Null,
-        tuned_inputs: None,
     };
     let outcome = if args.adapters.is_empty() {
         extract(&req).map_err(usage_or)?
@@ -168,8 +168,14 @@ pub fn execute_extract(args: ExtractArgs, p: &mut Printer) -> anyhow::Result<Sta
             .collect::<Result<Vec<_>, _>>()?;
         let merge = MergeOptions::from_text(&OptionsText::default())
             .map_err(|b| UsageError(format!("{}: {}", b.field, b.message)))?;
-        let (compute, device) = args.device.select()?;
-        p.line(format!("device: {}", device.reason));
+        let (_, device) = args.device.select()?;
+        if device.used != "cpu" {
+            p.line(format!(
+                "device: cpu (the adapter stack is merged tensor by tensor in memory on the \
+                 CPU, bit-identical on any device; {} stays idle)",
+                device.name.as_deref().unwrap_or(device.used)
+            ));
+        }
         let base = Checkpoint::open(&args.base)?;
         let adapters = bind_specs(&specs, &base, &merge)?;
         req.provenance = serde_json::json!({ "adapters": args.adapters });
@@ -179,7 +185,6 @@ pub fn execute_extract(args: ExtractArgs, p: &mut Printer) -> anyhow::Result<Sta
                 base: &base,
                 adapters: &adapters,
                 merge,
-                compute: &compute,
             },
         )
         .map_err(usage_or)?

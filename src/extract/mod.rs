@@ -19,6 +19,7 @@
 pub mod budget;
 pub mod error;
 pub mod factor;
+pub mod merged;
 pub mod pair;
 pub mod rank;
 pub mod render;

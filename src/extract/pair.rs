@@ -2,9 +2,10 @@
 //!
 //! Owns: [`pair_models`] (both checkpoints indexed by `adapter::BaseIndex`, matched on the
 //! canonical parameter name, so a diffusers base and an original-Wan or NNX tuned model pair
-//! up; a missing, extra or reshaped parameter is a mismatch), [`TensorPair`], and [`delta`] (the
-//! difference of one pair in f64, PyTorch layout). Does not own: what to do with ΔW
-//! (`factor`, `run`).
+//! up; a missing, extra or reshaped parameter is a mismatch), [`TensorPair`], the
+//! [`DeltaSource`] trait with [`TwoModels`] (ΔW of one pair in f64, PyTorch layout, from two
+//! checkpoints), and [`difference`]. Does not own: the tuned side built from adapters
+//! (`merged`), what to do with ΔW (`factor`, `run`).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -106,11 +107,7 @@ pub fn load_canonical(
     set: &TensorSet,
     t: &BaseTarget,
 ) -> Result<Vec<f32>, ExtractError> {
-    let bad = |reason: String| ExtractError::Tensor {
-        path: path.to_path_buf(),
-        tensor: t.tensor.clone(),
-        reason,
-    };
+    let bad = |reason: String| tensor_error(path, t, reason);
     let r = set
         .get(&t.tensor)
         .ok_or_else(|| bad("internal: the tensor vanished from its index".into()))?;
@@ -135,49 +132,92 @@ pub fn load_canonical(
         .bytes
         .get(start..start + numel * size)
         .ok_or_else(|| bad(format!("layer {:?} lies outside the tensor", t.layer)))?;
-    let mut raw = vec![0u8; numel * 4];
     let src = SrcTensor {
         dtype: view.dtype,
         shape: stored,
         bytes,
     };
-    convert(t.to_canonical, src, DType::F32, &mut raw).map_err(|e| bad(e.to_string()))?;
+    let values = canonical_f32(path, t, src)?;
     // The mapped pages are read once: dropping them keeps the resident set at the working
     // tensors, not the two models (the page cache keeps them for a re-read).
     r.file.release(r.position);
+    Ok(values)
+}
+
+fn tensor_error(path: &Path, t: &BaseTarget, reason: String) -> ExtractError {
+    ExtractError::Tensor {
+        path: path.to_path_buf(),
+        tensor: t.tensor.clone(),
+        reason,
+    }
+}
+
+/// Stored values of target `t` (one layer's, when stacked) as f32 in PyTorch layout.
+pub fn canonical_f32(
+    path: &Path,
+    t: &BaseTarget,
+    src: SrcTensor<'_>,
+) -> Result<Vec<f32>, ExtractError> {
+    let numel: usize = src.shape.iter().product();
+    let mut raw = vec![0u8; numel * 4];
+    convert(t.to_canonical, src, DType::F32, &mut raw)
+        .map_err(|e| tensor_error(path, t, e.to_string()))?;
     Ok(raw
         .chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect())
 }
 
-/// ΔW = f64(tuned) − f64(base) of one pair, or `None` when every element is equal; a
-/// non-finite element of either side is an error naming it.
-pub fn delta(
-    base: (&Path, &TensorSet),
-    tuned: (&Path, &TensorSet),
-    p: &TensorPair,
+/// Where each pair's ΔW comes from: two checkpoints ([`TwoModels`]) or a base and the
+/// adapters merged into it in memory (`extract::merged`).
+pub trait DeltaSource: Sync {
+    /// ΔW = f64(tuned) − f64(base) of `p` in PyTorch layout, or `None` when every element
+    /// is equal; a non-finite element of either side is an error naming it.
+    fn delta(&self, p: &TensorPair) -> Result<Option<Vec<f64>>, ExtractError>;
+}
+
+/// A base and a tuned checkpoint on disk.
+#[derive(Clone, Copy)]
+pub struct TwoModels<'a> {
+    /// The base's path (in errors) and tensors.
+    pub base: (&'a Path, &'a TensorSet),
+    /// The tuned model's.
+    pub tuned: (&'a Path, &'a TensorSet),
+}
+
+impl DeltaSource for TwoModels<'_> {
+    fn delta(&self, p: &TensorPair) -> Result<Option<Vec<f64>>, ExtractError> {
+        let b = load_canonical(self.base.0, self.base.1, &p.base)?;
+        let t = load_canonical(self.tuned.0, self.tuned.1, &p.tuned)?;
+        difference((self.base.0, &p.base, &b), (self.tuned.0, &p.tuned, &t))
+    }
+}
+
+/// One side of a difference: where it was read (for errors), its target, its values.
+pub type SideValues<'a> = (&'a Path, &'a BaseTarget, &'a [f32]);
+
+/// ΔW = f64(tuned) − f64(base), or `None` when every element is equal; a non-finite element
+/// of either side is an error naming it.
+pub fn difference(
+    base: SideValues<'_>,
+    tuned: SideValues<'_>,
 ) -> Result<Option<Vec<f64>>, ExtractError> {
-    let b = load_canonical(base.0, base.1, &p.base)?;
-    let t = load_canonical(tuned.0, tuned.1, &p.tuned)?;
-    for (side, path, target, v) in [
-        ("base", base.0, &p.base, &b),
-        ("tuned", tuned.0, &p.tuned, &t),
-    ] {
+    let (b, t) = (base.2, tuned.2);
+    for (side, (path, target, v)) in [("base", base), ("tuned", tuned)] {
         if let Some(i) = v.iter().position(|x| !x.is_finite()) {
-            return Err(ExtractError::Tensor {
-                path: path.to_path_buf(),
-                tensor: target.tensor.clone(),
-                reason: format!("the {side} holds {} at element {i}", v[i]),
-            });
+            return Err(tensor_error(
+                path,
+                target,
+                format!("the {side} holds {} at element {i}", v[i]),
+            ));
         }
     }
-    if b.iter().zip(&t).all(|(x, y)| x == y) {
+    if b.iter().zip(t).all(|(x, y)| x == y) {
         return Ok(None);
     }
     Ok(Some(
         b.iter()
-            .zip(&t)
+            .zip(t)
             .map(|(x, y)| f64::from(*y) - f64::from(*x))
             .collect(),
     ))

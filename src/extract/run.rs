@@ -13,7 +13,8 @@ use rayon::prelude::*;
 
 use super::budget::{Candidate, allocate};
 use super::factor::{Spectrum, spectrum};
-use super::pair::{TensorPair, delta, pair_models};
+use super::merged::MergedStack;
+use super::pair::{DeltaSource, TensorPair, TwoModels, pair_models};
 use super::render::{Extracted, OwnedOutput, render_comfy, render_peft, short_name, write_output};
 use super::report::{ExtractReport, ModuleReport};
 use super::{ExtractError, RankRule};
@@ -23,7 +24,7 @@ use crate::io::staging::Replace;
 use crate::io::{Checkpoint, TensorSet};
 use crate::linalg::TruncMethod;
 use crate::manifest::InputRecord;
-use crate::merge::{BoundAdapter, Compute, MergeOptions, merge_release};
+use crate::merge::{BaseHash, BoundAdapter, MergeOptions, prepare_merge};
 use crate::translation::Provenance;
 
 /// A request to extract an adapter.
@@ -49,9 +50,6 @@ pub struct ExtractRequest {
     pub replace: Replace,
     /// Extra manifest options (the adapters a tuned model was built from).
     pub provenance: serde_json::Value,
-    /// The hashed inputs the tuned model was built from (base + adapters); `None`: the tuned
-    /// files are inputs themselves and are hashed.
-    pub tuned_inputs: Option<Vec<InputRecord>>,
 }
 
 /// What was written.
@@ -105,9 +103,40 @@ pub fn extract(req: &ExtractRequest) -> Result<ExtractOutcome, ExtractError> {
     };
     let (bset, tset) = models.sets()?;
     let pairs = pair_models(&req.base, bset, &req.tuned, tset)?;
-    let sides = ((req.base.as_path(), bset), (req.tuned.as_path(), tset));
-    let (kept_diffs, mut left_out) = split_diffs(full_differences(&pairs, sides)?, &pairs, req)?;
-    let linear = linear_deltas(&pairs, sides, req)?;
+    let source = TwoModels {
+        base: (req.base.as_path(), bset),
+        tuned: (req.tuned.as_path(), tset),
+    };
+    let mut inputs = Inputs::default();
+    for (role, ck) in [("base", &models.base), ("tuned", &models.tuned)] {
+        for p in ck.input_files() {
+            inputs.paths.push(p.clone());
+            inputs
+                .to_hash
+                .push((role.to_string(), p.clone(), p.display().to_string()));
+        }
+    }
+    extract_pairs(req, &pairs, &source, inputs)
+}
+
+/// The inputs a manifest records: files to hash now, records hashed already, and every
+/// file read (checked unchanged before commit).
+#[derive(Default)]
+struct Inputs {
+    to_hash: Vec<(String, PathBuf, String)>,
+    hashed: Vec<InputRecord>,
+    paths: Vec<PathBuf>,
+}
+
+/// Spectra, ranks, factors and diffs of `pairs` from `source`, rendered and written.
+fn extract_pairs(
+    req: &ExtractRequest,
+    pairs: &[TensorPair],
+    source: &dyn DeltaSource,
+    inputs: Inputs,
+) -> Result<ExtractOutcome, ExtractError> {
+    let (kept_diffs, mut left_out) = split_diffs(full_differences(pairs, source)?, pairs, req)?;
+    let linear = linear_deltas(pairs, source, req)?;
     if kept_diffs.is_empty() && left_out.is_empty() && linear.is_empty() {
         return Err(ExtractError::NothingDiffers {
             base: req.base.clone(),
@@ -117,10 +146,10 @@ pub fn extract(req: &ExtractRequest) -> Result<ExtractOutcome, ExtractError> {
     }
     let ranks = choose_ranks(&linear, &kept_diffs, req)?;
     let linear = match req.budget {
-        Some(_) => budget_factors(&pairs, sides, req, linear, &ranks)?,
+        Some(_) => budget_factors(pairs, source, req, linear, &ranks)?,
         None => linear,
     };
-    let (items, mut report) = assemble(&pairs, &linear, &ranks, kept_diffs, req.to);
+    let (items, mut report) = assemble(pairs, &linear, &ranks, kept_diffs, req.to);
     for ((i, _), &r) in linear.iter().zip(&ranks) {
         if r == 0 {
             left_out.push(pairs[*i].canonical.clone());
@@ -135,7 +164,7 @@ pub fn extract(req: &ExtractRequest) -> Result<ExtractOutcome, ExtractError> {
         _ => render_comfy(&items),
     };
     report.tensor_bytes = out.tensors.iter().map(|t| t.bytes.len() as u64).sum();
-    let release = write(&out, &models, req, &report)?;
+    let release = write(&out, inputs, req, &report)?;
     Ok(ExtractOutcome {
         dir: release,
         report,
@@ -175,18 +204,20 @@ fn method_name(m: TruncMethod) -> &'static str {
     }
 }
 
-type Side<'a> = (&'a std::path::Path, &'a TensorSet);
-
 /// (pair index, f32 difference) of every differing non-Linear parameter, in pair order.
 fn full_differences(
     pairs: &[TensorPair],
-    (b, t): (Side<'_>, Side<'_>),
+    source: &dyn DeltaSource,
 ) -> Result<Vec<(usize, Vec<f32>)>, ExtractError> {
     let found: Vec<Option<(usize, Vec<f32>)>> = pairs
         .par_iter()
         .enumerate()
         .filter(|(_, p)| !p.is_linear())
-        .map(|(i, p)| Ok(delta(b, t, p)?.map(|d| (i, d.iter().map(|x| *x as f32).collect()))))
+        .map(|(i, p)| {
+            Ok(source
+                .delta(p)?
+                .map(|d| (i, d.iter().map(|x| *x as f32).collect())))
+        })
         .collect::<Result<_, ExtractError>>()?;
     Ok(found.into_iter().flatten().collect())
 }
@@ -197,7 +228,7 @@ fn full_differences(
 /// ranks allocated.
 fn linear_deltas(
     pairs: &[TensorPair],
-    sides: (Side<'_>, Side<'_>),
+    source: &dyn DeltaSource,
     req: &ExtractRequest,
 ) -> Result<Vec<(usize, Spectrum)>, ExtractError> {
     let found: Vec<Option<(usize, Spectrum)>> = pairs
@@ -213,7 +244,7 @@ fn linear_deltas(
                 ),
                 None => (req.rule, out.min(inp)),
             };
-            let Some(mut s) = pair_spectrum(p, sides, rule.as_ref(), max_rank, req.method)? else {
+            let Some(mut s) = pair_spectrum(p, source, rule.as_ref(), max_rank, req.method)? else {
                 return Ok(None);
             };
             match (rule, req.budget) {
@@ -231,12 +262,12 @@ fn linear_deltas(
 /// The spectrum of pair `p`'s ΔW (`None` when nothing differs).
 fn pair_spectrum(
     p: &TensorPair,
-    (b, t): (Side<'_>, Side<'_>),
+    source: &dyn DeltaSource,
     rule: Option<&RankRule>,
     max_rank: usize,
     method: TruncMethod,
 ) -> Result<Option<Spectrum>, ExtractError> {
-    let Some(d) = delta(b, t, p)? else {
+    let Some(d) = source.delta(p)? else {
         return Ok(None);
     };
     let (out, inp) = (p.shape[0], p.shape[1]);
@@ -253,7 +284,7 @@ fn pair_spectrum(
 /// the factors come from this one, which is the SVD a `--rank r` extraction computes).
 fn budget_factors(
     pairs: &[TensorPair],
-    sides: (Side<'_>, Side<'_>),
+    source: &dyn DeltaSource,
     req: &ExtractRequest,
     linear: Vec<(usize, Spectrum)>,
     ranks: &[usize],
@@ -269,7 +300,7 @@ fn budget_factors(
                 rank: Some(r),
                 energy: None,
             };
-            let again = pair_spectrum(&pairs[i], sides, Some(&rule), r, req.method)?;
+            let again = pair_spectrum(&pairs[i], source, Some(&rule), r, req.method)?;
             Ok((i, again.unwrap_or(s)))
         })
         .collect()
@@ -377,25 +408,13 @@ fn assemble(
 
 fn write(
     out: &OwnedOutput,
-    models: &Models,
+    inputs: Inputs,
     req: &ExtractRequest,
     report: &ExtractReport,
 ) -> Result<PathBuf, ExtractError> {
-    let mut inputs = Vec::new();
-    for (role, ck) in [("base", &models.base), ("tuned", &models.tuned)] {
-        for p in ck.input_files() {
-            inputs.push((role.to_string(), p.clone(), p.display().to_string()));
-        }
-    }
-    let input_paths: Vec<PathBuf> = inputs.iter().map(|(_, p, _)| p.clone()).collect();
-    let hashed = req.tuned_inputs.clone().unwrap_or_default();
-    if req.tuned_inputs.is_some() {
-        // The intermediate merge is no input: its base and adapters are, hashed by the merge.
-        inputs.clear();
-    }
     let options = serde_json::json!({
         "base": req.base.display().to_string(),
-        "tuned": req.tuned.display().to_string(),
+        "tuned": (!req.tuned.as_os_str().is_empty()).then(|| req.tuned.display().to_string()),
         "to": req.to.as_str(),
         "rank": req.rule.and_then(|r| r.rank),
         "energy": req.rule.and_then(|r| r.energy),
@@ -413,9 +432,9 @@ fn write(
             options,
             report: serde_json::to_value(report)
                 .map_err(|e| ExtractError::Usage(format!("internal: report: {e}")))?,
-            inputs,
-            hashed,
-            input_paths,
+            inputs: inputs.to_hash,
+            hashed: inputs.hashed,
+            input_paths: inputs.paths,
         },
     )?;
     Ok(release.dir)
@@ -429,59 +448,40 @@ pub struct FromAdapters<'a> {
     pub adapters: &'a [BoundAdapter],
     /// Merge options (dtype, layout and shards are overridden: f32, the base's, one file).
     pub merge: MergeOptions,
-    /// Where merged tensors are computed.
-    pub compute: &'a Compute,
 }
 
-/// Extracts `merge(base, adapters) − base`: the adapters are merged by the merge engine
-/// (`merge::merge_release`, the same exact per-tensor computation as `wanbake merge`) into an
-/// f32 release beside the destination, which is then the tuned model; it is removed whatever
-/// happens. The manifest names the base and the adapters as inputs.
+/// Extracts `merge(base, adapters) − base`: each merged tensor is computed in memory by the
+/// merge engine (`merge::exec::Exec::merged_values`, the same exact per-tensor computation,
+/// in f32, as `wanbake merge --dtype f32` writes), one at a time, and nothing but the adapter
+/// is written. The manifest names the base and the adapters as inputs.
 pub fn extract_from_adapters(
     req: &ExtractRequest,
     m: FromAdapters<'_>,
 ) -> Result<ExtractOutcome, ExtractError> {
     check_request(req)?;
-    if req.replace == Replace::Never && req.out.symlink_metadata().is_ok() {
-        return Err(crate::io::WriteError::Exists {
-            path: req.out.clone(),
-        }
-        .into());
-    }
-    let name = req
-        .out
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "out".into());
-    let tmp = req
-        .out
-        .with_file_name(format!(".{name}.wanbake-tuned-merge"));
-    struct Remove<'p>(&'p std::path::Path);
-    impl Drop for Remove<'_> {
-        fn drop(&mut self) {
-            let _ = fs_err::remove_dir_all(self.0);
-        }
-    }
-    let _cleanup = Remove(&tmp);
     let options = MergeOptions {
         dtype: crate::layout::OutputDType::F32,
         keep_f32: Some(crate::layout::KeepF32::None),
         layout: None,
         shard_bytes: None,
+        quantize: None,
         ..m.merge
     };
-    let merged = merge_release(
-        m.base,
-        m.adapters,
-        &options,
-        None,
-        &tmp,
-        Replace::Overwrite,
-        m.compute,
-    )
-    .map_err(|e| ExtractError::Merge(Box::new(e)))?;
-    let mut tuned_req = req.clone();
-    tuned_req.tuned = tmp.clone();
-    tuned_req.tuned_inputs = Some(merged.release.manifest.inputs.clone());
-    extract(&tuned_req)
+    let merge_err = |e: crate::merge::MergeError| ExtractError::Merge(Box::new(e.into()));
+    let prepared = prepare_merge(m.base, m.adapters, &options, BaseHash::Now).map_err(merge_err)?;
+    let set = &m.base.single()?.tensors;
+    let pairs = pair_models(&req.base, set, &req.base, set)?;
+    let source = MergedStack::new(&req.base, m.base, m.adapters, &prepared.plan, set);
+    let paths = m
+        .base
+        .input_files()
+        .into_iter()
+        .chain(m.adapters.iter().flat_map(|a| a.set.input_files()))
+        .collect();
+    let inputs = Inputs {
+        to_hash: Vec::new(),
+        hashed: prepared.inputs.clone(),
+        paths,
+    };
+    extract_pairs(req, &pairs, &source, inputs)
 }

@@ -98,8 +98,8 @@ pub struct Exec<'a> {
     pub adapters: &'a [BoundAdapter],
     /// The plan.
     pub plan: &'a MergePlan,
-    /// Where bytes go.
-    pub staging: &'a Staging,
+    /// Where bytes go (`None`: a run that only computes values, [`Exec::merged_values`]).
+    pub staging: Option<&'a Staging>,
     /// The SVD basis cache, when given.
     pub svd_cache: Option<&'a SvdCache>,
     /// Where targets are computed (untouched tensors are always copied on the CPU).
@@ -165,7 +165,7 @@ pub fn copy_plan(
         base,
         adapters: &[],
         plan,
-        staging,
+        staging: Some(staging),
         svd_cache: None,
         compute: &Compute::Cpu,
         quant_errors: Default::default(),
@@ -277,8 +277,14 @@ impl Exec<'_> {
             })
     }
 
+    fn staging(&self) -> Result<&Staging, MergeError> {
+        self.staging.ok_or_else(|| {
+            MergeError::Internal("a run that computes values was asked to write".into())
+        })
+    }
+
     fn write(&self, job: &Job, offset: usize, bytes: &[u8]) -> Result<(), MergeError> {
-        self.staging
+        self.staging()?
             .write(job.slot, job.dst_offset + offset, bytes)
             .map_err(|source| MergeError::Write {
                 tensor: job.output.clone(),
@@ -378,12 +384,12 @@ impl Exec<'_> {
         self.write(job, at, &e.bytes)?;
         if let (Some(scale), 0) = (e.scale, first) {
             let name = quantize::scale_name(&job.output);
-            let slot = self
-                .staging
+            let staging = self.staging()?;
+            let slot = staging
                 .plan()
                 .slot(job.component, &name)
                 .ok_or_else(|| MergeError::Internal(format!("no output slot for `{name}`")))?;
-            self.staging
+            staging
                 .write(slot, 0, &scale.to_le_bytes())
                 .map_err(|source| MergeError::Write {
                     tensor: name,
@@ -433,28 +439,83 @@ impl Exec<'_> {
         scratch: &mut Scratch,
         svd: &SvdCounters,
     ) -> Result<(), MergeError> {
+        let mut out = Emit::new(job, t)?;
+        self.merge_bands(job, t, src, scratch, svd, |rows, r0, D| {
+            out.band(self, rows, r0, D)
+        })?;
+        out.finish(self)
+    }
+
+    /// The merged f32 values of target `t` (read through `job`) in PyTorch layout, band by
+    /// band as a merge computes them, checked finite, before any rounding to the output
+    /// dtype: what an f32 merge in the stored layout writes. `extract --adapter` reads its
+    /// tuned model this way instead of from a written merge.
+    pub fn merged_values(&self, job: &Job, t: &Target) -> Result<Vec<f32>, MergeError> {
+        let src = self.stored(job)?;
+        let to_output = Emit::new(job, t)?.to_output;
+        let mut whole = Vec::with_capacity(t.out * t.inp);
+        let (mut scratch, svd) = (Scratch::default(), SvdCounters::default());
+        self.merge_bands(job, t, &src, &mut scratch, &svd, |rows, _, D| {
+            match to_output {
+                Transform::Identity => whole.extend_from_slice(&rows.to_stored_order(D)),
+                _ => whole.extend_from_slice(D),
+            }
+            Ok(())
+        })?;
+        if to_output == Transform::Identity {
+            return Ok(whole);
+        }
+        // A permuted stored layout (NNX kernels): the whole tensor, as Emit::finish writes it.
+        let mut raw = vec![0u8; whole.len() * 4];
+        let src = SrcTensor {
+            dtype: DType::F32,
+            shape: &t.shape,
+            bytes: bytemuck::cast_slice(&whole),
+        };
+        crate::model::transform::convert(to_output, src, DType::F32, &mut raw).map_err(|e| {
+            MergeError::Convert {
+                tensor: t.name.clone(),
+                reason: e.to_string(),
+            }
+        })?;
+        Ok(raw
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
+    }
+
+    /// Runs target `t`'s merge band by band, handing each checked band of merged rows
+    /// (first row, values) to `band`.
+    fn merge_bands(
+        &self,
+        job: &Job,
+        t: &Target,
+        src: &TensorRef<'_>,
+        scratch: &mut Scratch,
+        svd: &SvdCounters,
+        mut band: impl FnMut(&BaseRows<'_>, usize, &[f32]) -> Result<(), MergeError>,
+    ) -> Result<(), MergeError> {
         let rows = BaseRows::new(t, src, job)?;
         let loaded = self.load_factors(t, &rows, svd)?;
         let updates: Vec<(Update<'_>, f64)> = loaded
             .iter()
             .map(|l| (l.update(), l.contribution.weight))
             .collect();
-        let band = band_rows(t.inp);
+        let band_len = band_rows(t.inp);
         let col_scales = updates
             .iter()
-            .map(|(u, _)| column_scales(u, t.out, t.inp, band, |r0, n, d| rows.read(r0, n, d)))
+            .map(|(u, _)| column_scales(u, t.out, t.inp, band_len, |r0, n, d| rows.read(r0, n, d)))
             .collect::<Result<Vec<_>, MergeError>>()?;
-        let mut out = Emit::new(job, t)?;
         let mut band_buf = Band::default();
         let mut r0 = 0;
         while r0 < t.out {
-            let n = band.min(t.out - r0);
+            let n = band_len.min(t.out - r0);
             let D = band_buf.merged(&rows, &updates, &col_scales, t, r0, n, scratch)?;
             check_finite(D).map_err(|i| self.non_finite(t, r0, i, D[i]))?;
-            out.band(self, &rows, r0, D)?;
+            band(&rows, r0, D)?;
             r0 += n;
         }
-        out.finish(self)
+        Ok(())
     }
 
     /// A target computed whole on a lane of `lanes` (`merge::device`), then written as the

@@ -290,7 +290,7 @@ pub fn write_merge(
                 base,
                 adapters,
                 plan: &plan,
-                staging,
+                staging: Some(staging),
                 svd_cache: settings.svd_cache,
                 compute: settings.compute,
                 quant_errors: Default::default(),
