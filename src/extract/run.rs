@@ -107,7 +107,10 @@ pub fn extract(req: &ExtractRequest) -> Result<ExtractOutcome, ExtractError> {
         base: (req.base.as_path(), bset),
         tuned: (req.tuned.as_path(), tset),
     };
-    let mut inputs = Inputs::default();
+    let mut inputs = Inputs {
+        tuned: req.tuned.display().to_string(),
+        ..Inputs::default()
+    };
     for (role, ck) in [("base", &models.base), ("tuned", &models.tuned)] {
         for p in ck.input_files() {
             inputs.paths.push(p.clone());
@@ -120,9 +123,10 @@ pub fn extract(req: &ExtractRequest) -> Result<ExtractOutcome, ExtractError> {
 }
 
 /// The inputs a manifest records: files to hash now, records hashed already, and every
-/// file read (checked unchanged before commit).
+/// file read (checked unchanged before commit); and the tuned side in words.
 #[derive(Default)]
 struct Inputs {
+    tuned: String,
     to_hash: Vec<(String, PathBuf, String)>,
     hashed: Vec<InputRecord>,
     paths: Vec<PathBuf>,
@@ -140,7 +144,7 @@ fn extract_pairs(
     if kept_diffs.is_empty() && left_out.is_empty() && linear.is_empty() {
         return Err(ExtractError::NothingDiffers {
             base: req.base.clone(),
-            tuned: req.tuned.clone(),
+            tuned: PathBuf::from(&inputs.tuned),
             count: pairs.len(),
         });
     }
@@ -478,7 +482,13 @@ pub fn extract_from_adapters(
         .into_iter()
         .chain(m.adapters.iter().flat_map(|a| a.set.input_files()))
         .collect();
+    let names: Vec<String> = m
+        .adapters
+        .iter()
+        .map(|a| format!("{}:{}", a.set.path.display(), a.strength))
+        .collect();
     let inputs = Inputs {
+        tuned: format!("the base merged with {}", names.join(", ")),
         to_hash: Vec::new(),
         hashed: prepared.inputs.clone(),
         paths,
