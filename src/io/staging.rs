@@ -63,6 +63,16 @@ pub enum WriteError {
     /// Re-reading a written file failed (disk or filesystem trouble).
     #[error("re-reading the written output failed: {0}")]
     Reread(#[from] ReadError),
+    /// The producer wrote more or fewer tensor bytes than planned (a bug in the producer).
+    #[error(
+        "internal error: the output plan has {planned} tensor bytes, the producer wrote {written}"
+    )]
+    Unwritten {
+        /// Planned tensor bytes.
+        planned: u64,
+        /// Bytes written.
+        written: u64,
+    },
     /// A write outside the planned slot (a bug in the producer).
     #[error(
         "internal error: write of {len} bytes at offset {offset} does not fit tensor `{tensor}` ({size} bytes)"
@@ -139,6 +149,10 @@ pub struct Staging {
     replace: Replace,
     committed: bool,
     writing: Option<PhaseGuard>,
+    /// Tensor bytes handed to `write`, checked against the plan at `seal` (a reserved output
+    /// must have every planned byte written; a sparse one may leave zeros unwritten).
+    written: std::sync::atomic::AtomicU64,
+    allocation: Allocation,
 }
 
 impl std::fmt::Debug for Staging {
@@ -210,6 +224,8 @@ impl Staging {
             replace,
             committed: false,
             writing: None,
+            written: Default::default(),
+            allocation,
         };
         staging.create_files(allocation)?;
         Ok(staging)
@@ -283,6 +299,8 @@ impl Staging {
                 path: self.tmp.join(&f.rel_path),
                 source,
             })?;
+        self.written
+            .fetch_add(bytes.len() as u64, std::sync::atomic::Ordering::Relaxed);
         if let Some(p) = &self.writing {
             p.add_bytes(bytes.len() as u64);
         }
@@ -298,6 +316,7 @@ impl Staging {
     /// instead of preceding it. Both finish before `seal` returns.
     pub fn seal(&mut self) -> Result<Sealed, WriteError> {
         self.writing = None;
+        self.check_every_byte_written()?;
         let sealing = progress::begin("sealing", self.plan.total_bytes(), 0);
         let flush = || -> Result<(), WriteError> {
             for (f, p) in self.files.iter().zip(&self.plan.files) {
@@ -343,6 +362,24 @@ impl Staging {
             );
         }
         Ok(Sealed { weights, aux })
+    }
+
+    /// A reserved output's producer wrote exactly as many tensor bytes as the plan lays out
+    /// (every write lands inside its slot, so fewer means a tensor part was never written
+    /// and more means one was written twice): a producer bug, refused before hashing.
+    fn check_every_byte_written(&self) -> Result<(), WriteError> {
+        let planned: u64 = self
+            .plan
+            .files
+            .iter()
+            .flat_map(|f| &f.layout.tensors)
+            .map(|t| t.nbytes() as u64)
+            .sum();
+        let written = self.written.load(std::sync::atomic::Ordering::Relaxed);
+        if self.allocation == Allocation::Reserve && written != planned {
+            return Err(WriteError::Unwritten { planned, written });
+        }
+        Ok(())
     }
 
     /// Writes the manifest, fsyncs the tree, and renames the temporary directory into place.
@@ -549,5 +586,58 @@ fn reserve(file: &File, len: u64) -> std::io::Result<()> {
             file.set_len(len)
         }
         Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::io::DType;
+    use crate::io::header_layout::PlannedTensor;
+    use crate::io::writer::ComponentOutput;
+
+    fn two_tensor_plan() -> OutputPlan {
+        let t = |name: &str| PlannedTensor {
+            name: name.into(),
+            dtype: DType::F32,
+            shape: vec![4],
+        };
+        let c = ComponentOutput {
+            rel_dir: PathBuf::new(),
+            stem: "model".into(),
+            tensors: vec![t("a"), t("b")],
+            metadata: BTreeMap::new(),
+            sidecars: Vec::new(),
+            max_shard_bytes: None,
+        };
+        OutputPlan::build(&[c], &[]).unwrap()
+    }
+
+    #[test]
+    fn a_reserved_output_with_an_unwritten_tensor_part_is_refused_at_seal() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("out");
+        let plan = two_tensor_plan();
+        let mut s = Staging::begin(
+            &dest,
+            plan.clone(),
+            &[],
+            Replace::Never,
+            Allocation::Reserve,
+        )
+        .unwrap();
+        let a = plan.slot(0, "a").unwrap();
+        let b = plan.slot(0, "b").unwrap();
+        s.write(a, 0, &[1; 16]).unwrap();
+        s.write(b, 0, &[2; 8]).unwrap();
+        let err = s.seal().unwrap_err().to_string();
+        assert!(
+            err.contains("32 tensor bytes") && err.contains("wrote 24"),
+            "{err}"
+        );
+        s.write(b, 8, &[3; 8]).unwrap();
+        assert!(s.seal().is_ok(), "every byte written");
+        drop(s);
+        assert!(!dest.exists(), "nothing committed");
     }
 }
