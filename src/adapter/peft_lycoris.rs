@@ -194,7 +194,6 @@ pub fn render(ctx: &RenderCtx<'_>) -> Result<Rendered, Vec<EntryProblem>> {
         kernel_of(e).is_some()
             || matches!(&ctx.ids[i], ModuleId::Wan { diffusers, .. } if diffusers == "patch_embedding")
     };
-    let mut ranks: BTreeMap<usize, usize> = BTreeMap::new();
     let mut config = BTreeMap::new();
     let linear: Vec<usize> = (0..entries.len())
         .filter(|&i| entries[i].kind == kind)
@@ -209,63 +208,10 @@ pub fn render(ctx: &RenderCtx<'_>) -> Result<Rendered, Vec<EntryProblem>> {
             keep
         })
         .collect();
-    if kind == Kind::Lokr {
-        let shapes: Vec<(usize, Option<KronShape>)> = linear
-            .iter()
-            .map(|&i| (i, KronShape::of(&entries[i])))
-            .collect();
-        for (i, s) in &shapes {
-            if s.is_none() {
-                problems.push(ctx.problem(*i, "its factors are not the 2-D ones of a Linear LoKr"));
-            }
-        }
-        let shapes: Vec<(usize, KronShape)> = shapes
-            .into_iter()
-            .filter_map(|(i, s)| s.map(|s| (i, s)))
-            .collect();
-        let all: Vec<KronShape> = shapes.iter().map(|(_, s)| *s).collect();
-        let both = all.iter().any(|s| s.w1_rank.is_some());
-        match decompose_factor(&all) {
-            Some(f) => {
-                config.insert("decompose_factor", Value::from(f));
-                config.insert("decompose_both", Value::from(both));
-            }
-            None => problems.extend(shapes.iter().map(|&(i, s)| {
-                ctx.problem(
-                    i,
-                    format!(
-                        "no one decompose_factor gives every module's Kronecker split (this one: \
-                         out {}·{}, in {}·{})",
-                        s.a, s.b, s.c, s.d
-                    ),
-                )
-            })),
-        }
-        for (i, s) in shapes {
-            let e = &entries[i];
-            let stated = e
-                .alpha
-                .map(|a| a / e.scale)
-                .filter(|r| r.is_finite() && *r >= 1.0 && r.fract() == 0.0)
-                .map(|r| r as usize);
-            match s.rank(both, stated) {
-                Ok(r) => {
-                    ranks.insert(i, r);
-                }
-                Err(why) => problems.push(ctx.problem(i, why)),
-            }
-        }
-    } else {
-        for &i in &linear {
-            match (shape2(&entries[i], ParamRole::HadaW1A), entries[i].rank) {
-                (Some(_), Some(r)) if entries[i].param(ParamRole::HadaT1).is_none() => {
-                    ranks.insert(i, r);
-                }
-                _ => problems
-                    .push(ctx.problem(i, "its factors are not the 2-D ones of a Linear LoHa")),
-            }
-        }
-    }
+    let ranks = match kind {
+        Kind::Lokr => lokr_ranks(ctx, &linear, &mut problems, &mut config),
+        _ => loha_ranks(ctx, &linear, &mut problems),
+    };
     let both_full = kind == Kind::Lokr
         && ranks.keys().any(|&i| {
             KronShape::of(&entries[i]).is_some_and(|s| s.w1_rank.is_none() && s.w2_rank.is_none())
@@ -310,12 +256,86 @@ pub fn render(ctx: &RenderCtx<'_>) -> Result<Rendered, Vec<EntryProblem>> {
         notes: both_full
             .then(|| {
                 "PEFT scales a LoKr with both factors full by alpha/r too (LyCORIS by 1): its r is \
-                 the least PEFT lays out full, its alpha r·σ"
+                 one PEFT lays out full (the module's own when it has one), its alpha r·σ"
                     .to_string()
             })
             .into_iter()
             .collect(),
     })
+}
+
+/// Each Linear LoKr's `r` (entry index → r), with the folder's `decompose_factor` and
+/// `decompose_both` put in `config`; what PEFT cannot lay out goes to `problems`.
+fn lokr_ranks(
+    ctx: &RenderCtx<'_>,
+    linear: &[usize],
+    problems: &mut Vec<EntryProblem>,
+    config: &mut BTreeMap<&'static str, Value>,
+) -> BTreeMap<usize, usize> {
+    let entries = &ctx.set.entries;
+    let mut shapes = Vec::new();
+    for &i in linear {
+        match KronShape::of(&entries[i]) {
+            Some(s) => shapes.push((i, s)),
+            None => {
+                problems.push(ctx.problem(i, "its factors are not the 2-D ones of a Linear LoKr"))
+            }
+        }
+    }
+    let all: Vec<KronShape> = shapes.iter().map(|(_, s)| *s).collect();
+    let both = all.iter().any(|s| s.w1_rank.is_some());
+    match decompose_factor(&all) {
+        Some(f) => {
+            config.insert("decompose_factor", Value::from(f));
+            config.insert("decompose_both", Value::from(both));
+        }
+        None => problems.extend(shapes.iter().map(|&(i, s)| {
+            ctx.problem(
+                i,
+                format!(
+                    "no one decompose_factor gives every module's Kronecker split (this one: \
+                     out {}·{}, in {}·{})",
+                    s.a, s.b, s.c, s.d
+                ),
+            )
+        })),
+    }
+    let mut ranks = BTreeMap::new();
+    for (i, s) in shapes {
+        let e = &entries[i];
+        // The r a module's own α and σ imply (a PEFT folder's), kept when PEFT allows it.
+        let stated = e
+            .alpha
+            .map(|a| a / e.scale)
+            .filter(|r| r.is_finite() && *r >= 1.0 && r.fract() == 0.0)
+            .map(|r| r as usize);
+        match s.rank(both, stated) {
+            Ok(r) => {
+                ranks.insert(i, r);
+            }
+            Err(why) => problems.push(ctx.problem(i, why)),
+        }
+    }
+    ranks
+}
+
+/// Each Linear LoHa's `r` (its factors' rank); anything else goes to `problems`.
+fn loha_ranks(
+    ctx: &RenderCtx<'_>,
+    linear: &[usize],
+    problems: &mut Vec<EntryProblem>,
+) -> BTreeMap<usize, usize> {
+    let mut ranks = BTreeMap::new();
+    for &i in linear {
+        let e = &ctx.set.entries[i];
+        match (shape2(e, ParamRole::HadaW1A), e.rank) {
+            (Some(_), Some(r)) if e.param(ParamRole::HadaT1).is_none() => {
+                ranks.insert(i, r);
+            }
+            _ => problems.push(ctx.problem(i, "its factors are not the 2-D ones of a Linear LoHa")),
+        }
+    }
+    ranks
 }
 
 /// The `LoHaConfig` / `LoKrConfig` fields PEFT 0.21.2 saves, with the plan's r, α and
