@@ -216,30 +216,7 @@ pub fn render(ctx: &RenderCtx<'_>) -> Result<Rendered, Vec<EntryProblem>> {
         && ranks.keys().any(|&i| {
             KronShape::of(&entries[i]).is_some_and(|s| s.w1_rank.is_none() && s.w2_rank.is_none())
         });
-    let mut modules = Vec::new();
-    let mut tensors = Vec::new();
-    for (&i, &r) in &ranks {
-        let e = &entries[i];
-        let Some(alpha) = alpha_for(e.scale, r as f64) else {
-            problems.push(ctx.problem(i, format!("no alpha gives σ = {} as alpha/{r}", e.scale)));
-            continue;
-        };
-        modules.push((super::peft::config_path(&ctx.ids[i]), r, alpha));
-        let name = ctx.ids[i].spell(super::Convention::Peft);
-        for (&role, src) in &e.params {
-            let suffix = suffix_of(role).unwrap_or("weight");
-            match ctx.param(
-                i,
-                role,
-                format!("{name}.{suffix}"),
-                src.shape.clone(),
-                false,
-            ) {
-                Ok(t) => tensors.push(t),
-                Err(p) => problems.push(p),
-            }
-        }
-    }
+    let (modules, tensors) = module_tensors(ctx, &ranks, &mut problems);
     if !problems.is_empty() {
         return Err(problems);
     }
@@ -262,6 +239,41 @@ pub fn render(ctx: &RenderCtx<'_>) -> Result<Rendered, Vec<EntryProblem>> {
             .into_iter()
             .collect(),
     })
+}
+
+/// Per module (config path, r, α = σ·r) and its tensors under PEFT keys, copied as stored.
+#[allow(clippy::type_complexity)]
+fn module_tensors(
+    ctx: &RenderCtx<'_>,
+    ranks: &BTreeMap<usize, usize>,
+    problems: &mut Vec<EntryProblem>,
+) -> (Vec<(String, usize, f64)>, Vec<super::translate::OutTensor>) {
+    let entries = &ctx.set.entries;
+    let mut modules = Vec::new();
+    let mut tensors = Vec::new();
+    for (&i, &r) in ranks {
+        let e = &entries[i];
+        let Some(alpha) = alpha_for(e.scale, r as f64) else {
+            problems.push(ctx.problem(i, format!("no alpha gives σ = {} as alpha/{r}", e.scale)));
+            continue;
+        };
+        modules.push((super::peft::config_path(&ctx.ids[i]), r, alpha));
+        let name = ctx.ids[i].spell(super::Convention::Peft);
+        for (&role, src) in &e.params {
+            let suffix = suffix_of(role).unwrap_or("weight");
+            match ctx.param(
+                i,
+                role,
+                format!("{name}.{suffix}"),
+                src.shape.clone(),
+                false,
+            ) {
+                Ok(t) => tensors.push(t),
+                Err(p) => problems.push(p),
+            }
+        }
+    }
+    (modules, tensors)
 }
 
 /// Each Linear LoKr's `r` (entry index → r), with the folder's `decompose_factor` and
