@@ -242,7 +242,6 @@ pub fn render(ctx: &RenderCtx<'_>) -> Result<Rendered, Vec<EntryProblem>> {
 }
 
 /// Per module (config path, r, α = σ·r) and its tensors under PEFT keys, copied as stored.
-#[allow(clippy::type_complexity)]
 fn module_tensors(
     ctx: &RenderCtx<'_>,
     ranks: &BTreeMap<usize, usize>,
