@@ -244,6 +244,8 @@ impl Exec<'_> {
                     .is_some_and(|left| left.fetch_sub(1, Ordering::AcqRel) == 1)
                 {
                     src.file.release(src.position);
+                } else if job.layer.is_some() {
+                    release_layer(&src, job);
                 }
                 Ok::<(), MergeError>(())
             })?;
@@ -897,6 +899,16 @@ fn lycoris_delta(
         return Ok(Err(e));
     }
     delta_scaled(&m, &entry.module, &W0, &t.shape, entry.scale).map(Ok)
+}
+
+/// Drops the mapped pages of the one layer `job` read from a stacked tensor, so the
+/// resident set holds a layer at a time, not the whole (L, ...) tensor until its last layer
+/// is done (a 14B `nnx-scanned` ffn weight is 5.7 GB in bf16).
+fn release_layer(src: &TensorRef<'_>, job: &Job) {
+    if let Ok(bytes) = layer_bytes(&src.view, job.layer, &job.stored_shape) {
+        let start = bytes.as_ptr() as usize - src.file.bytes().as_ptr() as usize;
+        src.file.release_bytes(start, start + bytes.len());
+    }
 }
 
 /// The bytes of one layer of a stacked tensor (or the whole tensor).
