@@ -77,7 +77,13 @@ impl DeltaSource for MergedStack<'_> {
         let stored = self
             .exec
             .merged_values(&plan.jobs[j], &plan.targets[t])
-            .map_err(|e| ExtractError::Merge(Box::new(e.into())))?;
+            .map_err(|e| ExtractError::Merge(Box::new(e.into())));
+        // The merge read the base tensor's pages again: drop them, as `load_canonical` does,
+        // so the resident set stays at the working tensors.
+        if let Some(r) = self.set.get(&p.base.tensor) {
+            r.file.release(r.position);
+        }
+        let stored = stored?;
         let shape = &plan.jobs[j].stored_shape;
         let src = SrcTensor {
             dtype: DType::F32,
