@@ -222,6 +222,67 @@ fn energy_picks_the_reference_ranks() {
     );
 }
 
+/// `budget_ranks` of golden/extract_golden.py, written out the same plain way: at each step,
+/// over the modules whose next rank still fits, the largest next σ² (ties: the first name),
+/// on numpy's full float64 spectra from golden/extract/expect.json.
+fn reference_budget_ranks(exp: &Value, mut budget: u64) -> BTreeMap<String, u64> {
+    let modules = exp["modules"].as_object().unwrap();
+    let mut ranks: BTreeMap<String, u64> = modules.keys().map(|n| (n.clone(), 0)).collect();
+    let mut stopped = std::collections::BTreeSet::new();
+    loop {
+        let mut best: Option<(f64, &String)> = None;
+        for (n, m) in modules {
+            let s = m["singular_values"].as_array().unwrap();
+            let r = ranks[n] as usize;
+            if stopped.contains(n) || r >= s.len() {
+                continue;
+            }
+            let g = s[r].as_f64().unwrap().powi(2);
+            if best.is_none_or(|(b, _)| g > b) {
+                best = Some((g, n));
+            }
+        }
+        let Some((_, n)) = best else { return ranks };
+        let shape = modules[n]["shape"].as_array().unwrap();
+        let (out, inp) = (shape[0].as_u64().unwrap(), shape[1].as_u64().unwrap());
+        let cost = (out + inp) * 4 + if ranks[n] == 0 { 4 } else { 0 };
+        if cost > budget {
+            stopped.insert(n.clone());
+            continue;
+        }
+        budget -= cost;
+        *ranks.get_mut(n).unwrap() += 1;
+    }
+}
+
+#[test]
+fn large_budgets_allocate_as_over_the_full_spectra() {
+    // The first pass computes only a module's top few singular values and asks for more of
+    // any module the allocation would give all of them; budgets this large give several
+    // modules ranks past that first guess (up to their full rank), and the picks must still
+    // be the allocation over the full spectra.
+    let dir = tmp();
+    let exp = expect();
+    let fixed = exp["fixed_bytes"].as_u64().unwrap();
+    for bytes in [60_000u64, 400_000] {
+        let want = reference_budget_ranks(&exp, bytes - fixed);
+        assert!(
+            want.values().any(|&r| r > 8),
+            "the budget exercises the expansion"
+        );
+        let report = extract_json(
+            dir.path(),
+            &format!("big{bytes}"),
+            &["--budget", &bytes.to_string()],
+        );
+        let got = lora_modules(&report);
+        for (name, r) in want {
+            let found = got.get(&name).map_or(0, |m| m["rank"].as_u64().unwrap());
+            assert_eq!(found, r, "{name} at --budget {bytes}");
+        }
+    }
+}
+
 #[test]
 fn budget_allocates_by_largest_marginal_energy() {
     let dir = tmp();

@@ -78,9 +78,90 @@ pub fn allocate(candidates: &[Candidate<'_>], budget: u64) -> Vec<usize> {
     ranks
 }
 
+/// [`allocate`] over spectra known in part: `known[i]` holds module i's top singular values
+/// (all it can give when `known[i].len() == caps[i]`). A module whose allocation takes every
+/// value known while it has more to give is saturated: `more` is asked for the top values
+/// of each saturated module at twice the length (at most its cap), and the allocation is
+/// redone, until no module is saturated. The result is `allocate` over the full spectra:
+/// the greedy only looks at a module's next value once it has taken every earlier one, so
+/// values past an unsaturated module's rank are never read. Returns the ranks and the
+/// values finally known.
+pub fn allocate_expanding<E>(
+    mut known: Vec<Vec<f64>>,
+    per_rank: &[u64],
+    caps: &[usize],
+    budget: u64,
+    mut more: impl FnMut(&[(usize, usize)]) -> Result<Vec<Vec<f64>>, E>,
+) -> Result<(Vec<usize>, Vec<Vec<f64>>), E> {
+    loop {
+        let candidates: Vec<Candidate<'_>> = known
+            .iter()
+            .zip(per_rank)
+            .map(|(s, &per_rank)| Candidate { s, per_rank })
+            .collect();
+        let ranks = allocate(&candidates, budget);
+        let grow: Vec<(usize, usize)> = ranks
+            .iter()
+            .enumerate()
+            .filter(|&(i, &r)| r > 0 && r == known[i].len() && known[i].len() < caps[i])
+            .map(|(i, _)| (i, (2 * known[i].len()).min(caps[i])))
+            .collect();
+        if grow.is_empty() {
+            return Ok((ranks, known));
+        }
+        for (&(i, _), s) in grow.iter().zip(more(&grow)?) {
+            known[i] = s;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn expanding_spectra_allocate_as_the_full_ones() {
+        // Seeded spectra of several lengths and costs; every budget from nothing to all.
+        let mut st = 0x5EED_u64;
+        let mut next = move || {
+            st = st
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (st >> 11) as f64 / (1u64 << 53) as f64
+        };
+        let mut full: Vec<Vec<f64>> = Vec::new();
+        let mut per_rank = Vec::new();
+        for m in 0..7 {
+            let n = 3 + m * 5;
+            let mut s: Vec<f64> = (0..n).map(|_| next() * (1.0 + m as f64)).collect();
+            s.sort_by(|a, b| b.total_cmp(a));
+            full.push(s);
+            per_rank.push(10 + 7 * m as u64);
+        }
+        let caps: Vec<usize> = full.iter().map(Vec::len).collect();
+        let all: u64 = full
+            .iter()
+            .zip(&per_rank)
+            .map(|(s, p)| s.len() as u64 * p + ALPHA_BYTES)
+            .sum();
+        for budget in (0..=all + 50).step_by(37) {
+            let cands: Vec<Candidate<'_>> = full
+                .iter()
+                .zip(&per_rank)
+                .map(|(s, &per_rank)| Candidate { s, per_rank })
+                .collect();
+            let want = allocate(&cands, budget);
+            let first: Vec<Vec<f64>> = full.iter().map(|s| s[..1].to_vec()).collect();
+            let mut asked = 0;
+            let (got, _) = allocate_expanding(first, &per_rank, &caps, budget, |grow| {
+                asked += grow.len();
+                Ok::<_, ()>(grow.iter().map(|&(i, k)| full[i][..k].to_vec()).collect())
+            })
+            .unwrap();
+            assert_eq!(got, want, "budget {budget}");
+            assert!(asked <= 7 * 6, "budget {budget}: {asked} refetches");
+        }
+    }
 
     #[test]
     fn largest_marginal_energy_first() {

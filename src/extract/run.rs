@@ -11,7 +11,7 @@ use std::path::PathBuf;
 
 use rayon::prelude::*;
 
-use super::budget::{Candidate, allocate};
+use super::budget::allocate_expanding;
 use super::factor::{Spectrum, spectrum};
 use super::merged::MergedStack;
 use super::pair::{DeltaSource, TensorPair, TwoModels, pair_models};
@@ -148,7 +148,8 @@ fn extract_pairs(
             count: pairs.len(),
         });
     }
-    let ranks = choose_ranks(&linear, &kept_diffs, req)?;
+    let mut linear = linear;
+    let ranks = choose_ranks(&mut linear, &kept_diffs, req, pairs, source)?;
     let linear = match req.budget {
         Some(_) => budget_factors(pairs, source, req, linear, &ranks)?,
         None => linear,
@@ -235,6 +236,7 @@ fn linear_deltas(
     source: &dyn DeltaSource,
     req: &ExtractRequest,
 ) -> Result<Vec<(usize, Spectrum)>, ExtractError> {
+    let modules = pairs.iter().filter(|p| p.is_linear()).count().max(1) as u64;
     let found: Vec<Option<(usize, Spectrum)>> = pairs
         .par_iter()
         .enumerate()
@@ -242,10 +244,12 @@ fn linear_deltas(
         .map(|(i, p)| {
             let (out, inp) = (p.shape[0], p.shape[1]);
             let (rule, max_rank) = match req.budget {
-                Some(bytes) => (
-                    req.rule.filter(|r| r.rank.is_some()),
-                    (bytes / ((out + inp) as u64 * 4)).max(1) as usize,
-                ),
+                // A first guess of twice a module's even share of the budget; the allocation
+                // asks for more of any module it would give every value known (`choose_ranks`).
+                Some(bytes) => {
+                    let share = 2 * bytes / (modules * per_rank(p)).max(1);
+                    (None, (share.max(8) as usize).min(budget_cap(p, req)))
+                }
                 None => (req.rule, out.min(inp)),
             };
             let Some(mut s) = pair_spectrum(p, source, rule.as_ref(), max_rank, req.method)? else {
@@ -311,10 +315,27 @@ fn budget_factors(
 }
 
 /// The rank of every Linear module: the rule per module, or the budget across all.
+/// Bytes of one rank of pair `p`'s f32 factors: (out + in)·4.
+fn per_rank(p: &TensorPair) -> u64 {
+    (p.shape[0] + p.shape[1]) as u64 * 4
+}
+
+/// The largest rank `--budget` could give pair `p`: the whole budget, its full rank, and
+/// `--rank` when given.
+fn budget_cap(p: &TensorPair, req: &ExtractRequest) -> usize {
+    let afford = (req.budget.unwrap_or(0) / per_rank(p)).max(1) as usize;
+    let cap = p.shape[0].min(p.shape[1]).min(afford);
+    req.rule
+        .and_then(|r| r.rank)
+        .map_or(cap, |r| cap.min(r.max(1)))
+}
+
 fn choose_ranks(
-    linear: &[(usize, Spectrum)],
+    linear: &mut [(usize, Spectrum)],
     diffs: &[(usize, Vec<f32>)],
     req: &ExtractRequest,
+    pairs: &[TensorPair],
+    source: &dyn DeltaSource,
 ) -> Result<Vec<usize>, ExtractError> {
     let Some(budget) = req.budget else {
         let rule = req.rule.unwrap_or(RankRule {
@@ -330,14 +351,36 @@ fn choose_ranks(
     if fixed > budget {
         return Err(ExtractError::BudgetTooSmall { budget, fixed });
     }
-    let cands: Vec<Candidate<'_>> = linear
+    let known: Vec<Vec<f64>> = linear.iter().map(|(_, s)| s.top.S.clone()).collect();
+    let costs: Vec<u64> = linear.iter().map(|(i, _)| per_rank(&pairs[*i])).collect();
+    let caps: Vec<usize> = linear
         .iter()
-        .map(|(_, s)| Candidate {
-            s: &s.top.S,
-            per_rank: (s.out + s.inp) as u64 * 4,
-        })
+        .map(|(i, _)| budget_cap(&pairs[*i], req))
         .collect();
-    Ok(allocate(&cands, budget - fixed))
+    let (ranks, _) = allocate_expanding(known, &costs, &caps, budget - fixed, |grow| {
+        let again: Vec<Spectrum> = grow
+            .par_iter()
+            .map(|&(m, k)| {
+                let p = &pairs[linear[m].0];
+                let mut s = pair_spectrum(p, source, None, k, req.method)?.ok_or_else(|| {
+                    ExtractError::Usage(format!("internal: `{}` stopped differing", p.canonical))
+                })?;
+                s.keep_vectors(0);
+                Ok(s)
+            })
+            .collect::<Result<_, ExtractError>>()?;
+        Ok::<_, ExtractError>(
+            grow.iter()
+                .zip(again)
+                .map(|(&(m, _), s)| {
+                    let values = s.top.S.clone();
+                    linear[m].1 = s;
+                    values
+                })
+                .collect(),
+        )
+    })?;
+    Ok(ranks)
 }
 
 /// The output entries in pair order (LoRA modules of rank ≥ 1 and kept diffs) and the report.
