@@ -228,9 +228,9 @@ fn full_differences(
 }
 
 /// (pair index, spectrum) of every differing Linear weight, in pair order. With `--budget`
-/// only the singular values are kept (the vectors of every module at the largest rank the
-/// budget allows would not fit in memory); [`budget_factors`] recomputes the vectors of the
-/// ranks allocated.
+/// only a module's top singular values are computed (at twice its even share of the budget;
+/// `choose_ranks` asks for more where the allocation needs them) and no vectors are kept;
+/// [`budget_factors`] recomputes the vectors of the ranks allocated.
 fn linear_deltas(
     pairs: &[TensorPair],
     source: &dyn DeltaSource,

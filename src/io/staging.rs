@@ -4,7 +4,8 @@
 //! Owns: refusing to write over an input, the free-space check, pre-sized output files
 //! (`fallocate`, so running out of space fails before the first tensor), positional writes
 //! from any number of threads (`write_at`: the header is known in advance, so tensors and
-//! slices of stacked tensors land in place in any order), the final re-read and hashing,
+//! slices of stacked tensors land in place in any order), the check that every planned
+//! tensor byte was written, the final re-read and hashing (overlapped with the fsync),
 //! the rename into place, and the cleanup of temporaries left by killed runs (each run
 //! holds an advisory lock on a sibling `.lock` file; a lock nobody holds means its owner is
 //! dead). A `Staging` dropped before `commit` removes its temporary directory.
