@@ -222,8 +222,8 @@ pub fn render(ctx: &RenderCtx<'_>) -> Result<Rendered, Vec<EntryProblem>> {
     }
     let plan = ConfigPlan::new(&modules, false, false, false);
     let peft_type = if kind == Kind::Lokr { "LOKR" } else { "LOHA" };
-    let mut bytes =
-        serde_json::to_vec_pretty(&config_json(&plan, peft_type, config)).unwrap_or_default();
+    let mut bytes = serde_json::to_vec_pretty(&config_json(&plan, peft_type, config))
+        .expect("JSON values always serialise");
     bytes.push(b'\n');
     Ok(Rendered {
         stem: "adapter_model".into(),

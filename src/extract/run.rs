@@ -323,7 +323,7 @@ fn per_rank(p: &TensorPair) -> u64 {
 /// The largest rank `--budget` could give pair `p`: the whole budget, its full rank, and
 /// `--rank` when given.
 fn budget_cap(p: &TensorPair, req: &ExtractRequest) -> usize {
-    let afford = (req.budget.unwrap_or(0) / per_rank(p)).max(1) as usize;
+    let afford = (req.budget.unwrap_or(0) / per_rank(p).max(1)).max(1) as usize;
     let cap = p.shape[0].min(p.shape[1]).min(afford);
     req.rule
         .and_then(|r| r.rank)
