@@ -21,13 +21,14 @@ use std::path::PathBuf;
 
 use serde_json::json;
 
-use crate::io::checkpoint::{Checkpoint, Component};
+use crate::io::checkpoint::Component;
 use crate::io::gguf::{self, TensorPlan};
 use crate::io::header_layout::PlannedTensor;
 use crate::io::quant::fp8;
 use crate::io::quant::ggml::{self, GgmlType};
 use crate::io::writer::{ComponentOutput, GgufParts, OutputPlan};
 use crate::io::{DType, dtype};
+use crate::model::base_model::{BaseModel, ComponentModel};
 use crate::model::quant_rules::{self, QuantFormat, Why};
 use crate::model::wan_layout::Layout;
 use crate::model::wan_names::{self, Position};
@@ -100,14 +101,14 @@ pub struct QuantPlan {
     pub skipped: Vec<String>,
 }
 
-/// Maps a WAN transformer's tensor names (diffusers or original layout) to original-Wan
-/// names and decides each tensor's encoding. `source` is (name, dtype, shape) per tensor.
+/// Maps a WAN transformer's tensor names (diffusers or original layout, as `layout`, the
+/// one its keys were found in, says) to original-Wan names and decides each tensor's
+/// encoding. `source` is (name, dtype, shape) per tensor.
 pub fn plan(
     options: QuantOptions,
+    layout: Layout,
     source: &[(String, DType, Vec<usize>)],
 ) -> anyhow::Result<QuantPlan> {
-    let names: Vec<&str> = source.iter().map(|(n, _, _)| n.as_str()).collect();
-    let layout = crate::model::wan_layout::detect_layout(&names)?;
     if !matches!(layout, Layout::Diffusers | Layout::Wan) {
         anyhow::bail!(
             "--to {}: the input is in the {layout} layout; quantized outputs read the diffusers or \
@@ -503,11 +504,14 @@ pub fn source_tensors(c: &Component) -> Vec<(String, DType, Vec<usize>)> {
         .collect()
 }
 
-/// The one transformer of `ck`: a quantized output is one file, so a pipeline with two
-/// experts is refused with the way out.
-pub fn single_transformer(ck: &Checkpoint, format: QuantFormat) -> anyhow::Result<&Component> {
+/// The one transformer of `ck` and its model facts: a quantized output is one file, so a
+/// pipeline with two experts is refused with the way out.
+pub fn single_transformer(
+    ck: &BaseModel,
+    format: QuantFormat,
+) -> anyhow::Result<(&Component, &ComponentModel)> {
     match ck.components.as_slice() {
-        [c] => Ok(c),
+        [_] => Ok(ck.single_part()?),
         many => anyhow::bail!(
             "{}: holds {} transformers ({}); --to {format} writes one file per transformer.\n\
              hint: pass one transformer folder, e.g. {}",

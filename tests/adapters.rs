@@ -17,6 +17,7 @@ use wanbake::adapter::{
     AdapterError, AdapterOptions, AdapterSet, Convention, Entry, Kind, ParamRole, ScaleSource,
 };
 use wanbake::io::{Checkpoint, DType, SafetensorsFile};
+use wanbake::model::base_model::BaseModel;
 use wanbake::model::transform::Transform;
 
 // ---------------------------------------------------------------------------------------
@@ -396,8 +397,9 @@ fn open(path: &Path, scale: Option<f64>) -> AdapterSet {
 }
 
 fn base_index(base: &Path) -> BaseIndex {
-    let ck = Checkpoint::open(base).unwrap();
-    BaseIndex::new(base, &ck.single().unwrap().tensors)
+    let ck = BaseModel::open(base).unwrap();
+    let (comp, model) = ck.single_part().unwrap();
+    BaseIndex::new(base, &comp.tensors, model)
 }
 
 fn bound(adapter: &Path, base: &Path, scale: Option<f64>) -> AdapterSet {

@@ -27,6 +27,7 @@ use wanbake::merge::{
     AdapterSpec, BoundSet, Compute, DoraStrength, MergeError, MergeFailure, MergeOptions,
     MergeOutcome, bind_adapter, bind_specs, merge_release,
 };
+use wanbake::model::base_model::BaseModel;
 use wanbake::model::wan_layout::Layout;
 
 // ---------------------------------------------------------------------------------------
@@ -108,12 +109,16 @@ fn bound(set: AdapterSet, strength: f64) -> Unbound {
 }
 
 /// Binds hand-built adapters to `base` (one alias table per component).
-fn bind_all(base: &Checkpoint, adapters: Vec<Unbound>) -> Result<BoundSet, MergeError> {
+fn bind_all(base: &BaseModel, adapters: Vec<Unbound>) -> Result<BoundSet, MergeError> {
     adapters
         .into_iter()
         .map(|u| {
             let comp = &base.components[u.component];
-            let index = BaseIndex::new(&base.path.join(&comp.rel_dir), &comp.tensors);
+            let index = BaseIndex::new(
+                &base.path.join(&comp.rel_dir),
+                &comp.tensors,
+                base.model(u.component),
+            );
             bind_adapter(u.set, u.component, &index, u.strength, "hand-built")
         })
         .collect()
@@ -264,7 +269,7 @@ fn merge_on(
     dest: &Path,
     compute: &Compute,
 ) -> Result<MergeOutcome, MergeFailure> {
-    let adapters = bind_all(&Checkpoint::open(base).unwrap(), adapters)?;
+    let adapters = bind_all(&BaseModel::open(base).unwrap(), adapters)?;
     merge_bound(base, &adapters, options, dest, compute)
 }
 
@@ -276,7 +281,7 @@ fn merge_bound(
     dest: &Path,
     compute: &Compute,
 ) -> Result<MergeOutcome, MergeFailure> {
-    let base = Checkpoint::open(base).unwrap();
+    let base = BaseModel::open(base).unwrap();
     let out = merge_release(
         &base,
         adapters,
@@ -2146,7 +2151,7 @@ fn every_route_agrees_through_the_transposing_layouts_and_on_nnx_bases() {
             .unwrap();
         bind_specs(
             &specs,
-            &Checkpoint::open(base).unwrap(),
+            &BaseModel::open(base).unwrap(),
             &options(OutputDType::BF16),
         )
         .unwrap()
@@ -2180,7 +2185,7 @@ fn the_svd_cache_is_shared_between_routes() {
     let cache_dir = tmp.path().join("cache");
     std::fs::create_dir(&cache_dir).unwrap();
     let cache = wanbake::linalg::SvdCache::open(&cache_dir).unwrap();
-    let base = Checkpoint::open(&sa3_base()).unwrap();
+    let base = BaseModel::open(&sa3_base()).unwrap();
     let mut outputs = Vec::new();
     let mut reports = Vec::new();
     let routes = [Compute::Reference, Compute::Cpu];

@@ -22,11 +22,11 @@ use super::names::{
 };
 use super::{AdapterError, AdapterSet, EntryProblem};
 use crate::io::{DType, TensorSet};
-use crate::model::fingerprint::{Fingerprint, fingerprint};
+use crate::model::base_model::ComponentModel;
+use crate::model::fingerprint::Fingerprint;
 use crate::model::sa3;
 use crate::model::transform::Transform;
 use crate::model::wan_layout::Layout;
-use crate::model::wan_layout::detect_layout;
 use crate::model::wan_names::{self, Position, SKIPPED_MARKER, Scope};
 
 /// One base tensor (or one layer of a stacked one) an entry can change.
@@ -84,25 +84,6 @@ pub struct BaseIndex {
     generic_full: Vec<(usize, String)>,
 }
 
-/// The WAN layout that explains the most keys (all of them when the layout helper's
-/// detection succeeds), or `None` when no key is a WAN parameter.
-fn wan_layout(names: &[&str]) -> Option<Layout> {
-    if let Ok(l) = detect_layout(names) {
-        return Some(l);
-    }
-    let mut best: Option<(Layout, usize)> = None;
-    for l in Layout::ALL {
-        let n = names
-            .iter()
-            .filter(|k| !k.contains(SKIPPED_MARKER) && wan_names::parse_stored(l, k).is_some())
-            .count();
-        if n > 0 && best.is_none_or(|(_, b)| n > b) {
-            best = Some((l, n));
-        }
-    }
-    best.map(|(l, _)| l)
-}
-
 fn row_index(e: &'static wan_names::NameRow) -> Option<usize> {
     wan_names::entries().iter().position(|x| std::ptr::eq(x, e))
 }
@@ -124,12 +105,13 @@ impl BaseIndex {
     }
 
     /// Builds the alias table of one state dict (a model, or one transformer of a
-    /// pipeline). `path` is only used in messages.
-    pub fn new(path: &Path, tensors: &TensorSet) -> BaseIndex {
+    /// pipeline) whose model facts are `model`. `path` is only used in messages. A base
+    /// with stray keys is read in the layout that explains the most of them.
+    pub fn new(path: &Path, tensors: &TensorSet, model: &ComponentModel) -> BaseIndex {
         let mut ix = BaseIndex::empty(path);
         let names: Vec<&str> = tensors.names().collect();
         ix.tensor_count = names.len();
-        ix.layout = wan_layout(&names);
+        ix.layout = model.layout.closest;
         let mlx = ix.layout.is_none() && sa3::is_mlx_dit(names.iter().copied());
         for t in tensors.tensors() {
             let name = t.view.name;
@@ -147,7 +129,7 @@ impl BaseIndex {
                 None => ix.add_generic(name, shape),
             }
         }
-        ix.fingerprint = Some(fingerprint(tensors));
+        ix.fingerprint = Some(model.fingerprint.clone());
         ix.build_aliases();
         ix
     }
@@ -577,16 +559,6 @@ pub fn kind_name(k: Kind) -> &'static str {
 }
 
 impl AdapterSet {
-    /// `bind` against one component of a checkpoint (a model, or one transformer of a
-    /// pipeline); `base_path` is used in messages.
-    pub fn bind_component(
-        &mut self,
-        base_path: &Path,
-        component: &crate::io::Component,
-    ) -> Result<BindReport, AdapterError> {
-        self.bind(&BaseIndex::new(base_path, &component.tensors))
-    }
-
     /// Binds every entry to a tensor of `base`: fills `Entry::target` and
     /// `Entry::binding`, checks shapes (2-D view rules of `kinds`), and reports entries
     /// that bind to nothing. Errors: shapes that do not fit (always), no entry bound at all

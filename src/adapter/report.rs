@@ -17,7 +17,7 @@ use super::bind::{BaseIndex, kind_name, wan_ids};
 use super::names::{ModuleId, generic_path_of_spelling};
 use super::variant::{VariantGuess, base_description, guess, mismatch_line};
 use super::{AdapterError, AdapterOptions, AdapterSet, EntryProblem, KeyProblem, ScaleSource};
-use crate::io::Checkpoint;
+use crate::model::base_model::{BaseModel, ComponentModel};
 
 /// One σ shared by several entries.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -237,9 +237,10 @@ fn bind_one(
     opts: &AdapterOptions,
     base: &Path,
     comp: &crate::io::Component,
+    model: &ComponentModel,
 ) -> Result<BaseBinding, AdapterError> {
     let mut set = AdapterSet::open(path, opts)?;
-    let ix = BaseIndex::new(base, &comp.tensors);
+    let ix = BaseIndex::new(base, &comp.tensors, model);
     let mut b = BaseBinding {
         base: base.display().to_string(),
         component: comp.name.clone(),
@@ -292,7 +293,7 @@ fn bind_one(
 /// with a base, binds it against every component of the base.
 pub fn describe_path(
     path: &Path,
-    base: Option<(&Path, &Checkpoint)>,
+    base: Option<(&Path, &BaseModel)>,
 ) -> Result<AdapterInspection, AdapterError> {
     let opts = AdapterOptions {
         allow_unmatched: true,
@@ -301,10 +302,10 @@ pub fn describe_path(
     let set = AdapterSet::open(path, &opts)?;
     let mut report = describe(&set);
     if let Some((base_path, ckpt)) = base {
-        for comp in &ckpt.components {
+        for (comp, model) in ckpt.parts() {
             report
                 .bindings
-                .push(bind_one(path, &opts, base_path, comp)?);
+                .push(bind_one(path, &opts, base_path, comp, model)?);
         }
     }
     Ok(report)

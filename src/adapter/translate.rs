@@ -14,7 +14,8 @@ use std::path::Path;
 use super::bind::{BaseIndex, bound_ids, kind_name, resolve_names};
 use super::names::ModuleId;
 use super::{AdapterError, AdapterSet, Convention, Entry, EntryProblem, ParamRole};
-use crate::io::{Checkpoint, DType};
+use crate::io::DType;
+use crate::model::base_model::BaseModel;
 
 /// Where an output tensor's bytes come from.
 #[derive(Clone, Debug, PartialEq)]
@@ -290,9 +291,9 @@ pub fn module_ids(
     let Some(base) = base else {
         return resolve_names(set);
     };
-    let ckpt = Checkpoint::open(base)?;
-    let comp = ckpt.single()?;
-    let ix = BaseIndex::new(base, &comp.tensors);
+    let ckpt = BaseModel::open(base)?;
+    let (comp, model) = ckpt.single_part()?;
+    let ix = BaseIndex::new(base, &comp.tensors, model);
     let report = set.bind(&ix)?;
     let ids = bound_ids(set, &report);
     let mut out = Vec::new();

@@ -203,7 +203,7 @@ fn provenance(
 /// rounding, in the base's own layout, written beside the output and removed afterwards.
 fn expected_outputs(
     recipe: &crate::recipe::Recipe,
-    base: &crate::io::Checkpoint,
+    base: &crate::model::base_model::BaseModel,
     adapters: &[crate::merge::BoundAdapter],
     options: &MergeOptions,
     inputs: Vec<crate::manifest::InputRecord>,
@@ -239,7 +239,7 @@ struct ReferenceDir(PathBuf);
 impl ReferenceDir {
     fn write(
         output: &Path,
-        base: &crate::io::Checkpoint,
+        base: &crate::model::base_model::BaseModel,
         adapters: &[crate::merge::BoundAdapter],
         options: &MergeOptions,
         inputs: Vec<crate::manifest::InputRecord>,

@@ -10,7 +10,6 @@ use std::path::{Path, PathBuf};
 
 use super::error::BakeError;
 use crate::adapter::Convention;
-use crate::io::Checkpoint;
 use crate::io::staging::check_not_input;
 
 use crate::manifest::InputRecord;
@@ -18,7 +17,8 @@ use crate::merge::{
     AdapterSpec, BaseHash, BoundAdapter, BoundSet, ComponentChoice, MergeOptions, OptionsText,
     PreparedMerge, bind_specs, prepare_merge,
 };
-use crate::model::fingerprint::{Fingerprint, fingerprint};
+use crate::model::base_model::BaseModel;
+use crate::model::fingerprint::Fingerprint;
 use crate::recipe::{CheckSpec, Recipe, Sha256Spec};
 use crate::runner::{ModelSet, RunInputs};
 
@@ -62,8 +62,8 @@ pub struct HashCheck {
 pub struct BakePlan {
     /// The recipe.
     pub recipe: Recipe,
-    /// The base, opened and validated.
-    pub base: Checkpoint,
+    /// The base, opened and recognised.
+    pub base: BaseModel,
     /// What the base is.
     pub fingerprints: Vec<(String, Fingerprint)>,
     /// Every adapter bound to its transformer.
@@ -80,11 +80,10 @@ pub struct BakePlan {
 
 /// Runs the plan phase. Nothing is created on disk.
 pub fn plan_bake(recipe: Recipe, hashing: BaseHashing) -> Result<BakePlan, BakeError> {
-    let base = Checkpoint::open(&recipe.base.path)?;
+    let base = BaseModel::open(&recipe.base.path)?;
     let fingerprints = base
-        .components
-        .iter()
-        .map(|c| (c.name.clone(), fingerprint(&c.tensors)))
+        .parts()
+        .map(|(c, m)| (c.name.clone(), m.fingerprint.clone()))
         .collect();
     let specs = adapter_specs(&recipe)?;
     let options = merge_options(&recipe)?;
@@ -188,7 +187,7 @@ pub fn merge_options(recipe: &Recipe) -> Result<MergeOptions, BakeError> {
 }
 
 /// The output must not exist (unless `overwrite`) and must not overlap an input.
-fn check_output_path(recipe: &Recipe, base: &Checkpoint) -> Result<(), BakeError> {
+fn check_output_path(recipe: &Recipe, base: &BaseModel) -> Result<(), BakeError> {
     let dir = &recipe.output.dir;
     if !recipe.output.overwrite && dir.symlink_metadata().is_ok() {
         return Err(BakeError::recipe(
@@ -260,7 +259,7 @@ fn slash(p: &Path) -> String {
 /// Compares every declared sha256 with the hash just computed.
 fn check_declared_hashes(
     recipe: &Recipe,
-    base: &Checkpoint,
+    base: &BaseModel,
     adapters: &[BoundAdapter],
     inputs: &[InputRecord],
 ) -> Result<Vec<HashCheck>, BakeError> {
@@ -358,7 +357,7 @@ fn compare(
 
 /// Bytes of every base tensor in f32: the size of the reference model an "unmerged" check
 /// writes beside the output while it runs.
-fn f32_bytes(base: &Checkpoint) -> u64 {
+fn f32_bytes(base: &BaseModel) -> u64 {
     base.components
         .iter()
         .flat_map(|c| {

@@ -13,10 +13,10 @@ use wanbake::extract::{
     ExtractError, ExtractOutcome, ExtractReport, ExtractRequest, FromAdapters, RankRule,
     ResizeRequest, extract, extract_from_adapters, resize,
 };
-use wanbake::io::Checkpoint;
 use wanbake::io::staging::Replace;
 use wanbake::linalg::TruncMethod;
 use wanbake::merge::{AdapterSpec, MergeOptions, OptionsText, bind_specs};
+use wanbake::model::base_model::BaseModel;
 
 const EXTRACT_HELP: &str = "\
 OUTPUT
@@ -176,7 +176,7 @@ pub fn execute_extract(args: ExtractArgs, p: &mut Printer) -> anyhow::Result<Sta
                 device.name.as_deref().unwrap_or(device.used)
             ));
         }
-        let base = Checkpoint::open(&args.base)?;
+        let base = BaseModel::open(&args.base)?;
         let adapters = bind_specs(&specs, &base, &merge)?;
         req.provenance = serde_json::json!({ "adapters": args.adapters });
         extract_from_adapters(

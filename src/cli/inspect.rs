@@ -9,6 +9,7 @@ use super::{Printer, Status};
 use wanbake::adapter::report::describe_path;
 use wanbake::inspect::{InspectReport, inspect, render_text};
 use wanbake::io::Checkpoint;
+use wanbake::model::base_model::BaseModel;
 
 /// Arguments of `inspect`.
 #[derive(clap::Args, Debug)]
@@ -31,7 +32,7 @@ pub struct Args {
 fn add_adapter_details(
     path: &std::path::Path,
     r: &mut InspectReport,
-    base: Option<(&std::path::Path, &Checkpoint)>,
+    base: Option<(&std::path::Path, &BaseModel)>,
 ) -> Vec<String> {
     let Some(comp) = r.components.iter_mut().find(|c| c.role == "adapter") else {
         return Vec::new();
@@ -51,7 +52,7 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
     let mut status = Status::Ok;
     let mut docs = Vec::new();
     let base = match &args.base {
-        Some(b) => Some((b.as_path(), Checkpoint::open(b)?)),
+        Some(b) => Some((b.as_path(), BaseModel::open(b)?)),
         None => None,
     };
     for path in &args.paths {

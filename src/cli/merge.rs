@@ -11,13 +11,13 @@ use std::path::{Path, PathBuf};
 
 use super::device::{DeviceArg, device_json};
 use super::{Printer, Status, UsageError, output};
-use wanbake::io::Checkpoint;
 use wanbake::io::staging::Replace;
 use wanbake::linalg::SvdCache;
 use wanbake::merge::{
     AdapterSpec, MergeError, MergeFailure, MergeOptions, MergeReport, OptionsText, bind_specs,
     merge_release,
 };
+use wanbake::model::base_model::BaseModel;
 
 const AFTER_HELP: &str = "\
 ADAPTERS
@@ -156,7 +156,7 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
     if options.quantize.is_some() {
         refuse_gguf_out(&args.out)?;
     }
-    let base = Checkpoint::open(&args.base)?;
+    let base = BaseModel::open(&args.base)?;
     let adapters = bind_specs(&specs, &base, &options).map_err(usage_or)?;
     let replace = if args.overwrite {
         Replace::Overwrite

@@ -15,6 +15,7 @@ use crate::adapter::BaseIndex;
 use crate::adapter::bind::BaseTarget;
 use crate::adapter::names::{ModuleId, Role};
 use crate::io::{DType, TensorSet};
+use crate::model::base_model::BaseModel;
 use crate::model::transform::{SrcTensor, convert};
 
 /// Mismatches named in a refusal.
@@ -61,12 +62,16 @@ fn by_canonical(ix: &BaseIndex) -> BTreeMap<String, (ModuleId, Role, BaseTarget)
 /// present in one only, or with another shape, is a mismatch (the first few are named).
 pub fn pair_models(
     base_path: &Path,
-    base: &TensorSet,
+    base: &BaseModel,
     tuned_path: &Path,
-    tuned: &TensorSet,
+    tuned: &BaseModel,
 ) -> Result<Vec<TensorPair>, ExtractError> {
-    let b = by_canonical(&BaseIndex::new(base_path, base));
-    let mut t = by_canonical(&BaseIndex::new(tuned_path, tuned));
+    let index = |path: &Path, model: &BaseModel| {
+        let (comp, facts) = model.single_part()?;
+        Ok::<_, ExtractError>(by_canonical(&BaseIndex::new(path, &comp.tensors, facts)))
+    };
+    let b = index(base_path, base)?;
+    let mut t = index(tuned_path, tuned)?;
     let mut problems = Vec::new();
     let mut pairs = Vec::new();
     for (name, (id, role, bt)) in b {

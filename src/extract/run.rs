@@ -20,11 +20,12 @@ use super::report::{ExtractReport, ModuleReport};
 use super::{ExtractError, RankRule};
 use crate::adapter::Convention;
 use crate::adapter::names::Role;
+use crate::io::TensorSet;
 use crate::io::staging::Replace;
-use crate::io::{Checkpoint, TensorSet};
 use crate::linalg::TruncMethod;
 use crate::manifest::InputRecord;
 use crate::merge::{BaseHash, BoundAdapter, MergeOptions, prepare_merge};
+use crate::model::base_model::BaseModel;
 use crate::translation::Provenance;
 
 /// A request to extract an adapter.
@@ -63,8 +64,8 @@ pub struct ExtractOutcome {
 
 /// The two opened models.
 struct Models {
-    base: Checkpoint,
-    tuned: Checkpoint,
+    base: BaseModel,
+    tuned: BaseModel,
 }
 
 impl Models {
@@ -98,11 +99,11 @@ fn check_request(req: &ExtractRequest) -> Result<(), ExtractError> {
 pub fn extract(req: &ExtractRequest) -> Result<ExtractOutcome, ExtractError> {
     check_request(req)?;
     let models = Models {
-        base: Checkpoint::open(&req.base)?,
-        tuned: Checkpoint::open(&req.tuned)?,
+        base: BaseModel::open(&req.base)?,
+        tuned: BaseModel::open(&req.tuned)?,
     };
     let (bset, tset) = models.sets()?;
-    let pairs = pair_models(&req.base, bset, &req.tuned, tset)?;
+    let pairs = pair_models(&req.base, &models.base, &req.tuned, &models.tuned)?;
     let source = TwoModels {
         base: (req.base.as_path(), bset),
         tuned: (req.tuned.as_path(), tset),
@@ -490,7 +491,7 @@ fn write(
 /// The tuned side as a base plus adapters.
 pub struct FromAdapters<'a> {
     /// The base, opened.
-    pub base: &'a Checkpoint,
+    pub base: &'a BaseModel,
     /// The adapters, bound to it.
     pub adapters: &'a [BoundAdapter],
     /// Merge options (dtype, layout and shards are overridden: f32, the base's, one file).
@@ -517,7 +518,7 @@ pub fn extract_from_adapters(
     let merge_err = |e: crate::merge::MergeError| ExtractError::Merge(Box::new(e.into()));
     let prepared = prepare_merge(m.base, m.adapters, &options, BaseHash::Now).map_err(merge_err)?;
     let set = &m.base.single()?.tensors;
-    let pairs = pair_models(&req.base, set, &req.base, set)?;
+    let pairs = pair_models(&req.base, m.base, &req.base, m.base)?;
     let source = MergedStack::new(&req.base, m.base, m.adapters, &prepared.plan, set);
     let paths = m
         .base

@@ -19,11 +19,12 @@ use crate::io::ReadError;
 use crate::io::checkpoint::{Checkpoint, Component, TensorSet};
 use crate::io::staging::Replace;
 use crate::io::writer::ComponentOutput;
+use crate::model::base_model::{BaseModel, ComponentModel};
 use crate::model::plan_error::PlanError;
 use crate::model::read_plan::{INFERRED_HEAD_DIM, ReadPlan, StoredTensor};
 use crate::model::wan::WanConfig;
 use crate::model::wan_layout::Layout;
-use crate::model::wan_layout::{resolve_layout, stamp_config};
+use crate::model::wan_layout::stamp_config;
 use crate::release::ReleaseError;
 
 /// What to convert to and how.
@@ -108,7 +109,7 @@ pub struct ComponentPlan {
 
 /// Plans every component of `checkpoint`. Fails before anything is written.
 pub fn plan_restack(
-    checkpoint: &Checkpoint,
+    checkpoint: &BaseModel,
     options: &RestackOptions,
 ) -> Result<Vec<ComponentPlan>, RestackError> {
     if checkpoint.components.is_empty() {
@@ -118,9 +119,8 @@ pub fn plan_restack(
         });
     }
     checkpoint
-        .components
-        .iter()
-        .map(|c| plan_component(checkpoint, c, options))
+        .parts()
+        .map(|(c, model)| plan_component(checkpoint, (c, model), options))
         .collect()
 }
 
@@ -136,7 +136,7 @@ fn component_path(checkpoint: &Checkpoint, c: &Component) -> PathBuf {
 
 fn plan_component(
     checkpoint: &Checkpoint,
-    c: &Component,
+    (c, model): (&Component, &ComponentModel),
     options: &RestackOptions,
 ) -> Result<ComponentPlan, RestackError> {
     let path = component_path(checkpoint, c);
@@ -150,8 +150,9 @@ fn plan_component(
         .tensors()
         .map(|t| StoredTensor::from(&t.view))
         .collect();
-    let names: Vec<&str> = stored.iter().map(|t| t.name.as_str()).collect();
-    let from = resolve_layout(options.from, input.json(), &names).map_err(plan_err)?;
+    let from = model
+        .stored_layout(options.from, input.json())
+        .map_err(plan_err)?;
     let mut read = ReadPlan::new(from, &stored, input.diffusers()).map_err(plan_err)?;
     let config_source = input.finish(&mut read.config);
     let policy = options

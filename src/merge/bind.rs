@@ -17,6 +17,7 @@ use super::plan::MergeOptions;
 use super::spec::{AdapterSpec, ComponentChoice};
 use crate::adapter::{AdapterOptions, AdapterSet, BaseIndex};
 use crate::io::Checkpoint;
+use crate::model::base_model::BaseModel;
 
 /// An adapter bound to one transformer of the base: every entry it holds has passed
 /// `AdapterSet::bind` against that transformer (it cannot be made any other way).
@@ -129,7 +130,7 @@ pub fn components_of(spec: &AdapterSpec, base: &Checkpoint) -> Result<Vec<usize>
 /// acts on); when allowed they travel in `BoundAdapter::unmatched` to the merge report.
 pub fn bind_specs(
     specs: &[AdapterSpec],
-    base: &Checkpoint,
+    base: &BaseModel,
     options: &MergeOptions,
 ) -> Result<BoundSet, MergeError> {
     let mut indexes: BTreeMap<usize, BaseIndex> = BTreeMap::new();
@@ -137,9 +138,13 @@ pub fn bind_specs(
     for spec in specs {
         for ci in components_of(spec, base)? {
             let comp = &base.components[ci];
-            let index = indexes
-                .entry(ci)
-                .or_insert_with(|| BaseIndex::new(&base.path.join(&comp.rel_dir), &comp.tensors));
+            let index = indexes.entry(ci).or_insert_with(|| {
+                BaseIndex::new(
+                    &base.path.join(&comp.rel_dir),
+                    &comp.tensors,
+                    base.model(ci),
+                )
+            });
             let opts = AdapterOptions {
                 from: spec.from,
                 scale: spec.scale,

@@ -46,6 +46,7 @@ use crate::io::Checkpoint;
 use crate::io::staging::{Allocation, Replace};
 use crate::linalg::SvdCache;
 use crate::manifest::{InputFile, InputRecord, record_inputs};
+use crate::model::base_model::BaseModel;
 use crate::release::{Checked, Release, ReleaseError, ReleaseRequest, write_release_sealed};
 
 /// A written merge.
@@ -87,7 +88,7 @@ impl From<ReleaseError> for MergeFailure {
 /// and check everything, hash the base, then write. Every refusal of the plan comes before
 /// the base is hashed and before anything exists at `dest`.
 pub fn merge_release(
-    base: &Checkpoint,
+    base: &BaseModel,
     adapters: &[BoundAdapter],
     options: &MergeOptions,
     svd_cache: Option<&SvdCache>,
@@ -121,7 +122,7 @@ pub fn quantize_release(
     dest: &Path,
     replace: Replace,
 ) -> Result<Release, MergeFailure> {
-    let base = Checkpoint::open(input).map_err(MergeError::from)?;
+    let base = BaseModel::open(input).map_err(MergeError::from)?;
     let options = MergeOptions {
         dtype: crate::layout::OutputDType::Keep,
         keep_f32: None,
@@ -185,7 +186,7 @@ pub enum BaseHash {
 /// Hashes the adapters, plans and checks the merge, and hashes the base (or schedules it)
 /// as `hash_base` says. Every refusal of the plan comes before the base is hashed.
 pub fn prepare_merge(
-    base: &Checkpoint,
+    base: &BaseModel,
     adapters: &[BoundAdapter],
     options: &MergeOptions,
     hash_base: BaseHash,

@@ -16,13 +16,14 @@ use super::error::MergeError;
 use super::plan::{Job, MergeOptions};
 use crate::io::header_layout::PlannedTensor;
 use crate::io::writer::{ComponentOutput, OutputPlan};
-use crate::io::{Checkpoint, Component, DType, Slot};
+use crate::io::{Component, DType, Slot};
 use crate::layout::{Conversion, KeepF32, OutputDType};
+use crate::model::base_model::{BaseModel, ComponentModel};
 use crate::model::read_plan::{ReadPlan, StoredTensor};
 use crate::model::transform::Transform;
 use crate::model::wan::WanConfig;
 use crate::model::wan_layout::Layout;
-use crate::model::wan_layout::{detect_layout, resolve_layout, stamp_config};
+use crate::model::wan_layout::stamp_config;
 use crate::quantize::{self, QuantOptions, QuantPlan};
 
 /// The output side of the plan.
@@ -47,7 +48,7 @@ struct ComponentJobs {
 }
 
 /// Plans every output component of `base` under `options`.
-pub fn plan_output(base: &Checkpoint, options: &MergeOptions) -> Result<OutputSide, MergeError> {
+pub fn plan_output(base: &BaseModel, options: &MergeOptions) -> Result<OutputSide, MergeError> {
     if let Some(q) = options.quantize {
         return quantized(base, q);
     }
@@ -55,9 +56,9 @@ pub fn plan_output(base: &Checkpoint, options: &MergeOptions) -> Result<OutputSi
     let mut jobs = Vec::new();
     let mut dropped = Vec::new();
     let mut policies = Vec::new();
-    for (ci, comp) in base.components.iter().enumerate() {
-        // The component's WAN layout, detected once for its keep-f32 rules and names.
-        let stored_layout = wan_layout(comp);
+    for (ci, (comp, model)) in base.parts().enumerate() {
+        // The layout the keys alone say, for the keep-f32 rules and names.
+        let stored_layout = model.key_layout();
         let policy = match &options.keep_f32 {
             Some(p) => p.clone(),
             None => default_policy(stored_layout, options.layout),
@@ -65,7 +66,7 @@ pub fn plan_output(base: &Checkpoint, options: &MergeOptions) -> Result<OutputSi
         policies.push(policy.to_string());
         let mut c = match options.layout {
             None => same_layout(ci, comp, stored_layout, options.dtype, &policy),
-            Some(to) => converted(ci, comp, to, options.dtype, &policy)?,
+            Some(to) => converted(ci, (comp, model), to, options.dtype, &policy)?,
         };
         if options.shard_bytes.is_some() {
             c.output.max_shard_bytes = options.shard_bytes;
@@ -91,10 +92,15 @@ pub fn plan_output(base: &Checkpoint, options: &MergeOptions) -> Result<OutputSi
 /// A quantized output: the one transformer of `base` as one fp8-scaled or GGUF file under
 /// original-Wan names; every job reads its source tensor whole (no layer slices: the
 /// diffusers and original layouts store PyTorch-layout tensors) and carries its encoding.
-fn quantized(base: &Checkpoint, q: QuantOptions) -> Result<OutputSide, MergeError> {
+fn quantized(base: &BaseModel, q: QuantOptions) -> Result<OutputSide, MergeError> {
     let plan_err = |e: anyhow::Error| MergeError::Plan(format!("{e:#}"));
-    let comp = quantize::single_transformer(base, q.format).map_err(plan_err)?;
-    let qplan = quantize::plan(q, &quantize::source_tensors(comp))
+    let (comp, model) = quantize::single_transformer(base, q.format).map_err(plan_err)?;
+    let qplan = model
+        .layout
+        .exact
+        .clone()
+        .map_err(anyhow::Error::from)
+        .and_then(|layout| quantize::plan(q, layout, &quantize::source_tensors(comp)))
         .map_err(|e| plan_err(e.context(base.path.display().to_string())))?;
     let output = qplan
         .output_plan(&quantize::output_stem(q.format), BTreeMap::new())
@@ -133,12 +139,6 @@ fn quantized(base: &Checkpoint, q: QuantOptions) -> Result<OutputSide, MergeErro
         keep_f32: "none".into(),
         quant: Some(qplan),
     })
-}
-
-/// The WAN layout the component's keys are in, if they are a WAN transformer's.
-fn wan_layout(comp: &Component) -> Option<Layout> {
-    let names: Vec<&str> = comp.tensors.names().collect();
-    detect_layout(&names).ok()
 }
 
 fn default_policy(stored: Option<Layout>, to: Option<Layout>) -> KeepF32 {
@@ -241,7 +241,7 @@ fn same_layout(
 /// Written in another WAN layout through the read plan and the layout module's write plans.
 fn converted(
     ci: usize,
-    comp: &Component,
+    (comp, model): (&Component, &ComponentModel),
     to: Layout,
     dtype: OutputDType,
     policy: &KeepF32,
@@ -250,7 +250,6 @@ fn converted(
         component: comp.name.clone(),
         source,
     };
-    let config_json = comp.sidecar("config.json").map(|s| &s.json);
     let config = match comp.sidecar("config.json") {
         Some(s) => Some(WanConfig::from_json(&s.text).map_err(|e| {
             MergeError::Plan(format!(
@@ -260,8 +259,9 @@ fn converted(
         })?),
         None => None,
     };
-    let names: Vec<&str> = comp.tensors.names().collect();
-    let from = resolve_layout(None, config_json, &names).map_err(layout_err)?;
+    let from = model
+        .stored_layout(None, comp.sidecar("config.json").map(|s| &s.json))
+        .map_err(layout_err)?;
     let stored: Vec<StoredTensor> = comp
         .tensors
         .tensors()

@@ -22,6 +22,7 @@ use crate::adapter::{Entry, Kind, view_2d};
 use crate::io::writer::OutputPlan;
 use crate::io::{Checkpoint, Component, DType, Slot, TensorView};
 use crate::layout::{KeepF32, OutputDType};
+use crate::model::base_model::BaseModel;
 use crate::model::sa3;
 use crate::model::transform::Transform;
 use crate::model::wan_layout::Layout;
@@ -278,7 +279,7 @@ pub struct MergePlan {
 /// (the sha256 of its files), used only to order contributions canonically. Reads adapter
 /// tensors (to refuse non-finite values) but writes nothing.
 pub fn plan_merge(
-    base: &Checkpoint,
+    base: &BaseModel,
     adapters: &[BoundAdapter],
     options: &MergeOptions,
     identities: &[String],

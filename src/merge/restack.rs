@@ -14,10 +14,10 @@ use serde_json::Value;
 use super::exec::{ExecOptions, copy_plan};
 use super::output::conversion_jobs;
 use super::plan::MergePlan;
-use crate::io::checkpoint::Checkpoint;
 use crate::io::staging::Allocation;
 use crate::io::writer::{ComponentOutput, OutputPlan};
 use crate::layout::restack::{RestackError, RestackOptions, plan_restack, restack_report};
+use crate::model::base_model::BaseModel;
 use crate::release::{Release, ReleaseRequest, write_release};
 
 /// What a restack wrote.
@@ -37,7 +37,7 @@ pub fn restack_release(
     options: &RestackOptions,
     exec: &ExecOptions,
 ) -> Result<RestackOutcome, RestackError> {
-    let checkpoint = Checkpoint::open(input)?;
+    let checkpoint = BaseModel::open(input)?;
     let plans = plan_restack(&checkpoint, options)?;
     let components: Vec<ComponentOutput> = plans.iter().map(|p| p.output.clone()).collect();
     let root = checkpoint.root_aux_files();

@@ -12,7 +12,7 @@ use serde::Serialize;
 use super::read_plan::{ReadPlan, StoredTensor};
 use super::sa3::{DIT_PREFIX, Sa3Variant};
 use super::wan::{WanConfig, WanVariant};
-use super::wan_layout::detect_layout;
+use super::wan_layout::{LayoutFinding, find_layout};
 use crate::io::DType;
 
 /// The verdict.
@@ -57,10 +57,20 @@ impl ShapeSource for crate::io::TensorSet {
 /// Recognises the model `src` holds.
 pub fn fingerprint(src: &dyn ShapeSource) -> Fingerprint {
     let names = src.names();
-    if let Some(f) = fingerprint_wan(src, &names) {
+    fingerprint_found(src, &names, &find_layout(&names))
+}
+
+/// [`fingerprint`] of `src`, whose keys `names` were already scored against the WAN
+/// layouts (`layout`).
+pub fn fingerprint_found(
+    src: &dyn ShapeSource,
+    names: &[String],
+    layout: &LayoutFinding,
+) -> Fingerprint {
+    if let Some(f) = fingerprint_wan(src, names, layout) {
         return f;
     }
-    if let Some(f) = fingerprint_sa3(src, &names) {
+    if let Some(f) = fingerprint_sa3(src, names) {
         return f;
     }
     Fingerprint {
@@ -96,7 +106,11 @@ fn looks_like_wan(names: &[String]) -> bool {
         && names.iter().any(|n| n.contains("blocks."))
 }
 
-fn fingerprint_wan(src: &dyn ShapeSource, names: &[String]) -> Option<Fingerprint> {
+fn fingerprint_wan(
+    src: &dyn ShapeSource,
+    names: &[String],
+    layout: &LayoutFinding,
+) -> Option<Fingerprint> {
     if !looks_like_wan(names) {
         return None;
     }
@@ -110,7 +124,10 @@ fn fingerprint_wan(src: &dyn ShapeSource, names: &[String]) -> Option<Fingerprin
             })
         })
         .collect();
-    let plan = detect_layout(names).and_then(|layout| ReadPlan::new(layout, &stored, None));
+    let plan = layout
+        .exact
+        .clone()
+        .and_then(|layout| ReadPlan::new(layout, &stored, None));
     let plan = match plan {
         Ok(p) => p,
         Err(e) => {

@@ -1,8 +1,9 @@
 //! The one home of model facts: what the models wanbake knows are made of, how their
 //! checkpoints name and store them, and how to recognise them. Imports only `io`.
 //!
-//! Owns: the four WAN layouts and which one a checkpoint is in (`wan_layout`); the one
-//! name table of WAN parameters across those layouts, with each parameter's shape in config
+//! Owns: the pipeline's first stage, a checkpoint with each component's layout and
+//! identity found once (`base_model`); the four WAN layouts and which one a checkpoint is
+//! in (`wan_layout`); the one name table of WAN parameters across those layouts, with each parameter's shape in config
 //! symbols and the part of the model it belongs to (`wan_names`); WAN configs, the released
 //! variants and the parameter list a config implies, derived from the name table (`wan`);
 //! where each canonical parameter lives in a checkpoint of any layout, and the config its
@@ -13,6 +14,7 @@
 //! (`quant_rules`). Does not own: writing a checkpoint in another layout (`layout`), or
 //! adapter naming (`adapter`).
 
+pub mod base_model;
 pub mod fingerprint;
 pub mod plan_error;
 pub mod quant_rules;

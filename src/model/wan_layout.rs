@@ -3,8 +3,9 @@
 //!
 //! Owns: `Layout` (`diffusers`, `wan`, `nnx`, `nnx-scanned`), its command-line and
 //! config.json spelling, and `UnknownLayout`; the config.json field `_wanbake_layout`
-//! (written by `wanbake restack`, preferred by every later read), `detect_layout` (the one
-//! layout whose name table explains every key), and `resolve_layout`, the order of
+//! (written by `wanbake restack`, preferred by every later read), `find_layout` (the one
+//! layout whose name table explains every key, and the one that explains most: the
+//! `LayoutFinding`), and `resolve_layout`, the order of
 //! precedence: an explicit choice, then the config field, then detection. Does not own: the
 //! names each layout gives a parameter (`model::wan_names`), checking shapes
 //! (`model::read_plan`) or converting a checkpoint between layouts (`layout`).
@@ -88,9 +89,21 @@ impl FromStr for Layout {
 /// The config.json field that records a checkpoint's layout.
 pub const LAYOUT_FIELD: &str = "_wanbake_layout";
 
-/// The layout whose name table explains every key (keys containing `norm_added_q`, which
-/// every layout skips, are not counted). Fails when no layout or more than one does.
-pub fn detect_layout<S: AsRef<str>>(names: &[S]) -> Result<Layout, PlanError> {
+/// What a set of keys says about the WAN layout it is stored in: found once per component
+/// (`model::base_model`), read by every later stage.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LayoutFinding {
+    /// The one layout whose name table explains every key, or why there is none.
+    pub exact: Result<Layout, PlanError>,
+    /// The layout that explains the most keys (the exact one when there is one, the first of
+    /// the candidates when several explain all); `None` when no key is a WAN parameter.
+    /// Binding reads a base with stray keys this way.
+    pub closest: Option<Layout>,
+}
+
+/// Scores every layout against `names` (keys containing `norm_added_q`, which every layout
+/// skips, are not counted).
+pub fn find_layout<S: AsRef<str>>(names: &[S]) -> LayoutFinding {
     let keys: Vec<&str> = names
         .iter()
         .map(AsRef::as_ref)
@@ -102,21 +115,21 @@ pub fn detect_layout<S: AsRef<str>>(names: &[S]) -> Result<Layout, PlanError> {
             .count()
     };
     let counts: Vec<(Layout, usize)> = Layout::ALL.iter().map(|&l| (l, explained(l))).collect();
+    let mut most = counts[0];
+    for &c in &counts[1..] {
+        if c.1 > most.1 {
+            most = c;
+        }
+    }
+    let closest = (most.1 > 0).then_some(most.0);
     let complete: Vec<Layout> = counts
         .iter()
         .filter(|&&(_, n)| n == keys.len())
         .map(|&(l, _)| l)
         .collect();
-    match complete.as_slice() {
+    let exact = match complete.as_slice() {
         [one] => Ok(*one),
         [] => {
-            let mut closest = counts[0];
-            for &c in &counts[1..] {
-                if c.1 > closest.1 {
-                    closest = c;
-                }
-            }
-            let closest = (closest.1 > 0).then_some(closest.0);
             let mut unknown: Vec<String> = keys
                 .iter()
                 .filter(|k| closest.is_none_or(|l| wan_names::parse_stored(l, k).is_none()))
@@ -128,7 +141,14 @@ pub fn detect_layout<S: AsRef<str>>(names: &[S]) -> Result<Layout, PlanError> {
         many => Err(PlanError::Ambiguous {
             candidates: many.to_vec(),
         }),
-    }
+    };
+    LayoutFinding { exact, closest }
+}
+
+/// The layout whose name table explains every key (keys containing `norm_added_q`, which
+/// every layout skips, are not counted). Fails when no layout or more than one does.
+pub fn detect_layout<S: AsRef<str>>(names: &[S]) -> Result<Layout, PlanError> {
+    find_layout(names).exact
 }
 
 /// The layout recorded in a parsed config.json, if any.
@@ -160,13 +180,22 @@ pub fn resolve_layout<S: AsRef<str>>(
     config: Option<&Value>,
     names: &[S],
 ) -> Result<Layout, PlanError> {
+    resolve_found_layout(explicit, config, || detect_layout(names))
+}
+
+/// [`resolve_layout`] with the keys' answer already found (or found only when needed).
+pub fn resolve_found_layout(
+    explicit: Option<Layout>,
+    config: Option<&Value>,
+    from_keys: impl FnOnce() -> Result<Layout, PlanError>,
+) -> Result<Layout, PlanError> {
     if let Some(l) = explicit {
         return Ok(l);
     }
     if let Some(l) = config.map(layout_from_config).transpose()?.flatten() {
         return Ok(l);
     }
-    detect_layout(names)
+    from_keys()
 }
 
 #[cfg(test)]
