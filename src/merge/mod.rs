@@ -3,10 +3,12 @@
 //! Owns: `merge_release` (hash the adapters, plan, hash the base, write through
 //! `release::write_release`), `quantize_release` (`convert --to`: the same merge with no
 //! adapters into a quantized output; `MergeOptions::quantize` makes any merge's output one
-//! fp8-scaled or GGUF file, encoded in the job loop), and through its submodules the `--adapter` syntax (`spec`),
+//! fp8-scaled or GGUF file, encoded in the job loop), and through its submodules the
+//! `--adapter` syntax (`spec`),
 //! binding specs to the base's transformers (`bind`), the plan and every refusal (`plan`,
 //! `error`), the output files, dtypes and jobs (`output`), the formulas (`math`), the job
-//! loop (`exec`) and the report (`report`). Does not own: parsing adapters and binding their
+//! loop (`exec`), one merged target (`target`, reading base rows through `base_rows` and
+//! -xs bases through `xs`) and the report (`report`). Does not own: parsing adapters and binding their
 //! names (`adapter`), the SVD and its cache (`linalg`), layouts (`model`) and keep-f32
 //! rules (`layout`), atomic output and manifests (`io`, `release`, `manifest`).
 //!
@@ -20,6 +22,7 @@
 //! diffusers `fuse_lora(lora_scale=a)` compute); the two modes agree at `a = 1` and for
 //! every non-normalised kind.
 
+mod base_rows;
 pub mod bind;
 pub mod device;
 pub mod error;
@@ -31,6 +34,8 @@ pub mod plan;
 pub mod report;
 pub mod restack;
 pub mod spec;
+mod target;
+mod xs;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

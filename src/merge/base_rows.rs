@@ -1,0 +1,213 @@
+//! Reading a base tensor as bands of f32 rows in the (out, in') PyTorch order, whatever
+//! its dtype and stored layout.
+//!
+//! Owns: [`BaseRows`] (dtype widening band by band, one layer of a stacked tensor, the MLX
+//! Conv1d row permutation and its inverse, NNX kernels brought into PyTorch layout whole),
+//! and [`layer_bytes`], the bytes of one layer of a stacked tensor. Does not own: what is
+//! done with the rows (`merge::target`, `merge::xs`), the transforms themselves
+//! (`model::transform`).
+
+use super::device::BaseWeight;
+use super::error::MergeError;
+use super::plan::{Job, RowOrder, Target};
+use crate::io::dtype::widen_to_f32;
+use crate::io::{DType, ReadError, TensorRef, TensorView};
+use crate::model::transform::{SrcTensor, Transform};
+
+/// The bytes of one layer of a stacked tensor (or the whole tensor).
+pub(super) fn layer_bytes<'a>(
+    view: &TensorView<'a>,
+    layer: Option<usize>,
+    slice_shape: &[usize],
+) -> Result<&'a [u8], MergeError> {
+    let len = slice_shape.iter().product::<usize>() * view.dtype.size().unwrap_or(0);
+    let start = layer.unwrap_or(0) * len;
+    view.bytes
+        .get(start..start + len)
+        .ok_or_else(|| MergeError::Convert {
+            tensor: view.name.to_string(),
+            reason: format!(
+                "holds {} bytes; layer {layer:?} of shape {slice_shape:?} needs {}",
+                view.bytes.len(),
+                start + len
+            ),
+        })
+}
+
+/// Bands of rows of a base tensor as f32 in the (out, in') PyTorch order.
+pub(super) enum BaseRows<'a> {
+    /// Stored in PyTorch layout (possibly one layer of a stack, possibly MLX Conv1d rows):
+    /// widened band by band.
+    Stored {
+        view: TensorView<'a>,
+        bytes: &'a [u8],
+        path: &'a std::path::Path,
+        inp: usize,
+        order: RowOrder,
+        size: usize,
+    },
+    /// Stored transposed (NNX kernels): brought into PyTorch layout whole, as f32.
+    Canonical { data: Vec<f32>, inp: usize },
+}
+
+impl<'a> BaseRows<'a> {
+    pub(super) fn new(
+        t: &Target,
+        src: &TensorRef<'a>,
+        job: &Job,
+    ) -> Result<BaseRows<'a>, MergeError> {
+        let view = src.view;
+        let size = view.dtype.size().ok_or_else(|| MergeError::Convert {
+            tensor: t.name.clone(),
+            reason: format!("dtype {} cannot be merged", view.dtype),
+        })?;
+        let bytes = layer_bytes(&view, t.layer, &job.stored_shape)?;
+        if t.to_canonical == Transform::Identity {
+            return Ok(BaseRows::Stored {
+                view,
+                bytes,
+                path: src.file.path(),
+                inp: t.inp,
+                order: t.rows,
+                size,
+            });
+        }
+        let mut raw = vec![0u8; t.out * t.inp * 4];
+        let stored = SrcTensor {
+            dtype: view.dtype,
+            shape: &job.stored_shape,
+            bytes,
+        };
+        crate::model::transform::convert(t.to_canonical, stored, DType::F32, &mut raw).map_err(
+            |e| MergeError::Convert {
+                tensor: t.name.clone(),
+                reason: e.to_string(),
+            },
+        )?;
+        Ok(BaseRows::Canonical {
+            data: raw
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+            inp: t.inp,
+        })
+    }
+
+    /// The whole (`out` rows) base weight for `merge_whole`, and the dtype of output bytes
+    /// the backend can write as they are. `output` is the job's dtype when the output keeps
+    /// the stored layout: a BF16/F16/F32 output of BF16/F16/F32 rows stored in PyTorch order
+    /// (a whole tensor or one layer of a stack) is widened and rounded on the backend
+    /// (`Some(output)`). Anything else (MLX Conv1d rows, NNX kernels, other dtypes, a
+    /// permuting output layout) is read into `host` as f32 and merged to F32 for the caller
+    /// to lay out and round (`None`).
+    pub(super) fn whole<'s>(
+        &'s self,
+        out: usize,
+        output: Option<DType>,
+        host: &'s mut Vec<f32>,
+    ) -> Result<(BaseWeight<'s>, Option<DType>), MergeError> {
+        let on_backend = |d: DType| matches!(d, DType::BF16 | DType::F16 | DType::F32);
+        if let (
+            Some(output),
+            BaseRows::Stored {
+                view,
+                bytes,
+                order: RowOrder::Torch,
+                ..
+            },
+        ) = (output, self)
+            && on_backend(output)
+            && on_backend(view.dtype)
+        {
+            let base = BaseWeight::Stored {
+                dtype: view.dtype,
+                bytes,
+            };
+            return Ok((base, Some(output)));
+        }
+        let inp = match self {
+            BaseRows::Stored { inp, .. } | BaseRows::Canonical { inp, .. } => *inp,
+        };
+        host.resize(out * inp, 0.0);
+        self.read(0, out, host)?;
+        Ok((BaseWeight::F32(host), None))
+    }
+
+    /// The stored tensor itself when its bytes are exactly the PyTorch-layout matrix.
+    pub(super) fn direct_view(&self) -> Option<TensorView<'a>> {
+        match self {
+            BaseRows::Stored {
+                view,
+                bytes,
+                order: RowOrder::Torch,
+                ..
+            } if bytes.len() == view.bytes.len() => Some(*view),
+            _ => None,
+        }
+    }
+
+    /// Fills `dst` ((n, inp) f32) with rows `r0 .. r0 + n`.
+    pub(super) fn read(&self, r0: usize, n: usize, dst: &mut [f32]) -> Result<(), MergeError> {
+        let (view, bytes, path, inp, order, size) = match self {
+            BaseRows::Canonical { data, inp } => {
+                dst.copy_from_slice(&data[r0 * inp..(r0 + n) * inp]);
+                return Ok(());
+            }
+            BaseRows::Stored {
+                view,
+                bytes,
+                path,
+                inp,
+                order,
+                size,
+            } => (view, bytes, path, *inp, *order, *size),
+        };
+        let band = &bytes[r0 * inp * size..(r0 + n) * inp * size];
+        let widen = |dst: &mut [f32]| {
+            widen_to_f32(view.dtype, band, dst).map_err(|e| {
+                MergeError::Read(ReadError::Tensor {
+                    path: path.to_path_buf(),
+                    tensor: view.name.to_string(),
+                    reason: e.to_string(),
+                })
+            })
+        };
+        match order {
+            RowOrder::Torch => widen(dst),
+            RowOrder::MlxConv { k, cin } => {
+                // Stored row (k, cin) → PyTorch row (cin, k).
+                let mut tmp = vec![0.0f32; dst.len()];
+                widen(&mut tmp)?;
+                for (d, s) in dst.chunks_exact_mut(inp).zip(tmp.chunks_exact(inp)) {
+                    for (j, sj) in s.chunks_exact(cin).enumerate() {
+                        for (i, &x) in sj.iter().enumerate() {
+                            d[i * k + j] = x;
+                        }
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Merged rows in the base's row order (the MLX permutation undone).
+    pub(super) fn to_stored_order<'b>(&self, merged: &'b [f32]) -> std::borrow::Cow<'b, [f32]> {
+        let BaseRows::Stored {
+            inp,
+            order: RowOrder::MlxConv { k, cin },
+            ..
+        } = *self
+        else {
+            return std::borrow::Cow::Borrowed(merged);
+        };
+        let mut out = vec![0.0f32; merged.len()];
+        for (o, m) in out.chunks_exact_mut(inp).zip(merged.chunks_exact(inp)) {
+            for i in 0..cin {
+                for j in 0..k {
+                    o[j * cin + i] = m[i * k + j];
+                }
+            }
+        }
+        std::borrow::Cow::Owned(out)
+    }
+}

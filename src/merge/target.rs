@@ -1,0 +1,471 @@
+//! Computing one merged target: `W' = W0 + Σ w·(f(W0) − W0)`, in bands of rows on the CPU
+//! or whole on a backend lane (`--device cuda`, and the reference route), checked finite
+//! and rounded once into the job's slot.
+//!
+//! Owns: loading an entry's tensors (for a LyCORIS entry: its whole `f(W0) − W0` from
+//! `merge::lycoris`, added like a diff, since OFT/BOFT mix rows across bands), the band
+//! buffers, where merged bands go (`Emit`: narrowed or encoded straight into the output, or
+//! assembled whole for a permuting layout or a scaled-fp8 weight), and the merged f32 values
+//! `extract --adapter` reads ([`Exec::merged_values`]). Does not own: the formulas
+//! (`merge::math`) or the whole-tensor program (`merge::device`), the job loop
+//! (`merge::exec`), reading base rows (`merge::base_rows`), the -xs bases (`merge::xs`).
+//!
+//! Memory: beyond a worker's bands, the factors of the target it works on, and for -xs
+//! kinds the target's SVD bases (the SVD itself needs the whole weight), or for LyCORIS
+//! kinds the target's whole W0 and delta (f32). A merged tensor written through a permuting
+//! layout (`--layout nnx`) is assembled whole (f32) before it is transposed. So is every
+//! target on the whole-tensor route, at most `merge::device::MAX_LANES` at a time (host and
+//! device memory: W0, the accumulator, V and the output bytes of one tensor per lane), and
+//! a merged target of a scaled-fp8 output (its scale is the whole tensor's `max|W|`).
+
+#![allow(non_snake_case)]
+
+use std::collections::BTreeMap;
+use std::rc::Rc;
+
+use super::base_rows::BaseRows;
+use super::device::{Lanes, merge_whole};
+use super::error::MergeError;
+use super::exec::{Exec, band_rows, load_param};
+use super::lycoris::delta_scaled;
+use super::math::{Factors, Form, SA3_EPS, Scratch, Update, add_contribution, column_scales};
+use super::plan::{Contribution, Job, Target};
+use super::xs::SvdCounters;
+use crate::adapter::lycoris::{LycorisError, module_of};
+use crate::adapter::{Kind, ParamRole};
+use crate::backend::Backend;
+use crate::io::dtype::narrow_from_f32;
+use crate::io::{DType, TensorRef};
+use crate::linalg::XsBases;
+use crate::model::transform::{SrcTensor, Transform};
+use crate::quantize::ErrorSum;
+
+impl Exec<'_> {
+    /// A target: `W' = W0 + Σ w·(f(W0) − W0)`, band by band, checked finite, rounded once.
+    pub(super) fn merge(
+        &self,
+        job: &Job,
+        t: &Target,
+        src: &TensorRef<'_>,
+        scratch: &mut Scratch,
+        svd: &SvdCounters,
+    ) -> Result<(), MergeError> {
+        let mut out = Emit::new(job, t)?;
+        self.merge_bands(job, t, src, scratch, svd, |rows, r0, D| {
+            out.band(self, rows, r0, D)
+        })?;
+        out.finish(self)
+    }
+
+    /// The merged f32 values of target `t` (read through `job`) in PyTorch layout, band by
+    /// band as a merge computes them, checked finite, before any rounding to the output
+    /// dtype: what an f32 merge in the stored layout writes. `extract --adapter` reads its
+    /// tuned model this way instead of from a written merge.
+    pub fn merged_values(&self, job: &Job, t: &Target) -> Result<Vec<f32>, MergeError> {
+        let src = self.stored(job)?;
+        let to_output = Emit::new(job, t)?.to_output;
+        let mut whole = Vec::with_capacity(t.out * t.inp);
+        let (mut scratch, svd) = (Scratch::default(), SvdCounters::default());
+        self.merge_bands(job, t, &src, &mut scratch, &svd, |rows, _, D| {
+            match to_output {
+                Transform::Identity => whole.extend_from_slice(&rows.to_stored_order(D)),
+                _ => whole.extend_from_slice(D),
+            }
+            Ok(())
+        })?;
+        if to_output == Transform::Identity {
+            return Ok(whole);
+        }
+        // A permuted stored layout (NNX kernels): the whole tensor, as Emit::finish writes it.
+        let mut raw = vec![0u8; whole.len() * 4];
+        let src = SrcTensor {
+            dtype: DType::F32,
+            shape: &t.shape,
+            bytes: bytemuck::cast_slice(&whole),
+        };
+        crate::model::transform::convert(to_output, src, DType::F32, &mut raw).map_err(|e| {
+            MergeError::Convert {
+                tensor: t.name.clone(),
+                reason: e.to_string(),
+            }
+        })?;
+        Ok(raw
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
+    }
+
+    /// Runs target `t`'s merge band by band, handing each checked band of merged rows
+    /// (first row, values) to `band`.
+    fn merge_bands(
+        &self,
+        job: &Job,
+        t: &Target,
+        src: &TensorRef<'_>,
+        scratch: &mut Scratch,
+        svd: &SvdCounters,
+        mut band: impl FnMut(&BaseRows<'_>, usize, &[f32]) -> Result<(), MergeError>,
+    ) -> Result<(), MergeError> {
+        let rows = BaseRows::new(t, src, job)?;
+        let loaded = self.load_factors(t, &rows, svd)?;
+        let updates: Vec<(Update<'_>, f64)> = loaded
+            .iter()
+            .map(|l| (l.update(), l.contribution.weight))
+            .collect();
+        let band_len = band_rows(t.inp);
+        let col_scales = updates
+            .iter()
+            .map(|(u, _)| column_scales(u, t.out, t.inp, band_len, |r0, n, d| rows.read(r0, n, d)))
+            .collect::<Result<Vec<_>, MergeError>>()?;
+        let mut band_buf = Band::default();
+        let mut r0 = 0;
+        while r0 < t.out {
+            let n = band_len.min(t.out - r0);
+            let D = band_buf.merged(&rows, &updates, &col_scales, t, r0, n, scratch)?;
+            check_finite(D).map_err(|i| self.non_finite(t, r0, i, D[i]))?;
+            band(&rows, r0, D)?;
+            r0 += n;
+        }
+        Ok(())
+    }
+
+    /// A target computed whole on a lane of `lanes` (`merge::device`), then written as the
+    /// band path writes a band: straight into the output when the output keeps the stored
+    /// layout and dtype is BF16/F16/F32, else through [`Emit`] from the f32 sum.
+    pub(super) fn merge_whole<B: Backend>(
+        &self,
+        lanes: &Lanes<B>,
+        job: &Job,
+        t: &Target,
+        src: &TensorRef<'_>,
+        svd: &SvdCounters,
+    ) -> Result<(), MergeError> {
+        let device = |e| MergeError::Device {
+            tensor: t.name.clone(),
+            device: self.compute.label(),
+            source: e,
+        };
+        let rows = BaseRows::new(t, src, job)?;
+        let loaded = self.load_factors(t, &rows, svd)?;
+        let updates: Vec<(Update<'_>, f64)> = loaded
+            .iter()
+            .map(|l| (l.update(), l.contribution.weight))
+            .collect();
+        let mut out = Emit::new(job, t)?;
+        let keeps_layout = out.direct();
+        // The whole tensor is read, merged and (when it needs no layout work) written while
+        // the lane is held, so at most one whole tensor per lane is resident.
+        let merged = lanes
+            .with(|b| {
+                let mut host = Vec::new();
+                let output = keeps_layout.then_some(job.dtype);
+                let (base, final_dtype) = rows.whole(t.out, output, &mut host)?;
+                let dtype = final_dtype.unwrap_or(DType::F32);
+                let mut bytes = vec![0u8; t.out * t.inp * dtype.size().unwrap_or(4)];
+                let non_finite = merge_whole(b, base, (t.out, t.inp), &updates, dtype, &mut bytes)
+                    .map_err(device)?;
+                if let Some(nf) = non_finite {
+                    return Err(self.non_finite(t, 0, nf.index, nf.value));
+                }
+                if final_dtype.is_some() {
+                    self.write(job, 0, &bytes)?;
+                    return Ok(None);
+                }
+                let f32s = bytes.chunks_exact(4);
+                Ok(Some(
+                    f32s.map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                        .collect::<Vec<f32>>(),
+                ))
+            })
+            .map_err(device)??;
+        // The f32 sum, for the MLX row order or a transposing output layout.
+        if let Some(merged) = merged {
+            out.band(self, &rows, 0, &merged)?;
+            out.finish(self)?;
+        }
+        Ok(())
+    }
+
+    /// The tensors of every contribution to `t`, and the -xs bases (one SVD per rank,
+    /// [`cpu_xs_bases`] on a miss).
+    fn load_factors(
+        &self,
+        t: &Target,
+        rows: &BaseRows<'_>,
+        svd: &SvdCounters,
+    ) -> Result<Vec<Loaded>, MergeError> {
+        let mut bases: BTreeMap<usize, Rc<XsBases>> = BTreeMap::new();
+        let mut loaded = Vec::with_capacity(t.contributions.len());
+        for c in &t.contributions {
+            let set = &self.adapters[c.adapter].set;
+            let entry = &set.entries[c.entry];
+            let mut params = BTreeMap::new();
+            for (&role, src) in &entry.params {
+                params.insert(role, load_param(set, src)?);
+            }
+            if c.kind.is_lycoris() {
+                let delta = lycoris_delta(t, rows, entry, &params).map_err(|source| {
+                    MergeError::Lycoris {
+                        adapter: set.path.clone(),
+                        source,
+                    }
+                })?;
+                params = BTreeMap::from([(ParamRole::Diff, delta?)]);
+            }
+            let xs = if c.kind.is_xs() {
+                let b = match bases.get(&c.rank) {
+                    Some(b) => b.clone(),
+                    None => {
+                        let b = Rc::new(self.xs_bases(t, rows, c.rank, svd)?);
+                        bases.insert(c.rank, b.clone());
+                        b
+                    }
+                };
+                Some(b)
+            } else {
+                None
+            };
+            loaded.push(Loaded {
+                contribution: c.clone(),
+                params,
+                xs,
+            });
+        }
+        Ok(loaded)
+    }
+}
+
+/// The buffers of one band: the merged weight `D` and, for the normalised forms, `W0`.
+#[derive(Default)]
+struct Band {
+    W0: Vec<f32>,
+    D: Vec<f32>,
+}
+
+impl Band {
+    /// Rows `r0 .. r0 + n` of `W0 + Σ w·(f(W0) − W0)`, contributions in the plan's order.
+    #[allow(clippy::too_many_arguments)]
+    fn merged(
+        &mut self,
+        rows: &BaseRows<'_>,
+        updates: &[(Update<'_>, f64)],
+        col_scales: &[Option<Vec<f64>>],
+        t: &Target,
+        r0: usize,
+        n: usize,
+        scratch: &mut Scratch,
+    ) -> Result<&[f32], MergeError> {
+        // Linear and full-tensor contributions only add into the band; the normalised ones
+        // also need W0 on its own.
+        let keep_w0 = updates.iter().any(
+            |(u, _)| matches!(u, Update::LowRank { form, .. } if !matches!(form, Form::Additive)),
+        );
+        self.D.resize(n * t.inp, 0.0);
+        rows.read(r0, n, &mut self.D)?;
+        self.W0.clear();
+        if keep_w0 {
+            self.W0.extend_from_slice(&self.D);
+        }
+        for ((u, w), cs) in updates.iter().zip(col_scales) {
+            let (W0, D) = (&self.W0[..], &mut self.D[..]);
+            add_contribution(u, *w, cs.as_deref(), W0, r0, n, t.inp, D, scratch);
+        }
+        Ok(&self.D)
+    }
+}
+
+/// Where merged bands go: narrowed (or encoded, for a quantized output) straight into the
+/// output when the output layout is the PyTorch layout (or the MLX row order), else
+/// assembled whole and converted at the end; a scaled-fp8 weight is assembled whole and
+/// encoded at the end (its scale needs the whole tensor's `max|W|`).
+struct Emit<'a> {
+    job: &'a Job,
+    t: &'a Target,
+    to_output: Transform,
+    bytes: Vec<u8>,
+    whole: Vec<f32>,
+    error: ErrorSum,
+}
+
+impl<'a> Emit<'a> {
+    /// Where the merged rows of `t` go for `job`.
+    fn new(job: &'a Job, t: &'a Target) -> Result<Emit<'a>, MergeError> {
+        // PyTorch layout → output layout; Identity for every base stored in PyTorch layout.
+        let to_output = t
+            .to_canonical
+            .inverse()
+            .then(job.transform, t.shape.len())
+            .map_err(|e| MergeError::Convert {
+                tensor: t.name.clone(),
+                reason: e.to_string(),
+            })?;
+        if job.encoding.is_some() && to_output != Transform::Identity {
+            return Err(MergeError::Internal(format!(
+                "`{}`: a quantized output of a permuted layout",
+                t.name
+            )));
+        }
+        Ok(Emit {
+            job,
+            t,
+            to_output,
+            bytes: Vec::new(),
+            whole: Vec::new(),
+            error: ErrorSum::default(),
+        })
+    }
+
+    /// Are merged values written as the backend rounds them (a plain dtype, stored layout)?
+    fn direct(&self) -> bool {
+        self.to_output == Transform::Identity && self.job.encoding.is_none()
+    }
+
+    /// Is the merged tensor assembled whole before it is written?
+    fn assembles(&self) -> bool {
+        self.to_output != Transform::Identity || self.job.encoding.is_some_and(|e| !e.streams())
+    }
+
+    fn band(
+        &mut self,
+        exec: &Exec<'_>,
+        rows: &BaseRows<'_>,
+        r0: usize,
+        D: &[f32],
+    ) -> Result<(), MergeError> {
+        if self.assembles() {
+            self.whole.extend_from_slice(D);
+            return Ok(());
+        }
+        let stored = rows.to_stored_order(D);
+        if let Some(enc) = self.job.encoding {
+            let first = r0 * self.t.inp;
+            let what = self.t.name.clone();
+            return exec.encode_part(self.job, enc, first, &stored, None, &what, &mut self.error);
+        }
+        let size = self.job.dtype.size().unwrap_or(4);
+        self.bytes.resize(stored.len() * size, 0);
+        narrow_from_f32(self.job.dtype, &stored, &mut self.bytes).map_err(|e| {
+            MergeError::Convert {
+                tensor: self.t.name.clone(),
+                reason: e.to_string(),
+            }
+        })?;
+        exec.write(self.job, r0 * self.t.inp * size, &self.bytes)
+    }
+
+    fn finish(mut self, exec: &Exec<'_>) -> Result<(), MergeError> {
+        if let Some(enc) = self.job.encoding {
+            if self.assembles() {
+                let what = self.t.name.clone();
+                let whole = std::mem::take(&mut self.whole);
+                exec.encode_part(self.job, enc, 0, &whole, None, &what, &mut self.error)?;
+            }
+            exec.record_error(self.job, &self.error);
+            return Ok(());
+        }
+        if self.to_output == Transform::Identity {
+            return Ok(());
+        }
+        let src = SrcTensor {
+            dtype: DType::F32,
+            shape: &self.t.shape,
+            bytes: bytemuck::cast_slice(&self.whole),
+        };
+        exec.convert_bands(self.job, self.to_output, src)
+    }
+}
+
+/// Checks a merged band without a branch per element, so the loop vectorises; `Err(i)`
+/// names the first non-finite element.
+fn check_finite(merged: &[f32]) -> Result<(), usize> {
+    if merged.iter().fold(true, |ok, x| ok & x.is_finite()) {
+        return Ok(());
+    }
+    Err(merged.iter().position(|x| !x.is_finite()).unwrap_or(0))
+}
+
+/// One contribution's tensors, loaded.
+struct Loaded {
+    contribution: Contribution,
+    params: BTreeMap<ParamRole, Vec<f32>>,
+    xs: Option<Rc<XsBases>>,
+}
+
+impl Loaded {
+    fn get(&self, role: ParamRole) -> &[f32] {
+        // Present and of the right size: checked when the merge was planned.
+        self.params.get(&role).map_or(&[][..], Vec::as_slice)
+    }
+
+    /// The formula of this contribution's kind (spec sa3_lora.md §1.4, conventions.md §2.4).
+    fn update(&self) -> Update<'_> {
+        let c = &self.contribution;
+        let (sigma, rank) = (c.sigma, c.rank);
+        let full = |role| Update::Full {
+            diff: self.get(role),
+            scale: sigma,
+        };
+        let form = match c.kind {
+            // σ is already inside the LyCORIS delta (`merge::lycoris`).
+            Kind::Loha | Kind::Lokr | Kind::DiagOft | Kind::Boft | Kind::Glora | Kind::Ia3 => {
+                return Update::Full {
+                    diff: self.get(ParamRole::Diff),
+                    scale: 1.0,
+                };
+            }
+            Kind::Diff => return full(ParamRole::Diff),
+            Kind::DiffBias => return full(ParamRole::DiffBias),
+            Kind::LoraBias => return full(ParamRole::LoraBias),
+            Kind::Lora | Kind::LoraXs => Form::Additive,
+            Kind::PeftDora => Form::Rows {
+                m: self.get(ParamRole::Magnitude),
+                eps: 0.0,
+            },
+            Kind::DoraRows | Kind::DoraRowsXs => Form::Rows {
+                m: self.get(ParamRole::Magnitude),
+                eps: SA3_EPS,
+            },
+            Kind::DoraCols | Kind::DoraColsXs => Form::Cols {
+                m: self.get(ParamRole::Magnitude),
+            },
+            Kind::Bora | Kind::BoraXs => Form::Bora {
+                m_r: self.get(ParamRole::MagnitudeR),
+                m_c: self.get(ParamRole::MagnitudeC),
+            },
+        };
+        let factors = match &self.xs {
+            Some(b) => Factors::Xs {
+                U: &b.U,
+                M: self.get(ParamRole::M),
+                V: &b.V,
+                rank,
+            },
+            None => Factors::BA {
+                B: self.get(ParamRole::B),
+                A: self.get(ParamRole::A),
+                rank,
+            },
+        };
+        Update::LowRank {
+            factors,
+            sigma,
+            form,
+        }
+    }
+}
+
+/// `f(W0) − W0` of a LyCORIS entry on the whole target (`merge::lycoris`, with the entry's
+/// σ), from its loaded tensors. The outer error is the module's, the inner a read of W0.
+fn lycoris_delta(
+    t: &Target,
+    rows: &BaseRows<'_>,
+    entry: &crate::adapter::Entry,
+    params: &BTreeMap<ParamRole, Vec<f32>>,
+) -> Result<Result<Vec<f32>, MergeError>, LycorisError> {
+    let m = module_of(entry, params)?;
+    let mut W0 = vec![0.0f32; t.out * t.inp];
+    if let Err(e) = rows.read(0, t.out, &mut W0) {
+        return Ok(Err(e));
+    }
+    delta_scaled(&m, &entry.module, &W0, &t.shape, entry.scale).map(Ok)
+}
