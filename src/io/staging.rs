@@ -469,10 +469,14 @@ pub fn write_durable(path: &Path, bytes: &[u8]) -> Result<(), WriteError> {
 
 /// Replaces `path` atomically with `bytes` (temp file + fsync + rename + parent fsync); on
 /// failure the temporary is removed and `path` is untouched. Every single file wanbake
-/// writes outside a release folder (the runner's outputs) goes through here.
+/// writes outside a release folder (the runner's outputs, SVD cache entries) goes through
+/// here.
 pub fn replace_file_durable(path: &Path, bytes: &[u8]) -> Result<(), WriteError> {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
-    let tmp = parent_dir(path).join(format!(".{name}{TMP_MARK}{}", std::process::id()));
+    // Unique per process and call, so threads replacing the same file never share a temporary.
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = parent_dir(path).join(format!(".{name}{TMP_MARK}{}-{n}", std::process::id()));
     let result = write_durable(&tmp, bytes)
         .and_then(|()| std::fs::rename(&tmp, path).map_err(io_err(path)))
         .and_then(|()| {

@@ -22,9 +22,7 @@
 #![allow(non_snake_case)]
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use faer::Par;
 use sha2::{Digest, Sha256};
@@ -34,6 +32,7 @@ use crate::io::DType;
 use crate::io::SafetensorsFile;
 use crate::io::TensorView;
 use crate::io::header_layout::{HeaderLayout, LayoutError, PlannedTensor};
+use crate::io::staging::{WriteError, replace_file_durable};
 
 /// Version of everything that decides the bits of a basis: faer 0.24's thin SVD in f64 of the
 /// f32-widened weight with partition degree [`super::svd::SVD_PARTITION_DEGREE`] (16), SA3's
@@ -335,7 +334,8 @@ impl SvdCache {
         }))
     }
 
-    /// Writes the entry atomically: temp file in the cache dir, fsync, rename, fsync dir.
+    /// Writes the entry atomically (`io::staging::replace_file_durable`: temp file in the
+    /// cache dir, fsync, rename, fsync dir).
     fn store(
         &self,
         path: &Path,
@@ -346,30 +346,12 @@ impl SvdCache {
             path: path.to_path_buf(),
             source,
         })?;
-        let tmp = self.dir.join(format!(
-            ".{}.tmp-{}-{}",
-            expected.key.hex(),
-            std::process::id(),
-            TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
-        ));
-        let written = (|| {
-            let mut f = fs_err::File::create_new(&tmp)?;
-            f.write_all(&bytes)?;
-            f.sync_all()?;
-            drop(f);
-            fs_err::rename(&tmp, path)
-        })();
-        if let Err(e) = written {
-            let _ = fs_err::remove_file(&tmp);
-            return Err(io_error(&tmp, e));
-        }
-        fs_err::File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| io_error(&self.dir, e))
+        replace_file_durable(path, &bytes).map_err(|e| match e {
+            WriteError::Io { path, source } => CacheError::Io { path, source },
+            other => io_error(path, std::io::Error::other(other.to_string())),
+        })
     }
 }
-
-static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
 /// What an entry must say.
 struct Expected<'a> {
