@@ -240,10 +240,18 @@ impl<'de> Deserialize<'de> for RawEntries {
 impl Header {
     /// Parses and validates the header of a whole safetensors file given as bytes.
     pub fn parse(file: &[u8]) -> Result<Header, FormatError> {
+        Header::parse_prefix(file, file.len())
+    }
+
+    /// Parses and validates the header at the start of `bytes`, a file of `file_len` bytes
+    /// whose first `bytes.len()` are given (at least the length prefix and the header; the
+    /// data section need not be): what a writer checks of the header it planned.
+    pub fn parse_prefix(bytes: &[u8], file_len: usize) -> Result<Header, FormatError> {
+        let file = bytes.get(..bytes.len().min(file_len)).unwrap_or(bytes);
         let prefix: [u8; 8] = file
             .get(..8)
             .and_then(|b| b.try_into().ok())
-            .ok_or(FormatError::TooShort { len: file.len() })?;
+            .ok_or(FormatError::TooShort { len: file_len })?;
         let declared = u64::from_le_bytes(prefix);
         if declared > MAX_HEADER_SIZE as u64 {
             return Err(FormatError::HeaderTooLarge { declared });
@@ -251,16 +259,16 @@ impl Header {
         let n = declared as usize;
         let data_start = 8usize
             .checked_add(n)
-            .filter(|&end| end <= file.len())
-            .ok_or(FormatError::HeaderPastEof {
-                declared,
-                file_len: file.len(),
-            })?;
-        let header_bytes = &file[8..data_start];
+            .filter(|&end| end <= file_len)
+            .ok_or(FormatError::HeaderPastEof { declared, file_len })?;
+        let header_bytes = file.get(8..data_start).ok_or(FormatError::HeaderPastEof {
+            declared,
+            file_len: file.len(),
+        })?;
         let text = std::str::from_utf8(header_bytes).map_err(|e| FormatError::InvalidUtf8 {
             offset: e.valid_up_to(),
         })?;
-        let data_len = file.len() - data_start;
+        let data_len = file_len - data_start;
         let (tensors, metadata) = parse_entries(text, data_len)?;
         Ok(Header {
             tensors,

@@ -15,8 +15,12 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use std::sync::Arc;
+
+use super::as_written::{AsWritten, AsWrittenError};
 use super::digest::{self, SafetensorsDigest};
 use super::file::ReadError;
+use super::header::Header;
 use super::writer::{OutputPlan, Slot};
 use crate::progress::{self, PhaseGuard};
 
@@ -73,6 +77,22 @@ pub enum WriteError {
         planned: u64,
         /// Bytes written.
         written: u64,
+    },
+    /// A byte of a weight file was never written (a bug in the producer).
+    #[error("internal error: {}: byte {offset} was never written", path.display())]
+    Gap {
+        /// The file.
+        path: PathBuf,
+        /// The first byte not written.
+        offset: u64,
+    },
+    /// A planned header does not parse back as the plan (a bug in the writer).
+    #[error("internal error: {}: the planned header is not valid: {reason}", path.display())]
+    Header {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
     },
     /// A write outside the planned slot (a bug in the producer).
     #[error(
@@ -145,8 +165,10 @@ pub struct Staging {
     tmp: PathBuf,
     lock_path: PathBuf,
     _lock: File,
-    files: Vec<File>,
+    files: Vec<Arc<File>>,
     plan: OutputPlan,
+    /// Digests computed as the bytes are written (every safetensors weight file).
+    as_written: Option<AsWritten>,
     replace: Replace,
     committed: bool,
     writing: Option<PhaseGuard>,
@@ -222,6 +244,7 @@ impl Staging {
             _lock: lock,
             files: Vec::new(),
             plan,
+            as_written: None,
             replace,
             committed: false,
             writing: None,
@@ -251,8 +274,23 @@ impl Staging {
             }
             file.write_all_at(&f.layout.prefix, 0)
                 .map_err(io_err(&path))?;
-            self.files.push(file);
+            self.files.push(Arc::new(file));
         }
+        let followed = (self.plan.files.iter().zip(&self.files))
+            .map(|(f, file)| {
+                let safetensors = f.gguf.is_none();
+                safetensors.then(|| {
+                    let len = f.layout.file_len() as u64;
+                    let tensors = f.layout.tensors.clone();
+                    (self.tmp.join(&f.rel_path), file.clone(), len, tensors)
+                })
+            })
+            .collect();
+        let as_written = AsWritten::start(followed);
+        for (i, f) in self.plan.files.iter().enumerate() {
+            as_written.wrote(i, None, 0, &f.layout.prefix);
+        }
+        self.as_written = Some(as_written);
         for a in &self.plan.aux {
             let path = self.tmp.join(&a.rel_path);
             if let Some(dir) = path.parent() {
@@ -294,12 +332,16 @@ impl Staging {
                 size: t.nbytes(),
             });
         }
+        let at = (t.begin + offset) as u64;
         self.files[slot.file]
-            .write_all_at(bytes, (t.begin + offset) as u64)
+            .write_all_at(bytes, at)
             .map_err(|source| WriteError::Io {
                 path: self.tmp.join(&f.rel_path),
                 source,
             })?;
+        if let Some(w) = &self.as_written {
+            w.wrote(slot.file, Some((slot.tensor, offset)), at, bytes);
+        }
         self.written
             .fetch_add(bytes.len() as u64, std::sync::atomic::Ordering::Relaxed);
         if let Some(p) = &self.writing {
@@ -308,35 +350,54 @@ impl Staging {
         Ok(())
     }
 
-    /// Flushes every file to disk, re-reads and hashes them (validating each header), and
-    /// returns the digests of the weight files (plan order) and aux files.
+    /// Flushes every file to disk and returns the digests of the weight files (plan order)
+    /// and aux files.
     ///
-    /// The flush runs on a thread of its own while the re-read hashes the same files: no
-    /// byte changes once sealing starts (every writer has returned), so the hashes describe
-    /// what the flush makes durable, and the disk's write-back overlaps the CPU's hashing
-    /// instead of preceding it. Both finish before `seal` returns.
+    /// A safetensors file was hashed as it was written (`io::as_written`): the seal waits for
+    /// the followers to reach the end of every file while the flush runs on a thread of its
+    /// own, and nothing is read again (a GGUF file is re-read and hashed here). No byte
+    /// changes once sealing starts (every writer has returned), so the digests describe what
+    /// the flush makes durable. Every planned safetensors header is first parsed back with
+    /// the reader's own rules and compared with the plan.
     pub fn seal(&mut self) -> Result<Sealed, WriteError> {
         self.writing = None;
         self.check_every_byte_written()?;
-        let sealing = progress::begin("sealing", self.plan.total_bytes(), 0);
+        self.check_headers()?;
+        let as_written = self.as_written.take().ok_or_else(|| WriteError::Io {
+            path: self.tmp.clone(),
+            source: std::io::Error::other("the output was sealed twice"),
+        })?;
+        let reread: u64 = (self.plan.files.iter())
+            .filter(|f| f.gguf.is_some())
+            .map(|f| f.layout.file_len() as u64)
+            .sum();
+        let sealing = Arc::new(progress::begin(
+            "sealing",
+            as_written.unhashed_bytes() + reread,
+            0,
+        ));
         let flush = || -> Result<(), WriteError> {
             for (f, p) in self.files.iter().zip(&self.plan.files) {
                 f.sync_all().map_err(io_err(&self.tmp.join(&p.rel_path)))?;
             }
             Ok(())
         };
+        let sparse = self.allocation == Allocation::Sparse;
         let hash = || -> Result<Vec<SafetensorsDigest>, WriteError> {
-            use rayon::prelude::*;
-            Ok(self
-                .plan
-                .files
-                .par_iter()
-                .map(|p| {
-                    digest::digest_weight_file(&self.tmp.join(&p.rel_path), &|n| {
-                        sealing.add_bytes(n)
-                    })
+            let followed = as_written
+                .finish(sparse, sealing.clone())
+                .map_err(|e| self.as_written_error(e))?;
+            followed
+                .into_iter()
+                .zip(&self.plan.files)
+                .map(|(d, p)| match d {
+                    Some(d) => Ok(d),
+                    None => Ok(digest::digest_weight_file(
+                        &self.tmp.join(&p.rel_path),
+                        &|n| sealing.add_bytes(n),
+                    )?),
                 })
-                .collect::<Result<_, _>>()?)
+                .collect()
         };
         let (flushed, weights) = std::thread::scope(|scope| {
             let flushing = scope.spawn(flush);
@@ -363,6 +424,37 @@ impl Staging {
             );
         }
         Ok(Sealed { weights, aux })
+    }
+
+    fn as_written_error(&self, e: AsWrittenError) -> WriteError {
+        match e {
+            AsWrittenError::Io { path, source } => WriteError::Io { path, source },
+            AsWrittenError::Gap { path, offset } => WriteError::Gap { path, offset },
+        }
+    }
+
+    /// Every planned safetensors header parses back, with the reader's own rules, as
+    /// exactly the plan's tensor table (the bytes at offset 0 of each file are these).
+    fn check_headers(&self) -> Result<(), WriteError> {
+        for p in self.plan.files.iter().filter(|f| f.gguf.is_none()) {
+            let len = p.layout.file_len();
+            let path = self.tmp.join(&p.rel_path);
+            let bad = |reason: String| WriteError::Header {
+                path: path.clone(),
+                reason,
+            };
+            let h = Header::parse_prefix(&p.layout.prefix, len).map_err(|e| bad(e.to_string()))?;
+            let same = h.tensors.len() == p.layout.tensors.len()
+                && h.tensors.iter().zip(&p.layout.tensors).all(|(a, b)| {
+                    (a.name.as_str(), a.dtype, &a.shape) == (b.name.as_str(), b.dtype, &b.shape)
+                        && a.begin + h.data_start == b.begin
+                        && a.end + h.data_start == b.end
+                });
+            if !same {
+                return Err(bad("it does not describe the planned tensors".into()));
+            }
+        }
+        Ok(())
     }
 
     /// A reserved output's producer wrote exactly as many tensor bytes as the plan lays out
@@ -644,5 +736,96 @@ mod tests {
         assert!(s.seal().is_ok(), "every byte written");
         drop(s);
         assert!(!dest.exists(), "nothing committed");
+    }
+
+    /// Digests as written equal sha256 of the committed bytes, read back by the reader's
+    /// own digest pass and hashed independently here, whatever the order, threads and band
+    /// sizes of the writes: tensors written in order by one writer, tensors written in
+    /// pieces out of order by several threads (as stacked layers are), an empty tensor,
+    /// several shards, and a sparse output with a tensor left as zeros.
+    #[test]
+    fn digests_as_written_equal_the_committed_bytes() {
+        use sha2::Digest;
+        for (allocation, skip) in [(Allocation::Reserve, None), (Allocation::Sparse, Some(3))] {
+            let shapes = [
+                vec![70_000],
+                vec![3, 5, 7],
+                vec![0],
+                vec![1 << 18],
+                vec![9],
+                vec![40_001],
+            ];
+            let tensors: Vec<PlannedTensor> = shapes
+                .iter()
+                .enumerate()
+                .map(|(i, shape)| PlannedTensor {
+                    name: format!("t{i}"),
+                    dtype: if i % 2 == 0 { DType::F32 } else { DType::BF16 },
+                    shape: shape.clone(),
+                })
+                .collect();
+            let c = ComponentOutput {
+                rel_dir: PathBuf::new(),
+                stem: "model".into(),
+                tensors: tensors.clone(),
+                metadata: BTreeMap::new(),
+                sidecars: Vec::new(),
+                max_shard_bytes: Some(600_000),
+            };
+            let plan = OutputPlan::build(&[c], &[]).unwrap();
+            assert!(plan.files.len() > 1, "sharded");
+            let dir = tempfile::tempdir().unwrap();
+            let dest = dir.path().join("out");
+            let mut s =
+                Staging::begin(&dest, plan.clone(), &[], Replace::Never, allocation).unwrap();
+            // Each tensor's bytes, then the writes: (slot, offset, bytes).
+            let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+            let mut next = move || {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                seed
+            };
+            let mut writes = Vec::new();
+            for (i, t) in tensors.iter().enumerate() {
+                let n = t.nbytes().unwrap();
+                let bytes: Vec<u8> = (0..n).map(|_| next() as u8).collect();
+                if Some(i) == skip {
+                    continue;
+                }
+                let slot = plan.slot(0, &t.name).unwrap();
+                let mut at = 0;
+                let mut pieces = Vec::new();
+                while at < n {
+                    let len = (1 + next() as usize % 50_000).min(n - at);
+                    pieces.push((slot, at, bytes[at..at + len].to_vec()));
+                    at += len;
+                }
+                if i % 3 == 0 {
+                    pieces.reverse(); // out of order
+                }
+                writes.push(pieces);
+            }
+            std::thread::scope(|scope| {
+                for pieces in &writes {
+                    let s = &s;
+                    scope.spawn(move || {
+                        for (slot, at, bytes) in pieces {
+                            s.write(*slot, *at, bytes).unwrap();
+                        }
+                    });
+                }
+            });
+            let sealed = s.seal().unwrap();
+            s.commit(b"{}").unwrap();
+            for (p, d) in plan.files.iter().zip(&sealed.weights) {
+                let path = dest.join(&p.rel_path);
+                let bytes = std::fs::read(&path).unwrap();
+                assert_eq!(d.sha256, digest::hex(&sha2::Sha256::digest(&bytes)));
+                assert_eq!(d.bytes, bytes.len() as u64);
+                let reread = digest::digest_safetensors(&path, &|_| {}).unwrap();
+                assert_eq!(d, &reread, "{}", p.rel_path.display());
+            }
+        }
     }
 }

@@ -26,8 +26,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use rayon::prelude::*;
-
 use super::base_rows::layer_bytes;
 use super::bind::BoundAdapter;
 use super::device::{Compute, Lanes, MAX_LANES, reference_lanes};
@@ -177,6 +175,12 @@ impl Exec<'_> {
 
     /// The job loop: untouched tensors are copied, targets go to `merge_target` (with the
     /// per-worker state `init` makes); a base tensor's pages are dropped after its last job.
+    ///
+    /// Every worker of the pool takes the next job in output-file order (`file_order`) until
+    /// none is left, so the output is written roughly front to back: the digests computed
+    /// as it is written (`io::as_written`) follow the written frontier closely, and the
+    /// disk's write-back starts behind it, instead of waiting for the last job. The order
+    /// never changes a byte (each job writes its own slot range from its own inputs).
     fn run_jobs<S>(
         &self,
         init: impl Fn() -> S + Send + Sync,
@@ -197,26 +201,44 @@ impl Exec<'_> {
                 .fetch_add(1, Ordering::Relaxed);
         }
         let svd = SvdCounters::default();
-        self.plan
-            .jobs
-            .par_iter()
-            .try_for_each_init(init, |state, job| {
-                let src = self.stored(job)?;
-                match job.target {
-                    None => self.copy(job, &src)?,
-                    Some(t) => merge_target(state, job, &self.plan.targets[t], &src, &svd)?,
+        let run_one = |state: &mut S, job: &Job| {
+            let src = self.stored(job)?;
+            match job.target {
+                None => self.copy(job, &src)?,
+                Some(t) => merge_target(state, job, &self.plan.targets[t], &src, &svd)?,
+            }
+            let key = (job.component, job.stored.as_str());
+            if uses
+                .get(&key)
+                .is_some_and(|left| left.fetch_sub(1, Ordering::AcqRel) == 1)
+            {
+                src.file.release(src.position);
+            } else if job.layer.is_some() {
+                release_layer(&src, job);
+            }
+            Ok::<(), MergeError>(())
+        };
+        let order = self.file_order();
+        let next = AtomicUsize::new(0);
+        let failure: Mutex<Option<MergeError>> = Mutex::new(None);
+        let failed = std::sync::atomic::AtomicBool::new(false);
+        rayon::broadcast(|_| {
+            let mut state = init();
+            while !failed.load(Ordering::Relaxed) {
+                let Some(&j) = order.get(next.fetch_add(1, Ordering::Relaxed)) else {
+                    break;
+                };
+                if let Err(e) = run_one(&mut state, &self.plan.jobs[j]) {
+                    failed.store(true, Ordering::Relaxed);
+                    if let Ok(mut f) = failure.lock() {
+                        f.get_or_insert(e);
+                    }
                 }
-                let key = (job.component, job.stored.as_str());
-                if uses
-                    .get(&key)
-                    .is_some_and(|left| left.fetch_sub(1, Ordering::AcqRel) == 1)
-                {
-                    src.file.release(src.position);
-                } else if job.layer.is_some() {
-                    release_layer(&src, job);
-                }
-                Ok::<(), MergeError>(())
-            })?;
+            }
+        });
+        if let Some(e) = failure.into_inner().ok().flatten() {
+            return Err(e);
+        }
         Ok(SvdReport {
             cache: self.svd_cache.is_some(),
             hits: svd.hits.into_inner(),
@@ -224,6 +246,24 @@ impl Exec<'_> {
             replaced: svd.replaced.into_inner(),
             computed: svd.computed.into_inner(),
         })
+    }
+
+    /// Job indices in the order their bytes lie in the output (file, then offset); plan
+    /// order for a run that writes nothing.
+    fn file_order(&self) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..self.plan.jobs.len()).collect();
+        if let Some(staging) = self.staging {
+            let files = &staging.plan().files;
+            order.sort_by_key(|&j| {
+                let job = &self.plan.jobs[j];
+                let begin = files
+                    .get(job.slot.file)
+                    .and_then(|f| f.layout.tensors.get(job.slot.tensor))
+                    .map_or(0, |t| t.begin);
+                (job.slot.file, begin + job.dst_offset)
+            });
+        }
+        order
     }
 
     /// NaN/±inf at flat index `i` of the band starting at row `r0` of target `t`.
