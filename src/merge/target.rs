@@ -51,9 +51,24 @@ impl Exec<'_> {
         svd: &SvdCounters,
     ) -> Result<(), MergeError> {
         let mut out = Emit::new(job, t)?;
-        self.merge_bands(job, t, src, scratch, svd, |rows, r0, D| {
-            out.band(self, rows, r0, D)
-        })?;
+        if out.assembles() {
+            // Merged in place, band by band, into the whole tensor the output needs.
+            let mut whole = vec![0.0f32; t.out * t.inp];
+            self.merge_bands(
+                job,
+                t,
+                src,
+                scratch,
+                svd,
+                Some(&mut whole),
+                |_, _, _| Ok(()),
+            )?;
+            out.whole = whole;
+        } else {
+            self.merge_bands(job, t, src, scratch, svd, None, |rows, r0, D| {
+                out.band(self, rows, r0, D)
+            })?;
+        }
         out.finish(self)
     }
 
@@ -66,7 +81,7 @@ impl Exec<'_> {
         let to_output = Emit::new(job, t)?.to_output;
         let mut whole = Vec::with_capacity(t.out * t.inp);
         let (mut scratch, svd) = (Scratch::default(), SvdCounters::default());
-        self.merge_bands(job, t, &src, &mut scratch, &svd, |rows, _, D| {
+        self.merge_bands(job, t, &src, &mut scratch, &svd, None, |rows, _, D| {
             match to_output {
                 Transform::Identity => whole.extend_from_slice(&rows.to_stored_order(D)),
                 _ => whole.extend_from_slice(D),
@@ -96,7 +111,9 @@ impl Exec<'_> {
     }
 
     /// Runs target `t`'s merge band by band, handing each checked band of merged rows
-    /// (first row, values) to `band`.
+    /// (first row, values) to `band`; with `whole` (the (out, in') tensor), each band is
+    /// computed in its place there instead of in a buffer of its own.
+    #[allow(clippy::too_many_arguments)]
     fn merge_bands(
         &self,
         job: &Job,
@@ -104,6 +121,7 @@ impl Exec<'_> {
         src: &TensorRef<'_>,
         scratch: &mut Scratch,
         svd: &SvdCounters,
+        mut whole: Option<&mut [f32]>,
         mut band: impl FnMut(&BaseRows<'_>, usize, &[f32]) -> Result<(), MergeError>,
     ) -> Result<(), MergeError> {
         let rows = BaseRows::new(t, src, job)?;
@@ -118,10 +136,18 @@ impl Exec<'_> {
             .map(|(u, _)| column_scales(u, t.out, t.inp, band_len, |r0, n, d| rows.read(r0, n, d)))
             .collect::<Result<Vec<_>, MergeError>>()?;
         let mut band_buf = Band::default();
+        let mut own = Vec::new();
         let mut r0 = 0;
         while r0 < t.out {
             let n = band_len.min(t.out - r0);
-            let D = band_buf.merged(&rows, &updates, &col_scales, t, r0, n, scratch)?;
+            let D: &mut [f32] = match whole.as_deref_mut() {
+                Some(w) => &mut w[r0 * t.inp..(r0 + n) * t.inp],
+                None => {
+                    own.resize(n * t.inp, 0.0);
+                    &mut own
+                }
+            };
+            band_buf.merged(D, &rows, &updates, &col_scales, t, r0, scratch)?;
             check_finite(D).map_err(|i| self.non_finite(t, r0, i, D[i]))?;
             band(&rows, r0, D)?;
             r0 += n;
@@ -235,42 +261,41 @@ impl Exec<'_> {
     }
 }
 
-/// The buffers of one band: the merged weight `D` and, for the normalised forms, `W0`.
+/// The buffer of one band besides the merged weight itself: `W0`, for the normalised forms.
 #[derive(Default)]
 struct Band {
     W0: Vec<f32>,
-    D: Vec<f32>,
 }
 
 impl Band {
-    /// Rows `r0 .. r0 + n` of `W0 + Σ w·(f(W0) − W0)`, contributions in the plan's order.
+    /// Fills `D` ((n, in'), `n = D.len() / in'`) with rows `r0 .. r0 + n` of
+    /// `W0 + Σ w·(f(W0) − W0)`, contributions in the plan's order.
     #[allow(clippy::too_many_arguments)]
     fn merged(
         &mut self,
+        D: &mut [f32],
         rows: &BaseRows<'_>,
         updates: &[(Update<'_>, f64)],
         col_scales: &[Option<Vec<f64>>],
         t: &Target,
         r0: usize,
-        n: usize,
         scratch: &mut Scratch,
-    ) -> Result<&[f32], MergeError> {
+    ) -> Result<(), MergeError> {
         // Linear and full-tensor contributions only add into the band; the normalised ones
         // also need W0 on its own.
         let keep_w0 = updates.iter().any(
             |(u, _)| matches!(u, Update::LowRank { form, .. } if !matches!(form, Form::Additive)),
         );
-        self.D.resize(n * t.inp, 0.0);
-        rows.read(r0, n, &mut self.D)?;
+        let n = D.len() / t.inp.max(1);
+        rows.read(r0, n, D)?;
         self.W0.clear();
         if keep_w0 {
-            self.W0.extend_from_slice(&self.D);
+            self.W0.extend_from_slice(D);
         }
         for ((u, w), cs) in updates.iter().zip(col_scales) {
-            let (W0, D) = (&self.W0[..], &mut self.D[..]);
-            add_contribution(u, *w, cs.as_deref(), W0, r0, n, t.inp, D, scratch);
+            add_contribution(u, *w, cs.as_deref(), &self.W0, r0, n, t.inp, D, scratch);
         }
-        Ok(&self.D)
+        Ok(())
     }
 }
 
