@@ -26,6 +26,7 @@ pub mod quant_inspect;
 pub mod quantize;
 pub mod recipe;
 pub mod release;
+pub mod rng;
 pub mod runner;
 pub mod signing;
 pub mod synth;

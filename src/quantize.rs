@@ -531,22 +531,15 @@ pub fn single_transformer(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rng::SplitMix64;
 
     /// What the job loop relies on: a tensor encoded in bands of whole rows (fp8 with the
     /// whole tensor's scale) gives the bytes and error statistics of the tensor encoded whole.
     #[test]
     fn bands_of_whole_rows_encode_as_the_whole_tensor() {
         let (rows, cols) = (7, 64);
-        // a seeded xorshift in [-1, 1)
-        let mut state = 0x9E37_79B9_7F4A_7C15u64;
-        let w: Vec<f32> = (0..rows * cols)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-            })
-            .collect();
+        let mut rng = SplitMix64::new(0x9E37_79B9_7F4A_7C15);
+        let w: Vec<f32> = (0..rows * cols).map(|_| rng.signed_f32()).collect();
         let gg = |ty, step1| Encoding::Ggml { ty, step1 };
         let encodings = [
             gg(GgmlType::Q8_0, GgmlType::F16),

@@ -3,7 +3,8 @@
 //!
 //! Owns: `SynthModel`, `SynthSpec` and `synth_release`. Values are either zero (written as
 //! sparse files: a 28 GB checkpoint costs no disk and no time) or a seeded pseudo-random
-//! stream per tensor (independent of thread count and of tensor order).
+//! stream per tensor (`rng::SplitMix64`, seeded from the seed and the tensor's name:
+//! independent of thread count and of tensor order).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -17,6 +18,7 @@ use crate::io::{DType, dtype};
 use crate::model::sa3::{Sa3Variant, sa3_params};
 use crate::model::wan::{ParamSpec, WanConfig, WanVariant};
 use crate::release::{Release, ReleaseError, ReleaseRequest, write_release};
+use crate::rng::SplitMix64;
 
 /// The model to imitate.
 #[derive(Clone, Debug, PartialEq)]
@@ -249,7 +251,8 @@ fn fill_random(
     while done < numel {
         let n = CHUNK.min(numel - done);
         for v in &mut vals[..n] {
-            let u = rng.next_unit() * 2.0 - 1.0;
+            // k/2²³ − 1 with 24 bits, the value `(k/2²⁴)·2 − 1` the fill has always drawn.
+            let u = rng.signed_f32();
             *v = if is_norm { 1.0 + 0.1 * u } else { amp * u };
         }
         dtype::narrow_from_f32(info.dtype, &vals[..n], &mut bytes[..n * size]).map_err(|e| {
@@ -269,27 +272,6 @@ fn fnv1a(b: &[u8]) -> u64 {
     b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &x| {
         (h ^ x as u64).wrapping_mul(0x100_0000_01b3)
     })
-}
-
-/// SplitMix64: tiny, fast, and fully specified, so synthetic data never changes with a
-/// dependency upgrade.
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn new(seed: u64) -> Self {
-        SplitMix64(seed)
-    }
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [0, 1) with 24 random bits.
-    fn next_unit(&mut self) -> f32 {
-        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
-    }
 }
 
 /// Writes only the skeleton of a synthetic checkpoint at `dest`: every header, config.json

@@ -993,7 +993,7 @@ fn mutate(rng: &mut Rng, mut b: Vec<u8>) -> Vec<u8> {
 #[test]
 fn the_header_parser_never_accepts_what_the_safetensors_crate_rejects() {
     use wanbake::io::Header;
-    let mut rng = Rng(0x5afe);
+    let mut rng = Rng::new(0x5afe);
     let (mut accepted, mut tried) = (0, 0);
     for seed in differential_seeds() {
         for _ in 0..4000 {

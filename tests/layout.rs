@@ -114,7 +114,7 @@ impl Mem {
 /// A diffusers checkpoint of `cfg` with random bit patterns (NaN payloads included) of
 /// `dtype`.
 fn random_diffusers(cfg: &WanConfig, dtype: DType, seed: u64) -> Mem {
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let size = dtype.size().unwrap();
     let mut m = Mem::default();
     for p in cfg.diffusers_params() {
@@ -823,7 +823,7 @@ fn f32_to_bf16_is_one_rne_rounding_of_each_element() {
     // Oracle: half's `bf16::from_f32` (round to nearest, ties to even), applied to the
     // diffusers value at the index the spec transform names.
     let cfg = tiny_t2v();
-    let mut rng = Rng(3);
+    let mut rng = Rng::new(3);
     let mut start = random_diffusers(&cfg, DType::F32, 5);
     for t in start.0.values_mut() {
         // Finite values with random low mantissa bits, so ties and near-ties occur.

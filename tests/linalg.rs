@@ -102,7 +102,7 @@ struct Known {
 fn known(out: usize, inp: usize, s: Vec<f64>, seed: u64) -> Known {
     let k = out.min(inp);
     assert_eq!(s.len(), k);
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let U0 = orthonormal(out, k, &mut rng);
     let V0 = orthonormal(inp, k, &mut rng);
     let US = Mat::<f64>::from_fn(out, k, |i, j| U0[(i, j)] * s[j]);
@@ -462,7 +462,7 @@ fn product_UVt(U: &[f32], V: &[f32], m: usize, n: usize, r: usize, s: usize) -> 
 #[test]
 fn canonicalize_signs_public_entry_matches_independent_version() {
     no_global_parallelism();
-    let mut rng = Rng(5);
+    let mut rng = Rng::new(5);
     let (out, k, inp) = (7, 4, 5);
     let mut U0 = Mat::<f64>::from_fn(out, k, |_, _| rng.normal());
     let mut V0 = Mat::<f64>::from_fn(inp, k, |_, _| rng.normal());
@@ -509,7 +509,7 @@ fn bits(b: &wanbake::linalg::XsBases) -> (Vec<u32>, Vec<u32>, Vec<u64>) {
 fn svd_bits_do_not_depend_on_threads() {
     no_global_parallelism();
     for (seed, &(out, inp)) in [(320, 300), (700, 260), (260, 700)].iter().enumerate() {
-        let W = Rng(40 + seed as u64).normal_f32s(out * inp, 0.02);
+        let W = Rng::new(40 + seed as u64).normal_f32s(out * inp, 0.02);
         let r = 64;
         let reference = bits(&xs_bases(&W, out, inp, r, Par::Seq).unwrap());
         for par in [Par::Seq, Par::rayon(1), Par::rayon(2), Par::rayon(7)] {
@@ -533,7 +533,7 @@ fn svd_bits_do_not_depend_on_threads() {
 #[test]
 fn kernels_bits_do_not_depend_on_threads() {
     no_global_parallelism();
-    let mut rng = Rng(9);
+    let mut rng = Rng::new(9);
     for &(out, inp, r) in &[
         (512, 384, 64),
         (300, 520, 600),
@@ -575,7 +575,7 @@ fn kernels_bits_do_not_depend_on_threads() {
 #[test]
 fn scaled_product_matches_f64_loop() {
     no_global_parallelism();
-    let mut rng = Rng(11);
+    let mut rng = Rng::new(11);
     for &(out, inp, r) in &[
         (1, 1, 1),
         (7, 5, 3),
@@ -618,7 +618,7 @@ fn scaled_product_matches_f64_loop() {
 #[test]
 fn xs_update_matches_f64_loop() {
     no_global_parallelism();
-    let mut rng = Rng(12);
+    let mut rng = Rng::new(12);
     for &(out, inp, r) in &[(1, 1, 1), (9, 6, 4), (120, 80, 32), (50, 400, 50)] {
         let W0 = rng.normal_f32s(out * inp, 1.0);
         let U = rng.normal_f32s(out * r, 1.0);
@@ -672,7 +672,7 @@ fn norms_match_specified_arithmetic_and_spec_values() {
         &[1.11803399, 2.5, 2.06155281]
     ));
 
-    let mut rng = Rng(13);
+    let mut rng = Rng::new(13);
     for &(out, inp) in &[(1, 1), (3, 1), (1, 3), (257, 129), (64, 3000)] {
         let W = rng.normal_f32s(out * inp, 3.0);
         let rows: Vec<f32> = (0..out)
@@ -712,7 +712,7 @@ struct Base {
 
 impl Base {
     fn new(out: usize, inp: usize, seed: u64) -> Base {
-        let W = Rng(seed).normal_f32s(out * inp, 0.02);
+        let W = Rng::new(seed).normal_f32s(out * inp, 0.02);
         let bytes = wanbake::io::dtype::from_f32_vec(DType::BF16, &W).unwrap();
         Base {
             shape: vec![out, inp],
@@ -1164,7 +1164,7 @@ fn svd_precision_and_timing_report() {
             rayon::current_num_threads(),
             wanbake::linalg::SVD_PARTITION_DEGREE
         );
-        let mut rng = Rng(99);
+        let mut rng = Rng::new(99);
         for r in [64, 256] {
             let M = Mat::<f64>::from_fn(r, r, |_, _| rng.normal());
             let diff_f32 = max_diff(&b.U, &U32, ld, r).max(max_diff(&b.V, &V32, ld, r));
@@ -1209,7 +1209,7 @@ fn svd_timing_report() {
     for shape in shapes.split(',') {
         let (out, inp) = shape.split_once('x').unwrap();
         let (out, inp): (usize, usize) = (out.parse().unwrap(), inp.parse().unwrap());
-        let W = Rng(out as u64 ^ inp as u64).normal_f32s(out * inp, 0.02);
+        let W = Rng::new(out as u64 ^ inp as u64).normal_f32s(out * inp, 0.02);
         let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
         let (_, w64, c64) = timed(|| xs_bases(&W, out, inp, 64, Par::rayon(0)).unwrap());
         let degree = Par::rayon(wanbake::linalg::SVD_PARTITION_DEGREE);

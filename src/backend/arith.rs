@@ -1,12 +1,14 @@
 //! The element arithmetic of every kernel in `kernels/`, as host functions.
 //!
 //! Owns: one Rust function per device function or per-element kernel body, written as the
-//! same sequence of integer and IEEE operations, in the same order. The CPU backend
-//! ([`super::CpuBackend`]) and the band route (`merge::math`) compute with these functions, and the tests check them bit for
-//! bit against `io::dtype` (over all 65 536 bf16/f16 patterns and a sweep of f32 patterns:
-//! ties, subnormals, NaN, ±inf, max finite), so the kernels, this file and the I/O core agree
-//! by construction. Does not own: the reductions (`linalg::norms` is the reference for the
-//! norm kernels) or the GEMMs.
+//! same sequence of integer and IEEE operations, in the same order, and [`ColumnSums`], the
+//! column-sum loop of the column factors. The CPU backend ([`super::CpuBackend`]) and the
+//! band route (`merge::math`) compute with these, and the tests check the conversions bit
+//! for bit against `io::dtype` (over all 65 536 bf16/f16 patterns and a sweep of f32
+//! patterns: ties, subnormals, NaN, ±inf, max finite), so the kernels, this file and the I/O
+//! core agree by construction. Does not own: the reductions (`linalg::norms` is the
+//! reference for the norm kernels), the GEMMs, or which factors a form applies
+//! (`merge::math::Step`).
 //!
 //! Rust never contracts `a * b + c` into a fused multiply-add, and the kernels are compiled
 //! with `--fmad=false` and use `_rn` intrinsics, so each operation is rounded once on both
@@ -176,11 +178,55 @@ pub fn scaled_square(alpha: f64, x: f32) -> f64 {
 }
 
 /// One column factor, `β = m / (sqrt(Σ_i (α_i·x_i)²) + ε)` in f64, the terms
-/// [`scaled_square`] summed over rows in order (`col_scales_f32`; `merge::math::column_scales`
-/// sums the same terms band by band).
+/// [`scaled_square`] summed over rows in order (`col_scales_f32`), for one column on its own;
+/// the merge routes sum all columns at once with [`ColumnSums`], the same additions.
 pub fn col_scale(column: impl Iterator<Item = (f64, f32)>, m: f32, eps: f64) -> f64 {
     let sum = column.fold(0.0f64, |acc, (alpha, x)| acc + scaled_square(alpha, x));
     magnitude_scale(sum.sqrt(), m, eps)
+}
+
+/// The column sums of column factors, `Σ_i (α_i·x_ij)²` for every column j ([`scaled_square`]
+/// terms), fed whole rows in row order, then turned into `β_j = m_j / (sqrt(sum_j) + ε)`
+/// ([`magnitude_scale`]): the loop of `col_scales_f32` with rows outside and columns inside,
+/// so each column's sum sees the same additions in the same order whether the rows come all
+/// at once ([`super::CpuBackend`]'s `col_scales`) or band by band (`merge::math::column_scales`).
+#[derive(Clone, Debug)]
+pub struct ColumnSums(Vec<f64>);
+
+impl ColumnSums {
+    /// Empty sums for `cols` columns.
+    pub fn new(cols: usize) -> ColumnSums {
+        ColumnSums(vec![0.0; cols])
+    }
+
+    /// Adds the terms of `rows` (whole rows, row-major), row `i` of them scaled by
+    /// `alpha(i, row)` (1 for dora-cols, the row factor for BoRA).
+    ///
+    /// # Panics
+    /// If `rows` does not hold whole rows.
+    #[track_caller]
+    pub fn add_rows(&mut self, rows: &[f32], mut alpha: impl FnMut(usize, &[f32]) -> f64) {
+        let cols = self.0.len();
+        if cols == 0 {
+            return;
+        }
+        assert_eq!(rows.len() % cols, 0, "column sums: a partial row");
+        for (i, row) in rows.chunks_exact(cols).enumerate() {
+            let a = alpha(i, row);
+            for (s, &x) in self.0.iter_mut().zip(row) {
+                *s += scaled_square(a, x);
+            }
+        }
+    }
+
+    /// The column factors `β_j = m_j / (sqrt(sum_j) + ε)` of the rows added so far.
+    pub fn scales(&self, m: &[f32], eps: f64) -> Vec<f64> {
+        self.0
+            .iter()
+            .zip(m)
+            .map(|(s, &m)| magnitude_scale(s.sqrt(), m, eps))
+            .collect()
+    }
 }
 
 /// One element of a DoRA/BoRA contribution, `d + f32(w·(β·(α·v) − w0))`: the combination in

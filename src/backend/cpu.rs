@@ -184,29 +184,16 @@ impl Backend for CpuBackend {
         eps: f64,
     ) -> Result<HostScales, BackendError> {
         check::vector("col_scales: m", m, V.cols);
-        let ones = vec![1.0f64; V.rows];
-        let alpha = alpha.map_or(&ones[..], |a| &a.0[..]);
-        assert_eq!(
-            alpha.len(),
-            V.rows,
-            "col_scales: alpha holds one value per row"
-        );
-        // Column sums run over rows in order, all columns at once (merge::math's loop order;
-        // each column's sum sees the same sequence of additions either way).
-        let mut sums = vec![0.0f64; V.cols];
-        if V.cols > 0 {
-            for (row, &a) in V.data.chunks_exact(V.cols).zip(alpha) {
-                for (s, &x) in sums.iter_mut().zip(row) {
-                    *s += arith::scaled_square(a, x);
-                }
-            }
+        if let Some(a) = alpha {
+            assert_eq!(
+                a.0.len(),
+                V.rows,
+                "col_scales: alpha holds one value per row"
+            );
         }
-        let beta = sums
-            .iter()
-            .zip(&m.data)
-            .map(|(s, &m)| arith::magnitude_scale(s.sqrt(), m, eps))
-            .collect();
-        Ok(HostScales(beta))
+        let mut sums = arith::ColumnSums::new(V.cols);
+        sums.add_rows(&V.data, |i, _| alpha.map_or(1.0, |a| a.0[i]));
+        Ok(HostScales(sums.scales(&m.data, eps)))
     }
 
     #[track_caller]

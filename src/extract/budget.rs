@@ -118,17 +118,13 @@ pub fn allocate_expanding<E>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rng::SplitMix64;
 
     #[test]
     fn expanding_spectra_allocate_as_the_full_ones() {
         // Seeded spectra of several lengths and costs; every budget from nothing to all.
-        let mut st = 0x5EED_u64;
-        let mut next = move || {
-            st = st
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (st >> 11) as f64 / (1u64 << 53) as f64
-        };
+        let mut rng = SplitMix64::new(0x5EED);
+        let mut next = move || rng.unit_f64();
         let mut full: Vec<Vec<f64>> = Vec::new();
         let mut per_rank = Vec::new();
         for m in 0..7 {

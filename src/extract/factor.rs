@@ -139,18 +139,14 @@ pub fn spectrum(
 mod tests {
     use super::*;
     use crate::extract::rank::energy_rank;
+    use crate::rng::SplitMix64;
 
     /// A (m, n) matrix with singular values `s` along seeded orthonormal-ish directions:
     /// Σ_i s_i·u_i·v_iᵀ with u_i, v_i distinct coordinate-mixing vectors (exact SVD known
     /// only to the routine under test, which is compared with the exact route).
     fn matrix(m: usize, n: usize, s: &[f64]) -> Vec<f64> {
-        let mut st = 0x5EEDu64;
-        let mut rnd = move || {
-            st = st
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((st >> 11) as f64 / (1u64 << 53) as f64) - 0.5
-        };
+        let mut rng = SplitMix64::new(0x5EED);
+        let mut rnd = move || rng.unit_f64() - 0.5;
         let mut d = vec![0.0; m * n];
         for &sv in s {
             let u: Vec<f64> = (0..m).map(|_| rnd()).collect();

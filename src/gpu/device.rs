@@ -364,7 +364,7 @@ impl CudaDevice {
 /// Where a run computes.
 #[derive(Clone, Debug)]
 pub enum Selected {
-    /// On the CPU ([`super::CpuBackend`]).
+    /// On the CPU ([`crate::backend::CpuBackend`]).
     Cpu,
     /// On this CUDA device ([`super::CudaBackend`] lanes from [`CudaDevice::backend`]).
     Cuda(CudaDevice),

@@ -13,7 +13,7 @@
 //! and runs without CUDA. cudarc panics when a library is missing, so nothing here calls into
 //! a library before [`probe`] has checked that it loads (`sys::is_culib_present`) and that
 //! the driver is new enough for the CUDA 13 bindings; a missing piece becomes
-//! [`BackendError::Unavailable`], never a panic.
+//! [`BackendError::Unavailable`](crate::backend::BackendError::Unavailable), never a panic.
 //!
 //! # Same semantics as the CPU path
 //! * Conversions (`widen`, `narrow`, `add_narrow`) and the DoRA/BoRA and diff accumulation

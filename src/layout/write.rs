@@ -191,21 +191,9 @@ fn stack(
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
     use super::*;
-    use crate::model::fingerprint::{ShapeSource, fingerprint};
+    use crate::model::fingerprint::{Shapes, fingerprint};
     use crate::model::wan::WanVariant;
-
-    struct Shapes(BTreeMap<String, Vec<usize>>);
-    impl ShapeSource for Shapes {
-        fn shape(&self, n: &str) -> Option<Vec<usize>> {
-            self.0.get(n).cloned()
-        }
-        fn names(&self) -> Vec<String> {
-            self.0.keys().cloned().collect()
-        }
-    }
 
     #[test]
     fn every_layout_of_a_released_config_is_recognised() {

@@ -21,17 +21,21 @@ use faer::MatMut;
 use faer::prelude::{Reborrow, ReborrowMut};
 
 /// The element types the canonicalisation is defined for (`f32`, `f64`).
-pub trait SignFloat: Copy + PartialOrd + core::ops::Neg<Output = Self> + private::Sealed {
+pub trait SignFloat:
+    Copy + PartialOrd + core::ops::Neg<Output = Self> + private::SignFloatSealed
+{
     /// Absolute value.
     fn magnitude(self) -> Self;
     /// Zero.
     fn zero() -> Self;
 }
 
+/// Seals [`SignFloat`] to `f32` and `f64` (named apart from `io::staging::Sealed`, an
+/// unrelated type).
 mod private {
-    pub trait Sealed {}
-    impl Sealed for f32 {}
-    impl Sealed for f64 {}
+    pub trait SignFloatSealed {}
+    impl SignFloatSealed for f32 {}
+    impl SignFloatSealed for f64 {}
 }
 
 impl SignFloat for f32 {

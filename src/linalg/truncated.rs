@@ -37,6 +37,7 @@ use faer::{Accum, Conj, Mat, MatRef, Par};
 
 use super::signs::canonicalize_signs_mat;
 use super::svd::{LinalgError, thin_svd};
+use crate::rng::SplitMix64;
 
 /// How to compute the leading singular triplets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -260,22 +261,14 @@ fn thin_qr(mut Y: Mat<f64>) -> (Mat<f64>, Mat<f64>) {
     (Q, R)
 }
 
-/// A seeded (n, l) test matrix with entries uniform in [-1, 1) (SplitMix64; fixed seed, so
-/// the result is a pure function of the input).
+/// A seeded (n, l) test matrix with entries uniform in [-1, 1) (`rng::SplitMix64`, 53 bits;
+/// fixed seed, so the result is a pure function of the input).
 fn test_matrix(n: usize, l: usize) -> Mat<f64> {
-    let mut state: u64 = 0x15EC_7A11_D1FF_5EED;
-    let mut next = || {
-        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        (z >> 11) as f64 / (1u64 << 52) as f64 - 1.0
-    };
+    let mut rng = SplitMix64::new(0x15EC_7A11_D1FF_5EED);
     let mut M = Mat::<f64>::zeros(n, l);
     for j in 0..l {
         for i in 0..n {
-            M[(i, j)] = next();
+            M[(i, j)] = rng.signed_f64();
         }
     }
     M
@@ -287,15 +280,8 @@ mod tests {
 
     /// U·diag(s)·Vᵀ + noise with seeded orthonormal U, V.
     fn planted(m: usize, n: usize, s: &[f64], noise: f64, seed: u64) -> Mat<f64> {
-        let mut st = seed;
-        let mut rnd = move || {
-            st = st.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = st;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^= z >> 31;
-            (z >> 11) as f64 / (1u64 << 52) as f64 - 1.0
-        };
+        let mut rng = SplitMix64::new(seed);
+        let mut rnd = move || rng.signed_f64();
         let k = s.len();
         let U = orthonormal(Mat::from_fn(m, k, |_, _| rnd()));
         let V = orthonormal(Mat::from_fn(n, k, |_, _| rnd()));

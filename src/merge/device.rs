@@ -4,8 +4,9 @@
 //! the CPU reference backend), [`Compute::select`] (`--device` → what runs, and why),
 //! [`Lanes`] (backend lanes shared by the merge's worker threads) and [`merge_whole`], the op
 //! sequence of `backend`'s module doc applied to one target's [`Update`]s. Does not own:
-//! the ops themselves (`backend`, `gpu`), which tensors a target reads (`merge::exec`), or the band path
-//! (`merge::math`).
+//! the ops themselves (`backend`, `gpu`), which tensors a target reads (`merge::exec`), the
+//! band path, or which coefficients, factors and ε an update gets (its [`Step`], read by
+//! both routes: `merge::math`).
 //!
 //! # The two routes
 //! * Bands ([`Compute::Cpu`]): `merge::exec` widens a band of base rows into an accumulator
@@ -42,7 +43,7 @@ use std::sync::{Condvar, Mutex};
 use faer::Par;
 
 use super::error::MergeError;
-use super::math::{Factors, Form, SA3_EPS, Update};
+use super::math::{Factors, Step, Update};
 use super::report::DeviceRecord;
 use crate::backend::{Backend, BackendError, CpuBackend, MatShape, NonFinite};
 use crate::gpu::{CudaDevice, DeviceChoice, Selected, select};
@@ -355,7 +356,8 @@ pub fn merge_whole<B: Backend>(
     b.add_narrow(&W0, &D, dtype, dst)
 }
 
-/// `D ← D + w·(f(W0) − W0)` for one update (`merge::math::add_contribution`'s formulas).
+/// `D ← D + w·(f(W0) − W0)` for one update: the ops of its [`Step`], the step the band
+/// route (`merge::math::add_contribution`) takes too.
 fn add_contribution<B: Backend>(
     b: &mut B,
     D: &mut B::Mat,
@@ -364,41 +366,32 @@ fn add_contribution<B: Backend>(
     w: f64,
 ) -> Result<(), BackendError> {
     let (out, inp) = (W0.rows(), W0.cols());
-    let (factors, sigma, form) = match *update {
-        Update::Full { diff, scale } => {
+    match update.step(w) {
+        Step::Scaled { diff, coef } => {
             let X = b.upload(diff, out, inp)?;
-            return b.accumulate_scaled(D, w * scale, &X);
+            b.accumulate_scaled(D, coef, &X)
         }
-        Update::LowRank {
-            factors,
-            sigma,
-            form,
-        } => (factors, sigma, form),
-    };
-    if let Form::Additive = form {
-        return add_delta(b, D, (w * sigma) as f32, &factors);
+        Step::Linear { factors, coef } => add_delta(b, D, coef, &factors),
+        Step::Normalised { w, n } => {
+            let mut V = b.duplicate(W0)?;
+            add_delta(b, &mut V, n.sigma, &n.factors)?;
+            let alpha = match n.row {
+                Some(r) => {
+                    let m = b.upload(r.m, out, 1)?;
+                    Some(b.row_scales(&V, &m, r.eps)?)
+                }
+                None => None,
+            };
+            let beta = match n.col {
+                Some(c) => {
+                    let m = b.upload(c.m, 1, inp)?;
+                    Some(b.col_scales(&V, alpha.as_ref(), &m, c.eps)?)
+                }
+                None => None,
+            };
+            b.accumulate_normalised(D, w, &V, W0, alpha.as_ref(), beta.as_ref())
+        }
     }
-    let mut V = b.duplicate(W0)?;
-    add_delta(b, &mut V, sigma as f32, &factors)?;
-    let row = |b: &mut B, m: &[f32], eps| {
-        let m = b.upload(m, out, 1)?;
-        b.row_scales(&V, &m, eps)
-    };
-    let (alpha, beta) = match form {
-        Form::Rows { m, eps } => (Some(row(b, m, eps)?), None),
-        Form::Cols { m } => {
-            let m = b.upload(m, 1, inp)?;
-            (None, Some(b.col_scales(&V, None, &m, SA3_EPS)?))
-        }
-        Form::Bora { m_r, m_c } => {
-            let alpha = row(b, m_r, SA3_EPS)?;
-            let m_c = b.upload(m_c, 1, inp)?;
-            let beta = b.col_scales(&V, Some(&alpha), &m_c, SA3_EPS)?;
-            (Some(alpha), Some(beta))
-        }
-        Form::Additive => (None, None),
-    };
-    b.accumulate_normalised(D, w, &V, W0, alpha.as_ref(), beta.as_ref())
 }
 
 /// `W ← W + s·Δ` with `Δ = B·A` or `U·M·Vᵀ`.
@@ -432,7 +425,7 @@ mod tests {
 
     use super::*;
     use crate::backend::HostMat;
-    use crate::merge::math::{Scratch, add_contribution as add_band, column_scales};
+    use crate::merge::math::{Form, SA3_EPS, Scratch, add_contribution as add_band, column_scales};
 
     const W: [f32; 6] = [1.0, -2.0, 0.5, -0.5, 1.5, 2.0];
     const A: [f32; 3] = [0.25, -0.5, 1.0];

@@ -4,14 +4,18 @@
 //! Owns: `Factors` (the low-rank update, `B·A` or `U·M·Vᵀ`), `Form` (how `V = W0 + σ·Δ`
 //! becomes the adapted weight: additive, row-normalised (SA3 dora-rows, PEFT DoRA),
 //! column-normalised (dora-cols) or both (BoRA)), `Update` (a low-rank update with its form,
-//! or a full-tensor diff), `column_scales` (the one pass over all rows that column-coupled
-//! forms need) and `add_contribution` (adds `w·(f(W0) − W0)` for a band of rows into a
-//! caller-owned f32 accumulator). Does not own: which tensors these are, loading them, or
-//! where results go (`merge::exec`); the SVD (`linalg`).
+//! or a full-tensor diff), `Step` (what adding one update asks of the kernels: which
+//! coefficient the additive shortcut `(w·σ)·Δ` or a diff gets, which row and column factors
+//! and which ε a normalised form gets), `column_scales` (the one pass over all rows that
+//! column-coupled forms need) and `add_contribution` (adds `w·(f(W0) − W0)` for a band of
+//! rows into a caller-owned f32 accumulator). Does not own: which tensors these are, loading
+//! them, or where results go (`merge::exec`); the SVD (`linalg`).
 //!
-//! The element steps (row and column factors, the DoRA/BoRA combination, diff accumulation)
-//! are `backend::arith`'s functions, the ones the whole-tensor route's backends compute with
-//! (`backend::CpuBackend`, mirrored by the CUDA kernels): one formula per operation.
+//! One formula per operation: the whole-tensor route (`merge::device`) takes the same
+//! [`Update::step`] as the bands here, and the element steps (row factors, the column sums
+//! and factors, the DoRA/BoRA combination, diff accumulation) are `backend::arith`'s, the
+//! ones the whole-tensor route's backends compute with (`backend::CpuBackend`, mirrored by
+//! the CUDA kernels).
 //!
 //! Arithmetic (documented because output bits depend on it):
 //! - `V = W0 + σ·Δ` is f32, the low-rank product through `linalg::lowrank` (faer, f32
@@ -143,24 +147,129 @@ pub enum Update<'a> {
     },
 }
 
-impl Update<'_> {
+/// A DoRA/BoRA magnitude and the ε added to the norm it is divided by.
+#[derive(Clone, Copy, Debug)]
+pub struct Magnitude<'a> {
+    /// One value per row (a row factor) or per column (a column factor).
+    pub m: &'a [f32],
+    /// Added to the norm.
+    pub eps: f64,
+}
+
+/// `V = W0 + σ·Δ` and the factors that normalise it: `f_ij = β_j·(α_i·V_ij)`, a factor that
+/// is `None` being 1.
+#[derive(Clone, Copy, Debug)]
+pub struct Normalisation<'a> {
+    /// Δ.
+    pub factors: Factors<'a>,
+    /// σ, as the GEMM `V ← W0 + σ·Δ` takes it (rounded once to f32).
+    pub sigma: f32,
+    /// `α_i = m_i/(‖V_i‖_row + ε)` (dora-rows, BoRA).
+    pub row: Option<Magnitude<'a>>,
+    /// `β_j = m_j/(‖(α⊙V)_j‖_col + ε)` (dora-cols, BoRA): a pass over every row of the target.
+    pub col: Option<Magnitude<'a>>,
+}
+
+impl Normalisation<'_> {
+    /// `α` of `row` (row number `i` of the target), or 1 without a row factor.
+    pub fn row_factor(&self, row: &[f32], i: usize) -> f64 {
+        self.row
+            .map_or(1.0, |r| arith::row_scale(row, r.m[i], r.eps))
+    }
+}
+
+/// What adding `w·(f(W0) − W0)` for one update asks of the kernels: the one place that says
+/// which coefficients, factors and ε each form gets, read by the band route
+/// ([`column_scales`], [`add_contribution`]) and by the whole-tensor program
+/// (`merge::device`, on every `Backend`).
+#[derive(Clone, Copy, Debug)]
+pub enum Step<'a> {
+    /// `D ← D + f32(coef·X)` element by element (`arith::scaled_contribution`), with
+    /// `coef = w·scale`: a full-tensor diff.
+    Scaled {
+        /// X, row-major in the target's (out, in') view.
+        diff: &'a [f32],
+        /// `w·scale`.
+        coef: f64,
+    },
+    /// `D ← D + coef·Δ`, one f32 GEMM with `coef = f32(w·σ)`: the additive forms, whose
+    /// `w·(V − W0)` is `w·σ·Δ`, so neither `V` nor `W0` is formed.
+    Linear {
+        /// Δ.
+        factors: Factors<'a>,
+        /// `w·σ`, rounded once to f32.
+        coef: f32,
+    },
+    /// `V = W0 + σ·Δ`, then `D_ij ← D_ij + f32(w·(β_j·(α_i·V_ij) − W0_ij))`
+    /// (`arith::normalised_contribution`).
+    Normalised {
+        /// The application weight.
+        w: f64,
+        /// V and its factors.
+        n: Normalisation<'a>,
+    },
+}
+
+impl<'a> Update<'a> {
+    /// The step that adds `w·(f(W0) − W0)` for this update.
+    pub fn step(&self, w: f64) -> Step<'a> {
+        match *self {
+            Update::Full { diff, scale } => Step::Scaled {
+                diff,
+                coef: w * scale,
+            },
+            Update::LowRank {
+                factors,
+                sigma,
+                form: Form::Additive,
+            } => Step::Linear {
+                factors,
+                coef: (w * sigma) as f32,
+            },
+            Update::LowRank { .. } => Step::Normalised {
+                w,
+                n: self.normalisation().expect("a normalised form"),
+            },
+        }
+    }
+
+    /// `V` and its factors, for the normalised forms (`None` for a diff or an additive form).
+    pub fn normalisation(&self) -> Option<Normalisation<'a>> {
+        let Update::LowRank {
+            factors,
+            sigma,
+            form,
+        } = *self
+        else {
+            return None;
+        };
+        let sa3 = |m| Some(Magnitude { m, eps: SA3_EPS });
+        let (row, col) = match form {
+            Form::Additive => return None,
+            Form::Rows { m, eps } => (Some(Magnitude { m, eps }), None),
+            Form::Cols { m } => (None, sa3(m)),
+            Form::Bora { m_r, m_c } => (sa3(m_r), sa3(m_c)),
+        };
+        Some(Normalisation {
+            factors,
+            sigma: sigma as f32,
+            row,
+            col,
+        })
+    }
+
     /// True when `f` couples all rows through column norms, so [`column_scales`] must run
     /// over the whole target before any band is produced.
     pub fn needs_column_pass(&self) -> bool {
-        matches!(
-            self,
-            Update::LowRank {
-                form: Form::Cols { .. } | Form::Bora { .. },
-                ..
-            }
-        )
+        self.normalisation().is_some_and(|n| n.col.is_some())
     }
 }
 
 /// Per-column factors of a column-coupled update, computed over every row of the target:
 /// `β_j = m_j/(‖V‖_col_j + ε)` (dora-cols) or `β_j = m_c_j/(‖H‖_col_j + ε)` (BoRA). `read`
 /// fills a band of W0 rows (f32, row-major). Returns `None` for updates without a column
-/// pass. Bands are visited in row order, so the column sums run over i ascending.
+/// pass. Bands are visited in row order, so the column sums run over i ascending
+/// (`arith::ColumnSums`, as the CPU backend's `col_scales`).
 pub fn column_scales<E>(
     update: &Update<'_>,
     out: usize,
@@ -168,20 +277,13 @@ pub fn column_scales<E>(
     band_rows: usize,
     mut read: impl FnMut(usize, usize, &mut [f32]) -> Result<(), E>,
 ) -> Result<Option<Vec<f64>>, E> {
-    let Update::LowRank {
-        factors,
-        sigma,
-        form,
-    } = update
-    else {
+    let Some(n) = update.normalisation() else {
         return Ok(None);
     };
-    let m_col = match *form {
-        Form::Cols { m } => m,
-        Form::Bora { m_c, .. } => m_c,
-        Form::Additive | Form::Rows { .. } => return Ok(None),
+    let Some(col) = n.col else {
+        return Ok(None);
     };
-    let mut sums = vec![0.0f64; inp];
+    let mut sums = arith::ColumnSums::new(inp);
     let mut V = Vec::new();
     let mut scratch = Vec::new();
     let mut r0 = 0;
@@ -189,25 +291,13 @@ pub fn column_scales<E>(
         let rows = band_rows.min(out - r0);
         V.resize(rows * inp, 0.0);
         read(r0, rows, &mut V)?;
-        factors.add_rows(&mut V, r0, rows, inp, *sigma as f32, &mut scratch);
-        for (i, Vi) in V.chunks_exact(inp).enumerate() {
-            // BoRA sums the squares of H = α_i·V_i, dora-cols those of V.
-            let alpha = match *form {
-                Form::Bora { m_r, .. } => arith::row_scale(Vi, m_r[r0 + i], SA3_EPS),
-                _ => 1.0,
-            };
-            for (s, &v) in sums.iter_mut().zip(Vi) {
-                *s += arith::scaled_square(alpha, v);
-            }
-        }
+        n.factors
+            .add_rows(&mut V, r0, rows, inp, n.sigma, &mut scratch);
+        // BoRA sums the squares of H = α_i·V_i, dora-cols those of V.
+        sums.add_rows(&V, |i, Vi| n.row_factor(Vi, r0 + i));
         r0 += rows;
     }
-    Ok(Some(
-        sums.iter()
-            .zip(m_col)
-            .map(|(s, &m)| arith::magnitude_scale(s.sqrt(), m, SA3_EPS))
-            .collect(),
-    ))
+    Ok(Some(sums.scales(col.m, col.eps)))
 }
 
 /// Scratch buffers one worker reuses across bands and contributions.
@@ -241,45 +331,28 @@ pub fn add_contribution(
     scratch: &mut Scratch,
 ) {
     assert_eq!(D.len(), rows * inp, "D band must be (rows, inp)");
-    match *update {
-        Update::Full { diff, scale } => {
-            let coef = w * scale;
+    match update.step(w) {
+        Step::Scaled { diff, coef } => {
             let band = &diff[r0 * inp..(r0 + rows) * inp];
             for (d, &x) in D.iter_mut().zip(band) {
                 *d = arith::scaled_contribution(*d, coef, x);
             }
         }
-        Update::LowRank {
-            factors,
-            sigma,
-            form: Form::Additive,
-        } => factors.add_rows(D, r0, rows, inp, (w * sigma) as f32, &mut scratch.xs),
-        Update::LowRank {
-            factors,
-            sigma,
-            form,
-        } => {
+        Step::Linear { factors, coef } => factors.add_rows(D, r0, rows, inp, coef, &mut scratch.xs),
+        Step::Normalised { w, n } => {
             assert_eq!(W0.len(), rows * inp, "W0 band must be (rows, inp)");
             let Scratch { V, xs, ones } = scratch;
             V.clear();
             V.extend_from_slice(W0);
-            factors.add_rows(V, r0, rows, inp, sigma as f32, xs);
+            n.factors.add_rows(V, r0, rows, inp, n.sigma, xs);
             ones.resize(inp, 1.0);
+            let beta = match n.col {
+                Some(_) => col_scale.expect("column-coupled update needs column scales"),
+                None => &ones[..],
+            };
             let rows_iter = V.chunks_exact(inp).zip(W0.chunks_exact(inp));
             for (i, ((Vi, W0i), Di)) in rows_iter.zip(D.chunks_exact_mut(inp)).enumerate() {
-                let row = r0 + i;
-                // f_ij = β_j·(α_i·V_ij) with α, β = 1 where the form has no such factor.
-                let alpha = match form {
-                    Form::Rows { m, eps } => arith::row_scale(Vi, m[row], eps),
-                    Form::Bora { m_r, .. } => arith::row_scale(Vi, m_r[row], SA3_EPS),
-                    Form::Cols { .. } | Form::Additive => 1.0,
-                };
-                let beta = match form {
-                    Form::Cols { .. } | Form::Bora { .. } => {
-                        col_scale.expect("column-coupled update needs column scales")
-                    }
-                    Form::Rows { .. } | Form::Additive => &ones[..],
-                };
+                let alpha = n.row_factor(Vi, r0 + i);
                 for (((d, &v), &w0), &b) in Di.iter_mut().zip(Vi).zip(W0i).zip(beta) {
                     *d = arith::normalised_contribution(*d, w, v, w0, alpha, b);
                 }

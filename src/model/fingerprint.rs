@@ -43,6 +43,20 @@ pub trait ShapeSource {
     fn names(&self) -> Vec<String>;
 }
 
+/// Shapes by name, built by hand: the tests' source (here and in `layout::write`).
+#[cfg(test)]
+pub(crate) struct Shapes(pub(crate) std::collections::BTreeMap<String, Vec<usize>>);
+
+#[cfg(test)]
+impl ShapeSource for Shapes {
+    fn shape(&self, n: &str) -> Option<Vec<usize>> {
+        self.0.get(n).cloned()
+    }
+    fn names(&self) -> Vec<String> {
+        self.0.keys().cloned().collect()
+    }
+}
+
 impl ShapeSource for crate::io::TensorSet {
     fn shape(&self, name: &str) -> Option<Vec<usize>> {
         self.get(name).map(|t| t.view.shape.to_vec())
@@ -284,16 +298,6 @@ fn fingerprint_sa3(src: &dyn ShapeSource, names: &[String]) -> Option<Fingerprin
 mod tests {
     use super::*;
     use std::collections::BTreeMap;
-
-    struct Shapes(BTreeMap<String, Vec<usize>>);
-    impl ShapeSource for Shapes {
-        fn shape(&self, n: &str) -> Option<Vec<usize>> {
-            self.0.get(n).cloned()
-        }
-        fn names(&self) -> Vec<String> {
-            self.0.keys().cloned().collect()
-        }
-    }
 
     #[test]
     fn every_released_wan_config_is_recognised_from_its_parameter_table() {
