@@ -1859,6 +1859,44 @@ fn cli_refusals_write_nothing() {
     );
 }
 
+/// A bad keep-f32 policy is a usage error that names the flag once (the library's message
+/// names no flag; each front end adds its own), on merge and restack alike; a recipe names
+/// its field instead.
+#[test]
+fn a_bad_keep_f32_policy_names_the_flag_once() {
+    let t2v = s(&repo("golden/models/t2v"));
+    let peft = s(&repo("golden/adapters/peft_plain"));
+    let tmp = common::tmp();
+    for args in [
+        vec!["merge", "--base", &t2v, "--adapter", &peft],
+        vec!["restack", &t2v, "--to", "wan", "--dtype", "bf16"],
+    ] {
+        let mut all = args.clone();
+        all.extend(["--keep-f32", "bogus", "--out", "out"]);
+        let (code, _, err) = common::parts(&common::run(tmp.path(), &all));
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(
+            err.contains("`bogus` is not diffusers, maxdiffusion, none or regex:PATTERN"),
+            "{args:?}: {err}"
+        );
+        assert_eq!(err.matches("--keep-f32").count(), 1, "{args:?}: {err}");
+        assert!(common::tree(tmp.path()).is_empty());
+    }
+    let recipe = tmp.path().join("r.toml");
+    std::fs::write(
+        &recipe,
+        format!(
+            "[base]\npath = \"{t2v}\"\n\n[[adapter]]\npath = \"{peft}\"\n\n\
+             [output]\ndir = \"out\"\nkeep_f32 = \"regex:(\"\n"
+        ),
+    )
+    .unwrap();
+    let (code, _, err) = common::parts(&common::run(tmp.path(), &["bake", "r.toml"]));
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("output.keep_f32: regex `(`"), "{err}");
+    assert!(!err.contains("--keep-f32"), "{err}");
+}
+
 #[test]
 fn cli_refuses_non_finite_adapters_and_merged_results() {
     let tmp = common::tmp();

@@ -84,7 +84,7 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
             .as_deref()
             .map(KeepF32::parse)
             .transpose()
-            .map_err(|e| UsageError(e.to_string()))?,
+            .map_err(|e| UsageError(format!("--keep-f32: {e}")))?,
         shard_bytes: args.shard_size,
         config: args.config,
         replace: if args.overwrite {

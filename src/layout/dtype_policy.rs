@@ -112,10 +112,7 @@ impl KeepF32 {
                             reason: e.to_string(),
                         }
                     }),
-                    None => Err(PlanError::Regex {
-                        pattern: s.to_string(),
-                        reason: "expected diffusers, maxdiffusion, none or regex:PATTERN".into(),
-                    }),
+                    None => Err(PlanError::UnknownKeepF32(s.to_string())),
                 }
             }
         }
