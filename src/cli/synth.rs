@@ -53,7 +53,7 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
         UsageError(format!(
             "unknown model `{}` (one of: {})",
             args.model,
-            SynthModel::names().join(", ")
+            wanbake::names::either(SynthModel::named().iter().filter_map(|m| m.id()))
         ))
     })?;
     let fill = match args.fill.as_str() {

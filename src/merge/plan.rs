@@ -125,7 +125,7 @@ impl MergeOptions {
 /// `keep_f32`, `layout` and `shard_size` are refused with it; `dtype` is the
 /// high-precision dtype of fp8-scaled (f16 by default; bf16 or f32) and refused for GGUF.
 fn quantize_options(t: &OptionsText<'_>) -> Result<Option<QuantOptions>, BadOption> {
-    use crate::model::quant_rules::{ALL_FORMATS, QuantFormat};
+    use crate::model::quant_rules::QuantFormat;
     let bad = |field: &'static str, message: String| BadOption { field, message };
     let Some(to) = t.to else {
         if t.city96_rounding {
@@ -133,13 +133,7 @@ fn quantize_options(t: &OptionsText<'_>) -> Result<Option<QuantOptions>, BadOpti
         }
         return Ok(None);
     };
-    let format = QuantFormat::parse(&to.to_ascii_lowercase()).ok_or_else(|| {
-        let all: Vec<&str> = ALL_FORMATS.iter().map(|f| f.as_str()).collect();
-        bad(
-            "to",
-            format!("unknown format `{to}` (one of: {})", all.join(", ")),
-        )
-    })?;
+    let format: QuantFormat = to.to_ascii_lowercase().parse().map_err(|m| bad("to", m))?;
     for (given, field) in [
         (t.keep_f32.is_some(), "keep_f32"),
         (t.layout.is_some(), "layout"),
