@@ -2145,7 +2145,9 @@ fn cli_device_flag_picks_the_route_and_the_manifest_says_which_ran() {
     let (code, _, err) = cli_merge_on(tmp.path(), "gpu", &tmp.path().join("bad"));
     assert_eq!(code, 2, "{err}");
     assert!(
-        err.contains("unknown device 'gpu': expected auto, cpu or cuda"),
+        err.contains(
+            "invalid value 'gpu' for '--device <DEVICE>'\n  [possible values: auto, cpu, cuda]"
+        ),
         "{err}"
     );
     // Only the releases that succeeded exist: no `bad`, no temporaries.

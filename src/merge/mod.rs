@@ -43,7 +43,7 @@ use std::path::{Path, PathBuf};
 pub use bind::{BoundAdapter, BoundSet, bind_adapter, bind_specs, components_of};
 pub use device::{Compute, DeviceReport};
 pub use error::MergeError;
-pub use plan::{BadOption, MergeOptions, MergePlan, OptionsText, plan_merge};
+pub use plan::{BadOption, MergeChoices, MergeOptions, MergePlan, plan_merge};
 pub use report::{DeviceRecord, DoraStrength, MergeReport};
 pub use spec::{AdapterSpec, ComponentChoice};
 
