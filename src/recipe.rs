@@ -603,6 +603,36 @@ tolerance = 0.01
     }
 
     #[test]
+    fn option_values_are_read_by_their_types_and_errors_name_the_field() {
+        let parse = |text: String| Recipe::parse(&text, Path::new("r.toml"));
+        for (field, line, section) in [
+            ("output.dtype", "dtype = \"bf17\"", "[output]"),
+            ("output.layout", "layout = \"scanned\"", "[output]"),
+            ("output.keep_f32", "keep_f32 = \"regex:(\"", "[output]"),
+            ("output.to", "to = \"GGUF:Q8_0\"", "[output]"),
+            (
+                "merge.dora_strength",
+                "dora_strength = \"inside\"",
+                "[merge]",
+            ),
+        ] {
+            let text = if section == "[output]" {
+                GOOD.replace("layout = \"nnx-scanned\"", line)
+            } else {
+                format!("{GOOD}\n[merge]\n{line}\n")
+            };
+            let e = parse(text).unwrap_err().to_string();
+            assert!(e.contains(&format!("r.toml: {field}: ")), "{e}");
+            assert!(!e.contains("--"), "a recipe error names no flag: {e}");
+        }
+        // One table: a PyTorch alias reads as the name it stands for, and records as it.
+        let bf16 = parse(GOOD.replace("shard_size", "dtype = \"bf16\"\nshard_size")).unwrap();
+        let alias = parse(GOOD.replace("shard_size", "dtype = \"bfloat16\"\nshard_size")).unwrap();
+        assert_eq!(alias.normalised(), bf16.normalised());
+        assert_eq!(alias.merge_options().unwrap().dtype, OutputDType::BF16);
+    }
+
+    #[test]
     fn sizes() {
         assert_eq!(parse_size("4096").unwrap(), 4096);
         assert_eq!(parse_size("1.5GB").unwrap(), 1_500_000_000);

@@ -1859,6 +1859,56 @@ fn cli_refusals_write_nothing() {
     );
 }
 
+/// Every enumerated flag of every command is checked by the parser against the library's
+/// own names (case-sensitively, the same on every command): a bad value exits 2, names the
+/// flag and lists exactly the values that command accepts, and nothing is written.
+#[test]
+fn every_enumerated_flag_lists_the_values_its_command_accepts() {
+    let layouts = "diffusers, wan, nnx, nnx-scanned";
+    let formats = "fp8-scaled, gguf:q8_0, gguf:q4_0, gguf:q5_0, gguf:bf16, gguf:f16";
+    let conventions = "peft, diffusers, comfy, kohya, lycoris, sa3, nnx";
+    let devices = "auto, cpu, cuda";
+    let floats = "bf16, f16, f32";
+    let cases: &[(&str, &str, &str)] = &[
+        ("merge", "--dtype", "keep, bf16, f16, f32"),
+        ("merge", "--layout", layouts),
+        ("merge", "--dora-strength", "merge, peft"),
+        ("merge", "--to", formats),
+        ("merge", "--device", devices),
+        ("restack", "--to", layouts),
+        ("restack", "--from", layouts),
+        ("restack", "--dtype", "keep, bf16, f16, f32"),
+        ("restack", "--device", devices),
+        ("convert", "--dtype", floats),
+        ("convert", "--to", formats),
+        ("synth", "--dtype", floats),
+        ("synth", "--fill", "zero, random"),
+        ("synth", "--model", "wan2.1-t2v-1.3b, wan2.1-t2v-14b"),
+        ("extract", "--to", "comfy, peft]"),
+        ("extract", "--svd", "randomized, exact]"),
+        ("extract", "--device", devices),
+        ("translate", "--to", conventions),
+        ("translate", "--from", conventions),
+        ("bake", "--device", devices),
+    ];
+    let tmp = common::tmp();
+    for (command, flag, values) in cases {
+        for bad in ["bogus", "BF16", "Wan", "PEFT"] {
+            let (code, _, err) = common::parts(&common::run(tmp.path(), &[command, flag, bad]));
+            assert_eq!(code, 2, "{command} {flag} {bad}: {err}");
+            assert!(
+                err.contains(&format!("invalid value '{bad}' for '{flag} <")),
+                "{command} {flag} {bad}: {err}"
+            );
+            assert!(
+                err.contains(&format!("[possible values: {values}")),
+                "{command} {flag} {bad}: {err}"
+            );
+        }
+    }
+    assert!(common::tree(tmp.path()).is_empty());
+}
+
 /// A bad keep-f32 policy is a usage error that names the flag once (the library's message
 /// names no flag; each front end adds its own), on merge and restack alike; a recipe names
 /// its field instead.
