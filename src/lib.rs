@@ -21,6 +21,7 @@ pub mod linalg;
 pub mod manifest;
 pub mod merge;
 pub mod model;
+pub mod names;
 pub mod progress;
 pub mod quant_inspect;
 pub mod quantize;

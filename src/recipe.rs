@@ -2,13 +2,20 @@
 //!
 //! Owns: the recipe schema (`Recipe`, every field documented in README.md), strict parsing
 //! (unknown fields are errors, naming the field and the file), resolution of relative paths
-//! against the recipe's folder, and the normalised form recorded in the manifest and in every
-//! output file's `__metadata__` (so the same recipe spelled differently records the same
-//! thing). Does not own: executing the bake (`bake`).
+//! against the recipe's folder, reading `[output]`/`[merge]` into merge options
+//! (`Recipe::merge_options`: each field through its type's `FromStr`, then the builder the
+//! command line uses, `MergeOptions::new`; errors name the recipe field), and the normalised
+//! form recorded in the manifest and in every output file's `__metadata__` (so the same
+//! recipe spelled differently records the same thing). Does not own: the names of option
+//! values (each type's table, `names`) or executing the bake (`bake`).
 
 use std::path::{Path, PathBuf};
+use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
+
+use crate::layout::{KeepF32, OutputDType};
+use crate::merge::{MergeChoices, MergeOptions};
 
 /// A parsed recipe with paths resolved.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -401,35 +408,7 @@ impl Recipe {
             check_sha_spec(a.sha256.as_ref()).map_err(|m| self.invalid(f("sha256"), m))?;
         }
         check_sha_spec(self.base.sha256.as_ref()).map_err(|m| self.invalid("base.sha256", m))?;
-        if let Some(d) = self.output.dtype()
-            && !matches!(d, "bf16" | "f16" | "f32" | "keep")
-        {
-            return Err(self.invalid(
-                "output.dtype",
-                format!("`{d}` is not bf16, f16, f32 or keep"),
-            ));
-        }
-        if let Some(l) = &self.output.layout
-            && !matches!(l.as_str(), "diffusers" | "wan" | "nnx" | "nnx-scanned")
-        {
-            return Err(self.invalid(
-                "output.layout",
-                format!("`{l}` is not diffusers, wan, nnx or nnx-scanned"),
-            ));
-        }
-        if let Some(s) = &self.output.shard_size {
-            s.bytes()
-                .map_err(|m| self.invalid("output.shard_size", m))?;
-        }
-        if let Some(d) = &self.merge.dora_strength
-            && d != "merge"
-            && d != "peft"
-        {
-            return Err(self.invalid(
-                "merge.dora_strength",
-                format!("`{d}` is not `merge` or `peft`"),
-            ));
-        }
+        self.merge_options()?;
         for (i, c) in self.checks.iter().enumerate() {
             if !(c.tolerance.is_finite() && c.tolerance >= 0.0) {
                 return Err(self.invalid(
@@ -441,12 +420,69 @@ impl Recipe {
         Ok(())
     }
 
+    /// `[output]` and `[merge]` as merge options: each field read with its type's `FromStr`
+    /// (the names the command line takes), then [`MergeOptions::new`], the builder the
+    /// command line uses too; an error names the recipe field (`output.dtype`).
+    pub fn merge_options(&self) -> Result<MergeOptions, RecipeError> {
+        fn field<T: FromStr>(
+            r: &Recipe,
+            name: &str,
+            text: Option<&str>,
+        ) -> Result<Option<T>, RecipeError>
+        where
+            T::Err: std::fmt::Display,
+        {
+            text.map(str::parse)
+                .transpose()
+                .map_err(|e: T::Err| r.invalid(name, e.to_string()))
+        }
+        let o = &self.output;
+        let choices = MergeChoices {
+            dtype: field(self, "output.dtype", o.dtype())?.unwrap_or_default(),
+            keep_f32: o
+                .keep_f32
+                .as_deref()
+                .map(KeepF32::parse)
+                .transpose()
+                .map_err(|e| self.invalid("output.keep_f32", e.to_string()))?,
+            layout: field(self, "output.layout", o.layout.as_deref())?,
+            dora_strength: field(
+                self,
+                "merge.dora_strength",
+                self.merge.dora_strength.as_deref(),
+            )?
+            .unwrap_or_default(),
+            allow_unmatched: self.merge.allow_unmatched,
+            shard_bytes: o
+                .shard_size
+                .as_ref()
+                .map(ShardSize::bytes)
+                .transpose()
+                .map_err(|m| self.invalid("output.shard_size", m))?,
+            to: field(self, "output.to", o.to.as_deref())?,
+            city96_rounding: o.city96_rounding,
+        };
+        MergeOptions::new(choices).map_err(|b| {
+            let section = if b.field == "dora_strength" {
+                "merge"
+            } else {
+                "output"
+            };
+            self.invalid(format!("{section}.{}", b.field), b.message)
+        })
+    }
+
     /// The normalised recipe recorded in the manifest and in output metadata: paths as the
     /// recipe spells them relative to its folder, defaults filled in, keys sorted.
     pub fn normalised(&self) -> serde_json::Value {
         let rel = |p: &Path| self.relative(p);
         let mut v = serde_json::to_value(self).expect("recipe serialises");
         if let Some(d) = self.output.dtype() {
+            // Canonical: an alias (`bfloat16`) records as the name it stands for.
+            let d: &str = match d.parse::<OutputDType>() {
+                Ok(known) => known.as_str(),
+                Err(_) => d,
+            };
             v["output"]["dtype"] = d.into();
         }
         v["base"]["path"] = rel(&self.base.path).into();
@@ -564,6 +600,36 @@ tolerance = 0.01
         )
         .unwrap_err();
         assert!(e.to_string().contains("base.sha256"), "{e}");
+    }
+
+    #[test]
+    fn option_values_are_read_by_their_types_and_errors_name_the_field() {
+        let parse = |text: String| Recipe::parse(&text, Path::new("r.toml"));
+        for (field, line, section) in [
+            ("output.dtype", "dtype = \"bf17\"", "[output]"),
+            ("output.layout", "layout = \"scanned\"", "[output]"),
+            ("output.keep_f32", "keep_f32 = \"regex:(\"", "[output]"),
+            ("output.to", "to = \"GGUF:Q8_0\"", "[output]"),
+            (
+                "merge.dora_strength",
+                "dora_strength = \"inside\"",
+                "[merge]",
+            ),
+        ] {
+            let text = if section == "[output]" {
+                GOOD.replace("layout = \"nnx-scanned\"", line)
+            } else {
+                format!("{GOOD}\n[merge]\n{line}\n")
+            };
+            let e = parse(text).unwrap_err().to_string();
+            assert!(e.contains(&format!("r.toml: {field}: ")), "{e}");
+            assert!(!e.contains("--"), "a recipe error names no flag: {e}");
+        }
+        // One table: a PyTorch alias reads as the name it stands for, and records as it.
+        let bf16 = parse(GOOD.replace("shard_size", "dtype = \"bf16\"\nshard_size")).unwrap();
+        let alias = parse(GOOD.replace("shard_size", "dtype = \"bfloat16\"\nshard_size")).unwrap();
+        assert_eq!(alias.normalised(), bf16.normalised());
+        assert_eq!(alias.merge_options().unwrap().dtype, OutputDType::BF16);
     }
 
     #[test]

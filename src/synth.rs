@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::LazyLock;
 
 use rayon::prelude::*;
 
@@ -34,26 +35,45 @@ pub enum SynthModel {
 }
 
 impl SynthModel {
-    /// Parses `wan2.1-t2v-1.3b`, `wan2.2-t2v-a14b`, `sa3-small`, ... (the ids of `inspect`).
-    pub fn parse(s: &str) -> Option<SynthModel> {
-        if s == "wan2.2-t2v-a14b" {
-            return Some(SynthModel::WanA14B);
-        }
-        if let Some(v) = WanVariant::ALL.iter().find(|v| v.id() == s) {
-            return Some(SynthModel::Wan(*v));
-        }
-        Sa3Variant::ALL
-            .iter()
-            .find(|v| v.id() == s)
-            .map(|v| SynthModel::Sa3(*v))
+    /// Every released model, in the order `--help` lists them: the named values of
+    /// `synth --model`.
+    pub fn named() -> &'static [SynthModel] {
+        static NAMED: LazyLock<Vec<SynthModel>> = LazyLock::new(|| {
+            let mut v: Vec<SynthModel> = WanVariant::ALL.map(SynthModel::Wan).to_vec();
+            v.push(SynthModel::WanA14B);
+            v.extend(Sa3Variant::ALL.map(SynthModel::Sa3));
+            v
+        });
+        &NAMED
     }
 
-    /// Every accepted name.
-    pub fn names() -> Vec<&'static str> {
-        let mut v: Vec<&str> = WanVariant::ALL.iter().map(|v| v.id()).collect();
-        v.push("wan2.2-t2v-a14b");
-        v.extend(Sa3Variant::ALL.iter().map(|v| v.id()));
-        v
+    /// The id of a released model (`wan2.1-t2v-1.3b`, `wan2.2-t2v-a14b`, `sa3-small`, ...:
+    /// the ids of `inspect`); `None` for an arbitrary config.
+    pub fn id(&self) -> Option<&'static str> {
+        match self {
+            SynthModel::Wan(v) => Some(v.id()),
+            SynthModel::WanA14B => Some("wan2.2-t2v-a14b"),
+            SynthModel::Sa3(v) => Some(v.id()),
+            SynthModel::WanConfig(_) => None,
+        }
+    }
+
+    /// The released model with this id.
+    pub fn parse(s: &str) -> Option<SynthModel> {
+        SynthModel::named()
+            .iter()
+            .find(|m| m.id() == Some(s))
+            .cloned()
+    }
+}
+
+impl clap::ValueEnum for SynthModel {
+    fn value_variants<'a>() -> &'a [Self] {
+        SynthModel::named()
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        self.id().map(clap::builder::PossibleValue::new)
     }
 }
 
@@ -68,6 +88,29 @@ pub enum Fill {
         seed: u64,
     },
 }
+
+impl Fill {
+    /// Both kinds (`random` with seed 0; [`Fill::seeded`] sets another).
+    pub const ALL: [Fill; 2] = [Fill::Zero, Fill::Random { seed: 0 }];
+
+    /// The kind's name, as `synth --fill` spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Fill::Zero => "zero",
+            Fill::Random { .. } => "random",
+        }
+    }
+
+    /// The same kind with this seed (zeros have none).
+    pub fn seeded(self, seed: u64) -> Fill {
+        match self {
+            Fill::Zero => Fill::Zero,
+            Fill::Random { .. } => Fill::Random { seed },
+        }
+    }
+}
+
+crate::names::value_enum!(Fill);
 
 /// A synthetic checkpoint request.
 #[derive(Clone, Debug)]

@@ -1859,6 +1859,94 @@ fn cli_refusals_write_nothing() {
     );
 }
 
+/// Every enumerated flag of every command is checked by the parser against the library's
+/// own names (case-sensitively, the same on every command): a bad value exits 2, names the
+/// flag and lists exactly the values that command accepts, and nothing is written.
+#[test]
+fn every_enumerated_flag_lists_the_values_its_command_accepts() {
+    let layouts = "diffusers, wan, nnx, nnx-scanned";
+    let formats = "fp8-scaled, gguf:q8_0, gguf:q4_0, gguf:q5_0, gguf:bf16, gguf:f16";
+    let conventions = "peft, diffusers, comfy, kohya, lycoris, sa3, nnx";
+    let devices = "auto, cpu, cuda";
+    let floats = "bf16, f16, f32";
+    let cases: &[(&str, &str, &str)] = &[
+        ("merge", "--dtype", "keep, bf16, f16, f32"),
+        ("merge", "--layout", layouts),
+        ("merge", "--dora-strength", "merge, peft"),
+        ("merge", "--to", formats),
+        ("merge", "--device", devices),
+        ("restack", "--to", layouts),
+        ("restack", "--from", layouts),
+        ("restack", "--dtype", "keep, bf16, f16, f32"),
+        ("restack", "--device", devices),
+        ("convert", "--dtype", floats),
+        ("convert", "--to", formats),
+        ("synth", "--dtype", floats),
+        ("synth", "--fill", "zero, random"),
+        ("synth", "--model", "wan2.1-t2v-1.3b, wan2.1-t2v-14b"),
+        ("extract", "--to", "comfy, peft]"),
+        ("extract", "--svd", "randomized, exact]"),
+        ("extract", "--device", devices),
+        ("translate", "--to", conventions),
+        ("translate", "--from", conventions),
+        ("bake", "--device", devices),
+    ];
+    let tmp = common::tmp();
+    for (command, flag, values) in cases {
+        for bad in ["bogus", "BF16", "Wan", "PEFT"] {
+            let (code, _, err) = common::parts(&common::run(tmp.path(), &[command, flag, bad]));
+            assert_eq!(code, 2, "{command} {flag} {bad}: {err}");
+            assert!(
+                err.contains(&format!("invalid value '{bad}' for '{flag} <")),
+                "{command} {flag} {bad}: {err}"
+            );
+            assert!(
+                err.contains(&format!("[possible values: {values}")),
+                "{command} {flag} {bad}: {err}"
+            );
+        }
+    }
+    assert!(common::tree(tmp.path()).is_empty());
+}
+
+/// A bad keep-f32 policy is a usage error that names the flag once (the library's message
+/// names no flag; each front end adds its own), on merge and restack alike; a recipe names
+/// its field instead.
+#[test]
+fn a_bad_keep_f32_policy_names_the_flag_once() {
+    let t2v = s(&repo("golden/models/t2v"));
+    let peft = s(&repo("golden/adapters/peft_plain"));
+    let tmp = common::tmp();
+    for args in [
+        vec!["merge", "--base", &t2v, "--adapter", &peft],
+        vec!["restack", &t2v, "--to", "wan", "--dtype", "bf16"],
+    ] {
+        let mut all = args.clone();
+        all.extend(["--keep-f32", "bogus", "--out", "out"]);
+        let (code, _, err) = common::parts(&common::run(tmp.path(), &all));
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(
+            err.contains("`bogus` is not diffusers, maxdiffusion, none or regex:PATTERN"),
+            "{args:?}: {err}"
+        );
+        assert_eq!(err.matches("--keep-f32").count(), 1, "{args:?}: {err}");
+        assert!(common::tree(tmp.path()).is_empty());
+    }
+    let recipe = tmp.path().join("r.toml");
+    std::fs::write(
+        &recipe,
+        format!(
+            "[base]\npath = \"{t2v}\"\n\n[[adapter]]\npath = \"{peft}\"\n\n\
+             [output]\ndir = \"out\"\nkeep_f32 = \"regex:(\"\n"
+        ),
+    )
+    .unwrap();
+    let (code, _, err) = common::parts(&common::run(tmp.path(), &["bake", "r.toml"]));
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("output.keep_f32: regex `(`"), "{err}");
+    assert!(!err.contains("--keep-f32"), "{err}");
+}
+
 #[test]
 fn cli_refuses_non_finite_adapters_and_merged_results() {
     let tmp = common::tmp();
@@ -2107,7 +2195,9 @@ fn cli_device_flag_picks_the_route_and_the_manifest_says_which_ran() {
     let (code, _, err) = cli_merge_on(tmp.path(), "gpu", &tmp.path().join("bad"));
     assert_eq!(code, 2, "{err}");
     assert!(
-        err.contains("unknown device 'gpu': expected auto, cpu or cuda"),
+        err.contains(
+            "invalid value 'gpu' for '--device <DEVICE>'\n  [possible values: auto, cpu, cuda]"
+        ),
         "{err}"
     );
     // Only the releases that succeeded exist: no `bad`, no temporaries.

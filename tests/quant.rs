@@ -417,7 +417,7 @@ fn refusals_write_nothing() {
     for (args, want) in [
         (
             vec!["convert", inp, "--to", "gguf:q3_k", "--out", "o"],
-            "--to: unknown format `gguf:q3_k`",
+            "invalid value 'gguf:q3_k' for '--to <FORMAT>'\n  [possible values: fp8-scaled, gguf:q8_0, gguf:q4_0, gguf:q5_0, gguf:bf16, gguf:f16]",
         ),
         (
             vec!["convert", inp, "--to", "gguf:q8_0", "--out", "o.gguf"],

@@ -96,7 +96,8 @@ impl std::fmt::Display for Convention {
 /// A convention name that is not one of the seven.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown adapter convention `{0}` (expected peft, diffusers, comfy, kohya, lycoris, sa3 or nnx)"
+    "unknown adapter convention `{0}` (expected {expected})",
+    expected = crate::names::either(Convention::ALL.map(Convention::as_str))
 )]
 pub struct UnknownConvention(pub String);
 
@@ -104,12 +105,12 @@ impl FromStr for Convention {
     type Err = UnknownConvention;
 
     fn from_str(s: &str) -> Result<Convention, UnknownConvention> {
-        Convention::ALL
-            .into_iter()
-            .find(|c| c.as_str() == s)
+        crate::names::find(&Convention::ALL, Convention::as_str, s)
             .ok_or_else(|| UnknownConvention(s.to_string()))
     }
 }
+
+crate::names::value_enum!(Convention);
 
 /// How to read an adapter.
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -14,8 +14,8 @@ use crate::io::staging::check_not_input;
 
 use crate::manifest::InputRecord;
 use crate::merge::{
-    AdapterSpec, BaseHash, BoundAdapter, BoundSet, ComponentChoice, MergeOptions, OptionsText,
-    PreparedMerge, bind_specs, prepare_merge,
+    AdapterSpec, BaseHash, BoundAdapter, BoundSet, ComponentChoice, MergeOptions, PreparedMerge,
+    bind_specs, prepare_merge,
 };
 use crate::model::base_model::BaseModel;
 use crate::model::fingerprint::Fingerprint;
@@ -86,7 +86,7 @@ pub fn plan_bake(recipe: Recipe, hashing: BaseHashing) -> Result<BakePlan, BakeE
         .map(|(c, m)| (c.name.clone(), m.fingerprint.clone()))
         .collect();
     let specs = adapter_specs(&recipe)?;
-    let options = merge_options(&recipe)?;
+    let options = recipe.merge_options()?;
     if let Some(dir) = &recipe.merge.svd_cache
         && dir.exists()
         && !dir.is_dir()
@@ -155,35 +155,6 @@ fn adapter_specs(recipe: &Recipe) -> Result<Vec<AdapterSpec>, BakeError> {
             })
         })
         .collect()
-}
-
-/// The recipe's `[output]` and `[merge]` as merge options.
-pub fn merge_options(recipe: &Recipe) -> Result<MergeOptions, BakeError> {
-    let o = &recipe.output;
-    let shard_bytes = o
-        .shard_size
-        .as_ref()
-        .map(|s| s.bytes())
-        .transpose()
-        .map_err(|e| BakeError::recipe(recipe, "output.shard_size", e))?;
-    MergeOptions::from_text(&OptionsText {
-        dtype: o.dtype(),
-        keep_f32: o.keep_f32.as_deref(),
-        layout: o.layout.as_deref(),
-        dora_strength: recipe.merge.dora_strength.as_deref(),
-        allow_unmatched: recipe.merge.allow_unmatched,
-        shard_bytes,
-        to: o.to.as_deref(),
-        city96_rounding: o.city96_rounding,
-    })
-    .map_err(|b| {
-        let section = if b.field == "dora_strength" {
-            "merge"
-        } else {
-            "output"
-        };
-        BakeError::recipe(recipe, format!("{section}.{}", b.field), b.message)
-    })
 }
 
 /// The output must not exist (unless `overwrite`) and must not overlap an input.

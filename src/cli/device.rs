@@ -1,6 +1,7 @@
-//! `--device auto|cpu|cuda` of `merge` and `bake`: parsed here, resolved by
-//! `merge::Compute::select`; each command prints the reason line. (`restack` takes the same
-//! values with its own help text: it checks the flag and always runs on the CPU.)
+//! `--device auto|cpu|cuda`, one flag for every command that takes it (merge, bake,
+//! restack, extract): parsed here (`DeviceChoice`'s `ValueEnum`), resolved by
+//! `merge::Compute::select`; each command prints the reason line. restack and extract run on
+//! the CPU whatever it says.
 
 use wanbake::gpu::DeviceChoice;
 use wanbake::merge::{Compute, DeviceReport};
@@ -10,8 +11,9 @@ use wanbake::merge::{Compute, DeviceReport};
 pub struct DeviceArg {
     /// Where merged tensors are computed: auto (CUDA when a device and its libraries load,
     /// else the CPU), cpu, or cuda (fail when CUDA is unavailable). The manifest records
-    /// which ran.
-    #[arg(long, default_value = "auto", value_name = "auto|cpu|cuda")]
+    /// which ran. restack and extract run on the CPU (their work is bit-identical on any
+    /// device); they take the flag so one flag serves a pipeline.
+    #[arg(long, value_enum, default_value_t = DeviceChoice::Auto)]
     pub device: DeviceChoice,
 }
 

@@ -1,22 +1,28 @@
 //! `wanbake extract --base BASE (--tuned TUNED | --adapter PATH[:S]...) --out DIR
-//! (--rank R | --energy F | --budget SIZE) [--to comfy|peft] [--linear-only] [--svd ..]
+//! (--rank R | --energy F | --budget SIZE) [--to ..] [--linear-only] [--svd ..] [--device ..]
 //! [--overwrite] [--json]` and `wanbake resize ADAPTER (--rank R | --energy F) --out DIR
-//! [--base BASE] [--overwrite] [--json]`: clap values → `extract::ExtractRequest` /
+//! [--base BASE] [--overwrite] [--json]`: clap's typed values (`cli::output`'s shared flags,
+//! `TruncMethod`'s `ValueEnum`, the conventions extract writes) → `extract::ExtractRequest` /
 //! `extract::ResizeRequest`, then the per-module table.
 
 use std::path::PathBuf;
 
 use super::device::DeviceArg;
+use super::output::{OutputDir, value_subset};
 use super::{Printer, Status, UsageError, output};
 use wanbake::adapter::{AdapterOptions, Convention};
 use wanbake::extract::{
     ExtractError, ExtractOutcome, ExtractReport, ExtractRequest, FromAdapters, RankRule,
     ResizeRequest, extract, extract_from_adapters, resize,
 };
-use wanbake::io::staging::Replace;
 use wanbake::linalg::TruncMethod;
-use wanbake::merge::{AdapterSpec, MergeOptions, OptionsText, bind_specs};
+use wanbake::merge::{AdapterSpec, MergeChoices, MergeOptions, bind_specs};
 use wanbake::model::base_model::BaseModel;
+
+value_subset!(
+    /// `extract --to`: the conventions extract writes (`extract::CONVENTIONS`).
+    ExtractTo(Convention) = wanbake::extract::CONVENTIONS
+);
 
 const EXTRACT_HELP: &str = "\
 OUTPUT
@@ -58,9 +64,9 @@ pub struct ExtractArgs {
     /// The tuned side as base + this adapter, `PATH[:STRENGTH]` (repeatable).
     #[arg(long = "adapter", value_name = "PATH[:STRENGTH]")]
     pub adapters: Vec<String>,
-    /// Output directory (written atomically, with a manifest).
-    #[arg(long)]
-    pub out: PathBuf,
+    /// `--out`, `--overwrite`.
+    #[command(flatten)]
+    pub output: OutputDir,
     /// Largest rank per module.
     #[arg(long)]
     pub rank: Option<usize>,
@@ -70,22 +76,19 @@ pub struct ExtractArgs {
     /// Global size of the tensor data ("200MB", "1GiB", bytes): ranks by marginal energy.
     #[arg(long, value_name = "SIZE", value_parser = output::size)]
     pub budget: Option<u64>,
-    /// Output convention: comfy (default) or peft.
-    #[arg(long, default_value = "comfy", value_parser = ["comfy", "peft"])]
-    pub to: String,
+    /// Output convention (`wanbake translate` converts the result to any other).
+    #[arg(long, value_enum, default_value_t = ExtractTo(wanbake::extract::CONVENTIONS[0]))]
+    pub to: ExtractTo,
     /// Extract Linear weights only; the other differing tensors are left out (and listed).
     #[arg(long)]
     pub linear_only: bool,
-    /// SVD: randomized (range finder, exact SVD for small matrices; default) or exact.
-    #[arg(long, default_value = "randomized", value_parser = ["randomized", "exact"])]
-    pub svd: String,
-    /// Checked (cuda fails without a usable GPU) so one flag serves a pipeline; extraction,
-    /// and the merge of an --adapter stack, run on the CPU.
+    /// SVD: randomized (range finder, exact SVD for small matrices) or exact.
+    #[arg(long, value_enum, default_value_t = TruncMethod::RANDOMIZED)]
+    pub svd: TruncMethod,
+    /// `--device`: with --adapter it is checked (cuda fails without a usable GPU);
+    /// extraction, and the merge of an --adapter stack, run on the CPU.
     #[command(flatten)]
     pub device: DeviceArg,
-    /// Replace an existing output directory.
-    #[arg(long)]
-    pub overwrite: bool,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
@@ -102,26 +105,15 @@ pub struct ResizeArgs {
     /// Smallest rank per module that keeps this fraction of ‖σ·B·A‖² (0 < F ≤ 1).
     #[arg(long)]
     pub energy: Option<f64>,
-    /// Output directory (written atomically, with a manifest).
-    #[arg(long)]
-    pub out: PathBuf,
+    /// `--out`, `--overwrite`.
+    #[command(flatten)]
+    pub output: OutputDir,
     /// Resolve module names (and check shapes) against this base.
     #[arg(long)]
     pub base: Option<PathBuf>,
-    /// Replace an existing output directory.
-    #[arg(long)]
-    pub overwrite: bool,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
-}
-
-fn replace(overwrite: bool) -> Replace {
-    if overwrite {
-        Replace::Overwrite
-    } else {
-        Replace::Never
-    }
 }
 
 /// Library usage errors become exit code 2.
@@ -138,24 +130,16 @@ pub fn execute_extract(args: ExtractArgs, p: &mut Printer) -> anyhow::Result<Sta
         rank: args.rank,
         energy: args.energy,
     });
-    let to: Convention = args
-        .to
-        .parse()
-        .map_err(|e| UsageError(format!("--to: {e}")))?;
-    let method = match args.svd.as_str() {
-        "exact" => TruncMethod::Exact,
-        _ => TruncMethod::RANDOMIZED,
-    };
     let mut req = ExtractRequest {
         base: args.base.clone(),
         tuned: args.tuned.clone().unwrap_or_default(),
         rule,
         budget: args.budget,
-        to,
+        to: args.to.0,
         linear_only: args.linear_only,
-        method,
-        out: args.out.clone(),
-        replace: replace(args.overwrite),
+        method: args.svd,
+        out: args.output.out.clone(),
+        replace: args.output.replace(),
         provenance: serde_json::Value::Null,
     };
     let outcome = if args.adapters.is_empty() {
@@ -166,8 +150,7 @@ pub fn execute_extract(args: ExtractArgs, p: &mut Printer) -> anyhow::Result<Sta
             .iter()
             .map(|a| AdapterSpec::parse(a).map_err(|e| UsageError(e.to_string())))
             .collect::<Result<Vec<_>, _>>()?;
-        let merge = MergeOptions::from_text(&OptionsText::default())
-            .map_err(|b| UsageError(format!("{}: {}", b.field, b.message)))?;
+        let merge = MergeOptions::new(MergeChoices::default()).map_err(super::merge::flag_error)?;
         let (_, device) = args.device.select()?;
         if device.used != "cpu" {
             p.line(format!(
@@ -203,8 +186,8 @@ pub fn execute_resize(args: ResizeArgs, p: &mut Printer) -> anyhow::Result<Statu
             rank: args.rank,
             energy: args.energy,
         },
-        out: args.out.clone(),
-        replace: replace(args.overwrite),
+        out: args.output.out.clone(),
+        replace: args.output.replace(),
     };
     let outcome = resize(&req).map_err(usage_or)?;
     show(p, &outcome);

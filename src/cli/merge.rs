@@ -1,23 +1,27 @@
 //! `wanbake merge --base BASE --adapter [COMPONENT=]PATH[:STRENGTH]... --out DIR [--dtype ..]
-//! [--keep-f32 ..] [--layout ..] [--dora-strength merge|peft] [--allow-unmatched]
-//! [--svd-cache DIR] [--device auto|cpu|cuda] [--overwrite] [--json]`: merge adapters into a
-//! base in one streaming pass and write a verified release.
+//! [--keep-f32 ..] [--layout ..] [--dora-strength ..] [--allow-unmatched] [--svd-cache DIR]
+//! [--shard-size SIZE] [--to FORMAT [--city96-rounding]] [--device ..] [--overwrite]
+//! [--json]`: merge adapters into a base in one streaming pass and write a verified release.
 //!
-//! This file only turns arguments into library values (`merge::AdapterSpec`,
-//! `merge::MergeOptions`), opens and binds the adapters (`merge::bind_specs`), calls
-//! `merge::merge_release` and prints the summary.
+//! This file only turns arguments into library values (clap hands it typed values: the
+//! shared flags of `cli::output`, the library types' `ValueEnum`s; `merge::AdapterSpec`;
+//! `merge::MergeOptions` through the builder recipes use, `MergeOptions::new`), opens and
+//! binds the adapters (`merge::bind_specs`), calls `merge::merge_release` and prints the
+//! summary.
 
 use std::path::{Path, PathBuf};
 
 use super::device::{DeviceArg, device_json};
-use super::{Printer, Status, UsageError, output};
-use wanbake::io::staging::Replace;
+use super::output::{DtypeArgs, OutputDir, ShardArg};
+use super::{Printer, Status, UsageError};
 use wanbake::linalg::SvdCache;
 use wanbake::merge::{
-    AdapterSpec, MergeError, MergeFailure, MergeOptions, MergeReport, OptionsText, bind_specs,
-    merge_release,
+    AdapterSpec, BadOption, DoraStrength, MergeChoices, MergeError, MergeFailure, MergeOptions,
+    MergeReport, bind_specs, merge_release,
 };
 use wanbake::model::base_model::BaseModel;
+use wanbake::model::quant_rules::QuantFormat;
+use wanbake::model::wan_layout::Layout;
 
 const AFTER_HELP: &str = "\
 ADAPTERS
@@ -69,64 +73,63 @@ pub struct Args {
         value_name = "[COMPONENT=]PATH[:STRENGTH]"
     )]
     pub adapters: Vec<String>,
-    /// Output directory (written atomically; mirrors the base's naming).
-    #[arg(long)]
-    pub out: PathBuf,
-    /// Output dtype (keep: each tensor keeps its stored dtype).
-    #[arg(long, default_value = "keep", value_parser = output::output_dtypes())]
-    pub dtype: String,
-    /// Which tensors stay f32 when narrowing: diffusers, maxdiffusion, none or regex:PATTERN.
-    #[arg(long, value_name = "POLICY")]
-    pub keep_f32: Option<String>,
-    /// Write the result in this WAN layout.
-    #[arg(long, value_parser = output::layouts())]
-    pub layout: Option<String>,
+    /// `--out`, `--overwrite`.
+    #[command(flatten)]
+    pub output: OutputDir,
+    /// `--dtype`, `--keep-f32`.
+    #[command(flatten)]
+    pub dtype: DtypeArgs,
+    /// Write the result in this WAN layout (default: the base's own).
+    #[arg(long, value_enum)]
+    pub layout: Option<Layout>,
     /// `--device`.
     #[command(flatten)]
     pub device: DeviceArg,
     /// Where the strength enters DoRA/BoRA: merge (application weight) or peft (inside the
     /// norm).
-    #[arg(long, default_value = "merge", value_parser = output::dora_strengths())]
-    pub dora_strength: String,
+    #[arg(long, value_enum, default_value_t = DoraStrength::Merge)]
+    pub dora_strength: DoraStrength,
     /// Merge around adapter keys that match nothing (they are listed in the report).
     #[arg(long)]
     pub allow_unmatched: bool,
     /// Directory of cached LoRA-XS SVD bases (must exist); a second bake reads them.
     #[arg(long, value_name = "DIR")]
     pub svd_cache: Option<PathBuf>,
-    /// Shard each output model into files of at most this size ("5GB", "500MB", bytes);
-    /// default: shard like the base.
-    #[arg(long, value_name = "SIZE", value_parser = output::size)]
-    pub shard_size: Option<u64>,
-    /// Replace an existing output directory.
-    #[arg(long)]
-    pub overwrite: bool,
+    /// `--shard-size`.
+    #[command(flatten)]
+    pub shard: ShardArg,
     /// Print the merge report as JSON.
     #[arg(long)]
     pub json: bool,
-    /// Quantize the merged f32 weights for ComfyUI: fp8-scaled or
-    /// gguf:q8_0|q4_0|q5_0|bf16|f16 (one file, original-Wan names; `wanbake convert --help`).
-    /// One pass: each merged tensor is quantized as it is written.
-    #[arg(long, value_name = "FORMAT")]
-    pub to: Option<String>,
+    /// Quantize the merged f32 weights for ComfyUI: one scaled-fp8 .safetensors or one
+    /// ComfyUI-GGUF .gguf, original-Wan names (`wanbake convert --help`). One pass: each
+    /// merged tensor is quantized as it is written. --dtype is then fp8-scaled's
+    /// high-precision dtype (default f16) and refused for GGUF.
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    pub to: Option<QuantFormat>,
     /// With --to gguf:<block type>: quantize the F16 rounding, as city96's pipeline does.
     #[arg(long)]
     pub city96_rounding: bool,
 }
 
-/// The options, validated (`MergeOptions::from_text`, as for recipes).
+/// The options, checked by the builder recipes use too (`MergeOptions::new`).
 fn merge_options(args: &Args) -> Result<MergeOptions, UsageError> {
-    MergeOptions::from_text(&OptionsText {
-        dtype: Some(&args.dtype),
-        keep_f32: args.keep_f32.as_deref(),
-        layout: args.layout.as_deref(),
-        dora_strength: Some(&args.dora_strength),
+    MergeOptions::new(MergeChoices {
+        dtype: args.dtype.dtype,
+        keep_f32: args.dtype.keep_f32.clone(),
+        layout: args.layout,
+        dora_strength: args.dora_strength,
         allow_unmatched: args.allow_unmatched,
-        shard_bytes: args.shard_size,
-        to: args.to.as_deref(),
+        shard_bytes: args.shard.shard_size,
+        to: args.to,
         city96_rounding: args.city96_rounding,
     })
-    .map_err(|b| UsageError(format!("--{}: {}", b.field.replace('_', "-"), b.message)))
+    .map_err(flag_error)
+}
+
+/// A builder refusal, named as the flag (`--keep-f32: ...`).
+pub(super) fn flag_error(b: BadOption) -> UsageError {
+    UsageError(format!("--{}: {}", b.field.replace('_', "-"), b.message))
 }
 
 /// Library errors, with the usage ones turned into `UsageError` (exit code 2).
@@ -154,22 +157,17 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
     let (compute, device) = args.device.select()?;
     p.line(format!("device: {}", device.reason));
     if options.quantize.is_some() {
-        refuse_gguf_out(&args.out)?;
+        refuse_gguf_out(&args.output.out)?;
     }
     let base = BaseModel::open(&args.base)?;
     let adapters = bind_specs(&specs, &base, &options).map_err(usage_or)?;
-    let replace = if args.overwrite {
-        Replace::Overwrite
-    } else {
-        Replace::Never
-    };
     let outcome = merge_release(
         &base,
         &adapters,
         &options,
         cache.as_ref(),
-        &args.out,
-        replace,
+        &args.output.out,
+        args.output.replace(),
         &compute,
     )
     .map_err(|e| match e {

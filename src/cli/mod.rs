@@ -1,6 +1,14 @@
 //! The command-line layer: clap definitions, the printer, and the mapping from library
-//! results to exit codes. Each subcommand has its own file with an `Args` struct and an
-//! `execute` function; nothing here does model work.
+//! results to exit codes. Part of the binary, not of the library's API; nothing here does
+//! model work.
+//!
+//! Each subcommand has its own file with an `Args` struct and an `execute` function. Flags
+//! several commands share are defined once and flattened in (`output`: `--out`/`--overwrite`,
+//! `--shard-size`, `--dtype`/`--keep-f32`; `device`: `--device`). Enumerated values are the
+//! library types' own `clap::ValueEnum`s (one spelling table per type, `wanbake::names`), so
+//! clap rejects a bad value with the list of good ones (exit code 2) and each command gets
+//! typed values that it hands to the library's one builder (`MergeOptions::new`, which
+//! recipes use too; `RestackOptions`, built in one place) without parsing text again.
 
 use clap::{Parser, Subcommand};
 

@@ -1,41 +1,109 @@
-//! Value parsers shared by the flags of every producing command, so a flag means the same
-//! thing everywhere: `--shard-size` takes "5GB", "500MB", "10GiB" or plain bytes on every
-//! command; enumerated flags (`--dtype`, `--layout`, `--dora-strength`) are checked by clap
-//! against lists derived from the library's own names, and listed in `--help`.
+//! The flags every producing command shares, each defined once and `#[command(flatten)]`ed
+//! where the command supports it, so a flag has one spelling, one help text and one unit
+//! syntax everywhere:
+//! - [`OutputDir`] (`--out`, `--overwrite`): merge, restack, convert, synth, translate,
+//!   extract, resize;
+//! - [`ShardArg`] (`--shard-size`, "5GB", "500MB", "10GiB" or bytes: `recipe::parse_size`,
+//!   as recipes): merge, restack, convert, synth;
+//! - [`DtypeArgs`] (`--dtype keep|bf16|f16|f32` and `--keep-f32 POLICY`): merge, restack;
+//! - [`FloatDtypeArg`] (`--dtype f32|f16|bf16`, no keep, no policy): convert, synth.
+//!
+//! Enumerated values are the library types' own `clap::ValueEnum`s (one spelling table per
+//! type, `wanbake::names`), so clap checks them, lists them in `--help` and hands the command
+//! typed values; a flag that takes part of a table wraps it with [`value_subset!`]. Names are
+//! case-sensitive on every flag. Part of the binary, not of the library.
 
-use clap::builder::PossibleValuesParser;
-use wanbake::io::DType;
-use wanbake::model::wan_layout::Layout;
+use std::path::PathBuf;
+
+use wanbake::io::staging::Replace;
+use wanbake::layout::{KeepF32, OutputDType};
 
 /// `--shard-size`: decimal (KB, MB, GB) or binary (KiB, MiB, GiB) units, or bytes.
 pub fn size(s: &str) -> Result<u64, String> {
     wanbake::recipe::parse_size(s)
 }
 
-/// `--dtype` of commands that can keep stored dtypes (`merge`, `restack`).
-pub fn output_dtypes() -> PossibleValuesParser {
-    PossibleValuesParser::new(["keep", "bf16", "f16", "f32"])
+/// A `clap::ValueEnum` over part of a library type's table: the values `$list` yields, in
+/// its order, each spelt (and listed in `--help`) as the library type spells it.
+macro_rules! value_subset {
+    ($(#[$doc:meta])* $name:ident($inner:ty) = $list:expr) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub struct $name(pub $inner);
+
+        impl clap::ValueEnum for $name {
+            fn value_variants<'a>() -> &'a [Self] {
+                static VARIANTS: std::sync::LazyLock<Vec<$name>> =
+                    std::sync::LazyLock::new(|| $list.into_iter().map($name).collect());
+                &VARIANTS
+            }
+
+            fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+                clap::ValueEnum::to_possible_value(&self.0)
+            }
+        }
+    };
+}
+pub(crate) use value_subset;
+
+value_subset!(
+    /// A float dtype (`convert`, `synth`): every output dtype but keep.
+    FloatDType(OutputDType) = OutputDType::ALL.into_iter().filter(|d| d.float().is_some())
+);
+
+/// Where a producing command writes its release.
+#[derive(clap::Args, Debug, Clone)]
+pub struct OutputDir {
+    /// Output directory: written atomically, as a release with wanbake.manifest.json.
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// Replace an existing output directory.
+    #[arg(long)]
+    pub overwrite: bool,
 }
 
-/// A WAN layout (`--layout`, `--to`, `--from`).
-pub fn layouts() -> PossibleValuesParser {
-    PossibleValuesParser::new(Layout::ALL.map(Layout::as_str))
-}
-
-/// `--dora-strength`.
-pub fn dora_strengths() -> PossibleValuesParser {
-    PossibleValuesParser::new(["merge", "peft"])
-}
-
-/// A float storage dtype (`convert`, `synth`): f32, f16 or bf16, any case, with the
-/// PyTorch spellings (float32, float16, fp16, bfloat16).
-pub fn float_dtype(s: &str) -> Result<DType, String> {
-    match s.to_ascii_lowercase().as_str() {
-        "f32" | "float32" => Ok(DType::F32),
-        "f16" | "float16" | "fp16" => Ok(DType::F16),
-        "bf16" | "bfloat16" => Ok(DType::BF16),
-        other => Err(format!(
-            "unknown dtype `{other}` (expected f32, f16 or bf16)"
-        )),
+impl OutputDir {
+    /// What to do with an existing `--out`.
+    pub fn replace(&self) -> Replace {
+        if self.overwrite {
+            Replace::Overwrite
+        } else {
+            Replace::Never
+        }
     }
+}
+
+/// `--shard-size`.
+#[derive(clap::Args, Debug, Clone, Copy)]
+pub struct ShardArg {
+    /// Shard each model's weights into files of at most this size ("5GB", "500MB", "10GiB"
+    /// or bytes; a larger tensor gets a file of its own). Default: one file per model
+    /// (merge: shards like the base).
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    pub shard_size: Option<u64>,
+}
+
+/// `--dtype` and `--keep-f32` of the commands that can keep stored dtypes (merge, restack).
+#[derive(clap::Args, Debug, Clone)]
+pub struct DtypeArgs {
+    /// Output dtype: keep (each tensor keeps its stored dtype), or bf16, f16, f32 (also
+    /// spelt bfloat16, float16/fp16, float32) for every float tensor but those --keep-f32
+    /// keeps.
+    #[arg(long, value_enum, default_value_t = OutputDType::Keep)]
+    pub dtype: OutputDType,
+    /// Which tensors stay f32 under bf16/f16: diffusers (default for diffusers/wan outputs:
+    /// _keep_in_fp32_modules), maxdiffusion (default for nnx outputs), none (default for
+    /// bases that are not WAN transformers), or regex:PATTERN on output names.
+    #[arg(long, value_name = "POLICY", value_parser = KeepF32::parse)]
+    pub keep_f32: Option<KeepF32>,
+}
+
+/// `--dtype` of the commands that write one float dtype (convert, synth).
+#[derive(clap::Args, Debug, Clone, Copy)]
+pub struct FloatDtypeArg {
+    /// Dtype of every float tensor (also spelt float32, float16/fp16, bfloat16). synth:
+    /// default f32. convert: required without --to; with --to fp8-scaled, the dtype of the
+    /// tensors that stay high precision (default f16).
+    #[arg(long, value_name = "DTYPE")]
+    pub dtype: Option<FloatDType>,
 }

@@ -1,13 +1,13 @@
-//! `wanbake translate ADAPTER --to peft|diffusers|comfy|kohya|lycoris|sa3|nnx [--from C] [--base BASE]
-//! [--scale S] --out DIR [--overwrite] [--json]`: writes the adapter in another convention,
-//! losslessly, or refuses and lists every entry the target cannot express (nothing is
-//! written then).
+//! `wanbake translate ADAPTER --to CONVENTION [--from CONVENTION] [--base BASE] [--scale S]
+//! --out DIR [--overwrite] [--json]`: writes the adapter in another convention (any of
+//! `Convention::ALL`, clap's typed values), losslessly, or refuses and lists every entry the
+//! target cannot express (nothing is written then).
 
 use std::path::PathBuf;
 
-use super::{Printer, Status, UsageError};
+use super::output::OutputDir;
+use super::{Printer, Status};
 use wanbake::adapter::{AdapterOptions, Convention};
-use wanbake::io::staging::Replace;
 use wanbake::translation::{TranslateRequest, translate};
 
 /// Arguments of `translate`.
@@ -15,12 +15,12 @@ use wanbake::translation::{TranslateRequest, translate};
 pub struct Args {
     /// The adapter: a .safetensors file, a PEFT folder, or a folder with one weights file.
     pub adapter: PathBuf,
-    /// Target convention: peft, diffusers, comfy, kohya, lycoris, sa3 or nnx.
-    #[arg(long)]
-    pub to: String,
+    /// Target convention.
+    #[arg(long, value_enum)]
+    pub to: Convention,
     /// Read the adapter as this convention instead of detecting it.
-    #[arg(long)]
-    pub from: Option<String>,
+    #[arg(long, value_enum)]
+    pub from: Option<Convention>,
     /// Resolve module names against this base checkpoint's own keys and check shapes
     /// (needed for kohya names of non-WAN models and for conv kernels).
     #[arg(long)]
@@ -28,44 +28,27 @@ pub struct Args {
     /// σ for every low-rank entry (required for Qwix/NNX files without alpha metadata).
     #[arg(long)]
     pub scale: Option<f64>,
-    /// Output directory (written atomically, with a manifest).
-    #[arg(long)]
-    pub out: PathBuf,
-    /// Replace an existing output directory.
-    #[arg(long)]
-    pub overwrite: bool,
+    /// `--out`, `--overwrite`.
+    #[command(flatten)]
+    pub output: OutputDir,
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
 }
 
-fn convention(s: &str, flag: &str) -> Result<Convention, UsageError> {
-    s.parse().map_err(|e| UsageError(format!("{flag}: {e}")))
-}
-
 /// Runs `translate`.
 pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
-    let to = convention(&args.to, "--to")?;
-    let from = args
-        .from
-        .as_deref()
-        .map(|s| convention(s, "--from"))
-        .transpose()?;
     let req = TranslateRequest {
         adapter: args.adapter.clone(),
-        to,
+        to: args.to,
         opts: AdapterOptions {
-            from,
+            from: args.from,
             scale: args.scale,
             allow_unmatched: false,
         },
         base: args.base.clone(),
-        out: args.out.clone(),
-        replace: if args.overwrite {
-            Replace::Overwrite
-        } else {
-            Replace::Never
-        },
+        out: args.output.out.clone(),
+        replace: args.output.replace(),
     };
     let outcome = translate(&req)?;
     p.line(format!(

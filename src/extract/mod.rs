@@ -31,4 +31,6 @@ pub use error::ExtractError;
 pub use rank::RankRule;
 pub use report::{ExtractReport, ModuleReport};
 pub use resize::{ResizeRequest, resize};
-pub use run::{ExtractOutcome, ExtractRequest, FromAdapters, extract, extract_from_adapters};
+pub use run::{
+    CONVENTIONS, ExtractOutcome, ExtractRequest, FromAdapters, extract, extract_from_adapters,
+};

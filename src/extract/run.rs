@@ -28,6 +28,10 @@ use crate::merge::{BaseHash, BoundAdapter, MergeOptions, prepare_merge};
 use crate::model::base_model::BaseModel;
 use crate::translation::Provenance;
 
+/// The conventions extract writes, the default first (`translate` converts the result to any
+/// other).
+pub const CONVENTIONS: [Convention; 2] = [Convention::Comfy, Convention::Peft];
+
 /// A request to extract an adapter.
 #[derive(Clone, Debug)]
 pub struct ExtractRequest {
@@ -39,7 +43,7 @@ pub struct ExtractRequest {
     pub rule: Option<RankRule>,
     /// `--budget` in bytes of tensor data.
     pub budget: Option<u64>,
-    /// `comfy` or `peft`.
+    /// One of [`CONVENTIONS`].
     pub to: Convention,
     /// Leave full differences out instead of refusing (`--to peft`).
     pub linear_only: bool,
@@ -75,10 +79,11 @@ impl Models {
 }
 
 fn check_request(req: &ExtractRequest) -> Result<(), ExtractError> {
-    if !matches!(req.to, Convention::Comfy | Convention::Peft) {
+    if !CONVENTIONS.contains(&req.to) {
         return Err(ExtractError::Usage(format!(
-            "--to {}: extract writes comfy (default) or peft; `wanbake translate` converts the result to any other convention",
-            req.to
+            "--to {}: extract writes {}; `wanbake translate` converts the result to any other convention",
+            req.to,
+            crate::names::either(CONVENTIONS.map(Convention::as_str))
         )));
     }
     match (&req.rule, req.budget) {
@@ -163,7 +168,7 @@ fn extract_pairs(
     }
     report.left_out = left_out;
     report.to = req.to.to_string();
-    report.svd = method_name(req.method).into();
+    report.svd = req.method.as_str().into();
     report.budget = req.budget;
     let out = match req.to {
         Convention::Peft => render_peft(&items)?,
@@ -201,13 +206,6 @@ fn split_diffs(
         });
     }
     Ok((Vec::new(), names))
-}
-
-fn method_name(m: TruncMethod) -> &'static str {
-    match m {
-        TruncMethod::Exact => "exact",
-        TruncMethod::Randomized { .. } => "randomized",
-    }
 }
 
 /// (pair index, f32 difference) of every differing non-Linear parameter, in pair order.
@@ -468,7 +466,7 @@ fn write(
         "energy": req.rule.and_then(|r| r.energy),
         "budget": req.budget,
         "linear_only": req.linear_only,
-        "svd": method_name(req.method),
+        "svd": req.method.as_str(),
         "built_from": req.provenance,
     });
     let release = write_output(

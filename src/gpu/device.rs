@@ -46,33 +46,44 @@ pub enum DeviceChoice {
     Cuda,
 }
 
+impl DeviceChoice {
+    /// Every choice.
+    pub const ALL: [DeviceChoice; 3] = [DeviceChoice::Auto, DeviceChoice::Cpu, DeviceChoice::Cuda];
+
+    /// The command-line spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeviceChoice::Auto => "auto",
+            DeviceChoice::Cpu => "cpu",
+            DeviceChoice::Cuda => "cuda",
+        }
+    }
+}
+
 /// An unknown `--device` value.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("unknown device '{0}': expected auto, cpu or cuda")]
+#[error(
+    "unknown device '{0}': expected {expected}",
+    expected = crate::names::either(DeviceChoice::ALL.map(DeviceChoice::as_str))
+)]
 pub struct UnknownDevice(pub String);
 
 impl FromStr for DeviceChoice {
     type Err = UnknownDevice;
 
     fn from_str(s: &str) -> Result<DeviceChoice, UnknownDevice> {
-        match s {
-            "auto" => Ok(DeviceChoice::Auto),
-            "cpu" => Ok(DeviceChoice::Cpu),
-            "cuda" => Ok(DeviceChoice::Cuda),
-            other => Err(UnknownDevice(other.to_string())),
-        }
+        crate::names::find(&DeviceChoice::ALL, DeviceChoice::as_str, s)
+            .ok_or_else(|| UnknownDevice(s.to_string()))
     }
 }
 
 impl fmt::Display for DeviceChoice {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            DeviceChoice::Auto => "auto",
-            DeviceChoice::Cpu => "cpu",
-            DeviceChoice::Cuda => "cuda",
-        })
+        f.write_str(self.as_str())
     }
 }
+
+crate::names::value_enum!(DeviceChoice);
 
 /// A CUDA library wanbake loads at run time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,6 +1,7 @@
 //! Output dtypes: the requested dtype and the rules that keep some parameters in f32.
 //!
-//! Owns: `OutputDType` (`bf16`, `f16`, `f32`, `keep`), `KeepF32` (the keep-f32 policies) and
+//! Owns: `OutputDType` (`keep`, `bf16`, `f16`, `f32`, its one spelling table, with the PyTorch
+//! aliases of the float dtypes), `KeepF32` (the keep-f32 policies) and
 //! `decide_dtypes`, which gives every output tensor of a write plan its dtype. Does not own:
 //! the conversion itself (`io::dtype`, `model::transform`).
 //!
@@ -32,8 +33,8 @@ use crate::model::read_plan::ReadPlan;
 use crate::model::wan_layout::Layout;
 use crate::model::wan_names::{self, Scope};
 
-/// The dtype asked for on the command line.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// The output dtype asked for (`--dtype`, recipe `output.dtype`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum OutputDType {
     /// bfloat16 (keep-f32 parameters excepted).
     BF16,
@@ -42,22 +43,84 @@ pub enum OutputDType {
     /// f32 everywhere.
     F32,
     /// Every tensor keeps its stored dtype.
+    #[default]
     Keep,
+}
+
+impl OutputDType {
+    /// Every output dtype, in the order `--help` lists them.
+    pub const ALL: [OutputDType; 4] = [
+        OutputDType::Keep,
+        OutputDType::BF16,
+        OutputDType::F16,
+        OutputDType::F32,
+    ];
+
+    /// The command-line, recipe and manifest spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OutputDType::BF16 => "bf16",
+            OutputDType::F16 => "f16",
+            OutputDType::F32 => "f32",
+            OutputDType::Keep => "keep",
+        }
+    }
+
+    /// Other accepted spellings: PyTorch's names of the float dtypes.
+    pub fn aliases(self) -> &'static [&'static str] {
+        match self {
+            OutputDType::BF16 => &["bfloat16"],
+            OutputDType::F16 => &["float16", "fp16"],
+            OutputDType::F32 => &["float32"],
+            OutputDType::Keep => &[],
+        }
+    }
+
+    /// The stored dtype every float tensor gets; `None` for `Keep`.
+    pub fn float(self) -> Option<DType> {
+        match self {
+            OutputDType::BF16 => Some(DType::BF16),
+            OutputDType::F16 => Some(DType::F16),
+            OutputDType::F32 => Some(DType::F32),
+            OutputDType::Keep => None,
+        }
+    }
+}
+
+impl fmt::Display for OutputDType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 impl FromStr for OutputDType {
     type Err = String;
 
     fn from_str(s: &str) -> Result<OutputDType, String> {
-        match s {
-            "bf16" => Ok(OutputDType::BF16),
-            "f16" => Ok(OutputDType::F16),
-            "f32" => Ok(OutputDType::F32),
-            "keep" => Ok(OutputDType::Keep),
-            _ => Err(format!(
-                "unknown dtype `{s}` (expected bf16, f16, f32 or keep)"
-            )),
-        }
+        OutputDType::ALL
+            .into_iter()
+            .find(|d| d.as_str() == s || d.aliases().contains(&s))
+            .ok_or_else(|| {
+                let names = OutputDType::ALL.map(OutputDType::as_str);
+                format!(
+                    "unknown dtype `{s}` (expected {})",
+                    crate::names::either(names)
+                )
+            })
+    }
+}
+
+/// Written by hand rather than by `names::value_enum!` for the aliases.
+impl clap::ValueEnum for OutputDType {
+    fn value_variants<'a>() -> &'a [Self] {
+        &OutputDType::ALL
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        Some(
+            clap::builder::PossibleValue::new(self.as_str())
+                .aliases(self.aliases().iter().copied()),
+        )
     }
 }
 
@@ -112,10 +175,7 @@ impl KeepF32 {
                             reason: e.to_string(),
                         }
                     }),
-                    None => Err(PlanError::Regex {
-                        pattern: s.to_string(),
-                        reason: "expected diffusers, maxdiffusion, none or regex:PATTERN".into(),
-                    }),
+                    None => Err(PlanError::UnknownKeepF32(s.to_string())),
                 }
             }
         }

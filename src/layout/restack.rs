@@ -329,7 +329,7 @@ impl RestackOptions {
         json!({
             "from": self.from.map(Layout::as_str),
             "to": self.to.as_str(),
-            "dtype": format!("{:?}", self.dtype).to_lowercase(),
+            "dtype": self.dtype.as_str(),
             "keep_f32": self.keep_f32.as_ref().map(ToString::to_string),
             "shard_bytes": self.shard_bytes,
         })

@@ -66,7 +66,21 @@ impl TruncMethod {
         oversample: 16,
         power_iters: 10,
     };
+
+    /// The methods `extract --svd` offers: the randomized defaults (the default) and exact.
+    pub const ALL: [TruncMethod; 2] = [TruncMethod::RANDOMIZED, TruncMethod::Exact];
+
+    /// The name of the method (its parameters are not part of it), as `--svd` and the
+    /// extract report spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TruncMethod::Exact => "exact",
+            TruncMethod::Randomized { .. } => "randomized",
+        }
+    }
 }
+
+crate::names::value_enum!(TruncMethod);
 
 /// The leading `k` singular triplets of an (m, n) matrix: `U` (m, k), `S` (k, descending),
 /// `V` (n, k), column-major, with SA3's sign convention; `complete` when `S` holds every

@@ -43,7 +43,7 @@ use std::path::{Path, PathBuf};
 pub use bind::{BoundAdapter, BoundSet, bind_adapter, bind_specs, components_of};
 pub use device::{Compute, DeviceReport};
 pub use error::MergeError;
-pub use plan::{BadOption, MergeOptions, MergePlan, OptionsText, plan_merge};
+pub use plan::{BadOption, MergeChoices, MergeOptions, MergePlan, plan_merge};
 pub use report::{DeviceRecord, DoraStrength, MergeReport};
 pub use spec::{AdapterSpec, ComponentChoice};
 
@@ -400,7 +400,7 @@ pub fn options_json(
     });
     match o.quantize {
         None => {
-            json["dtype"] = dtype_name(o.dtype).into();
+            json["dtype"] = o.dtype.as_str().into();
             json["keep_f32"] = o.keep_f32.as_ref().map(|p| p.to_string()).into();
             json["layout"] = o.layout.map(|l| l.as_str()).into();
             json["shard_bytes"] = o.shard_bytes.into();
@@ -414,17 +414,6 @@ pub fn options_json(
         }
     }
     json
-}
-
-/// The recipe / command-line name of an output dtype.
-pub fn dtype_name(d: crate::layout::OutputDType) -> &'static str {
-    use crate::layout::OutputDType as O;
-    match d {
-        O::BF16 => "bf16",
-        O::F16 => "f16",
-        O::F32 => "f32",
-        O::Keep => "keep",
-    }
 }
 
 fn build_report(
@@ -442,7 +431,7 @@ fn build_report(
         layout: o
             .layout
             .map_or("same".to_string(), |l| l.as_str().to_string()),
-        dtype: dtype_name(o.dtype).to_string(),
+        dtype: o.dtype.as_str().to_string(),
         keep_f32: plan.keep_f32.clone(),
         dropped_by_layout: plan.dropped_by_layout.clone(),
         svd,

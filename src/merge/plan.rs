@@ -1,10 +1,12 @@
 //! Planning a merge: every bound entry placed on its base tensor, every output tensor laid
 //! out, every job decided, before the first byte is written.
 //!
-//! Owns: `MergeOptions`, `MergePlan` with its `Target`s (base tensors that change, each
-//! with its sorted contributions) and `Job`s (one per output tensor piece: copy, convert,
-//! or merge), and the checks binding cannot make: non-finite adapter values, targets the
-//! output layout leaves out, integer outputs of merged tensors. Does not own: binding and
+//! Owns: `MergeOptions` and their one builder (`MergeOptions::new` from typed
+//! `MergeChoices`, for the command line and recipes alike), `MergePlan` with its `Target`s
+//! (base tensors that change, each with its sorted contributions) and `Job`s (one per output
+//! tensor piece: copy, convert, or merge), and the checks binding cannot make: non-finite
+//! adapter values, targets the output layout leaves out, integer outputs of merged tensors.
+//! Does not own: parsing option names (each type's `FromStr` / `clap::ValueEnum`), binding and
 //! its checks (unmatched keys, nothing bound, missing parameters, shapes: `adapter::bind`,
 //! run once through `merge::bind`; a `BoundAdapter` is never re-checked here), the
 //! formulas (`merge::math`), running the jobs (`merge::exec`), layouts (`model`) and
@@ -23,6 +25,7 @@ use crate::io::writer::OutputPlan;
 use crate::io::{Checkpoint, Component, DType, Slot, TensorView};
 use crate::layout::{KeepF32, OutputDType};
 use crate::model::base_model::BaseModel;
+use crate::model::quant_rules::QuantFormat;
 use crate::model::sa3;
 use crate::model::transform::Transform;
 use crate::model::wan_layout::Layout;
@@ -51,31 +54,34 @@ pub struct MergeOptions {
     pub quantize: Option<QuantOptions>,
 }
 
-/// Merge options as text, spelt as on the command line and in recipes: the one place both
-/// front ends turn into [`MergeOptions`] ([`MergeOptions::from_text`]).
+/// The merge options a front end chose, typed: clap values on the command line, recipe fields
+/// read with each type's `FromStr` (`Recipe::merge_options`). [`MergeOptions::new`] is the
+/// one place both turn into [`MergeOptions`], checking what involves several options.
 #[derive(Clone, Debug, Default)]
-pub struct OptionsText<'a> {
-    /// `keep` (default), `bf16`, `f16` or `f32`.
-    pub dtype: Option<&'a str>,
-    /// `diffusers`, `maxdiffusion`, `none` or `regex:PATTERN`.
-    pub keep_f32: Option<&'a str>,
-    /// A WAN layout name (`Layout::ALL`).
-    pub layout: Option<&'a str>,
-    /// `merge` (default) or `peft`.
-    pub dora_strength: Option<&'a str>,
+pub struct MergeChoices {
+    /// Output dtype; `Keep` (the default) keeps each tensor's stored dtype. With `to`: the
+    /// high-precision dtype of fp8-scaled (`Keep`: f16), and only `Keep` for GGUF.
+    pub dtype: OutputDType,
+    /// Keep-f32 policy; `None`: the default for the output layout.
+    pub keep_f32: Option<KeepF32>,
+    /// Output layout; `None` keeps the base's.
+    pub layout: Option<Layout>,
+    /// Where strength enters DoRA/BoRA (default `merge`).
+    pub dora_strength: DoraStrength,
     /// Merge around unmatched adapter keys.
     pub allow_unmatched: bool,
-    /// Largest output shard in bytes (already parsed: the front ends take "5GB" or bytes).
+    /// Largest output shard in bytes (the front ends take "5GB" or bytes:
+    /// `recipe::parse_size`).
     pub shard_bytes: Option<u64>,
-    /// A quantized output format (`QuantFormat::parse`: `fp8-scaled`, `gguf:q8_0`, ...).
-    pub to: Option<&'a str>,
+    /// A quantized output format.
+    pub to: Option<QuantFormat>,
     /// With a GGUF block type: quantize the F16/BF16 rounding, as city96's pipeline does.
     pub city96_rounding: bool,
 }
 
-/// An option whose value is not valid: which (`dtype`, `keep_f32`, `layout`,
-/// `dora_strength`, `shard_size`, `to`, `city96_rounding`) and why. Each front end names it its own way (`--keep-f32`,
-/// `output.keep_f32`).
+/// Options that cannot go together: which (`dtype`, `keep_f32`, `layout`, `shard_size`,
+/// `city96_rounding`, named as in recipes) and why. Each front end names it its own way
+/// (`--keep-f32`, `output.keep_f32`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BadOption {
     /// The option.
@@ -85,37 +91,21 @@ pub struct BadOption {
 }
 
 impl MergeOptions {
-    /// Parses and checks merge options given as text.
-    pub fn from_text(t: &OptionsText<'_>) -> Result<MergeOptions, BadOption> {
-        let bad = |field: &'static str| move |message: String| BadOption { field, message };
-        let quantize = quantize_options(t)?;
-        let dtype = match quantize {
-            Some(_) => "keep",
-            None => t.dtype.unwrap_or("keep"),
-        };
+    /// Checks the choices together: a quantized output decides names, files and every
+    /// tensor's type, so `keep_f32`, `layout` and `shard_bytes` are refused with it, and
+    /// `dtype` must be one fp8-scaled can keep its high-precision tensors in.
+    pub fn new(c: MergeChoices) -> Result<MergeOptions, BadOption> {
+        let quantize = quantize_options(&c)?;
         Ok(MergeOptions {
-            dtype: dtype.parse().map_err(bad("dtype"))?,
-            keep_f32: t
-                .keep_f32
-                .map(KeepF32::parse)
-                .transpose()
-                .map_err(|e| bad("keep_f32")(e.to_string()))?,
-            layout: t
-                .layout
-                .map(str::parse::<Layout>)
-                .transpose()
-                .map_err(|e| bad("layout")(e.to_string()))?,
-            dora_strength: match t.dora_strength.unwrap_or("merge") {
-                "merge" => DoraStrength::Merge,
-                "peft" => DoraStrength::Peft,
-                other => {
-                    return Err(bad("dora_strength")(format!(
-                        "`{other}`: expected merge or peft"
-                    )));
-                }
+            dtype: match quantize {
+                Some(_) => OutputDType::Keep,
+                None => c.dtype,
             },
-            allow_unmatched: t.allow_unmatched,
-            shard_bytes: t.shard_bytes,
+            keep_f32: c.keep_f32,
+            layout: c.layout,
+            dora_strength: c.dora_strength,
+            allow_unmatched: c.allow_unmatched,
+            shard_bytes: c.shard_bytes,
             quantize,
         })
     }
@@ -124,53 +114,42 @@ impl MergeOptions {
 /// `to` and its companions: the format decides names, files and every tensor's type, so
 /// `keep_f32`, `layout` and `shard_size` are refused with it; `dtype` is the
 /// high-precision dtype of fp8-scaled (f16 by default; bf16 or f32) and refused for GGUF.
-fn quantize_options(t: &OptionsText<'_>) -> Result<Option<QuantOptions>, BadOption> {
-    use crate::model::quant_rules::{ALL_FORMATS, QuantFormat};
+fn quantize_options(c: &MergeChoices) -> Result<Option<QuantOptions>, BadOption> {
     let bad = |field: &'static str, message: String| BadOption { field, message };
-    let Some(to) = t.to else {
-        if t.city96_rounding {
+    let Some(format) = c.to else {
+        if c.city96_rounding {
             return Err(bad("city96_rounding", "needs to = gguf:<type>".into()));
         }
         return Ok(None);
     };
-    let format = QuantFormat::parse(&to.to_ascii_lowercase()).ok_or_else(|| {
-        let all: Vec<&str> = ALL_FORMATS.iter().map(|f| f.as_str()).collect();
-        bad(
-            "to",
-            format!("unknown format `{to}` (one of: {})", all.join(", ")),
-        )
-    })?;
     for (given, field) in [
-        (t.keep_f32.is_some(), "keep_f32"),
-        (t.layout.is_some(), "layout"),
-        (t.shard_bytes.is_some(), "shard_size"),
+        (c.keep_f32.is_some(), "keep_f32"),
+        (c.layout.is_some(), "layout"),
+        (c.shard_bytes.is_some(), "shard_size"),
     ] {
         if given {
             let m = format!("{format} decides the output (one file, original-Wan names); drop it");
             return Err(bad(field, m));
         }
     }
-    if t.city96_rounding && !format.is_gguf() {
+    if c.city96_rounding && !format.is_gguf() {
         return Err(bad("city96_rounding", "applies to gguf:<type> only".into()));
     }
-    let high_precision = match (t.dtype.unwrap_or("keep"), format.is_gguf()) {
-        ("keep", _) => DType::F16,
-        ("bf16", false) => DType::BF16,
-        ("f16", false) => DType::F16,
-        ("f32", false) => DType::F32,
-        (d, false) => {
-            let m = format!("`{d}`: {format} keeps its high-precision tensors in f16, bf16 or f32");
-            return Err(bad("dtype", m));
-        }
-        (d, true) => {
-            let m = format!("`{d}`: {format} decides every tensor's type; drop it");
+    let high_precision = match (c.dtype.float(), format.is_gguf()) {
+        (None, _) => DType::F16,
+        (Some(d), false) => d,
+        (Some(_), true) => {
+            let m = format!(
+                "`{}`: {format} decides every tensor's type; drop it",
+                c.dtype
+            );
             return Err(bad("dtype", m));
         }
     };
     Ok(Some(QuantOptions {
         format,
         high_precision,
-        city96_rounding: t.city96_rounding,
+        city96_rounding: c.city96_rounding,
     }))
 }
 

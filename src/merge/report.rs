@@ -11,12 +11,13 @@ use serde::Serialize;
 use crate::adapter::ScaleSource;
 
 /// Where the strength of an adapter enters the normalised (DoRA/BoRA) formulas.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum DoraStrength {
     /// The application weight (default): `W' = W0 + a·(f(W0) − W0)` with `f` at full
     /// strength, linear in `a` for every kind (SA3 `merge_loras_into_base_model`
     /// `application_weight`, MLX `--lora-strength`, ComfyUI's DoRA strength).
+    #[default]
     Merge,
     /// PEFT / diffusers `fuse_lora(lora_scale=a)`: the strength scales `σ` inside the norm,
     /// `W' = m ⊙ (W0 + a·σ·B·A) / ‖W0 + a·σ·B·A‖` (also SA3 HEAD's `lora_strength`).
@@ -24,7 +25,10 @@ pub enum DoraStrength {
 }
 
 impl DoraStrength {
-    /// Command-line spelling.
+    /// Both.
+    pub const ALL: [DoraStrength; 2] = [DoraStrength::Merge, DoraStrength::Peft];
+
+    /// The command-line, recipe and report spelling (serde's too).
     pub fn as_str(self) -> &'static str {
         match self {
             DoraStrength::Merge => "merge",
@@ -32,6 +36,25 @@ impl DoraStrength {
         }
     }
 }
+
+impl std::fmt::Display for DoraStrength {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for DoraStrength {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<DoraStrength, String> {
+        crate::names::find(&DoraStrength::ALL, DoraStrength::as_str, s).ok_or_else(|| {
+            let names = DoraStrength::ALL.map(DoraStrength::as_str);
+            format!("`{s}` is not {}", crate::names::either(names))
+        })
+    }
+}
+
+crate::names::value_enum!(DoraStrength);
 
 /// One adapter's part of the merge.
 #[derive(Clone, Debug, PartialEq, Serialize)]

@@ -148,8 +148,12 @@ pub enum PlanError {
         /// The names.
         keys: Vec<String>,
     },
+    /// A keep-f32 policy that is not one of the named ones or `regex:PATTERN`. (Messages of
+    /// option values name no flag: the command line and recipes each prefix their own.)
+    #[error("`{0}` is not diffusers, maxdiffusion, none or regex:PATTERN")]
+    UnknownKeepF32(String),
     /// The keep-f32 regex does not compile.
-    #[error("--keep-f32 regex `{pattern}`: {reason}")]
+    #[error("regex `{pattern}`: {reason}")]
     Regex {
         /// The pattern.
         pattern: String,

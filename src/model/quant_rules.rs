@@ -30,18 +30,19 @@ pub enum QuantFormat {
     GgufF16,
 }
 
-/// Every format, in the order `--help` lists them.
-pub const ALL_FORMATS: [QuantFormat; 6] = [
-    QuantFormat::Fp8Scaled,
-    QuantFormat::GgufQ8_0,
-    QuantFormat::GgufQ4_0,
-    QuantFormat::GgufQ5_0,
-    QuantFormat::GgufBf16,
-    QuantFormat::GgufF16,
-];
-
 impl QuantFormat {
-    /// The spelling of `--to` (`fp8-scaled`, `gguf:q8_0`, ...).
+    /// Every format, in the order `--help` lists them: a closed set (each GGUF block type is
+    /// its own value), so `--to` is a `clap::ValueEnum` like every other enumerated flag.
+    pub const ALL: [QuantFormat; 6] = [
+        QuantFormat::Fp8Scaled,
+        QuantFormat::GgufQ8_0,
+        QuantFormat::GgufQ4_0,
+        QuantFormat::GgufQ5_0,
+        QuantFormat::GgufBf16,
+        QuantFormat::GgufF16,
+    ];
+
+    /// The spelling of `--to` and of recipes' `output.to` (`fp8-scaled`, `gguf:q8_0`, ...).
     pub fn as_str(self) -> &'static str {
         match self {
             QuantFormat::Fp8Scaled => "fp8-scaled",
@@ -51,11 +52,6 @@ impl QuantFormat {
             QuantFormat::GgufBf16 => "gguf:bf16",
             QuantFormat::GgufF16 => "gguf:f16",
         }
-    }
-
-    /// Parses a `--to` value; `None` when it names no quantized format.
-    pub fn parse(s: &str) -> Option<QuantFormat> {
-        ALL_FORMATS.iter().copied().find(|f| f.as_str() == s)
     }
 
     /// True for the GGUF formats.
@@ -91,6 +87,19 @@ impl fmt::Display for QuantFormat {
         f.write_str(self.as_str())
     }
 }
+
+impl std::str::FromStr for QuantFormat {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<QuantFormat, String> {
+        crate::names::find(&QuantFormat::ALL, QuantFormat::as_str, s).ok_or_else(|| {
+            let all: Vec<&str> = QuantFormat::ALL.iter().map(|f| f.as_str()).collect();
+            format!("unknown format `{s}` (one of: {})", all.join(", "))
+        })
+    }
+}
+
+crate::names::value_enum!(QuantFormat);
 
 /// Why a tensor got its encoding (written into the quantization report).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -413,8 +422,8 @@ mod tests {
             assert!(!is_fp8_linear(n, &[8, 8]), "{n}");
         }
         assert!(!is_fp8_linear("blocks.0.ffn.0.weight", &[8]));
-        for f in ALL_FORMATS {
-            assert_eq!(QuantFormat::parse(f.as_str()), Some(f));
+        for f in QuantFormat::ALL {
+            assert_eq!(f.as_str().parse::<QuantFormat>(), Ok(f));
         }
     }
 }

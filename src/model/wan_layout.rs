@@ -72,19 +72,22 @@ impl fmt::Display for Layout {
 
 /// A layout name that is not one of the four.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown layout `{0}` (expected diffusers, wan, nnx or nnx-scanned)")]
+#[error(
+    "unknown layout `{0}` (expected {expected})",
+    expected = crate::names::either(Layout::ALL.map(Layout::as_str))
+)]
 pub struct UnknownLayout(pub String);
 
 impl FromStr for Layout {
     type Err = UnknownLayout;
 
     fn from_str(s: &str) -> Result<Layout, UnknownLayout> {
-        Layout::ALL
-            .into_iter()
-            .find(|l| l.as_str() == s)
+        crate::names::find(&Layout::ALL, Layout::as_str, s)
             .ok_or_else(|| UnknownLayout(s.to_string()))
     }
 }
+
+crate::names::value_enum!(Layout);
 
 /// The config.json field that records a checkpoint's layout.
 pub const LAYOUT_FIELD: &str = "_wanbake_layout";
