@@ -2,7 +2,7 @@
 //! reports spell by name (`Layout`, `OutputDType`, `DoraStrength`, `Convention`,
 //! `QuantFormat`, `DeviceChoice`, `TruncMethod`, `synth::Fill`, `synth::SynthModel`) lists
 //! its values once (`ALL`) and spells each once (`as_str`). Its `FromStr`, its `Display`, the
-//! messages that list the accepted names, and the `clap::ValueEnum` that [`value_enum!`]
+//! messages that list the accepted names, and the `clap::ValueEnum` that `value_enum!`
 //! derives read that one table, so the parser, `--help`, recipes and manifests cannot
 //! disagree. Names are case-sensitive everywhere (clap's default).
 //!

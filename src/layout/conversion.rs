@@ -24,7 +24,8 @@ use crate::model::transform::{self, KernelError, SrcTensor, Transform};
 use crate::model::wan_layout::Layout;
 
 /// Destination bytes a copy or conversion handles at once, per worker, unless tuned
-/// ([`ExecOptions::band_bytes`]); the output does not depend on it.
+/// ([`ExecOptions::band_bytes`](crate::merge::exec::ExecOptions::band_bytes)); the output
+/// does not depend on it.
 pub const PIECE_BAND_BYTES: usize = 8 << 20;
 
 /// Writes `transform(src)` converted to `dtype` (raw byte moves when the dtypes are equal,

@@ -283,9 +283,7 @@ impl Band {
     ) -> Result<(), MergeError> {
         // Linear and full-tensor contributions only add into the band; the normalised ones
         // also need W0 on its own.
-        let keep_w0 = updates.iter().any(
-            |(u, _)| matches!(u, Update::LowRank { form, .. } if !matches!(form, Form::Additive)),
-        );
+        let keep_w0 = updates.iter().any(|(u, _)| u.normalisation().is_some());
         let n = D.len() / t.inp.max(1);
         rows.read(r0, n, D)?;
         self.W0.clear();
