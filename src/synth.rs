@@ -10,8 +10,6 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::LazyLock;
 
-use rayon::prelude::*;
-
 use crate::io::header_layout::PlannedTensor;
 use crate::io::staging::{Allocation, Replace, Staging};
 use crate::io::writer::{ComponentOutput, OutputPlan};
@@ -257,15 +255,19 @@ pub fn synth_release(
         let plan = staging.plan();
         let jobs: Vec<(String, crate::io::Slot)> =
             plan.slots().map(|(_, n, s)| (n.to_string(), s)).collect();
-        jobs.par_iter()
-            .try_for_each(|(name, slot)| -> anyhow::Result<()> {
+        staging.for_each_in_file_order(
+            &jobs,
+            |(_, slot)| (*slot, 0),
+            || (),
+            |_, (name, slot)| -> anyhow::Result<()> {
                 let Fill::Random { seed } = fill else {
                     return Ok(());
                 };
                 let info = &plan.files[slot.file].layout.tensors[slot.tensor];
                 fill_random(staging, *slot, info, seed)
                     .map_err(|e| anyhow::anyhow!("tensor `{name}`: {e}"))
-            })?;
+            },
+        )?;
         Ok(serde_json::json!({ "tensors": plan.tensor_count() }))
     })
 }

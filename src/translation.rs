@@ -11,7 +11,6 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use rayon::prelude::*;
 use serde::Serialize;
 
 use crate::adapter::translate::{OutTensor, module_ids, render_set, tensor_bytes};
@@ -189,17 +188,24 @@ pub fn write_adapter_file<'d>(
             allocation: Allocation::Reserve,
         },
         |staging| {
-            names
-                .par_iter()
+            let slots = names
+                .iter()
                 .enumerate()
-                .try_for_each(|(i, name)| -> anyhow::Result<()> {
-                    let slot = staging
-                        .plan()
-                        .slot(0, name)
-                        .ok_or_else(|| anyhow::anyhow!("internal: no slot for `{name}`"))?;
+                .map(|(i, name)| {
+                    let slot = staging.plan().slot(0, name);
+                    slot.map(|s| (i, s))
+                        .ok_or_else(|| anyhow::anyhow!("internal: no slot for `{name}`"))
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            staging.for_each_in_file_order(
+                &slots,
+                |&(_, slot)| (slot, 0),
+                || (),
+                |_, &(i, slot)| -> anyhow::Result<()> {
                     staging.write(slot, 0, &bytes(i)?)?;
                     Ok(())
-                })?;
+                },
+            )?;
             Ok(report)
         },
     )

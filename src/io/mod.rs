@@ -4,12 +4,12 @@
 //! (`header`), the canonical header wanbake writes (`header_layout`), read-only memory maps
 //! and the guard against inputs changing under them (`mmap`, the only `unsafe` of this
 //! layer), single files (`file`), multi-file checkpoints and folders (`checkpoint`), hashing
-//! of outputs (`digest`; as they are written, `as_written`) and of inputs, with their cache (`input_hash`), what an output will
-//! contain (`writer`) and the atomic, durable writing of it (`staging`), the GGUF container
+//! of outputs (`digest`) and of inputs, with their cache (`input_hash`), what an output will
+//! contain (`writer`), the atomic, durable writing of it (`staging`) through an ordered
+//! window that hashes and writes each byte once (`ordered`), the GGUF container
 //! (`gguf`) and the quantized encodings (`quant`: scaled fp8, ggml block types). Does not
 //! own: what tensors mean (`model`, `adapter`) or how they are computed (`merge`).
 
-pub mod as_written;
 pub mod checkpoint;
 pub mod digest;
 pub mod dtype;
@@ -19,6 +19,7 @@ pub mod header;
 pub mod header_layout;
 pub mod input_hash;
 pub mod mmap;
+pub mod ordered;
 pub mod quant;
 pub mod staging;
 pub mod writer;

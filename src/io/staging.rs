@@ -12,15 +12,15 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use std::sync::Arc;
 
-use super::as_written::{AsWritten, AsWrittenError};
 use super::digest::{self, SafetensorsDigest};
 use super::file::ReadError;
 use super::header::Header;
+use super::header_layout::HeaderLayout;
+use super::ordered::{NewFile, OrderedError, OrderedFiles};
 use super::writer::{OutputPlan, Slot};
 use crate::progress::{self, PhaseGuard};
 
@@ -122,6 +122,40 @@ fn hint(e: &std::io::Error) -> &'static str {
     }
 }
 
+/// The byte ranges of a planned file that neither its header nor any tensor covers (a GGUF
+/// file's alignment padding), sorted.
+fn unwritten_ranges(layout: &HeaderLayout) -> Vec<(u64, u64)> {
+    let mut covered: Vec<(u64, u64)> = layout
+        .tensors
+        .iter()
+        .map(|t| (t.begin as u64, t.end as u64))
+        .collect();
+    covered.push((0, layout.prefix.len() as u64));
+    covered.sort_unstable();
+    let mut gaps = Vec::new();
+    let mut at = 0;
+    for (b, e) in covered {
+        if b > at {
+            gaps.push((at, b));
+        }
+        at = at.max(e);
+    }
+    let len = layout.file_len() as u64;
+    if at < len {
+        gaps.push((at, len));
+    }
+    gaps
+}
+
+fn ordered_error(e: OrderedError) -> WriteError {
+    match e {
+        OrderedError::Io { path, source } => WriteError::Io { path, source },
+        OrderedError::Gap { path, offset } | OrderedError::Late { path, offset } => {
+            WriteError::Gap { path, offset }
+        }
+    }
+}
+
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> WriteError + '_ {
     move |source| WriteError::Io {
         path: path.to_path_buf(),
@@ -167,8 +201,8 @@ pub struct Staging {
     _lock: File,
     files: Vec<Arc<File>>,
     plan: OutputPlan,
-    /// Digests computed as the bytes are written (every safetensors weight file).
-    as_written: Option<AsWritten>,
+    /// The weight files' reorder window, hashers and disk writer (`None` once sealed).
+    ordered: Option<OrderedFiles>,
     replace: Replace,
     committed: bool,
     writing: Option<PhaseGuard>,
@@ -244,7 +278,7 @@ impl Staging {
             _lock: lock,
             files: Vec::new(),
             plan,
-            as_written: None,
+            ordered: None,
             replace,
             committed: false,
             writing: None,
@@ -256,41 +290,32 @@ impl Staging {
     }
 
     fn create_files(&mut self, allocation: Allocation) -> Result<(), WriteError> {
+        let mut new = Vec::with_capacity(self.plan.files.len());
         for f in &self.plan.files {
             let path = self.tmp.join(&f.rel_path);
             if let Some(dir) = path.parent() {
                 std::fs::create_dir_all(dir).map_err(io_err(dir))?;
             }
-            let file = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create_new(true)
-                .open(&path)
-                .map_err(io_err(&path))?;
-            let len = f.layout.file_len() as u64;
-            match allocation {
-                Allocation::Reserve => reserve(&file, len).map_err(io_err(&path))?,
-                Allocation::Sparse => file.set_len(len).map_err(io_err(&path))?,
-            }
-            file.write_all_at(&f.layout.prefix, 0)
-                .map_err(io_err(&path))?;
-            self.files.push(Arc::new(file));
+            new.push(NewFile {
+                path,
+                len: f.layout.file_len() as u64,
+                tensors: f.gguf.is_none().then(|| f.layout.tensors.clone()),
+                gaps: unwritten_ranges(&f.layout),
+            });
         }
-        let followed = (self.plan.files.iter().zip(&self.files))
-            .map(|(f, file)| {
-                let safetensors = f.gguf.is_none();
-                safetensors.then(|| {
-                    let len = f.layout.file_len() as u64;
-                    let tensors = f.layout.tensors.clone();
-                    (self.tmp.join(&f.rel_path), file.clone(), len, tensors)
-                })
-            })
-            .collect();
-        let as_written = AsWritten::start(followed);
+        let sparse = allocation == Allocation::Sparse;
+        let (ordered, files) = OrderedFiles::create(new, sparse, |file, len| match allocation {
+            Allocation::Reserve => reserve(file, len),
+            Allocation::Sparse => file.set_len(len),
+        })
+        .map_err(ordered_error)?;
         for (i, f) in self.plan.files.iter().enumerate() {
-            as_written.wrote(i, None, 0, &f.layout.prefix);
+            ordered
+                .write(i, 0, &f.layout.prefix)
+                .map_err(ordered_error)?;
         }
-        self.as_written = Some(as_written);
+        self.files = files;
+        self.ordered = Some(ordered);
         for a in &self.plan.aux {
             let path = self.tmp.join(&a.rel_path);
             if let Some(dir) = path.parent() {
@@ -316,6 +341,52 @@ impl Staging {
         &self.tmp
     }
 
+    /// Runs `work` on every item, on every thread of the current rayon pool, each thread
+    /// taking the next item in the order the items' bytes lie in the output (`slot_of`:
+    /// where an item starts writing). Every producer with many items runs through here:
+    /// with each item writing its own range front to back, the item at the front of a file
+    /// is always running, so the window of `io::ordered` moves steadily and a write that
+    /// waits for it always gets to go. `init` makes each thread's state. The first error
+    /// stops the others and is returned.
+    pub fn for_each_in_file_order<T: Sync, S, E: Send>(
+        &self,
+        items: &[T],
+        slot_of: impl Fn(&T) -> (Slot, usize),
+        init: impl Fn() -> S + Sync,
+        work: impl Fn(&mut S, &T) -> Result<(), E> + Sync,
+    ) -> Result<(), E> {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        let mut order: Vec<usize> = (0..items.len()).collect();
+        order.sort_by_key(|&i| {
+            let (slot, offset) = slot_of(&items[i]);
+            let begin = (self.plan.files.get(slot.file))
+                .and_then(|f| f.layout.tensors.get(slot.tensor))
+                .map_or(0, |t| t.begin);
+            (slot.file, begin + offset)
+        });
+        let next = AtomicUsize::new(0);
+        let failed = AtomicBool::new(false);
+        let failure: std::sync::Mutex<Option<E>> = std::sync::Mutex::new(None);
+        rayon::broadcast(|_| {
+            let mut state = init();
+            while !failed.load(Ordering::Relaxed) {
+                let Some(&i) = order.get(next.fetch_add(1, Ordering::Relaxed)) else {
+                    break;
+                };
+                if let Err(e) = work(&mut state, &items[i]) {
+                    failed.store(true, Ordering::Relaxed);
+                    if let Ok(mut f) = failure.lock() {
+                        f.get_or_insert(e);
+                    }
+                }
+            }
+        });
+        match failure.into_inner().ok().flatten() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
     /// Writes `bytes` at `offset` inside the tensor at `slot`. Safe to call from many
     /// threads at once for disjoint ranges.
     pub fn write(&self, slot: Slot, offset: usize, bytes: &[u8]) -> Result<(), WriteError> {
@@ -332,16 +403,13 @@ impl Staging {
                 size: t.nbytes(),
             });
         }
-        let at = (t.begin + offset) as u64;
-        self.files[slot.file]
-            .write_all_at(bytes, at)
-            .map_err(|source| WriteError::Io {
-                path: self.tmp.join(&f.rel_path),
-                source,
-            })?;
-        if let Some(w) = &self.as_written {
-            w.wrote(slot.file, Some((slot.tensor, offset)), at, bytes);
-        }
+        let ordered = self.ordered.as_ref().ok_or_else(|| WriteError::Io {
+            path: self.tmp.join(&f.rel_path),
+            source: std::io::Error::other("write after the output was sealed"),
+        })?;
+        ordered
+            .write(slot.file, (t.begin + offset) as u64, bytes)
+            .map_err(ordered_error)?;
         self.written
             .fetch_add(bytes.len() as u64, std::sync::atomic::Ordering::Relaxed);
         if let Some(p) = &self.writing {
@@ -350,20 +418,19 @@ impl Staging {
         Ok(())
     }
 
-    /// Flushes every file to disk and returns the digests of the weight files (plan order)
-    /// and aux files.
+    /// Finishes writing, flushes every file to disk and returns the digests of the weight
+    /// files (plan order) and aux files.
     ///
-    /// A safetensors file was hashed as it was written (`io::as_written`): the seal waits for
-    /// the followers to reach the end of every file while the flush runs on a thread of its
-    /// own, and nothing is read again (a GGUF file is re-read and hashed here). No byte
-    /// changes once sealing starts (every writer has returned), so the digests describe what
-    /// the flush makes durable. Every planned safetensors header is first parsed back with
-    /// the reader's own rules and compared with the plan.
+    /// A safetensors file was hashed from the bytes as they were written (`io::ordered`):
+    /// the seal waits for the hashers and the disk writer to pass the end of every file,
+    /// then fsyncs; nothing is read again (a GGUF file is re-read and hashed here). No byte
+    /// changes once sealing starts (every writer has returned). Every planned safetensors
+    /// header is first parsed back with the reader's own rules and compared with the plan.
     pub fn seal(&mut self) -> Result<Sealed, WriteError> {
         self.writing = None;
         self.check_every_byte_written()?;
         self.check_headers()?;
-        let as_written = self.as_written.take().ok_or_else(|| WriteError::Io {
+        let ordered = self.ordered.take().ok_or_else(|| WriteError::Io {
             path: self.tmp.clone(),
             source: std::io::Error::other("the output was sealed twice"),
         })?;
@@ -373,45 +440,25 @@ impl Staging {
             .sum();
         let sealing = Arc::new(progress::begin(
             "sealing",
-            as_written.unhashed_bytes() + reread,
+            ordered.unpassed_bytes() + reread,
             0,
         ));
-        let flush = || -> Result<(), WriteError> {
-            for (f, p) in self.files.iter().zip(&self.plan.files) {
-                f.sync_all().map_err(io_err(&self.tmp.join(&p.rel_path)))?;
-            }
-            Ok(())
-        };
         let sparse = self.allocation == Allocation::Sparse;
-        let hash = || -> Result<Vec<SafetensorsDigest>, WriteError> {
-            let followed = as_written
-                .finish(sparse, sealing.clone())
-                .map_err(|e| self.as_written_error(e))?;
-            followed
-                .into_iter()
-                .zip(&self.plan.files)
-                .map(|(d, p)| match d {
-                    Some(d) => Ok(d),
-                    None => Ok(digest::digest_weight_file(
-                        &self.tmp.join(&p.rel_path),
-                        &|n| sealing.add_bytes(n),
-                    )?),
-                })
-                .collect()
-        };
-        let (flushed, weights) = std::thread::scope(|scope| {
-            let flushing = scope.spawn(flush);
-            let weights = hash();
-            let flushed = flushing.join().unwrap_or_else(|_| {
-                Err(WriteError::Io {
-                    path: self.tmp.clone(),
-                    source: std::io::Error::other("the flush thread panicked"),
-                })
-            });
-            (flushed, weights)
-        });
-        flushed?;
-        let weights = weights?;
+        let hashed = ordered
+            .finish(sparse, Some(sealing.clone()))
+            .map_err(ordered_error)?;
+        self.flush()?;
+        let weights = hashed
+            .into_iter()
+            .zip(&self.plan.files)
+            .map(|(d, p)| match d {
+                Some(d) => Ok(d),
+                None => Ok(digest::digest_weight_file(
+                    &self.tmp.join(&p.rel_path),
+                    &|n| sealing.add_bytes(n),
+                )?),
+            })
+            .collect::<Result<Vec<_>, WriteError>>()?;
         let mut aux = BTreeMap::new();
         for a in &self.plan.aux {
             let path = self.tmp.join(&a.rel_path);
@@ -426,11 +473,11 @@ impl Staging {
         Ok(Sealed { weights, aux })
     }
 
-    fn as_written_error(&self, e: AsWrittenError) -> WriteError {
-        match e {
-            AsWrittenError::Io { path, source } => WriteError::Io { path, source },
-            AsWrittenError::Gap { path, offset } => WriteError::Gap { path, offset },
+    fn flush(&self) -> Result<(), WriteError> {
+        for (f, p) in self.files.iter().zip(&self.plan.files) {
+            f.sync_all().map_err(io_err(&self.tmp.join(&p.rel_path)))?;
         }
+        Ok(())
     }
 
     /// Every planned safetensors header parses back, with the reader's own rules, as
@@ -484,10 +531,11 @@ impl Staging {
 
     /// Renames the temporary directory into place as it is: no seal, no manifest. Only for
     /// outputs that are not releases (`synth --skeleton`: headers and sparse zeros).
-    pub fn commit_unsealed(self) -> Result<PathBuf, WriteError> {
-        for (f, p) in self.files.iter().zip(&self.plan.files) {
-            f.sync_all().map_err(io_err(&self.tmp.join(&p.rel_path)))?;
+    pub fn commit_unsealed(mut self) -> Result<PathBuf, WriteError> {
+        if let Some(ordered) = self.ordered.take() {
+            ordered.finish(true, None).map_err(ordered_error)?;
         }
+        self.flush()?;
         self.commit_as_is()
     }
 

@@ -176,11 +176,11 @@ impl Exec<'_> {
     /// The job loop: untouched tensors are copied, targets go to `merge_target` (with the
     /// per-worker state `init` makes); a base tensor's pages are dropped after its last job.
     ///
-    /// Every worker of the pool takes the next job in output-file order (`file_order`) until
-    /// none is left, so the output is written roughly front to back: the digests computed
-    /// as it is written (`io::as_written`) follow the written frontier closely, and the
-    /// disk's write-back starts behind it, instead of waiting for the last job. The order
-    /// never changes a byte (each job writes its own slot range from its own inputs).
+    /// Every worker of the pool takes the next job in output-file order
+    /// (`Staging::for_each_in_file_order`) until none is left, so the output is written front
+    /// to back through the bounded window of `io::ordered`, which hashes and writes each byte
+    /// once. The order never changes a byte (each job writes its own slot range, front to
+    /// back, from its own inputs).
     fn run_jobs<S>(
         &self,
         init: impl Fn() -> S + Send + Sync,
@@ -218,26 +218,19 @@ impl Exec<'_> {
             }
             Ok::<(), MergeError>(())
         };
-        let order = self.file_order();
-        let next = AtomicUsize::new(0);
-        let failure: Mutex<Option<MergeError>> = Mutex::new(None);
-        let failed = std::sync::atomic::AtomicBool::new(false);
-        rayon::broadcast(|_| {
-            let mut state = init();
-            while !failed.load(Ordering::Relaxed) {
-                let Some(&j) = order.get(next.fetch_add(1, Ordering::Relaxed)) else {
-                    break;
-                };
-                if let Err(e) = run_one(&mut state, &self.plan.jobs[j]) {
-                    failed.store(true, Ordering::Relaxed);
-                    if let Ok(mut f) = failure.lock() {
-                        f.get_or_insert(e);
-                    }
-                }
-            }
-        });
-        if let Some(e) = failure.into_inner().ok().flatten() {
-            return Err(e);
+        match self.staging {
+            Some(staging) => staging.for_each_in_file_order(
+                &self.plan.jobs,
+                |job| (job.slot, job.dst_offset),
+                init,
+                run_one,
+            )?,
+            // A run that writes nothing (`merged_values`): plan order.
+            None => self
+                .plan
+                .jobs
+                .iter()
+                .try_for_each(|job| run_one(&mut init(), job))?,
         }
         Ok(SvdReport {
             cache: self.svd_cache.is_some(),
@@ -246,24 +239,6 @@ impl Exec<'_> {
             replaced: svd.replaced.into_inner(),
             computed: svd.computed.into_inner(),
         })
-    }
-
-    /// Job indices in the order their bytes lie in the output (file, then offset); plan
-    /// order for a run that writes nothing.
-    fn file_order(&self) -> Vec<usize> {
-        let mut order: Vec<usize> = (0..self.plan.jobs.len()).collect();
-        if let Some(staging) = self.staging {
-            let files = &staging.plan().files;
-            order.sort_by_key(|&j| {
-                let job = &self.plan.jobs[j];
-                let begin = files
-                    .get(job.slot.file)
-                    .and_then(|f| f.layout.tensors.get(job.slot.tensor))
-                    .map_or(0, |t| t.begin);
-                (job.slot.file, begin + job.dst_offset)
-            });
-        }
-        order
     }
 
     /// NaN/±inf at flat index `i` of the band starting at row `r0` of target `t`.
