@@ -908,25 +908,188 @@ fn input_hashes_are_cached_by_file_identity_and_the_cache_can_be_turned_off() {
     ok(run(root.path(), &["verify", "d"]));
 }
 
+/// Runs `args` in `dir`, expects exit 1 and one `error:` line that says each of `causes`
+/// exactly once, and returns that line.
+#[track_caller]
+fn fails_saying_each_once(dir: &Path, args: &[&str], causes: &[&str]) -> String {
+    let (code, _, err) = parts(&run(dir, args));
+    assert_eq!(code, 1, "{args:?}: {err}");
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("error: "))
+        .unwrap_or_else(|| panic!("{args:?}: no error line: {err}"));
+    for cause in causes {
+        assert_eq!(line.matches(cause).count(), 1, "{args:?}: `{cause}`: {err}");
+    }
+    line.to_string()
+}
+
 #[test]
 fn an_error_prints_each_cause_once() {
     let root = tmp();
-    std::fs::write(root.path().join("afile"), b"x").unwrap();
-    let g = repo().join("golden/models/t2v");
-    let o = run(
-        root.path(),
+    let dir = root.path();
+    std::fs::write(dir.join("afile"), b"x").unwrap();
+    let g = repo().join("golden");
+    let t2v = g.join("models/t2v");
+    let t2v = t2v.to_str().unwrap();
+    let peft = g.join("adapters/peft_plain");
+    let peft = peft.to_str().unwrap();
+
+    // An output below a file: the message says what is wrong with the path, once.
+    let line = fails_saying_each_once(
+        dir,
+        &["convert", t2v, "--dtype", "bf16", "--out", "afile/sub"],
+        &["afile"],
+    );
+    assert!(line.contains("afile: not a directory"), "{line}");
+    assert!(!line.contains("File exists"), "{line}");
+    let line = fails_saying_each_once(
+        dir,
         &[
             "convert",
-            g.to_str().unwrap(),
+            t2v,
             "--dtype",
             "bf16",
             "--out",
-            "afile/sub",
+            "afile/sub/deeper",
         ],
+        &["afile"],
     );
-    let (code, _, err) = parts(&o);
-    assert_eq!(code, 1, "{err}");
-    assert_eq!(err.matches("os error").count(), 1, "{err}");
+    assert!(line.contains("afile: not a directory"), "{line}");
+    assert!(!dir.join("afile/sub").exists());
+
+    // A missing input, for every command that reads one.
+    let missing = "No such file or directory";
+    for args in [
+        &[
+            "convert",
+            "missing.safetensors",
+            "--dtype",
+            "bf16",
+            "--out",
+            "o",
+        ][..],
+        &[
+            "restack",
+            "missing.safetensors",
+            "--to",
+            "wan",
+            "--out",
+            "o",
+        ],
+        &[
+            "merge",
+            "--base",
+            "missing",
+            "--adapter",
+            peft,
+            "--out",
+            "o",
+        ],
+        &["merge", "--base", t2v, "--adapter", "missing", "--out", "o"],
+        &[
+            "extract", "--base", "missing", "--tuned", t2v, "--rank", "4", "--out", "o",
+        ],
+        &[
+            "extract", "--base", t2v, "--tuned", "missing", "--rank", "4", "--out", "o",
+        ],
+        &[
+            "extract",
+            "--base",
+            t2v,
+            "--adapter",
+            "missing",
+            "--rank",
+            "4",
+            "--out",
+            "o",
+        ],
+        &["translate", "missing", "--to", "comfy", "--out", "o"],
+        &["resize", "missing", "--rank", "2", "--out", "o"],
+        &["bake", "missing.toml"],
+    ] {
+        let line = fails_saying_each_once(dir, args, &[missing, "os error 2", "missing"]);
+        assert!(line.starts_with("error: missing"), "{args:?}: {line}");
+    }
+    // A recipe naming a missing base or adapter.
+    let recipe = |name: &str, base: &str, adapter: &str| {
+        std::fs::write(
+            dir.join(name),
+            format!(
+                "[base]\npath = \"{base}\"\n[[adapter]]\npath = \"{adapter}\"\n\
+                 [output]\ndir = \"o\"\n"
+            ),
+        )
+        .unwrap();
+    };
+    recipe("no_base.toml", "missing_base", peft);
+    recipe("no_adapter.toml", t2v, "missing_adapter");
+    fails_saying_each_once(dir, &["bake", "no_base.toml"], &[missing, "missing_base"]);
+    fails_saying_each_once(
+        dir,
+        &["bake", "no_adapter.toml"],
+        &[missing, "missing_adapter"],
+    );
+
+    // Truncated inputs: the header cut (its length runs past the end) and the data cut.
+    let original = std::fs::read(g.join("models/t2v_original.safetensors")).unwrap();
+    std::fs::write(dir.join("cut_header.safetensors"), &original[..1000]).unwrap();
+    std::fs::write(
+        dir.join("cut_data.safetensors"),
+        &original[..original.len() / 2],
+    )
+    .unwrap();
+    let adapter = std::fs::read(g.join("adapters/peft_plain/adapter_model.safetensors")).unwrap();
+    std::fs::write(dir.join("cut_adapter.safetensors"), &adapter[..500]).unwrap();
+    for (file, reason) in [
+        ("cut_header.safetensors", "runs past the end"),
+        ("cut_data.safetensors", "but the data section is only"),
+    ] {
+        for args in [
+            &["convert", file, "--dtype", "bf16", "--out", "o"][..],
+            &["restack", file, "--to", "wan", "--out", "o"],
+            &["merge", "--base", file, "--adapter", peft, "--out", "o"],
+            &[
+                "extract", "--base", file, "--tuned", t2v, "--rank", "4", "--out", "o",
+            ],
+        ] {
+            fails_saying_each_once(dir, args, &[file, reason, "truncated"]);
+        }
+    }
+    for args in [
+        &[
+            "merge",
+            "--base",
+            t2v,
+            "--adapter",
+            "cut_adapter.safetensors",
+            "--out",
+            "o",
+        ][..],
+        &[
+            "translate",
+            "cut_adapter.safetensors",
+            "--to",
+            "comfy",
+            "--out",
+            "o",
+        ],
+        &[
+            "resize",
+            "cut_adapter.safetensors",
+            "--rank",
+            "2",
+            "--out",
+            "o",
+        ],
+    ] {
+        fails_saying_each_once(
+            dir,
+            args,
+            &["cut_adapter.safetensors", "runs past the end", "truncated"],
+        );
+    }
+    assert!(!dir.join("o").exists());
 }
 
 /// Hand-made safetensors files the mutation test starts from: several dtypes, metadata,
