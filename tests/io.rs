@@ -833,6 +833,25 @@ fn an_input_that_shrinks_while_it_is_read_fails_cleanly_and_commits_nothing() {
 }
 
 #[test]
+fn an_input_that_grows_while_it_is_read_fails_cleanly_and_commits_nothing() {
+    let root = tmp();
+    let len = std::cell::Cell::new(0);
+    let (code, err) = merge_while_base_changes(root.path(), |f| {
+        use std::io::Write;
+        len.set(std::fs::metadata(f).unwrap().len());
+        // Appended, as a download or copy still in progress would: the bytes already
+        // mapped are unchanged.
+        let mut file = std::fs::OpenOptions::new().append(true).open(f).unwrap();
+        file.write_all(&[0u8; 4096]).unwrap();
+        file.sync_all().unwrap();
+    });
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("diffusion_pytorch_model.safetensors"), "{err}");
+    let grew = format!("grew from {} to {} bytes", len.get(), len.get() + 4096);
+    assert!(err.contains(&grew), "{grew:?} not in {err}");
+}
+
+#[test]
 fn an_input_rewritten_in_place_with_the_same_size_fails_cleanly() {
     let root = tmp();
     let (code, err) = merge_while_base_changes(root.path(), |f| {
