@@ -1111,23 +1111,74 @@ fn an_error_prints_each_cause_once() {
     assert!(!dir.join("o").exists());
 }
 
-/// Hand-made safetensors files the mutation test starts from: several dtypes, metadata,
-/// empty tensors, a scalar, padding in the header.
+/// Hand-made safetensors files the mutation test starts from: several dtypes, metadata
+/// (with an empty key), empty tensors, a scalar, padding in the header, a header that lists
+/// tensors out of data order, no tensors at all. The fuzz target's seed corpus,
+/// `fuzz/seeds/differential/`, holds exactly these files.
+fn hand_made_seeds() -> Vec<(&'static str, Vec<u8>)> {
+    vec![
+        (
+            "one.safetensors",
+            st_bytes(
+                r#"{"a":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}}"#,
+                &[0u8; 16],
+            ),
+        ),
+        (
+            "meta.safetensors",
+            st_bytes(
+                r#"{"__metadata__":{"format":"pt","k":"v"},"b":{"dtype":"BF16","shape":[3],"data_offsets":[0,6]},"c":{"dtype":"I64","shape":[],"data_offsets":[6,14]}}   "#,
+                &[1u8; 14],
+            ),
+        ),
+        (
+            "empty.safetensors",
+            st_bytes(
+                r#"{"e":{"dtype":"F16","shape":[0,4],"data_offsets":[0,0]},"f":{"dtype":"U8","shape":[5],"data_offsets":[0,5]}}"#,
+                &[7u8; 5],
+            ),
+        ),
+        (
+            "metadata_only.safetensors",
+            st_bytes(
+                r#"{"__metadata__":{"wanbake.version":"0","":"empty key"}}"#,
+                &[],
+            ),
+        ),
+        (
+            "out_of_order.safetensors",
+            st_bytes(
+                r#"{"z":{"dtype":"I32","shape":[1],"data_offsets":[4,8]},"a":{"dtype":"F8_E4M3","shape":[2,2],"data_offsets":[0,4]}}"#,
+                &[0, 1, 2, 3, 4, 5, 6, 7],
+            ),
+        ),
+    ]
+}
+
 fn differential_seeds() -> Vec<Vec<u8>> {
-    let one = st_bytes(
-        r#"{"a":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}}"#,
-        &[0u8; 16],
-    );
-    let meta = st_bytes(
-        r#"{"__metadata__":{"format":"pt","k":"v"},"b":{"dtype":"BF16","shape":[3],"data_offsets":[0,6]},"c":{"dtype":"I64","shape":[],"data_offsets":[6,14]}}   "#,
-        &[1u8; 14],
-    );
-    let empty = st_bytes(
-        r#"{"e":{"dtype":"F16","shape":[0,4],"data_offsets":[0,0]},"f":{"dtype":"U8","shape":[5],"data_offsets":[0,5]}}"#,
-        &[7u8; 5],
-    );
     let golden = std::fs::read(repo().join("golden/models/t2v_original.safetensors")).unwrap();
-    vec![one, meta, empty, golden]
+    let mut seeds: Vec<Vec<u8>> = hand_made_seeds().into_iter().map(|(_, b)| b).collect();
+    seeds.push(golden);
+    seeds
+}
+
+#[test]
+fn the_fuzz_seed_corpus_is_the_hand_made_seeds() {
+    let dir = repo().join("fuzz/seeds/differential");
+    let mut on_disk: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    on_disk.sort();
+    let mut names: Vec<&str> = hand_made_seeds().iter().map(|(n, _)| *n).collect();
+    names.sort();
+    assert_eq!(on_disk, names);
+    for (name, bytes) in hand_made_seeds() {
+        assert_eq!(std::fs::read(dir.join(name)).unwrap(), bytes, "{name}");
+        // Both readers accept every seed, so mutations start on the accepting side.
+        wanbake::io::Header::parse(&bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
+        safetensors::SafeTensors::deserialize(&bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
 }
 
 /// One random edit: a byte changed in the header, the length prefix changed, bytes
@@ -1195,12 +1246,27 @@ fn the_header_parser_never_accepts_what_the_safetensors_crate_rejects() {
                     String::from_utf8_lossy(&b[..b.len().min(400)])
                 ),
             };
+            // The comparisons of fuzz/fuzz_targets/differential.rs; change both together.
+            let (header_len, meta) = safetensors::SafeTensors::read_metadata(&b).unwrap();
+            assert_eq!(ours.data_start, 8 + header_len, "data section start");
+            let their_map: std::collections::BTreeMap<String, String> = meta
+                .metadata()
+                .clone()
+                .unwrap_or_default()
+                .into_iter()
+                .collect();
+            assert_eq!(ours.metadata, their_map, "__metadata__");
             assert_eq!(ours.tensors.len(), theirs.len());
+            assert_eq!(ours.tensors.len(), meta.tensors().len());
             for t in &ours.tensors {
                 let v = theirs.tensor(&t.name).unwrap();
+                let info = meta.info(&t.name).unwrap();
                 assert_eq!(format!("{:?}", v.dtype()), t.dtype.as_str(), "{}", t.name);
                 assert_eq!(v.shape(), t.shape.as_slice(), "{}", t.name);
+                assert_eq!(info.data_offsets, (t.begin, t.end), "{}", t.name);
                 assert_eq!(v.data().len(), t.end - t.begin, "{}", t.name);
+                let at = v.data().as_ptr() as usize - b.as_ptr() as usize;
+                assert_eq!(at, ours.data_start + t.begin, "{}", t.name);
             }
         }
     }
