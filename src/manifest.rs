@@ -274,15 +274,9 @@ impl VerifyReport {
 /// parallel; every difference is reported, not only the first.
 pub fn verify_dir(dir: &Path) -> Result<VerifyReport, ReadError> {
     verify_with(dir, |manifest, report| {
-        use rayon::prelude::*;
         let total = manifest.files.iter().map(|f| f.bytes).sum();
         let phase = crate::progress::begin("verifying", total, manifest.files.len() as u64);
-        let per_file: Vec<(usize, Vec<Mismatch>)> = manifest
-            .files
-            .par_iter()
-            .map(|f| verify_file(dir, f, &phase))
-            .collect();
-        for (tensors, m) in per_file {
+        for (tensors, m) in verify_files(dir, &manifest.files, &phase) {
             report.files_checked += 1;
             report.tensors_checked += tensors;
             report.mismatches.extend(m);
@@ -368,6 +362,20 @@ fn verify_with(
         }
     }
     Ok(report)
+}
+
+/// Checks every file in parallel, counting each on `phase` (its bytes as they are read,
+/// the file once it is done); (tensors checked, mismatches) per file, in `files`' order.
+fn verify_files(dir: &Path, files: &[FileRecord], phase: &Progress) -> Vec<(usize, Vec<Mismatch>)> {
+    use rayon::prelude::*;
+    files
+        .par_iter()
+        .map(|f| {
+            let checked = verify_file(dir, f, phase);
+            phase.add_item();
+            checked
+        })
+        .collect()
 }
 
 fn verify_file(dir: &Path, f: &FileRecord, phase: &Progress) -> (usize, Vec<Mismatch>) {
@@ -480,6 +488,33 @@ mod tests {
             checks: serde_json::json!([]),
             manifest_sha256: String::new(),
         }
+    }
+
+    /// The `verifying` phase counts files as they complete (it stayed at 0/N until the
+    /// end), and bytes as they are read.
+    #[test]
+    fn verifying_counts_each_file_and_its_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let contents: [&[u8]; 3] = [b"one", b"", b"three"];
+        let files: Vec<FileRecord> = contents
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let path = format!("f{i}");
+                std::fs::write(dir.path().join(&path), c).unwrap();
+                FileRecord {
+                    path,
+                    bytes: c.len() as u64,
+                    sha256: "0".repeat(64),
+                    tensors: None,
+                }
+            })
+            .collect();
+        let phase = Progress::new(8, 3);
+        let checked = verify_files(dir.path(), &files, &phase);
+        assert_eq!(checked.len(), 3);
+        let s = phase.snapshot();
+        assert_eq!((s.items, s.bytes), (3, 8));
     }
 
     #[test]

@@ -367,12 +367,18 @@ impl Recipe {
     }
 
     /// `p` as the recipe spells it: relative to the recipe's folder when inside it, with
-    /// `/` separators.
+    /// `/` separators (an absolute path keeps its one leading `/`).
     pub fn relative(&self, p: &Path) -> String {
+        use std::path::Component;
         p.strip_prefix(&self.root)
             .unwrap_or(p)
             .components()
-            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+            .map(|c| match c {
+                // The root is the empty first part: joined, it gives the one leading `/`
+                // (its own text, "/", would give two).
+                Component::RootDir => String::new(),
+                c => c.as_os_str().to_string_lossy().into_owned(),
+            })
             .collect::<Vec<_>>()
             .join("/")
     }
@@ -563,6 +569,9 @@ tolerance = 0.01
         let n = r.normalised();
         assert_eq!(n["base"]["path"], "models/t2v");
         assert_eq!(n["output"]["dir"], "out");
+        // An absolute path outside the recipe's folder keeps its one leading slash.
+        assert_eq!(n["adapters"][1]["path"], "/abs/b");
+        assert_eq!(r.relative(Path::new("/abs/b")), "/abs/b");
         // Spelling the same recipe differently normalises identically.
         let again = Recipe::parse(
             &GOOD.replace("strength = 0.5", "strength = 5e-1"),

@@ -1881,3 +1881,274 @@ fn inspect_reports_convention_kinds_ranks_scales_and_bindings() {
     );
     assert!(out.contains("blocks.*.ffn.net.2 ×3"), "{out}");
 }
+
+// ---------------------------------------------------------------------------------------
+// Unbound and misfit modules explained in model terms (which other WAN variant they are
+// from) before they are listed. Shapes from the released configs (spec wan.md §1.3): inner
+// dim 1536 (1.3B), 3072 (TI2V-5B: 24 heads × 128), 5120 (14B); patch embedding input
+// channels 16 (T2V), 36 (I2V), 48 (TI2V-5B); the image cross-attention (`k_img`, `v_img`)
+// only in Wan 2.1 I2V/FLF2V.
+
+/// A real-shaped base with no weights on disk (`synth --skeleton`).
+fn skeleton_base(dir: &Path, model: &str) -> PathBuf {
+    let out = dir.join(model);
+    ok(run(
+        dir,
+        &[
+            "synth",
+            "--model",
+            model,
+            "--fill",
+            "zero",
+            "--skeleton",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    ));
+    out
+}
+
+/// A ComfyUI LoRA of rank 4 (zeros) on each (module, out, in) given, and on each
+/// (module, factor shapes) given as raw lora_down/lora_up shapes.
+fn comfy_lora_file(
+    path: &Path,
+    linears: &[(&str, usize, usize)],
+    raw: &[(&str, Vec<usize>, Vec<usize>)],
+) {
+    let mut t: Vec<(String, Vec<usize>, Vec<f32>)> = Vec::new();
+    let zeros = |s: &[usize]| vec![0f32; s.iter().product()];
+    for (m, out, inp) in linears {
+        t.push((
+            format!("diffusion_model.{m}.lora_down.weight"),
+            vec![4, *inp],
+            zeros(&[4, *inp]),
+        ));
+        t.push((
+            format!("diffusion_model.{m}.lora_up.weight"),
+            vec![*out, 4],
+            zeros(&[*out, 4]),
+        ));
+    }
+    for (m, down, up) in raw {
+        t.push((
+            format!("diffusion_model.{m}.lora_down.weight"),
+            down.clone(),
+            zeros(down),
+        ));
+        t.push((
+            format!("diffusion_model.{m}.lora_up.weight"),
+            up.clone(),
+            zeros(up),
+        ));
+    }
+    let refs: Vec<(&str, Vec<usize>, Vec<f32>)> = t
+        .iter()
+        .map(|(n, s, v)| (n.as_str(), s.clone(), v.clone()))
+        .collect();
+    write_f32(path, &refs);
+}
+
+/// Merges `adapter` into `base` and expects a refusal with nothing written; returns
+/// stderr.
+fn refused_merge(dir: &Path, base: &Path, adapter: &Path) -> String {
+    let (code, _, err) = parts(&run(
+        dir,
+        &[
+            "merge",
+            "--base",
+            base.to_str().unwrap(),
+            "--adapter",
+            adapter.to_str().unwrap(),
+            "--out",
+            "out",
+            "--device",
+            "cpu",
+        ],
+    ));
+    assert_eq!(code, 1, "{err}");
+    assert!(!dir.join("out").exists(), "{err}");
+    err
+}
+
+/// The `error:` line: the first line of the message.
+fn first_error_line(err: &str) -> &str {
+    err.lines()
+        .find(|l| l.starts_with("error: "))
+        .unwrap_or_else(|| panic!("no error line: {err}"))
+}
+
+#[test]
+fn an_adapter_of_image_cross_attention_alone_on_a_t2v_base_is_explained_in_model_terms() {
+    let t = tmp();
+    let a = t.path().join("img_only.safetensors");
+    comfy_lora_file(
+        &a,
+        &[
+            ("blocks.0.cross_attn.k_img", 5120, 5120),
+            ("blocks.0.cross_attn.v_img", 5120, 5120),
+        ],
+        &[],
+    );
+    // Not one module binds: this used to fall back to the one-line guess.
+    for base in [
+        skeleton_base(t.path(), "wan2.1-t2v-14b"),
+        golden("models/t2v"),
+    ] {
+        let err = refused_merge(t.path(), &base, &a);
+        let first = first_error_line(&err);
+        assert!(
+            first.contains(
+                "this adapter targets the image cross-attention of a Wan 2.1 I2V/FLF2V model"
+            ),
+            "{err}"
+        );
+        // ... then every module, one line each.
+        for m in ["cross_attn.k_img", "cross_attn.v_img"] {
+            assert!(
+                err.lines().skip(1).any(|l| l
+                    .trim_start()
+                    .starts_with(&format!("diffusion_model.blocks.0.{m} "))),
+                "{m}: {err}"
+            );
+        }
+    }
+    let base = t.path().join("wan2.1-t2v-14b");
+    let err = refused_merge(t.path(), &base, &a);
+    assert!(
+        first_error_line(&err).contains("the base is Wan2.1-T2V-14B"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_ti2v_5b_patch_embedding_lora_is_explained_by_its_channels_first() {
+    let t = tmp();
+    let base = skeleton_base(t.path(), "wan2.1-t2v-1.3b");
+    // TI2V-5B's patch embedding: Conv3d(48 → 3072, kernel 1×2×2).
+    let patch = (
+        "patch_embedding",
+        vec![4, 48, 1, 2, 2],
+        vec![3072, 4, 1, 1, 1],
+    );
+    let only = t.path().join("ti2v_patch.safetensors");
+    comfy_lora_file(&only, &[], std::slice::from_ref(&patch));
+    // The same plus one module shaped for the 1.3B base, which binds: the explanation must
+    // be about the patch embedding, not the adapter as a whole.
+    let plus = t.path().join("ti2v_patch_plus.safetensors");
+    comfy_lora_file(&plus, &[("blocks.0.self_attn.q", 1536, 1536)], &[patch]);
+    for a in [&only, &plus] {
+        let err = refused_merge(t.path(), &base, a);
+        let first = first_error_line(&err);
+        assert!(
+            first.contains(
+                "this adapter targets the patch embedding of a Wan 2.2 TI2V-5B model (48 latent channels)"
+            ) && first.contains("takes 16")
+                && first.contains("the base is Wan2.1-T2V-1.3B"),
+            "{err}"
+        );
+        // Then the module that does not fit.
+        let rest: Vec<&str> = err.lines().skip_while(|l| *l != first).skip(1).collect();
+        assert!(
+            rest.iter()
+                .any(|l| l.contains("diffusion_model.patch_embedding (lora")),
+            "{err}"
+        );
+        assert!(!err.contains("self_attn.q"), "{err}");
+        assert!(!err.contains("matches no released model"), "{err}");
+    }
+}
+
+#[test]
+fn wan21_i2v_image_cross_attention_on_a_wan22_base_is_explained_in_model_terms() {
+    let t = tmp();
+    // Wan 2.2 I2V-A14B takes 36 input channels like Wan 2.1 I2V, but has no image
+    // cross-attention.
+    let base = skeleton_base(t.path(), "wan2.2-i2v-a14b");
+    let a = t.path().join("wan21_i2v.safetensors");
+    comfy_lora_file(
+        &a,
+        &[
+            ("blocks.0.cross_attn.q", 5120, 5120),
+            ("blocks.0.cross_attn.k_img", 5120, 5120),
+            ("blocks.0.cross_attn.v_img", 5120, 5120),
+        ],
+        &[],
+    );
+    let err = refused_merge(t.path(), &base, &a);
+    let first = first_error_line(&err);
+    assert!(
+        first.contains(
+            "this adapter targets the image cross-attention of a Wan 2.1 I2V/FLF2V model"
+        ) && first.contains("the base is Wan2.2-I2V-A14B"),
+        "{err}"
+    );
+    assert!(
+        err.contains("diffusion_model.blocks.0.cross_attn.k_img (lora"),
+        "{err}"
+    );
+    // The module that binds is not listed.
+    assert!(!err.contains("cross_attn.q "), "{err}");
+    // The golden pair pipeline (Wan 2.2 T2V-A14B's two experts, tiny): the same keys on
+    // either expert.
+    let small = t.path().join("wan21_i2v_small.safetensors");
+    comfy_lora_file(
+        &small,
+        &[
+            ("blocks.0.cross_attn.k_img", 32, 32),
+            ("blocks.0.cross_attn.q", 32, 32),
+        ],
+        &[],
+    );
+    for expert in ["transformer", "transformer_2"] {
+        let (code, _, err) = parts(&run(
+            t.path(),
+            &[
+                "merge",
+                "--base",
+                golden("models/a14b").to_str().unwrap(),
+                "--adapter",
+                &format!("{expert}={}", small.display()),
+                "--out",
+                "out",
+            ],
+        ));
+        assert_eq!(code, 1, "{err}");
+        assert!(
+            first_error_line(&err)
+                .contains("targets the image cross-attention of a Wan 2.1 I2V/FLF2V model"),
+            "{err}"
+        );
+    }
+}
+
+/// The two Wan 2.2 A14B experts have the same shapes, so an adapter binds to either; a file
+/// name that says which expert it is for is the one thing that can be checked.
+#[test]
+fn an_adapter_named_for_the_other_a14b_expert_is_warned_about() {
+    let t = tmp();
+    let low = t.path().join("pair_low_noise.safetensors");
+    std::fs::copy(golden("adapters/a14b_pair/high.safetensors"), &low).unwrap();
+    let merge = |expert: &str, out: &str| {
+        parts(&run(
+            t.path(),
+            &[
+                "merge",
+                "--base",
+                golden("models/a14b").to_str().unwrap(),
+                "--adapter",
+                &format!("{expert}={}", low.display()),
+                "--out",
+                out,
+            ],
+        ))
+    };
+    let (code, _, err) = merge("transformer", "a");
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("pair_low_noise.safetensors: its name says low noise, but it is merged into transformer, the high-noise expert"),
+        "{err}"
+    );
+    let (code, _, err) = merge("transformer_2", "b");
+    assert_eq!(code, 0, "{err}");
+    assert!(!err.contains("warning"), "{err}");
+}

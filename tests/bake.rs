@@ -169,6 +169,35 @@ fn the_bundled_demo_recipe_plans_as_shipped() {
 /// Asserts a plan-phase failure: exit 1, the message contains every `needle`, and the
 /// folder holds nothing but `keep`.
 #[track_caller]
+/// The plan prints an absolute recipe path as written, with one leading slash (it
+/// printed `//work/...`), and the manifest records it the same way.
+#[test]
+fn a_plan_prints_absolute_paths_with_one_leading_slash() {
+    let t = tmp();
+    let out = t.path().join("demo-out");
+    let recipe = demo_recipe(t.path(), &out);
+    let repo = repo();
+    let stdout = ok(bake(t.path(), &recipe, &["--dry-run"]));
+    assert!(!stdout.contains("//"), "{stdout}");
+    for line in [
+        format!("  base     {}/golden/models/t2v ", repo.display()),
+        format!(
+            "  adapter  adapter[0] {}/golden/adapters/peft_plain: peft",
+            repo.display()
+        ),
+        format!(
+            "  adapter  adapter[1] {}/golden/adapters/kohya_lora/kohya_lora.safetensors: kohya",
+            repo.display()
+        ),
+    ] {
+        assert!(stdout.contains(&line), "{line:?} not in\n{stdout}");
+    }
+    ok(bake(t.path(), &recipe, &[]));
+    let m = manifest(&out);
+    let want = format!("{}/golden/adapters/peft_plain", repo.display());
+    assert_eq!(m["options"]["recipe"]["adapters"][0]["path"], want.as_str());
+}
+
 fn refused(o: std::process::Output, needles: &[&str], dir: &Path, keep: &[&str]) {
     let (code, out, err) = parts(&o);
     assert_eq!(code, 1, "stdout:\n{out}\nstderr:\n{err}");

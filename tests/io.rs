@@ -833,6 +833,25 @@ fn an_input_that_shrinks_while_it_is_read_fails_cleanly_and_commits_nothing() {
 }
 
 #[test]
+fn an_input_that_grows_while_it_is_read_fails_cleanly_and_commits_nothing() {
+    let root = tmp();
+    let len = std::cell::Cell::new(0);
+    let (code, err) = merge_while_base_changes(root.path(), |f| {
+        use std::io::Write;
+        len.set(std::fs::metadata(f).unwrap().len());
+        // Appended, as a download or copy still in progress would: the bytes already
+        // mapped are unchanged.
+        let mut file = std::fs::OpenOptions::new().append(true).open(f).unwrap();
+        file.write_all(&[0u8; 4096]).unwrap();
+        file.sync_all().unwrap();
+    });
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("diffusion_pytorch_model.safetensors"), "{err}");
+    let grew = format!("grew from {} to {} bytes", len.get(), len.get() + 4096);
+    assert!(err.contains(&grew), "{grew:?} not in {err}");
+}
+
+#[test]
 fn an_input_rewritten_in_place_with_the_same_size_fails_cleanly() {
     let root = tmp();
     let (code, err) = merge_while_base_changes(root.path(), |f| {
@@ -908,44 +927,258 @@ fn input_hashes_are_cached_by_file_identity_and_the_cache_can_be_turned_off() {
     ok(run(root.path(), &["verify", "d"]));
 }
 
+/// Runs `args` in `dir`, expects exit 1 and one `error:` line that says each of `causes`
+/// exactly once, and returns that line.
+#[track_caller]
+fn fails_saying_each_once(dir: &Path, args: &[&str], causes: &[&str]) -> String {
+    let (code, _, err) = parts(&run(dir, args));
+    assert_eq!(code, 1, "{args:?}: {err}");
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("error: "))
+        .unwrap_or_else(|| panic!("{args:?}: no error line: {err}"));
+    for cause in causes {
+        assert_eq!(line.matches(cause).count(), 1, "{args:?}: `{cause}`: {err}");
+    }
+    line.to_string()
+}
+
 #[test]
 fn an_error_prints_each_cause_once() {
     let root = tmp();
-    std::fs::write(root.path().join("afile"), b"x").unwrap();
-    let g = repo().join("golden/models/t2v");
-    let o = run(
-        root.path(),
+    let dir = root.path();
+    std::fs::write(dir.join("afile"), b"x").unwrap();
+    let g = repo().join("golden");
+    let t2v = g.join("models/t2v");
+    let t2v = t2v.to_str().unwrap();
+    let peft = g.join("adapters/peft_plain");
+    let peft = peft.to_str().unwrap();
+
+    // An output below a file: the message says what is wrong with the path, once.
+    let line = fails_saying_each_once(
+        dir,
+        &["convert", t2v, "--dtype", "bf16", "--out", "afile/sub"],
+        &["afile"],
+    );
+    assert!(line.contains("afile: not a directory"), "{line}");
+    assert!(!line.contains("File exists"), "{line}");
+    let line = fails_saying_each_once(
+        dir,
         &[
             "convert",
-            g.to_str().unwrap(),
+            t2v,
             "--dtype",
             "bf16",
             "--out",
-            "afile/sub",
+            "afile/sub/deeper",
         ],
+        &["afile"],
     );
-    let (code, _, err) = parts(&o);
-    assert_eq!(code, 1, "{err}");
-    assert_eq!(err.matches("os error").count(), 1, "{err}");
+    assert!(line.contains("afile: not a directory"), "{line}");
+    assert!(!dir.join("afile/sub").exists());
+
+    // A missing input, for every command that reads one.
+    let missing = "No such file or directory";
+    for args in [
+        &[
+            "convert",
+            "missing.safetensors",
+            "--dtype",
+            "bf16",
+            "--out",
+            "o",
+        ][..],
+        &[
+            "restack",
+            "missing.safetensors",
+            "--to",
+            "wan",
+            "--out",
+            "o",
+        ],
+        &[
+            "merge",
+            "--base",
+            "missing",
+            "--adapter",
+            peft,
+            "--out",
+            "o",
+        ],
+        &["merge", "--base", t2v, "--adapter", "missing", "--out", "o"],
+        &[
+            "extract", "--base", "missing", "--tuned", t2v, "--rank", "4", "--out", "o",
+        ],
+        &[
+            "extract", "--base", t2v, "--tuned", "missing", "--rank", "4", "--out", "o",
+        ],
+        &[
+            "extract",
+            "--base",
+            t2v,
+            "--adapter",
+            "missing",
+            "--rank",
+            "4",
+            "--out",
+            "o",
+        ],
+        &["translate", "missing", "--to", "comfy", "--out", "o"],
+        &["resize", "missing", "--rank", "2", "--out", "o"],
+        &["bake", "missing.toml"],
+    ] {
+        let line = fails_saying_each_once(dir, args, &[missing, "os error 2", "missing"]);
+        assert!(line.starts_with("error: missing"), "{args:?}: {line}");
+    }
+    // A recipe naming a missing base or adapter.
+    let recipe = |name: &str, base: &str, adapter: &str| {
+        std::fs::write(
+            dir.join(name),
+            format!(
+                "[base]\npath = \"{base}\"\n[[adapter]]\npath = \"{adapter}\"\n\
+                 [output]\ndir = \"o\"\n"
+            ),
+        )
+        .unwrap();
+    };
+    recipe("no_base.toml", "missing_base", peft);
+    recipe("no_adapter.toml", t2v, "missing_adapter");
+    fails_saying_each_once(dir, &["bake", "no_base.toml"], &[missing, "missing_base"]);
+    fails_saying_each_once(
+        dir,
+        &["bake", "no_adapter.toml"],
+        &[missing, "missing_adapter"],
+    );
+
+    // Truncated inputs: the header cut (its length runs past the end) and the data cut.
+    let original = std::fs::read(g.join("models/t2v_original.safetensors")).unwrap();
+    std::fs::write(dir.join("cut_header.safetensors"), &original[..1000]).unwrap();
+    std::fs::write(
+        dir.join("cut_data.safetensors"),
+        &original[..original.len() / 2],
+    )
+    .unwrap();
+    let adapter = std::fs::read(g.join("adapters/peft_plain/adapter_model.safetensors")).unwrap();
+    std::fs::write(dir.join("cut_adapter.safetensors"), &adapter[..500]).unwrap();
+    for (file, reason) in [
+        ("cut_header.safetensors", "runs past the end"),
+        ("cut_data.safetensors", "but the data section is only"),
+    ] {
+        for args in [
+            &["convert", file, "--dtype", "bf16", "--out", "o"][..],
+            &["restack", file, "--to", "wan", "--out", "o"],
+            &["merge", "--base", file, "--adapter", peft, "--out", "o"],
+            &[
+                "extract", "--base", file, "--tuned", t2v, "--rank", "4", "--out", "o",
+            ],
+        ] {
+            fails_saying_each_once(dir, args, &[file, reason, "truncated"]);
+        }
+    }
+    for args in [
+        &[
+            "merge",
+            "--base",
+            t2v,
+            "--adapter",
+            "cut_adapter.safetensors",
+            "--out",
+            "o",
+        ][..],
+        &[
+            "translate",
+            "cut_adapter.safetensors",
+            "--to",
+            "comfy",
+            "--out",
+            "o",
+        ],
+        &[
+            "resize",
+            "cut_adapter.safetensors",
+            "--rank",
+            "2",
+            "--out",
+            "o",
+        ],
+    ] {
+        fails_saying_each_once(
+            dir,
+            args,
+            &["cut_adapter.safetensors", "runs past the end", "truncated"],
+        );
+    }
+    assert!(!dir.join("o").exists());
 }
 
-/// Hand-made safetensors files the mutation test starts from: several dtypes, metadata,
-/// empty tensors, a scalar, padding in the header.
+/// Hand-made safetensors files the mutation test starts from: several dtypes, metadata
+/// (with an empty key), empty tensors, a scalar, padding in the header, a header that lists
+/// tensors out of data order, no tensors at all. The fuzz target's seed corpus,
+/// `fuzz/seeds/differential/`, holds exactly these files.
+fn hand_made_seeds() -> Vec<(&'static str, Vec<u8>)> {
+    vec![
+        (
+            "one.safetensors",
+            st_bytes(
+                r#"{"a":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}}"#,
+                &[0u8; 16],
+            ),
+        ),
+        (
+            "meta.safetensors",
+            st_bytes(
+                r#"{"__metadata__":{"format":"pt","k":"v"},"b":{"dtype":"BF16","shape":[3],"data_offsets":[0,6]},"c":{"dtype":"I64","shape":[],"data_offsets":[6,14]}}   "#,
+                &[1u8; 14],
+            ),
+        ),
+        (
+            "empty.safetensors",
+            st_bytes(
+                r#"{"e":{"dtype":"F16","shape":[0,4],"data_offsets":[0,0]},"f":{"dtype":"U8","shape":[5],"data_offsets":[0,5]}}"#,
+                &[7u8; 5],
+            ),
+        ),
+        (
+            "metadata_only.safetensors",
+            st_bytes(
+                r#"{"__metadata__":{"wanbake.version":"0","":"empty key"}}"#,
+                &[],
+            ),
+        ),
+        (
+            "out_of_order.safetensors",
+            st_bytes(
+                r#"{"z":{"dtype":"I32","shape":[1],"data_offsets":[4,8]},"a":{"dtype":"F8_E4M3","shape":[2,2],"data_offsets":[0,4]}}"#,
+                &[0, 1, 2, 3, 4, 5, 6, 7],
+            ),
+        ),
+    ]
+}
+
 fn differential_seeds() -> Vec<Vec<u8>> {
-    let one = st_bytes(
-        r#"{"a":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}}"#,
-        &[0u8; 16],
-    );
-    let meta = st_bytes(
-        r#"{"__metadata__":{"format":"pt","k":"v"},"b":{"dtype":"BF16","shape":[3],"data_offsets":[0,6]},"c":{"dtype":"I64","shape":[],"data_offsets":[6,14]}}   "#,
-        &[1u8; 14],
-    );
-    let empty = st_bytes(
-        r#"{"e":{"dtype":"F16","shape":[0,4],"data_offsets":[0,0]},"f":{"dtype":"U8","shape":[5],"data_offsets":[0,5]}}"#,
-        &[7u8; 5],
-    );
     let golden = std::fs::read(repo().join("golden/models/t2v_original.safetensors")).unwrap();
-    vec![one, meta, empty, golden]
+    let mut seeds: Vec<Vec<u8>> = hand_made_seeds().into_iter().map(|(_, b)| b).collect();
+    seeds.push(golden);
+    seeds
+}
+
+#[test]
+fn the_fuzz_seed_corpus_is_the_hand_made_seeds() {
+    let dir = repo().join("fuzz/seeds/differential");
+    let mut on_disk: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    on_disk.sort();
+    let mut names: Vec<&str> = hand_made_seeds().iter().map(|(n, _)| *n).collect();
+    names.sort();
+    assert_eq!(on_disk, names);
+    for (name, bytes) in hand_made_seeds() {
+        assert_eq!(std::fs::read(dir.join(name)).unwrap(), bytes, "{name}");
+        // Both readers accept every seed, so mutations start on the accepting side.
+        wanbake::io::Header::parse(&bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
+        safetensors::SafeTensors::deserialize(&bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
 }
 
 /// One random edit: a byte changed in the header, the length prefix changed, bytes
@@ -1013,12 +1246,27 @@ fn the_header_parser_never_accepts_what_the_safetensors_crate_rejects() {
                     String::from_utf8_lossy(&b[..b.len().min(400)])
                 ),
             };
+            // The comparisons of fuzz/fuzz_targets/differential.rs; change both together.
+            let (header_len, meta) = safetensors::SafeTensors::read_metadata(&b).unwrap();
+            assert_eq!(ours.data_start, 8 + header_len, "data section start");
+            let their_map: std::collections::BTreeMap<String, String> = meta
+                .metadata()
+                .clone()
+                .unwrap_or_default()
+                .into_iter()
+                .collect();
+            assert_eq!(ours.metadata, their_map, "__metadata__");
             assert_eq!(ours.tensors.len(), theirs.len());
+            assert_eq!(ours.tensors.len(), meta.tensors().len());
             for t in &ours.tensors {
                 let v = theirs.tensor(&t.name).unwrap();
+                let info = meta.info(&t.name).unwrap();
                 assert_eq!(format!("{:?}", v.dtype()), t.dtype.as_str(), "{}", t.name);
                 assert_eq!(v.shape(), t.shape.as_slice(), "{}", t.name);
+                assert_eq!(info.data_offsets, (t.begin, t.end), "{}", t.name);
                 assert_eq!(v.data().len(), t.end - t.begin, "{}", t.name);
+                let at = v.data().as_ptr() as usize - b.as_ptr() as usize;
+                assert_eq!(at, ours.data_start + t.begin, "{}", t.name);
             }
         }
     }

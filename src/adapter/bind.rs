@@ -568,15 +568,16 @@ impl AdapterSet {
         let modules: Vec<&str> = self.entries.iter().map(|e| e.module.as_str()).collect();
         let naming = base.choose_naming(&modules, preferred_naming(self.convention));
         let mut bound = Vec::new();
-        let mut unmatched = Vec::new();
-        let mut shapes = Vec::new();
+        // (entry index, problem)
+        let mut unmatched: Vec<(usize, EntryProblem)> = Vec::new();
+        let mut shapes: Vec<(usize, EntryProblem)> = Vec::new();
         let mut plans = Vec::new();
         for (i, e) in self.entries.iter().enumerate() {
             let resolved = base
                 .resolve(naming, &e.module)
                 .and_then(|mi| base.target_of(mi, e).map(|t| (mi, t)));
             match resolved {
-                Err(reason) => unmatched.push(problem(e, reason)),
+                Err(reason) => unmatched.push((i, problem(e, reason))),
                 Ok((mi, (_, ti))) => {
                     let t = &base.targets[ti];
                     let fit = match base.non_float.get(&t.tensor) {
@@ -585,40 +586,68 @@ impl AdapterSet {
                     };
                     match fit {
                         Ok(()) => plans.push((i, mi, ti)),
-                        Err(reason) => shapes.push(problem(
-                            e,
-                            format!("target `{}`{}: {reason}", t.tensor, layer_note(t.layer)),
+                        Err(reason) => shapes.push((
+                            i,
+                            problem(
+                                e,
+                                format!("target `{}`{}: {reason}", t.tensor, layer_note(t.layer)),
+                            ),
                         )),
                     }
                 }
             }
         }
+        // The entries in question, explained in model terms first when their names or
+        // shapes say which other variant they were made for (computed over these entries
+        // alone: the modules that fit say nothing about the ones that do not).
+        let explain = |problems: &[(usize, EntryProblem)]| {
+            let which: Vec<usize> = problems.iter().map(|(i, _)| *i).collect();
+            let terms = super::variant::model_terms(self, &which, base);
+            let rest: Vec<usize> = which
+                .iter()
+                .copied()
+                .filter(|i| terms.as_ref().is_none_or(|t| !t.explained.contains(i)))
+                .collect();
+            (terms.map(|t| t.line), rest)
+        };
+        let problems = |v: Vec<(usize, EntryProblem)>| v.into_iter().map(|(_, p)| p).collect();
         if !shapes.is_empty() {
+            let (explained, rest) = explain(&shapes);
             return Err(AdapterError::Shapes {
                 adapter: self.path.clone(),
                 base: base.path.clone(),
-                entries: shapes,
-                hint: Some(super::variant::mismatch_line(self, base)),
+                entries: problems(shapes),
+                explained,
+                hint: (!rest.is_empty())
+                    .then(|| super::variant::mismatch_line_of(self, &rest, base)),
             });
         }
         if plans.is_empty() {
+            let (explained, _) = explain(&unmatched);
             return Err(AdapterError::NoBinding {
                 adapter: self.path.clone(),
                 base: base.path.clone(),
                 base_tensors: base.tensor_count,
                 guess: super::variant::mismatch_line(self, base),
+                explained: explained.map(|line| {
+                    Box::new(super::error::Explained {
+                        line,
+                        entries: problems(unmatched),
+                    })
+                }),
             });
         }
-        if !unmatched.is_empty() && !self.allow_unmatched {
-            let modules: Vec<&str> = unmatched.iter().map(|p| p.module.as_str()).collect();
-            let hint = super::variant::unbound_parts_line(&modules, base);
+        let unmatched: Vec<EntryProblem> = if !unmatched.is_empty() && !self.allow_unmatched {
+            let (hint, _) = explain(&unmatched);
             return Err(AdapterError::Unmatched {
                 adapter: self.path.clone(),
                 base: base.path.clone(),
-                entries: unmatched,
+                entries: problems(unmatched),
                 hint,
             });
-        }
+        } else {
+            problems(unmatched)
+        };
         let mut targets: Vec<&str> = Vec::new();
         for (i, mi, ti) in plans {
             let t = &base.targets[ti];

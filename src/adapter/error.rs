@@ -36,6 +36,15 @@ pub struct EntryProblem {
     pub reason: String,
 }
 
+/// Entries explained in model terms, with the list the explanation comes before.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Explained {
+    /// "this adapter targets the image cross-attention of a Wan 2.1 I2V/FLF2V model, …".
+    pub line: String,
+    /// Each entry with the reason.
+    pub entries: Vec<EntryProblem>,
+}
+
 /// Why an adapter could not be used. Nothing has been written when one is returned.
 #[derive(Debug, thiserror::Error)]
 pub enum AdapterError {
@@ -108,8 +117,9 @@ pub enum AdapterError {
     },
     /// Entries whose tensors do not fit the base tensor they name.
     #[error(
-        "{}: {} entr(y/ies) do not fit the base {}:{}{}",
-        adapter.display(), entries.len(), base.display(), list_entries(entries), hint_line(hint)
+        "{}: {}{} entr(y/ies) do not fit the base {}:{}{}",
+        adapter.display(), hint_first(explained), entries.len(), base.display(),
+        list_entries(entries), hint_line(hint)
     )]
     Shapes {
         /// The adapter.
@@ -118,14 +128,14 @@ pub enum AdapterError {
         base: PathBuf,
         /// Each entry, with expected and found shapes in the reason.
         entries: Vec<EntryProblem>,
-        /// The base variant the adapter appears to target.
+        /// Which other WAN variant the entries were made for, in model terms, when their
+        /// names or shapes say it (said first).
+        explained: Option<String>,
+        /// The base variant the entries not explained in model terms appear to target.
         hint: Option<String>,
     },
     /// Not one entry binds to the base.
-    #[error(
-        "{}: binds to none of the {} tensors of the base {}; {guess}",
-        adapter.display(), base_tensors, base.display()
-    )]
+    #[error("{}", no_binding(adapter, base, *base_tensors, guess, explained.as_deref()))]
     NoBinding {
         /// The adapter.
         adapter: PathBuf,
@@ -135,6 +145,9 @@ pub enum AdapterError {
         base_tensors: usize,
         /// What the adapter appears to target.
         guess: String,
+        /// Which other WAN variant the adapter was made for, in model terms, when its names
+        /// or shapes say it; then the message says this first and lists the entries.
+        explained: Option<Box<Explained>>,
     },
     /// Module names that no convention's name table resolves (translation without a base).
     #[error(
@@ -160,6 +173,21 @@ pub enum AdapterError {
         /// Each entry with the reason.
         entries: Vec<EntryProblem>,
     },
+}
+
+impl AdapterError {
+    /// The explanation in model terms of a binding error, when it has one ("this adapter
+    /// targets the image cross-attention of a Wan 2.1 I2V/FLF2V model, …").
+    pub fn model_terms(&self) -> Option<&str> {
+        match self {
+            AdapterError::Shapes { explained, .. } => explained.as_deref(),
+            AdapterError::NoBinding { explained, .. } => {
+                explained.as_ref().map(|x| x.line.as_str())
+            }
+            AdapterError::Unmatched { hint, .. } => hint.as_deref(),
+            _ => None,
+        }
+    }
 }
 
 fn list_keys(problems: &[KeyProblem]) -> String {
@@ -189,6 +217,32 @@ fn list_entries(entries: &[EntryProblem]) -> String {
         let _ = write!(s, "\n  … and {} more", entries.len() - LISTED);
     }
     s
+}
+
+/// `NoBinding`'s message: the model-terms explanation and the list when there is one,
+/// else one line with the guess.
+fn no_binding(
+    adapter: &std::path::Path,
+    base: &std::path::Path,
+    base_tensors: usize,
+    guess: &str,
+    explained: Option<&Explained>,
+) -> String {
+    match explained {
+        Some(x) => format!(
+            "{}: {}.\nnone of its {} entr(y/ies) binds to any of the {base_tensors} tensors of the base {}:{}",
+            adapter.display(),
+            x.line,
+            x.entries.len(),
+            base.display(),
+            list_entries(&x.entries)
+        ),
+        None => format!(
+            "{}: binds to none of the {base_tensors} tensors of the base {}; {guess}",
+            adapter.display(),
+            base.display()
+        ),
+    }
 }
 
 /// A hint said before the list it explains.

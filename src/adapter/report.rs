@@ -280,7 +280,9 @@ fn bind_one(
                 .collect();
         }
         Err(e) => {
-            if b.verdict.is_none() {
+            // An error that explains its entries in model terms says all there is; a guess
+            // over the whole adapter would describe the modules that fit as well.
+            if b.verdict.is_none() && e.model_terms().is_none() {
                 b.verdict = Some(mismatch_line(&set, &ix));
             }
             b.error = Some(e.to_string());

@@ -45,6 +45,13 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
     p.line(format!("planning {}", args.recipe.display()));
     let (compute, device) = args.device.select()?;
     let plan = bake::plan_bake(recipe, hashing)?;
+    for a in &plan.recipe.adapters {
+        if let Some(expert) = &a.expert
+            && let Some(w) = wanbake::adapter::variant::expert_warning(&a.path, expert)
+        {
+            p.warn(w);
+        }
+    }
     let mut plan_json = describe_plan(&plan, p);
     p.line(format!("  device   {}", device.reason));
     plan_json["device"] = device_json(&device);

@@ -63,7 +63,7 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
                     docs.push(r);
                 }
                 Err(e) => {
-                    eprintln!("error: {e}");
+                    p.error_line(format!("error: {e}"));
                     docs.push(serde_json::json!({"path": path.display().to_string(), "error": e.to_string()}));
                     status = Status::Failed;
                 }
@@ -75,7 +75,7 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
             Ok(mut r) => {
                 let base = base.as_ref().map(|(p, c)| (*p, c));
                 for problem in add_adapter_details(path, &mut r, base) {
-                    eprintln!("error: {problem}");
+                    p.error_line(format!("error: {problem}"));
                     status = Status::Failed;
                 }
                 // scaled-fp8 files ComfyUI would load wrongly (`quant_inspect`)
@@ -86,7 +86,11 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
                         .flat_map(|q| q["problems"].as_array())
                         .flatten()
                     {
-                        eprintln!("error: {}: {}", path.display(), q.as_str().unwrap_or(""));
+                        p.error_line(format!(
+                            "error: {}: {}",
+                            path.display(),
+                            q.as_str().unwrap_or("")
+                        ));
                         status = Status::Failed;
                     }
                 }
@@ -94,7 +98,7 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
                 docs.push(serde_json::to_value(&r)?);
             }
             Err(e) => {
-                eprintln!("error: {e}");
+                p.error_line(format!("error: {e}"));
                 docs.push(
                     serde_json::json!({"path": path.display().to_string(), "error": e.to_string()}),
                 );

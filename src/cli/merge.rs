@@ -161,6 +161,14 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
     }
     let base = BaseModel::open(&args.base)?;
     let adapters = bind_specs(&specs, &base, &options).map_err(usage_or)?;
+    if base.components.len() > 1 {
+        for a in adapters.iter() {
+            let component = &base.components[a.component].name;
+            if let Some(w) = wanbake::adapter::variant::expert_warning(&a.set.path, component) {
+                p.warn(w);
+            }
+        }
+    }
     let outcome = merge_release(
         &base,
         &adapters,

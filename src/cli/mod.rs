@@ -147,7 +147,10 @@ fn shown<A>(
 ) -> anyhow::Result<Status> {
     let mut p = Printer::new(json, quiet);
     let human = p.is_human();
-    progress::watching(human, || execute(args, &mut p))
+    progress::watching(human, |screen| {
+        p.show_progress_on(screen);
+        execute(args, &mut p)
+    })
 }
 
 /// An error in how the command was invoked, found after parsing (exit code 2).

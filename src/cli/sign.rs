@@ -91,7 +91,7 @@ pub fn verify_signed(
     let report = match signing::verify(dir, &signature, &key, manifest.as_ref()) {
         Ok(r) => r,
         Err(e @ SignError::MissingSignature { .. }) => {
-            eprintln!("error: {e}");
+            p.error_line(format!("error: {e}"));
             return Ok(Status::Failed);
         }
         Err(e) => return Err(e.into()),
@@ -105,7 +105,7 @@ pub fn verify_signed(
                 .as_deref()
                 .map(|t| format!(" tensor `{t}`"))
                 .unwrap_or_default();
-            eprintln!("mismatch: {}{t}: {}", x.path, x.what);
+            p.error_line(format!("mismatch: {}{t}: {}", x.path, x.what));
         }
         if m.ok() {
             p.line(format!(
@@ -127,7 +127,7 @@ pub fn verify_signed(
         p.warn("the signature carries no key hint (older verification material); checked by the signature alone");
     }
     for x in &report.problems {
-        eprintln!("mismatch: signature: {x}");
+        p.error_line(format!("mismatch: signature: {x}"));
     }
     if report.ok() {
         p.line(format!(
@@ -141,6 +141,6 @@ pub fn verify_signed(
     if ok {
         return Ok(Status::Ok);
     }
-    eprintln!("error: {}: verification failed", dir.display());
+    p.error_line(format!("error: {}: verification failed", dir.display()));
     Ok(Status::VerifyFailed)
 }

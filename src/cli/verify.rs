@@ -51,12 +51,12 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
             .as_deref()
             .map(|t| format!(" tensor `{t}`"))
             .unwrap_or_default();
-        eprintln!("mismatch: {}{t}: {}", m.path, m.what);
+        p.error_line(format!("mismatch: {}{t}: {}", m.path, m.what));
     }
-    eprintln!(
+    p.error_line(format!(
         "error: {}: verification failed ({} mismatch(es))",
         args.dir.display(),
         report.mismatches.len()
-    );
+    ));
     Ok(Status::VerifyFailed)
 }

@@ -343,6 +343,21 @@ mod tests {
     }
 
     #[test]
+    fn every_released_input_channel_count_is_named_for_its_variants() {
+        for v in WanVariant::ALL {
+            let named = input_channels_model(v.config().in_channels)
+                .unwrap_or_else(|| panic!("{}: in_channels {}", v.name(), v.config().in_channels));
+            let kind = match v {
+                WanVariant::T2V1_3B | WanVariant::T2V14B => "T2V",
+                WanVariant::I2V14B | WanVariant::FLF2V14B | WanVariant::I2VA14B => "I2V/FLF2V",
+                WanVariant::TI2V5B => "TI2V-5B",
+            };
+            assert!(named.contains(kind), "{}: {named}", v.name());
+        }
+        assert_eq!(input_channels_model(4), None);
+    }
+
+    #[test]
     fn config_json_with_extra_fields_parses() {
         let cfg = WanConfig::from_json(
             r#"{"_class_name":"WanTransformer3DModel","num_attention_heads":12,"ffn_dim":8960,"num_layers":30,"image_dim":null}"#,
@@ -386,6 +401,20 @@ pub const VARIANT_ONLY_PARTS: &[VariantOnlyPart] = &[
         models: "a Wan 2.1 I2V/FLF2V model",
     },
 ];
+
+/// What a patch embedding's input channel count says about the model it belongs to, in
+/// model terms, or `None` for a count no released model has. The counts are the released
+/// configs' `in_channels` (spec wan.md §1.3): the 16 channels of the Wan 2.1 VAE's latent
+/// for text-to-video; 36 for image-to-video (that latent, 4 channels of frame mask and the
+/// 16-channel latent of the image); 48 for TI2V-5B, whose Wan 2.2 VAE has 48 channels.
+pub fn input_channels_model(in_channels: usize) -> Option<&'static str> {
+    match in_channels {
+        16 => Some("a T2V model (16 latent channels)"),
+        36 => Some("an I2V/FLF2V model (36 input channels: 16 latent, 4 mask, 16 image latent)"),
+        48 => Some("a Wan 2.2 TI2V-5B model (48 latent channels)"),
+        _ => None,
+    }
+}
 
 /// A part of the transformer that only some variants have (see [`VARIANT_ONLY_PARTS`]).
 #[derive(Debug)]
