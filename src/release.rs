@@ -55,7 +55,7 @@ pub struct Release {
 pub enum ReleaseError {
     /// Writing failed; nothing is left at the destination.
     #[error(transparent)]
-    Write(WriteError),
+    Write(#[from] WriteError),
     /// An input could not be hashed, or changed while it was read; nothing is left at the
     /// destination.
     #[error(transparent)]
@@ -64,36 +64,6 @@ pub enum ReleaseError {
     /// producer's error's own, so its chain is walked (and each cause said) once.
     #[error(transparent)]
     Produce(anyhow::Error),
-    /// A folder the output would be created in exists as something else (a file): creating
-    /// the output's parent folders failed with "File exists" or "Not a directory".
-    #[error("{}: not a directory, so the output cannot be created inside it", path.display())]
-    ParentNotADirectory {
-        /// The existing path that is not a folder.
-        path: PathBuf,
-    },
-}
-
-impl From<WriteError> for ReleaseError {
-    /// Recognises the one OS error whose own text misleads: creating the output's parent
-    /// folders where one of them is a file fails with EEXIST ("File exists") on that file, or
-    /// ENOTDIR on a path below it.
-    fn from(e: WriteError) -> Self {
-        if let WriteError::Io { path, source } = &e
-            && matches!(
-                source.kind(),
-                std::io::ErrorKind::AlreadyExists | std::io::ErrorKind::NotADirectory
-            )
-            && let Some(file) = path
-                .ancestors()
-                .find(|p| p.symlink_metadata().is_ok())
-                .filter(|p| !p.is_dir())
-        {
-            return ReleaseError::ParentNotADirectory {
-                path: file.to_path_buf(),
-            };
-        }
-        ReleaseError::Write(e)
-    }
 }
 
 /// The outcome of post-write checks run on the sealed output before it is committed.

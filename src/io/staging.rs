@@ -78,6 +78,12 @@ pub enum WriteError {
         /// Bytes written.
         written: u64,
     },
+    /// A folder the output would be created in exists as something else (a file).
+    #[error("{}: not a directory, so the output cannot be created inside it", path.display())]
+    NotADirectory {
+        /// The existing path that is not a folder.
+        path: PathBuf,
+    },
     /// A byte of a weight file was never written (a bug in the producer).
     #[error("internal error: {}: byte {offset} was never written", path.display())]
     Gap {
@@ -145,6 +151,29 @@ fn unwritten_ranges(layout: &HeaderLayout) -> Vec<(u64, u64)> {
         gaps.push((at, len));
     }
     gaps
+}
+
+/// Creating the output's parent folders failed. Where one of them exists as a file the OS
+/// says EEXIST ("File exists") on that file, or ENOTDIR below it, which misleads: name the
+/// file that is not a folder instead.
+fn parent_error(parent: &Path, source: std::io::Error) -> WriteError {
+    let misleading = matches!(
+        source.kind(),
+        std::io::ErrorKind::AlreadyExists | std::io::ErrorKind::NotADirectory
+    );
+    let file = parent
+        .ancestors()
+        .find(|p| p.symlink_metadata().is_ok())
+        .filter(|p| !p.is_dir());
+    match file {
+        Some(file) if misleading => WriteError::NotADirectory {
+            path: file.to_path_buf(),
+        },
+        _ => WriteError::Io {
+            path: parent.to_path_buf(),
+            source,
+        },
+    }
 }
 
 fn ordered_error(e: OrderedError) -> WriteError {
@@ -265,7 +294,7 @@ impl Staging {
             });
         }
         let parent = parent_dir(dest);
-        std::fs::create_dir_all(&parent).map_err(io_err(&parent))?;
+        std::fs::create_dir_all(&parent).map_err(|source| parent_error(&parent, source))?;
         clean_stale(dest);
         if allocation == Allocation::Reserve {
             check_space(&parent, plan.total_bytes())?;
