@@ -30,9 +30,9 @@ use super::base_rows::layer_bytes;
 use super::bind::BoundAdapter;
 use super::device::{Compute, Lanes, MAX_LANES, reference_lanes};
 use super::error::MergeError;
-use super::math::Scratch;
 use super::plan::{Job, MergePlan, Target};
 use super::report::SvdReport;
+use super::target::TargetScratch;
 use super::xs::SvdCounters;
 use crate::adapter::{AdapterSet, TensorSource};
 use crate::io::dtype::widen_to_f32;
@@ -152,7 +152,7 @@ impl Exec<'_> {
     /// Runs every job on the current rayon pool. On error the caller discards the output.
     pub fn run(&self) -> Result<SvdReport, MergeError> {
         match self.compute {
-            Compute::Cpu => self.run_jobs(Scratch::default, |scratch, job, t, src, svd| {
+            Compute::Cpu => self.run_jobs(TargetScratch::default, |scratch, job, t, src, svd| {
                 self.merge(job, t, src, scratch, svd)
             }),
             Compute::Cuda(device) => {

@@ -47,29 +47,27 @@ impl Exec<'_> {
         job: &Job,
         t: &Target,
         src: &TensorRef<'_>,
-        scratch: &mut Scratch,
+        scratch: &mut TargetScratch,
         svd: &SvdCounters,
     ) -> Result<(), MergeError> {
         let mut out = Emit::new(job, t)?;
+        let math = &mut scratch.math;
         if out.assembles() {
-            // Merged in place, band by band, into the whole tensor the output needs.
-            let mut whole = vec![0.0f32; t.out * t.inp];
-            self.merge_bands(
-                job,
-                t,
-                src,
-                scratch,
-                svd,
-                Some(&mut whole),
-                |_, _, _| Ok(()),
-            )?;
+            // Merged in place, band by band, into the whole tensor the output needs (the
+            // worker's buffer of the last one, so its pages are not faulted in again; every
+            // element is overwritten).
+            let mut whole = std::mem::take(&mut scratch.whole);
+            whole.resize(t.out * t.inp, 0.0);
+            let into = Some(&mut whole[..]);
+            self.merge_bands(job, t, src, math, svd, into, |_, _, _| Ok(()))?;
             out.whole = whole;
         } else {
-            self.merge_bands(job, t, src, scratch, svd, None, |rows, r0, D| {
+            self.merge_bands(job, t, src, math, svd, None, |rows, r0, D| {
                 out.band(self, rows, r0, D)
             })?;
         }
-        out.finish(self)
+        scratch.whole = out.finish(self)?;
+        Ok(())
     }
 
     /// The merged f32 values of target `t` (read through `job`) in PyTorch layout, band by
@@ -261,6 +259,14 @@ impl Exec<'_> {
     }
 }
 
+/// What a worker of the band route keeps between targets: the GEMM scratch and the buffer a
+/// target written through a permuting layout is assembled in.
+#[derive(Default)]
+pub(super) struct TargetScratch {
+    math: Scratch,
+    whole: Vec<f32>,
+}
+
 /// The buffer of one band besides the merged weight itself: `W0`, for the normalised forms.
 #[derive(Default)]
 struct Band {
@@ -376,25 +382,27 @@ impl<'a> Emit<'a> {
         exec.write(self.job, r0 * self.t.inp * size, &self.bytes)
     }
 
-    fn finish(mut self, exec: &Exec<'_>) -> Result<(), MergeError> {
+    /// Writes what was assembled, if anything; hands the assembly buffer back for reuse.
+    fn finish(mut self, exec: &Exec<'_>) -> Result<Vec<f32>, MergeError> {
+        let whole = std::mem::take(&mut self.whole);
         if let Some(enc) = self.job.encoding {
             if self.assembles() {
                 let what = self.t.name.clone();
-                let whole = std::mem::take(&mut self.whole);
                 exec.encode_part(self.job, enc, 0, &whole, None, &what, &mut self.error)?;
             }
             exec.record_error(self.job, &self.error);
-            return Ok(());
+            return Ok(whole);
         }
         if self.to_output == Transform::Identity {
-            return Ok(());
+            return Ok(whole);
         }
         let src = SrcTensor {
             dtype: DType::F32,
             shape: &self.t.shape,
-            bytes: bytemuck::cast_slice(&self.whole),
+            bytes: bytemuck::cast_slice(&whole),
         };
-        exec.convert_bands(self.job, self.to_output, src)
+        exec.convert_bands(self.job, self.to_output, src)?;
+        Ok(whole)
     }
 }
 
