@@ -51,6 +51,7 @@ impl Exec<'_> {
         svd: &SvdCounters,
     ) -> Result<(), MergeError> {
         let mut out = Emit::new(job, t)?;
+        out.bytes = std::mem::take(&mut scratch.bytes);
         let math = &mut scratch.math;
         if out.assembles() {
             // Merged in place, band by band, into the whole tensor the output needs (the
@@ -66,7 +67,7 @@ impl Exec<'_> {
                 out.band(self, rows, r0, D)
             })?;
         }
-        scratch.whole = out.finish(self)?;
+        (scratch.whole, scratch.bytes) = out.finish(self)?;
         Ok(())
     }
 
@@ -259,12 +260,14 @@ impl Exec<'_> {
     }
 }
 
-/// What a worker of the band route keeps between targets: the GEMM scratch and the buffer a
-/// target written through a permuting layout is assembled in.
+/// What a worker of the band route keeps between targets: the GEMM scratch, the buffer a
+/// target written through a permuting layout is assembled in, and the bytes it is rounded
+/// to (or a band is).
 #[derive(Default)]
 pub(super) struct TargetScratch {
     math: Scratch,
     whole: Vec<f32>,
+    bytes: Vec<u8>,
 }
 
 /// The buffer of one band besides the merged weight itself: `W0`, for the normalised forms.
@@ -382,8 +385,9 @@ impl<'a> Emit<'a> {
         exec.write(self.job, r0 * self.t.inp * size, &self.bytes)
     }
 
-    /// Writes what was assembled, if anything; hands the assembly buffer back for reuse.
-    fn finish(mut self, exec: &Exec<'_>) -> Result<Vec<f32>, MergeError> {
+    /// Writes what was assembled, if anything; hands the assembly and byte buffers back for
+    /// reuse.
+    fn finish(mut self, exec: &Exec<'_>) -> Result<(Vec<f32>, Vec<u8>), MergeError> {
         let whole = std::mem::take(&mut self.whole);
         if let Some(enc) = self.job.encoding {
             if self.assembles() {
@@ -391,18 +395,30 @@ impl<'a> Emit<'a> {
                 exec.encode_part(self.job, enc, 0, &whole, None, &what, &mut self.error)?;
             }
             exec.record_error(self.job, &self.error);
-            return Ok(whole);
+            return Ok((whole, std::mem::take(&mut self.bytes)));
         }
         if self.to_output == Transform::Identity {
-            return Ok(whole);
+            return Ok((whole, std::mem::take(&mut self.bytes)));
         }
+        // Rounded once to the output dtype first (contiguous, so it vectorises), then only
+        // permuted: rounding each element commutes with moving it, and the permutation moves
+        // half the bytes of the f32 tensor for a 16-bit output.
+        let mut narrowed = std::mem::take(&mut self.bytes);
+        let size = self.job.dtype.size().unwrap_or(4);
+        narrowed.resize(whole.len() * size, 0);
+        narrow_from_f32(self.job.dtype, &whole, &mut narrowed).map_err(|e| {
+            MergeError::Convert {
+                tensor: self.t.name.clone(),
+                reason: e.to_string(),
+            }
+        })?;
         let src = SrcTensor {
-            dtype: DType::F32,
+            dtype: self.job.dtype,
             shape: &self.t.shape,
-            bytes: bytemuck::cast_slice(&whole),
+            bytes: &narrowed,
         };
         exec.convert_bands(self.job, self.to_output, src)?;
-        Ok(whole)
+        Ok((whole, narrowed))
     }
 }
 
