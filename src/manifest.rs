@@ -285,7 +285,7 @@ pub fn verify_dir(dir: &Path) -> Result<VerifyReport, ReadError> {
 }
 
 /// Checks a release this process has just committed, without reading its weights again:
-/// the seal re-read every fsynced file once and the manifest was made from those digests,
+/// the manifest was made from the digests of the bytes written (`io::ordered`) and sealed,
 /// so here the manifest on disk must be the bytes that were written, and every listed file
 /// must exist with its recorded size and nothing else be there. (`verify_dir`, what
 /// `wanbake verify` runs, re-reads everything.)

@@ -1,8 +1,8 @@
 //! The one write path every producing command shares (synth, convert, merge, restack,
 //! translate, bake): plan → stage (temp sibling, reserved space) → produce tensors in
-//! parallel while the inputs are hashed on a thread of their own → seal (fsync, one re-read
-//! that hashes every file and tensor) → checks → inputs unchanged? → manifest → atomic
-//! rename.
+//! parallel while the inputs are hashed on a thread of their own, each output hashed as it is
+//! written (`io::ordered`) → seal (every byte written, fsync) → checks → inputs unchanged? →
+//! manifest → atomic rename.
 //!
 //! Owns: `ReleaseRequest` and `write_release`. Producers only fill slots; they never see
 //! paths, temp files or manifests, so no command can forget a step. Before committing, every

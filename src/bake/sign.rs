@@ -54,8 +54,8 @@ impl Signer {
 
     /// Checks the staged release against its manifest, then signs it with the digests of
     /// that manifest, naming the subject `name` (the release's final folder name). The seal
-    /// has just re-read and hashed every staged file to make that manifest, so the check
-    /// here is the listing and the sizes (`manifest::verify_committed`), not a second read.
+    /// has just hashed every staged file, from the bytes written, to make that manifest, so
+    /// the check here is the listing and the sizes (`manifest::verify_committed`), not a read.
     pub fn sign_staged(&self, tmp: &Path, name: &str) -> anyhow::Result<()> {
         let mpath = tmp.join(crate::io::staging::MANIFEST_NAME);
         let bytes = fs_err::read(&mpath)?;

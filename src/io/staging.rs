@@ -1,12 +1,12 @@
 //! Atomic, durable output: a temporary sibling directory that becomes the destination only
-//! when everything in it is written, fsynced and re-read.
+//! when everything in it is written, hashed and fsynced.
 //!
 //! Owns: refusing to write over an input, the free-space check, pre-sized output files
 //! (`fallocate`, so running out of space fails before the first tensor), positional writes
 //! from any number of threads (`write_at`: the header is known in advance, so tensors and
 //! slices of stacked tensors land in place in any order), the check that every planned
-//! tensor byte was written, the final re-read and hashing (overlapped with the fsync),
-//! the rename into place, and the cleanup of temporaries left by killed runs (each run
+//! tensor byte was written, the digests (taken as the bytes pass through `io::ordered`; a
+//! GGUF file is re-read at the seal), the fsync, the rename into place, and the cleanup of temporaries left by killed runs (each run
 //! holds an advisory lock on a sibling `.lock` file; a lock nobody holds means its owner is
 //! dead). A `Staging` dropped before `commit` removes its temporary directory.
 
