@@ -2339,8 +2339,30 @@ fn an_i2v_adapter_on_a_t2v_base_is_explained_in_model_terms_first() {
                 && first.contains("Wan 2.1 I2V/FLF2V"),
             "{err}"
         );
-        // ... then the list, one line per unbound module.
+        // ... then the list, one line per unbound module, naming the base as given.
         assert!(err.lines().skip(1).any(|l| l.contains(modules)), "{err}");
+        let base = format!("of the base {}:", g.join("models/t2v").display());
+        assert!(err.contains(&base), "{err}");
         assert!(!tmp.path().join("out").exists());
+        // `inspect --base` gives the same explanation, first among its problems, and in the
+        // report as the verdict.
+        let o = common::run(
+            tmp.path(),
+            &[
+                "inspect",
+                g.join(adapter).to_str().unwrap(),
+                "--base",
+                g.join("models/t2v").to_str().unwrap(),
+            ],
+        );
+        let (code, out, err) = common::parts(&o);
+        assert_eq!(code, 1, "{err}");
+        let first = err.lines().next().unwrap_or_default();
+        assert!(first.contains("targets the image cross-attention"), "{err}");
+        assert!(
+            out.lines()
+                .any(|l| l.contains("verdict:") && l.contains("Wan 2.1 I2V/FLF2V")),
+            "{out}"
+        );
     }
 }

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::bind::{BaseIndex, kind_name, wan_ids};
 use super::names::{ModuleId, generic_path_of_spelling};
-use super::variant::{VariantGuess, base_description, guess, mismatch_line};
+use super::variant::{VariantGuess, base_description, guess, mismatch_line, model_terms};
 use super::{AdapterError, AdapterOptions, AdapterSet, EntryProblem, KeyProblem, ScaleSource};
 use crate::model::base_model::{BaseModel, ComponentModel};
 
@@ -130,6 +130,9 @@ impl AdapterInspection {
         for b in &self.bindings {
             if let Some(e) = &b.error {
                 v.push(e.clone());
+            }
+            if let (Some(why), false) = (&b.verdict, b.unmatched.is_empty()) {
+                v.push(format!("{p}: {why}"));
             }
             for u in &b.unmatched {
                 v.push(format!(
@@ -264,6 +267,14 @@ fn bind_one(
     }
     match set.bind(&ix) {
         Ok(r) => {
+            // Entries left unbound (inspect binds as if with --allow-unmatched) are explained
+            // in model terms, as merge's refusal would explain them, when they can be.
+            if b.verdict.is_none() && !r.unmatched.is_empty() {
+                let unbound: Vec<usize> = (0..set.entries.len())
+                    .filter(|&i| set.entries[i].binding.is_none())
+                    .collect();
+                b.verdict = model_terms(&set, &unbound, &ix).map(|t| t.line);
+            }
             b.naming = Some(r.naming.as_str().to_string());
             b.targets = r.targets;
             b.unmatched = r.unmatched;

@@ -312,6 +312,15 @@ pub struct Component {
 }
 
 impl Component {
+    /// The component's folder under the checkpoint's `root`, spelled as `root` for the root
+    /// itself (no trailing separator in messages).
+    pub fn dir(&self, root: &Path) -> PathBuf {
+        match self.rel_dir.as_os_str().is_empty() {
+            true => root.to_path_buf(),
+            false => root.join(&self.rel_dir),
+        }
+    }
+
     /// A sidecar by file name.
     pub fn sidecar(&self, name: &str) -> Option<&Sidecar> {
         self.sidecars.iter().find(|s| s.name == name)

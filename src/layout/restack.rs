@@ -129,8 +129,7 @@ fn component_path(checkpoint: &Checkpoint, c: &Component) -> PathBuf {
         [one] if checkpoint.components.len() == 1 && c.sidecars.is_empty() => {
             one.path().to_path_buf()
         }
-        _ if c.rel_dir.as_os_str().is_empty() => checkpoint.path.clone(),
-        _ => checkpoint.path.join(&c.rel_dir),
+        _ => c.dir(&checkpoint.path),
     }
 }
 

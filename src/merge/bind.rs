@@ -139,11 +139,7 @@ pub fn bind_specs(
         for ci in components_of(spec, base)? {
             let comp = &base.components[ci];
             let index = indexes.entry(ci).or_insert_with(|| {
-                BaseIndex::new(
-                    &base.path.join(&comp.rel_dir),
-                    &comp.tensors,
-                    base.model(ci),
-                )
+                BaseIndex::new(&comp.dir(&base.path), &comp.tensors, base.model(ci))
             });
             let opts = AdapterOptions {
                 from: spec.from,

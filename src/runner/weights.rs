@@ -236,12 +236,8 @@ impl CheckpointWeights {
         component: Component,
         config: Option<&Path>,
     ) -> Result<CheckpointWeights, RunError> {
-        let folder = path.join(&component.rel_dir);
-        let name = if component.rel_dir.as_os_str().is_empty() {
-            path.display().to_string()
-        } else {
-            folder.display().to_string()
-        };
+        let folder = component.dir(path);
+        let name = folder.display().to_string();
         let read = |p: &Path| {
             fs_err::read_to_string(p).map_err(|e| RunError::Config {
                 path: p.to_path_buf(),
