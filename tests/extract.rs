@@ -454,6 +454,19 @@ fn refusals_write_nothing() {
         err.contains("in the tuned model only") || err.contains("shape"),
         "{err}"
     );
+    // `--device cuda` is checked whichever the tuned side is, as every command checks it.
+    if wanbake::gpu::CudaDevice::open(0).is_err() {
+        let (code, _, err) = parts(&run(
+            dir.path(),
+            &[
+                "extract", "--base", &b, "--tuned", &t, "--rank", "4", "--out", "o", "--device",
+                "cuda",
+            ],
+        ));
+        assert_eq!(code, 1, "{err}");
+        assert!(err.contains("CUDA is unavailable"), "{err}");
+        assert!(!dir.path().join("o").exists());
+    }
 }
 
 #[test]

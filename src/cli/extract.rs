@@ -85,8 +85,8 @@ pub struct ExtractArgs {
     /// SVD: randomized (range finder, exact SVD for small matrices) or exact.
     #[arg(long, value_enum, default_value_t = TruncMethod::RANDOMIZED)]
     pub svd: TruncMethod,
-    /// `--device`: with --adapter it is checked (cuda fails without a usable GPU);
-    /// extraction, and the merge of an --adapter stack, run on the CPU.
+    /// `--device`: checked (cuda fails without a usable GPU); extraction, and the merge of
+    /// an --adapter stack, run on the CPU.
     #[command(flatten)]
     pub device: DeviceArg,
     /// Print the report as JSON.
@@ -142,6 +142,16 @@ pub fn execute_extract(args: ExtractArgs, p: &mut Printer) -> anyhow::Result<Sta
         replace: args.output.replace(),
         provenance: serde_json::Value::Null,
     };
+    // Checked the same way with either tuned side: `--device cuda` fails without a usable
+    // GPU; a GPU that is found stays idle (the SVDs and the stack's merge run on the CPU).
+    let (_, device) = args.device.select()?;
+    if device.used != "cpu" {
+        p.line(format!(
+            "device: cpu (extraction runs on the CPU, bit-identical on any device; {} stays \
+             idle)",
+            device.name.as_deref().unwrap_or(device.used)
+        ));
+    }
     let outcome = if args.adapters.is_empty() {
         extract(&req).map_err(usage_or)?
     } else {
@@ -151,14 +161,6 @@ pub fn execute_extract(args: ExtractArgs, p: &mut Printer) -> anyhow::Result<Sta
             .map(|a| AdapterSpec::parse(a).map_err(|e| UsageError(e.to_string())))
             .collect::<Result<Vec<_>, _>>()?;
         let merge = MergeOptions::new(MergeChoices::default()).map_err(super::merge::flag_error)?;
-        let (_, device) = args.device.select()?;
-        if device.used != "cpu" {
-            p.line(format!(
-                "device: cpu (the adapter stack is merged tensor by tensor in memory on the \
-                 CPU, bit-identical on any device; {} stays idle)",
-                device.name.as_deref().unwrap_or(device.used)
-            ));
-        }
         let base = BaseModel::open(&args.base)?;
         let adapters = bind_specs(&specs, &base, &merge)?;
         req.provenance = serde_json::json!({ "adapters": args.adapters });
