@@ -313,17 +313,56 @@ fn permute_raw<const N: usize>(g: &Geometry, src: &[u8], rows: Range<usize>, dst
         dst.copy_from_slice(&src[run]);
         return;
     }
+    // Whole runs of `[u8; N]` elements, one copy each (an element-by-element copy of
+    // slices compiles to a call per 2-byte element).
+    let (elements, _) = src.as_chunks::<N>();
+    if g.col_of.is_identity() && g.row_of.is_identity() {
+        transpose_blocked(
+            elements,
+            g.src_cols,
+            rows,
+            g.row_len,
+            dst.as_chunks_mut::<N>().0,
+        );
+        return;
+    }
     let read = |start: usize, out: &mut [[u8; N]]| {
-        for (e, c) in out.iter_mut().zip(src[start * N..].chunks_exact(N)) {
-            e.copy_from_slice(c);
-        }
+        out.copy_from_slice(&elements[start..start + out.len()]);
     };
     let write = |run: &[[u8; N]], out: &mut [u8]| {
-        for (o, e) in out.chunks_exact_mut(N).zip(run) {
-            o.copy_from_slice(e);
-        }
+        out.as_chunks_mut::<N>().0.copy_from_slice(run);
     };
     tiled(g, rows, dst, N, [0u8; N], read, write);
+}
+
+/// Side of a block of [`transpose_blocked`], in elements (measured on 8960×1536: 16 and 32
+/// take half the time of the staged [`tiled`] kernel for 2- and 4-byte elements; 64 and up
+/// are slower).
+const BLOCK: usize = 32;
+
+/// A plain 2-D transpose of whole elements, `dst[k][j] = src[j][k]` for the destination rows
+/// `rows`: a block of source rows is read column by column while each destination row
+/// segment is written in order, with no staging tile (same-dtype transposes, the bulk of a
+/// scanned layout's bytes).
+fn transpose_blocked<T: Copy>(
+    src: &[T],
+    src_cols: usize,
+    rows: Range<usize>,
+    row_len: usize,
+    dst: &mut [T],
+) {
+    for j0 in (0..row_len).step_by(BLOCK) {
+        let j1 = (j0 + BLOCK).min(row_len);
+        for k0 in rows.clone().step_by(BLOCK) {
+            let k1 = (k0 + BLOCK).min(rows.end);
+            for k in k0..k1 {
+                let at = (k - rows.start) * row_len;
+                for (o, j) in dst[at + j0..at + j1].iter_mut().zip(j0..j1) {
+                    *o = src[j * src_cols + k];
+                }
+            }
+        }
+    }
 }
 
 /// Dtype-converting kernel: widen source runs to `f32` (`io::dtype`), narrow destination
@@ -601,21 +640,48 @@ mod bench {
     fn transpose_8960x1536() {
         let (r, c) = (8960usize, 1536usize);
         let src: Vec<u8> = (0..r * c).flat_map(|i| (i as f32).to_le_bytes()).collect();
+        let half: Vec<u8> = src.chunks_exact(4).flat_map(|b| [b[2], b[3]]).collect();
         let shape = [r, c];
         let reps = 5;
-        for (t, dtype, label) in [
-            (Transform::Transpose, DType::BF16, "transpose f32->bf16"),
-            (Transform::Transpose, DType::F32, "transpose f32->f32"),
-            (Transform::Identity, DType::BF16, "identity f32->bf16"),
-            (Transform::Identity, DType::F32, "identity f32->f32"),
+        for (t, from, dtype, label) in [
+            (
+                Transform::Transpose,
+                DType::F32,
+                DType::BF16,
+                "transpose f32->bf16",
+            ),
+            (
+                Transform::Transpose,
+                DType::BF16,
+                DType::BF16,
+                "transpose bf16->bf16",
+            ),
+            (
+                Transform::Transpose,
+                DType::F32,
+                DType::F32,
+                "transpose f32->f32",
+            ),
+            (
+                Transform::Identity,
+                DType::F32,
+                DType::BF16,
+                "identity f32->bf16",
+            ),
+            (
+                Transform::Identity,
+                DType::F32,
+                DType::F32,
+                "identity f32->f32",
+            ),
         ] {
             let mut dst = vec![0u8; r * c * dtype.size().unwrap()];
             let (wall, cpu) = (std::time::Instant::now(), thread_cpu_s());
             for _ in 0..reps {
                 let s = SrcTensor {
-                    dtype: DType::F32,
+                    dtype: from,
                     shape: &shape,
-                    bytes: &src,
+                    bytes: if from == DType::F32 { &src } else { &half },
                 };
                 convert(t, s, dtype, &mut dst).unwrap();
             }
