@@ -42,10 +42,10 @@ use super::header::TensorInfo;
 use crate::progress::PhaseGuard;
 
 /// Bytes of a file one chunk holds (a multiple of every block size `O_DIRECT` asks for).
-pub const CHUNK: usize = 8 << 20;
+pub const CHUNK: usize = 4 << 20;
 
 /// How many chunks past a file's front a large write may land before it waits.
-pub const WINDOW_CHUNKS: u64 = 12;
+pub const WINDOW_CHUNKS: u64 = 16;
 
 /// Writes at most this long never wait for the window.
 const SMALL_WRITE: usize = 64 << 10;
