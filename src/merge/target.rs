@@ -125,10 +125,7 @@ impl Exec<'_> {
     ) -> Result<(), MergeError> {
         let rows = BaseRows::new(t, src, job)?;
         let loaded = self.load_factors(t, &rows, svd)?;
-        let updates: Vec<(Update<'_>, f64)> = loaded
-            .iter()
-            .map(|l| (l.update(), l.contribution.weight))
-            .collect();
+        let updates = weighted_updates(&loaded);
         let band_len = band_rows(t.inp);
         let col_scales = updates
             .iter()
@@ -172,10 +169,7 @@ impl Exec<'_> {
         };
         let rows = BaseRows::new(t, src, job)?;
         let loaded = self.load_factors(t, &rows, svd)?;
-        let updates: Vec<(Update<'_>, f64)> = loaded
-            .iter()
-            .map(|l| (l.update(), l.contribution.weight))
-            .collect();
+        let updates = weighted_updates(&loaded);
         let mut out = Emit::new(job, t)?;
         let keeps_layout = out.direct();
         // The whole tensor is read, merged and (when it needs no layout work) written while
@@ -429,6 +423,13 @@ fn check_finite(merged: &[f32]) -> Result<(), usize> {
         return Ok(());
     }
     Err(merged.iter().position(|x| !x.is_finite()).unwrap_or(0))
+}
+
+/// Each loaded contribution's formula with its weight, in contribution order.
+fn weighted_updates(loaded: &[Loaded]) -> Vec<(Update<'_>, f64)> {
+    (loaded.iter())
+        .map(|l| (l.update(), l.contribution.weight))
+        .collect()
 }
 
 /// One contribution's tensors, loaded.
