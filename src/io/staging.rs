@@ -6,9 +6,10 @@
 //! from any number of threads (`write_at`: the header is known in advance, so tensors and
 //! slices of stacked tensors land in place in any order), the check that every planned
 //! tensor byte was written, the digests (taken as the bytes pass through `io::ordered`; a
-//! GGUF file is re-read at the seal), the fsync, the rename into place, and the cleanup of temporaries left by killed runs (each run
-//! holds an advisory lock on a sibling `.lock` file; a lock nobody holds means its owner is
-//! dead). A `Staging` dropped before `commit` removes its temporary directory.
+//! GGUF file is re-read at the seal), the fsync, the rename into place, and the cleanup of
+//! temporaries left by killed runs (each run holds an advisory lock on a sibling `.lock`
+//! file; a lock nobody holds means its owner is dead). A `Staging` dropped before `commit`
+//! removes its temporary directory.
 
 use std::collections::BTreeMap;
 use std::fs::File;

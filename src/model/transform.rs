@@ -643,38 +643,16 @@ mod bench {
         let half: Vec<u8> = src.chunks_exact(4).flat_map(|b| [b[2], b[3]]).collect();
         let shape = [r, c];
         let reps = 5;
-        for (t, from, dtype, label) in [
-            (
-                Transform::Transpose,
-                DType::F32,
-                DType::BF16,
-                "transpose f32->bf16",
-            ),
-            (
-                Transform::Transpose,
-                DType::BF16,
-                DType::BF16,
-                "transpose bf16->bf16",
-            ),
-            (
-                Transform::Transpose,
-                DType::F32,
-                DType::F32,
-                "transpose f32->f32",
-            ),
-            (
-                Transform::Identity,
-                DType::F32,
-                DType::BF16,
-                "identity f32->bf16",
-            ),
-            (
-                Transform::Identity,
-                DType::F32,
-                DType::F32,
-                "identity f32->f32",
-            ),
-        ] {
+        use {DType::*, Transform::*};
+        let cases = [
+            (Transpose, F32, BF16),
+            (Transpose, BF16, BF16),
+            (Transpose, F32, F32),
+            (Identity, F32, BF16),
+            (Identity, F32, F32),
+        ];
+        for (t, from, dtype) in cases {
+            let label = format!("{t:?} {}->{}", from.as_str(), dtype.as_str());
             let mut dst = vec![0u8; r * c * dtype.size().unwrap()];
             let (wall, cpu) = (std::time::Instant::now(), thread_cpu_s());
             for _ in 0..reps {
