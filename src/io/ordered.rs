@@ -501,12 +501,13 @@ impl Shared {
     }
 
     fn fail(&self, e: OrderedError) {
-        let mut f = lock(&self.failure);
-        if f.is_none() {
-            *f = Some(e);
-        }
+        lock(&self.failure).get_or_insert(e);
         self.stop.store(true, Ordering::SeqCst);
+        // Under each window's lock, as `Drop` does: a thread that has just seen `stop` unset
+        // under that lock is then already waiting, so the wake-up cannot fall between its
+        // check and its wait.
         for f in &self.files {
+            let _w = lock(&f.window);
             f.moved.notify_all();
         }
     }
