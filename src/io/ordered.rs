@@ -472,6 +472,13 @@ impl OrderedFiles {
             .collect())
     }
 
+    /// Gives the output up: the threads stop and every write, waiting or to come, fails.
+    /// For a producer whose job failed: the front of its file will never move, so a write
+    /// of another job waiting for it would wait forever.
+    pub fn abandon(&self) {
+        self.shared.halt();
+    }
+
     /// Bytes the file hasher has not passed yet (for the seal's progress).
     pub fn unpassed_bytes(&self) -> u64 {
         let total: u64 = self.shared.files.iter().map(|f| f.len).sum();
@@ -484,11 +491,7 @@ impl Drop for OrderedFiles {
         if self.threads.is_empty() {
             return;
         }
-        self.shared.stop.store(true, Ordering::SeqCst);
-        for f in &self.shared.files {
-            let _w = lock(&f.window);
-            f.moved.notify_all();
-        }
+        self.shared.halt();
         for h in self.threads.drain(..) {
             let _ = h.join();
         }
@@ -502,10 +505,14 @@ impl Shared {
 
     fn fail(&self, e: OrderedError) {
         lock(&self.failure).get_or_insert(e);
+        self.halt();
+    }
+
+    /// Stops the threads and wakes every waiting writer (its write then fails). Notified
+    /// under each window's lock: a thread that has just seen `stop` unset under that lock
+    /// is then already waiting, so the wake-up cannot fall between its check and its wait.
+    fn halt(&self) {
         self.stop.store(true, Ordering::SeqCst);
-        // Under each window's lock, as `Drop` does: a thread that has just seen `stop` unset
-        // under that lock is then already waiting, so the wake-up cannot fall between its
-        // check and its wait.
         for f in &self.files {
             let _w = lock(&f.window);
             f.moved.notify_all();

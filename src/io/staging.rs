@@ -377,7 +377,9 @@ impl Staging {
     /// with each item writing its own range front to back, the item at the front of a file
     /// is always running, so the window of `io::ordered` moves steadily and a write that
     /// waits for it always gets to go. `init` makes each thread's state. The first error
-    /// stops the others and is returned.
+    /// stops the others and is returned; it also gives the output up (`OrderedFiles::
+    /// abandon`), since the failed item's range will never be complete and a write of
+    /// another thread may be waiting for it.
     pub fn for_each_in_file_order<T: Sync, S, E: Send>(
         &self,
         items: &[T],
@@ -405,6 +407,11 @@ impl Staging {
                 };
                 if let Err(e) = work(&mut state, &items[i]) {
                     failed.store(true, Ordering::Relaxed);
+                    // The failed item's range will never be complete: release the writers
+                    // of the other threads that may be waiting for it.
+                    if let Some(ordered) = &self.ordered {
+                        ordered.abandon();
+                    }
                     if let Ok(mut f) = failure.lock() {
                         f.get_or_insert(e);
                     }
@@ -816,6 +823,65 @@ mod tests {
         assert!(!dest.exists(), "nothing committed");
     }
 
+    /// A failed item of a producer gives the output up, so an item of another thread whose
+    /// write waits for the failed item's range (more than the reorder window ahead of it)
+    /// gets an error instead of waiting forever, and the first error is the one returned.
+    #[test]
+    fn a_failed_item_releases_writes_waiting_for_its_range() {
+        let window =
+            (super::super::ordered::CHUNK as u64 * super::super::ordered::WINDOW_CHUNKS) as usize;
+        let tensors = [("a", 1024), ("b", window / 4 + (1 << 20))];
+        let c = ComponentOutput {
+            rel_dir: PathBuf::new(),
+            stem: "model".into(),
+            tensors: (tensors.iter())
+                .map(|&(name, n)| PlannedTensor {
+                    name: name.into(),
+                    dtype: DType::F32,
+                    shape: vec![n],
+                })
+                .collect(),
+            metadata: BTreeMap::new(),
+            sidecars: Vec::new(),
+            max_shard_bytes: None,
+        };
+        let plan = OutputPlan::build(&[c], &[]).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("out");
+        let s = Staging::begin(
+            &dest,
+            plan.clone(),
+            &[],
+            Replace::Never,
+            Allocation::Reserve,
+        )
+        .unwrap();
+        let slots = [plan.slot(0, "a").unwrap(), plan.slot(0, "b").unwrap()];
+        let big = vec![7u8; tensors[1].1 * 4];
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        let result = pool.install(|| {
+            s.for_each_in_file_order(
+                &[0usize, 1],
+                |&i| (slots[i], 0),
+                || (),
+                |_, &i| match i {
+                    // Fails after `b` has started its write (which waits for `a`'s range).
+                    0 => {
+                        std::thread::sleep(std::time::Duration::from_millis(300));
+                        Err("a failed".to_string())
+                    }
+                    _ => s.write(slots[1], 0, &big).map_err(|e| e.to_string()),
+                },
+            )
+        });
+        assert_eq!(result, Err("a failed".to_string()));
+        drop(s);
+        assert!(!dest.exists(), "nothing committed");
+    }
+
     /// Digests as written equal sha256 of the committed bytes, read back by the reader's
     /// own digest pass and hashed independently here, whatever the order, threads and band
     /// sizes of the writes: tensors written in order by one writer, tensors written in
@@ -857,13 +923,8 @@ mod tests {
             let mut s =
                 Staging::begin(&dest, plan.clone(), &[], Replace::Never, allocation).unwrap();
             // Each tensor's bytes, then the writes: (slot, offset, bytes).
-            let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-            let mut next = move || {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                seed
-            };
+            let mut rng = crate::rng::SplitMix64::new(0x9e37_79b9_7f4a_7c15);
+            let mut next = move || rng.next_u64();
             let mut writes = Vec::new();
             for (i, t) in tensors.iter().enumerate() {
                 let n = t.nbytes().unwrap();
