@@ -399,7 +399,18 @@ impl Staging {
         let next = AtomicUsize::new(0);
         let failed = AtomicBool::new(false);
         let failure: std::sync::Mutex<Option<E>> = std::sync::Mutex::new(None);
+        // A panicking item gives the output up as a failed one does (while unwinding), so
+        // the other threads finish and the panic reaches the caller instead of a hang.
+        struct AbandonOnPanic<'a>(Option<&'a OrderedFiles>);
+        impl Drop for AbandonOnPanic<'_> {
+            fn drop(&mut self) {
+                if let (true, Some(ordered)) = (std::thread::panicking(), self.0) {
+                    ordered.abandon();
+                }
+            }
+        }
         rayon::broadcast(|_| {
+            let _guard = AbandonOnPanic(self.ordered.as_ref());
             let mut state = init();
             while !failed.load(Ordering::Relaxed) {
                 let Some(&i) = order.get(next.fetch_add(1, Ordering::Relaxed)) else {
@@ -825,9 +836,16 @@ mod tests {
 
     /// A failed item of a producer gives the output up, so an item of another thread whose
     /// write waits for the failed item's range (more than the reorder window ahead of it)
-    /// gets an error instead of waiting forever, and the first error is the one returned.
+    /// gets an error instead of waiting forever, and the first error is the one returned;
+    /// a panicking item likewise, and its panic reaches the caller.
     #[test]
     fn a_failed_item_releases_writes_waiting_for_its_range() {
+        for panics in [false, true] {
+            failed_item_releases_waiting_writes(panics);
+        }
+    }
+
+    fn failed_item_releases_waiting_writes(panics: bool) {
         let window =
             (super::super::ordered::CHUNK as u64 * super::super::ordered::WINDOW_CHUNKS) as usize;
         let tensors = [("a", 1024), ("b", window / 4 + (1 << 20))];
@@ -862,22 +880,30 @@ mod tests {
             .num_threads(2)
             .build()
             .unwrap();
-        let result = pool.install(|| {
-            s.for_each_in_file_order(
-                &[0usize, 1],
-                |&i| (slots[i], 0),
-                || (),
-                |_, &i| match i {
-                    // Fails after `b` has started its write (which waits for `a`'s range).
-                    0 => {
-                        std::thread::sleep(std::time::Duration::from_millis(300));
-                        Err("a failed".to_string())
-                    }
-                    _ => s.write(slots[1], 0, &big).map_err(|e| e.to_string()),
-                },
-            )
-        });
-        assert_eq!(result, Err("a failed".to_string()));
+        let run = || {
+            pool.install(|| {
+                s.for_each_in_file_order(
+                    &[0usize, 1],
+                    |&i| (slots[i], 0),
+                    || (),
+                    |_, &i| match i {
+                        // Fails after `b` has started its write (which waits for `a`'s range).
+                        0 => {
+                            std::thread::sleep(std::time::Duration::from_millis(300));
+                            assert!(!panics, "item a panicked");
+                            Err("a failed".to_string())
+                        }
+                        _ => s.write(slots[1], 0, &big).map_err(|e| e.to_string()),
+                    },
+                )
+            })
+        };
+        if panics {
+            let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run));
+            assert!(caught.is_err(), "the panic reaches the caller");
+        } else {
+            assert_eq!(run(), Err("a failed".to_string()));
+        }
         drop(s);
         assert!(!dest.exists(), "nothing committed");
     }
