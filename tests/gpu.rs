@@ -333,7 +333,8 @@ fn widen_reference_equals_io_dtype_and_the_value_formula_for_every_16_bit_patter
 fn narrow_reference_equals_io_dtype_and_exact_rne_over_the_f32_sweep() {
     let sweep = f32_sweep();
     let values: Vec<f32> = sweep.iter().map(|&b| f32::from_bits(b)).collect();
-    // io::dtype's slice path (SIMD for F16 where the CPU has F16C) and scalar path.
+    // io::dtype's slice path (F16C for F16, AVX2/AVX-512 for BF16, where the CPU has them)
+    // and scalar path.
     let mut io_bf16 = vec![0u8; values.len() * 2];
     let mut io_f16 = vec![0u8; values.len() * 2];
     narrow_from_f32(DType::BF16, &values, &mut io_bf16).unwrap();
@@ -378,13 +379,17 @@ fn exhaustive_narrow_reference_equals_io_dtype_for_every_f32() {
             .map(|lo| f32::from_bits(hi << 16 | lo))
             .collect();
         let mut io_f16 = vec![0u8; values.len() * 2];
+        let mut io_bf16 = vec![0u8; values.len() * 2];
         narrow_from_f32(DType::F16, &values, &mut io_f16).unwrap();
+        narrow_from_f32(DType::BF16, &values, &mut io_bf16).unwrap();
         for (i, &x) in values.iter().enumerate() {
             let b = x.to_bits();
+            let bf = arith::narrow_bits_bf16(b);
+            assert_eq!(bf, round_to_bf16(x), "bf16 of {b:#010x}");
             assert_eq!(
-                arith::narrow_bits_bf16(b),
-                round_to_bf16(x),
-                "bf16 of {b:#010x}"
+                bf.to_le_bytes(),
+                io_bf16[2 * i..2 * i + 2],
+                "bf16 slice of {b:#010x}"
             );
             let hf = arith::narrow_bits_f16(b);
             assert_eq!(hf, round_to_f16(x), "f16 of {b:#010x}");

@@ -34,7 +34,7 @@ use super::xs::SvdCounters;
 use crate::adapter::lycoris::{LycorisError, module_of};
 use crate::adapter::{Kind, ParamRole};
 use crate::backend::Backend;
-use crate::io::dtype::narrow_from_f32;
+use crate::io::dtype::{narrow_from_f32, vectorized};
 use crate::io::{DType, TensorRef};
 use crate::linalg::XsBases;
 use crate::model::transform::{SrcTensor, Transform};
@@ -416,10 +416,10 @@ impl<'a> Emit<'a> {
     }
 }
 
-/// Checks a merged band without a branch per element, so the loop vectorises; `Err(i)`
-/// names the first non-finite element.
+/// Checks a merged band without a branch per element, so the loop vectorises (for the CPU's
+/// widest vectors); `Err(i)` names the first non-finite element.
 fn check_finite(merged: &[f32]) -> Result<(), usize> {
-    if merged.iter().fold(true, |ok, x| ok & x.is_finite()) {
+    if vectorized(|| merged.iter().fold(true, |ok, x| ok & x.is_finite())) {
         return Ok(());
     }
     Err(merged.iter().position(|x| !x.is_finite()).unwrap_or(0))
@@ -516,4 +516,27 @@ fn lycoris_delta(
         return Ok(Err(e));
     }
     delta_scaled(&m, &entry.module, &W0, &t.shape, entry.scale).map(Ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_finite;
+
+    #[test]
+    fn check_finite_names_the_first_non_finite_element_in_every_position() {
+        // Lengths around the vector widths (4, 8, 16 lanes) and their tails.
+        for len in [1usize, 7, 8, 9, 15, 16, 17, 33, 1000] {
+            let ok: Vec<f32> = (0..len).map(|i| i as f32 - 3.5).collect();
+            assert_eq!(check_finite(&ok), Ok(()), "len {len}");
+            for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+                for at in [0, len / 2, len - 1] {
+                    let mut v = ok.clone();
+                    v[at] = bad;
+                    v[len - 1] = if at == len - 1 { bad } else { f32::NAN };
+                    assert_eq!(check_finite(&v), Err(at), "len {len}, {bad} at {at}");
+                }
+            }
+        }
+        assert_eq!(check_finite(&[f32::MAX, f32::MIN, -0.0, 1e-45]), Ok(()));
+    }
 }
