@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::io::digest::{self, TensorDigest};
 use crate::io::file::ReadError;
+use crate::io::input_hash::{NO_PACE, Pace};
 use crate::io::staging::{MANIFEST_NAME, Sealed};
 use crate::io::writer::OutputPlan;
 use crate::progress::Progress;
@@ -198,12 +199,13 @@ fn slash_path(p: &Path) -> String {
 pub type InputFile = (String, PathBuf, String);
 
 /// Hashes one input file for the manifest (through the input-hash cache, refusing a file
-/// that changes while it is read: `io::input_hash`).
+/// that changes while it is read, asking `pace` before each read: `io::input_hash`).
 pub fn record_input(
     (role, path, shown): &InputFile,
     phase: &Progress,
+    pace: Pace<'_>,
 ) -> Result<InputRecord, ReadError> {
-    let (bytes, sha256) = crate::io::input_hash::sha256_input(path, &|n| phase.add_bytes(n))?;
+    let (bytes, sha256) = crate::io::input_hash::sha256_input(path, &|n| phase.add_bytes(n), pace)?;
     phase.add_item();
     Ok(InputRecord {
         role: role.clone(),
@@ -217,14 +219,22 @@ pub fn record_input(
 pub fn record_inputs(files: &[InputFile]) -> Result<Vec<InputRecord>, ReadError> {
     use rayon::prelude::*;
     let phase = hashing_phase(files);
-    files.par_iter().map(|f| record_input(f, &phase)).collect()
+    (files.par_iter())
+        .map(|f| record_input(f, &phase, NO_PACE))
+        .collect()
 }
 
-/// Hashes input files one after another on the calling thread (the release writer runs
-/// this beside the producer, which has the worker threads).
-pub fn record_inputs_here(files: &[InputFile]) -> Result<Vec<InputRecord>, ReadError> {
+/// Hashes input files one after another on the calling thread, at `pace` (the release
+/// writer runs this beside the producer, which has the worker threads).
+pub fn record_inputs_here(
+    files: &[InputFile],
+    pace: Pace<'_>,
+) -> Result<Vec<InputRecord>, ReadError> {
     let phase = hashing_phase(files);
-    files.iter().map(|f| record_input(f, &phase)).collect()
+    files
+        .iter()
+        .map(|f| record_input(f, &phase, pace))
+        .collect()
 }
 
 fn hashing_phase(files: &[InputFile]) -> crate::progress::PhaseGuard {

@@ -1,7 +1,7 @@
 //! The one write path every producing command shares (synth, convert, merge, restack,
 //! translate, bake): plan → stage (temp sibling, reserved space) → produce tensors in
-//! parallel while the inputs are hashed on a thread of their own, each output hashed as it is
-//! written (`io::ordered`) → seal (every byte written, fsync) → checks → inputs unchanged? →
+//! parallel while the inputs are hashed on a thread of their own (paced to the producer:
+//! [`HASH_LEAD`]), each output hashed as it is written (`io::ordered`) → seal (every byte written, fsync) → checks → inputs unchanged? →
 //! manifest → atomic rename.
 //!
 //! Owns: `ReleaseRequest` and `write_release`. Producers only fill slots; they never see
@@ -11,7 +11,10 @@
 //! changed under the run, and its manifest never records a hash of other bytes than the ones
 //! read.
 
+use std::cell::Cell;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
 
 use crate::io::ReadError;
 use crate::io::staging::{Allocation, MANIFEST_NAME, Replace, Staging, WriteError, write_durable};
@@ -126,9 +129,18 @@ pub fn write_release_sealed(
         staging.plan().total_bytes(),
         0,
     ));
+    let produced = AtomicBool::new(false);
     let (report, hashed) = std::thread::scope(|s| {
-        let hashing = s.spawn(|| record_inputs_here(&req.hash_while_writing));
-        let report = produce(&staging);
+        let hashing = s.spawn(|| {
+            let pacer = HashPacer::new(&staging, &produced, PRODUCER_STALL);
+            record_inputs_here(&req.hash_while_writing, &|read, size| {
+                pacer.wait(read, size)
+            })
+        });
+        let report = {
+            let _done = SetOnDrop(&produced);
+            produce(&staging)
+        };
         let hashed: Result<Vec<InputRecord>, ReadError> = hashing.join().unwrap_or_else(|_| {
             Err(ReadError::io(
                 req.dest,
@@ -169,6 +181,76 @@ pub fn write_release_sealed(
     Ok(Release { dir, manifest })
 }
 
+/// How far the input hasher may read ahead of the producer's progress through the same
+/// file (its share of the output written, scaled to the file's size). Unpaced, the hasher
+/// (2 GB/s) finishes a 28.6 GB base long before the merge reaches its end; on a machine
+/// whose free memory is smaller than the base, the page cache has evicted the pages the
+/// merge reads next by then (the oldest go first), so the base is read from disk twice.
+/// Kept within this distance, the merge finds in memory what the hasher just read.
+const HASH_LEAD: u64 = 1 << 30;
+
+/// How long the producer may write nothing before the hasher stops waiting for it (a
+/// producer computing before it writes, such as the SVDs of -xs bases, leaves the core
+/// to the hasher).
+const PRODUCER_STALL: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Holds the input hasher within [`HASH_LEAD`] of the producer (an `io::input_hash::Pace`).
+/// Lives on the hashing thread; stops holding once the producer has finished or stalls.
+struct HashPacer<'a> {
+    staging: &'a Staging,
+    produced: &'a AtomicBool,
+    /// [`PRODUCER_STALL`] (shorter or longer in tests).
+    stall: std::time::Duration,
+    /// Written bytes when last seen to change, and when.
+    last_change: Cell<(u64, Instant)>,
+}
+
+impl<'a> HashPacer<'a> {
+    fn new(
+        staging: &'a Staging,
+        produced: &'a AtomicBool,
+        stall: std::time::Duration,
+    ) -> HashPacer<'a> {
+        let last_change = Cell::new((staging.written_bytes(), Instant::now()));
+        HashPacer {
+            staging,
+            produced,
+            stall,
+            last_change,
+        }
+    }
+
+    /// Waits while `read` bytes of a file of `size` are more than [`HASH_LEAD`] ahead of
+    /// the producer's share of it.
+    fn wait(&self, read: u64, size: u64) {
+        let total = u128::from(self.staging.plan().tensor_bytes().max(1));
+        while !self.produced.load(Ordering::Acquire) {
+            let written = self.staging.written_bytes();
+            let share = u128::from(size) * u128::from(written) / total;
+            if u128::from(read) <= share + u128::from(HASH_LEAD) {
+                return;
+            }
+            let (seen, since) = self.last_change.get();
+            if written != seen {
+                self.last_change.set((written, Instant::now()));
+            } else if since.elapsed() >= self.stall {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    }
+}
+
+/// Sets its flag when dropped, also while unwinding (so a panicking producer releases the
+/// hasher waiting for it).
+struct SetOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for SetOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
 /// Fails when a mapped input shrank, grew or was rewritten since it was mapped.
 fn inputs_unchanged(inputs: &[PathBuf]) -> Result<(), ReleaseError> {
     crate::io::mmap::check_maps_unchanged(inputs).map_err(|c| {
@@ -198,5 +280,89 @@ fn test_gate() {
     let start = std::time::Instant::now();
     while !go.exists() && start.elapsed() < std::time::Duration::from_secs(60) {
         std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::io::DType;
+    use crate::io::header_layout::PlannedTensor;
+    use crate::io::writer::ComponentOutput;
+
+    /// A staged output of one 4096-byte tensor, in `dir`.
+    fn staged(dir: &Path) -> Staging {
+        let c = ComponentOutput {
+            rel_dir: PathBuf::new(),
+            stem: "model".into(),
+            tensors: vec![PlannedTensor {
+                name: "w".into(),
+                dtype: DType::F32,
+                shape: vec![1024],
+            }],
+            metadata: BTreeMap::new(),
+            sidecars: Vec::new(),
+            max_shard_bytes: None,
+        };
+        let plan = OutputPlan::build(&[c], &[]).unwrap();
+        let dest = dir.join("out");
+        Staging::begin(&dest, plan, &[], Replace::Never, Allocation::Reserve).unwrap()
+    }
+
+    const GIB: u64 = 1 << 30;
+    const NEVER: Duration = Duration::from_secs(3600);
+
+    #[test]
+    fn the_hasher_waits_for_the_producer_only_when_more_than_the_lead_ahead() {
+        let dir = tempfile::tempdir().unwrap();
+        let staging = staged(dir.path());
+        let produced = AtomicBool::new(false);
+        let pacer = HashPacer::new(&staging, &produced, NEVER);
+        // Nothing written yet: a file of 4 GiB may be read up to the lead.
+        let start = Instant::now();
+        pacer.wait(HASH_LEAD, 4 * GIB);
+        assert!(start.elapsed() < Duration::from_secs(1));
+        // 3 GiB read needs half the output written (2 GiB of the file + the lead): a
+        // producer writing the half 64 bytes at a time (and then nothing) releases it.
+        let slot = staging.plan().slot(0, "w").unwrap();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for part in 0..32 {
+                    std::thread::sleep(Duration::from_millis(2));
+                    staging.write(slot, part * 64, &[0; 64]).unwrap();
+                }
+            });
+            pacer.wait(3 * GIB, 4 * GIB);
+            assert_eq!(staging.written_bytes(), 2048, "released before the half");
+        });
+    }
+
+    #[test]
+    fn the_hasher_stops_waiting_when_the_producer_finishes_or_stalls() {
+        let dir = tempfile::tempdir().unwrap();
+        let staging = staged(dir.path());
+        let produced = AtomicBool::new(false);
+        // Finished (or panicked: `SetOnDrop` runs while unwinding) from another thread.
+        let pacer = HashPacer::new(&staging, &produced, NEVER);
+        std::thread::scope(|s| {
+            let producer = s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(20));
+                let _done = SetOnDrop(&produced);
+                panic!("a producer that panics");
+            });
+            pacer.wait(3 * GIB, 4 * GIB);
+            assert!(produced.load(Ordering::Acquire));
+            assert!(producer.join().is_err());
+        });
+        // A producer that writes nothing for the stall time lets the hasher go on.
+        let produced = AtomicBool::new(false);
+        let stall = Duration::from_millis(50);
+        let pacer = HashPacer::new(&staging, &produced, stall);
+        let start = Instant::now();
+        pacer.wait(3 * GIB, 4 * GIB);
+        assert!(start.elapsed() >= stall);
     }
 }

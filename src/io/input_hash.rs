@@ -96,17 +96,35 @@ fn remember(s: &FileStamp, sha: &str) {
     }
 }
 
+/// Asked before each read of an input being hashed, with the bytes read so far and the
+/// file's size; it may block, to hold the hasher near the reader that needs the same pages
+/// (`release`). [`NO_PACE`] never blocks.
+pub type Pace<'a> = &'a dyn Fn(u64, u64);
+
+/// A [`Pace`] that never waits.
+pub const NO_PACE: Pace<'static> = &|_, _| {};
+
 /// Size and sha256 of the input file at `path` (from the cache when its identity is known),
-/// read in 4 MiB chunks (`on_bytes` hears of each). Fails when the file changes while it is
-/// read.
-pub fn sha256_input(path: &Path, on_bytes: &dyn Fn(u64)) -> Result<(u64, String), ReadError> {
-    let mut f = std::fs::File::open(path).map_err(|e| ReadError::io(path, e))?;
-    let before = FileStamp::of(&f.metadata().map_err(|e| ReadError::io(path, e))?);
+/// read in 4 MiB chunks (`on_bytes` hears of each, `pace` is asked before each). Fails when
+/// the file changes while it is read.
+pub fn sha256_input(
+    path: &Path,
+    on_bytes: &dyn Fn(u64),
+    pace: Pace<'_>,
+) -> Result<(u64, String), ReadError> {
+    let file = std::fs::File::open(path).map_err(|e| ReadError::io(path, e))?;
+    let before = FileStamp::of(&file.metadata().map_err(|e| ReadError::io(path, e))?);
     if let Some(sha) = cached(&before) {
         on_bytes(before.size);
         return Ok((before.size, sha));
     }
-    let (total, sha) = sha256_stream(&mut f, path, on_bytes)?;
+    let mut paced = PacedRead {
+        file,
+        read: 0,
+        size: before.size,
+        pace,
+    };
+    let (total, sha) = sha256_stream(&mut paced, path, on_bytes)?;
     let after = FileStamp::at(path).map_err(|e| ReadError::io(path, e))?;
     let read = FileStamp {
         size: total,
@@ -122,4 +140,21 @@ pub fn sha256_input(path: &Path, on_bytes: &dyn Fn(u64)) -> Result<(u64, String)
     }
     remember(&before, &sha);
     Ok((total, sha))
+}
+
+/// The input file, with its [`Pace`] asked before every read.
+struct PacedRead<'a> {
+    file: std::fs::File,
+    read: u64,
+    size: u64,
+    pace: Pace<'a>,
+}
+
+impl std::io::Read for PacedRead<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        (self.pace)(self.read, self.size);
+        let n = self.file.read(buf)?;
+        self.read += n as u64;
+        Ok(n)
+    }
 }

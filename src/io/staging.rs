@@ -361,6 +361,11 @@ impl Staging {
         self.writing = Some(phase);
     }
 
+    /// Tensor bytes written so far (by every thread).
+    pub fn written_bytes(&self) -> u64 {
+        self.written.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// The plan being written.
     pub fn plan(&self) -> &OutputPlan {
         &self.plan
@@ -556,13 +561,7 @@ impl Staging {
     /// (every write lands inside its slot, so fewer means a tensor part was never written
     /// and more means one was written twice): a producer bug, refused before hashing.
     fn check_every_byte_written(&self) -> Result<(), WriteError> {
-        let planned: u64 = self
-            .plan
-            .files
-            .iter()
-            .flat_map(|f| &f.layout.tensors)
-            .map(|t| t.nbytes() as u64)
-            .sum();
+        let planned = self.plan.tensor_bytes();
         let written = self.written.load(std::sync::atomic::Ordering::Relaxed);
         if self.allocation == Allocation::Reserve && written != planned {
             return Err(WriteError::Unwritten { planned, written });

@@ -241,6 +241,14 @@ impl OutputPlan {
             + self.aux.iter().map(|a| a.bytes.len() as u64).sum::<u64>()
     }
 
+    /// Bytes of all planned tensors' data (what producers write; no headers or padding).
+    pub fn tensor_bytes(&self) -> u64 {
+        (self.files.iter())
+            .flat_map(|f| &f.layout.tensors)
+            .map(|t| t.nbytes() as u64)
+            .sum()
+    }
+
     /// Number of tensors planned.
     pub fn tensor_count(&self) -> usize {
         self.slots.len()
