@@ -1,7 +1,7 @@
 //! The one write path every producing command shares (synth, convert, merge, restack,
 //! translate, bake): plan → stage (temp sibling, reserved space) → produce tensors in
 //! parallel while the inputs are hashed on a thread of their own (paced to the producer:
-//! [`HASH_LEAD`]), each output hashed as it is written (`io::ordered`) → seal (every byte written, fsync) → checks → inputs unchanged? →
+//! `HASH_LEAD`), each output hashed as it is written (`io::ordered`) → seal (every byte written, fsync) → checks → inputs unchanged? →
 //! manifest → atomic rename.
 //!
 //! Owns: `ReleaseRequest` and `write_release`. Producers only fill slots; they never see
