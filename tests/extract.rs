@@ -225,7 +225,13 @@ fn energy_picks_the_reference_ranks() {
 /// `budget_ranks` of golden/extract_golden.py, written out the same plain way: at each step,
 /// over the modules whose next rank still fits, the largest next σ² (ties: the first name),
 /// on numpy's full float64 spectra from golden/extract/expect.json.
-fn reference_budget_ranks(exp: &Value, mut budget: u64) -> BTreeMap<String, u64> {
+fn reference_budget_ranks(exp: &Value, budget: u64) -> BTreeMap<String, u64> {
+    reference_budget_ranks_in(exp, budget, 4)
+}
+
+/// [`reference_budget_ranks`] with factors of `elem` bytes an element (`--dtype`); the
+/// `.alpha` scalar stays 4 bytes.
+fn reference_budget_ranks_in(exp: &Value, mut budget: u64, elem: u64) -> BTreeMap<String, u64> {
     let modules = exp["modules"].as_object().unwrap();
     let mut ranks: BTreeMap<String, u64> = modules.keys().map(|n| (n.clone(), 0)).collect();
     let mut stopped = std::collections::BTreeSet::new();
@@ -245,7 +251,7 @@ fn reference_budget_ranks(exp: &Value, mut budget: u64) -> BTreeMap<String, u64>
         let Some((_, n)) = best else { return ranks };
         let shape = modules[n]["shape"].as_array().unwrap();
         let (out, inp) = (shape[0].as_u64().unwrap(), shape[1].as_u64().unwrap());
-        let cost = (out + inp) * 4 + if ranks[n] == 0 { 4 } else { 0 };
+        let cost = (out + inp) * elem + if ranks[n] == 0 { 4 } else { 0 };
         if cost > budget {
             stopped.insert(n.clone());
             continue;
@@ -682,4 +688,90 @@ fn resize_refuses_what_it_cannot_reduce_and_writes_nothing() {
     let (code, _, err) = parts(&run(dir.path(), &["resize", &lora, "--out", "o"]));
     assert_ne!(code, 0, "no rank rule: {err}");
     assert_eq!(common::tree(dir.path()), Vec::<String>::new());
+}
+
+/// Every tensor of a safetensors file as stored: dtype, shape, bytes.
+fn read_stored(path: &Path) -> BTreeMap<String, (safetensors::Dtype, Vec<usize>, Vec<u8>)> {
+    let bytes = std::fs::read(path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    (st.tensors().into_iter())
+        .map(|(n, t)| (n, (t.dtype(), t.shape().to_vec(), t.data().to_vec())))
+        .collect()
+}
+
+/// bf16 of f32 bytes, round to nearest even, by hand (no NaN in these outputs).
+fn bf16_rne(f32_bytes: &[u8]) -> Vec<u8> {
+    (f32_bytes.chunks_exact(4))
+        .flat_map(|c| {
+            let b = u32::from_le_bytes(c.try_into().unwrap());
+            assert!((b & 0x7FFF_FFFF) <= 0x7F80_0000, "no NaN expected");
+            let r = (u64::from(b) + 0x7FFF + u64::from((b >> 16) & 1)) >> 16;
+            (r as u16).to_le_bytes()
+        })
+        .collect()
+}
+
+/// `got` holds `f32`'s tensors with every non-scalar rounded once to bf16 and the scalars
+/// (`.alpha`) as they were.
+fn assert_bf16_of(got: &Path, f32: &Path) {
+    let (got, want) = (read_stored(got), read_stored(f32));
+    assert_eq!(
+        got.keys().collect::<Vec<_>>(),
+        want.keys().collect::<Vec<_>>()
+    );
+    for (name, (dt, shape, bytes)) in &want {
+        let g = &got[name];
+        assert_eq!(&g.1, shape, "{name}");
+        if shape.is_empty() {
+            assert_eq!((&g.0, &g.2), (dt, bytes), "{name}: a scalar stays as it is");
+        } else {
+            assert_eq!(*dt, safetensors::Dtype::F32, "{name}");
+            assert_eq!(g.0, safetensors::Dtype::BF16, "{name}");
+            assert!(
+                g.2 == bf16_rne(bytes),
+                "{name}: not the RNE of the f32 output"
+            );
+        }
+    }
+}
+
+#[test]
+fn dtype_bf16_rounds_once_and_the_budget_counts_its_bytes() {
+    let dir = tmp();
+    let d = dir.path();
+    let f = extract_json(d, "f32", &["--rank", "4"]);
+    let h = extract_json(d, "bf16", &["--rank", "4", "--dtype", "bf16"]);
+    assert_bf16_of(&weights(&d.join("bf16")), &weights(&d.join("f32")));
+    assert_eq!(
+        f["modules"], h["modules"],
+        "same ranks and errors (of the f32 factors)"
+    );
+    let (tf, th) = (&f["tensor_bytes"], &h["tensor_bytes"]);
+    assert!(th.as_u64() < tf.as_u64(), "{th} < {tf}");
+    // A budget buys ranks at 2 bytes an element (the differences count 2 as well).
+    let exp = expect();
+    let fixed = exp["fixed_bytes"].as_u64().unwrap() / 2;
+    let bytes = 30_000u64;
+    let want = reference_budget_ranks_in(&exp, bytes - fixed, 2);
+    assert_ne!(want, reference_budget_ranks(&exp, bytes - 2 * fixed));
+    let b = bytes.to_string();
+    let report = extract_json(d, "budget", &["--budget", &b, "--dtype", "bf16"]);
+    assert!(report["tensor_bytes"].as_u64().unwrap() <= bytes);
+    let got = lora_modules(&report);
+    for (name, r) in want {
+        let found = got.get(&name).map_or(0, |m| m["rank"].as_u64().unwrap());
+        assert_eq!(found, r, "{name} at --budget {bytes} --dtype bf16");
+    }
+    // resize: every tensor but the scalars, resized or not.
+    let l = golden("extract/resize_lora.safetensors")
+        .display()
+        .to_string();
+    for (out, extra) in [("r32", None), ("r16", Some("bf16"))] {
+        let mut args = vec!["resize", &l, "--rank", "3", "--out", out, "-q"];
+        args.extend(extra.iter().flat_map(|d| ["--dtype", *d]));
+        ok(run(d, &args));
+    }
+    assert_bf16_of(&weights(&d.join("r16")), &weights(&d.join("r32")));
+    let manifest = std::fs::read_to_string(d.join("r16/wanbake.manifest.json")).unwrap();
+    assert!(manifest.contains(r#""dtype": "BF16""#), "{manifest}");
 }

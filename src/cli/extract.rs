@@ -1,14 +1,14 @@
 //! `wanbake extract --base BASE (--tuned TUNED | --adapter PATH[:S]...) --out DIR
 //! (--rank R | --energy F | --budget SIZE) [--to ..] [--linear-only] [--svd ..] [--device ..]
-//! [--overwrite] [--json]` and `wanbake resize ADAPTER (--rank R | --energy F) --out DIR
-//! [--base BASE] [--overwrite] [--json]`: clap's typed values (`cli::output`'s shared flags,
+//! [--dtype ..] [--overwrite] [--json]` and `wanbake resize ADAPTER (--rank R | --energy F)
+//! --out DIR [--base BASE] [--dtype ..] [--overwrite] [--json]`: clap's typed values (`cli::output`'s shared flags,
 //! `TruncMethod`'s `ValueEnum`, the conventions extract writes) → `extract::ExtractRequest` /
 //! `extract::ResizeRequest`, then the per-module table.
 
 use std::path::PathBuf;
 
 use super::device::DeviceArg;
-use super::output::{OutputDir, value_subset};
+use super::output::{FloatDtypeArg, OutputDir, value_subset};
 use super::{Printer, Status, UsageError, output};
 use wanbake::adapter::{AdapterOptions, Convention};
 use wanbake::extract::{
@@ -28,7 +28,7 @@ const EXTRACT_HELP: &str = "\
 OUTPUT
   Every 2-D Linear weight that differs becomes a LoRA: the truncated SVD of
   dW = W_tuned - W_base (f64), B = U_r*S_r (lora_up / lora_B), A = V_r^T (lora_down /
-  lora_A), f32, alpha = r (scale 1). Every other differing tensor (biases, norms,
+  lora_A), f32 (or --dtype bf16/f16, rounded once), alpha = r (scale 1). Every other differing tensor (biases, norms,
   modulation tables, the Conv3d patch embedding) is a full difference: diff / diff_b.
   --to comfy (default): diffusion_model.<original Wan name>.lora_down.weight, .lora_up.weight,
   .alpha, .diff, .diff_b. --to peft: adapter_model.safetensors + adapter_config.json; PEFT
@@ -82,6 +82,9 @@ pub struct ExtractArgs {
     /// Extract Linear weights only; the other differing tensors are left out (and listed).
     #[arg(long)]
     pub linear_only: bool,
+    /// `--dtype` (default f32).
+    #[command(flatten)]
+    pub dtype: FloatDtypeArg,
     /// SVD: randomized (range finder, exact SVD for small matrices) or exact.
     #[arg(long, value_enum, default_value_t = TruncMethod::RANDOMIZED)]
     pub svd: TruncMethod,
@@ -111,6 +114,9 @@ pub struct ResizeArgs {
     /// Resolve module names (and check shapes) against this base.
     #[arg(long)]
     pub base: Option<PathBuf>,
+    /// `--dtype` (default: the new factors f32, the rest as stored).
+    #[command(flatten)]
+    pub dtype: FloatDtypeArg,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
@@ -138,6 +144,7 @@ pub fn execute_extract(args: ExtractArgs, p: &mut Printer) -> anyhow::Result<Sta
         to: args.to.0,
         linear_only: args.linear_only,
         method: args.svd,
+        dtype: args.dtype.given().unwrap_or(wanbake::io::DType::F32),
         out: args.output.out.clone(),
         replace: args.output.replace(),
         provenance: serde_json::Value::Null,
@@ -188,6 +195,7 @@ pub fn execute_resize(args: ResizeArgs, p: &mut Printer) -> anyhow::Result<Statu
             rank: args.rank,
             energy: args.energy,
         },
+        dtype: args.dtype.given(),
         out: args.output.out.clone(),
         replace: args.output.replace(),
     };

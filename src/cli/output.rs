@@ -6,7 +6,8 @@
 //! - [`ShardArg`] (`--shard-size`, "5GB", "500MB", "10GiB" or bytes: `recipe::parse_size`,
 //!   as recipes): merge, restack, convert, synth;
 //! - [`DtypeArgs`] (`--dtype keep|bf16|f16|f32` and `--keep-f32 POLICY`): merge, restack;
-//! - [`FloatDtypeArg`] (`--dtype f32|f16|bf16`, no keep, no policy): convert, synth.
+//! - [`FloatDtypeArg`] (`--dtype f32|f16|bf16`, no keep, no policy): convert, synth,
+//!   extract, resize.
 //!
 //! Enumerated values are the library types' own `clap::ValueEnum`s (one spelling table per
 //! type, `wanbake::names`), so clap checks them, lists them in `--help` and hands the command
@@ -47,9 +48,16 @@ macro_rules! value_subset {
 pub(crate) use value_subset;
 
 value_subset!(
-    /// A float dtype (`convert`, `synth`): every output dtype but keep.
+    /// A float dtype (`convert`, `synth`, `extract`, `resize`): every output dtype but keep.
     FloatDType(OutputDType) = OutputDType::ALL.into_iter().filter(|d| d.float().is_some())
 );
+
+impl FloatDtypeArg {
+    /// The dtype given, if any.
+    pub fn given(self) -> Option<wanbake::io::DType> {
+        self.dtype.and_then(|d| d.0.float())
+    }
+}
 
 /// Where a producing command writes its release.
 #[derive(clap::Args, Debug, Clone)]
@@ -98,12 +106,14 @@ pub struct DtypeArgs {
     pub keep_f32: Option<KeepF32>,
 }
 
-/// `--dtype` of the commands that write one float dtype (convert, synth).
+/// `--dtype` of the commands that write one float dtype (convert, synth, extract, resize).
 #[derive(clap::Args, Debug, Clone, Copy)]
 pub struct FloatDtypeArg {
-    /// Dtype of every float tensor (also spelt float32, float16/fp16, bfloat16). synth:
-    /// default f32. convert: required without --to; with --to fp8-scaled, the dtype of the
-    /// tensors that stay high precision (default f16).
+    /// Dtype of every float tensor (also spelt float32, float16/fp16, bfloat16). synth,
+    /// extract: default f32. convert: required without --to; with --to fp8-scaled, the dtype
+    /// of the tensors that stay high precision (default f16). resize: default f32 for the
+    /// new factors, the stored dtype for the rest. extract, resize: `.alpha` stays as it is,
+    /// and the report's errors are those of the f32 factors.
     #[arg(long, value_name = "DTYPE")]
     pub dtype: Option<FloatDType>,
 }

@@ -74,6 +74,23 @@ pub struct OwnedOutput {
     pub sidecars: Vec<(String, Vec<u8>)>,
 }
 
+impl OwnedOutput {
+    /// Rounds every F32/F16/BF16 tensor of more than a scalar to `to` (one round to nearest
+    /// even, exact when `to` is at least as wide; `--dtype`). Scalars (`.alpha`) stay as
+    /// they are: an integer rank is exact in any of them, and the budget counts 4 bytes.
+    pub fn convert_floats(&mut self, to: DType) -> Result<(), ExtractError> {
+        for t in &mut self.tensors {
+            if t.shape.is_empty() || t.dtype == to || !t.dtype.is_output_float() {
+                continue;
+            }
+            t.bytes = crate::io::dtype::convert_bytes(t.dtype, to, &t.bytes)
+                .map_err(|e| ExtractError::Usage(format!("--dtype {to}: `{}`: {e}", t.name)))?;
+            t.dtype = to;
+        }
+        Ok(())
+    }
+}
+
 fn f32_tensor(name: String, shape: Vec<usize>, v: &[f32]) -> OwnedTensor {
     OwnedTensor {
         name,

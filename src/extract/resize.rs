@@ -40,6 +40,9 @@ pub struct ResizeRequest {
     pub base: Option<PathBuf>,
     /// The rank rule.
     pub rule: RankRule,
+    /// Element type of every F32/F16/BF16 tensor written but scalars (`None`: the new
+    /// factors in F32, the rest as stored).
+    pub dtype: Option<DType>,
     /// Output directory.
     pub out: PathBuf,
     /// Replace an existing output.
@@ -57,6 +60,9 @@ struct Resized {
 /// Resizes an adapter; on any error nothing is written.
 pub fn resize(req: &ResizeRequest) -> Result<ExtractOutcome, ExtractError> {
     req.rule.check().map_err(ExtractError::Usage)?;
+    if let Some(d) = req.dtype {
+        super::run::check_dtype(d)?;
+    }
     let mut set = AdapterSet::open(&req.adapter, &req.opts)?;
     let ids = module_ids(&mut set, req.base.as_deref())?;
     check_kinds(&set)?;
@@ -81,6 +87,9 @@ pub fn resize(req: &ResizeRequest) -> Result<ExtractOutcome, ExtractError> {
     };
     for t in &rendered.tensors {
         out.tensors.push(owned_tensor(&set, t, &new_factors)?);
+    }
+    if let Some(d) = req.dtype {
+        out.convert_floats(d)?;
     }
     let report = resize_report(&set, &ids, &resized, &out);
     let dir = write(&out, &set, req, &report)?;
@@ -280,6 +289,7 @@ fn write(
         "base": req.base.as_ref().map(|b| b.display().to_string()),
         "rank": req.rule.rank,
         "energy": req.rule.energy,
+        "dtype": req.dtype.map(|d| d.as_str()),
         "convention": set.convention.as_str(),
     });
     let release = write_output(

@@ -20,8 +20,8 @@ use super::report::{ExtractReport, ModuleReport};
 use super::{ExtractError, RankRule};
 use crate::adapter::Convention;
 use crate::adapter::names::Role;
-use crate::io::TensorSet;
 use crate::io::staging::Replace;
+use crate::io::{DType, TensorSet};
 use crate::linalg::TruncMethod;
 use crate::manifest::InputRecord;
 use crate::merge::{BaseHash, BoundAdapter, MergeOptions, prepare_merge};
@@ -49,6 +49,9 @@ pub struct ExtractRequest {
     pub linear_only: bool,
     /// SVD method.
     pub method: TruncMethod,
+    /// Element type of the factors and differences written (F32, BF16 or F16; `.alpha`
+    /// stays F32). The SVD, ranks and report are those of the f32 factors.
+    pub dtype: DType,
     /// Output directory.
     pub out: PathBuf,
     /// Replace an existing output.
@@ -79,6 +82,7 @@ impl Models {
 }
 
 fn check_request(req: &ExtractRequest) -> Result<(), ExtractError> {
+    check_dtype(req.dtype)?;
     if !CONVENTIONS.contains(&req.to) {
         return Err(ExtractError::Usage(format!(
             "--to {}: extract writes {}; `wanbake translate` converts the result to any other convention",
@@ -98,6 +102,16 @@ fn check_request(req: &ExtractRequest) -> Result<(), ExtractError> {
         }
         _ => Ok(()),
     }
+}
+
+/// `--dtype` of extract and resize: F32, BF16 or F16.
+pub(super) fn check_dtype(dtype: DType) -> Result<(), ExtractError> {
+    if dtype.is_output_float() {
+        return Ok(());
+    }
+    Err(ExtractError::Usage(format!(
+        "--dtype {dtype}: extract and resize write f32, bf16 or f16"
+    )))
 }
 
 /// Extracts the adapter `tuned − base` and writes it; on any error nothing is written.
@@ -170,10 +184,11 @@ fn extract_pairs(
     report.to = req.to.to_string();
     report.svd = req.method.as_str().into();
     report.budget = req.budget;
-    let out = match req.to {
+    let mut out = match req.to {
         Convention::Peft => render_peft(&items)?,
         _ => render_comfy(&items),
     };
+    out.convert_floats(req.dtype)?;
     report.tensor_bytes = out.tensors.iter().map(|t| t.bytes.len() as u64).sum();
     let release = write(&out, inputs, req, &report)?;
     Ok(ExtractOutcome {
@@ -246,7 +261,7 @@ fn linear_deltas(
                 // A first guess of twice a module's even share of the budget; the allocation
                 // asks for more of any module it would give every value known (`choose_ranks`).
                 Some(bytes) => {
-                    let share = 2 * bytes / (modules * per_rank(p)).max(1);
+                    let share = 2 * bytes / (modules * per_rank(p, req)).max(1);
                     (None, (share.max(8) as usize).min(budget_cap(p, req)))
                 }
                 None => (req.rule, out.min(inp)),
@@ -314,15 +329,20 @@ fn budget_factors(
 }
 
 /// The rank of every Linear module: the rule per module, or the budget across all.
-/// Bytes of one rank of pair `p`'s f32 factors: (out + in)·4.
-fn per_rank(p: &TensorPair) -> u64 {
-    (p.shape[0] + p.shape[1]) as u64 * 4
+/// Bytes of one rank of pair `p`'s factors: (out + in) elements of `--dtype`.
+fn per_rank(p: &TensorPair, req: &ExtractRequest) -> u64 {
+    (p.shape[0] + p.shape[1]) as u64 * element_bytes(req)
+}
+
+/// Bytes of one element of `--dtype`.
+fn element_bytes(req: &ExtractRequest) -> u64 {
+    req.dtype.size().unwrap_or(4) as u64
 }
 
 /// The largest rank `--budget` could give pair `p`: the whole budget, its full rank, and
 /// `--rank` when given.
 fn budget_cap(p: &TensorPair, req: &ExtractRequest) -> usize {
-    let afford = (req.budget.unwrap_or(0) / per_rank(p).max(1)).max(1) as usize;
+    let afford = (req.budget.unwrap_or(0) / per_rank(p, req).max(1)).max(1) as usize;
     let cap = p.shape[0].min(p.shape[1]).min(afford);
     req.rule
         .and_then(|r| r.rank)
@@ -346,12 +366,16 @@ fn choose_ranks(
             .map(|(_, s)| rule.pick(&s.top.S, s.total, s.top.S.len().min(s.cap())))
             .collect());
     };
-    let fixed: u64 = diffs.iter().map(|(_, d)| d.len() as u64 * 4).sum();
+    let fixed: u64 = (diffs.iter())
+        .map(|(_, d)| d.len() as u64 * element_bytes(req))
+        .sum();
     if fixed > budget {
         return Err(ExtractError::BudgetTooSmall { budget, fixed });
     }
     let known: Vec<Vec<f64>> = linear.iter().map(|(_, s)| s.top.S.clone()).collect();
-    let costs: Vec<u64> = linear.iter().map(|(i, _)| per_rank(&pairs[*i])).collect();
+    let costs: Vec<u64> = (linear.iter())
+        .map(|(i, _)| per_rank(&pairs[*i], req))
+        .collect();
     let caps: Vec<usize> = linear
         .iter()
         .map(|(i, _)| budget_cap(&pairs[*i], req))
@@ -467,6 +491,7 @@ fn write(
         "budget": req.budget,
         "linear_only": req.linear_only,
         "svd": req.method.as_str(),
+        "dtype": req.dtype.as_str(),
         "built_from": req.provenance,
     });
     let release = write_output(
