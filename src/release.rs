@@ -1,8 +1,8 @@
 //! The one write path every producing command shares (synth, convert, merge, restack,
 //! translate, bake): plan → stage (temp sibling, reserved space) → produce tensors in
 //! parallel while the inputs are hashed on a thread of their own (paced to the producer:
-//! `HASH_LEAD`), each output hashed as it is written (`io::ordered`) → seal (every byte written, fsync) → checks → inputs unchanged? →
-//! manifest → atomic rename.
+//! `HASH_LEAD`), each output hashed as it is written (`io::ordered`) → seal (every byte
+//! written, fsync) → checks → inputs unchanged? → manifest → atomic rename.
 //!
 //! Owns: `ReleaseRequest` and `write_release`. Producers only fill slots; they never see
 //! paths, temp files or manifests, so no command can forget a step. Before committing, every
@@ -132,7 +132,8 @@ pub fn write_release_sealed(
     let produced = AtomicBool::new(false);
     let (report, hashed) = std::thread::scope(|s| {
         let hashing = s.spawn(|| {
-            let pacer = HashPacer::new(&staging, &produced, PRODUCER_STALL);
+            let inputs = req.hash_while_writing.iter().map(|(_, p, _)| p);
+            let pacer = HashPacer::new(&staging, inputs, &produced, PRODUCER_STALL);
             record_inputs_here(&req.hash_while_writing, &|read, size| {
                 pacer.wait(read, size)
             })
@@ -181,8 +182,8 @@ pub fn write_release_sealed(
     Ok(Release { dir, manifest })
 }
 
-/// How far the input hasher may read ahead of the producer's progress through the same
-/// file (its share of the output written, scaled to the file's size). Unpaced, the hasher
+/// How far the input hasher may read ahead of the producer's progress through the inputs
+/// (its share of the output written, scaled to the inputs' total size). Unpaced, the hasher
 /// (2 GB/s) finishes a 28.6 GB base long before the merge reaches its end; on a machine
 /// whose free memory is smaller than the base, the page cache has evicted the pages the
 /// merge reads next by then (the oldest go first), so the base is read from disk twice.
@@ -195,39 +196,57 @@ const HASH_LEAD: u64 = 1 << 30;
 const PRODUCER_STALL: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Holds the input hasher within [`HASH_LEAD`] of the producer (an `io::input_hash::Pace`).
-/// Lives on the hashing thread; stops holding once the producer has finished or stalls.
+/// The hasher's position is what it has read of all inputs, in the order it reads them (a
+/// sharded base shard by shard, as the producer reads it; a file found in the hash cache is
+/// not read and counts nothing, which only lets the hasher further ahead). Lives on the
+/// hashing thread; stops holding once the producer has finished or stalls.
 struct HashPacer<'a> {
     staging: &'a Staging,
     produced: &'a AtomicBool,
     /// [`PRODUCER_STALL`] (shorter or longer in tests).
     stall: std::time::Duration,
+    /// Bytes of all the inputs to hash.
+    inputs_total: u64,
+    /// Bytes of the files read before the current one, and the current one's size.
+    files_before: Cell<(u64, u64)>,
     /// Written bytes when last seen to change, and when.
     last_change: Cell<(u64, Instant)>,
 }
 
 impl<'a> HashPacer<'a> {
-    fn new(
+    fn new<'p>(
         staging: &'a Staging,
+        inputs: impl Iterator<Item = &'p PathBuf>,
         produced: &'a AtomicBool,
         stall: std::time::Duration,
     ) -> HashPacer<'a> {
-        let last_change = Cell::new((staging.written_bytes(), Instant::now()));
+        let inputs_total = inputs
+            .filter_map(|p| std::fs::metadata(p).ok())
+            .map(|m| m.len())
+            .sum();
         HashPacer {
             staging,
             produced,
             stall,
-            last_change,
+            inputs_total,
+            files_before: Cell::new((0, 0)),
+            last_change: Cell::new((staging.written_bytes(), Instant::now())),
         }
     }
 
-    /// Waits while `read` bytes of a file of `size` are more than [`HASH_LEAD`] ahead of
-    /// the producer's share of it.
+    /// Waits while the hasher, `read` bytes into a file of `size`, is more than
+    /// [`HASH_LEAD`] ahead of the producer's share of the inputs.
     fn wait(&self, read: u64, size: u64) {
+        if read == 0 {
+            let (before, previous) = self.files_before.get();
+            self.files_before.set((before + previous, size));
+        }
+        let position = u128::from(self.files_before.get().0 + read);
         let total = u128::from(self.staging.plan().tensor_bytes().max(1));
         while !self.produced.load(Ordering::Acquire) {
             let written = self.staging.written_bytes();
-            let share = u128::from(size) * u128::from(written) / total;
-            if u128::from(read) <= share + u128::from(HASH_LEAD) {
+            let share = u128::from(self.inputs_total) * u128::from(written) / total;
+            if position <= share + u128::from(HASH_LEAD) {
                 return;
             }
             let (seen, since) = self.last_change.get();
@@ -315,18 +334,32 @@ mod tests {
     const GIB: u64 = 1 << 30;
     const NEVER: Duration = Duration::from_secs(3600);
 
+    /// Two 2 GiB input shards (sparse: no disk) in `dir`.
+    fn two_shards(dir: &Path) -> Vec<PathBuf> {
+        (0..2)
+            .map(|i| {
+                let p = dir.join(format!("shard{i}"));
+                std::fs::File::create(&p).unwrap().set_len(2 * GIB).unwrap();
+                p
+            })
+            .collect()
+    }
+
     #[test]
     fn the_hasher_waits_for_the_producer_only_when_more_than_the_lead_ahead() {
         let dir = tempfile::tempdir().unwrap();
         let staging = staged(dir.path());
+        let shards = two_shards(dir.path());
         let produced = AtomicBool::new(false);
-        let pacer = HashPacer::new(&staging, &produced, NEVER);
-        // Nothing written yet: a file of 4 GiB may be read up to the lead.
+        let pacer = HashPacer::new(&staging, shards.iter(), &produced, NEVER);
+        // Nothing written yet: the first shard may be read up to the lead.
         let start = Instant::now();
-        pacer.wait(HASH_LEAD, 4 * GIB);
+        pacer.wait(0, 2 * GIB);
+        pacer.wait(HASH_LEAD, 2 * GIB);
         assert!(start.elapsed() < Duration::from_secs(1));
-        // 3 GiB read needs half the output written (2 GiB of the file + the lead): a
-        // producer writing the half 64 bytes at a time (and then nothing) releases it.
+        // The second shard starts 2 GiB into the inputs (needs a quarter of the output
+        // written), and 1 GiB into it needs half: a producer writing the half 64 bytes at a
+        // time (and then nothing) releases both, in turn.
         let slot = staging.plan().slot(0, "w").unwrap();
         std::thread::scope(|s| {
             s.spawn(|| {
@@ -335,7 +368,9 @@ mod tests {
                     staging.write(slot, part * 64, &[0; 64]).unwrap();
                 }
             });
-            pacer.wait(3 * GIB, 4 * GIB);
+            pacer.wait(0, 2 * GIB);
+            assert!(staging.written_bytes() >= 1024, "released before a quarter");
+            pacer.wait(GIB, 2 * GIB);
             assert_eq!(staging.written_bytes(), 2048, "released before the half");
         });
     }
@@ -344,25 +379,28 @@ mod tests {
     fn the_hasher_stops_waiting_when_the_producer_finishes_or_stalls() {
         let dir = tempfile::tempdir().unwrap();
         let staging = staged(dir.path());
+        let shards = two_shards(dir.path());
         let produced = AtomicBool::new(false);
         // Finished (or panicked: `SetOnDrop` runs while unwinding) from another thread.
-        let pacer = HashPacer::new(&staging, &produced, NEVER);
+        let pacer = HashPacer::new(&staging, shards.iter(), &produced, NEVER);
         std::thread::scope(|s| {
             let producer = s.spawn(|| {
                 std::thread::sleep(Duration::from_millis(20));
                 let _done = SetOnDrop(&produced);
                 panic!("a producer that panics");
             });
-            pacer.wait(3 * GIB, 4 * GIB);
+            pacer.wait(0, 2 * GIB);
+            pacer.wait(0, 2 * GIB);
             assert!(produced.load(Ordering::Acquire));
             assert!(producer.join().is_err());
         });
         // A producer that writes nothing for the stall time lets the hasher go on.
         let produced = AtomicBool::new(false);
         let stall = Duration::from_millis(50);
-        let pacer = HashPacer::new(&staging, &produced, stall);
+        let pacer = HashPacer::new(&staging, shards.iter(), &produced, stall);
         let start = Instant::now();
-        pacer.wait(3 * GIB, 4 * GIB);
+        pacer.wait(0, 2 * GIB);
+        pacer.wait(0, 2 * GIB);
         assert!(start.elapsed() >= stall);
     }
 }
