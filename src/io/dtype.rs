@@ -196,9 +196,10 @@ pub struct UnsupportedDType {
     pub direction: &'static str,
 }
 
-/// Runs `f` compiled for the widest vector instruction set this CPU has (AVX2 or AVX-512 on
-/// x86-64, detected once by `pulp`), so that a plain element loop inlined into `f` is
-/// auto-vectorised for it. The result is the scalar code's: only the instruction width
+/// Runs `f` compiled for the widest vector instruction set `pulp` dispatches to on this CPU
+/// (AVX2 on x86-64 when present, detected at run time; AVX-512 would need pulp's `x86-v4`
+/// feature, which is off), so that a plain element loop inlined into `f` is auto-vectorised
+/// for it. The result is the scalar code's: only the instruction width
 /// changes, and every loop run this way is integer or exactly-rounded arithmetic.
 #[inline(always)]
 pub fn vectorized<R>(f: impl FnOnce() -> R) -> R {
