@@ -169,14 +169,33 @@ fn covering_rank_merges_back_to_the_tuned_model() {
     }
 }
 
+/// The `--device` values that run here: `cpu`, and `cuda` when a device is present (the SVDs
+/// then run on cuBLAS and cuSOLVER, `gpu::DeviceMatrix`).
+fn svd_routes() -> Vec<&'static str> {
+    match wanbake::gpu::probe() {
+        Ok(_) => vec!["cpu", "cuda"],
+        Err(e) => {
+            eprintln!("no CUDA route in this test: {e}");
+            vec!["cpu"]
+        }
+    }
+}
+
 #[test]
 fn lower_ranks_reproduce_the_reference_truncation() {
     let dir = tmp();
     let trunc = read(&golden("extract/expect_trunc.safetensors"));
     let exp = expect();
-    for r in ["1", "2", "4", "8"] {
-        let out = format!("r{r}");
-        let report = extract_json(dir.path(), &out, &["--rank", r]);
+    for (device, r) in svd_routes()
+        .into_iter()
+        .flat_map(|d| ["1", "2", "4", "8"].map(|r| (d, r)))
+    {
+        let out = format!("{device}-r{r}");
+        let report = extract_json(dir.path(), &out, &["--rank", r, "--device", device]);
+        assert_eq!(
+            report["device"]["used"], device,
+            "the report names the route"
+        );
         let lora = read(&weights(&dir.path().join(&out)));
         for (name, m) in lora_modules(&report) {
             let want = &exp["modules"][&name]["ranks"][r];

@@ -17,13 +17,14 @@ mod common;
 
 use std::collections::BTreeSet;
 
-use faer::Par;
+use faer::{MatRef, Par};
 use wanbake::backend::{Backend, BackendError, CpuBackend, MatShape, NonFinite, arith};
 use wanbake::gpu::device::Library;
 use wanbake::gpu::kernels::{CompileTarget, compile};
-use wanbake::gpu::{CudaDevice, DeviceChoice, KernelFile, probe, select};
+use wanbake::gpu::{CudaDevice, DeviceChoice, DeviceMatrix, KernelFile, probe, select};
 use wanbake::io::DType;
 use wanbake::io::dtype::{narrow_from_f32, round_to_bf16, round_to_f16, widen_to_f32};
+use wanbake::linalg::{TopSingular, TruncMethod, top_singular, top_singular_on};
 
 type TestResult = Result<(), BackendError>;
 
@@ -1463,6 +1464,133 @@ fn acceptance_merge_throughput_wan_1_3b() {
     );
     println!("| CUDA, 1 lane | {gpu1:.2} | {:.2} |", gb / gpu1);
     println!("| CUDA, 2 lanes | {gpu2:.2} | {:.2} |", gb / gpu2);
+}
+
+// ------------------------------------------------------------------------------------------
+// Issue 15: extraction's truncated SVDs on the CUDA engine (`gpu::DeviceMatrix`)
+// ------------------------------------------------------------------------------------------
+
+/// A row-major (m, n) ΔW-like matrix: a rank-`k` part with singular values `4·decay^p` along
+/// seeded directions, plus noise of relative size 1e-6.
+fn planted_delta(rng: &mut Rng, m: usize, n: usize, k: usize, decay: f64) -> Vec<f64> {
+    let mut d: Vec<f64> = (0..m * n).map(|_| 1e-6 * rng.signed_f64()).collect();
+    for p in 0..k {
+        let s = 4.0 * decay.powi(p as i32);
+        let x: Vec<f64> = (0..m)
+            .map(|_| rng.signed_f64() / (m as f64 / 3.0).sqrt())
+            .collect();
+        let y: Vec<f64> = (0..n)
+            .map(|_| rng.signed_f64() / (n as f64 / 3.0).sqrt())
+            .collect();
+        for (i, xi) in x.iter().enumerate() {
+            for (j, yj) in y.iter().enumerate() {
+                d[i * n + j] += s * xi * yj;
+            }
+        }
+    }
+    d
+}
+
+/// Largest |σ difference| relative to σ₁, and largest |U|, |V| element difference.
+fn triplet_distance(a: &TopSingular, b: &TopSingular) -> (f64, f64) {
+    let ds =
+        a.S.iter()
+            .zip(&b.S)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f64::max)
+            / b.S[0];
+    let dv = (&a.U - &b.U).norm_max().max((&a.V - &b.V).norm_max());
+    (ds, dv)
+}
+
+#[test]
+fn cuda_truncation_engine_matches_the_host_engine() {
+    let Some(mut lane) = cuda_backend() else {
+        return;
+    };
+    let mut rng = Rng::new(15);
+    // Tall, wide and square; the randomized route (sketch well under half the smaller side)
+    // and the full SVD (gesvd, both orientations of its input), with gaps of 10 %.
+    for (m, n) in [(600, 256), (256, 600), (320, 320)] {
+        let d = planted_delta(&mut rng, m, n, 40, 0.9);
+        let host = MatRef::from_row_major_slice(&d, m, n);
+        for (k, method) in [
+            (16, TruncMethod::RANDOMIZED),
+            (24, TruncMethod::Exact),
+            (m.min(n), TruncMethod::Exact),
+        ] {
+            let want = top_singular(host, k, method).unwrap();
+            let mut held = DeviceMatrix::new(&mut lane, &d, m, n);
+            let got = top_singular_on(&mut held, k, method).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(got.complete, want.complete, "{m}×{n} k={k}");
+            let (ds, dv) = triplet_distance(&got, &want);
+            // The first 40 values are separated by 10 %; the full SVD's tail is the noise
+            // (clustered values), whose vectors are not determined: compare its values only.
+            let kk = k.min(40);
+            let (_, dv_top) =
+                triplet_distance(&truncate_triplets(&got, kk), &truncate_triplets(&want, kk));
+            println!(
+                "{m}×{n} k={k} {}: σ {ds:.1e}, vectors {dv_top:.1e} (all {dv:.1e})",
+                method.as_str()
+            );
+            assert!(
+                ds < 1e-12 && dv_top < 1e-9,
+                "{m}×{n} k={k}: σ {ds:e}, vectors {dv_top:e}"
+            );
+        }
+    }
+}
+
+/// The first `k` triplets of `t`.
+fn truncate_triplets(t: &TopSingular, k: usize) -> TopSingular {
+    TopSingular {
+        U: t.U.get(.., ..k).to_owned(),
+        S: t.S[..k].to_vec(),
+        V: t.V.get(.., ..k).to_owned(),
+        complete: false,
+    }
+}
+
+/// Per WAN shape, one module's rank-64 spectrum as `extract` computes it (randomized, one
+/// thread per module): the CPU engine against the CUDA engine, time and agreement.
+/// `WANBAKE_GPU_SVD_SHAPES` picks other shapes (default: the 1.3B and 14B Linear shapes).
+#[test]
+#[ignore]
+fn acceptance_extract_svd_gpu_vs_one_cpu_thread() {
+    let (_device, mut lane) = required_cuda();
+    let mut rng = Rng::new(1515);
+    let shapes: Vec<(usize, usize)> = std::env::var("WANBAKE_GPU_SVD_SHAPES")
+        .unwrap_or_else(|_| "1536x1536,8960x1536,1536x8960,5120x5120,13824x5120,5120x13824".into())
+        .split(',')
+        .map(|s| {
+            let (a, b) = s.split_once('x').expect("shape as OUTxIN");
+            (a.parse().expect("rows"), b.parse().expect("columns"))
+        })
+        .collect();
+    let k = 64;
+    println!(
+        "| shape | CPU, 1 thread (s) | CUDA engine (s) | σ rel. diff | max vector diff (top {k}) |"
+    );
+    println!("|---|---|---|---|---|");
+    for (m, n) in shapes {
+        // Spectrum 4·0.97^p over 96 directions (the rank-64 cut falls inside it, 3 % gaps).
+        let d = planted_delta(&mut rng, m, n, 96, 0.97);
+        let t = std::time::Instant::now();
+        let want = top_singular(
+            MatRef::from_row_major_slice(&d, m, n),
+            k,
+            TruncMethod::RANDOMIZED,
+        )
+        .unwrap();
+        let cpu_s = t.elapsed().as_secs_f64();
+        let t = std::time::Instant::now();
+        let mut held = DeviceMatrix::new(&mut lane, &d, m, n);
+        let got = top_singular_on(&mut held, k, TruncMethod::RANDOMIZED).unwrap();
+        let gpu_s = t.elapsed().as_secs_f64();
+        let (ds, dv) = triplet_distance(&got, &want);
+        println!("| {m}×{n} | {cpu_s:.2} | {gpu_s:.2} | {ds:.1e} | {dv:.1e} |");
+        assert!(ds < 1e-10 && dv < 1e-7, "{m}×{n}: σ {ds:e}, vectors {dv:e}");
+    }
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! `--device auto|cpu|cuda`, one flag for every command that takes it (merge, bake,
 //! restack, extract): parsed here (`DeviceChoice`'s `ValueEnum`), resolved by
-//! `merge::Compute::select`; each command prints the reason line. restack and extract run on
-//! the CPU whatever it says.
+//! `merge::Compute::select`; each command prints the reason line. restack runs on the CPU
+//! whatever it says; extract runs its SVDs where it says.
 
 use wanbake::gpu::DeviceChoice;
 use wanbake::merge::{Compute, DeviceReport};
@@ -9,10 +9,10 @@ use wanbake::merge::{Compute, DeviceReport};
 /// The `--device` flag.
 #[derive(clap::Args, Debug, Clone, Copy)]
 pub struct DeviceArg {
-    /// Where merged tensors are computed: auto (CUDA when a device and its libraries load,
-    /// else the CPU), cpu, or cuda (fail when CUDA is unavailable). The manifest records
-    /// which ran. restack and extract run on the CPU (their work is bit-identical on any
-    /// device); they take the flag so one flag serves a pipeline.
+    /// Where merged tensors (extract: the SVDs) are computed: auto (CUDA when a device and
+    /// its libraries load, else the CPU), cpu, or cuda (fail when CUDA is unavailable). The
+    /// manifest records which ran. restack runs on the CPU (its work is bit-identical on any
+    /// device); it takes the flag so one flag serves a pipeline.
     #[arg(long, value_enum, default_value_t = DeviceChoice::Auto)]
     pub device: DeviceChoice,
 }

@@ -88,8 +88,8 @@ pub struct ExtractArgs {
     /// SVD: randomized (range finder, exact SVD for small matrices) or exact.
     #[arg(long, value_enum, default_value_t = TruncMethod::RANDOMIZED)]
     pub svd: TruncMethod,
-    /// `--device`: checked (cuda fails without a usable GPU); extraction, and the merge of
-    /// an --adapter stack, run on the CPU.
+    /// `--device`: where the SVDs run (auto: the GPU when one is usable); the merge of an
+    /// --adapter stack runs on the CPU.
     #[command(flatten)]
     pub device: DeviceArg,
     /// Print the report as JSON.
@@ -136,6 +136,10 @@ pub fn execute_extract(args: ExtractArgs, p: &mut Printer) -> anyhow::Result<Sta
         rank: args.rank,
         energy: args.energy,
     });
+    // `--device cuda` fails without a usable GPU; with one (or `auto` finding one) the SVDs
+    // run on it, the merge of an --adapter stack on the CPU.
+    let (compute, device) = args.device.select()?;
+    p.line(format!("device: {}", device.reason));
     let mut req = ExtractRequest {
         base: args.base.clone(),
         tuned: args.tuned.clone().unwrap_or_default(),
@@ -144,21 +148,12 @@ pub fn execute_extract(args: ExtractArgs, p: &mut Printer) -> anyhow::Result<Sta
         to: args.to.0,
         linear_only: args.linear_only,
         method: args.svd,
+        device: compute,
         dtype: args.dtype.given().unwrap_or(wanbake::io::DType::F32),
         out: args.output.out.clone(),
         replace: args.output.replace(),
         provenance: serde_json::Value::Null,
     };
-    // Checked the same way with either tuned side: `--device cuda` fails without a usable
-    // GPU; a GPU that is found stays idle (the SVDs and the stack's merge run on the CPU).
-    let (_, device) = args.device.select()?;
-    if device.used != "cpu" {
-        p.line(format!(
-            "device: cpu (extraction runs on the CPU, bit-identical on any device; {} stays \
-             idle)",
-            device.name.as_deref().unwrap_or(device.used)
-        ));
-    }
     let outcome = if args.adapters.is_empty() {
         extract(&req).map_err(usage_or)?
     } else {

@@ -73,6 +73,16 @@ pub enum ExtractError {
         /// The cause.
         source: LinalgError,
     },
+    /// The GPU failed while computing a module's SVD (`--device cuda`, or `auto` with a GPU).
+    #[error(
+        "{module}: the SVD on the GPU failed: {source}\nhint: --device cpu runs the SVDs on the CPU"
+    )]
+    Device {
+        /// The module.
+        module: String,
+        /// The cause.
+        source: crate::backend::BackendError,
+    },
     /// The target convention cannot express what differs.
     #[error(
         "--to {to} cannot express {} full-tensor difference(s) (PEFT stores low-rank factors of Linear weights only): {}\nhint: use the default --to comfy (diff/diff_b keys), or pass --linear-only to extract the Linear weights and leave these out (the report lists them)",

@@ -1,16 +1,15 @@
 //! One module's spectrum and its LoRA factors.
 //!
 //! Owns: [`Spectrum`] (the leading singular triplets of ΔW with ‖ΔW‖_F²), [`spectrum`] (how
-//! many triplets to compute for a rule: R, or doubling until the energy goal is met), and
-//! the split into factors ([`Spectrum::factors`]: `B = U_r·Σ_r`, `A = V_rᵀ`, f32, so that
-//! B·A with α = r is the truncation). Does not own: the SVD routines (`linalg::truncated`).
+//! many triplets to compute for a rule: R, or doubling until the energy goal is met, on any
+//! `linalg::TruncEngine`), and the split into factors ([`Spectrum::factors`]:
+//! `B = U_r·Σ_r`, `A = V_rᵀ`, f32, so that B·A with α = r is the truncation). Does not own:
+//! the SVD routines (`linalg::truncated`), where they run (`route`).
 
 #![allow(non_snake_case)]
 
-use faer::MatRef;
-
 use super::rank::{RankRule, retained};
-use crate::linalg::{LinalgError, TopSingular, TruncMethod, top_singular};
+use crate::linalg::{TopSingular, TruncEngine, TruncMethod, top_singular_on};
 
 /// First sketch size when only an energy fraction is known.
 const ENERGY_FIRST_RANK: usize = 32;
@@ -89,19 +88,24 @@ impl Spectrum {
     }
 }
 
-/// The spectrum of ΔW ((out, in) row-major f64) with enough triplets for `rule`: R of them,
-/// or, for an energy goal, 32, 64, … until the goal is met (at most min(R, out, in)).
-/// `max_rank` computes exactly that many instead (the budget allocates afterwards).
-pub fn spectrum(
-    D: &[f64],
-    out: usize,
-    inp: usize,
+/// ‖ΔW‖_F² of a ΔW's values, summed in order.
+pub fn frobenius_sq(D: &[f64]) -> f64 {
+    D.iter().map(|x| x * x).sum()
+}
+
+/// The spectrum of the (out, in) ΔW `engine` holds (`total` = its [`frobenius_sq`]) with
+/// enough triplets for `rule`: R of them, or, for an energy goal, 32, 64, … until the goal is
+/// met (at most min(R, out, in)). `max_rank` computes exactly that many instead (the budget
+/// allocates afterwards). The engine decides where the products and full SVDs run
+/// (`extract::route`).
+pub fn spectrum<E: TruncEngine>(
+    engine: &mut E,
+    total: f64,
     rule: Option<&RankRule>,
     max_rank: usize,
     method: TruncMethod,
-) -> Result<Spectrum, LinalgError> {
-    let M = MatRef::from_row_major_slice(D, out, inp);
-    let total: f64 = D.iter().map(|x| x * x).sum();
+) -> Result<Spectrum, E::Error> {
+    let (out, inp) = engine.dims();
     let cap = out.min(inp);
     let limit = rule
         .and_then(|r| r.rank)
@@ -115,7 +119,7 @@ pub fn spectrum(
         None => limit,
     };
     loop {
-        let top = top_singular(M, k, method)?;
+        let top = top_singular_on(engine, k, method)?;
         let enough = match goal {
             None => true,
             Some(f) => {
@@ -139,7 +143,9 @@ pub fn spectrum(
 mod tests {
     use super::*;
     use crate::extract::rank::energy_rank;
+    use crate::linalg::HostMatrix;
     use crate::rng::SplitMix64;
+    use faer::MatRef;
 
     /// A (m, n) matrix with singular values `s` along seeded orthonormal-ish directions:
     /// Σ_i s_i·u_i·v_iᵀ with u_i, v_i distinct coordinate-mixing vectors (exact SVD known
@@ -176,8 +182,11 @@ mod tests {
                 rank: None,
                 energy: Some(f),
             };
-            let e = spectrum(&d, 200, 150, Some(&rule), 150, TruncMethod::Exact).unwrap();
-            let r = spectrum(&d, 200, 150, Some(&rule), 150, TruncMethod::RANDOMIZED).unwrap();
+            let run = |method| {
+                let mut host = HostMatrix(MatRef::from_row_major_slice(&d, 200, 150));
+                spectrum(&mut host, frobenius_sq(&d), Some(&rule), 150, method).unwrap()
+            };
+            let (e, r) = (run(TruncMethod::Exact), run(TruncMethod::RANDOMIZED));
             let (ke, kr) = (
                 rule.pick(&e.top.S, e.total, e.top.S.len()),
                 rule.pick(&r.top.S, r.total, r.top.S.len()),

@@ -3,7 +3,7 @@
 //!
 //! Owns: pairing a base with its tuned model (`pair`: same parameters and shapes, any layout
 //! or dtype), the per-module spectrum, rank choice and factors (`factor`, `rank`, `budget`),
-//! the written adapter (`render`: ComfyUI/original-Wan or PEFT keys for extract), the two
+//! where the SVDs run (`route`: the CPU, or CUDA lanes with `--device`), the written adapter (`render`: ComfyUI/original-Wan or PEFT keys for extract), the two
 //! requests with their refusals (`run`, `resize`, `error`), and the per-module report both
 //! print and record in the manifest (`report`). Does not own: the singular value routines
 //! (`linalg::truncated`), reading adapters and their conventions (`adapter`), the merge that
@@ -25,12 +25,14 @@ pub mod rank;
 pub mod render;
 pub mod report;
 pub mod resize;
+pub mod route;
 pub mod run;
 
 pub use error::ExtractError;
 pub use rank::RankRule;
 pub use report::{ExtractReport, ModuleReport};
 pub use resize::{ResizeRequest, resize};
+pub use route::SvdRoute;
 pub use run::{
     CONVENTIONS, ExtractOutcome, ExtractRequest, FromAdapters, extract, extract_from_adapters,
 };

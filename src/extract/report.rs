@@ -7,6 +7,7 @@
 use serde::Serialize;
 
 use crate::adapter::Kind;
+use crate::merge::DeviceRecord;
 
 /// The report's name for an adapter entry kind: `lora`, `diff`, `diff_b`, `lora_bias`, or
 /// the adapter module's own name for the others.
@@ -55,6 +56,10 @@ pub struct ExtractReport {
     pub to: String,
     /// SVD method (`exact` or `randomized`).
     pub svd: String,
+    /// Where the SVDs ran (`extract`: `cpu`, or `cuda` and the device; `resize` runs them on
+    /// the CPU and leaves it out).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device: Option<DeviceRecord>,
     /// `--budget` in bytes, when given.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub budget: Option<u64>,

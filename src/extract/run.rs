@@ -3,7 +3,8 @@
 //! Owns: [`ExtractRequest`], [`extract`]. Order: open and pair both models (mismatch →
 //! refusal) → full differences of every non-Linear tensor (cheap; a `--to peft` refusal
 //! comes here, before any SVD) → spectra of every differing Linear weight (in parallel across
-//! modules, each `Par::Seq`, so the bits do not depend on the thread count) → ranks (per
+//! modules, each `Par::Seq`, so the bits do not depend on the thread count; on the CPU or on
+//! CUDA lanes, `route`) → ranks (per
 //! module, or the global budget) → factors → render → one release. Does not own: the tuned
 //! model built from adapters beyond calling the merge ([`extract_from_adapters`]).
 
@@ -12,11 +13,12 @@ use std::path::PathBuf;
 use rayon::prelude::*;
 
 use super::budget::allocate_expanding;
-use super::factor::{Spectrum, spectrum};
+use super::factor::Spectrum;
 use super::merged::MergedStack;
 use super::pair::{DeltaSource, TensorPair, TwoModels, pair_models};
 use super::render::{Extracted, OwnedOutput, render_comfy, render_peft, short_name, write_output};
 use super::report::{ExtractReport, ModuleReport};
+use super::route::SvdRoute;
 use super::{ExtractError, RankRule};
 use crate::adapter::Convention;
 use crate::adapter::names::Role;
@@ -24,7 +26,7 @@ use crate::io::staging::Replace;
 use crate::io::{DType, TensorSet};
 use crate::linalg::TruncMethod;
 use crate::manifest::InputRecord;
-use crate::merge::{BaseHash, BoundAdapter, MergeOptions, prepare_merge};
+use crate::merge::{BaseHash, BoundAdapter, Compute, MergeOptions, prepare_merge};
 use crate::model::base_model::BaseModel;
 use crate::translation::Provenance;
 
@@ -49,6 +51,9 @@ pub struct ExtractRequest {
     pub linear_only: bool,
     /// SVD method.
     pub method: TruncMethod,
+    /// Where the SVDs run (`--device`: the CPU, or lanes of a CUDA device; `route`). The
+    /// merge of an `--adapter` stack runs on the CPU either way.
+    pub device: Compute,
     /// Element type of the factors and differences written (F32, BF16 or F16; `.alpha`
     /// stays F32). The SVD, ranks and report are those of the f32 factors.
     pub dtype: DType,
@@ -160,7 +165,18 @@ fn extract_pairs(
     inputs: Inputs,
 ) -> Result<ExtractOutcome, ExtractError> {
     let (kept_diffs, mut left_out) = split_diffs(full_differences(pairs, source)?, pairs, req)?;
-    let linear = linear_deltas(pairs, source, req)?;
+    let largest = (pairs.iter().filter(|p| p.is_linear()))
+        .map(|p| p.shape.iter().product::<usize>())
+        .max()
+        .unwrap_or(0);
+    let route = SvdRoute::new(&req.device, largest);
+    let svd = Svd {
+        pairs,
+        source,
+        req,
+        route: &route,
+    };
+    let linear = linear_deltas(&svd)?;
     if kept_diffs.is_empty() && left_out.is_empty() && linear.is_empty() {
         return Err(ExtractError::NothingDiffers {
             base: req.base.clone(),
@@ -169,9 +185,9 @@ fn extract_pairs(
         });
     }
     let mut linear = linear;
-    let ranks = choose_ranks(&mut linear, &kept_diffs, req, pairs, source)?;
+    let ranks = choose_ranks(&mut linear, &kept_diffs, &svd)?;
     let linear = match req.budget {
-        Some(_) => budget_factors(pairs, source, req, linear, &ranks)?,
+        Some(_) => budget_factors(&svd, linear, &ranks)?,
         None => linear,
     };
     let (items, mut report) = assemble(pairs, &linear, &ranks, kept_diffs, req.to);
@@ -183,6 +199,7 @@ fn extract_pairs(
     report.left_out = left_out;
     report.to = req.to.to_string();
     report.svd = req.method.as_str().into();
+    report.device = Some(route.record());
     report.budget = req.budget;
     let mut out = match req.to {
         Convention::Peft => render_peft(&items)?,
@@ -241,15 +258,39 @@ fn full_differences(
     Ok(found.into_iter().flatten().collect())
 }
 
+/// What every module's spectrum is computed from: the pairs, where their ΔW comes from, the
+/// request, and where the SVDs run.
+struct Svd<'a> {
+    pairs: &'a [TensorPair],
+    source: &'a dyn DeltaSource,
+    req: &'a ExtractRequest,
+    route: &'a SvdRoute,
+}
+
+impl Svd<'_> {
+    /// The spectrum of pair `p`'s ΔW (`None` when nothing differs).
+    fn of(
+        &self,
+        p: &TensorPair,
+        rule: Option<&RankRule>,
+        max_rank: usize,
+    ) -> Result<Option<Spectrum>, ExtractError> {
+        let Some(d) = self.source.delta(p)? else {
+            return Ok(None);
+        };
+        let dims = (p.shape[0], p.shape[1]);
+        (self.route)
+            .spectrum(&p.canonical, &d, dims, rule, max_rank, self.req.method)
+            .map(Some)
+    }
+}
+
 /// (pair index, spectrum) of every differing Linear weight, in pair order. With `--budget`
 /// only a module's top singular values are computed (at twice its even share of the budget;
 /// `choose_ranks` asks for more where the allocation needs them) and no vectors are kept;
 /// [`budget_factors`] recomputes the vectors of the ranks allocated.
-fn linear_deltas(
-    pairs: &[TensorPair],
-    source: &dyn DeltaSource,
-    req: &ExtractRequest,
-) -> Result<Vec<(usize, Spectrum)>, ExtractError> {
+fn linear_deltas(svd: &Svd<'_>) -> Result<Vec<(usize, Spectrum)>, ExtractError> {
+    let (pairs, req) = (svd.pairs, svd.req);
     let modules = pairs.iter().filter(|p| p.is_linear()).count().max(1) as u64;
     let found: Vec<Option<(usize, Spectrum)>> = pairs
         .par_iter()
@@ -266,7 +307,7 @@ fn linear_deltas(
                 }
                 None => (req.rule, out.min(inp)),
             };
-            let Some(mut s) = pair_spectrum(p, source, rule.as_ref(), max_rank, req.method)? else {
+            let Some(mut s) = svd.of(p, rule.as_ref(), max_rank)? else {
                 return Ok(None);
             };
             match (rule, req.budget) {
@@ -281,33 +322,11 @@ fn linear_deltas(
     Ok(found.into_iter().flatten().collect())
 }
 
-/// The spectrum of pair `p`'s ΔW (`None` when nothing differs).
-fn pair_spectrum(
-    p: &TensorPair,
-    source: &dyn DeltaSource,
-    rule: Option<&RankRule>,
-    max_rank: usize,
-    method: TruncMethod,
-) -> Result<Option<Spectrum>, ExtractError> {
-    let Some(d) = source.delta(p)? else {
-        return Ok(None);
-    };
-    let (out, inp) = (p.shape[0], p.shape[1]);
-    spectrum(&d, out, inp, rule, max_rank, method)
-        .map(Some)
-        .map_err(|source| ExtractError::Svd {
-            module: p.canonical.clone(),
-            source,
-        })
-}
-
 /// With `--budget`: the spectra again, for the modules given a rank, with the vectors of
 /// exactly that rank (the singular values of the first pass chose the ranks; the report and
 /// the factors come from this one, which is the SVD a `--rank r` extraction computes).
 fn budget_factors(
-    pairs: &[TensorPair],
-    source: &dyn DeltaSource,
-    req: &ExtractRequest,
+    svd: &Svd<'_>,
     linear: Vec<(usize, Spectrum)>,
     ranks: &[usize],
 ) -> Result<Vec<(usize, Spectrum)>, ExtractError> {
@@ -322,7 +341,7 @@ fn budget_factors(
                 rank: Some(r),
                 energy: None,
             };
-            let again = pair_spectrum(&pairs[i], source, Some(&rule), r, req.method)?;
+            let again = svd.of(&svd.pairs[i], Some(&rule), r)?;
             Ok((i, again.unwrap_or(s)))
         })
         .collect()
@@ -352,10 +371,9 @@ fn budget_cap(p: &TensorPair, req: &ExtractRequest) -> usize {
 fn choose_ranks(
     linear: &mut [(usize, Spectrum)],
     diffs: &[(usize, Vec<f32>)],
-    req: &ExtractRequest,
-    pairs: &[TensorPair],
-    source: &dyn DeltaSource,
+    svd: &Svd<'_>,
 ) -> Result<Vec<usize>, ExtractError> {
+    let (req, pairs) = (svd.req, svd.pairs);
     let Some(budget) = req.budget else {
         let rule = req.rule.unwrap_or(RankRule {
             rank: None,
@@ -385,7 +403,7 @@ fn choose_ranks(
             .par_iter()
             .map(|&(m, k)| {
                 let p = &pairs[linear[m].0];
-                let mut s = pair_spectrum(p, source, None, k, req.method)?.ok_or_else(|| {
+                let mut s = svd.of(p, None, k)?.ok_or_else(|| {
                     ExtractError::Usage(format!("internal: `{}` stopped differing", p.canonical))
                 })?;
                 s.keep_vectors(0);

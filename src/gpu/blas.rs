@@ -1,6 +1,6 @@
-//! Row-major f32 GEMMs through column-major cuBLAS, with deterministic settings.
+//! Row-major f32 and f64 GEMMs through column-major cuBLAS, with deterministic settings.
 //!
-//! Owns: the mapping of a row-major product onto `cublasSgemm` arguments ([`row_major`],
+//! Owns: the mapping of a row-major product onto `cublas{S,D}gemm` arguments ([`row_major`],
 //! checked on the CPU against a reference column-major GEMM in the tests), the handle set-up
 //! ([`configure`]) and the call ([`gemm`]). Does not own: which products a merge computes.
 //!
@@ -9,8 +9,8 @@
 //! right factor's buffer first and the left factor's second, with the transposition flags
 //! and leading dimensions of the row-major layouts, and never copies or transposes anything.
 //!
-//! Determinism ([`configure`]): math mode `CUBLAS_PEDANTIC_MATH` (plain FP32: no TF32, no
-//! tensor-op or reduced-precision shortcuts), atomics mode `CUBLAS_ATOMICS_NOT_ALLOWED` (no
+//! Determinism ([`configure`]): math mode `CUBLAS_PEDANTIC_MATH` (plain FP32 and FP64: no
+//! TF32, no tensor-op, emulated or reduced-precision shortcuts), atomics mode `CUBLAS_ATOMICS_NOT_ALLOWED` (no
 //! split-K reductions through atomics), and a private workspace of fixed size per handle with
 //! one handle per stream (what `CUBLAS_WORKSPACE_CONFIG` arranges for multi-stream programs).
 //! cuBLAS documents bit-wise reproducible results under these conditions for a given toolkit
@@ -31,7 +31,7 @@ use crate::backend::BackendError;
 /// `CUBLAS_WORKSPACE_CONFIG=:4096:8`).
 pub(crate) const WORKSPACE_BYTES: usize = 32 << 20;
 
-/// `cublasSgemm` arguments (column-major).
+/// `cublas{S,D}gemm` arguments (column-major).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct ColMajorGemm {
     /// Transpose the first operand.
@@ -94,18 +94,35 @@ pub(crate) fn configure(
         .map_err(|e| BackendError::cuda("cublasSetWorkspace", e))
 }
 
+/// The element types [`gemm`] multiplies, with the name of their cuBLAS call.
+pub(crate) trait GemmFloat: cudarc::driver::DeviceRepr {
+    /// `cublasSgemm` or `cublasDgemm`.
+    const CALL: &'static str;
+}
+
+impl GemmFloat for f32 {
+    const CALL: &'static str = "cublasSgemm";
+}
+
+impl GemmFloat for f64 {
+    const CALL: &'static str = "cublasDgemm";
+}
+
 /// `C ← α·op(L)·op(R) + β·C` for row-major device matrices, with `call = row_major(…)`:
 /// `first` is R's buffer, `second` L's. Shapes are checked against `call` (programmer error).
 #[track_caller]
-pub(crate) fn gemm(
+pub(crate) fn gemm<T: GemmFloat>(
     blas: &CudaBlas,
     call: ColMajorGemm,
-    alpha: f32,
-    first: &CudaSlice<f32>,
-    second: &CudaSlice<f32>,
-    beta: f32,
-    c: &mut CudaSlice<f32>,
-) -> Result<(), BackendError> {
+    alpha: T,
+    first: &CudaSlice<T>,
+    second: &CudaSlice<T>,
+    beta: T,
+    c: &mut CudaSlice<T>,
+) -> Result<(), BackendError>
+where
+    CudaBlas: Gemm<T>,
+{
     let ColMajorGemm { m, n, k, .. } = call;
     assert!(
         first.len() >= m * k && second.len() >= k * n && c.len() >= m * n,
@@ -117,7 +134,7 @@ pub(crate) fn gemm(
     let int = |v: usize, what: &str| {
         c_int::try_from(v).map_err(|_| {
             BackendError::cuda(
-                "cublasSgemm",
+                T::CALL,
                 format!("{what} = {v} exceeds cuBLAS's 32-bit dimension limit"),
             )
         })
@@ -141,13 +158,13 @@ pub(crate) fn gemm(
         beta,
         ldc: int(call.ldc.max(1), "ldc")?,
     };
-    // SAFETY: cublasSgemm reads op(first) (m×k, ld lda), op(second) (k×n, ld ldb) and writes
+    // SAFETY: cublas{S,D}gemm reads op(first) (m×k, ld lda), op(second) (k×n, ld ldb) and writes
     // c (m×n, ld ldc); `row_major` chose the leading dimensions of the stored layouts, so the
     // last element touched is at most m·k − 1, k·n − 1 and m·n − 1, within the lengths
     // asserted above. All three buffers live on this context; cudarc orders them on the
     // handle's stream.
     unsafe { blas.gemm(cfg, first, second, c) }
-        .map_err(|e| BackendError::cuda(format!("cublasSgemm (m={m}, n={n}, k={k})"), e))
+        .map_err(|e| BackendError::cuda(format!("{} (m={m}, n={n}, k={k})", T::CALL), e))
 }
 
 #[cfg(test)]

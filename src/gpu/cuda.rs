@@ -96,15 +96,15 @@ impl ScalesLen for DeviceScales {
 /// One lane of the CUDA backend (see the module doc). Not `Sync`: give each worker its own.
 pub struct CudaBackend {
     ctx: Arc<CudaContext>,
-    stream: Arc<CudaStream>,
+    pub(super) stream: Arc<CudaStream>,
     kernels: Arc<KernelTable>,
     /// Declared before its workspace, so it is destroyed first.
-    blas: CudaBlas,
+    pub(super) blas: CudaBlas,
     _blas_workspace: CudaSlice<u8>,
     /// Created and set to deterministic results with the lane (under the guard of
     /// `CudaDevice::backend`: cudarc panics on a missing symbol).
-    solver: DnHandle,
-    staging: PinnedStaging,
+    pub(super) solver: DnHandle,
+    pub(super) staging: PinnedStaging,
     /// Bytes zero-filled so far (see the module doc).
     zeroed: Cell<u64>,
 }
@@ -156,7 +156,7 @@ impl CudaBackend {
     }
 
     /// Makes this lane's context current on the calling thread (raw library calls need it).
-    fn bind(&self) -> Result<(), BackendError> {
+    pub(super) fn bind(&self) -> Result<(), BackendError> {
         self.ctx
             .bind_to_thread()
             .map_err(|e| BackendError::cuda("binding the CUDA context", e))
@@ -164,7 +164,11 @@ impl CudaBackend {
 
     /// `max(n, 1)` uninitialised device values of `T`, for a buffer the caller fully writes
     /// (its first `n` values) before anything reads it.
-    fn alloc<T: DeviceRepr>(&self, n: usize, what: &str) -> Result<CudaSlice<T>, BackendError> {
+    pub(super) fn alloc<T: DeviceRepr>(
+        &self,
+        n: usize,
+        what: &str,
+    ) -> Result<CudaSlice<T>, BackendError> {
         // SAFETY: every caller writes the first n values (an upload of n values, a kernel,
         // GEMM or solver call that writes each output index, a device copy) before they are
         // read, and nothing reads past n; T is plain data with no invalid bit patterns.
@@ -197,7 +201,7 @@ impl CudaBackend {
     }
 
     /// Names `what` as the last work launched on this lane (see `super::staging`).
-    fn launched(&mut self, what: impl std::fmt::Display) {
+    pub(super) fn launched(&mut self, what: impl std::fmt::Display) {
         self.staging.note_launch(what.to_string());
     }
 

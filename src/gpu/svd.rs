@@ -1,10 +1,12 @@
-//! LoRA-XS bases from cuSOLVER's `gesvd` in f64, finished on the host exactly as the CPU path.
+//! Full thin SVDs with cuSOLVER's `gesvd` in f64, finished on the host exactly as the CPU
+//! path: LoRA-XS bases, and the full-SVD step of extraction's truncations.
 //!
-//! Owns: the plan that maps a row-major (out, in) weight onto `cusolverDnDgesvd`'s
+//! Owns: the plan that maps a row-major (out, in) matrix onto `cusolverDnDgesvd`'s
 //! column-major, `m ≥ n` input ([`GesvdPlan`]), the host-side conversion back to row-major
-//! `U` (out, k) and `Vᵀ` (k, in) followed by `linalg::canonicalize_signs` and truncation
-//! ([`GesvdPlan::bases`]), and the device call ([`gesvd`]). Does not own: the sign convention
-//! (`linalg::signs`), the basis cache (`linalg::cache`).
+//! `U` (out, k) and `Vᵀ` (k, in) ([`GesvdPlan::vectors`]), the LoRA-XS bases made from them
+//! by `linalg::canonicalize_signs` and truncation ([`GesvdPlan::bases`]), the leading
+//! triplets for `linalg::truncated` ([`GesvdPlan::top`]), and the device call ([`gesvd`]).
+//! Does not own: the sign convention (`linalg::signs`), the basis cache (`linalg::cache`).
 //!
 //! Why `gesvd`: it is the QR-iteration driver, accurate for any size. `gesvdj` (Jacobi) is
 //! documented as less accurate above 2048 and the randomized drivers rotate vectors inside
@@ -27,8 +29,10 @@ use cudarc::cusolver::DnHandle;
 use cudarc::cusolver::sys as solver_sys;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtrMut};
 
+use faer::Mat;
+
 use crate::backend::BackendError;
-use crate::linalg::{XsBases, canonicalize_signs};
+use crate::linalg::{TopSingular, XsBases, canonicalize_signs};
 
 /// How one (out, in) weight goes through `gesvd`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,28 +77,66 @@ impl GesvdPlan {
         self.n
     }
 
-    /// The column-major (m, n) f64 input built from the row-major f32 weight `W`.
-    pub fn input(&self, W: &[f32]) -> Vec<f64> {
+    /// The column-major (m, n) f64 input built from the row-major weight `W` (f32 or f64).
+    pub fn input<T: Copy + Into<f64>>(&self, W: &[T]) -> Vec<f64> {
         if !self.transpose {
-            return W.iter().map(|&x| f64::from(x)).collect();
+            return W.iter().map(|&x| x.into()).collect();
         }
         let (out, inp) = (self.out, self.inp);
         let mut A = vec![0.0f64; out * inp];
         for (i, row) in W.chunks_exact(inp).enumerate() {
             for (j, &x) in row.iter().enumerate() {
-                A[i + j * out] = f64::from(x);
+                A[i + j * out] = x.into();
             }
         }
         A
     }
 
-    /// The bases from `gesvd`'s outputs: `Ua` (m, k) column-major with ld m, `S` (k),
-    /// `VaT` (k, n) column-major with ld k. Converts to row-major `U` (out, k) and `Vᵀ`
-    /// (k, in), canonicalises the signs with `linalg::canonicalize_signs` (the CPU path's
-    /// function), keeps `r` columns and rounds once to f32, as `linalg::xs_bases` does.
+    /// The bases from `gesvd`'s outputs (see [`Self::vectors`]): canonicalises the signs with
+    /// `linalg::canonicalize_signs` (the CPU path's function), keeps `r` columns and rounds
+    /// once to f32, as `linalg::xs_bases` does.
     pub fn bases(&self, Ua: &[f64], S: Vec<f64>, VaT: &[f64], r: usize) -> XsBases {
         let (out, inp, k) = (self.out, self.inp, self.k());
-        let (mut U, mut Vt) = if self.transpose {
+        let (mut U, mut Vt) = self.vectors(Ua, VaT);
+        canonicalize_signs(&mut U, out, k, &mut Vt, inp);
+        let mut Uf = Vec::with_capacity(out * r);
+        for row in U.chunks_exact(k) {
+            Uf.extend(row[..r].iter().map(|&x| x as f32));
+        }
+        let mut Vf = Vec::with_capacity(inp * r);
+        for j in 0..inp {
+            Vf.extend((0..r).map(|p| Vt[p * inp + j] as f32));
+        }
+        XsBases {
+            out,
+            inp,
+            rank: r,
+            U: Uf,
+            V: Vf,
+            singular_values: S,
+        }
+    }
+
+    /// The leading `r` triplets from `gesvd`'s outputs (see [`Self::vectors`]), in f64 and
+    /// in `gesvd`'s signs (`linalg::top_singular_on` canonicalises them), as
+    /// `linalg::truncated`'s full-SVD step returns them.
+    pub fn top(&self, Ua: &[f64], mut S: Vec<f64>, VaT: &[f64], r: usize) -> TopSingular {
+        let (out, inp, k) = (self.out, self.inp, self.k());
+        let (U, Vt) = self.vectors(Ua, VaT);
+        S.truncate(r);
+        TopSingular {
+            U: Mat::from_fn(out, r, |i, p| U[i * k + p]),
+            S,
+            V: Mat::from_fn(inp, r, |j, p| Vt[p * inp + j]),
+            complete: r == k,
+        }
+    }
+
+    /// Row-major `U` (out, k) and `Vᵀ` (k, in) of the weight from `gesvd`'s outputs: `Ua`
+    /// (m, k) column-major with ld m and `VaT` (k, n) column-major with ld k.
+    pub fn vectors(&self, Ua: &[f64], VaT: &[f64]) -> (Vec<f64>, Vec<f64>) {
+        let (out, inp, k) = (self.out, self.inp, self.k());
+        if self.transpose {
             // W = Ua·S·VaT: U[i, p] = Ua[i + p·out]; Vt[p, j] = VaT[p + j·k].
             let mut U = vec![0.0f64; out * k];
             for (i, row) in U.chunks_exact_mut(k).enumerate() {
@@ -113,23 +155,6 @@ impl GesvdPlan {
             // Wᵀ = Ua·S·VaT: U = Va, so U[i, p] = VaT[p + i·k] — VaT's buffer read row-major;
             // Vt = Uaᵀ, so Vt[p, j] = Ua[j + p·inp] — Ua's buffer read row-major.
             (VaT[..out * k].to_vec(), Ua[..k * inp].to_vec())
-        };
-        canonicalize_signs(&mut U, out, k, &mut Vt, inp);
-        let mut Uf = Vec::with_capacity(out * r);
-        for row in U.chunks_exact(k) {
-            Uf.extend(row[..r].iter().map(|&x| x as f32));
-        }
-        let mut Vf = Vec::with_capacity(inp * r);
-        for j in 0..inp {
-            Vf.extend((0..r).map(|p| Vt[p * inp + j] as f32));
-        }
-        XsBases {
-            out,
-            inp,
-            rank: r,
-            U: Uf,
-            V: Vf,
-            singular_values: S,
         }
     }
 }
@@ -256,14 +281,14 @@ pub(crate) fn gesvd(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::linalg::svd::thin_svd;
     use faer::{Mat, Par};
 
     /// What `gesvd` returns for a column-major (m ≥ n) input, computed with faer in f64:
     /// Ua (m, k) ld m, S, VaT (k, n) ld k. Signs are whatever faer returns.
-    fn emulated_gesvd(A: &[f64], m: usize, n: usize) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    pub(crate) fn emulated_gesvd(A: &[f64], m: usize, n: usize) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
         let k = n;
         let A = Mat::<f64>::from_fn(m, n, |i, j| A[i + j * m]);
         let t = thin_svd(A.as_ref(), Par::Seq).unwrap();

@@ -9,6 +9,14 @@
 //! Does not own: how many triplets to keep (`extract::rank`), the LoRA-XS bases (`svd`), which
 //! need the full SVD and its sign convention for a different reason.
 //!
+//! # Where the big steps run
+//! Both methods are written once ([`top_singular_on`]) against a [`TruncEngine`]: the holder
+//! of the (m, n) matrix, which computes its two products `A·X` and `Aᵀ·Y` and its full thin
+//! SVD. [`HostMatrix`] does that with faer on the calling thread ([`top_singular`]); the CUDA
+//! engine (`gpu::DeviceMatrix`) with cuBLAS `dgemm` and cuSOLVER `gesvd`. Everything else,
+//! the test matrix, the QRs, the SVD of the projection and the signs, runs here, on the host,
+//! for every engine, so two engines differ only by the round-off of those three operations.
+//!
 //! # Why a randomized method is allowed here
 //! `svd`'s module doc forbids truncated SVDs for the -xs kinds: there the individual vectors
 //! matter. Extraction keeps the *product* `U_r·Σ_r·V_rᵀ`, the best rank-r approximation, which
@@ -109,7 +117,65 @@ pub fn top_singular(
     k: usize,
     method: TruncMethod,
 ) -> Result<TopSingular, LinalgError> {
-    let (m, n) = (A.nrows(), A.ncols());
+    top_singular_on(&mut HostMatrix(A), k, method)
+}
+
+/// The holder of one (m, n) f64 matrix `A` for [`top_singular_on`]: where its products and
+/// its full SVD run (see the module doc).
+pub trait TruncEngine {
+    /// The engine's error; it carries the SVD's own ([`LinalgError`]).
+    type Error: From<LinalgError>;
+
+    /// `(m, n)`.
+    fn dims(&self) -> (usize, usize);
+
+    /// `A·X` for `X` (n, l): (m, l).
+    fn times(&mut self, X: MatRef<'_, f64>) -> Result<Mat<f64>, Self::Error>;
+
+    /// `Aᵀ·Y` for `Y` (m, l): (n, l).
+    fn times_transposed(&mut self, Y: MatRef<'_, f64>) -> Result<Mat<f64>, Self::Error>;
+
+    /// The leading `k` triplets of the full thin SVD of `A` in any sign convention
+    /// ([`top_singular_on`] canonicalises them).
+    fn full_svd(&mut self, k: usize) -> Result<TopSingular, Self::Error>;
+}
+
+/// A matrix in host memory: faer, `Par::Seq`, on the calling thread.
+#[derive(Clone, Copy, Debug)]
+pub struct HostMatrix<'a>(pub MatRef<'a, f64>);
+
+impl TruncEngine for HostMatrix<'_> {
+    type Error = LinalgError;
+
+    fn dims(&self) -> (usize, usize) {
+        (self.0.nrows(), self.0.ncols())
+    }
+
+    fn times(&mut self, X: MatRef<'_, f64>) -> Result<Mat<f64>, LinalgError> {
+        Ok(product(self.0, X))
+    }
+
+    fn times_transposed(&mut self, Y: MatRef<'_, f64>) -> Result<Mat<f64>, LinalgError> {
+        Ok(product(self.0.transpose(), Y))
+    }
+
+    fn full_svd(&mut self, k: usize) -> Result<TopSingular, LinalgError> {
+        exact(self.0, k)
+    }
+}
+
+/// [`top_singular`] of the matrix `engine` holds, its products and full SVD run by the
+/// engine.
+///
+/// # Panics
+/// If `k > min(m, n)` (a programmer error).
+#[track_caller]
+pub fn top_singular_on<E: TruncEngine>(
+    engine: &mut E,
+    k: usize,
+    method: TruncMethod,
+) -> Result<TopSingular, E::Error> {
+    let (m, n) = engine.dims();
     let small = m.min(n);
     assert!(k <= small, "k = {k} > min({m}, {n})");
     let sketch = match method {
@@ -123,8 +189,8 @@ pub fn top_singular(
         }
     };
     let mut out = match sketch {
-        None => exact(A, k)?,
-        Some((l, q)) => randomized(A, k, l, q)?,
+        None => engine.full_svd(k)?,
+        Some((l, q)) => randomized(engine, k, l, q)?,
     };
     canonicalize_signs_mat(out.U.as_mut(), out.V.as_mut().transpose_mut());
     Ok(out)
@@ -200,21 +266,21 @@ fn exact(A: MatRef<'_, f64>, k: usize) -> Result<TopSingular, LinalgError> {
 
 /// Randomized range finder with `l` test vectors and `q` power iterations, then the exact SVD
 /// of the projection `Qᵀ·A`, truncated to `k`.
-fn randomized(
-    A: MatRef<'_, f64>,
+fn randomized<E: TruncEngine>(
+    A: &mut E,
     k: usize,
     l: usize,
     q: usize,
-) -> Result<TopSingular, LinalgError> {
-    let (m, n) = (A.nrows(), A.ncols());
+) -> Result<TopSingular, E::Error> {
+    let (m, n) = A.dims();
     let omega = test_matrix(n, l);
-    let mut Q = orthonormal(product(A, omega.as_ref()));
+    let mut Q = orthonormal(A.times(omega.as_ref())?);
     for _ in 0..q {
-        let Z = orthonormal(product(A.transpose(), Q.as_ref()));
-        Q = orthonormal(product(A, Z.as_ref()));
+        let Z = orthonormal(A.times_transposed(Q.as_ref())?);
+        Q = orthonormal(A.times(Z.as_ref())?);
     }
     // Bᵀ = Aᵀ·Q (n, l); Bᵀ = Ũ·Σ·W̃ᵀ ⇒ A ≈ Q·B = (Q·W̃)·Σ·Ũᵀ.
-    let Bt = product(A.transpose(), Q.as_ref());
+    let Bt = A.times_transposed(Q.as_ref())?;
     let small = exact(Bt.as_ref(), k)?;
     let mut U = Mat::<f64>::zeros(m, k);
     matmul(
