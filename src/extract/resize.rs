@@ -66,11 +66,18 @@ pub fn resize(req: &ResizeRequest) -> Result<ExtractOutcome, ExtractError> {
     let mut set = AdapterSet::open(&req.adapter, &req.opts)?;
     let ids = module_ids(&mut set, req.base.as_deref())?;
     check_kinds(&set)?;
+    let loras = set.entries.iter().filter(|e| e.kind == Kind::Lora).count();
+    let phase = crate::progress::begin("computing SVDs", 0, loras as u64);
     let resized: Vec<Resized> = (0..set.entries.len())
         .into_par_iter()
         .filter(|&i| set.entries[i].kind == Kind::Lora)
-        .map(|i| resize_entry(&set, i, &req.rule))
+        .map(|i| {
+            let r = resize_entry(&set, i, &req.rule);
+            phase.add_item();
+            r
+        })
         .collect::<Result<_, _>>()?;
+    drop(phase);
     let mut new_factors: BTreeMap<usize, LowRankFactors> = BTreeMap::new();
     for r in &resized {
         if let Some((f, _, _)) = &r.new {

@@ -28,6 +28,7 @@ use crate::linalg::TruncMethod;
 use crate::manifest::InputRecord;
 use crate::merge::{BaseHash, BoundAdapter, Compute, MergeOptions, prepare_merge};
 use crate::model::base_model::BaseModel;
+use crate::progress;
 use crate::translation::Provenance;
 
 /// The conventions extract writes, the default first (`translate` converts the result to any
@@ -245,14 +246,16 @@ fn full_differences(
     pairs: &[TensorPair],
     source: &dyn DeltaSource,
 ) -> Result<Vec<(usize, Vec<f32>)>, ExtractError> {
+    let others = pairs.iter().filter(|p| !p.is_linear()).count();
+    let phase = progress::begin("comparing tensors", 0, others as u64);
     let found: Vec<Option<(usize, Vec<f32>)>> = pairs
         .par_iter()
         .enumerate()
         .filter(|(_, p)| !p.is_linear())
         .map(|(i, p)| {
-            Ok(source
-                .delta(p)?
-                .map(|d| (i, d.iter().map(|x| *x as f32).collect())))
+            let d = source.delta(p)?;
+            phase.add_item();
+            Ok(d.map(|d| (i, d.iter().map(|x| *x as f32).collect())))
         })
         .collect::<Result<_, ExtractError>>()?;
     Ok(found.into_iter().flatten().collect())
@@ -291,7 +294,9 @@ impl Svd<'_> {
 /// [`budget_factors`] recomputes the vectors of the ranks allocated.
 fn linear_deltas(svd: &Svd<'_>) -> Result<Vec<(usize, Spectrum)>, ExtractError> {
     let (pairs, req) = (svd.pairs, svd.req);
-    let modules = pairs.iter().filter(|p| p.is_linear()).count().max(1) as u64;
+    let linear = pairs.iter().filter(|p| p.is_linear()).count();
+    let phase = progress::begin("computing SVDs", 0, linear as u64);
+    let modules = linear.max(1) as u64;
     let found: Vec<Option<(usize, Spectrum)>> = pairs
         .par_iter()
         .enumerate()
@@ -307,7 +312,9 @@ fn linear_deltas(svd: &Svd<'_>) -> Result<Vec<(usize, Spectrum)>, ExtractError> 
                 }
                 None => (req.rule, out.min(inp)),
             };
-            let Some(mut s) = svd.of(p, rule.as_ref(), max_rank)? else {
+            let found = svd.of(p, rule.as_ref(), max_rank)?;
+            phase.add_item();
+            let Some(mut s) = found else {
                 return Ok(None);
             };
             match (rule, req.budget) {
@@ -330,6 +337,8 @@ fn budget_factors(
     linear: Vec<(usize, Spectrum)>,
     ranks: &[usize],
 ) -> Result<Vec<(usize, Spectrum)>, ExtractError> {
+    let given = ranks.iter().filter(|&&r| r > 0).count();
+    let phase = progress::begin("computing factors", 0, given as u64);
     linear
         .into_par_iter()
         .zip(ranks.par_iter())
@@ -342,6 +351,7 @@ fn budget_factors(
                 energy: None,
             };
             let again = svd.of(&svd.pairs[i], Some(&rule), r)?;
+            phase.add_item();
             Ok((i, again.unwrap_or(s)))
         })
         .collect()
@@ -399,6 +409,7 @@ fn choose_ranks(
         .map(|(i, _)| budget_cap(&pairs[*i], req))
         .collect();
     let (ranks, _) = allocate_expanding(known, &costs, &caps, budget - fixed, |grow| {
+        let phase = progress::begin("more singular values", 0, grow.len() as u64);
         let again: Vec<Spectrum> = grow
             .par_iter()
             .map(|&(m, k)| {
@@ -407,6 +418,7 @@ fn choose_ranks(
                     ExtractError::Usage(format!("internal: `{}` stopped differing", p.canonical))
                 })?;
                 s.keep_vectors(0);
+                phase.add_item();
                 Ok(s)
             })
             .collect::<Result<_, ExtractError>>()?;
