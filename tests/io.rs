@@ -778,10 +778,9 @@ fn inspect_flags_a_config_that_disagrees_with_the_weights() {
     assert!(!clean.contains("config.json says"), "{clean}");
 }
 
-/// Runs `merge` of the golden t2v model copied into `root/base` with a PEFT LoRA, stopped by
-/// the test gate once its inputs are mapped; `change` then alters the base, and the run goes
-/// on. Returns (exit code, stderr).
-fn merge_while_base_changes(root: &Path, change: impl FnOnce(&Path)) -> (i32, String) {
+/// Starts `merge` of the golden t2v model copied into `root/base` with a PEFT LoRA, and
+/// waits until the test gate holds it: its inputs are mapped and its temporary output exists.
+fn merge_held_at_gate(root: &Path) -> std::process::Child {
     let g = repo().join("golden");
     let base = root.join("base");
     std::fs::create_dir_all(&base).unwrap();
@@ -805,7 +804,14 @@ fn merge_while_base_changes(root: &Path, change: impl FnOnce(&Path)) -> (i32, St
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
     assert!(ready.exists(), "the merge never reached its gate");
-    change(&base.join("diffusion_pytorch_model.safetensors"));
+    child
+}
+
+/// Runs `merge` (`merge_held_at_gate`); at the gate `change` alters the base, and the run
+/// goes on. Returns (exit code, stderr).
+fn merge_while_base_changes(root: &Path, change: impl FnOnce(&Path)) -> (i32, String) {
+    let child = merge_held_at_gate(root);
+    change(&root.join("base/diffusion_pytorch_model.safetensors"));
     std::fs::write(root.join("gate.go"), b"").unwrap();
     let o = child.wait_with_output().unwrap();
     let (code, _, err) = parts(&o);
@@ -816,6 +822,32 @@ fn merge_while_base_changes(root: &Path, change: impl FnOnce(&Path)) -> (i32, St
         leftovers(root)
     );
     (code, err)
+}
+
+#[test]
+fn an_interrupt_removes_the_unfinished_output_and_ends_the_run_by_its_signal() {
+    use rustix::process::{Pid, Signal, kill_process};
+    use std::os::unix::process::ExitStatusExt;
+    for (signal, number) in [(Signal::INT, 2), (Signal::TERM, 15)] {
+        let root = tmp();
+        let child = merge_held_at_gate(root.path());
+        assert!(
+            !leftovers(root.path()).is_empty(),
+            "the run has no temporary output at its gate"
+        );
+        kill_process(Pid::from_child(&child), signal).unwrap();
+        let o = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.signal(), Some(number), "{err}");
+        assert!(err.contains("interrupted by SIG"), "{err}");
+        assert!(err.contains("out was not written"), "{err}");
+        assert!(!root.path().join("out").exists(), "a release was committed");
+        assert!(
+            leftovers(root.path()).is_empty(),
+            "temporaries left: {:?}",
+            leftovers(root.path())
+        );
+    }
 }
 
 #[test]

@@ -9,7 +9,7 @@
 //! GGUF file is re-read at the seal), the fsync, the rename into place, and the cleanup of
 //! temporaries left by killed runs (each run holds an advisory lock on a sibling `.lock`
 //! file; a lock nobody holds means its owner is dead). A `Staging` dropped before `commit`
-//! removes its temporary directory.
+//! removes its temporary directory, and so does an interrupt ([`install_signal_guards`]).
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -193,16 +193,72 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> WriteError + '_ {
     }
 }
 
-/// Makes "file size limit exceeded" an error instead of a kill: with the default action a
-/// write past `ulimit -f` terminates the process with SIGXFSZ before it can clean up or say
-/// why. Called once by the binary at startup.
+/// Installs the process's signal guards. Called once by the binary at startup.
+///
+/// * "File size limit exceeded" becomes an error instead of a kill: with the default action
+///   a write past `ulimit -f` terminates the process with SIGXFSZ before it can clean up or
+///   say why.
+/// * An interrupt (SIGINT: Ctrl-C; SIGTERM; SIGHUP: the terminal closed) removes the
+///   temporary folder of every output still being written ([`LIVE`]), says so on stderr,
+///   and then ends the process as the signal's default action would (so a shell sees "killed
+///   by SIGINT"). Without it, the reserved temporary (the whole output's size: 28.6 GB for a
+///   14B merge) stayed on disk until the next run to the same destination. The handler runs
+///   on a thread of its own (`signal_hook::iterator`), so removing folders there is ordinary
+///   code, not async-signal context.
 pub fn install_signal_guards() {
-    use std::sync::Arc;
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGXFSZ};
     use std::sync::atomic::AtomicBool;
-    let _ = signal_hook::flag::register(
-        signal_hook::consts::SIGXFSZ,
-        Arc::new(AtomicBool::new(false)),
-    );
+    let _ = signal_hook::flag::register(SIGXFSZ, Arc::new(AtomicBool::new(false)));
+    let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]) else {
+        return;
+    };
+    let _ = std::thread::Builder::new()
+        .name("wanbake-signals".into())
+        .spawn(move || {
+            if let Some(signal) = signals.forever().next() {
+                remove_live_outputs(signal);
+                let _ = signal_hook::low_level::emulate_default_handler(signal);
+                std::process::exit(128 + signal);
+            }
+        });
+}
+
+/// An output being written now: its destination, temporary folder and lock file.
+struct LiveOutput {
+    dest: PathBuf,
+    tmp: PathBuf,
+    lock: PathBuf,
+}
+
+/// The outputs being written now. A `Staging` is listed from the moment its temporary
+/// folder exists until it is committed or removed; the commit's rename happens under this
+/// lock, so an interrupt either removes the temporary before the rename or finds it gone.
+static LIVE: std::sync::Mutex<Vec<LiveOutput>> = std::sync::Mutex::new(Vec::new());
+
+fn live() -> std::sync::MutexGuard<'static, Vec<LiveOutput>> {
+    // Every update is one push or retain, so a poisoned list is still consistent.
+    LIVE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Takes `tmp` off the list (it was committed or removed).
+fn forget_live(live: &mut Vec<LiveOutput>, tmp: &Path) {
+    live.retain(|o| o.tmp != tmp);
+}
+
+/// Removes every listed temporary (the interrupt handler), holding the list's lock for good:
+/// the process ends right after, so no commit may start.
+fn remove_live_outputs(signal: i32) {
+    let live = live();
+    let name = signal_hook::low_level::signal_name(signal).unwrap_or("a signal");
+    for o in live.iter() {
+        let _ = std::fs::remove_dir_all(&o.tmp);
+        let _ = std::fs::remove_file(&o.lock);
+        eprintln!(
+            "wanbake: interrupted by {name}: {} was not written (its unfinished temporary is removed)",
+            o.dest.display()
+        );
+    }
+    std::mem::forget(live);
 }
 
 /// How the destination may be treated.
@@ -301,6 +357,11 @@ impl Staging {
             check_space(&parent, plan.total_bytes())?;
         }
         let (tmp, lock_path, lock) = create_tmp(dest)?;
+        live().push(LiveOutput {
+            dest: dest.to_path_buf(),
+            tmp: tmp.clone(),
+            lock: lock_path.clone(),
+        });
         let mut staging = Staging {
             dest: dest.to_path_buf(),
             tmp,
@@ -588,6 +649,8 @@ impl Staging {
 
     fn commit_as_is(mut self) -> Result<PathBuf, WriteError> {
         sync_tree(&self.tmp)?;
+        // Under the list's lock: an interrupt now waits for the rename (see `LIVE`).
+        let mut live = live();
         match self.replace {
             Replace::Overwrite if self.dest.symlink_metadata().is_ok() => {
                 rustix::fs::renameat_with(
@@ -603,6 +666,7 @@ impl Staging {
                 })?;
                 // `tmp` now holds the previous release; remove it.
                 let _ = std::fs::remove_dir_all(&self.tmp);
+                forget_live(&mut live, &self.tmp);
             }
             _ => {
                 rustix::fs::renameat_with(
@@ -616,8 +680,10 @@ impl Staging {
                     path: self.dest.clone(),
                     source: e.into(),
                 })?;
+                forget_live(&mut live, &self.tmp);
             }
         }
+        drop(live);
         self.committed = true;
         let parent = parent_dir(&self.dest);
         File::open(&parent)
@@ -633,6 +699,7 @@ impl Drop for Staging {
         if !self.committed {
             let _ = std::fs::remove_dir_all(&self.tmp);
             let _ = std::fs::remove_file(&self.lock_path);
+            forget_live(&mut live(), &self.tmp);
         }
     }
 }
