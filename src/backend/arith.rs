@@ -51,19 +51,21 @@ pub fn widen_bits_f16(h: u16) -> u32 {
     sign | (((exp >> 10) + 127 - 15) << 23) | (man << 13)
 }
 
-/// f32 bits → bf16 bits with round-to-nearest-even (`narrow_bits_bf16`): the formula of
-/// `io::dtype::round_to_bf16`; NaN keeps sign and top payload bits and gains the quiet bit.
+/// f32 bits → bf16 bits with round-to-nearest-even (`narrow_bits_bf16`): the kernel's
+/// integer sequence is `io::dtype::round_to_bf16`'s, so this is that function (NaN keeps sign
+/// and top payload bits and gains the quiet bit).
 #[inline(always)]
 pub fn narrow_bits_bf16(b: u32) -> u16 {
-    if is_nan_bits(b) {
-        return ((b >> 16) | 0x0040) as u16;
-    }
-    (b.wrapping_add(0x7FFF + ((b >> 16) & 1)) >> 16) as u16
+    crate::io::dtype::round_to_bf16(f32::from_bits(b))
 }
 
 /// f32 bits → IEEE half bits with round-to-nearest-even (`narrow_bits_f16`): subnormal
 /// results, overflow to infinity; NaN keeps sign and the top ten payload bits and gains the
 /// quiet bit 0x0200 (what `half::f16::from_f32` does in software and with F16C).
+///
+/// The kernel's own integer algorithm (CUDA C has no `half` crate), mirrored here so the
+/// tests can hold it to `io::dtype::round_to_f16` for every f32; the host computes with
+/// `io::dtype::round_to_f16` itself ([`add_narrow_f16`], the CPU backend).
 #[inline]
 pub fn narrow_bits_f16(x: u32) -> u16 {
     let sign = x & 0x8000_0000;
@@ -131,7 +133,7 @@ pub fn add_narrow_bf16(base: f32, delta: f32) -> u16 {
 /// `RNE_f16(base + delta)` (`add_narrow_f16`).
 #[inline(always)]
 pub fn add_narrow_f16(base: f32, delta: f32) -> u16 {
-    narrow_bits_f16(sum_bits(base, delta))
+    crate::io::dtype::round_to_f16(f32::from_bits(sum_bits(base, delta)))
 }
 
 /// `base + delta` as f32 bits (`add_narrow_f32`).

@@ -13,7 +13,7 @@ use super::{
     Backend, BackendError, BackendKind, MatShape, NonFinite, ScalesLen, check, output_size,
 };
 use crate::io::DType;
-use crate::io::dtype::{narrow_from_f32, widen_to_f32};
+use crate::io::dtype::{narrow_from_f32, round_to_bf16, round_to_f16, widen_to_f32};
 use crate::linalg::{self, XsBases};
 
 /// A row-major f32 matrix in host memory.
@@ -276,9 +276,10 @@ impl Backend for CpuBackend {
                     value: f32::from_bits(s),
                 });
             }
+            let value = f32::from_bits(s);
             match dtype {
-                DType::BF16 => o.copy_from_slice(&arith::narrow_bits_bf16(s).to_le_bytes()),
-                DType::F16 => o.copy_from_slice(&arith::narrow_bits_f16(s).to_le_bytes()),
+                DType::BF16 => o.copy_from_slice(&round_to_bf16(value).to_le_bytes()),
+                DType::F16 => o.copy_from_slice(&round_to_f16(value).to_le_bytes()),
                 _ => o.copy_from_slice(&s.to_le_bytes()),
             }
         }

@@ -82,7 +82,8 @@ fn cached(s: &FileStamp) -> Option<String> {
     (sha.len() == 64 && sha.bytes().all(|b| b.is_ascii_hexdigit())).then(|| sha.to_string())
 }
 
-/// Best effort: a cache that cannot be written only costs a later re-hash.
+/// Best effort: a cache that cannot be written only costs a later re-hash. Written by the
+/// one single-file writer (`staging::replace_file_durable`: temporary, fsync, rename).
 fn remember(s: &FileStamp, sha: &str) {
     let Some(dir) = cache_dir() else { return };
     let path = entry_path(dir, s);
@@ -90,10 +91,7 @@ fn remember(s: &FileStamp, sha: &str) {
     if std::fs::create_dir_all(parent).is_err() {
         return;
     }
-    let tmp = parent.join(format!(".tmp-{}-{}", std::process::id(), s.ino));
-    if std::fs::write(&tmp, sha).is_ok() && std::fs::rename(&tmp, &path).is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
+    let _ = super::staging::replace_file_durable(&path, sha.as_bytes());
 }
 
 /// Asked before each read of an input being hashed, with the bytes read so far and the

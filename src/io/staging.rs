@@ -723,8 +723,8 @@ pub fn write_durable(path: &Path, bytes: &[u8]) -> Result<(), WriteError> {
 
 /// Replaces `path` atomically with `bytes` (temp file + fsync + rename + parent fsync); on
 /// failure the temporary is removed and `path` is untouched. Every single file wanbake
-/// writes outside a release folder (the runner's outputs, SVD cache entries) goes through
-/// here.
+/// writes outside a release folder (the runner's outputs, SVD cache entries, input-hash
+/// cache entries) goes through here.
 pub fn replace_file_durable(path: &Path, bytes: &[u8]) -> Result<(), WriteError> {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");

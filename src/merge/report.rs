@@ -1,8 +1,8 @@
 //! What a merge did, for the manifest's `report` and the command's summary.
 //!
-//! Owns: `MergeReport`, `AdapterReport`, `SvdReport`, `StrengthSemantics` and the label of a
-//! scale source. Everything is built from sorted data (`BTreeMap`, plan-ordered `Vec`s), so
-//! the same merge always serialises to the same bytes.
+//! Owns: `MergeReport`, `AdapterReport`, `SvdReport`, `DeviceRecord`, `DoraStrength` and the
+//! label of a scale source. Everything is built from sorted data (`BTreeMap`, plan-ordered
+//! `Vec`s), so the same merge always serialises to the same bytes.
 
 use std::collections::BTreeMap;
 
