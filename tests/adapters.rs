@@ -404,7 +404,7 @@ fn base_index(base: &Path) -> BaseIndex {
 
 fn bound(adapter: &Path, base: &Path, scale: Option<f64>) -> AdapterSet {
     let mut set = open(adapter, scale);
-    set.bind(&base_index(base))
+    set.bind(&base_index(base), false)
         .unwrap_or_else(|e| panic!("{e}"));
     set
 }
@@ -1114,7 +1114,7 @@ fn unmatched_entries_are_errors_unless_allowed() {
     );
     let mut set = AdapterSet::open(&bad, &AdapterOptions::default()).unwrap();
     let err = set
-        .bind(&base_index(&golden("models/t2v")))
+        .bind(&base_index(&golden("models/t2v")), false)
         .unwrap_err()
         .to_string();
     assert!(
@@ -1129,7 +1129,7 @@ fn unmatched_entries_are_errors_unless_allowed() {
         },
     )
     .unwrap();
-    let report = set.bind(&base_index(&golden("models/t2v"))).unwrap();
+    let report = set.bind(&base_index(&golden("models/t2v")), true).unwrap();
     assert_eq!(report.unmatched.len(), 1);
     assert_eq!(report.unmatched[0].module, "lora_unet_blocks_7_self_attn_q");
     assert_eq!(report.bound.len(), 30);
@@ -1168,7 +1168,7 @@ fn the_norm_swap_never_binds_the_wrong_norm() {
     );
     let mut set = AdapterSet::open(&bad, &AdapterOptions::default()).unwrap();
     let err = set
-        .bind(&base_index(&golden("models/t2v")))
+        .bind(&base_index(&golden("models/t2v")), false)
         .unwrap_err()
         .to_string();
     assert!(err.contains("diffusion_model.blocks.1.norm2"), "{err}");
@@ -1205,7 +1205,9 @@ fn zero_binding_names_the_variant_the_adapter_targets() {
         ],
     );
     let mut set = AdapterSet::open(&a, &AdapterOptions::default()).unwrap();
-    let err = set.bind(&base_index(&golden("models/t2v"))).unwrap_err();
+    let err = set
+        .bind(&base_index(&golden("models/t2v")), false)
+        .unwrap_err();
     assert!(matches!(err, AdapterError::NoBinding { .. }), "{err}");
     let msg = err.to_string();
     assert!(
@@ -1215,7 +1217,7 @@ fn zero_binding_names_the_variant_the_adapter_targets() {
     // A WAN LoRA against the SA3 base, and an SA3 adapter against a WAN base.
     let mut wan = open(&golden("adapters/peft_plain"), None);
     let msg = wan
-        .bind(&base_index(&golden("sa3/base/model.safetensors")))
+        .bind(&base_index(&golden("sa3/base/model.safetensors")), false)
         .unwrap_err()
         .to_string();
     assert!(
@@ -1224,7 +1226,7 @@ fn zero_binding_names_the_variant_the_adapter_targets() {
     );
     let mut sa3 = open(&golden("sa3/adapters/lora.safetensors"), None);
     let msg = sa3
-        .bind(&base_index(&golden("models/t2v")))
+        .bind(&base_index(&golden("models/t2v")), false)
         .unwrap_err()
         .to_string();
     assert!(
@@ -1254,7 +1256,7 @@ fn zero_binding_names_the_variant_the_adapter_targets() {
 fn a_mismatched_shape_names_file_key_expected_and_found() {
     let mut set = open(&golden("adapters/mismatch_1p3b_like"), None);
     let msg = set
-        .bind(&base_index(&golden("models/t2v")))
+        .bind(&base_index(&golden("models/t2v")), false)
         .unwrap_err()
         .to_string();
     for k in [
@@ -1366,7 +1368,9 @@ fn canon(path: &Path, scale: Option<f64>, base: Option<&Path>) -> Canon {
     let ids: Vec<ModuleId> = match base {
         None => resolve_names(&set).unwrap_or_else(|e| panic!("{e}")),
         Some(b) => {
-            let report = set.bind(&base_index(b)).unwrap_or_else(|e| panic!("{e}"));
+            let report = set
+                .bind(&base_index(b), false)
+                .unwrap_or_else(|e| panic!("{e}"));
             bound_ids(&set, &report)
                 .into_iter()
                 .map(Option::unwrap)

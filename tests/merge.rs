@@ -44,7 +44,6 @@ fn adapter_set(path: &Path, convention: Convention, entries: Vec<Entry>) -> Adap
         metadata: BTreeMap::new(),
         sidecars: Vec::new(),
         notes: Vec::new(),
-        allow_unmatched: false,
     }
 }
 
@@ -108,8 +107,13 @@ fn bound(set: AdapterSet, strength: f64) -> Unbound {
     }
 }
 
-/// Binds hand-built adapters to `base` (one alias table per component).
-fn bind_all(base: &BaseModel, adapters: Vec<Unbound>) -> Result<BoundSet, MergeError> {
+/// Binds hand-built adapters to `base` (one alias table per component), refusing or
+/// allowing unmatched entries as `allow_unmatched` (the merge options') says.
+fn bind_all(
+    base: &BaseModel,
+    adapters: Vec<Unbound>,
+    allow_unmatched: bool,
+) -> Result<BoundSet, MergeError> {
     adapters
         .into_iter()
         .map(|u| {
@@ -119,7 +123,14 @@ fn bind_all(base: &BaseModel, adapters: Vec<Unbound>) -> Result<BoundSet, MergeE
                 &comp.tensors,
                 base.model(u.component),
             );
-            bind_adapter(u.set, u.component, &index, u.strength, "hand-built")
+            bind_adapter(
+                u.set,
+                u.component,
+                &index,
+                u.strength,
+                "hand-built",
+                allow_unmatched,
+            )
         })
         .collect()
 }
@@ -269,7 +280,11 @@ fn merge_on(
     dest: &Path,
     compute: &Compute,
 ) -> Result<MergeOutcome, MergeFailure> {
-    let adapters = bind_all(&BaseModel::open(base).unwrap(), adapters)?;
+    let adapters = bind_all(
+        &BaseModel::open(base).unwrap(),
+        adapters,
+        options.allow_unmatched,
+    )?;
     merge_bound(base, &adapters, options, dest, compute)
 }
 
@@ -1102,23 +1117,22 @@ fn refuses_unmatched_keys_unless_allowed_and_reports_them() {
         ],
     );
     // A second entry whose module the base does not have: binding finds it unmatched.
-    let make = |allow: bool| {
+    let make = || {
         let mut set = lora_on(&a, QKV, Kind::Lora);
         let mut stray = set.entries[0].clone();
         stray.module = "lora_unet_foo".into();
         stray.source_keys = vec!["lora_unet_foo.lora_down.weight".into()];
         set.entries.push(stray);
-        set.allow_unmatched = allow;
         bound(set, 1.0)
     };
-    let msg = refused(tmp.path(), vec![make(false)], &options(OutputDType::F32));
+    let msg = refused(tmp.path(), vec![make()], &options(OutputDType::F32));
     assert!(
         msg.contains("lora_unet_foo.lora_down.weight") && msg.contains("--allow-unmatched"),
         "{msg}"
     );
     let mut o = options(OutputDType::F32);
     o.allow_unmatched = true;
-    let out = merge(&sa3_base(), vec![make(true)], &o, &tmp.path().join("out")).unwrap();
+    let out = merge(&sa3_base(), vec![make()], &o, &tmp.path().join("out")).unwrap();
     assert_eq!(
         out.report.adapters[0].unmatched_allowed,
         vec!["lora_unet_foo.lora_down.weight".to_string()]
@@ -1144,8 +1158,7 @@ fn refuses_an_adapter_that_binds_nothing() {
         ],
     );
     // Refused even when unmatched keys are allowed: an adapter must change something.
-    let mut set = lora_module_on(&a, "nothing.here", QKV, Kind::Lora);
-    set.allow_unmatched = true;
+    let set = lora_module_on(&a, "nothing.here", QKV, Kind::Lora);
     let mut o = options(OutputDType::F32);
     o.allow_unmatched = true;
     let msg = refused(tmp.path(), vec![bound(set, 1.0)], &o);
@@ -2281,7 +2294,7 @@ fn the_svd_cache_is_shared_between_routes() {
     let routes = [Compute::Reference, Compute::Cpu];
     for compute in &routes {
         let dest = tmp.path().join(compute.label());
-        let adapters = bind_all(&base, vec![bound(sa3_set("bora-xs", &same), 0.9)]).unwrap();
+        let adapters = bind_all(&base, vec![bound(sa3_set("bora-xs", &same), 0.9)], false).unwrap();
         let o = options(OutputDType::BF16);
         let out = merge_release(
             &base,

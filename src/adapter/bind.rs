@@ -563,8 +563,12 @@ impl AdapterSet {
     /// `Entry::binding`, checks shapes (2-D view rules of `kinds`), and reports entries
     /// that bind to nothing. Errors: shapes that do not fit (always), no entry bound at all
     /// (always, naming the base variant the adapter appears to target), unmatched entries
-    /// (unless the set was opened with `allow_unmatched`).
-    pub fn bind(&mut self, base: &BaseIndex) -> Result<BindReport, AdapterError> {
+    /// (unless `allow_unmatched`: then they are reported, never applied).
+    pub fn bind(
+        &mut self,
+        base: &BaseIndex,
+        allow_unmatched: bool,
+    ) -> Result<BindReport, AdapterError> {
         let modules: Vec<&str> = self.entries.iter().map(|e| e.module.as_str()).collect();
         let naming = base.choose_naming(&modules, preferred_naming(self.convention));
         let mut bound = Vec::new();
@@ -637,7 +641,7 @@ impl AdapterSet {
                 }),
             });
         }
-        let unmatched: Vec<EntryProblem> = if !unmatched.is_empty() && !self.allow_unmatched {
+        let unmatched: Vec<EntryProblem> = if !unmatched.is_empty() && !allow_unmatched {
             let (hint, _) = explain(&unmatched);
             return Err(AdapterError::Unmatched {
                 adapter: self.path.clone(),

@@ -120,8 +120,9 @@ pub struct AdapterOptions {
     /// σ for every low-rank entry, replacing what the file implies (`ScaleSource::User`).
     /// Required for files that carry no scale at all (Qwix without metadata).
     pub scale: Option<f64>,
-    /// Keep going when keys are not consumed or entries bind to nothing (they are
-    /// reported, never applied). Off by default: such keys are errors.
+    /// Keep going when keys are not consumed (they are reported, never applied). Off by
+    /// default: such keys are errors. Entries that bind to nothing are the binding's
+    /// question (`AdapterSet::bind`), asked with the same user choice.
     pub allow_unmatched: bool,
 }
 
@@ -144,8 +145,6 @@ pub struct AdapterSet {
     pub sidecars: Vec<PathBuf>,
     /// What the parser decided that a reader should know (legacy type names resolved, ...).
     pub notes: Vec<String>,
-    /// From the options: report instead of failing on unmatched keys and entries.
-    pub allow_unmatched: bool,
 }
 
 /// One tensor of an adapter file as its header describes it.
@@ -325,7 +324,6 @@ impl AdapterSet {
             metadata,
             sidecars: config.map(|(p, _)| vec![p]).unwrap_or_default(),
             notes: parsed.notes,
-            allow_unmatched: opts.allow_unmatched,
         })
     }
 

@@ -265,7 +265,7 @@ fn bind_one(
     {
         b.verdict = Some(mismatch_line(&set, &ix));
     }
-    match set.bind(&ix) {
+    match set.bind(&ix, opts.allow_unmatched) {
         Ok(r) => {
             // Entries left unbound (inspect binds as if with --allow-unmatched) are explained
             // in model terms, as merge's refusal would explain them, when they can be.

@@ -294,7 +294,8 @@ pub fn module_ids(
     let ckpt = BaseModel::open(base)?;
     let (comp, model) = ckpt.single_part()?;
     let ix = BaseIndex::new(base, &comp.tensors, model);
-    let report = set.bind(&ix)?;
+    // A translated or resized adapter must hold every entry: unmatched ones are refused.
+    let report = set.bind(&ix, false)?;
     let ids = bound_ids(set, &report);
     let mut out = Vec::new();
     let mut missing = Vec::new();

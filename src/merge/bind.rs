@@ -59,15 +59,16 @@ impl FromIterator<BoundAdapter> for BoundSet {
 
 /// Binds an opened adapter to base component `component`, whose alias table is `index`
 /// (built once per component by the caller): the one place an adapter's entries are checked
-/// against the base.
+/// against the base. `allow_unmatched` is `MergeOptions::allow_unmatched`.
 pub fn bind_adapter(
     mut set: AdapterSet,
     component: usize,
     index: &BaseIndex,
     strength: f64,
     shown: &str,
+    allow_unmatched: bool,
 ) -> Result<BoundAdapter, MergeError> {
-    let report = set.bind(index)?;
+    let report = set.bind(index, allow_unmatched)?;
     let mut unmatched: Vec<String> = set.unparsed.iter().map(|k| k.key.clone()).collect();
     unmatched.extend(report.unmatched.iter().flat_map(|p| p.keys.iter().cloned()));
     unmatched.sort();
@@ -125,9 +126,10 @@ pub fn components_of(spec: &AdapterSpec, base: &Checkpoint) -> Result<Vec<usize>
 }
 
 /// Opens and binds every spec's adapter to each component it names, in spec order. Keys
-/// the parser did not consume and entries the binder could not place are refused by the
-/// adapter module unless `options.allow_unmatched` (binding is the only step that option
-/// acts on); when allowed they travel in `BoundAdapter::unmatched` to the merge report.
+/// the parser did not consume (at open) and entries the binder could not place (at bind)
+/// are refused by the adapter module unless `options.allow_unmatched`, the one place that
+/// choice is read; when allowed they travel in `BoundAdapter::unmatched` to the merge
+/// report.
 pub fn bind_specs(
     specs: &[AdapterSpec],
     base: &BaseModel,
@@ -147,7 +149,15 @@ pub fn bind_specs(
                 allow_unmatched: options.allow_unmatched,
             };
             let set = AdapterSet::open(&spec.path, &opts)?;
-            out.push(bind_adapter(set, ci, index, spec.strength, &spec.text)?);
+            let allow = options.allow_unmatched;
+            out.push(bind_adapter(
+                set,
+                ci,
+                index,
+                spec.strength,
+                &spec.text,
+                allow,
+            )?);
         }
     }
     Ok(BoundSet(out))
