@@ -24,8 +24,8 @@ use wanbake::io::staging::Replace;
 use wanbake::io::{Checkpoint, DType, SafetensorsFile};
 use wanbake::layout::OutputDType;
 use wanbake::merge::{
-    AdapterSpec, BoundSet, Compute, DoraStrength, MergeError, MergeFailure, MergeOptions,
-    MergeOutcome, bind_adapter, bind_specs, merge_release,
+    AdapterSpec, BoundSet, Compute, DoraStrength, MergeChoices, MergeError, MergeFailure,
+    MergeOptions, MergeOutcome, bind_adapter, bind_specs, merge_release,
 };
 use wanbake::model::base_model::BaseModel;
 use wanbake::model::wan_layout::Layout;
@@ -135,16 +135,14 @@ fn bind_all(
         .collect()
 }
 
+/// Merge options with `dtype` and every other choice at its default, through the one
+/// builder the CLI and recipes use.
 fn options(dtype: OutputDType) -> MergeOptions {
-    MergeOptions {
+    MergeOptions::new(MergeChoices {
         dtype,
-        keep_f32: None,
-        layout: None,
-        dora_strength: DoraStrength::Merge,
-        allow_unmatched: false,
-        shard_bytes: None,
-        quantize: None,
-    }
+        ..MergeChoices::default()
+    })
+    .unwrap()
 }
 
 /// The PEFT-form dict a reference tool held (`golden/references/<case>__applied`): per

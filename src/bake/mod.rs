@@ -26,7 +26,6 @@ pub use error::BakeError;
 pub use plan::{BakePlan, BaseHashing, HashCheck, Space, plan_bake};
 
 use crate::io::staging::Replace;
-use crate::layout::OutputDType;
 use crate::linalg::SvdCache;
 use crate::manifest::{VerifyReport, verify_committed};
 use crate::merge::{
@@ -249,14 +248,7 @@ impl ReferenceDir {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "output".into());
         let dir = output.with_file_name(format!(".{name}.wanbake-reference"));
-        let ref_options = MergeOptions {
-            dtype: OutputDType::F32,
-            keep_f32: None,
-            layout: None,
-            shard_bytes: None,
-            quantize: None,
-            ..options.clone()
-        };
+        let ref_options = options.f32_reference();
         let mut prepared = prepare_merge(base, adapters, &ref_options, BaseHash::Skip)?;
         prepared.inputs = inputs;
         prepared.base_hashed = true;

@@ -84,18 +84,20 @@ fn execute_quantized(to: QuantFormat, args: &Args, p: &mut Printer) -> anyhow::R
         ..MergeChoices::default()
     })
     .map_err(super::merge::flag_error)?;
-    let Some(q) = options.quantize else {
+    let Some(format) = options.quantize.map(|q| q.format) else {
         return Err(UsageError(format!("--to {to}: not a quantized output")).into());
     };
     super::merge::refuse_gguf_out(&args.output.out)?;
-    let format = q.format;
-    let r =
-        quantize_release(&args.input, q, &args.output.out, args.output.replace()).map_err(|e| {
-            match e {
-                MergeFailure::Merge(m) => super::merge::usage_or(*m),
-                other => other.into(),
-            }
-        })?;
+    let r = quantize_release(
+        &args.input,
+        &options,
+        &args.output.out,
+        args.output.replace(),
+    )
+    .map_err(|e| match e {
+        MergeFailure::Merge(m) => super::merge::usage_or(*m),
+        other => other.into(),
+    })?;
     let bytes: u64 = r.manifest.files.iter().map(|f| f.bytes).sum();
     p.line(format!(
         "wrote {} ({format}: {} files, {} bytes)",

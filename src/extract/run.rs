@@ -547,7 +547,7 @@ pub struct FromAdapters<'a> {
     pub base: &'a BaseModel,
     /// The adapters, bound to it.
     pub adapters: &'a [BoundAdapter],
-    /// Merge options (dtype, layout and shards are overridden: f32, the base's, one file).
+    /// Merge options (computed as their `MergeOptions::f32_reference`).
     pub merge: MergeOptions,
 }
 
@@ -560,14 +560,7 @@ pub fn extract_from_adapters(
     m: FromAdapters<'_>,
 ) -> Result<ExtractOutcome, ExtractError> {
     check_request(req)?;
-    let options = MergeOptions {
-        dtype: crate::layout::OutputDType::F32,
-        keep_f32: Some(crate::layout::KeepF32::None),
-        layout: None,
-        shard_bytes: None,
-        quantize: None,
-        ..m.merge
-    };
+    let options = m.merge.f32_reference();
     let merge_err = |e: crate::merge::MergeError| ExtractError::Merge(Box::new(e.into()));
     let prepared = prepare_merge(m.base, m.adapters, &options, BaseHash::Now).map_err(merge_err)?;
     let set = &m.base.single()?.tensors;

@@ -119,25 +119,22 @@ pub fn merge_release(
     })
 }
 
-/// `convert --to`: the merge of no adapters into a quantized output (`options.quantize`),
-/// recorded as `convert` with the input's files under the role `input`.
+/// `convert --to`: the merge of no adapters into a quantized output (`options.quantize`,
+/// from `MergeOptions::new`), recorded as `convert` with the input's files under the role
+/// `input`.
 pub fn quantize_release(
     input: &Path,
-    quantize: crate::quantize::QuantOptions,
+    options: &MergeOptions,
     dest: &Path,
     replace: Replace,
 ) -> Result<Release, MergeFailure> {
-    let base = BaseModel::open(input).map_err(MergeError::from)?;
-    let options = MergeOptions {
-        dtype: crate::layout::OutputDType::Keep,
-        keep_f32: None,
-        layout: None,
-        dora_strength: DoraStrength::Merge,
-        allow_unmatched: false,
-        shard_bytes: None,
-        quantize: Some(quantize),
+    let Some(quantize) = options.quantize else {
+        return Err(
+            MergeError::Usage("convert --to: no quantized output was asked for".into()).into(),
+        );
     };
-    let mut prepared = prepare_merge(&base, &[], &options, BaseHash::WhileWriting)?;
+    let base = BaseModel::open(input).map_err(MergeError::from)?;
+    let mut prepared = prepare_merge(&base, &[], options, BaseHash::WhileWriting)?;
     for f in &mut prepared.hash_while_writing {
         f.0 = "input".into();
     }

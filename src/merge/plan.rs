@@ -109,6 +109,21 @@ impl MergeOptions {
             quantize,
         })
     }
+
+    /// The same merge computed in f32, with the base's own names, layout and shards, not
+    /// quantized: the tuned model a bake check runs on (`bake`'s reference folder) and an
+    /// extraction subtracts the base from (`extract --adapter`). Every tensor is f32, so no
+    /// keep-f32 policy applies.
+    pub fn f32_reference(&self) -> MergeOptions {
+        MergeOptions {
+            dtype: OutputDType::F32,
+            keep_f32: None,
+            layout: None,
+            shard_bytes: None,
+            quantize: None,
+            ..self.clone()
+        }
+    }
 }
 
 /// `to` and its companions: the format decides names, files and every tensor's type, so
