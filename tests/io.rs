@@ -778,9 +778,29 @@ fn inspect_flags_a_config_that_disagrees_with_the_weights() {
     assert!(!clean.contains("config.json says"), "{clean}");
 }
 
-/// Starts `merge` of the golden t2v model copied into `root/base` with a PEFT LoRA, and
-/// waits until the test gate holds it: its inputs are mapped and its temporary output exists.
+/// `merge` of `base` with a PEFT LoRA into `out` (the changed-input tests' main command).
+fn merge_args() -> Vec<String> {
+    let lora = repo().join("golden/adapters/peft_plain");
+    let args = [
+        "merge",
+        "--base",
+        "base",
+        "--adapter",
+        lora.to_str().unwrap(),
+    ];
+    let out = ["--out", "out", "--dtype", "bf16", "--device", "cpu"];
+    args.iter().chain(&out).map(|s| s.to_string()).collect()
+}
+
+/// Starts `merge` (`merge_args`) of the golden t2v model copied into `root/base`, and waits
+/// until the test gate holds it: its inputs are mapped and its temporary output exists.
 fn merge_held_at_gate(root: &Path) -> std::process::Child {
+    held_at_gate(root, &merge_args())
+}
+
+/// Starts the command `args` (reading `base`, writing `out`) with the golden t2v model copied
+/// into `root/base`, and waits until the test gate holds it.
+fn held_at_gate(root: &Path, args: &[String]) -> std::process::Child {
     let g = repo().join("golden");
     let base = root.join("base");
     std::fs::create_dir_all(&base).unwrap();
@@ -789,9 +809,7 @@ fn merge_held_at_gate(root: &Path) -> std::process::Child {
     }
     let gate = root.join("gate");
     let child = std::process::Command::new(bin())
-        .args(["merge", "--base", "base", "--adapter"])
-        .arg(g.join("adapters/peft_plain"))
-        .args(["--out", "out", "--dtype", "bf16", "--device", "cpu"])
+        .args(args)
         .env("WANBAKE_TEST_GATE", &gate)
         .env("WANBAKE_CACHE_DIR", root.join("cache"))
         .current_dir(root)
@@ -803,14 +821,23 @@ fn merge_held_at_gate(root: &Path) -> std::process::Child {
     while !ready.exists() && t0.elapsed().as_secs() < 60 {
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
-    assert!(ready.exists(), "the merge never reached its gate");
+    assert!(ready.exists(), "{} never reached its gate", args[0]);
     child
 }
 
 /// Runs `merge` (`merge_held_at_gate`); at the gate `change` alters the base, and the run
 /// goes on. Returns (exit code, stderr).
 fn merge_while_base_changes(root: &Path, change: impl FnOnce(&Path)) -> (i32, String) {
-    let child = merge_held_at_gate(root);
+    command_while_base_changes(root, &merge_args(), change)
+}
+
+/// [`merge_while_base_changes`] for the command `args`.
+fn command_while_base_changes(
+    root: &Path,
+    args: &[String],
+    change: impl FnOnce(&Path),
+) -> (i32, String) {
+    let child = held_at_gate(root, args);
     change(&root.join("base/diffusion_pytorch_model.safetensors"));
     std::fs::write(root.join("gate.go"), b"").unwrap();
     let o = child.wait_with_output().unwrap();
@@ -850,14 +877,46 @@ fn an_interrupt_removes_the_unfinished_output_and_ends_the_run_by_its_signal() {
     }
 }
 
+/// Cuts `f` to a third of its length.
+fn shrink(f: &Path) {
+    let len = std::fs::metadata(f).unwrap().len();
+    let file = std::fs::OpenOptions::new().write(true).open(f).unwrap();
+    file.set_len(len / 3).unwrap();
+}
+
+/// Rewrites 64 bytes near the end of `f`'s data (inside some tensor), keeping its size.
+fn rewrite_in_place(f: &Path) {
+    use std::os::unix::fs::FileExt;
+    let len = std::fs::metadata(f).unwrap().len();
+    let file = std::fs::OpenOptions::new().write(true).open(f).unwrap();
+    file.write_all_at(&[0x7f; 64], len - 256).unwrap();
+    file.sync_all().unwrap();
+}
+
+#[test]
+fn restack_and_convert_refuse_an_input_that_changes_while_they_read_it() {
+    let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let restack = strings(&["restack", "base", "--to", "nnx-scanned", "--out", "out"]);
+    let convert = strings(&["convert", "base", "--dtype", "bf16", "--out", "out"]);
+    for (args, change, says) in [
+        (&restack, shrink as fn(&Path), "shrank"),
+        (&restack, rewrite_in_place, "rewritten"),
+        (&convert, shrink, "shrank"),
+        (&convert, rewrite_in_place, "rewritten"),
+    ] {
+        let root = tmp();
+        let (code, err) = command_while_base_changes(root.path(), args, change);
+        assert_eq!(code, 1, "{}: {err}", args[0]);
+        assert!(err.contains("diffusion_pytorch_model.safetensors"), "{err}");
+        assert!(err.contains(says), "{}: {says:?} not in {err}", args[0]);
+        assert!(!err.contains("Bus error"), "{err}");
+    }
+}
+
 #[test]
 fn an_input_that_shrinks_while_it_is_read_fails_cleanly_and_commits_nothing() {
     let root = tmp();
-    let (code, err) = merge_while_base_changes(root.path(), |f| {
-        let len = std::fs::metadata(f).unwrap().len();
-        let file = std::fs::OpenOptions::new().write(true).open(f).unwrap();
-        file.set_len(len / 3).unwrap();
-    });
+    let (code, err) = merge_while_base_changes(root.path(), shrink);
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("diffusion_pytorch_model.safetensors"), "{err}");
     assert!(err.contains("shrank"), "{err}");
@@ -886,14 +945,7 @@ fn an_input_that_grows_while_it_is_read_fails_cleanly_and_commits_nothing() {
 #[test]
 fn an_input_rewritten_in_place_with_the_same_size_fails_cleanly() {
     let root = tmp();
-    let (code, err) = merge_while_base_changes(root.path(), |f| {
-        use std::os::unix::fs::FileExt;
-        let len = std::fs::metadata(f).unwrap().len();
-        let file = std::fs::OpenOptions::new().write(true).open(f).unwrap();
-        // Same size, other bytes near the end of the data (inside some tensor).
-        file.write_all_at(&[0x7f; 64], len - 256).unwrap();
-        file.sync_all().unwrap();
-    });
+    let (code, err) = merge_while_base_changes(root.path(), rewrite_in_place);
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("diffusion_pytorch_model.safetensors"), "{err}");
     assert!(err.contains("rewritten"), "{err}");
