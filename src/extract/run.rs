@@ -4,8 +4,8 @@
 //! refusal) → full differences of every non-Linear tensor (cheap; a `--to peft` refusal
 //! comes here, before any SVD) → spectra of every differing Linear weight (in parallel across
 //! modules, each `Par::Seq`, so the bits do not depend on the thread count; on the CPU or on
-//! CUDA lanes, `route`) → ranks (per
-//! module, or the global budget) → factors → render → one release. Does not own: the tuned
+//! CUDA lanes, `route`) → ranks (per module, or the global budget) → factors → render → one
+//! release. Does not own: the tuned
 //! model built from adapters beyond calling the merge ([`extract_from_adapters`]).
 
 use std::path::PathBuf;
@@ -171,13 +171,13 @@ fn extract_pairs(
         .max()
         .unwrap_or(0);
     let route = SvdRoute::new(&req.device, largest);
-    let svd = Svd {
+    let spectra = Spectra {
         pairs,
         source,
         req,
         route: &route,
     };
-    let linear = linear_deltas(&svd)?;
+    let linear = linear_deltas(&spectra)?;
     if kept_diffs.is_empty() && left_out.is_empty() && linear.is_empty() {
         return Err(ExtractError::NothingDiffers {
             base: req.base.clone(),
@@ -186,9 +186,9 @@ fn extract_pairs(
         });
     }
     let mut linear = linear;
-    let ranks = choose_ranks(&mut linear, &kept_diffs, &svd)?;
+    let ranks = choose_ranks(&mut linear, &kept_diffs, &spectra)?;
     let linear = match req.budget {
-        Some(_) => budget_factors(&svd, linear, &ranks)?,
+        Some(_) => budget_factors(&spectra, linear, &ranks)?,
         None => linear,
     };
     let (items, mut report) = assemble(pairs, &linear, &ranks, kept_diffs, req.to);
@@ -263,14 +263,14 @@ fn full_differences(
 
 /// What every module's spectrum is computed from: the pairs, where their ΔW comes from, the
 /// request, and where the SVDs run.
-struct Svd<'a> {
+struct Spectra<'a> {
     pairs: &'a [TensorPair],
     source: &'a dyn DeltaSource,
     req: &'a ExtractRequest,
     route: &'a SvdRoute,
 }
 
-impl Svd<'_> {
+impl Spectra<'_> {
     /// The spectrum of pair `p`'s ΔW (`None` when nothing differs).
     fn of(
         &self,
@@ -292,8 +292,8 @@ impl Svd<'_> {
 /// only a module's top singular values are computed (at twice its even share of the budget;
 /// `choose_ranks` asks for more where the allocation needs them) and no vectors are kept;
 /// [`budget_factors`] recomputes the vectors of the ranks allocated.
-fn linear_deltas(svd: &Svd<'_>) -> Result<Vec<(usize, Spectrum)>, ExtractError> {
-    let (pairs, req) = (svd.pairs, svd.req);
+fn linear_deltas(spectra: &Spectra<'_>) -> Result<Vec<(usize, Spectrum)>, ExtractError> {
+    let (pairs, req) = (spectra.pairs, spectra.req);
     let linear = pairs.iter().filter(|p| p.is_linear()).count();
     let phase = progress::begin("computing SVDs", 0, linear as u64);
     let modules = linear.max(1) as u64;
@@ -312,7 +312,7 @@ fn linear_deltas(svd: &Svd<'_>) -> Result<Vec<(usize, Spectrum)>, ExtractError> 
                 }
                 None => (req.rule, out.min(inp)),
             };
-            let found = svd.of(p, rule.as_ref(), max_rank)?;
+            let found = spectra.of(p, rule.as_ref(), max_rank)?;
             phase.add_item();
             let Some(mut s) = found else {
                 return Ok(None);
@@ -333,7 +333,7 @@ fn linear_deltas(svd: &Svd<'_>) -> Result<Vec<(usize, Spectrum)>, ExtractError> 
 /// exactly that rank (the singular values of the first pass chose the ranks; the report and
 /// the factors come from this one, which is the SVD a `--rank r` extraction computes).
 fn budget_factors(
-    svd: &Svd<'_>,
+    spectra: &Spectra<'_>,
     linear: Vec<(usize, Spectrum)>,
     ranks: &[usize],
 ) -> Result<Vec<(usize, Spectrum)>, ExtractError> {
@@ -350,7 +350,7 @@ fn budget_factors(
                 rank: Some(r),
                 energy: None,
             };
-            let again = svd.of(&svd.pairs[i], Some(&rule), r)?;
+            let again = spectra.of(&spectra.pairs[i], Some(&rule), r)?;
             phase.add_item();
             Ok((i, again.unwrap_or(s)))
         })
@@ -381,9 +381,9 @@ fn budget_cap(p: &TensorPair, req: &ExtractRequest) -> usize {
 fn choose_ranks(
     linear: &mut [(usize, Spectrum)],
     diffs: &[(usize, Vec<f32>)],
-    svd: &Svd<'_>,
+    spectra: &Spectra<'_>,
 ) -> Result<Vec<usize>, ExtractError> {
-    let (req, pairs) = (svd.req, svd.pairs);
+    let (req, pairs) = (spectra.req, spectra.pairs);
     let Some(budget) = req.budget else {
         let rule = req.rule.unwrap_or(RankRule {
             rank: None,
@@ -414,7 +414,7 @@ fn choose_ranks(
             .par_iter()
             .map(|&(m, k)| {
                 let p = &pairs[linear[m].0];
-                let mut s = svd.of(p, None, k)?.ok_or_else(|| {
+                let mut s = spectra.of(p, None, k)?.ok_or_else(|| {
                     ExtractError::Usage(format!("internal: `{}` stopped differing", p.canonical))
                 })?;
                 s.keep_vectors(0);
