@@ -170,7 +170,7 @@ fn covering_rank_merges_back_to_the_tuned_model() {
 }
 
 /// The `--device` values that run here: `cpu`, and `cuda` when a device is present (the SVDs
-/// then run on cuBLAS and cuSOLVER, `gpu::DeviceMatrix`).
+/// then run on cuBLAS and cuSOLVER, `gpu::CudaEngine`).
 fn svd_routes() -> Vec<&'static str> {
     match wanbake::gpu::probe() {
         Ok(_) => vec!["cpu", "cuda"],

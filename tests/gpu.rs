@@ -21,7 +21,7 @@ use faer::{MatRef, Par};
 use wanbake::backend::{Backend, BackendError, CpuBackend, MatShape, NonFinite, arith};
 use wanbake::gpu::device::Library;
 use wanbake::gpu::kernels::{CompileTarget, compile};
-use wanbake::gpu::{CudaDevice, DeviceChoice, DeviceMatrix, KernelFile, probe, select};
+use wanbake::gpu::{CudaDevice, CudaEngine, DeviceChoice, KernelFile, probe, select};
 use wanbake::io::DType;
 use wanbake::io::dtype::{narrow_from_f32, round_to_bf16, round_to_f16, widen_to_f32};
 use wanbake::linalg::{TopSingular, TruncMethod, top_singular, top_singular_on};
@@ -1467,7 +1467,7 @@ fn acceptance_merge_throughput_wan_1_3b() {
 }
 
 // ------------------------------------------------------------------------------------------
-// Issue 15: extraction's truncated SVDs on the CUDA engine (`gpu::DeviceMatrix`)
+// Issue 15: extraction's truncated SVDs on the CUDA engine (`gpu::CudaEngine`)
 // ------------------------------------------------------------------------------------------
 
 /// A row-major (m, n) ΔW-like matrix: a rank-`k` part with singular values `4·decay^p` along
@@ -1520,7 +1520,7 @@ fn cuda_truncation_engine_matches_the_host_engine() {
             (m.min(n), TruncMethod::Exact),
         ] {
             let want = top_singular(host, k, method).unwrap();
-            let mut held = DeviceMatrix::new(&mut lane, &d, m, n);
+            let mut held = CudaEngine::new(&mut lane, &d, m, n);
             let got = top_singular_on(&mut held, k, method).unwrap_or_else(|e| panic!("{e}"));
             assert_eq!(got.complete, want.complete, "{m}×{n} k={k}");
             let (ds, dv) = triplet_distance(&got, &want);
@@ -1584,7 +1584,7 @@ fn acceptance_extract_svd_gpu_vs_one_cpu_thread() {
         .unwrap();
         let cpu_s = t.elapsed().as_secs_f64();
         let t = std::time::Instant::now();
-        let mut held = DeviceMatrix::new(&mut lane, &d, m, n);
+        let mut held = CudaEngine::new(&mut lane, &d, m, n);
         let got = top_singular_on(&mut held, k, TruncMethod::RANDOMIZED).unwrap();
         let gpu_s = t.elapsed().as_secs_f64();
         let (ds, dv) = triplet_distance(&got, &want);

@@ -143,7 +143,7 @@ pub fn spectrum<E: TruncEngine>(
 mod tests {
     use super::*;
     use crate::extract::rank::energy_rank;
-    use crate::linalg::HostMatrix;
+    use crate::linalg::FaerEngine;
     use crate::rng::SplitMix64;
     use faer::MatRef;
 
@@ -183,7 +183,7 @@ mod tests {
                 energy: Some(f),
             };
             let run = |method| {
-                let mut host = HostMatrix(MatRef::from_row_major_slice(&d, 200, 150));
+                let mut host = FaerEngine(MatRef::from_row_major_slice(&d, 200, 150));
                 spectrum(&mut host, frobenius_sq(&d), Some(&rule), 150, method).unwrap()
             };
             let (e, r) = (run(TruncMethod::Exact), run(TruncMethod::RANDOMIZED));

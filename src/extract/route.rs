@@ -4,7 +4,7 @@
 //! lanes a CUDA route opens (one per worker, at most what the device's memory holds for the
 //! largest ΔW), and the one call every module's spectrum goes through
 //! ([`SvdRoute::spectrum`]). Does not own: the algorithm (`linalg::truncated`, written once
-//! for every engine), the engines (`linalg::HostMatrix`, `gpu::DeviceMatrix`), the lane pool
+//! for every engine), the engines (`linalg::FaerEngine`, `gpu::CudaEngine`), the lane pool
 //! (`merge::device::Lanes`), or how many triplets a module needs (`factor::spectrum`).
 //!
 //! On CUDA a worker holds one lane for a module's whole spectrum: ΔW is uploaded once, the
@@ -20,8 +20,8 @@ use super::ExtractError;
 use super::factor::{Spectrum, frobenius_sq, spectrum};
 use super::rank::RankRule;
 use crate::backend::BackendError;
-use crate::gpu::{CudaBackend, DeviceMatrix};
-use crate::linalg::{HostMatrix, TruncMethod};
+use crate::gpu::{CudaBackend, CudaEngine};
+use crate::linalg::{FaerEngine, TruncMethod};
 use crate::merge::device::Lanes;
 use crate::merge::{Compute, DeviceRecord};
 
@@ -90,7 +90,7 @@ impl SvdRoute {
         let total = frobenius_sq(d);
         match self {
             SvdRoute::Host => {
-                let mut host = HostMatrix(MatRef::from_row_major_slice(d, out, inp));
+                let mut host = FaerEngine(MatRef::from_row_major_slice(d, out, inp));
                 spectrum(&mut host, total, rule, max_rank, method).map_err(|source| {
                     ExtractError::Svd {
                         module: module.to_string(),
@@ -100,7 +100,7 @@ impl SvdRoute {
             }
             SvdRoute::Cuda { lanes, .. } => lanes
                 .with(|lane| {
-                    let mut held = DeviceMatrix::new(lane, d, out, inp);
+                    let mut held = CudaEngine::new(lane, d, out, inp);
                     spectrum(&mut held, total, rule, max_rank, method)
                 })
                 .and_then(|r| r)

@@ -4,7 +4,7 @@
 //! [`probe`]), the CUDA implementation of `backend::Backend` ([`CudaBackend`]), the CUDA C
 //! kernels under `kernels/` and their run-time compilation through NVRTC ([`kernels`]),
 //! cuBLAS GEMMs, the cuSOLVER `gesvd` route to LoRA-XS bases, and the engine of
-//! extraction's truncated SVDs ([`DeviceMatrix`]: `dgemm` products, `gesvd`). Does not own: the op set,
+//! extraction's truncated SVDs ([`CudaEngine`]: `dgemm` products, `gesvd`). Does not own: the op set,
 //! its CPU reference implementation and the element arithmetic every kernel mirrors
 //! (`backend`), which ops a merge runs (`merge`), the SVD basis cache or the sign convention
 //! (`linalg`), tensor I/O (`io`).
@@ -46,4 +46,4 @@ mod truncate;
 pub use cuda::{CudaBackend, DeviceMat, DeviceScales};
 pub use device::{CudaDevice, DeviceChoice, DeviceInfo, Selected, Selection, probe, select};
 pub use kernels::{Kernel, KernelDType, KernelFile, Op};
-pub use truncate::DeviceMatrix;
+pub use truncate::CudaEngine;

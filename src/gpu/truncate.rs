@@ -2,7 +2,7 @@
 //! a lane's device memory, its products `A·X` and `Aᵀ·Y` on cuBLAS `dgemm`, its full thin
 //! SVD on cuSOLVER `gesvd`.
 //!
-//! Owns: [`DeviceMatrix`] and the layout of its two products ([`times_call`],
+//! Owns: [`CudaEngine`] and the layout of its two products ([`times_call`],
 //! [`times_transposed_call`], [`pack_columns`], [`unpack_columns`]: pure functions, checked
 //! on the CPU against a reference GEMM in the tests). Does not own: the algorithm
 //! (`linalg::truncated`, which runs the test matrix, the QRs, the projection's SVD and the
@@ -19,7 +19,7 @@
 //! # Agreement with the CPU engine
 //! cuBLAS `dgemm` (pedantic math, no atomics: deterministic run to run for one GPU and
 //! toolkit) and faer sum in different orders, and `gesvd` and faer's SVD are different
-//! algorithms, so the triplets agree with `linalg::HostMatrix`'s to f64 round-off (amplified
+//! algorithms, so the triplets agree with `linalg::FaerEngine`'s to f64 round-off (amplified
 //! where singular values nearly coincide), not bit for bit. Extraction rounds its factors to
 //! f32 (or narrower), where the two routes then give the same value except for elements
 //! whose f64 value lies within that round-off of a rounding boundary. Each route is
@@ -39,7 +39,7 @@ use crate::linalg::{TopSingular, TruncEngine};
 /// One row-major (rows, cols) f64 matrix held on a CUDA lane for `linalg::top_singular_on`.
 /// The host copy stays borrowed: `gesvd` overwrites its input, so the full-SVD step uploads
 /// its own copy.
-pub struct DeviceMatrix<'a> {
+pub struct CudaEngine<'a> {
     lane: &'a mut CudaBackend,
     host: &'a [f64],
     rows: usize,
@@ -48,7 +48,7 @@ pub struct DeviceMatrix<'a> {
     device: Option<CudaSlice<f64>>,
 }
 
-impl<'a> DeviceMatrix<'a> {
+impl<'a> CudaEngine<'a> {
     /// Holds the row-major (rows, cols) matrix `host` on `lane` (nothing is uploaded yet).
     ///
     /// # Panics
@@ -58,10 +58,10 @@ impl<'a> DeviceMatrix<'a> {
         assert_eq!(
             Some(host.len()),
             rows.checked_mul(cols),
-            "DeviceMatrix: {} values for ({rows}, {cols})",
+            "CudaEngine: {} values for ({rows}, {cols})",
             host.len()
         );
-        DeviceMatrix {
+        CudaEngine {
             lane,
             host,
             rows,
@@ -110,7 +110,7 @@ impl<'a> DeviceMatrix<'a> {
     }
 }
 
-impl TruncEngine for DeviceMatrix<'_> {
+impl TruncEngine for CudaEngine<'_> {
     type Error = BackendError;
 
     fn dims(&self) -> (usize, usize) {
@@ -173,7 +173,7 @@ pub(crate) fn unpack_columns(values: &[f64], rows: usize, cols: usize) -> Mat<f6
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::linalg::{HostMatrix, LinalgError, TruncMethod, top_singular, top_singular_on};
+    use crate::linalg::{FaerEngine, LinalgError, TruncMethod, top_singular, top_singular_on};
     use crate::rng::SplitMix64;
 
     /// Reference column-major DGEMM (β = 0) with BLAS semantics.
@@ -202,7 +202,7 @@ mod tests {
     }
 
     /// The CUDA engine's host half with the reference GEMM and an emulated `gesvd` in place
-    /// of the device: the same calls, packing and mapping as [`DeviceMatrix`].
+    /// of the device: the same calls, packing and mapping as [`CudaEngine`].
     struct Emulated<'a> {
         host: &'a [f64],
         rows: usize,
@@ -265,14 +265,14 @@ mod tests {
                 cols: n,
             };
             let got = e.times(X).unwrap();
-            let want = HostMatrix(A).times(X).unwrap();
+            let want = FaerEngine(A).times(X).unwrap();
             assert!(
                 (&got - &want).norm_l2() <= 1e-14 * want.norm_l2(),
                 "A·X {m}×{n}"
             );
             let Y = Mat::from_fn(m, l, |_, _| rng.signed_f64());
             let got = e.times_transposed(Y.as_ref()).unwrap();
-            let want = HostMatrix(A).times_transposed(Y.as_ref()).unwrap();
+            let want = FaerEngine(A).times_transposed(Y.as_ref()).unwrap();
             assert!(
                 (&got - &want).norm_l2() <= 1e-14 * want.norm_l2(),
                 "Aᵀ·Y {m}×{n}"

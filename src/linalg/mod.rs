@@ -29,6 +29,6 @@ pub use norms::{col_norms, col_norms_into, row_norms, row_norms_into};
 pub use signs::{SignFloat, canonicalize_signs, canonicalize_signs_mat};
 pub use svd::{LinalgError, SVD_PARTITION_DEGREE, XsBases, xs_bases};
 pub use truncated::{
-    HostMatrix, TopSingular, TruncEngine, TruncMethod, factored_top_singular, top_singular,
+    FaerEngine, TopSingular, TruncEngine, TruncMethod, factored_top_singular, top_singular,
     top_singular_on,
 };

@@ -12,8 +12,8 @@
 //! # Where the big steps run
 //! Both methods are written once ([`top_singular_on`]) against a [`TruncEngine`]: the holder
 //! of the (m, n) matrix, which computes its two products `A·X` and `Aᵀ·Y` and its full thin
-//! SVD. [`HostMatrix`] does that with faer on the calling thread ([`top_singular`]); the CUDA
-//! engine (`gpu::DeviceMatrix`) with cuBLAS `dgemm` and cuSOLVER `gesvd`. Everything else,
+//! SVD. [`FaerEngine`] does that with faer on the calling thread ([`top_singular`]); the CUDA
+//! engine (`gpu::CudaEngine`) with cuBLAS `dgemm` and cuSOLVER `gesvd`. Everything else,
 //! the test matrix, the QRs, the SVD of the projection and the signs, runs here, on the host,
 //! for every engine, so two engines differ only by the round-off of those three operations.
 //!
@@ -117,7 +117,7 @@ pub fn top_singular(
     k: usize,
     method: TruncMethod,
 ) -> Result<TopSingular, LinalgError> {
-    top_singular_on(&mut HostMatrix(A), k, method)
+    top_singular_on(&mut FaerEngine(A), k, method)
 }
 
 /// The holder of one (m, n) f64 matrix `A` for [`top_singular_on`]: where its products and
@@ -142,9 +142,9 @@ pub trait TruncEngine {
 
 /// A matrix in host memory: faer, `Par::Seq`, on the calling thread.
 #[derive(Clone, Copy, Debug)]
-pub struct HostMatrix<'a>(pub MatRef<'a, f64>);
+pub struct FaerEngine<'a>(pub MatRef<'a, f64>);
 
-impl TruncEngine for HostMatrix<'_> {
+impl TruncEngine for FaerEngine<'_> {
     type Error = LinalgError;
 
     fn dims(&self) -> (usize, usize) {
