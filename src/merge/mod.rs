@@ -152,7 +152,7 @@ pub fn quantize_release(
         compute: &Compute::Cpu,
         before_commit: None,
     };
-    let outcome = write_merge(prepared, &base, &[], &options, dest, settings, |_| {
+    let outcome = write_merge(prepared, &base, &[], options, dest, settings, |_| {
         Ok(Checked {
             checks: serde_json::Value::Array(Vec::new()),
             passed: true,
