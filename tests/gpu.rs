@@ -1223,6 +1223,18 @@ fn unsupported_dtypes_are_errors<B: Backend>(b: &mut B) -> TestResult {
 // ------------------------------------------------------------------------------------------
 
 /// A CUDA lane for a measurement, or a panic saying why (these tests exist to run on a GPU).
+/// The (out, in) shapes of `WANBAKE_GPU_SVD_SHAPES` ("OUTxIN,OUTxIN,..."), or `default`'s.
+fn shapes_from_env(default: &str) -> Vec<(usize, usize)> {
+    std::env::var("WANBAKE_GPU_SVD_SHAPES")
+        .unwrap_or_else(|_| default.into())
+        .split(',')
+        .map(|s| {
+            let (a, b) = s.split_once('x').expect("shape as OUTxIN");
+            (a.parse().expect("rows"), b.parse().expect("columns"))
+        })
+        .collect()
+}
+
 fn required_cuda() -> (CudaDevice, wanbake::gpu::CudaBackend) {
     let device = CudaDevice::open(0).unwrap_or_else(|e| panic!("acceptance tests need a GPU: {e}"));
     let lane = device.backend().unwrap_or_else(|e| panic!("{e}"));
@@ -1361,14 +1373,7 @@ fn acceptance_svd_bases_gpu_vs_two_core_cpu() {
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
         .unwrap_or(2);
-    let shapes: Vec<(usize, usize)> = std::env::var("WANBAKE_GPU_SVD_SHAPES")
-        .unwrap_or_else(|_| "1536x1536,5120x5120,13824x5120".into())
-        .split(',')
-        .map(|s| {
-            let (a, b) = s.split_once('x').expect("shape as OUTxIN");
-            (a.parse().expect("rows"), b.parse().expect("columns"))
-        })
-        .collect();
+    let shapes = shapes_from_env("1536x1536,5120x5120,13824x5120");
     println!(
         "| shape | CPU {threads} threads (s) | GPU gesvd (s) | max abs ΔU, ΔV (top {r}) | identical f32 |"
     );
@@ -1559,14 +1564,7 @@ fn truncate_triplets(t: &TopSingular, k: usize) -> TopSingular {
 fn acceptance_extract_svd_gpu_vs_one_cpu_thread() {
     let (_device, mut lane) = required_cuda();
     let mut rng = Rng::new(1515);
-    let shapes: Vec<(usize, usize)> = std::env::var("WANBAKE_GPU_SVD_SHAPES")
-        .unwrap_or_else(|_| "1536x1536,8960x1536,1536x8960,5120x5120,13824x5120,5120x13824".into())
-        .split(',')
-        .map(|s| {
-            let (a, b) = s.split_once('x').expect("shape as OUTxIN");
-            (a.parse().expect("rows"), b.parse().expect("columns"))
-        })
-        .collect();
+    let shapes = shapes_from_env("1536x1536,8960x1536,1536x8960,5120x5120,13824x5120,5120x13824");
     let k = 64;
     println!(
         "| shape | CPU, 1 thread (s) | CUDA engine (s) | σ rel. diff | max vector diff (top {k}) |"

@@ -168,12 +168,18 @@ where
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    /// Reference column-major SGEMM with BLAS semantics, accumulating in f64.
-    #[allow(clippy::too_many_arguments)]
-    fn sgemm_ref(g: ColMajorGemm, alpha: f32, a: &[f32], b: &[f32], beta: f32, c: &mut [f32]) {
+    /// Reference column-major GEMM with BLAS semantics (`C ← α·op(A)·op(B) + β·C`, `a` the
+    /// call's first operand), accumulating in f64.
+    pub(crate) fn gemm_ref<T: Copy + Into<f64>>(
+        g: ColMajorGemm,
+        (alpha, beta): (f64, f64),
+        a: &[T],
+        b: &[T],
+        c: &mut [f64],
+    ) {
         for j in 0..g.n {
             for i in 0..g.m {
                 let mut acc = 0.0f64;
@@ -188,10 +194,10 @@ mod tests {
                     } else {
                         b[p + j * g.ldb]
                     };
-                    acc += f64::from(av) * f64::from(bv);
+                    acc += av.into() * bv.into();
                 }
                 let ci = &mut c[i + j * g.ldc];
-                *ci = (f64::from(alpha) * acc + f64::from(beta) * f64::from(*ci)) as f32;
+                *ci = alpha * acc + beta * *ci;
             }
         }
     }
@@ -215,8 +221,8 @@ mod tests {
                     let a: Vec<f32> = (0..m * k).map(|v| (v % 7) as f32 - 3.0).collect();
                     let b: Vec<f32> = (0..k * n).map(|v| (v % 5) as f32 - 2.0).collect();
                     let c0: Vec<f32> = (0..m * n).map(|v| v as f32).collect();
-                    let mut c = c0.clone();
-                    sgemm_ref(row_major(m, n, k, a_t, b_t), 2.0, &b, &a, 1.0, &mut c);
+                    let mut c: Vec<f64> = c0.iter().map(|&x| f64::from(x)).collect();
+                    gemm_ref(row_major(m, n, k, a_t, b_t), (2.0, 1.0), &b, &a, &mut c);
                     for i in 0..m {
                         for j in 0..n {
                             let mut want = 0.0f32;
@@ -229,7 +235,7 @@ mod tests {
                             let want = c0[i * n + j] + 2.0 * want;
                             assert_eq!(
                                 c[i * n + j],
-                                want,
+                                f64::from(want),
                                 "m={m} n={n} k={k} a_t={a_t} b_t={b_t} at ({i}, {j})"
                             );
                         }

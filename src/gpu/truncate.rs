@@ -172,34 +172,10 @@ pub(crate) fn unpack_columns(values: &[f64], rows: usize, cols: usize) -> Mat<f6
 
 #[cfg(test)]
 mod tests {
+    use super::super::blas::tests::gemm_ref;
     use super::*;
     use crate::linalg::{FaerEngine, LinalgError, TruncMethod, top_singular, top_singular_on};
     use crate::rng::SplitMix64;
-
-    /// Reference column-major DGEMM (β = 0) with BLAS semantics.
-    fn dgemm_ref(g: ColMajorGemm, a: &[f64], b: &[f64]) -> Vec<f64> {
-        let mut c = vec![0.0; g.ldc * g.n];
-        for j in 0..g.n {
-            for i in 0..g.m {
-                let mut acc = 0.0;
-                for p in 0..g.k {
-                    let av = if g.transa {
-                        a[p + i * g.lda]
-                    } else {
-                        a[i + p * g.lda]
-                    };
-                    let bv = if g.transb {
-                        b[j + p * g.ldb]
-                    } else {
-                        b[p + j * g.ldb]
-                    };
-                    acc += av * bv;
-                }
-                c[i + j * g.ldc] = acc;
-            }
-        }
-        c
-    }
 
     /// The CUDA engine's host half with the reference GEMM and an emulated `gesvd` in place
     /// of the device: the same calls, packing and mapping as [`CudaEngine`].
@@ -216,13 +192,19 @@ mod tests {
         }
         fn times(&mut self, X: MatRef<'_, f64>) -> Result<Mat<f64>, LinalgError> {
             let call = times_call(self.rows, self.cols, X.ncols());
-            let c = dgemm_ref(call, self.host, &pack_columns(X));
-            Ok(unpack_columns(&c, self.rows, X.ncols()))
+            Ok(unpack_columns(
+                &product(call, self.host, X),
+                self.rows,
+                X.ncols(),
+            ))
         }
         fn times_transposed(&mut self, Y: MatRef<'_, f64>) -> Result<Mat<f64>, LinalgError> {
             let call = times_transposed_call(self.rows, self.cols, Y.ncols());
-            let c = dgemm_ref(call, self.host, &pack_columns(Y));
-            Ok(unpack_columns(&c, self.cols, Y.ncols()))
+            Ok(unpack_columns(
+                &product(call, self.host, Y),
+                self.cols,
+                Y.ncols(),
+            ))
         }
         fn full_svd(&mut self, k: usize) -> Result<TopSingular, LinalgError> {
             let plan = GesvdPlan::new(self.rows, self.cols);
@@ -230,6 +212,13 @@ mod tests {
                 super::super::svd::tests::emulated_gesvd(&plan.input(self.host), plan.m, plan.n);
             Ok(plan.top(&Ua, S, &VaT, k))
         }
+    }
+
+    /// The reference GEMM of `call` with `host` first and `X` packed second (β = 0).
+    fn product(call: ColMajorGemm, host: &[f64], X: MatRef<'_, f64>) -> Vec<f64> {
+        let mut c = vec![0.0; call.ldc * call.n];
+        gemm_ref(call, (1.0, 0.0), host, &pack_columns(X), &mut c);
+        c
     }
 
     /// A row-major (m, n) matrix with singular values decaying about as 0.9^i, plus small noise.
