@@ -49,7 +49,7 @@ pub enum SvdRoute {
 
 impl SvdRoute {
     /// The route for `compute`; `largest` is the element count of the largest ΔW, which
-    /// bounds the lanes a CUDA route opens (see [`LANE_BYTES_PER_ELEMENT`]).
+    /// bounds the lanes a CUDA route opens (at most four f64 matrices of that size a lane).
     pub fn new(compute: &Compute, largest: usize) -> SvdRoute {
         let Compute::Cuda(device) = compute else {
             return SvdRoute::Host;

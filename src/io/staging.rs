@@ -199,9 +199,9 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> WriteError + '_ {
 ///   a write past `ulimit -f` terminates the process with SIGXFSZ before it can clean up or
 ///   say why.
 /// * An interrupt (SIGINT: Ctrl-C; SIGTERM; SIGHUP: the terminal closed) removes the
-///   temporary folder of every output still being written ([`LIVE`]), says so on stderr,
-///   and then ends the process as the signal's default action would (so a shell sees "killed
-///   by SIGINT"). Without it, the reserved temporary (the whole output's size: 28.6 GB for a
+///   temporary folder of every output still being written (the list `LIVE`), says so on
+///   stderr, and then ends the process as the signal's default action would (so a shell
+///   sees "killed by SIGINT"). Without it, the reserved temporary (the whole output's size: 28.6 GB for a
 ///   14B merge) stayed on disk until the next run to the same destination. The handler runs
 ///   on a thread of its own (`signal_hook::iterator`), so removing folders there is ordinary
 ///   code, not async-signal context.
