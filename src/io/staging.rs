@@ -484,13 +484,16 @@ impl Staging {
                 };
                 if let Err(e) = work(&mut state, &items[i]) {
                     failed.store(true, Ordering::Relaxed);
+                    // Recorded first: the abandonment below makes writes of other threads
+                    // fail ("the output was abandoned"), and the error returned must be this
+                    // cause, not one of those consequences.
+                    if let Ok(mut f) = failure.lock() {
+                        f.get_or_insert(e);
+                    }
                     // The failed item's range will never be complete: release the writers
                     // of the other threads that may be waiting for it.
                     if let Some(ordered) = &self.ordered {
                         ordered.abandon();
-                    }
-                    if let Ok(mut f) = failure.lock() {
-                        f.get_or_insert(e);
                     }
                 }
             }
