@@ -1222,7 +1222,6 @@ fn unsupported_dtypes_are_errors<B: Backend>(b: &mut B) -> TestResult {
 // Each prints one table; BENCHMARKS.md "## GPU" says what to record.
 // ------------------------------------------------------------------------------------------
 
-/// A CUDA lane for a measurement, or a panic saying why (these tests exist to run on a GPU).
 /// The (out, in) shapes of `WANBAKE_GPU_SVD_SHAPES` ("OUTxIN,OUTxIN,..."), or `default`'s.
 fn shapes_from_env(default: &str) -> Vec<(usize, usize)> {
     std::env::var("WANBAKE_GPU_SVD_SHAPES")
@@ -1235,6 +1234,7 @@ fn shapes_from_env(default: &str) -> Vec<(usize, usize)> {
         .collect()
 }
 
+/// A CUDA lane for a measurement, or a panic saying why (these tests exist to run on a GPU).
 fn required_cuda() -> (CudaDevice, wanbake::gpu::CudaBackend) {
     let device = CudaDevice::open(0).unwrap_or_else(|e| panic!("acceptance tests need a GPU: {e}"));
     let lane = device.backend().unwrap_or_else(|e| panic!("{e}"));
