@@ -875,19 +875,17 @@ mod tests {
         OutputPlan::build(&[c], &[]).unwrap()
     }
 
+    /// A new reserved output of `plan` at `dest`, no inputs, not replacing anything.
+    fn reserved(dest: &Path, plan: &OutputPlan) -> Staging {
+        Staging::begin(dest, plan.clone(), &[], Replace::Never, Allocation::Reserve).unwrap()
+    }
+
     #[test]
     fn a_reserved_output_with_an_unwritten_tensor_part_is_refused_at_seal() {
         let dir = tempfile::tempdir().unwrap();
         let dest = dir.path().join("out");
         let plan = two_tensor_plan();
-        let mut s = Staging::begin(
-            &dest,
-            plan.clone(),
-            &[],
-            Replace::Never,
-            Allocation::Reserve,
-        )
-        .unwrap();
+        let mut s = reserved(&dest, &plan);
         let a = plan.slot(0, "a").unwrap();
         let b = plan.slot(0, "b").unwrap();
         s.write(a, 0, &[1; 16]).unwrap();
@@ -935,14 +933,7 @@ mod tests {
         let plan = OutputPlan::build(&[c], &[]).unwrap();
         let dir = tempfile::tempdir().unwrap();
         let dest = dir.path().join("out");
-        let s = Staging::begin(
-            &dest,
-            plan.clone(),
-            &[],
-            Replace::Never,
-            Allocation::Reserve,
-        )
-        .unwrap();
+        let s = reserved(&dest, &plan);
         let slots = [plan.slot(0, "a").unwrap(), plan.slot(0, "b").unwrap()];
         let big = vec![7u8; tensors[1].1 * 4];
         let pool = rayon::ThreadPoolBuilder::new()
