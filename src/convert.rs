@@ -1,26 +1,27 @@
-//! Dtype conversion of any safetensors checkpoint, mirroring its naming (single file,
-//! shards + index, model folder, pipeline folder), as a release with a manifest.
+//! `convert`: dtype conversion of any safetensors checkpoint, mirroring its naming (single
+//! file, shards + index, model folder, pipeline folder), or a WAN transformer quantized for
+//! ComfyUI (`--to`), as a release with a manifest.
 //!
 //! Owns: `ConvertSpec`, `DtypeChoice` and `convert_release` (the output plan mirrors the
-//! input, one job per tensor). The jobs run through the merge pipeline with no adapters
-//! (`merge::exec::copy_plan`, whose copy-or-convert loop every producing command uses: a
-//! tensor whose dtype does not change is copied byte for byte, otherwise it is widened to
-//! f32 and rounded once with round-to-nearest-even). Does not own: the executor
-//! (`merge::exec`), the atomic writer (`release`, `io::staging`).
+//! input, one job per tensor), and `quantize_release` (the pipeline's own output plan of a
+//! quantized output, with no adapters). Both run through the pipeline with no targets
+//! (`pipeline::write` with `CopyOnly`, whose copy-or-convert loop every producing command
+//! uses: a tensor whose dtype does not change is copied byte for byte, otherwise it is
+//! widened to f32 and rounded once with round-to-nearest-even). Does not own: the executor
+//! (`pipeline::exec`), the atomic writer (`release`, `io::staging`).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::io::DType;
 use crate::io::checkpoint::Checkpoint;
 use crate::io::header_layout::PlannedTensor;
-use crate::io::staging::{Allocation, Replace};
+use crate::io::staging::Replace;
 use crate::io::writer::{ComponentOutput, OutputPlan, Slot};
-use crate::merge::MergePlan;
-use crate::merge::exec::{ExecOptions, copy_plan};
-use crate::merge::plan::Job;
+use crate::model::base_model::BaseModel;
 use crate::model::transform::Transform;
-use crate::release::{Release, ReleaseError, ReleaseRequest, write_release};
+use crate::pipeline::{CopyOnly, Job, OutputOptions, PipelineError, Plan, Writing, write};
+use crate::release::{Hooks, Release, ReleaseError};
 
 /// Which dtype each float tensor gets.
 #[derive(Clone, Debug)]
@@ -59,8 +60,8 @@ pub struct ConvertSpec {
 }
 
 /// Converts a whole checkpoint into a new release.
-pub fn convert_release(spec: &ConvertSpec) -> Result<Release, ReleaseError> {
-    let ck = Checkpoint::open(&spec.input).map_err(|e| ReleaseError::Produce(e.into()))?;
+pub fn convert_release(spec: &ConvertSpec, hooks: Hooks<'_>) -> Result<Release, ReleaseError> {
+    let ck = Checkpoint::open(&spec.input).map_err(ReleaseError::Input)?;
     let components: Vec<ComponentOutput> = ck
         .components
         .iter()
@@ -87,51 +88,78 @@ pub fn convert_release(spec: &ConvertSpec) -> Result<Release, ReleaseError> {
         .collect();
     let root = ck.root_aux_files();
     let jobs = mirror_jobs(&ck, &components);
-    let output =
-        OutputPlan::build(&components, &root).map_err(|e| ReleaseError::Produce(e.into()))?;
-    let plan = MergePlan::untouched(output, jobs, Vec::new(), "none".into())
-        .map_err(|e| ReleaseError::Produce(e.into()))?;
-    let input_files = ck.input_files();
-    let hash_while_writing = input_files
-        .iter()
-        .map(|p| ("input".to_string(), p.clone(), p.display().to_string()))
-        .collect();
+    let output = OutputPlan::build(&components, &root).map_err(|e| {
+        ReleaseError::produce(PipelineError::Plan(format!(
+            "the output cannot be laid out: {e}"
+        )))
+    })?;
+    let plan = Plan::copy_only(&ck, output, jobs, "none".into())
+        .map_err(ReleaseError::produce)?
+        .hash_base_while_writing("input");
     let options = serde_json::json!({
         "input": spec.input.display().to_string(),
         "dtype": spec.dtypes.target.map(|d| d.as_str()),
         "shard_bytes": spec.shard_bytes,
     });
-    let req = ReleaseRequest {
-        dest: &spec.out,
-        plan: plan.output.clone(),
-        input_paths: std::slice::from_ref(&spec.input),
-        inputs: Vec::new(),
-        hash_while_writing,
-        command: "convert",
-        options,
-        replace: spec.replace,
-        allocation: Allocation::Reserve,
-    };
-    write_release(req, |staging| {
-        copy_plan(&ck, &plan, staging, &ExecOptions::default())?;
-        let mut converted = BTreeMap::<String, usize>::new();
-        for job in &plan.jobs {
-            let from = ck.components[job.component]
-                .tensors
-                .get(&job.stored)
-                .map(|t| t.view.dtype);
-            if from != Some(job.dtype) {
-                *converted
-                    .entry(format!(
-                        "{}->{}",
-                        from.map_or("?", |d| d.as_str()),
-                        job.dtype
-                    ))
-                    .or_default() += 1;
-            }
+    let writing = Writing::new(&spec.out, spec.replace, "convert", options);
+    let report = converted_report(&plan);
+    write(&plan, writing, &CopyOnly, || Ok(report), hooks)
+}
+
+/// The report of a dtype conversion: tensors, and how many went from which dtype to which.
+fn converted_report(plan: &Plan<'_>) -> serde_json::Value {
+    let mut converted = BTreeMap::<String, usize>::new();
+    for job in &plan.jobs {
+        let from = plan.base.components[job.component]
+            .tensors
+            .get(&job.stored)
+            .map(|t| t.view.dtype);
+        if from != Some(job.dtype) {
+            *converted
+                .entry(format!(
+                    "{}->{}",
+                    from.map_or("?", |d| d.as_str()),
+                    job.dtype
+                ))
+                .or_default() += 1;
         }
-        Ok(serde_json::json!({ "tensors": plan.jobs.len(), "converted": converted }))
-    })
+    }
+    serde_json::json!({ "tensors": plan.jobs.len(), "converted": converted })
+}
+
+/// `convert --to`: the WAN transformer at `input` quantized as `options.quantize` says (one
+/// fp8-scaled or GGUF file, from `OutputOptions::new`), recorded as `convert` with the
+/// input's files under the role `input`.
+pub fn quantize_release(
+    input: &Path,
+    options: &OutputOptions,
+    dest: &Path,
+    replace: Replace,
+    hooks: Hooks<'_>,
+) -> Result<Release, ReleaseError> {
+    let Some(quantize) = options.quantize else {
+        return Err(ReleaseError::produce(PipelineError::Internal(
+            "convert --to: no quantized output was asked for".into(),
+        )));
+    };
+    let base = BaseModel::open(input)?;
+    let plan = Plan::new(&base, &[], options)
+        .map_err(ReleaseError::produce)?
+        .hash_base_while_writing("input");
+    let options = serde_json::json!({
+        "input": input.display().to_string(),
+        "to": quantize.format.as_str(),
+        "high_precision": (!quantize.format.is_gguf()).then(|| quantize.high_precision.as_str()),
+        "city96_rounding": quantize.city96_rounding,
+    });
+    let writing = Writing::new(dest, replace, "convert", options);
+    write(
+        &plan,
+        writing,
+        &CopyOnly,
+        || Ok(serde_json::Value::Null),
+        hooks,
+    )
 }
 
 /// One job per stored tensor: copied, or converted to the dtype the output plan gives it.

@@ -2,9 +2,10 @@
 //!
 //! Owns: the recipe schema (`Recipe`, every field documented in README.md), strict parsing
 //! (unknown fields are errors, naming the field and the file), resolution of relative paths
-//! against the recipe's folder, reading `[output]`/`[merge]` into merge options
-//! (`Recipe::merge_options`: each field through its type's `FromStr`, then the builder the
-//! command line uses, `MergeOptions::new`; errors name the recipe field), and the normalised
+//! against the recipe's folder, reading `[merge]` into merge options and `[output]` into
+//! output options (`Recipe::merge_options`, `Recipe::output_options`: each field through its
+//! type's `FromStr`, then the builder the command line uses, `OutputOptions::new`; errors
+//! name the recipe field), and the normalised
 //! form recorded in the manifest and in every output file's `__metadata__` (so the same
 //! recipe spelled differently records the same thing). Does not own: the names of option
 //! values (each type's table, `names`) or executing the bake (`bake`).
@@ -15,7 +16,8 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 use crate::layout::{KeepF32, OutputDType};
-use crate::merge::{MergeChoices, MergeOptions};
+use crate::merge::MergeOptions;
+use crate::pipeline::{OutputChoices, OutputOptions};
 
 /// A parsed recipe with paths resolved.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -415,6 +417,7 @@ impl Recipe {
         }
         check_sha_spec(self.base.sha256.as_ref()).map_err(|m| self.invalid("base.sha256", m))?;
         self.merge_options()?;
+        self.output_options()?;
         for (i, c) in self.checks.iter().enumerate() {
             if !(c.tolerance.is_finite() && c.tolerance >= 0.0) {
                 return Err(self.invalid(
@@ -426,56 +429,45 @@ impl Recipe {
         Ok(())
     }
 
-    /// `[output]` and `[merge]` as merge options: each field read with its type's `FromStr`
-    /// (the names the command line takes), then [`MergeOptions::new`], the builder the
-    /// command line uses too; an error names the recipe field (`output.dtype`).
+    /// `[merge]` as merge options, each field read with its type's `FromStr` (the names the
+    /// command line takes); an error names the recipe field (`merge.dora_strength`).
     pub fn merge_options(&self) -> Result<MergeOptions, RecipeError> {
-        fn field<T: FromStr>(
-            r: &Recipe,
-            name: &str,
-            text: Option<&str>,
-        ) -> Result<Option<T>, RecipeError>
-        where
-            T::Err: std::fmt::Display,
-        {
-            text.map(str::parse)
-                .transpose()
-                .map_err(|e: T::Err| r.invalid(name, e.to_string()))
-        }
-        let o = &self.output;
-        let choices = MergeChoices {
-            dtype: field(self, "output.dtype", o.dtype())?.unwrap_or_default(),
-            keep_f32: o
-                .keep_f32
-                .as_deref()
-                .map(KeepF32::parse)
-                .transpose()
-                .map_err(|e| self.invalid("output.keep_f32", e.to_string()))?,
-            layout: field(self, "output.layout", o.layout.as_deref())?,
-            dora_strength: field(
+        Ok(MergeOptions {
+            dora_strength: recipe_field(
                 self,
                 "merge.dora_strength",
                 self.merge.dora_strength.as_deref(),
             )?
             .unwrap_or_default(),
             allow_unmatched: self.merge.allow_unmatched,
+        })
+    }
+
+    /// `[output]` as output options: each field read with its type's `FromStr` (the names the
+    /// command line takes), then [`OutputOptions::new`], the builder the command line uses
+    /// too; an error names the recipe field (`output.dtype`).
+    pub fn output_options(&self) -> Result<OutputOptions, RecipeError> {
+        let o = &self.output;
+        let choices = OutputChoices {
+            dtype: recipe_field(self, "output.dtype", o.dtype())?.unwrap_or_default(),
+            keep_f32: o
+                .keep_f32
+                .as_deref()
+                .map(KeepF32::parse)
+                .transpose()
+                .map_err(|e| self.invalid("output.keep_f32", e.to_string()))?,
+            layout: recipe_field(self, "output.layout", o.layout.as_deref())?,
             shard_bytes: o
                 .shard_size
                 .as_ref()
                 .map(ShardSize::bytes)
                 .transpose()
                 .map_err(|m| self.invalid("output.shard_size", m))?,
-            to: field(self, "output.to", o.to.as_deref())?,
+            to: recipe_field(self, "output.to", o.to.as_deref())?,
             city96_rounding: o.city96_rounding,
         };
-        MergeOptions::new(choices).map_err(|b| {
-            let section = if b.field == "dora_strength" {
-                "merge"
-            } else {
-                "output"
-            };
-            self.invalid(format!("{section}.{}", b.field), b.message)
-        })
+        OutputOptions::new(choices)
+            .map_err(|b| self.invalid(format!("output.{}", b.field), b.message))
     }
 
     /// The normalised recipe recorded in the manifest and in output metadata: paths as the
@@ -508,6 +500,20 @@ impl Recipe {
         // Round-trip through a string so object keys come out sorted.
         serde_json::from_str(&v.to_string()).expect("valid JSON")
     }
+}
+
+/// A recipe field read with its type's `FromStr`; an error names the field.
+fn recipe_field<T: FromStr>(
+    r: &Recipe,
+    name: &str,
+    text: Option<&str>,
+) -> Result<Option<T>, RecipeError>
+where
+    T::Err: std::fmt::Display,
+{
+    text.map(str::parse)
+        .transpose()
+        .map_err(|e: T::Err| r.invalid(name, e.to_string()))
 }
 
 fn check_sha_spec(s: Option<&Sha256Spec>) -> Result<(), String> {
@@ -638,7 +644,7 @@ tolerance = 0.01
         let bf16 = parse(GOOD.replace("shard_size", "dtype = \"bf16\"\nshard_size")).unwrap();
         let alias = parse(GOOD.replace("shard_size", "dtype = \"bfloat16\"\nshard_size")).unwrap();
         assert_eq!(alias.normalised(), bf16.normalised());
-        assert_eq!(alias.merge_options().unwrap().dtype, OutputDType::BF16);
+        assert_eq!(alias.output_options().unwrap().dtype, OutputDType::BF16);
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! `HASH_LEAD`), each output hashed as it is written (`io::ordered`) → seal (every byte
 //! written, fsync) → checks → inputs unchanged? → manifest → atomic rename.
 //!
-//! Owns: `ReleaseRequest` and `write_release`. Producers only fill slots; they never see
+//! Owns: `ReleaseRequest`, `write_release` and its `Hooks`. Producers only fill slots; they never see
 //! paths, temp files or manifests, so no command can forget a step. Before committing, every
 //! mapped input is checked against its identity at the time it was mapped
 //! (`io::mmap::check_maps_unchanged`), so a release is never committed from an input that
@@ -63,10 +63,18 @@ pub enum ReleaseError {
     /// destination.
     #[error(transparent)]
     Input(#[from] ReadError),
-    /// The producer failed; nothing is left at the destination. Display and source are the
-    /// producer's error's own, so its chain is walked (and each cause said) once.
+    /// The producer, a check or a step before the commit failed; nothing is left at the
+    /// destination. Display and source are that error's own, so its chain is walked (and
+    /// each cause said) once.
     #[error(transparent)]
-    Produce(anyhow::Error),
+    Produce(Box<dyn std::error::Error + Send + Sync>),
+}
+
+impl ReleaseError {
+    /// A producer's (or a hook's) error.
+    pub fn produce(e: impl std::error::Error + Send + Sync + 'static) -> ReleaseError {
+        ReleaseError::Produce(Box::new(e))
+    }
 }
 
 /// The outcome of post-write checks run on the sealed output before it is committed.
@@ -79,42 +87,39 @@ pub struct Checked {
     pub passed: bool,
 }
 
+/// An error of a hook, boxed (each hook's caller has its own error type).
+pub type HookError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A step run on a directory of the release being written (`Hooks::check`,
+/// `Hooks::before_commit`).
+pub type DirHook<'a, T> = Box<dyn FnOnce(&Path) -> Result<T, HookError> + 'a>;
+
+/// What a release runs besides writing: steps on the sealed output, and a pause for tests.
+/// `Hooks::default()` runs none.
+#[derive(Default)]
+pub struct Hooks<'a> {
+    /// Runs on the sealed temporary directory (complete weights and sidecars, every file
+    /// fsynced and hashed) before the manifest is written: its result goes into the manifest
+    /// (`checks`, and status `check_failed` when one failed), so the committed manifest is
+    /// never rewritten. An error (as opposed to a failed check) aborts the release.
+    pub check: Option<DirHook<'a, Checked>>,
+    /// Runs on the temporary directory once the manifest is in it and before the rename, so
+    /// whatever it adds (a signature) appears with the release atomically, or the release
+    /// does not appear at all.
+    pub before_commit: Option<DirHook<'a, ()>>,
+    /// Runs once the inputs are mapped and the temporary output exists, before anything is
+    /// produced: tests pause a run here to change its inputs or interrupt it.
+    pub gate: Option<Box<dyn FnOnce() + 'a>>,
+}
+
 /// Writes a release: `produce` fills every slot of the plan (from any number of threads,
-/// through `Staging::write`) and returns the report object for the manifest. On any error
-/// the temporary directory is removed and the destination is untouched.
-pub fn write_release(
+/// through `Staging::write`) and returns the report object for the manifest; `hooks` run
+/// on the sealed output. On any error the temporary directory is removed and the
+/// destination is untouched.
+pub fn write_release<E: std::error::Error + Send + Sync + 'static>(
     req: ReleaseRequest<'_>,
-    produce: impl FnOnce(&Staging) -> anyhow::Result<serde_json::Value>,
-) -> Result<Release, ReleaseError> {
-    write_release_checked(req, produce, |_| {
-        Ok(Checked {
-            checks: serde_json::Value::Array(Vec::new()),
-            passed: true,
-        })
-    })
-}
-
-/// `write_release`, with `check` run on the sealed temporary directory (complete weights and
-/// sidecars, every file fsynced and hashed) before the manifest is written: its result goes
-/// into the manifest (`checks`, and status `check_failed` when one failed), so the committed
-/// manifest is never rewritten. An error from `check` (as opposed to a failed check) aborts
-/// the release like any other.
-pub fn write_release_checked(
-    req: ReleaseRequest<'_>,
-    produce: impl FnOnce(&Staging) -> anyhow::Result<serde_json::Value>,
-    check: impl FnOnce(&Path) -> anyhow::Result<Checked>,
-) -> Result<Release, ReleaseError> {
-    write_release_sealed(req, produce, check, |_| Ok(()))
-}
-
-/// `write_release_checked`, with `before_commit` run on the temporary directory once the
-/// manifest is in it and before the rename, so whatever it adds (a signature) appears with
-/// the release atomically, or the release does not appear at all.
-pub fn write_release_sealed(
-    req: ReleaseRequest<'_>,
-    produce: impl FnOnce(&Staging) -> anyhow::Result<serde_json::Value>,
-    check: impl FnOnce(&Path) -> anyhow::Result<Checked>,
-    before_commit: impl FnOnce(&Path) -> anyhow::Result<()>,
+    produce: impl FnOnce(&Staging) -> Result<serde_json::Value, E>,
+    hooks: Hooks<'_>,
 ) -> Result<Release, ReleaseError> {
     let mut staging = Staging::begin(
         req.dest,
@@ -123,7 +128,9 @@ pub fn write_release_sealed(
         req.replace,
         req.allocation,
     )?;
-    test_gate();
+    if let Some(gate) = hooks.gate {
+        gate();
+    }
     staging.report_progress(crate::progress::begin(
         "writing",
         staging.plan().total_bytes(),
@@ -152,13 +159,19 @@ pub fn write_release_sealed(
     });
     // An input that changed explains any other failure, so it is reported first.
     inputs_unchanged(req.input_paths)?;
-    let report = report.map_err(ReleaseError::Produce)?;
+    let report = report.map_err(ReleaseError::produce)?;
     let mut inputs = req.inputs;
     inputs.extend(hashed?);
     inputs.sort();
     inputs.dedup();
     let sealed = staging.seal()?;
-    let checked = check(staging.tmp_dir()).map_err(ReleaseError::Produce)?;
+    let checked = match hooks.check {
+        Some(check) => check(staging.tmp_dir()).map_err(ReleaseError::Produce)?,
+        None => Checked {
+            checks: serde_json::Value::Array(Vec::new()),
+            passed: true,
+        },
+    };
     let mut manifest = Manifest::new(
         req.command,
         inputs,
@@ -175,10 +188,13 @@ pub fn write_release_sealed(
     inputs_unchanged(req.input_paths)?;
     // `commit` writes the same bytes again; written here first so the hook sees them.
     write_durable(&staging.tmp_dir().join(MANIFEST_NAME), &bytes)?;
-    before_commit(staging.tmp_dir()).map_err(ReleaseError::Produce)?;
+    if let Some(before_commit) = hooks.before_commit {
+        before_commit(staging.tmp_dir()).map_err(ReleaseError::Produce)?;
+    }
     let dir = staging.commit(&bytes)?;
-    let manifest =
-        Manifest::from_bytes(&bytes).map_err(|e| ReleaseError::Produce(anyhow::anyhow!(e)))?;
+    let manifest = Manifest::from_bytes(&bytes).map_err(|e| {
+        ReleaseError::Produce(format!("the manifest just written does not parse: {e}").into())
+    })?;
     Ok(Release { dir, manifest })
 }
 
@@ -278,28 +294,6 @@ fn inputs_unchanged(inputs: &[PathBuf]) -> Result<(), ReleaseError> {
             what: c.what,
         })
     })
-}
-
-/// A hook for the tests of inputs that change during a run (tests/io.rs): when
-/// `WANBAKE_TEST_GATE` names a path `P`, the run creates `P.ready` once its inputs are
-/// mapped and its temporary output exists, then waits (up to a minute) for `P.go` to exist
-/// before producing anything. Unset, it does nothing.
-fn test_gate() {
-    let Some(gate) = std::env::var_os("WANBAKE_TEST_GATE") else {
-        return;
-    };
-    let gate = std::path::PathBuf::from(gate);
-    let with = |ext: &str| {
-        let mut p = gate.clone().into_os_string();
-        p.push(ext);
-        PathBuf::from(p)
-    };
-    let _ = std::fs::write(with(".ready"), b"");
-    let go = with(".go");
-    let start = std::time::Instant::now();
-    while !go.exists() && start.elapsed() < std::time::Duration::from_secs(60) {
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ use crate::io::writer::{ComponentOutput, OutputPlan};
 use crate::io::{DType, dtype};
 use crate::model::sa3::{Sa3Variant, sa3_params};
 use crate::model::wan::{ParamSpec, WanConfig, WanVariant};
-use crate::release::{Release, ReleaseError, ReleaseRequest, write_release};
+use crate::release::{Hooks, Release, ReleaseError, ReleaseRequest, write_release};
 use crate::rng::SplitMix64;
 
 /// The model to imitate.
@@ -221,11 +221,13 @@ pub fn synth_plan(spec: &SynthSpec) -> Result<OutputPlan, crate::io::header_layo
     OutputPlan::build(&components, &root)
 }
 
-/// Writes a synthetic checkpoint as a release (with manifest) at `dest`.
+/// Writes a synthetic checkpoint as a release (with manifest) at `dest`; `hooks` run as
+/// `release::write_release` runs them.
 pub fn synth_release(
     spec: &SynthSpec,
     dest: &Path,
     replace: Replace,
+    hooks: Hooks<'_>,
 ) -> Result<Release, ReleaseError> {
     let plan = synth_plan(spec).map_err(|e| ReleaseError::Produce(e.into()))?;
     let allocation = match spec.fill {
@@ -251,25 +253,42 @@ pub fn synth_release(
         allocation,
     };
     let fill = spec.fill;
-    write_release(req, |staging| {
-        let plan = staging.plan();
-        let jobs: Vec<(String, crate::io::Slot)> =
-            plan.slots().map(|(_, n, s)| (n.to_string(), s)).collect();
-        staging.for_each_in_file_order(
-            &jobs,
-            |(_, slot)| (*slot, 0),
-            || (),
-            |_, (name, slot)| -> anyhow::Result<()> {
-                let Fill::Random { seed } = fill else {
-                    return Ok(());
-                };
-                let info = &plan.files[slot.file].layout.tensors[slot.tensor];
-                fill_random(staging, *slot, info, seed)
-                    .map_err(|e| anyhow::anyhow!("tensor `{name}`: {e}"))
-            },
-        )?;
-        Ok(serde_json::json!({ "tensors": plan.tensor_count() }))
-    })
+    write_release(
+        req,
+        |staging| {
+            let plan = staging.plan();
+            let jobs: Vec<(String, crate::io::Slot)> =
+                plan.slots().map(|(_, n, s)| (n.to_string(), s)).collect();
+            staging.for_each_in_file_order(
+                &jobs,
+                |(_, slot)| (*slot, 0),
+                || (),
+                |_, (name, slot)| -> Result<(), SynthFillError> {
+                    let Fill::Random { seed } = fill else {
+                        return Ok(());
+                    };
+                    let info = &plan.files[slot.file].layout.tensors[slot.tensor];
+                    fill_random(staging, *slot, info, seed).map_err(|source| SynthFillError {
+                        tensor: name.clone(),
+                        source: Box::new(source),
+                    })
+                },
+            )?;
+            Ok::<_, SynthFillError>(serde_json::json!({ "tensors": plan.tensor_count() }))
+        },
+        hooks,
+    )
+}
+
+/// Writing a synthetic tensor failed.
+#[derive(Debug, thiserror::Error)]
+#[error("tensor `{tensor}`")]
+pub struct SynthFillError {
+    /// The tensor.
+    tensor: String,
+    /// Why.
+    #[source]
+    source: Box<crate::io::WriteError>,
 }
 
 fn fill_random(

@@ -20,7 +20,7 @@ use crate::io::header_layout::PlannedTensor;
 use crate::io::staging::{Allocation, Replace};
 use crate::io::writer::{ComponentOutput, OutputPlan};
 use crate::manifest::{InputFile, InputRecord, record_inputs};
-use crate::release::{Release, ReleaseError, ReleaseRequest, write_release};
+use crate::release::{Hooks, Release, ReleaseError, ReleaseRequest, write_release};
 
 /// A request to translate one adapter.
 #[derive(Clone, Debug)]
@@ -161,7 +161,7 @@ pub fn write_adapter_file<'d>(
     dest: &Path,
     replace: Replace,
     prov: Provenance<'_>,
-    bytes: impl Fn(usize) -> anyhow::Result<Cow<'d, [u8]>> + Sync,
+    bytes: impl Fn(usize) -> Result<Cow<'d, [u8]>, ReadError> + Sync,
 ) -> Result<Release, ReleaseError> {
     let names: Vec<String> = file.tensors.iter().map(|t| t.name.clone()).collect();
     let component = ComponentOutput {
@@ -172,8 +172,9 @@ pub fn write_adapter_file<'d>(
         sidecars: file.sidecars.to_vec(),
         max_shard_bytes: None,
     };
-    let plan = OutputPlan::build(&[component], &[])
-        .map_err(|e| ReleaseError::Produce(anyhow::anyhow!(e)))?;
+    let plan = OutputPlan::build(&[component], &[]).map_err(|e| {
+        ReleaseError::Produce(format!("the adapter file cannot be laid out: {e}").into())
+    })?;
     let report = prov.report;
     write_release(
         ReleaseRequest {
@@ -188,25 +189,25 @@ pub fn write_adapter_file<'d>(
             allocation: Allocation::Reserve,
         },
         |staging| {
-            let slots = names
-                .iter()
-                .enumerate()
+            let slots = (names.iter().enumerate())
                 .map(|(i, name)| {
                     let slot = staging.plan().slot(0, name);
-                    slot.map(|s| (i, s))
-                        .ok_or_else(|| anyhow::anyhow!("internal: no slot for `{name}`"))
+                    slot.map(|s| (i, s)).ok_or_else(|| {
+                        ReleaseError::Produce(format!("internal: no slot for `{name}`").into())
+                    })
                 })
-                .collect::<anyhow::Result<Vec<_>>>()?;
+                .collect::<Result<Vec<_>, _>>()?;
             staging.for_each_in_file_order(
                 &slots,
                 |&(_, slot)| (slot, 0),
                 || (),
-                |_, &(i, slot)| -> anyhow::Result<()> {
+                |_, &(i, slot)| -> Result<(), ReleaseError> {
                     staging.write(slot, 0, &bytes(i)?)?;
                     Ok(())
                 },
             )?;
-            Ok(report)
+            Ok::<_, ReleaseError>(report)
         },
+        Hooks::default(),
     )
 }

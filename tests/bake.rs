@@ -673,8 +673,9 @@ fn params_bits(w: &dyn wanbake::runner::WeightSource) -> Vec<(String, Vec<u32>)>
 /// an adapter each); and the space check no longer counts an f32 copy of the model.
 #[test]
 fn unmerged_reference_is_computed_not_written_and_equals_the_f32_merge() {
-    use wanbake::bake::{BaseHashing, plan_bake, reference::reference_models};
-    use wanbake::merge::{BaseHash, Compute, merge_release, prepare_merge};
+    use wanbake::bake::{open_bake, reference::reference_models};
+    use wanbake::merge::{Merging, merge_release};
+    use wanbake::pipeline::{Compute, OutputOptions, Plan};
     let t = tmp();
     let golden = repo().join("golden");
     let scanned = t.path().join("t2v-scanned");
@@ -719,23 +720,28 @@ fn unmerged_reference_is_computed_not_written_and_equals_the_f32_merge() {
         )
         .unwrap();
         let recipe = wanbake::recipe::Recipe::load(&path).unwrap();
-        let plan = plan_bake(recipe, BaseHashing::WhenDeclared).unwrap();
-        assert_eq!(plan.space.needed, plan.prepared.plan.output.total_bytes());
-        let options = plan.options.f32_reference();
+        let inputs = open_bake(recipe).unwrap();
+        let plan = inputs.dry_run().unwrap();
+        assert_eq!(plan.space.needed, plan.ready.output.total_bytes());
+        let f32_reference = OutputOptions::f32_reference();
         let written = t.path().join(format!("written{i}"));
+        let merging = Merging {
+            options: inputs.merge,
+            output: &f32_reference,
+            compute: &Compute::Cpu,
+            svd_cache: None,
+        };
         merge_release(
-            &plan.base,
-            &plan.adapters,
-            &options,
-            None,
+            &inputs.base,
+            &inputs.adapters,
+            &merging,
             &written,
             wanbake::io::staging::Replace::Never,
-            &Compute::Cpu,
         )
         .unwrap();
         let old = wanbake::runner::ModelSet::open(&written, None).unwrap();
-        let prepared = prepare_merge(&plan.base, &plan.adapters, &options, BaseHash::Skip).unwrap();
-        let new = reference_models(&plan.base, &plan.adapters, &prepared.plan).unwrap();
+        let reference = Plan::new(&inputs.base, &inputs.adapters, &f32_reference).unwrap();
+        let new = reference_models(&reference, &inputs.merge).unwrap();
         let base_set = wanbake::runner::ModelSet::open(base, None).unwrap();
         let pairs = [
             (

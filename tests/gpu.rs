@@ -1819,7 +1819,7 @@ const FAULT_TEST: &str = "r_issue_18_a_real_device_fault_is_an_error_naming_the_
 fn device_fault_child() {
     use cudarc::driver::PushKernelArg;
     use wanbake::merge::MergeError;
-    use wanbake::merge::device::Lanes;
+    use wanbake::pipeline::Lanes;
     let device = CudaDevice::open(0).expect("the parent probed a device");
     let lane_device = device.clone();
     let lanes = Lanes::new(2, move || lane_device.backend());

@@ -17,14 +17,15 @@ use wanbake::io::header_layout::{HeaderLayout, PlannedTensor};
 use wanbake::io::{Checkpoint, DType};
 use wanbake::layout::restack::RestackOptions;
 use wanbake::layout::{Conversion, KeepF32, OutputDType, WritePlan};
-use wanbake::merge::exec::ExecOptions;
-use wanbake::merge::restack::restack_release;
 use wanbake::model::plan_error::PlanError;
 use wanbake::model::read_plan::{ReadPlan, StoredTensor};
 use wanbake::model::transform::Transform;
 use wanbake::model::wan::{ParamSpec, WanConfig, WanVariant};
 use wanbake::model::wan_layout::Layout;
 use wanbake::model::wan_layout::detect_layout;
+use wanbake::pipeline::ExecOptions;
+use wanbake::release::Hooks;
+use wanbake::restack::restack_release;
 
 // ---------------------------------------------------------------------------------------
 // Fixtures
@@ -158,7 +159,7 @@ fn convert_with(
         config,
         ..restack_options(to)
     };
-    restack_release(&input, &out, &restack, options).unwrap();
+    restack_release(&input, &out, &restack, options, Hooks::default()).unwrap();
     read_mem(&out)
 }
 
@@ -1246,8 +1247,22 @@ fn file_round_trip_through_safetensors() {
     let c = dir.path().join("c");
     write_mem(&a, &start);
     let exec = ExecOptions::default();
-    restack_release(&a, &b, &restack_options(Layout::NnxScanned), &exec).unwrap();
-    restack_release(&b, &c, &restack_options(Layout::Diffusers), &exec).unwrap();
+    restack_release(
+        &a,
+        &b,
+        &restack_options(Layout::NnxScanned),
+        &exec,
+        Hooks::default(),
+    )
+    .unwrap();
+    restack_release(
+        &b,
+        &c,
+        &restack_options(Layout::Diffusers),
+        &exec,
+        Hooks::default(),
+    )
+    .unwrap();
     assert_eq!(read_mem(&c), start);
 }
 
@@ -1386,16 +1401,22 @@ mod restack_cli {
     use wanbake::io::{Checkpoint, DType};
     use wanbake::layout::OutputDType;
     use wanbake::layout::restack::{RestackOptions, read_output_config};
-    use wanbake::merge::exec::ExecOptions;
-    use wanbake::merge::restack::restack_release;
+    use wanbake::pipeline::ExecOptions;
+    use wanbake::release::Hooks;
+    use wanbake::restack::restack_release;
 
     fn restack(
         input: &Path,
         out: &Path,
         options: &RestackOptions,
-    ) -> Result<wanbake::merge::restack::RestackOutcome, wanbake::layout::restack::RestackError>
-    {
-        restack_release(input, out, options, &ExecOptions::default())
+    ) -> Result<wanbake::restack::RestackOutcome, wanbake::layout::restack::RestackError> {
+        restack_release(
+            input,
+            out,
+            options,
+            &ExecOptions::default(),
+            Hooks::default(),
+        )
     }
     use wanbake::model::wan_layout::Layout;
 
@@ -1673,6 +1694,7 @@ fn bench_executor_1_3b_f32_to_nnx_scanned_bf16() {
         std::path::Path::new(&output),
         &options,
         &ExecOptions::default(),
+        Hooks::default(),
     )
     .unwrap();
     let elapsed = start.elapsed();

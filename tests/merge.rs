@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use serde_json::Value;
+use wanbake::adapter::{AdapterError, AdapterSpec, BoundSet, bind_adapter, bind_specs};
 use wanbake::adapter::{
     AdapterSet, BaseIndex, Convention, Entry, Kind, ParamRole, ScaleSource, TensorSource,
 };
@@ -23,12 +24,10 @@ use wanbake::gpu::CudaDevice;
 use wanbake::io::staging::Replace;
 use wanbake::io::{Checkpoint, DType, SafetensorsFile};
 use wanbake::layout::OutputDType;
-use wanbake::merge::{
-    AdapterSpec, BoundSet, Compute, DoraStrength, MergeChoices, MergeError, MergeFailure,
-    MergeOptions, MergeOutcome, bind_adapter, bind_specs, merge_release,
-};
+use wanbake::merge::{DoraStrength, MergeOptions, MergeOutcome, Merging, merge_release};
 use wanbake::model::base_model::BaseModel;
 use wanbake::model::wan_layout::Layout;
+use wanbake::pipeline::{Compute, OutputChoices, OutputOptions};
 
 // ---------------------------------------------------------------------------------------
 // Building adapters by hand.
@@ -92,7 +91,7 @@ fn entry(
 }
 
 /// A hand-built adapter before binding: the merge helpers bind it to the base through the
-/// library's one binding step (`merge::bind_adapter`), as `bind_specs` does for files.
+/// library's one binding step (`adapter::bind_adapter`), as `bind_specs` does for files.
 struct Unbound {
     set: AdapterSet,
     strength: f64,
@@ -113,7 +112,7 @@ fn bind_all(
     base: &BaseModel,
     adapters: Vec<Unbound>,
     allow_unmatched: bool,
-) -> Result<BoundSet, MergeError> {
+) -> Result<BoundSet, AdapterError> {
     adapters
         .into_iter()
         .map(|u| {
@@ -135,15 +134,28 @@ fn bind_all(
         .collect()
 }
 
-/// Merge options with `dtype` and every other choice at its default, through the one
-/// builder the CLI and recipes use.
-fn options(dtype: OutputDType) -> MergeOptions {
-    MergeOptions::new(MergeChoices {
-        dtype,
-        ..MergeChoices::default()
-    })
-    .unwrap()
+/// How a test merges and writes: both halves of the options.
+#[derive(Clone, Debug)]
+struct Opts {
+    merge: MergeOptions,
+    output: OutputOptions,
 }
+
+/// Options with `dtype` and every other choice at its default, the output half through the
+/// one builder the CLI and recipes use.
+fn options(dtype: OutputDType) -> Opts {
+    Opts {
+        merge: MergeOptions::default(),
+        output: OutputOptions::new(OutputChoices {
+            dtype,
+            ..OutputChoices::default()
+        })
+        .unwrap(),
+    }
+}
+
+/// A merge's error, whichever stage refused.
+type Failure = Box<dyn std::error::Error>;
 
 /// The PEFT-form dict a reference tool held (`golden/references/<case>__applied`): per
 /// module `lora_A.weight`, `lora_B.weight`, optional `lora_B.bias` and
@@ -264,9 +276,9 @@ fn same(name: &str) -> String {
 fn merge(
     base: &Path,
     adapters: Vec<Unbound>,
-    options: &MergeOptions,
+    options: &Opts,
     dest: &Path,
-) -> Result<MergeOutcome, MergeFailure> {
+) -> Result<MergeOutcome, Failure> {
     merge_on(base, adapters, options, dest, &Compute::Cpu)
 }
 
@@ -274,14 +286,14 @@ fn merge(
 fn merge_on(
     base: &Path,
     adapters: Vec<Unbound>,
-    options: &MergeOptions,
+    options: &Opts,
     dest: &Path,
     compute: &Compute,
-) -> Result<MergeOutcome, MergeFailure> {
+) -> Result<MergeOutcome, Failure> {
     let adapters = bind_all(
         &BaseModel::open(base).unwrap(),
         adapters,
-        options.allow_unmatched,
+        options.merge.allow_unmatched,
     )?;
     merge_bound(base, &adapters, options, dest, compute)
 }
@@ -290,20 +302,18 @@ fn merge_on(
 fn merge_bound(
     base: &Path,
     adapters: &BoundSet,
-    options: &MergeOptions,
+    options: &Opts,
     dest: &Path,
     compute: &Compute,
-) -> Result<MergeOutcome, MergeFailure> {
+) -> Result<MergeOutcome, Failure> {
     let base = BaseModel::open(base).unwrap();
-    let out = merge_release(
-        &base,
-        adapters,
-        options,
-        None,
-        dest,
-        Replace::Never,
+    let merging = Merging {
+        options: options.merge,
+        output: &options.output,
         compute,
-    )?;
+        svd_cache: None,
+    };
+    let out = merge_release(&base, adapters, &merging, dest, Replace::Never)?;
     assert_eq!(out.report.device.used, compute.label());
     Ok(out)
 }
@@ -418,7 +428,7 @@ fn check_against_reference(
     base: &Path,
     component: &str,
     make: &dyn Fn() -> Vec<Unbound>,
-    options_f32: &MergeOptions,
+    options_f32: &Opts,
     reference: &Path,
     what: &str,
 ) -> f64 {
@@ -439,8 +449,8 @@ fn check_against_reference(
         let what = format!("{what} on {}", compute.label());
         let dest = tmp.path().join(format!("{}-{dtype:?}", compute.label()));
         let mut o = options_f32.clone();
-        o.dtype = dtype;
-        o.keep_f32 = Some(wanbake::layout::KeepF32::None);
+        o.output.dtype = dtype;
+        o.output.keep_f32 = Some(wanbake::layout::KeepF32::None);
         merge_on(base, make(), &o, &dest, &compute).unwrap_or_else(|e| panic!("{what}: {e}"));
         let out = output_tensors(&dest, component);
         if dtype == OutputDType::BF16 {
@@ -532,7 +542,7 @@ fn wan_case(case: &str, strength_key: &str, strength: f64, mode: DoraStrength) {
     let applied = repo(c["applied"].as_str().unwrap());
     let reference = repo(c["strengths"][strength_key]["reference"].as_str().unwrap());
     let mut o = options(OutputDType::F32);
-    o.dora_strength = mode;
+    o.merge.dora_strength = mode;
     let make = || vec![bound(applied_set(&applied), strength)];
     let e = check_against_reference(&base, "", &make, &o, &reference, case);
     eprintln!("{case} @ {strength} ({mode:?}): worst relative error {e:.3e}");
@@ -969,7 +979,7 @@ fn assert_nothing_written(tmp: &Path) {
     assert!(left.is_empty(), "output left behind: {left:?}");
 }
 
-fn refused(tmp: &Path, adapters: Vec<Unbound>, o: &MergeOptions) -> String {
+fn refused(tmp: &Path, adapters: Vec<Unbound>, o: &Opts) -> String {
     let dest = tmp.join("out");
     match merge(&sa3_base(), adapters, o, &dest) {
         Ok(_) => panic!("expected a refusal"),
@@ -1129,7 +1139,7 @@ fn refuses_unmatched_keys_unless_allowed_and_reports_them() {
         "{msg}"
     );
     let mut o = options(OutputDType::F32);
-    o.allow_unmatched = true;
+    o.merge.allow_unmatched = true;
     let out = merge(&sa3_base(), vec![make()], &o, &tmp.path().join("out")).unwrap();
     assert_eq!(
         out.report.adapters[0].unmatched_allowed,
@@ -1158,7 +1168,7 @@ fn refuses_an_adapter_that_binds_nothing() {
     // Refused even when unmatched keys are allowed: an adapter must change something.
     let set = lora_module_on(&a, "nothing.here", QKV, Kind::Lora);
     let mut o = options(OutputDType::F32);
-    o.allow_unmatched = true;
+    o.merge.allow_unmatched = true;
     let msg = refused(tmp.path(), vec![bound(set, 1.0)], &o);
     assert!(msg.contains("binds to none of the"), "{msg}");
 }
@@ -2250,12 +2260,7 @@ fn every_route_agrees_through_the_transposing_layouts_and_on_nnx_bases() {
             .map(|case| AdapterSpec::parse(&(case_adapter(&m["cases"][case]["adapter"]) + ":0.7")))
             .collect::<Result<_, _>>()
             .unwrap();
-        bind_specs(
-            &specs,
-            &BaseModel::open(base).unwrap(),
-            &options(OutputDType::BF16),
-        )
-        .unwrap()
+        bind_specs(&specs, &BaseModel::open(base).unwrap(), false).unwrap()
     };
     for (base, layout) in [
         (&golden_base, Layout::Nnx),
@@ -2263,7 +2268,7 @@ fn every_route_agrees_through_the_transposing_layouts_and_on_nnx_bases() {
         (&nnx_base, Layout::Diffusers),
     ] {
         let mut o = options(OutputDType::BF16);
-        o.layout = Some(layout);
+        o.output.layout = Some(layout);
         let mut outputs = Vec::new();
         for compute in routes() {
             let dest = tmp.path().join(format!("{layout:?}-{}", compute.label()));
@@ -2294,16 +2299,13 @@ fn the_svd_cache_is_shared_between_routes() {
         let dest = tmp.path().join(compute.label());
         let adapters = bind_all(&base, vec![bound(sa3_set("bora-xs", &same), 0.9)], false).unwrap();
         let o = options(OutputDType::BF16);
-        let out = merge_release(
-            &base,
-            &adapters,
-            &o,
-            Some(&cache),
-            &dest,
-            Replace::Never,
+        let merging = Merging {
+            options: o.merge,
+            output: &o.output,
             compute,
-        )
-        .unwrap();
+            svd_cache: Some(&cache),
+        };
+        let out = merge_release(&base, &adapters, &merging, &dest, Replace::Never).unwrap();
         reports.push(out.report.svd.clone());
         outputs.push((compute.label(), output_tensors(&dest, "")));
     }

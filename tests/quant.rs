@@ -1535,18 +1535,20 @@ fn tree_bytes(dir: &std::path::Path) -> std::collections::BTreeMap<String, Vec<u
 #[test]
 fn every_encoding_and_layout_completes_through_a_one_chunk_window() {
     use std::sync::Arc;
+    use wanbake::adapter::{AdapterSpec, bind_specs};
+    use wanbake::convert::quantize_release;
     use wanbake::convert::{ConvertSpec, DtypeChoice, convert_release, keep_none};
     use wanbake::io::DType;
     use wanbake::io::staging::Replace;
     use wanbake::layout::dtype_policy::OutputDType;
     use wanbake::layout::restack::RestackOptions;
-    use wanbake::merge::exec::ExecOptions;
-    use wanbake::merge::restack::restack_release;
-    use wanbake::merge::{AdapterSpec, Compute, MergeChoices, MergeOptions, bind_specs};
-    use wanbake::merge::{merge_release, quantize_release};
+    use wanbake::merge::{MergeOptions, Merging, merge_release};
     use wanbake::model::base_model::BaseModel;
     use wanbake::model::quant_rules::QuantFormat;
     use wanbake::model::wan_layout::Layout;
+    use wanbake::pipeline::{Compute, ExecOptions, OutputChoices, OutputOptions};
+    use wanbake::release::Hooks;
+    use wanbake::restack::restack_release;
 
     let base = repo().join("golden/models/t2v");
     let lora = repo().join("golden/adapters/peft_plain");
@@ -1557,20 +1559,20 @@ fn every_encoding_and_layout_completes_through_a_one_chunk_window() {
         cases.push((
             format!("convert --to {}", to.as_str()),
             Arc::new(move |out| {
-                let choices = MergeChoices {
+                let choices = OutputChoices {
                     to: Some(to),
-                    ..MergeChoices::default()
+                    ..OutputChoices::default()
                 };
-                let options = MergeOptions::new(choices).unwrap();
-                quantize_release(&b, &options, out, Replace::Never).unwrap();
+                let options = OutputOptions::new(choices).unwrap();
+                quantize_release(&b, &options, out, Replace::Never, Hooks::default()).unwrap();
             }),
         ));
     }
-    let merges: Vec<(String, MergeChoices)> = (QuantFormat::ALL.iter())
+    let merges: Vec<(String, OutputChoices)> = (QuantFormat::ALL.iter())
         .map(|&to| {
-            let c = MergeChoices {
+            let c = OutputChoices {
                 to: Some(to),
-                ..MergeChoices::default()
+                ..OutputChoices::default()
             };
             (format!("merge --to {}", to.as_str()), c)
         })
@@ -1582,10 +1584,10 @@ fn every_encoding_and_layout_completes_through_a_one_chunk_window() {
                 Layout::NnxScanned,
             ]
             .map(|l| {
-                let c = MergeChoices {
+                let c = OutputChoices {
                     dtype: OutputDType::BF16,
                     layout: Some(l),
-                    ..MergeChoices::default()
+                    ..OutputChoices::default()
                 };
                 (format!("merge --dtype bf16 --layout {l:?}"), c)
             }),
@@ -1596,12 +1598,17 @@ fn every_encoding_and_layout_completes_through_a_one_chunk_window() {
         cases.push((
             name,
             Arc::new(move |out| {
-                let options = MergeOptions::new(choices.clone()).unwrap();
+                let output = OutputOptions::new(choices.clone()).unwrap();
                 let model = BaseModel::open(&b).unwrap();
                 let spec = AdapterSpec::parse(l.to_str().unwrap()).unwrap();
-                let adapters = bind_specs(&[spec], &model, &options).unwrap();
-                let (r, c) = (Replace::Never, &Compute::Cpu);
-                merge_release(&model, &adapters, &options, None, out, r, c).unwrap();
+                let adapters = bind_specs(&[spec], &model, false).unwrap();
+                let merging = Merging {
+                    options: MergeOptions::default(),
+                    output: &output,
+                    compute: &Compute::Cpu,
+                    svd_cache: None,
+                };
+                merge_release(&model, &adapters, &merging, out, Replace::Never).unwrap();
             }),
         ));
     }
@@ -1620,7 +1627,7 @@ fn every_encoding_and_layout_completes_through_a_one_chunk_window() {
                     shard_bytes: Some(64 << 10),
                     replace: Replace::Never,
                 };
-                convert_release(&spec).unwrap();
+                convert_release(&spec, Hooks::default()).unwrap();
             }),
         ));
     }
@@ -1638,7 +1645,8 @@ fn every_encoding_and_layout_completes_through_a_one_chunk_window() {
                     replace: Replace::Never,
                     config: None,
                 };
-                restack_release(&b, out, &options, &ExecOptions::default()).unwrap();
+                restack_release(&b, out, &options, &ExecOptions::default(), Hooks::default())
+                    .unwrap();
             }),
         ));
     }

@@ -12,9 +12,10 @@ use wanbake::io::SafetensorsFile;
 use wanbake::io::staging::Replace;
 use wanbake::layout::OutputDType;
 use wanbake::layout::restack::RestackOptions;
-use wanbake::merge::exec::ExecOptions;
-use wanbake::merge::restack::restack_release;
 use wanbake::model::wan_layout::Layout;
+use wanbake::pipeline::ExecOptions;
+use wanbake::release::Hooks;
+use wanbake::restack::restack_release;
 use wanbake::runner::output::write_f32_file;
 use wanbake::runner::{RunInputs, Tensor};
 
@@ -532,7 +533,14 @@ fn restack(src: &Path, layout: &str, dest: &Path) {
     if let Some(parent) = dest.parent() {
         std::fs::create_dir_all(parent).unwrap();
     }
-    restack_release(src, dest, &options, &ExecOptions::default()).unwrap();
+    restack_release(
+        src,
+        dest,
+        &options,
+        &ExecOptions::default(),
+        Hooks::default(),
+    )
+    .unwrap();
     let out = SafetensorsFile::open(&dest.join("diffusion_pytorch_model.safetensors")).unwrap();
     assert!(
         out.view("proj_out.weight").is_none(),

@@ -51,6 +51,35 @@ pub enum AdapterError {
     /// The files could not be read.
     #[error(transparent)]
     Read(#[from] ReadError),
+    /// A base with several transformers, and an adapter that does not say which one it is
+    /// for.
+    #[error(
+        "adapter `{adapter}`: the base has {} transformers ({}); say which one it is for",
+        components.len(),
+        components.join(", ")
+    )]
+    ComponentNeeded {
+        /// The adapter as the user gave it.
+        adapter: String,
+        /// The base's transformers.
+        components: Vec<String>,
+    },
+    /// An adapter for a transformer the base does not have.
+    #[error(
+        "adapter `{adapter}`: the base has no transformer `{named}`; it has {}",
+        match components.as_slice() {
+            [_] => "a single model".to_string(),
+            many => format!("transformers {}", many.join(", ")),
+        }
+    )]
+    NoSuchComponent {
+        /// The adapter as the user gave it.
+        adapter: String,
+        /// The transformer it names.
+        named: String,
+        /// The base's transformers.
+        components: Vec<String>,
+    },
     /// The adapter is a kind wanbake refuses (wrong PEFT type, un-converted PiSSA, ...).
     #[error("{}: {reason}", path.display())]
     Refused {

@@ -12,6 +12,7 @@
 //! adapter for `inspect`. Does not own: the merge math (`merge`).
 
 pub mod bind;
+pub mod bound;
 pub mod comfy;
 pub mod detect;
 pub mod diffusers;
@@ -27,6 +28,7 @@ pub mod peft_config;
 pub mod peft_lycoris;
 pub mod report;
 pub mod sa3;
+pub mod spec;
 pub mod translate;
 pub mod variant;
 
@@ -38,8 +40,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::io::{Checkpoint, DType, ReadError, SafetensorsFile, dtype};
 pub use bind::{BaseIndex, BindReport};
+pub use bound::{BoundAdapter, BoundSet, bind_adapter, bind_specs, components_of};
 pub use error::{AdapterError, EntryProblem, KeyProblem};
 pub use kinds::{Binding, Entry, Kind, ParamRole, ScaleSource, TensorSource, view_2d};
+pub use spec::{AdapterSpec, ComponentChoice};
 
 /// The naming/packaging convention an adapter file follows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -388,6 +392,20 @@ impl AdapterSet {
             reason: "no such tensor".into(),
         })?;
         Ok((file, view))
+    }
+
+    /// [`AdapterSet::load`], then drops the tensor's mapped pages: what a merge does with
+    /// every adapter tensor, so the resident set does not grow with the adapters.
+    pub fn load_released(&self, src: &TensorSource) -> Result<Vec<f32>, ReadError> {
+        let v = self.load(src)?;
+        if let Some((f, i)) = self
+            .files
+            .get(src.file)
+            .and_then(|f| f.position(&src.key).map(|i| (f, i)))
+        {
+            f.release(i);
+        }
+        Ok(v)
     }
 
     /// Produces one entry parameter as f32 in PyTorch layout: widened from the stored dtype,

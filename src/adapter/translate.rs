@@ -14,7 +14,7 @@ use std::path::Path;
 use super::bind::{BaseIndex, bound_ids, kind_name, resolve_names};
 use super::names::ModuleId;
 use super::{AdapterError, AdapterSet, Convention, Entry, EntryProblem, ParamRole};
-use crate::io::DType;
+use crate::io::{DType, ReadError};
 use crate::model::base_model::BaseModel;
 
 /// Where an output tensor's bytes come from.
@@ -320,7 +320,12 @@ pub fn module_ids(
 }
 
 /// The bytes of one output tensor.
-pub fn tensor_bytes(set: &AdapterSet, t: &OutTensor) -> anyhow::Result<Vec<u8>> {
+pub fn tensor_bytes(set: &AdapterSet, t: &OutTensor) -> Result<Vec<u8>, ReadError> {
+    let internal = |tensor: &str, reason: String| ReadError::Tensor {
+        path: set.path.clone(),
+        tensor: tensor.to_string(),
+        reason: format!("internal: {reason}"),
+    };
     match &t.data {
         OutData::Scalar { value } => Ok(match t.dtype {
             DType::F64 => value.to_le_bytes().to_vec(),
@@ -332,22 +337,23 @@ pub fn tensor_bytes(set: &AdapterSet, t: &OutTensor) -> anyhow::Result<Vec<u8>> 
             role,
             transpose,
         } => {
-            let e = set
-                .entries
-                .get(*entry)
-                .ok_or_else(|| anyhow::anyhow!("internal: entry {entry}"))?;
+            let e = (set.entries.get(*entry))
+                .ok_or_else(|| internal(&t.name, format!("no entry {entry}")))?;
             let src = e
                 .param(*role)
-                .ok_or_else(|| anyhow::anyhow!("internal: {role:?} of `{}`", e.module))?;
+                .ok_or_else(|| internal(&t.name, format!("{role:?} of `{}`", e.module)))?;
             let (dtype, bytes) = set.load_raw(src)?;
             if dtype != t.dtype {
-                anyhow::bail!("internal: `{}` is {dtype}, planned {}", src.key, t.dtype);
+                return Err(internal(&src.key, format!("{dtype}, planned {}", t.dtype)));
             }
             if !*transpose {
                 return Ok(bytes);
             }
             let [rows, cols] = src.shape[..] else {
-                anyhow::bail!("internal: cannot transpose {:?}", src.shape);
+                return Err(internal(
+                    &src.key,
+                    format!("cannot transpose {:?}", src.shape),
+                ));
             };
             let size = dtype.size().unwrap_or(1);
             Ok(super::transpose_bytes(&bytes, rows, cols, size))

@@ -2,12 +2,14 @@
 
 use std::path::PathBuf;
 
+use crate::adapter::AdapterError;
 use crate::io::ReadError;
-use crate::merge::{MergeError, MergeFailure};
+use crate::pipeline::PipelineError;
 use crate::recipe::{Recipe, RecipeError};
+use crate::release::ReleaseError;
 
-/// A bake failure. Plan-phase variants (`Recipe`, `Read`, `Merge`, `HashMismatch`,
-/// `NoSpace`, `CheckSetup`) leave nothing on disk; a failed check is not an error (the
+/// A bake failure. Plan-phase variants (`Recipe`, `Read`, `Adapter`, `Plan`,
+/// `HashMismatch`, `NoSpace`, `CheckSetup`) leave nothing on disk; a failed check is not an error (the
 /// output is written and marked `check_failed`).
 #[derive(Debug, thiserror::Error)]
 pub enum BakeError {
@@ -17,9 +19,13 @@ pub enum BakeError {
     /// An input could not be read.
     #[error(transparent)]
     Read(#[from] ReadError),
-    /// Binding or planning the merge failed (unmatched keys, shapes, ranks, ...).
+    /// An adapter could not be opened or bound (unmatched keys, shapes, ranks, ...).
     #[error(transparent)]
-    Merge(Box<MergeError>),
+    Adapter(Box<AdapterError>),
+    /// Planning the output failed (a target the layout leaves out, non-finite adapter
+    /// values, ...).
+    #[error(transparent)]
+    Plan(Box<PipelineError>),
     /// A declared sha256 does not match the file.
     #[error(
         "{what}: {} has sha256 {found}, but the recipe expects {expected} \
@@ -59,7 +65,16 @@ pub enum BakeError {
     },
     /// Writing failed; nothing is left at the destination.
     #[error(transparent)]
-    Write(Box<MergeFailure>),
+    Write(Box<ReleaseError>),
+    /// Signing the staged release failed; nothing is left at the destination.
+    #[error(transparent)]
+    Sign(#[from] crate::signing::SignError),
+    /// The staged release was not signed (it does not verify against its manifest).
+    #[error("the release is not signed: {reason}")]
+    NotSigned {
+        /// Why.
+        reason: String,
+    },
     /// The written output does not verify against its manifest.
     #[error("{dir}: the written output does not verify: {what}")]
     Verify {
@@ -84,17 +99,20 @@ impl BakeError {
     }
 }
 
-impl From<MergeError> for BakeError {
-    fn from(e: MergeError) -> BakeError {
-        BakeError::Merge(Box::new(e))
+impl From<AdapterError> for BakeError {
+    fn from(e: AdapterError) -> BakeError {
+        BakeError::Adapter(Box::new(e))
     }
 }
 
-impl From<MergeFailure> for BakeError {
-    fn from(e: MergeFailure) -> BakeError {
-        match e {
-            MergeFailure::Merge(m) => BakeError::Merge(m),
-            other => BakeError::Write(Box::new(other)),
-        }
+impl From<PipelineError> for BakeError {
+    fn from(e: PipelineError) -> BakeError {
+        BakeError::Plan(Box::new(e))
+    }
+}
+
+impl From<ReleaseError> for BakeError {
+    fn from(e: ReleaseError) -> BakeError {
+        BakeError::Write(Box::new(e))
     }
 }

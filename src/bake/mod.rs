@@ -26,15 +26,14 @@ use std::path::Path;
 
 pub use check::CheckOutcome;
 pub use error::BakeError;
-pub use plan::{BakePlan, BaseHashing, HashCheck, Space, plan_bake};
+pub use plan::{BakeInputs, BakePlan, DryRun, HashCheck, Planned, Space, open_bake};
 
 use crate::io::staging::Replace;
 use crate::linalg::SvdCache;
 use crate::manifest::{VerifyReport, verify_committed};
-use crate::merge::{
-    BaseHash, Compute, MergeOptions, MergeReport, WriteSettings, prepare_merge, write_merge,
-};
-use crate::release::{Checked, Release};
+use crate::merge::{MergeReport, Merging, write_merge};
+use crate::pipeline::{Compute, OutputOptions, Plan, Writing};
+use crate::release::{Checked, DirHook, HookError, Hooks, Release};
 use crate::runner::Tensor;
 
 /// A finished bake (checks may have failed: see `passed`).
@@ -55,7 +54,7 @@ pub struct BakeOutcome {
 /// Writes, checks, commits and verifies a planned bake, computing merged targets where
 /// `compute` says. The f32 reference model of "unmerged" checks is always merged on the CPU
 /// band path, so a GPU bake is checked against an independent computation (`reference`).
-pub fn execute(plan: BakePlan, compute: &Compute) -> Result<BakeOutcome, BakeError> {
+pub fn execute(plan: BakePlan<'_>, compute: &Compute) -> Result<BakeOutcome, BakeError> {
     if !plan.space.fits {
         return Err(BakeError::NoSpace {
             dir: plan.space.dir.clone(),
@@ -63,76 +62,64 @@ pub fn execute(plan: BakePlan, compute: &Compute) -> Result<BakeOutcome, BakeErr
             available: plan.space.available.unwrap_or(0),
         });
     }
-    if !plan.prepared.base_hashed {
-        return Err(BakeError::Internal(
-            "the plan did not hash the base (a dry-run plan cannot be executed)".into(),
-        ));
-    }
-    let BakePlan {
-        recipe,
-        base,
-        adapters,
-        options,
-        prepared,
-        ..
-    } = plan;
-    let cache = open_cache(&recipe)?;
-    let signer = sign::load(&recipe)?;
+    let Planned { inputs, ready, .. } = plan.into_inner();
+    let recipe = &inputs.recipe;
+    let cache = open_cache(recipe)?;
+    let signer = sign::load(recipe)?;
     let normalised = recipe.normalised();
     let mut options_json = serde_json::json!({ "recipe": normalised });
     if let Some(s) = &signer {
         options_json["sign"] = s.record();
     }
-    let sign_hook = signer.as_ref().map(|s| {
-        let name = release_name(&recipe.output.dir);
-        move |tmp: &Path| s.sign_staged(tmp, &name)
-    });
-    let settings = WriteSettings {
-        command: "bake",
-        options: options_json,
-        file_metadata: provenance(&normalised, &prepared.inputs),
-        replace: if recipe.output.overwrite {
-            Replace::Overwrite
-        } else {
-            Replace::Never
-        },
-        svd_cache: cache.as_ref(),
+    let replace = if recipe.output.overwrite {
+        Replace::Overwrite
+    } else {
+        Replace::Never
+    };
+    let mut writing = Writing::new(&recipe.output.dir, replace, "bake", options_json);
+    writing.file_metadata = provenance(&normalised, &ready.inputs);
+    let merging = Merging {
+        options: inputs.merge,
+        output: &inputs.output,
         compute,
-        before_commit: sign_hook.as_ref().map(|f| f as &crate::merge::BeforeCommit),
+        svd_cache: cache.as_ref(),
     };
     // A quantized release has no config.json: its checks run with the base's.
-    let run_config = options
+    let run_config = inputs
+        .output
         .quantize
-        .and(base.components.first())
+        .and(inputs.base.components.first())
         .and_then(|c| c.sidecar("config.json"))
         .map(|s| s.path.clone());
     let mut outcomes = Vec::new();
-    let outcome = write_merge(
-        prepared,
-        &base,
-        &adapters,
-        &options,
-        &recipe.output.dir,
-        settings,
-        |staged| {
-            let checking = crate::progress::begin("checking", 0, recipe.checks.len() as u64);
-            let expected = expected_outputs(&recipe, &base, &adapters, &options)?;
-            for (c, want) in recipe.checks.iter().zip(&expected) {
-                outcomes.push(check::run_check(
-                    &recipe,
-                    staged,
-                    run_config.as_deref(),
-                    c,
-                    want,
-                )?);
-                checking.add_item();
-            }
-            Ok(Checked {
-                checks: serde_json::to_value(&outcomes)?,
-                passed: outcomes.iter().all(|o| o.passed),
-            })
-        },
-    )?;
+    let check = |staged: &Path| -> Result<Checked, HookError> {
+        let checking = crate::progress::begin("checking", 0, recipe.checks.len() as u64);
+        let expected = expected_outputs(inputs)?;
+        for (c, want) in recipe.checks.iter().zip(&expected) {
+            outcomes.push(check::run_check(
+                recipe,
+                staged,
+                run_config.as_deref(),
+                c,
+                want,
+            )?);
+            checking.add_item();
+        }
+        Ok(Checked {
+            checks: serde_json::to_value(&outcomes)?,
+            passed: outcomes.iter().all(|o| o.passed),
+        })
+    };
+    let name = release_name(&recipe.output.dir);
+    let hooks = Hooks {
+        check: Some(Box::new(check)),
+        before_commit: signer.as_ref().map(|s| {
+            Box::new(move |tmp: &Path| s.sign_staged(tmp, &name).map_err(HookError::from))
+                as DirHook<'_, ()>
+        }),
+        gate: None,
+    };
+    let outcome = write_merge(&ready, &merging, writing, hooks)?;
     let dir = outcome.release.dir.clone();
     let written = outcome.release.manifest.to_canonical_bytes();
     let verify = verify_committed(&dir, &written)?;
@@ -203,19 +190,19 @@ fn provenance(
 /// output of the reference model (`reference`): the same adapters merged in f32 with no
 /// rounding, in the base's own layout, computed tensor by tensor as the runner asks (on the
 /// CPU band path, whatever `compute` the bake used) and never written.
-fn expected_outputs(
-    recipe: &crate::recipe::Recipe,
-    base: &crate::model::base_model::BaseModel,
-    adapters: &[crate::merge::BoundAdapter],
-    options: &MergeOptions,
-) -> Result<Vec<Tensor>, BakeError> {
+fn expected_outputs(inputs: &BakeInputs) -> Result<Vec<Tensor>, BakeError> {
+    let recipe = &inputs.recipe;
     let plan = match recipe.checks.iter().any(|c| c.expected == "unmerged") {
-        true => Some(prepare_merge(base, adapters, &options.f32_reference(), BaseHash::Skip)?.plan),
+        true => Some(Plan::new(
+            &inputs.base,
+            &inputs.adapters,
+            &OutputOptions::f32_reference(),
+        )?),
         false => None,
     };
     let models = match &plan {
         Some(plan) => Some(
-            reference::reference_models(base, adapters, plan).map_err(|e| {
+            reference::reference_models(plan, &inputs.merge).map_err(|e| {
                 BakeError::CheckSetup {
                     check: "unmerged".into(),
                     reason: e.to_string(),

@@ -1,10 +1,12 @@
 //! The plan phase of a bake: everything that can be checked before a byte is written.
 //!
-//! Owns: `plan_bake` (open the base, bind every adapter to its expert, plan the merge and
-//! the output layout, hash inputs and compare declared sha256s, check the output path and
-//! the free space, validate every check's files) and `BakePlan`, what it found. Does not
-//! own: the merge plan's own refusals (`merge::plan`), the recipe schema (`recipe`), writing
-//! (`bake::execute`).
+//! Owns: [`open_bake`] (open the base, bind every adapter to its expert, check the output
+//! path, validate every check's files: [`BakeInputs`], what the plan borrows), then
+//! [`BakeInputs::plan`] (plan the merge and the output layout, hash every input and compare
+//! declared sha256s, measure the free space: a [`BakePlan`], the only value `bake::execute`
+//! takes) or [`BakeInputs::dry_run`] (the same, hashing the base only when the recipe
+//! declares its sha256: a [`DryRun`], which cannot be executed). Does not own: the plan's
+//! own refusals (`pipeline::plan`), the recipe schema (`recipe`), writing (`bake::execute`).
 
 use std::path::{Path, PathBuf};
 
@@ -12,25 +14,14 @@ use super::error::BakeError;
 use crate::adapter::Convention;
 use crate::io::staging::check_not_input;
 
+use crate::adapter::{AdapterSpec, BoundAdapter, BoundSet, ComponentChoice, bind_specs};
 use crate::manifest::InputRecord;
-use crate::merge::{
-    AdapterSpec, BaseHash, BoundAdapter, BoundSet, ComponentChoice, MergeOptions, PreparedMerge,
-    bind_specs, prepare_merge,
-};
+use crate::merge::MergeOptions;
 use crate::model::base_model::BaseModel;
 use crate::model::fingerprint::Fingerprint;
+use crate::pipeline::{OutputOptions, Plan, Ready};
 use crate::recipe::{CheckSpec, Recipe, Sha256Spec};
 use crate::runner::{ModelSet, RunInputs};
-
-/// Whether the plan hashes the base.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BaseHashing {
-    /// Always (a bake: the manifest records every input's hash).
-    Always,
-    /// Only when the recipe declares an expected sha256 (a dry run of a recipe that pins
-    /// nothing need not read a 30 GB base).
-    WhenDeclared,
-}
 
 /// Free space at the output's file system.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -58,8 +49,8 @@ pub struct HashCheck {
     pub found: String,
 }
 
-/// Everything the plan phase established.
-pub struct BakePlan {
+/// What a bake reads, opened, recognised and bound: what its plan borrows.
+pub struct BakeInputs {
     /// The recipe.
     pub recipe: Recipe,
     /// The base, opened and recognised.
@@ -68,25 +59,67 @@ pub struct BakePlan {
     pub fingerprints: Vec<(String, Fingerprint)>,
     /// Every adapter bound to its transformer.
     pub adapters: BoundSet,
-    /// Merge options from the recipe.
-    pub options: MergeOptions,
+    /// How to merge (`[merge]`).
+    pub merge: MergeOptions,
+    /// How to write (`[output]`).
+    pub output: OutputOptions,
+}
+
+/// A planned bake: the merge planned, every input hashed (the manifest and every output
+/// header record them), declared hashes matched, the free space measured. Only
+/// [`BakeInputs::plan`] makes one. Derefs to what it found.
+pub struct BakePlan<'a>(Planned<'a>);
+
+/// A planned dry run: as [`BakePlan`], but the base is hashed only when the recipe declares
+/// its sha256, so it cannot be executed. Derefs to what it found.
+pub struct DryRun<'a>(Planned<'a>);
+
+/// What the plan phase found.
+pub struct Planned<'a> {
+    /// The inputs, opened and bound.
+    pub inputs: &'a BakeInputs,
     /// The merge plan and the hashed inputs.
-    pub prepared: PreparedMerge,
+    pub ready: Ready<'a>,
+    /// Is the base hashed (always, except in a dry run with no declared sha256)?
+    pub base_hashed: bool,
     /// Declared hashes, all matching.
     pub hashes: Vec<HashCheck>,
     /// Free space for the output (an "unmerged" check writes nothing: `bake::reference`).
     pub space: Space,
 }
 
-/// Runs the plan phase. Nothing is created on disk.
-pub fn plan_bake(recipe: Recipe, hashing: BaseHashing) -> Result<BakePlan, BakeError> {
+impl<'a> std::ops::Deref for BakePlan<'a> {
+    type Target = Planned<'a>;
+    fn deref(&self) -> &Planned<'a> {
+        &self.0
+    }
+}
+
+impl<'a> std::ops::Deref for DryRun<'a> {
+    type Target = Planned<'a>;
+    fn deref(&self) -> &Planned<'a> {
+        &self.0
+    }
+}
+
+impl<'a> BakePlan<'a> {
+    /// What was found, to execute.
+    pub(super) fn into_inner(self) -> Planned<'a> {
+        self.0
+    }
+}
+
+/// Opens and binds everything the recipe names, and checks everything that needs no
+/// hashing. Nothing is created on disk.
+pub fn open_bake(recipe: Recipe) -> Result<BakeInputs, BakeError> {
     let base = BaseModel::open(&recipe.base.path)?;
     let fingerprints = base
         .parts()
         .map(|(c, m)| (c.name.clone(), m.fingerprint.clone()))
         .collect();
     let specs = adapter_specs(&recipe)?;
-    let options = recipe.merge_options()?;
+    let merge = recipe.merge_options()?;
+    let output = recipe.output_options()?;
     if let Some(dir) = &recipe.merge.svd_cache
         && dir.exists()
         && !dir.is_dir()
@@ -98,30 +131,51 @@ pub fn plan_bake(recipe: Recipe, hashing: BaseHashing) -> Result<BakePlan, BakeE
         ));
     }
     check_output_path(&recipe, &base)?;
-    let adapters = bind_specs(&specs, &base, &options)?;
+    let adapters = bind_specs(&specs, &base, merge.allow_unmatched)?;
     for c in &recipe.checks {
         validate_check(&recipe, c)?;
     }
-    let hash_base = if hashing == BaseHashing::Always || recipe.base.sha256.is_some() {
-        BaseHash::Now
-    } else {
-        BaseHash::Skip
-    };
-    let mut prepared = prepare_merge(&base, &adapters, &options, hash_base)?;
-    relative_input_paths(&mut prepared.inputs, &recipe.root);
-    let hashes = check_declared_hashes(&recipe, &base, &adapters, &prepared.inputs)?;
-    let needed = prepared.plan.output.total_bytes();
-    let space = measure_space(&recipe.output.dir, needed);
-    Ok(BakePlan {
+    Ok(BakeInputs {
         recipe,
         base,
         fingerprints,
         adapters,
-        options,
-        prepared,
-        hashes,
-        space,
+        merge,
+        output,
     })
+}
+
+impl BakeInputs {
+    /// Plans the bake, hashing every input. Nothing is created on disk.
+    pub fn plan(&self) -> Result<BakePlan<'_>, BakeError> {
+        self.planned(true).map(BakePlan)
+    }
+
+    /// Plans a dry run: as [`BakeInputs::plan`], but the base is hashed only when the recipe
+    /// declares its sha256 (a dry run of a recipe that pins nothing need not read a 30 GB
+    /// base).
+    pub fn dry_run(&self) -> Result<DryRun<'_>, BakeError> {
+        self.planned(self.recipe.base.sha256.is_some()).map(DryRun)
+    }
+
+    fn planned(&self, hash_base: bool) -> Result<Planned<'_>, BakeError> {
+        let plan = Plan::new(&self.base, &self.adapters, &self.output)?;
+        let mut ready = match hash_base {
+            true => plan.hash_base("base")?,
+            false => plan.hash_base_while_writing("base"),
+        };
+        relative_input_paths(&mut ready.inputs, &self.recipe.root);
+        let hashes =
+            check_declared_hashes(&self.recipe, &self.base, &self.adapters, &ready.inputs)?;
+        let space = measure_space(&self.recipe.output.dir, ready.output.total_bytes());
+        Ok(Planned {
+            inputs: self,
+            ready,
+            base_hashed: hash_base,
+            hashes,
+            space,
+        })
+    }
 }
 
 /// The recipe's adapters as merge specs (the expert names the component).

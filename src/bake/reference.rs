@@ -2,22 +2,21 @@
 //! f32 and never rounded, computed one tensor at a time when the runner asks for it.
 //!
 //! Owns: [`ReferenceWeights`], a `WeightSource` whose merged parameters are the merge
-//! engine's own f32 values of each target (`merge::exec::Exec::merged_values`: what an f32
-//! merge in the base's layout writes, bit for bit, read back as the runner reads any
+//! engine's own f32 values of each target (`merge::Merger` as `pipeline::TargetValues`: what
+//! an f32 merge in the base's layout writes, bit for bit, read back as the runner reads any
 //! checkpoint), and whose untouched parameters are the base's, widened; and
 //! [`reference_models`], the base's transformers wrapped so. Memory: the tensor being
 //! computed and the pages it was computed from, which are dropped again; nothing is written
 //! (a written reference was a second, f32, model: 57 GB beside a 14B bake). Does not own:
-//! the merge plan or its arithmetic (`merge`), reading and widening a checkpoint
+//! the plan (`pipeline`) or its arithmetic (`merge`), reading and widening a checkpoint
 //! (`runner::weights`), running a check (`bake::check`).
 
 use std::borrow::Cow;
 
 use crate::io::{Checkpoint, DType};
-use crate::merge::exec::Exec;
-use crate::merge::plan::MergedTargets;
-use crate::merge::{BoundAdapter, MergePlan};
+use crate::merge::{MergeOptions, Merger};
 use crate::model::wan::WanConfig;
+use crate::pipeline::{Plan, TargetIndex, TargetValues};
 use crate::runner::{CheckpointWeights, ModelSet, RunError, WeightSource};
 
 /// One transformer of the base with the adapters merged into it, tensor by tensor.
@@ -26,12 +25,14 @@ pub struct ReferenceWeights<'a> {
     base: CheckpointWeights,
     /// `base`'s name with what was merged into it (contexts are matched by name).
     name: String,
-    /// The merge of an f32 output in the base's layout, writing nothing.
-    exec: Exec<'a>,
-    /// The component's index in `exec.base`.
+    /// The plan of an f32 output in the base's layout.
+    plan: &'a Plan<'a>,
+    /// Its merge, writing nothing.
+    merger: Merger<'a>,
+    /// The component's index in the plan's base.
     component: usize,
     /// (stored tensor, layer) → (job, target) of every merged target of the component.
-    merged: MergedTargets,
+    merged: TargetIndex,
 }
 
 impl std::fmt::Debug for ReferenceWeights<'_> {
@@ -44,22 +45,22 @@ impl std::fmt::Debug for ReferenceWeights<'_> {
 }
 
 impl<'a> ReferenceWeights<'a> {
-    /// Component `component` of `base` (read as `weights`), with `adapters` merged as `plan`
-    /// says: a plan of `MergeOptions::f32_reference`, whose targets are computed in f32 in
-    /// the base's own layout.
+    /// Component `component` of the plan's base (read as `weights`), with its adapters
+    /// merged as `plan` says (a plan of `OutputOptions::f32_reference`, whose targets are
+    /// computed in f32 in the base's own layout) and `options`.
     pub fn new(
         weights: CheckpointWeights,
-        base: &'a Checkpoint,
+        plan: &'a Plan<'a>,
+        options: &MergeOptions,
         component: usize,
-        adapters: &'a [BoundAdapter],
-        plan: &'a MergePlan,
     ) -> ReferenceWeights<'a> {
         ReferenceWeights {
             name: format!("{} + adapters (unmerged reference)", weights.name()),
             base: weights,
-            exec: Exec::values_only(base, adapters, plan),
+            plan,
+            merger: Merger::values_only(plan, options),
             component,
-            merged: plan.merged_targets(Some(component)),
+            merged: plan.targets_by_stored(Some(component)),
         }
     }
 
@@ -87,7 +88,7 @@ impl WeightSource for ReferenceWeights<'_> {
             // No adapter touches it: the base's own values.
             return self.base.tensor(name);
         };
-        let plan = self.exec.plan;
+        let plan = self.plan;
         let job = &plan.jobs[j];
         if job.stored_shape != src.stored_shape {
             return Err(self.error(
@@ -98,9 +99,9 @@ impl WeightSource for ReferenceWeights<'_> {
                 ),
             ));
         }
-        let values = self.exec.merged_values(job, &plan.targets[t]);
+        let values = self.merger.target_values(job, &plan.targets[t]);
         // The merge read the base tensor's pages (and released the adapters'): drop them.
-        if let Some(r) = self.exec.base.components[self.component]
+        if let Some(r) = plan.base.components[self.component]
             .tensors
             .get(&job.stored)
         {
@@ -113,13 +114,14 @@ impl WeightSource for ReferenceWeights<'_> {
     }
 }
 
-/// The transformers of `base` (opened again from its path, as `wanbake run` opens a model)
-/// with `adapters` merged as `plan` says (see [`ReferenceWeights::new`]).
+/// The transformers of the plan's base (opened again from its path, as `wanbake run` opens
+/// a model) with its adapters merged as `plan` and `options` say (see
+/// [`ReferenceWeights::new`]).
 pub fn reference_models<'a>(
-    base: &'a Checkpoint,
-    adapters: &'a [BoundAdapter],
-    plan: &'a MergePlan,
+    plan: &'a Plan<'a>,
+    options: &MergeOptions,
 ) -> Result<ModelSet<'a>, RunError> {
+    let base = plan.base;
     let path = base.path.as_path();
     let mut wrap = |component: &str,
                     weights: CheckpointWeights|
@@ -135,7 +137,7 @@ pub fn reference_models<'a>(
                 ),
             })?;
         Ok(Box::new(ReferenceWeights::new(
-            weights, base, index, adapters, plan,
+            weights, plan, options, index,
         )))
     };
     ModelSet::from_checkpoint(path, Checkpoint::open(path)?, None, &mut wrap)

@@ -9,6 +9,7 @@
 
 use std::path::Path;
 
+use crate::io::ReadError;
 use crate::manifest::{Manifest, verify_committed};
 use crate::recipe::Recipe;
 use crate::signing::{self, SIGNATURE_NAME, SigningKey};
@@ -56,9 +57,9 @@ impl Signer {
     /// that manifest, naming the subject `name` (the release's final folder name). The seal
     /// has just hashed every staged file, from the bytes written, to make that manifest, so
     /// the check here is the listing and the sizes (`manifest::verify_committed`), not a read.
-    pub fn sign_staged(&self, tmp: &Path, name: &str) -> anyhow::Result<()> {
+    pub fn sign_staged(&self, tmp: &Path, name: &str) -> Result<(), BakeError> {
         let mpath = tmp.join(crate::io::staging::MANIFEST_NAME);
-        let bytes = fs_err::read(&mpath)?;
+        let bytes = fs_err::read(&mpath).map_err(|e| ReadError::io(&mpath, e))?;
         let report = verify_committed(tmp, &bytes)?;
         if !report.ok() {
             let what: Vec<String> = report
@@ -67,12 +68,11 @@ impl Signer {
                 .take(5)
                 .map(|m| format!("{}: {}", m.path, m.what))
                 .collect();
-            anyhow::bail!(
-                "the staged release does not verify, so it is not signed: {}",
-                what.join("; ")
-            );
+            return Err(BakeError::NotSigned {
+                reason: format!("the staged release does not verify: {}", what.join("; ")),
+            });
         }
-        let manifest = Manifest::from_bytes(&bytes).map_err(|e| anyhow::anyhow!(e))?;
+        let manifest = Manifest::from_bytes(&bytes).map_err(BakeError::Internal)?;
         signing::sign_named(
             tmp,
             &tmp.join(SIGNATURE_NAME),

@@ -13,7 +13,7 @@ use serde_json::json;
 use super::device::{DeviceArg, device_json};
 use super::progress::human_bytes;
 use super::{Printer, Status};
-use wanbake::bake::{self, BakeOutcome, BakePlan, BaseHashing};
+use wanbake::bake::{self, BakeOutcome, Planned};
 use wanbake::recipe::Recipe;
 
 /// Arguments of `bake`.
@@ -37,25 +37,25 @@ pub struct Args {
 /// Runs `bake`.
 pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
     let recipe = Recipe::load(&args.recipe)?;
-    let hashing = if args.dry_run {
-        BaseHashing::WhenDeclared
-    } else {
-        BaseHashing::Always
-    };
     p.line(format!("planning {}", args.recipe.display()));
     let (compute, device) = args.device.select()?;
-    let plan = bake::plan_bake(recipe, hashing)?;
-    for a in &plan.recipe.adapters {
+    let inputs = bake::open_bake(recipe)?;
+    for a in &inputs.recipe.adapters {
         if let Some(expert) = &a.expert
             && let Some(w) = wanbake::adapter::variant::expert_warning(&a.path, expert)
         {
             p.warn(w);
         }
     }
-    let mut plan_json = describe_plan(&plan, p);
-    p.line(format!("  device   {}", device.reason));
-    plan_json["device"] = device_json(&device);
+    let describe = |plan: &Planned<'_>, p: &mut Printer| {
+        let mut plan_json = describe_plan(plan, p);
+        p.line(format!("  device   {}", device.reason));
+        plan_json["device"] = device_json(&device);
+        plan_json
+    };
     if args.dry_run {
+        let plan = inputs.dry_run()?;
+        let plan_json = describe(&plan, p);
         if !plan.space.fits {
             p.warn(format!(
                 "the output would not fit: {} needs {}, {} free (a bake would stop here)",
@@ -68,6 +68,8 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
         p.json(&json!({ "plan": plan_json, "dry_run": true }));
         return Ok(Status::Ok);
     }
+    let plan = inputs.plan()?;
+    let plan_json = describe(&plan, p);
     let started = Instant::now();
     let outcome = bake::execute(plan, &compute)?;
     let seconds = started.elapsed().as_secs_f64();
@@ -85,10 +87,10 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
 }
 
 /// Prints the plan for people and returns it as JSON.
-fn describe_plan(plan: &BakePlan, p: &mut Printer) -> serde_json::Value {
-    let r = &plan.recipe;
+fn describe_plan(plan: &Planned<'_>, p: &mut Printer) -> serde_json::Value {
+    let r = &plan.inputs.recipe;
     let base_hash = if !plan.hashes.iter().any(|h| h.what == "base") {
-        if plan.prepared.base_hashed {
+        if plan.base_hashed {
             "hashed"
         } else {
             "not hashed (dry run, no sha256 declared)"
@@ -100,11 +102,11 @@ fn describe_plan(plan: &BakePlan, p: &mut Printer) -> serde_json::Value {
         "  base     {} ({base_hash})",
         r.relative(&r.base.path)
     ));
-    for (name, f) in &plan.fingerprints {
+    for (name, f) in &plan.inputs.fingerprints {
         let name = if name.is_empty() { "model" } else { name };
         p.line(format!("           {name}: {}", f.description));
     }
-    for a in &plan.prepared.plan.adapters {
+    for a in &plan.ready.adapter_reports {
         let comp = if a.component.is_empty() {
             String::new()
         } else {
@@ -118,7 +120,7 @@ fn describe_plan(plan: &BakePlan, p: &mut Printer) -> serde_json::Value {
     for h in &plan.hashes {
         p.line(format!("  sha256   {} {}: ok", h.what, h.path));
     }
-    let out = &plan.prepared.plan.output;
+    let out = &plan.ready.output;
     let o = &r.output;
     let encoding = match (&o.to, o.city96_rounding) {
         (Some(to), false) => format!("{to}, original-Wan names"),
@@ -127,7 +129,7 @@ fn describe_plan(plan: &BakePlan, p: &mut Printer) -> serde_json::Value {
             "{}, layout {}, keep-f32 {}",
             o.dtype().unwrap_or("bf16"),
             o.layout.as_deref().unwrap_or("same as the base"),
-            plan.prepared.plan.keep_f32
+            plan.ready.keep_f32
         ),
     };
     p.line(format!(
@@ -167,10 +169,10 @@ fn describe_plan(plan: &BakePlan, p: &mut Printer) -> serde_json::Value {
     }
     json!({
         "recipe": r.normalised(),
-        "fingerprints": plan.fingerprints.iter().map(|(n, f)| json!({"component": n, "fingerprint": f})).collect::<Vec<_>>(),
-        "adapters": plan.prepared.plan.adapters,
-        "inputs": plan.prepared.inputs,
-        "base_hashed": plan.prepared.base_hashed,
+        "fingerprints": plan.inputs.fingerprints.iter().map(|(n, f)| json!({"component": n, "fingerprint": f})).collect::<Vec<_>>(),
+        "adapters": plan.ready.adapter_reports,
+        "inputs": plan.ready.inputs,
+        "base_hashed": plan.base_hashed,
         "declared_hashes": plan.hashes,
         "output": {
             "dir": r.relative(&o.dir),
@@ -178,7 +180,7 @@ fn describe_plan(plan: &BakePlan, p: &mut Printer) -> serde_json::Value {
             "tensors": out.tensor_count(),
             "bytes": out.total_bytes(),
             "tensor_bytes": out.files.iter().map(|f| f.layout.data_len as u64).sum::<u64>(),
-            "keep_f32": plan.prepared.plan.keep_f32,
+            "keep_f32": plan.ready.keep_f32,
         },
         "space": plan.space,
     })

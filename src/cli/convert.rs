@@ -1,17 +1,18 @@
 //! `wanbake convert IN --dtype f32|f16|bf16 --out DIR [--shard-size SIZE] [--overwrite]`:
 //! converts every float tensor of any checkpoint, mirroring its naming, as a verified
 //! release. `wanbake convert IN --to FORMAT --out DIR [--dtype ..] [--city96-rounding]`: a
-//! WAN transformer as one quantized file with original-Wan names: the merge of no adapters
-//! (`wanbake::merge::quantize_release`, options through `MergeOptions::new`). Flags and
-//! values are clap's typed ones (`cli::output`, the library types' `ValueEnum`s).
+//! WAN transformer as one quantized file with original-Wan names: the pipeline with no
+//! adapters (`wanbake::convert::quantize_release`, options through `OutputOptions::new`).
+//! Flags and values are clap's typed ones (`cli::output`, the library types' `ValueEnum`s).
 
 use std::path::PathBuf;
 
 use super::output::{FloatDtypeArg, OutputDir, ShardArg};
 use super::{Printer, Status, UsageError};
-use wanbake::convert::{ConvertSpec, DtypeChoice, convert_release, keep_none};
-use wanbake::merge::{MergeChoices, MergeFailure, MergeOptions, quantize_release};
+use wanbake::convert::{ConvertSpec, DtypeChoice, convert_release, keep_none, quantize_release};
 use wanbake::model::quant_rules::QuantFormat;
+use wanbake::pipeline::{OutputChoices, OutputOptions};
+use wanbake::release::Hooks;
 
 /// Arguments of `convert`.
 #[derive(clap::Args, Debug)]
@@ -61,7 +62,7 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
         replace: args.output.replace(),
         out: args.output.out,
     };
-    let r = convert_release(&spec)?;
+    let r = convert_release(&spec, Hooks::default())?;
     let bytes: u64 = r.manifest.files.iter().map(|f| f.bytes).sum();
     p.line(format!(
         "wrote {} ({} files, {} bytes)",
@@ -73,15 +74,15 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
     Ok(Status::Ok)
 }
 
-/// `--to FORMAT`: the merge of no adapters, its options checked by the builder `merge` and
-/// recipes use (`MergeOptions::new`).
+/// `--to FORMAT`: the pipeline with no adapters, its options checked by the builder `merge`
+/// and recipes use (`OutputOptions::new`).
 fn execute_quantized(to: QuantFormat, args: &Args, p: &mut Printer) -> anyhow::Result<Status> {
-    let options = MergeOptions::new(MergeChoices {
+    let options = OutputOptions::new(OutputChoices {
         dtype: args.dtype.dtype.map(|d| d.0).unwrap_or_default(),
         shard_bytes: args.shard.shard_size,
         to: Some(to),
         city96_rounding: args.city96_rounding,
-        ..MergeChoices::default()
+        ..OutputChoices::default()
     })
     .map_err(super::merge::flag_error)?;
     let Some(format) = options.quantize.map(|q| q.format) else {
@@ -93,11 +94,8 @@ fn execute_quantized(to: QuantFormat, args: &Args, p: &mut Printer) -> anyhow::R
         &options,
         &args.output.out,
         args.output.replace(),
-    )
-    .map_err(|e| match e {
-        MergeFailure::Merge(m) => super::merge::usage_or(*m),
-        other => other.into(),
-    })?;
+        Hooks::default(),
+    )?;
     let bytes: u64 = r.manifest.files.iter().map(|f| f.bytes).sum();
     p.line(format!(
         "wrote {} ({format}: {} files, {} bytes)",

@@ -1,10 +1,10 @@
 //! `--device auto|cpu|cuda`, one flag for every command that takes it (merge, bake,
 //! restack, extract): parsed here (`DeviceChoice`'s `ValueEnum`), resolved by
-//! `merge::Compute::select`; each command prints the reason line. restack runs on the CPU
+//! `pipeline::Compute::select`; each command prints the reason line. restack runs on the CPU
 //! whatever it says; extract runs its SVDs where it says.
 
 use wanbake::gpu::DeviceChoice;
-use wanbake::merge::{Compute, DeviceReport};
+use wanbake::pipeline::{Compute, DeviceReport};
 
 /// The `--device` flag.
 #[derive(clap::Args, Debug, Clone, Copy)]

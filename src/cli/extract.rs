@@ -11,13 +11,15 @@ use super::device::DeviceArg;
 use super::output::{FloatDtypeArg, OutputDir, value_subset};
 use super::{Printer, Status, UsageError, output};
 use wanbake::adapter::{AdapterOptions, Convention};
+use wanbake::adapter::{AdapterSpec, bind_specs};
 use wanbake::extract::{
     ExtractError, ExtractOutcome, ExtractReport, ExtractRequest, FromAdapters, RankRule,
     ResizeRequest, extract, extract_from_adapters, resize,
 };
 use wanbake::linalg::TruncMethod;
-use wanbake::merge::{AdapterSpec, MergeChoices, MergeOptions, bind_specs};
+use wanbake::merge::{MergeOptions, Merger};
 use wanbake::model::base_model::BaseModel;
+use wanbake::pipeline::{OutputOptions, Plan};
 
 value_subset!(
     /// `extract --to`: the conventions extract writes (`extract::CONVENTIONS`).
@@ -162,16 +164,24 @@ pub fn execute_extract(args: ExtractArgs, p: &mut Printer) -> anyhow::Result<Sta
             .iter()
             .map(|a| AdapterSpec::parse(a).map_err(|e| UsageError(e.to_string())))
             .collect::<Result<Vec<_>, _>>()?;
-        let merge = MergeOptions::new(MergeChoices::default()).map_err(super::merge::flag_error)?;
+        req.check().map_err(usage_or)?;
+        let merge = MergeOptions::default();
         let base = BaseModel::open(&args.base)?;
-        let adapters = bind_specs(&specs, &base, &merge)?;
+        let adapters = bind_specs(&specs, &base, merge.allow_unmatched)
+            .map_err(super::merge::adapter_error)?;
         req.provenance = serde_json::json!({ "adapters": args.adapters });
+        // The tuned model: the adapters merged in f32 in the base's own layout, each tensor
+        // computed in memory when the extraction asks for it.
+        let plan = Plan::new(&base, &adapters, &OutputOptions::f32_reference())
+            .map_err(super::merge::plan_error)?
+            .hash_base("base")?;
+        let values = Merger::values_only(&plan, &merge);
         extract_from_adapters(
             &req,
             FromAdapters {
                 base: &base,
-                adapters: &adapters,
-                merge,
+                plan: &plan,
+                values: &values,
             },
         )
         .map_err(usage_or)?

@@ -4,24 +4,25 @@
 //! [--json]`: merge adapters into a base in one streaming pass and write a verified release.
 //!
 //! This file only turns arguments into library values (clap hands it typed values: the
-//! shared flags of `cli::output`, the library types' `ValueEnum`s; `merge::AdapterSpec`;
-//! `merge::MergeOptions` through the builder recipes use, `MergeOptions::new`), opens and
-//! binds the adapters (`merge::bind_specs`), calls `merge::merge_release` and prints the
-//! summary.
+//! shared flags of `cli::output`, the library types' `ValueEnum`s; `adapter::AdapterSpec`;
+//! `pipeline::OutputOptions` through the builder recipes use, `OutputOptions::new`;
+//! `merge::MergeOptions`), opens and binds the adapters (`adapter::bind_specs`), calls
+//! `merge::merge_release` (plan, then write) and prints the summary.
 
 use std::path::{Path, PathBuf};
 
 use super::device::{DeviceArg, device_json};
 use super::output::{DtypeArgs, OutputDir, ShardArg};
 use super::{Printer, Status, UsageError};
+use wanbake::adapter::{AdapterError, AdapterSpec, bind_specs};
 use wanbake::linalg::SvdCache;
 use wanbake::merge::{
-    AdapterSpec, BadOption, DoraStrength, MergeChoices, MergeError, MergeFailure, MergeOptions,
-    MergeReport, bind_specs, merge_release,
+    DoraStrength, MergeFailure, MergeOptions, MergeReport, Merging, merge_release,
 };
 use wanbake::model::base_model::BaseModel;
 use wanbake::model::quant_rules::QuantFormat;
 use wanbake::model::wan_layout::Layout;
+use wanbake::pipeline::{BadOption, OutputChoices, OutputOptions, PipelineError};
 
 const AFTER_HELP: &str = "\
 ADAPTERS
@@ -112,14 +113,12 @@ pub struct Args {
     pub city96_rounding: bool,
 }
 
-/// The options, checked by the builder recipes use too (`MergeOptions::new`).
-fn merge_options(args: &Args) -> Result<MergeOptions, UsageError> {
-    MergeOptions::new(MergeChoices {
+/// The output options, checked by the builder recipes use too (`OutputOptions::new`).
+fn output_options(args: &Args) -> Result<OutputOptions, UsageError> {
+    OutputOptions::new(OutputChoices {
         dtype: args.dtype.dtype,
         keep_f32: args.dtype.keep_f32.clone(),
         layout: args.layout,
-        dora_strength: args.dora_strength,
-        allow_unmatched: args.allow_unmatched,
         shard_bytes: args.shard.shard_size,
         to: args.to,
         city96_rounding: args.city96_rounding,
@@ -132,17 +131,46 @@ pub(super) fn flag_error(b: BadOption) -> UsageError {
     UsageError(format!("--{}: {}", b.field.replace('_', "-"), b.message))
 }
 
-/// Library errors, with the usage ones turned into `UsageError` (exit code 2).
-pub(super) fn usage_or(e: MergeError) -> anyhow::Error {
-    match e {
-        MergeError::Usage(m) => UsageError(m).into(),
-        other => other.into(),
+/// A binding refusal in the command line's words: the usage ones (which transformer an
+/// adapter is for) are `UsageError`s (exit code 2), with the flag's spelling as the hint.
+pub(super) fn adapter_error(e: AdapterError) -> anyhow::Error {
+    match &e {
+        AdapterError::ComponentNeeded {
+            adapter,
+            components,
+        } => {
+            let first = components.first().map_or("transformer", String::as_str);
+            UsageError(format!(
+                "{e}, e.g. --adapter {first}={adapter}, or all={adapter} for every one"
+            ))
+            .into()
+        }
+        AdapterError::NoSuchComponent { components, .. } if components.len() == 1 => {
+            UsageError(format!("{e} (drop the prefix)")).into()
+        }
+        AdapterError::NoSuchComponent { .. } => UsageError(e.to_string()).into(),
+        _ => e.into(),
+    }
+}
+
+/// A planning refusal in the command line's words: an integer tensor an adapter targets is
+/// a usage error (exit code 2) with the flag that helps.
+pub(super) fn plan_error(e: PipelineError) -> anyhow::Error {
+    match &e {
+        PipelineError::IntegerTarget { .. } => {
+            UsageError(format!("{e}: choose --dtype bf16, f16 or f32")).into()
+        }
+        _ => e.into(),
     }
 }
 
 /// Runs `merge`.
 pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
-    let options = merge_options(&args)?;
+    let output = output_options(&args)?;
+    let options = MergeOptions {
+        dora_strength: args.dora_strength,
+        allow_unmatched: args.allow_unmatched,
+    };
     let specs = args
         .adapters
         .iter()
@@ -156,11 +184,11 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
         .map_err(|e| UsageError(format!("--svd-cache: {e} (create the directory first)")))?;
     let (compute, device) = args.device.select()?;
     p.line(format!("device: {}", device.reason));
-    if options.quantize.is_some() {
+    if output.quantize.is_some() {
         refuse_gguf_out(&args.output.out)?;
     }
     let base = BaseModel::open(&args.base)?;
-    let adapters = bind_specs(&specs, &base, &options).map_err(usage_or)?;
+    let adapters = bind_specs(&specs, &base, options.allow_unmatched).map_err(adapter_error)?;
     if base.components.len() > 1 {
         for a in adapters.iter() {
             let component = &base.components[a.component].name;
@@ -169,23 +197,27 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
             }
         }
     }
+    let merging = Merging {
+        options,
+        output: &output,
+        compute: &compute,
+        svd_cache: cache.as_ref(),
+    };
     let outcome = merge_release(
         &base,
         &adapters,
-        &options,
-        cache.as_ref(),
+        &merging,
         &args.output.out,
         args.output.replace(),
-        &compute,
     )
     .map_err(|e| match e {
-        MergeFailure::Merge(m) => usage_or(*m),
-        other => other.into(),
+        MergeFailure::Plan(e) => plan_error(*e),
+        MergeFailure::Write(e) => e.into(),
     })?;
     let files = &outcome.release.manifest.files;
     let bytes: u64 = files.iter().map(|f| f.bytes).sum();
     print_summary(p, &outcome.report, &outcome.release.dir, files.len(), bytes);
-    let report = match &options.quantize {
+    let report = match &output.quantize {
         None => serde_json::to_value(&outcome.report)?,
         Some(q) => {
             p.line(format!("  quantized: {}", q.format));

@@ -1,7 +1,7 @@
 //! `wanbake restack IN --to LAYOUT --out DIR [--from LAYOUT] [--dtype ..] [--keep-f32 POLICY]
 //! [--config FILE] [--shard-size SIZE] [--device ..] [--overwrite] [--json]`: converts a WAN
 //! transformer checkpoint between the diffusers, original-Wan, NNX and NNX-scanned layouts.
-//! The work is `merge::restack` (planned by `layout::restack`); this file builds the
+//! The work is `restack` (planned by `layout::restack`); this file builds the
 //! `RestackOptions` from clap's typed values (the shared flags of `cli::output` and
 //! `cli::device`, `Layout`'s `ValueEnum`), prints and picks the exit code.
 
@@ -11,9 +11,10 @@ use super::device::DeviceArg;
 use super::output::{DtypeArgs, OutputDir, ShardArg};
 use super::{Printer, Status};
 use wanbake::layout::restack::RestackOptions;
-use wanbake::merge::exec::ExecOptions;
-use wanbake::merge::restack::restack_release;
 use wanbake::model::wan_layout::Layout;
+use wanbake::pipeline::ExecOptions;
+use wanbake::release::Hooks;
+use wanbake::restack::restack_release;
 
 /// Arguments of `restack`.
 #[derive(clap::Args, Debug)]
@@ -74,6 +75,7 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
         &args.output.out,
         &options,
         &ExecOptions::default(),
+        Hooks::default(),
     )?;
     let components = outcome.report["components"]
         .as_array()

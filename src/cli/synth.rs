@@ -74,7 +74,12 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
         p.json(&serde_json::json!({"dir": args.output.out, "files": plan.files.len(), "bytes": plan.total_bytes(), "skeleton": true}));
         return Ok(Status::Ok);
     }
-    let r = synth_release(&spec, &args.output.out, args.output.replace())?;
+    let r = synth_release(
+        &spec,
+        &args.output.out,
+        args.output.replace(),
+        wanbake::release::Hooks::default(),
+    )?;
     let bytes: u64 = r.manifest.files.iter().map(|f| f.bytes).sum();
     p.line(format!(
         "wrote {} ({} files, {} bytes)",

@@ -6,7 +6,6 @@ use std::path::PathBuf;
 use crate::adapter::AdapterError;
 use crate::io::ReadError;
 use crate::linalg::LinalgError;
-use crate::merge::MergeFailure;
 use crate::release::ReleaseError;
 
 /// An extraction or resize failure.
@@ -18,9 +17,13 @@ pub enum ExtractError {
     /// The adapter could not be read or rendered.
     #[error(transparent)]
     Adapter(#[from] AdapterError),
-    /// Building the tuned side from base + adapters failed.
-    #[error("building the tuned model from --base and --adapter: {0}")]
-    Merge(Box<MergeFailure>),
+    /// Computing the tuned side from base + adapters failed.
+    #[error("building the tuned model from --base and --adapter")]
+    Tuned {
+        /// Why.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// Writing failed before the release writer started (the destination exists).
     #[error(transparent)]
     Write(#[from] crate::io::WriteError),

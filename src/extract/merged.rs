@@ -12,41 +12,40 @@ use std::path::Path;
 
 use super::ExtractError;
 use super::pair::{DeltaSource, TensorPair, canonical_f32, difference, load_canonical};
-use crate::io::{Checkpoint, DType, TensorSet};
-use crate::merge::exec::Exec;
-use crate::merge::plan::MergedTargets;
-use crate::merge::{BoundAdapter, MergePlan};
+use crate::io::{DType, TensorSet};
 use crate::model::transform::SrcTensor;
+use crate::pipeline::{Plan, TargetIndex, TargetValues};
 
 /// A base with adapters merged into it, read tensor by tensor.
-pub struct MergedStack<'a> {
+pub struct MergedStack<'a, V> {
     path: &'a Path,
     set: &'a TensorSet,
-    exec: Exec<'a>,
+    plan: &'a Plan<'a>,
+    values: &'a V,
     /// (stored tensor, layer) → (job, target) of every merged target.
-    merged: MergedTargets,
+    merged: TargetIndex,
 }
 
-impl<'a> MergedStack<'a> {
-    /// `plan` merges `adapters` into `base` (one component, whose tensors are `set`, read
-    /// from `path`) with an f32 output in the base's layout.
+impl<'a, V: TargetValues> MergedStack<'a, V> {
+    /// `plan` merges adapters into a base of one component, whose tensors are `set`, read
+    /// from `path`, with an f32 output in the base's layout; `values` computes its targets.
     pub fn new(
         path: &'a Path,
-        base: &'a Checkpoint,
-        adapters: &'a [BoundAdapter],
-        plan: &'a MergePlan,
+        plan: &'a Plan<'a>,
+        values: &'a V,
         set: &'a TensorSet,
-    ) -> MergedStack<'a> {
+    ) -> MergedStack<'a, V> {
         MergedStack {
             path,
             set,
-            exec: Exec::values_only(base, adapters, plan),
-            merged: plan.merged_targets(None),
+            plan,
+            values,
+            merged: plan.targets_by_stored(None),
         }
     }
 }
 
-impl DeltaSource for MergedStack<'_> {
+impl<V: TargetValues> DeltaSource for MergedStack<'_, V> {
     fn delta(&self, p: &TensorPair) -> Result<Option<Vec<f64>>, ExtractError> {
         let base = load_canonical(self.path, self.set, &p.base)?;
         let key = (p.base.tensor.clone(), p.base.layer);
@@ -54,11 +53,13 @@ impl DeltaSource for MergedStack<'_> {
             // Untouched by every adapter: the tuned tensor is the base's.
             return difference((self.path, &p.base, &base), (self.path, &p.base, &base));
         };
-        let plan = self.exec.plan;
+        let plan = self.plan;
         let stored = self
-            .exec
-            .merged_values(&plan.jobs[j], &plan.targets[t])
-            .map_err(|e| ExtractError::Merge(Box::new(e.into())));
+            .values
+            .target_values(&plan.jobs[j], &plan.targets[t])
+            .map_err(|e| ExtractError::Tuned {
+                source: Box::new(e),
+            });
         // The merge read the base tensor's pages again: drop them, as `load_canonical` does,
         // so the resident set stays at the working tensors.
         if let Some(r) = self.set.get(&p.base.tensor) {

@@ -7,7 +7,7 @@
 use serde::Serialize;
 
 use crate::adapter::Kind;
-use crate::merge::DeviceRecord;
+use crate::pipeline::DeviceRecord;
 
 /// The report's name for an adapter entry kind: `lora`, `diff`, `diff_b`, `lora_bias`, or
 /// the adapter module's own name for the others.

@@ -193,7 +193,6 @@ fn owned_tensor(
     t: &crate::adapter::translate::OutTensor,
     new: &BTreeMap<usize, LowRankFactors>,
 ) -> Result<OwnedTensor, ExtractError> {
-    let internal = |e: anyhow::Error| ExtractError::Usage(format!("internal: {e:#}"));
     if let OutData::Param {
         entry,
         role,
@@ -221,7 +220,7 @@ fn owned_tensor(
         name: t.name.clone(),
         dtype: t.dtype,
         shape: t.shape.clone(),
-        bytes: tensor_bytes(set, t).map_err(internal)?,
+        bytes: tensor_bytes(set, t)?,
     })
 }
 

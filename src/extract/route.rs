@@ -22,8 +22,8 @@ use super::rank::RankRule;
 use crate::backend::BackendError;
 use crate::gpu::{CudaBackend, CudaEngine};
 use crate::linalg::{FaerEngine, TruncMethod};
-use crate::merge::device::Lanes;
-use crate::merge::{Compute, DeviceRecord};
+use crate::pipeline::Lanes;
+use crate::pipeline::{Compute, DeviceRecord};
 
 /// Device memory a lane may need per element of the largest ΔW: the f64 matrix the products
 /// read, and `gesvd`'s input, left vectors and right vectors when a full SVD runs (at most

@@ -26,8 +26,8 @@ use crate::io::staging::Replace;
 use crate::io::{DType, TensorSet};
 use crate::linalg::TruncMethod;
 use crate::manifest::InputRecord;
-use crate::merge::{BaseHash, BoundAdapter, Compute, MergeOptions, prepare_merge};
 use crate::model::base_model::BaseModel;
+use crate::pipeline::{Compute, Ready, TargetValues};
 use crate::progress;
 use crate::translation::Provenance;
 
@@ -66,6 +66,34 @@ pub struct ExtractRequest {
     pub provenance: serde_json::Value,
 }
 
+impl ExtractRequest {
+    /// Checks the request's own options (dtype, convention, rank rule), before anything is
+    /// read.
+    pub fn check(&self) -> Result<(), ExtractError> {
+        let req = self;
+        check_dtype(req.dtype)?;
+        if !CONVENTIONS.contains(&req.to) {
+            return Err(ExtractError::Usage(format!(
+                "--to {}: extract writes {}; `wanbake translate` converts the result to any other convention",
+                req.to,
+                crate::names::either(CONVENTIONS.map(Convention::as_str))
+            )));
+        }
+        match (&req.rule, req.budget) {
+            (None, None) => Err(ExtractError::Usage(
+                "give --rank R, --energy F or --budget SIZE".into(),
+            )),
+            (Some(r), Some(_)) if r.energy.is_some() => Err(ExtractError::Usage(
+                "--energy and --budget choose ranks in two different ways; give one (--rank R may cap a budget)".into(),
+            )),
+            (Some(r), _) if r.rank.is_some() || r.energy.is_some() => {
+                r.check().map_err(ExtractError::Usage)
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
 /// What was written.
 #[derive(Debug)]
 pub struct ExtractOutcome {
@@ -87,29 +115,6 @@ impl Models {
     }
 }
 
-fn check_request(req: &ExtractRequest) -> Result<(), ExtractError> {
-    check_dtype(req.dtype)?;
-    if !CONVENTIONS.contains(&req.to) {
-        return Err(ExtractError::Usage(format!(
-            "--to {}: extract writes {}; `wanbake translate` converts the result to any other convention",
-            req.to,
-            crate::names::either(CONVENTIONS.map(Convention::as_str))
-        )));
-    }
-    match (&req.rule, req.budget) {
-        (None, None) => Err(ExtractError::Usage(
-            "give --rank R, --energy F or --budget SIZE".into(),
-        )),
-        (Some(r), Some(_)) if r.energy.is_some() => Err(ExtractError::Usage(
-            "--energy and --budget choose ranks in two different ways; give one (--rank R may cap a budget)".into(),
-        )),
-        (Some(r), _) if r.rank.is_some() || r.energy.is_some() => {
-            r.check().map_err(ExtractError::Usage)
-        }
-        _ => Ok(()),
-    }
-}
-
 /// `--dtype` of extract and resize: F32, BF16 or F16.
 pub(super) fn check_dtype(dtype: DType) -> Result<(), ExtractError> {
     if dtype.is_output_float() {
@@ -122,7 +127,7 @@ pub(super) fn check_dtype(dtype: DType) -> Result<(), ExtractError> {
 
 /// Extracts the adapter `tuned − base` and writes it; on any error nothing is written.
 pub fn extract(req: &ExtractRequest) -> Result<ExtractOutcome, ExtractError> {
-    check_request(req)?;
+    req.check()?;
     let models = Models {
         base: BaseModel::open(&req.base)?,
         tuned: BaseModel::open(&req.tuned)?,
@@ -542,45 +547,43 @@ fn write(
 }
 
 /// The tuned side as a base plus adapters.
-pub struct FromAdapters<'a> {
+pub struct FromAdapters<'a, V> {
     /// The base, opened.
     pub base: &'a BaseModel,
-    /// The adapters, bound to it.
-    pub adapters: &'a [BoundAdapter],
-    /// Merge options (computed as their `MergeOptions::f32_reference`).
-    pub merge: MergeOptions,
+    /// The plan of merging the adapters into it in f32, in its own layout
+    /// (`OutputOptions::f32_reference`), its base hashed.
+    pub plan: &'a Ready<'a>,
+    /// What computes each merged target's values (`merge::Merger::values_only`).
+    pub values: &'a V,
 }
 
-/// Extracts `merge(base, adapters) − base`: each merged tensor is computed in memory by the
-/// merge engine (`merge::exec::Exec::merged_values`, the same exact per-tensor computation,
-/// in f32, as `wanbake merge --dtype f32` writes), one at a time, and nothing but the adapter
-/// is written. The manifest names the base and the adapters as inputs.
-pub fn extract_from_adapters(
+/// Extracts `merge(base, adapters) − base`: each merged tensor is computed in memory by
+/// `m.values` (the merge engine's exact per-tensor computation, in f32, as `wanbake merge
+/// --dtype f32` writes), one at a time, and nothing but the adapter is written. The manifest
+/// names the base and the adapters as inputs.
+pub fn extract_from_adapters<V: TargetValues>(
     req: &ExtractRequest,
-    m: FromAdapters<'_>,
+    m: FromAdapters<'_, V>,
 ) -> Result<ExtractOutcome, ExtractError> {
-    check_request(req)?;
-    let options = m.merge.f32_reference();
-    let merge_err = |e: crate::merge::MergeError| ExtractError::Merge(Box::new(e.into()));
-    let prepared = prepare_merge(m.base, m.adapters, &options, BaseHash::Now).map_err(merge_err)?;
+    req.check()?;
     let set = &m.base.single()?.tensors;
     let pairs = pair_models(&req.base, m.base, &req.base, m.base)?;
-    let source = MergedStack::new(&req.base, m.base, m.adapters, &prepared.plan, set);
+    let source = MergedStack::new(&req.base, m.plan, m.values, set);
+    let adapters = m.plan.adapters;
     let paths = m
         .base
         .input_files()
         .into_iter()
-        .chain(m.adapters.iter().flat_map(|a| a.set.input_files()))
+        .chain(adapters.iter().flat_map(|a| a.set.input_files()))
         .collect();
-    let names: Vec<String> = m
-        .adapters
+    let names: Vec<String> = adapters
         .iter()
         .map(|a| format!("{}:{}", a.set.path.display(), a.strength))
         .collect();
     let inputs = Inputs {
         tuned: format!("the base merged with {}", names.join(", ")),
         to_hash: Vec::new(),
-        hashed: prepared.inputs.clone(),
+        hashed: m.plan.inputs.clone(),
         paths,
     };
     extract_pairs(req, &pairs, &source, inputs)

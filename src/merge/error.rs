@@ -1,68 +1,29 @@
-//! Why a merge was refused or failed.
+//! Why computing a merged target failed.
 //!
-//! Owns: `MergeError`. Every variant names the adapter file (or the base tensor), the key,
-//! what was expected and what was found, and where the cause is recognisable, what to do.
-//! Binding refusals (unmatched keys, nothing bound, missing parameters, shapes) are the
-//! adapter module's (`MergeError::Adapter`): they are checked once, when binding.
-//! Every variant except `NonFiniteResult`, `Convert`, `Encode`, `Svd`, `Lycoris` and `Write` is
-//! raised while planning, before the output directory exists; those six are raised while writing,
-//! and the temporary output is then discarded.
+//! Owns: `MergeError`: the executor's own errors (`PipelineError`, wrapped) and what only a
+//! merge can meet while writing: a non-finite merged value, a LyCORIS module whose delta
+//! cannot be computed, an -xs basis that cannot be computed or cached, a failed device. Each
+//! names the base tensor (or the adapter file) and what was found; the temporary output is
+//! then discarded. Does not own: planning refusals (`pipeline::PipelineError`) and binding
+//! refusals (`adapter::AdapterError`), which come before anything is written.
 
 use std::path::PathBuf;
 
-/// A refused or failed merge. Nothing is left at the destination when one is returned.
+/// A failed merge. Nothing is left at the destination when one is returned.
 #[derive(Debug, thiserror::Error)]
 pub enum MergeError {
-    /// A base or adapter could not be read.
+    /// The executor failed (reading, converting, encoding or writing a tensor).
     #[error(transparent)]
-    Read(#[from] crate::io::ReadError),
-    /// The output could not be laid out in the requested layout.
-    #[error("base component `{component}`: {source}")]
-    Layout {
-        /// The component (`""` for a single model).
-        component: String,
-        /// Why.
-        #[source]
-        source: crate::model::plan_error::PlanError,
-    },
-    /// A usage problem found against the base (component names, an output dtype that cannot
-    /// hold merged values).
-    #[error("{0}")]
-    Usage(String),
-    /// The base and options cannot give the requested output (a config.json that is not a
-    /// WAN config, a target the output layout leaves out, sizes that overflow).
-    #[error("{0}")]
-    Plan(String),
-    /// An adapter could not be opened or bound to the base.
-    #[error(transparent)]
-    Adapter(Box<crate::adapter::AdapterError>),
+    Pipeline(#[from] crate::pipeline::PipelineError),
     /// A LyCORIS module whose effective weight could not be computed (shapes were checked
-    /// when binding; this is raised while writing, and the temporary output is discarded).
-    #[error("{}: {source}", adapter.display())]
+    /// when binding).
+    #[error("{}", adapter.display())]
     Lycoris {
         /// The adapter.
         adapter: PathBuf,
         /// The module and why.
         #[source]
         source: crate::adapter::lycoris::LycorisError,
-    },
-    /// A bug: an invariant of the plan did not hold.
-    #[error("internal error: {0}")]
-    Internal(String),
-    /// NaN or ±inf in an adapter tensor.
-    #[error(
-        "{}: tensor `{key}` holds {value} at flat index {index}: refusing to merge non-finite values",
-        adapter.display()
-    )]
-    NonFinite {
-        /// The adapter.
-        adapter: PathBuf,
-        /// The tensor.
-        key: String,
-        /// Flat index of the first bad value.
-        index: usize,
-        /// The value.
-        value: f32,
     },
     /// A merged weight came out NaN or ±inf (only known while writing).
     #[error(
@@ -82,23 +43,11 @@ pub enum MergeError {
         /// The value.
         value: f32,
     },
-    /// A tensor could not be read, converted or laid out for the output.
-    #[error("tensor `{tensor}`: {reason}")]
-    Convert {
-        /// The base tensor.
-        tensor: String,
-        /// Why.
-        reason: String,
-    },
-    /// A tensor could not be encoded for a quantized output (a non-finite weight); the
-    /// message names the file and key.
-    #[error("{0}")]
-    Encode(String),
     /// The SVD bases of an -xs target could not be computed or cached.
     #[error(transparent)]
     Svd(Box<crate::linalg::CacheError>),
     /// The device computing a target failed (`--device cuda`, or `auto` on a GPU).
-    #[error("merging `{tensor}` on {device}: {source}")]
+    #[error("merging `{tensor}` on {device}")]
     Device {
         /// The base tensor.
         tensor: String,
@@ -108,26 +57,17 @@ pub enum MergeError {
         #[source]
         source: crate::backend::BackendError,
     },
-    /// Writing the output failed.
-    #[error("writing `{tensor}`: {source}")]
-    Write {
-        /// The output tensor.
-        tensor: String,
-        /// Why.
-        #[source]
-        source: Box<crate::io::WriteError>,
-    },
-}
-
-impl From<crate::adapter::AdapterError> for MergeError {
-    fn from(e: crate::adapter::AdapterError) -> MergeError {
-        MergeError::Adapter(Box::new(e))
-    }
 }
 
 impl From<crate::linalg::CacheError> for MergeError {
     fn from(e: crate::linalg::CacheError) -> MergeError {
         MergeError::Svd(Box::new(e))
+    }
+}
+
+impl From<crate::io::ReadError> for MergeError {
+    fn from(e: crate::io::ReadError) -> MergeError {
+        MergeError::Pipeline(e.into())
     }
 }
 

@@ -23,33 +23,140 @@
 use std::collections::BTreeMap;
 use std::rc::Rc;
 
-use super::base_rows::BaseRows;
-use super::device::{Lanes, merge_whole};
+use super::device::merge_whole;
 use super::error::MergeError;
-use super::exec::{Exec, band_rows, load_param};
 use super::lycoris::delta_scaled;
 use super::math::{Factors, Form, SA3_EPS, Scratch, Update, add_contribution, column_scales};
-use super::plan::{Contribution, Job, Target};
-use super::xs::SvdCounters;
+use super::options::{DoraStrength, MergeOptions};
+use super::report::SvdReport;
+use super::xs::{SvdCounters, xs_bases};
 use crate::adapter::lycoris::{LycorisError, module_of};
 use crate::adapter::{Kind, ParamRole};
 use crate::backend::Backend;
+use crate::backend::CpuBackend;
+use crate::gpu::CudaBackend;
 use crate::io::dtype::{narrow_from_f32, vectorized};
 use crate::io::{DType, TensorRef};
+use crate::linalg::SvdCache;
 use crate::linalg::XsBases;
 use crate::model::transform::{SrcTensor, Transform};
+use crate::pipeline::base_rows::BaseRows;
+use crate::pipeline::compute::{MAX_LANES, reference_lanes};
+use crate::pipeline::exec::{Exec, band_rows, stored};
+use crate::pipeline::{Compute, TargetValues, TargetWriter};
+use crate::pipeline::{Contribution, Job, Lanes, PipelineError, Plan, Target};
 use crate::quantize::ErrorSum;
 
-impl Exec<'_> {
+/// The merge engine of one plan: computes each target on the route `compute` names, its
+/// -xs bases through the SVD cache when one is given.
+pub struct Merger<'a> {
+    plan: &'a Plan<'a>,
+    dora_strength: DoraStrength,
+    compute: &'a Compute,
+    svd_cache: Option<&'a SvdCache>,
+    route: Route,
+    svd: SvdCounters,
+}
+
+/// Where a [`Merger`] computes: row bands on the worker, or whole tensors on lanes.
+enum Route {
+    Bands,
+    Cuda(Lanes<CudaBackend>),
+    Reference(Lanes<CpuBackend>),
+}
+
+impl<'a> Merger<'a> {
+    /// The merge of `plan`, its targets computed where `compute` says.
+    pub fn new(
+        plan: &'a Plan<'a>,
+        options: &MergeOptions,
+        compute: &'a Compute,
+        svd_cache: Option<&'a SvdCache>,
+    ) -> Merger<'a> {
+        let route = match compute {
+            Compute::Cpu => Route::Bands,
+            Compute::Cuda(device) => {
+                let device = device.clone();
+                Route::Cuda(Lanes::new(MAX_LANES, move || device.backend()))
+            }
+            Compute::Reference => Route::Reference(reference_lanes()),
+        };
+        Merger {
+            plan,
+            dora_strength: options.dora_strength,
+            compute,
+            svd_cache,
+            route,
+            svd: SvdCounters::default(),
+        }
+    }
+
+    /// The merge of `plan` on the CPU band path with no SVD cache, for callers that use its
+    /// values in memory ([`TargetValues`]: `extract --adapter`, bake's unmerged reference).
+    pub fn values_only(plan: &'a Plan<'a>, options: &MergeOptions) -> Merger<'a> {
+        Merger::new(plan, options, &Compute::Cpu, None)
+    }
+
+    /// The SVD line of the report: what the -xs bases cost so far.
+    pub fn svd_report(&self) -> SvdReport {
+        self.svd.report(self.svd_cache.is_some())
+    }
+
+    /// NaN/±inf at flat index `i` of the band starting at row `r0` of target `t`.
+    fn non_finite(&self, t: &Target, r0: usize, i: usize, value: f32) -> MergeError {
+        MergeError::NonFiniteResult {
+            tensor: t.name.clone(),
+            component: self.plan.base.components[t.component].name.clone(),
+            row: r0 + i / t.inp.max(1),
+            col: i % t.inp.max(1),
+            value,
+        }
+    }
+}
+
+impl TargetWriter for Merger<'_> {
+    type Worker = TargetScratch;
+    type Error = MergeError;
+
+    fn worker(&self) -> TargetScratch {
+        TargetScratch::default()
+    }
+
+    fn write_target(
+        &self,
+        exec: &Exec<'_>,
+        scratch: &mut TargetScratch,
+        job: &Job,
+        target: &Target,
+        src: &TensorRef<'_>,
+    ) -> Result<(), MergeError> {
+        match &self.route {
+            Route::Bands => self.merge(exec, job, target, src, scratch),
+            Route::Cuda(lanes) => self.merge_whole(exec, lanes, job, target, src),
+            Route::Reference(lanes) => self.merge_whole(exec, lanes, job, target, src),
+        }
+    }
+}
+
+impl TargetValues for Merger<'_> {
+    type Error = MergeError;
+
+    fn target_values(&self, job: &Job, target: &Target) -> Result<Vec<f32>, MergeError> {
+        self.merged_values(job, target)
+    }
+}
+
+impl Merger<'_> {
     /// A target: `W' = W0 + Σ w·(f(W0) − W0)`, band by band, checked finite, rounded once.
     pub(super) fn merge(
         &self,
+        exec: &Exec<'_>,
         job: &Job,
         t: &Target,
         src: &TensorRef<'_>,
         scratch: &mut TargetScratch,
-        svd: &SvdCounters,
     ) -> Result<(), MergeError> {
+        let svd = &self.svd;
         let mut out = Emit::new(job, t)?;
         out.bytes = std::mem::take(&mut scratch.bytes);
         let math = &mut scratch.math;
@@ -64,10 +171,10 @@ impl Exec<'_> {
             out.whole = whole;
         } else {
             self.merge_bands(job, t, src, math, svd, None, |rows, r0, D| {
-                out.band(self, rows, r0, D)
+                Ok(out.band(exec, rows, r0, D)?)
             })?;
         }
-        (scratch.whole, scratch.bytes) = out.finish(self)?;
+        (scratch.whole, scratch.bytes) = out.finish(exec)?;
         Ok(())
     }
 
@@ -75,12 +182,12 @@ impl Exec<'_> {
     /// band as a merge computes them, checked finite, before any rounding to the output
     /// dtype: what an f32 merge in the stored layout writes. `extract --adapter` reads its
     /// tuned model this way instead of from a written merge.
-    pub fn merged_values(&self, job: &Job, t: &Target) -> Result<Vec<f32>, MergeError> {
-        let src = self.stored(job)?;
+    pub(super) fn merged_values(&self, job: &Job, t: &Target) -> Result<Vec<f32>, MergeError> {
+        let src = stored(self.plan, job)?;
         let to_output = Emit::new(job, t)?.to_output;
         let mut whole = Vec::with_capacity(t.out * t.inp);
-        let (mut scratch, svd) = (Scratch::default(), SvdCounters::default());
-        self.merge_bands(job, t, &src, &mut scratch, &svd, None, |rows, _, D| {
+        let mut scratch = Scratch::default();
+        self.merge_bands(job, t, &src, &mut scratch, &self.svd, None, |rows, _, D| {
             match to_output {
                 Transform::Identity => whole.extend_from_slice(&rows.to_stored_order(D)),
                 _ => whole.extend_from_slice(D),
@@ -98,7 +205,7 @@ impl Exec<'_> {
             bytes: bytemuck::cast_slice(&whole),
         };
         crate::model::transform::convert(to_output, src, DType::F32, &mut raw).map_err(|e| {
-            MergeError::Convert {
+            PipelineError::Convert {
                 tensor: t.name.clone(),
                 reason: e.to_string(),
             }
@@ -130,7 +237,7 @@ impl Exec<'_> {
         let col_scales = updates
             .iter()
             .map(|(u, _)| column_scales(u, t.out, t.inp, band_len, |r0, n, d| rows.read(r0, n, d)))
-            .collect::<Result<Vec<_>, MergeError>>()?;
+            .collect::<Result<Vec<_>, PipelineError>>()?;
         let mut band_buf = Band::default();
         let mut own = Vec::new();
         let mut r0 = 0;
@@ -156,12 +263,13 @@ impl Exec<'_> {
     /// layout and dtype is BF16/F16/F32, else through [`Emit`] from the f32 sum.
     pub(super) fn merge_whole<B: Backend>(
         &self,
+        exec: &Exec<'_>,
         lanes: &Lanes<B>,
         job: &Job,
         t: &Target,
         src: &TensorRef<'_>,
-        svd: &SvdCounters,
     ) -> Result<(), MergeError> {
+        let svd = &self.svd;
         let device = |e| MergeError::Device {
             tensor: t.name.clone(),
             device: self.compute.label(),
@@ -187,7 +295,7 @@ impl Exec<'_> {
                     return Err(self.non_finite(t, 0, nf.index, nf.value));
                 }
                 if final_dtype.is_some() {
-                    self.write(job, 0, &bytes)?;
+                    exec.write(job, 0, &bytes)?;
                     return Ok(None);
                 }
                 let f32s = bytes.chunks_exact(4);
@@ -199,8 +307,8 @@ impl Exec<'_> {
             .map_err(device)??;
         // The f32 sum, for the MLX row order or a transposing output layout.
         if let Some(merged) = merged {
-            out.band(self, &rows, 0, &merged)?;
-            out.finish(self)?;
+            out.band(exec, &rows, 0, &merged)?;
+            out.finish(exec)?;
         }
         Ok(())
     }
@@ -216,11 +324,11 @@ impl Exec<'_> {
         let mut bases: BTreeMap<usize, Rc<XsBases>> = BTreeMap::new();
         let mut loaded = Vec::with_capacity(t.contributions.len());
         for c in &t.contributions {
-            let set = &self.adapters[c.adapter].set;
+            let set = &self.plan.adapters[c.adapter].set;
             let entry = &set.entries[c.entry];
             let mut params = BTreeMap::new();
             for (&role, src) in &entry.params {
-                params.insert(role, load_param(set, src)?);
+                params.insert(role, set.load_released(src).map_err(PipelineError::from)?);
             }
             if c.kind.is_lycoris() {
                 let delta = lycoris_delta(t, rows, entry, &params).map_err(|source| {
@@ -235,7 +343,7 @@ impl Exec<'_> {
                 let b = match bases.get(&c.rank) {
                     Some(b) => b.clone(),
                     None => {
-                        let b = Rc::new(self.xs_bases(t, rows, c.rank, svd)?);
+                        let b = Rc::new(xs_bases(self.svd_cache, svd, t, rows, c.rank)?);
                         bases.insert(c.rank, b.clone());
                         b
                     }
@@ -244,8 +352,11 @@ impl Exec<'_> {
             } else {
                 None
             };
+            let (weight, sigma) = weight_and_sigma(c, self.dora_strength);
             loaded.push(Loaded {
                 contribution: c.clone(),
+                weight,
+                sigma,
                 params,
                 xs,
             });
@@ -258,7 +369,7 @@ impl Exec<'_> {
 /// target written through a permuting layout is assembled in, and the bytes it is rounded
 /// to (or a band is).
 #[derive(Default)]
-pub(super) struct TargetScratch {
+pub struct TargetScratch {
     math: Scratch,
     whole: Vec<f32>,
     bytes: Vec<u8>,
@@ -315,18 +426,18 @@ struct Emit<'a> {
 
 impl<'a> Emit<'a> {
     /// Where the merged rows of `t` go for `job`.
-    fn new(job: &'a Job, t: &'a Target) -> Result<Emit<'a>, MergeError> {
+    fn new(job: &'a Job, t: &'a Target) -> Result<Emit<'a>, PipelineError> {
         // PyTorch layout → output layout; Identity for every base stored in PyTorch layout.
         let to_output = t
             .to_canonical
             .inverse()
             .then(job.transform, t.shape.len())
-            .map_err(|e| MergeError::Convert {
+            .map_err(|e| PipelineError::Convert {
                 tensor: t.name.clone(),
                 reason: e.to_string(),
             })?;
         if job.encoding.is_some() && to_output != Transform::Identity {
-            return Err(MergeError::Internal(format!(
+            return Err(PipelineError::Internal(format!(
                 "`{}`: a quantized output of a permuted layout",
                 t.name
             )));
@@ -357,7 +468,7 @@ impl<'a> Emit<'a> {
         rows: &BaseRows<'_>,
         r0: usize,
         D: &[f32],
-    ) -> Result<(), MergeError> {
+    ) -> Result<(), PipelineError> {
         if self.assembles() {
             self.whole.extend_from_slice(D);
             return Ok(());
@@ -371,7 +482,7 @@ impl<'a> Emit<'a> {
         let size = self.job.dtype.size().unwrap_or(4);
         self.bytes.resize(stored.len() * size, 0);
         narrow_from_f32(self.job.dtype, &stored, &mut self.bytes).map_err(|e| {
-            MergeError::Convert {
+            PipelineError::Convert {
                 tensor: self.t.name.clone(),
                 reason: e.to_string(),
             }
@@ -381,7 +492,7 @@ impl<'a> Emit<'a> {
 
     /// Writes what was assembled, if anything; hands the assembly and byte buffers back for
     /// reuse.
-    fn finish(mut self, exec: &Exec<'_>) -> Result<(Vec<f32>, Vec<u8>), MergeError> {
+    fn finish(mut self, exec: &Exec<'_>) -> Result<(Vec<f32>, Vec<u8>), PipelineError> {
         let whole = std::mem::take(&mut self.whole);
         if let Some(enc) = self.job.encoding {
             if self.assembles() {
@@ -401,7 +512,7 @@ impl<'a> Emit<'a> {
         let size = self.job.dtype.size().unwrap_or(4);
         narrowed.resize(whole.len() * size, 0);
         narrow_from_f32(self.job.dtype, &whole, &mut narrowed).map_err(|e| {
-            MergeError::Convert {
+            PipelineError::Convert {
                 tensor: self.t.name.clone(),
                 reason: e.to_string(),
             }
@@ -427,14 +538,16 @@ fn check_finite(merged: &[f32]) -> Result<(), usize> {
 
 /// Each loaded contribution's formula with its weight, in contribution order.
 fn weighted_updates(loaded: &[Loaded]) -> Vec<(Update<'_>, f64)> {
-    (loaded.iter())
-        .map(|l| (l.update(), l.contribution.weight))
-        .collect()
+    (loaded.iter()).map(|l| (l.update(), l.weight)).collect()
 }
 
-/// One contribution's tensors, loaded.
+/// One contribution's tensors, loaded, with its `w` and σ.
 struct Loaded {
     contribution: Contribution,
+    /// `w` in `w·(f(W0) − W0)`.
+    weight: f64,
+    /// σ used inside `f` (times the strength in the PEFT DoRA mode).
+    sigma: f64,
     params: BTreeMap<ParamRole, Vec<f32>>,
     xs: Option<Rc<XsBases>>,
 }
@@ -448,7 +561,7 @@ impl Loaded {
     /// The formula of this contribution's kind (spec sa3_lora.md §1.4, conventions.md §2.4).
     fn update(&self) -> Update<'_> {
         let c = &self.contribution;
-        let (sigma, rank) = (c.sigma, c.rank);
+        let (sigma, rank) = (self.sigma, c.rank);
         let full = |role| Update::Full {
             diff: self.get(role),
             scale: sigma,
@@ -502,6 +615,17 @@ impl Loaded {
     }
 }
 
+/// `w` and σ of a contribution: the strength is `w`, except that with
+/// [`DoraStrength::Peft`] it moves inside the norm of the normalised kinds (`w = 1`,
+/// σ = a·scale); for every other kind the two modes are the same formula.
+fn weight_and_sigma(c: &Contribution, dora_strength: DoraStrength) -> (f64, f64) {
+    if dora_strength == DoraStrength::Peft && c.kind.is_normalised() {
+        (1.0, c.strength * c.scale)
+    } else {
+        (c.strength, c.scale)
+    }
+}
+
 /// `f(W0) − W0` of a LyCORIS entry on the whole target (`merge::lycoris`, with the entry's
 /// σ), from its loaded tensors. The outer error is the module's, the inner a read of W0.
 fn lycoris_delta(
@@ -509,7 +633,7 @@ fn lycoris_delta(
     rows: &BaseRows<'_>,
     entry: &crate::adapter::Entry,
     params: &BTreeMap<ParamRole, Vec<f32>>,
-) -> Result<Result<Vec<f32>, MergeError>, LycorisError> {
+) -> Result<Result<Vec<f32>, PipelineError>, LycorisError> {
     let m = module_of(entry, params)?;
     let mut W0 = vec![0.0f32; t.out * t.inp];
     if let Err(e) = rows.read(0, t.out, &mut W0) {

@@ -105,3 +105,92 @@ pub fn tree(dir: &Path) -> Vec<String> {
 /// crates draw nothing.)
 #[allow(unused_imports)]
 pub use wanbake::rng::SplitMix64 as Rng;
+
+// ---------------------------------------------------------------------------------------
+// Runs held at their gate.
+//
+// A test that changes a run's inputs while it reads them, or interrupts it, needs the run
+// held at a known point: its inputs mapped and its temporary output created. The library
+// offers that point as `release::Hooks::gate`, which only a caller can set (no production
+// run reads a test hook from its environment). These tests start a copy of their own test
+// binary that runs one library command with that hook (`gated_child`), as `wanbake` would
+// run it: signal and SIGBUS guards installed, the error printed as its chain, exit code 1.
+
+/// The environment variable that tells a test binary started by [`spawn_gated`] which
+/// command to run (read by the test code of [`gated_child`] only).
+pub const GATE_COMMAND: &str = "WANBAKE_TESTS_GATED_COMMAND";
+
+/// Starts test `child_test` of the current test binary (a `#[test] #[ignore]` function that
+/// calls [`gated_child`]) in `cwd`, running `command` held at `cwd/gate`, and waits until it
+/// is held there (`gate.ready`). Release it by creating `gate.go`.
+pub fn spawn_gated(
+    child_test: &str,
+    command: &str,
+    cwd: &Path,
+    stderr: std::process::Stdio,
+) -> std::process::Child {
+    let exe = std::env::current_exe().expect("the test binary");
+    let child = Command::new(exe)
+        .args([
+            child_test,
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(GATE_COMMAND, command)
+        .env("WANBAKE_CACHE_DIR", cwd.join("cache"))
+        .current_dir(cwd)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .expect("start the test binary");
+    let ready = cwd.join("gate.ready");
+    let t0 = std::time::Instant::now();
+    while !ready.exists() && t0.elapsed().as_secs() < 60 {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert!(ready.exists(), "`{command}` never reached its gate");
+    child
+}
+
+/// The body of a child test started by [`spawn_gated`]: when this process was started for
+/// it, runs `run` (the command named by [`GATE_COMMAND`], given the gate hook) in the current
+/// directory as `wanbake` runs a command, prints an error as `wanbake` does and exits (1 on
+/// an error, 0 otherwise). Started any other way (a plain `--ignored` run), it returns.
+pub fn gated_child(
+    run: impl FnOnce(&str, wanbake::release::Hooks<'_>) -> Result<(), Box<dyn std::error::Error>>,
+) {
+    let Ok(command) = std::env::var(GATE_COMMAND) else {
+        return;
+    };
+    wanbake::io::staging::install_signal_guards();
+    wanbake::io::mmap::install_sigbus_guard();
+    faer::disable_global_parallelism();
+    let gate = || {
+        std::fs::write("gate.ready", b"").expect("gate.ready");
+        let t0 = std::time::Instant::now();
+        while !Path::new("gate.go").exists() && t0.elapsed().as_secs() < 60 {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    };
+    let hooks = wanbake::release::Hooks {
+        gate: Some(Box::new(gate)),
+        ..Default::default()
+    };
+    match run(&command, hooks) {
+        Ok(()) => std::process::exit(0),
+        Err(e) => {
+            use std::io::Write;
+            let mut chain = e.to_string();
+            let mut cause = e.source();
+            while let Some(c) = cause {
+                chain.push_str(&format!(": {c}"));
+                cause = c.source();
+            }
+            let _ = writeln!(std::io::stderr(), "error: {chain}");
+            std::process::exit(1);
+        }
+    }
+}

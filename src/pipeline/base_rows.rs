@@ -3,28 +3,27 @@
 //!
 //! Owns: [`BaseRows`] (dtype widening band by band, one layer of a stacked tensor, the MLX
 //! Conv1d row permutation and its inverse, NNX kernels brought into PyTorch layout whole),
-//! and [`layer_bytes`], the bytes of one layer of a stacked tensor. Does not own: what is
-//! done with the rows (`merge::target`, `merge::xs`), the transforms themselves
-//! (`model::transform`).
+//! [`BaseWeight`] (the whole tensor as a device route reads it) and [`layer_bytes`], the
+//! bytes of one layer of a stacked tensor. Does not own: what is done with the rows
+//! (`merge`), the transforms themselves (`model::transform`).
 
-use super::device::BaseWeight;
-use super::error::MergeError;
-use super::plan::{Job, RowOrder, Target};
+use super::error::PipelineError;
+use super::job::{Job, RowOrder, Target};
 use crate::io::dtype::widen_to_f32;
 use crate::io::{DType, ReadError, TensorRef, TensorView};
 use crate::model::transform::{SrcTensor, Transform};
 
 /// The bytes of one layer of a stacked tensor (or the whole tensor).
-pub(super) fn layer_bytes<'a>(
+pub fn layer_bytes<'a>(
     view: &TensorView<'a>,
     layer: Option<usize>,
     slice_shape: &[usize],
-) -> Result<&'a [u8], MergeError> {
+) -> Result<&'a [u8], PipelineError> {
     let len = slice_shape.iter().product::<usize>() * view.dtype.size().unwrap_or(0);
     let start = layer.unwrap_or(0) * len;
     view.bytes
         .get(start..start + len)
-        .ok_or_else(|| MergeError::Convert {
+        .ok_or_else(|| PipelineError::Convert {
             tensor: view.name.to_string(),
             reason: format!(
                 "holds {} bytes; layer {layer:?} of shape {slice_shape:?} needs {}",
@@ -34,8 +33,25 @@ pub(super) fn layer_bytes<'a>(
         })
 }
 
+/// The base weight of a target, as the whole-tensor program reads it.
+#[derive(Clone, Copy, Debug)]
+pub enum BaseWeight<'a> {
+    /// Stored bytes of the (out, in') PyTorch-layout matrix, widened on the backend.
+    Stored {
+        /// Their dtype.
+        dtype: DType,
+        /// Little-endian storage.
+        bytes: &'a [u8],
+    },
+    /// The matrix already widened (and permuted into PyTorch layout) on the host.
+    F32(&'a [f32]),
+}
+
 /// Bands of rows of a base tensor as f32 in the (out, in') PyTorch order.
-pub(super) enum BaseRows<'a> {
+pub struct BaseRows<'a>(Rows<'a>);
+
+/// Where a [`BaseRows`] reads from.
+enum Rows<'a> {
     /// Stored in PyTorch layout (possibly one layer of a stack, possibly MLX Conv1d rows):
     /// widened band by band.
     Stored {
@@ -51,26 +67,23 @@ pub(super) enum BaseRows<'a> {
 }
 
 impl<'a> BaseRows<'a> {
-    pub(super) fn new(
-        t: &Target,
-        src: &TensorRef<'a>,
-        job: &Job,
-    ) -> Result<BaseRows<'a>, MergeError> {
+    /// The rows of target `t`, read through `job` from `src` (its stored tensor).
+    pub fn new(t: &Target, src: &TensorRef<'a>, job: &Job) -> Result<BaseRows<'a>, PipelineError> {
         let view = src.view;
-        let size = view.dtype.size().ok_or_else(|| MergeError::Convert {
+        let size = view.dtype.size().ok_or_else(|| PipelineError::Convert {
             tensor: t.name.clone(),
             reason: format!("dtype {} cannot be merged", view.dtype),
         })?;
         let bytes = layer_bytes(&view, t.layer, &job.stored_shape)?;
         if t.to_canonical == Transform::Identity {
-            return Ok(BaseRows::Stored {
+            return Ok(BaseRows(Rows::Stored {
                 view,
                 bytes,
                 path: src.file.path(),
                 inp: t.inp,
                 order: t.rows,
                 size,
-            });
+            }));
         }
         let mut raw = vec![0u8; t.out * t.inp * 4];
         let stored = SrcTensor {
@@ -79,18 +92,18 @@ impl<'a> BaseRows<'a> {
             bytes,
         };
         crate::model::transform::convert(t.to_canonical, stored, DType::F32, &mut raw).map_err(
-            |e| MergeError::Convert {
+            |e| PipelineError::Convert {
                 tensor: t.name.clone(),
                 reason: e.to_string(),
             },
         )?;
-        Ok(BaseRows::Canonical {
+        Ok(BaseRows(Rows::Canonical {
             data: raw
                 .chunks_exact(4)
                 .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                 .collect(),
             inp: t.inp,
-        })
+        }))
     }
 
     /// The whole (`out` rows) base weight for `merge_whole`, and the dtype of output bytes
@@ -100,22 +113,22 @@ impl<'a> BaseRows<'a> {
     /// (`Some(output)`). Anything else (MLX Conv1d rows, NNX kernels, other dtypes, a
     /// permuting output layout) is read into `host` as f32 and merged to F32 for the caller
     /// to lay out and round (`None`).
-    pub(super) fn whole<'s>(
+    pub fn whole<'s>(
         &'s self,
         out: usize,
         output: Option<DType>,
         host: &'s mut Vec<f32>,
-    ) -> Result<(BaseWeight<'s>, Option<DType>), MergeError> {
+    ) -> Result<(BaseWeight<'s>, Option<DType>), PipelineError> {
         let on_backend = |d: DType| matches!(d, DType::BF16 | DType::F16 | DType::F32);
         if let (
             Some(output),
-            BaseRows::Stored {
+            Rows::Stored {
                 view,
                 bytes,
                 order: RowOrder::Torch,
                 ..
             },
-        ) = (output, self)
+        ) = (output, &self.0)
             && on_backend(output)
             && on_backend(view.dtype)
         {
@@ -125,8 +138,8 @@ impl<'a> BaseRows<'a> {
             };
             return Ok((base, Some(output)));
         }
-        let inp = match self {
-            BaseRows::Stored { inp, .. } | BaseRows::Canonical { inp, .. } => *inp,
+        let inp = match &self.0 {
+            Rows::Stored { inp, .. } | Rows::Canonical { inp, .. } => *inp,
         };
         host.resize(out * inp, 0.0);
         self.read(0, out, host)?;
@@ -134,9 +147,9 @@ impl<'a> BaseRows<'a> {
     }
 
     /// The stored tensor itself when its bytes are exactly the PyTorch-layout matrix.
-    pub(super) fn direct_view(&self) -> Option<TensorView<'a>> {
-        match self {
-            BaseRows::Stored {
+    pub fn direct_view(&self) -> Option<TensorView<'a>> {
+        match &self.0 {
+            Rows::Stored {
                 view,
                 bytes,
                 order: RowOrder::Torch,
@@ -147,13 +160,13 @@ impl<'a> BaseRows<'a> {
     }
 
     /// Fills `dst` ((n, inp) f32) with rows `r0 .. r0 + n`.
-    pub(super) fn read(&self, r0: usize, n: usize, dst: &mut [f32]) -> Result<(), MergeError> {
-        let (view, bytes, path, inp, order, size) = match self {
-            BaseRows::Canonical { data, inp } => {
+    pub fn read(&self, r0: usize, n: usize, dst: &mut [f32]) -> Result<(), PipelineError> {
+        let (view, bytes, path, inp, order, size) = match &self.0 {
+            Rows::Canonical { data, inp } => {
                 dst.copy_from_slice(&data[r0 * inp..(r0 + n) * inp]);
                 return Ok(());
             }
-            BaseRows::Stored {
+            Rows::Stored {
                 view,
                 bytes,
                 path,
@@ -165,7 +178,7 @@ impl<'a> BaseRows<'a> {
         let band = &bytes[r0 * inp * size..(r0 + n) * inp * size];
         let widen = |dst: &mut [f32]| {
             widen_to_f32(view.dtype, band, dst).map_err(|e| {
-                MergeError::Read(ReadError::Tensor {
+                PipelineError::Read(ReadError::Tensor {
                     path: path.to_path_buf(),
                     tensor: view.name.to_string(),
                     reason: e.to_string(),
@@ -191,12 +204,12 @@ impl<'a> BaseRows<'a> {
     }
 
     /// Merged rows in the base's row order (the MLX permutation undone).
-    pub(super) fn to_stored_order<'b>(&self, merged: &'b [f32]) -> std::borrow::Cow<'b, [f32]> {
-        let BaseRows::Stored {
+    pub fn to_stored_order<'b>(&self, merged: &'b [f32]) -> std::borrow::Cow<'b, [f32]> {
+        let Rows::Stored {
             inp,
             order: RowOrder::MlxConv { k, cin },
             ..
-        } = *self
+        } = self.0
         else {
             return std::borrow::Cow::Borrowed(merged);
         };

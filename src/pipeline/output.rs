@@ -1,30 +1,158 @@
-//! The output side of a merge plan: every output file and tensor, its dtype, and the job
-//! that fills it.
+//! The output side of a plan: the output options, every output file and tensor, its dtype,
+//! and the job that fills it.
 //!
-//! Owns: `plan_output` (per base component: the same names and layouts as the base, or
-//! another WAN layout through the read plan (`model::read_plan`) and the layout module's
-//! write plans; the keep-f32 policy and its defaults; config.json with the layout stamped;
-//! sharding like the base or as asked), and a quantized output (one fp8-scaled or GGUF file
-//! from `quantize`'s plan: one job per tensor carrying its encoding). Does not own: which
-//! tensors change (`merge::plan`), the layouts and name tables themselves (`model`), the
-//! keep-f32 rules (`layout`), the quantization rules and encodings (`quantize`), laying out
-//! files (`io::writer`).
+//! Owns: [`OutputOptions`] and their one builder ([`OutputOptions::new`] from typed
+//! [`OutputChoices`], for the command line and recipes alike), `plan_output` (per base
+//! component: the same names and layouts as the base, or another WAN layout through the read
+//! plan (`model::read_plan`) and the layout module's write plans; the keep-f32 policy and its
+//! defaults; config.json with the layout stamped; sharding like the base or as asked), and a
+//! quantized output (one fp8-scaled or GGUF file from `quantize`'s plan: one job per tensor
+//! carrying its encoding). Does not own: which tensors change (`pipeline::plan`), the layouts
+//! and name tables themselves (`model`), the keep-f32 rules (`layout`), the quantization rules
+//! and encodings (`quantize`), laying out files (`io::writer`).
 
 use std::collections::BTreeMap;
 
-use super::error::MergeError;
-use super::plan::{Job, MergeOptions};
+use super::error::PipelineError;
+use super::job::Job;
 use crate::io::header_layout::PlannedTensor;
 use crate::io::writer::{ComponentOutput, OutputPlan};
 use crate::io::{Component, DType, Slot};
 use crate::layout::{Conversion, KeepF32, OutputDType};
 use crate::model::base_model::{BaseModel, ComponentModel};
+use crate::model::quant_rules::QuantFormat;
 use crate::model::read_plan::{ReadPlan, StoredTensor};
 use crate::model::transform::Transform;
 use crate::model::wan::WanConfig;
 use crate::model::wan_layout::Layout;
 use crate::model::wan_layout::stamp_config;
 use crate::quantize::{self, QuantOptions, QuantPlan};
+
+/// How to write: the output's dtype, keep-f32 policy, layout, shards, or quantized encoding.
+#[derive(Clone, Debug)]
+pub struct OutputOptions {
+    /// Output dtype.
+    pub dtype: OutputDType,
+    /// Keep-f32 policy; `None`: `diffusers` for a diffusers/wan output, `maxdiffusion` for
+    /// NNX, `none` for a base that is not a WAN transformer (SA3).
+    pub keep_f32: Option<KeepF32>,
+    /// Output layout; `None` keeps the base's names and layouts.
+    pub layout: Option<Layout>,
+    /// Largest output shard in bytes; `None` shards like the base (one file for a one-file
+    /// base, shards no larger than the base's largest for a sharded one).
+    pub shard_bytes: Option<u64>,
+    /// A quantized output (`--to`, recipe `output.to`): one fp8-scaled or GGUF file with
+    /// original-Wan names, each tensor encoded from its f32 value (`quantize`); `dtype`,
+    /// `keep_f32`, `layout` and `shard_bytes` are then unused.
+    pub quantize: Option<QuantOptions>,
+}
+
+/// The output options a front end chose, typed: clap values on the command line, recipe
+/// fields read with each type's `FromStr` (`Recipe::output_options`). [`OutputOptions::new`]
+/// is the one place both turn into [`OutputOptions`], checking what involves several options.
+#[derive(Clone, Debug, Default)]
+pub struct OutputChoices {
+    /// Output dtype; `Keep` (the default) keeps each tensor's stored dtype. With `to`: the
+    /// high-precision dtype of fp8-scaled (`Keep`: f16), and only `Keep` for GGUF.
+    pub dtype: OutputDType,
+    /// Keep-f32 policy; `None`: the default for the output layout.
+    pub keep_f32: Option<KeepF32>,
+    /// Output layout; `None` keeps the base's.
+    pub layout: Option<Layout>,
+    /// Largest output shard in bytes (the front ends take "5GB" or bytes:
+    /// `recipe::parse_size`).
+    pub shard_bytes: Option<u64>,
+    /// A quantized output format.
+    pub to: Option<QuantFormat>,
+    /// With a GGUF block type: quantize the F16/BF16 rounding, as city96's pipeline does.
+    pub city96_rounding: bool,
+}
+
+/// Options that cannot go together: which (`dtype`, `keep_f32`, `layout`, `shard_size`,
+/// `city96_rounding`, named as in recipes) and why. Each front end names it its own way
+/// (`--keep-f32`, `output.keep_f32`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BadOption {
+    /// The option.
+    pub field: &'static str,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl OutputOptions {
+    /// Checks the choices together: a quantized output decides names, files and every
+    /// tensor's type, so `keep_f32`, `layout` and `shard_bytes` are refused with it, and
+    /// `dtype` must be one fp8-scaled can keep its high-precision tensors in.
+    pub fn new(c: OutputChoices) -> Result<OutputOptions, BadOption> {
+        let quantize = quantize_options(&c)?;
+        Ok(OutputOptions {
+            dtype: match quantize {
+                Some(_) => OutputDType::Keep,
+                None => c.dtype,
+            },
+            keep_f32: c.keep_f32,
+            layout: c.layout,
+            shard_bytes: c.shard_bytes,
+            quantize,
+        })
+    }
+
+    /// f32, with the base's own names, layout and shards, not quantized: how the tuned
+    /// model a bake check runs on (`bake::reference`) and an extraction subtracts the base
+    /// from (`extract --adapter`) are computed. Every tensor is f32, so no keep-f32 policy
+    /// applies.
+    pub fn f32_reference() -> OutputOptions {
+        OutputOptions {
+            dtype: OutputDType::F32,
+            keep_f32: None,
+            layout: None,
+            shard_bytes: None,
+            quantize: None,
+        }
+    }
+}
+
+/// `to` and its companions: the format decides names, files and every tensor's type, so
+/// `keep_f32`, `layout` and `shard_size` are refused with it; `dtype` is the
+/// high-precision dtype of fp8-scaled (f16 by default; bf16 or f32) and refused for GGUF.
+fn quantize_options(c: &OutputChoices) -> Result<Option<QuantOptions>, BadOption> {
+    let bad = |field: &'static str, message: String| BadOption { field, message };
+    let Some(format) = c.to else {
+        if c.city96_rounding {
+            return Err(bad("city96_rounding", "needs to = gguf:<type>".into()));
+        }
+        return Ok(None);
+    };
+    for (given, field) in [
+        (c.keep_f32.is_some(), "keep_f32"),
+        (c.layout.is_some(), "layout"),
+        (c.shard_bytes.is_some(), "shard_size"),
+    ] {
+        if given {
+            let m = format!("{format} decides the output (one file, original-Wan names); drop it");
+            return Err(bad(field, m));
+        }
+    }
+    if c.city96_rounding && !format.is_gguf() {
+        return Err(bad("city96_rounding", "applies to gguf:<type> only".into()));
+    }
+    let high_precision = match (c.dtype.float(), format.is_gguf()) {
+        (None, _) => DType::F16,
+        (Some(d), false) => d,
+        (Some(_), true) => {
+            let m = format!(
+                "`{}`: {format} decides every tensor's type; drop it",
+                c.dtype
+            );
+            return Err(bad("dtype", m));
+        }
+    };
+    Ok(Some(QuantOptions {
+        format,
+        high_precision,
+        city96_rounding: c.city96_rounding,
+    }))
+}
 
 /// The output side of the plan.
 pub struct OutputSide {
@@ -48,7 +176,7 @@ struct ComponentJobs {
 }
 
 /// Plans every output component of `base` under `options`.
-pub fn plan_output(base: &BaseModel, options: &MergeOptions) -> Result<OutputSide, MergeError> {
+pub fn plan_output(base: &BaseModel, options: &OutputOptions) -> Result<OutputSide, PipelineError> {
     if let Some(q) = options.quantize {
         return quantized(base, q);
     }
@@ -77,7 +205,7 @@ pub fn plan_output(base: &BaseModel, options: &MergeOptions) -> Result<OutputSid
     }
     let aux = base.root_aux_files();
     let output = OutputPlan::build(&outputs, &aux)
-        .map_err(|e| MergeError::Plan(format!("the output cannot be laid out: {e}")))?;
+        .map_err(|e| PipelineError::Plan(format!("the output cannot be laid out: {e}")))?;
     resolve_slots(&output, &mut jobs)?;
     policies.dedup();
     Ok(OutputSide {
@@ -92,8 +220,8 @@ pub fn plan_output(base: &BaseModel, options: &MergeOptions) -> Result<OutputSid
 /// A quantized output: the one transformer of `base` as one fp8-scaled or GGUF file under
 /// original-Wan names; every job reads its source tensor whole (no layer slices: the
 /// diffusers and original layouts store PyTorch-layout tensors) and carries its encoding.
-fn quantized(base: &BaseModel, q: QuantOptions) -> Result<OutputSide, MergeError> {
-    let plan_err = |e: anyhow::Error| MergeError::Plan(format!("{e:#}"));
+fn quantized(base: &BaseModel, q: QuantOptions) -> Result<OutputSide, PipelineError> {
+    let plan_err = |e: anyhow::Error| PipelineError::Plan(format!("{e:#}"));
     let (comp, model) = quantize::single_transformer(base, q.format).map_err(plan_err)?;
     let qplan = model
         .layout
@@ -104,14 +232,14 @@ fn quantized(base: &BaseModel, q: QuantOptions) -> Result<OutputSide, MergeError
         .map_err(|e| plan_err(e.context(base.path.display().to_string())))?;
     let output = qplan
         .output_plan(&quantize::output_stem(q.format), BTreeMap::new())
-        .map_err(|e| MergeError::Plan(format!("the output cannot be laid out: {e:#}")))?;
+        .map_err(|e| PipelineError::Plan(format!("the output cannot be laid out: {e:#}")))?;
     let jobs = qplan
         .tensors
         .iter()
         .map(|t| {
-            let slot = output
-                .slot(0, &t.name)
-                .ok_or_else(|| MergeError::Internal(format!("no output slot for `{}`", t.name)))?;
+            let slot = output.slot(0, &t.name).ok_or_else(|| {
+                PipelineError::Internal(format!("no output slot for `{}`", t.name))
+            })?;
             Ok(Job {
                 component: 0,
                 output: t.name.clone(),
@@ -126,7 +254,7 @@ fn quantized(base: &BaseModel, q: QuantOptions) -> Result<OutputSide, MergeError
                 encoding: Some(t.encoding),
             })
         })
-        .collect::<Result<Vec<_>, MergeError>>()?;
+        .collect::<Result<Vec<_>, PipelineError>>()?;
     let dropped = qplan
         .skipped
         .iter()
@@ -245,14 +373,14 @@ fn converted(
     to: Layout,
     dtype: OutputDType,
     policy: &KeepF32,
-) -> Result<ComponentJobs, MergeError> {
-    let layout_err = |source| MergeError::Layout {
+) -> Result<ComponentJobs, PipelineError> {
+    let layout_err = |source| PipelineError::Layout {
         component: comp.name.clone(),
         source,
     };
     let config = match comp.sidecar("config.json") {
         Some(s) => Some(WanConfig::from_json(&s.text).map_err(|e| {
-            MergeError::Plan(format!(
+            PipelineError::Plan(format!(
                 "{}: not a WAN transformer config: {e}",
                 s.path.display()
             ))
@@ -306,11 +434,11 @@ pub fn conversion_jobs(ci: usize, conv: &Conversion) -> Vec<Job> {
 }
 
 /// Points every job at its output tensor's slot in `output`.
-pub fn resolve_slots(output: &OutputPlan, jobs: &mut [Job]) -> Result<(), MergeError> {
+pub fn resolve_slots(output: &OutputPlan, jobs: &mut [Job]) -> Result<(), PipelineError> {
     for j in jobs {
         j.slot = output
             .slot(j.component, &j.output)
-            .ok_or_else(|| MergeError::Internal(format!("no output slot for `{}`", j.output)))?;
+            .ok_or_else(|| PipelineError::Internal(format!("no output slot for `{}`", j.output)))?;
     }
     Ok(())
 }

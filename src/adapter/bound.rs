@@ -1,4 +1,5 @@
-//! From `--adapter` specs to adapters bound to the base's transformers.
+//! From adapter specs (`--adapter`, a recipe's `[[adapter]]`) to adapters bound to the base's
+//! transformers.
 //!
 //! Owns: `components_of` (which transformer(s) of a base a spec names, with the errors that
 //! tell the user how to say it) and `bind_specs` (open every adapter once per component it
@@ -6,16 +7,14 @@
 //! keys that matched nothing), and the types that say it was done: `BoundAdapter` (made
 //! only here, by `AdapterSet::bind`, which checks every entry once: the target exists, is a
 //! float tensor and the entry's parameters fit it; some entry binds; keys that match nothing
-//! are refused unless allowed) and `BoundSet`. `merge::plan` trusts both and re-checks
-//! nothing. Does not own: parsing adapters, the alias table and the fit rules (`adapter`),
-//! planning the merge (`merge::plan`). Shared by `wanbake merge`, `extract` and recipes.
+//! are refused unless allowed) and `BoundSet`. `pipeline::plan` trusts both and re-checks
+//! nothing. Does not own: parsing adapters, the alias table and the fit rules (the rest of
+//! `adapter`), planning (`pipeline::plan`). Shared by `wanbake merge`, `extract` and recipes.
 
 use std::collections::BTreeMap;
 
-use super::error::MergeError;
-use super::plan::MergeOptions;
 use super::spec::{AdapterSpec, ComponentChoice};
-use crate::adapter::{AdapterOptions, AdapterSet, BaseIndex};
+use super::{AdapterError, AdapterOptions, AdapterSet, BaseIndex};
 use crate::io::Checkpoint;
 use crate::model::base_model::BaseModel;
 
@@ -59,7 +58,7 @@ impl FromIterator<BoundAdapter> for BoundSet {
 
 /// Binds an opened adapter to base component `component`, whose alias table is `index`
 /// (built once per component by the caller): the one place an adapter's entries are checked
-/// against the base. `allow_unmatched` is `MergeOptions::allow_unmatched`.
+/// against the base.
 pub fn bind_adapter(
     mut set: AdapterSet,
     component: usize,
@@ -67,7 +66,7 @@ pub fn bind_adapter(
     strength: f64,
     shown: &str,
     allow_unmatched: bool,
-) -> Result<BoundAdapter, MergeError> {
+) -> Result<BoundAdapter, AdapterError> {
     let report = set.bind(index, allow_unmatched)?;
     let mut unmatched: Vec<String> = set.unparsed.iter().map(|k| k.key.clone()).collect();
     unmatched.extend(report.unmatched.iter().flat_map(|p| p.keys.iter().cloned()));
@@ -84,57 +83,38 @@ pub fn bind_adapter(
 }
 
 /// The base components (indexes into `Checkpoint::components`) a spec applies to. A base
-/// with several transformers needs a component on every spec (`MergeError::Usage`).
-pub fn components_of(spec: &AdapterSpec, base: &Checkpoint) -> Result<Vec<usize>, MergeError> {
-    let names = || {
-        base.components
-            .iter()
-            .map(|c| c.name.as_str())
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
+/// with several transformers needs a component on every spec.
+pub fn components_of(spec: &AdapterSpec, base: &Checkpoint) -> Result<Vec<usize>, AdapterError> {
+    let names = || base.components.iter().map(|c| c.name.clone()).collect();
     match &spec.component {
         ComponentChoice::All => Ok((0..base.components.len()).collect()),
         ComponentChoice::Only if base.components.len() == 1 => Ok(vec![0]),
-        ComponentChoice::Only => Err(MergeError::Usage(format!(
-            "adapter `{}`: the base has {} transformers ({}); say which one it is for, \
-             e.g. --adapter {}={}, or all={} for every one",
-            spec.text,
-            base.components.len(),
-            names(),
-            base.components[0].name,
-            spec.text,
-            spec.text
-        ))),
+        ComponentChoice::Only => Err(AdapterError::ComponentNeeded {
+            adapter: spec.text.clone(),
+            components: names(),
+        }),
         ComponentChoice::Named(n) => base
             .components
             .iter()
             .position(|c| &c.name == n)
             .map(|i| vec![i])
-            .ok_or_else(|| {
-                let have = if base.components.len() == 1 {
-                    "a single model (drop the prefix)".to_string()
-                } else {
-                    format!("transformers {}", names())
-                };
-                MergeError::Usage(format!(
-                    "adapter `{}`: the base has no transformer `{n}`; it has {have}",
-                    spec.text
-                ))
+            .ok_or_else(|| AdapterError::NoSuchComponent {
+                adapter: spec.text.clone(),
+                named: n.clone(),
+                components: names(),
             }),
     }
 }
 
 /// Opens and binds every spec's adapter to each component it names, in spec order. Keys
 /// the parser did not consume (at open) and entries the binder could not place (at bind)
-/// are refused by the adapter module unless `options.allow_unmatched`, the one place that
-/// choice is read; when allowed they travel in `BoundAdapter::unmatched` to the merge
-/// report.
+/// are refused unless `allow_unmatched`; when allowed they travel in
+/// `BoundAdapter::unmatched` to the report.
 pub fn bind_specs(
     specs: &[AdapterSpec],
     base: &BaseModel,
-    options: &MergeOptions,
-) -> Result<BoundSet, MergeError> {
+    allow_unmatched: bool,
+) -> Result<BoundSet, AdapterError> {
     let mut indexes: BTreeMap<usize, BaseIndex> = BTreeMap::new();
     let mut out = Vec::new();
     for spec in specs {
@@ -146,17 +126,16 @@ pub fn bind_specs(
             let opts = AdapterOptions {
                 from: spec.from,
                 scale: spec.scale,
-                allow_unmatched: options.allow_unmatched,
+                allow_unmatched,
             };
             let set = AdapterSet::open(&spec.path, &opts)?;
-            let allow = options.allow_unmatched;
             out.push(bind_adapter(
                 set,
                 ci,
                 index,
                 spec.strength,
                 &spec.text,
-                allow,
+                allow_unmatched,
             )?);
         }
     }

@@ -1,7 +1,7 @@
 //! The `--adapter [COMPONENT=]PATH[:STRENGTH]` syntax.
 //!
 //! Owns: `AdapterSpec` and its parser, `ComponentChoice`. Does not own: opening the file
-//! (`adapter`) or checking the component exists (the merge plan does, against the base).
+//! or checking the component exists (`adapter::bound`, against the base).
 //!
 //! Grammar, purely syntactic (it never looks at the file system, so a spelling means the
 //! same thing everywhere):
@@ -15,7 +15,7 @@
 
 use std::path::PathBuf;
 
-use crate::adapter::Convention;
+use super::Convention;
 
 /// Which transformer(s) of the base an adapter is for.
 #[derive(Clone, Debug, PartialEq, Eq)]

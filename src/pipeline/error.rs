@@ -1,0 +1,79 @@
+//! Why a plan was refused or its executor failed.
+//!
+//! Owns: [`PipelineError`]. Every variant names the file (or the base tensor), the key, what
+//! was expected and what was found. `Convert`, `Encode` and `Write` are raised while writing
+//! (the temporary output is then discarded); every other variant while planning, before the
+//! output directory exists. Does not own: binding refusals (`adapter`), the errors of
+//! computing a merged target (`merge::MergeError`, which wraps this one).
+
+use std::path::PathBuf;
+
+/// A refused plan or a failed job. Nothing is left at the destination when one is returned.
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    /// A base or adapter could not be read.
+    #[error(transparent)]
+    Read(#[from] crate::io::ReadError),
+    /// The output could not be laid out in the requested layout.
+    #[error("base component `{component}`")]
+    Layout {
+        /// The component (`""` for a single model).
+        component: String,
+        /// Why.
+        #[source]
+        source: crate::model::plan_error::PlanError,
+    },
+    /// A merged target whose output dtype cannot hold a merged value (an integer tensor
+    /// kept as it is stored).
+    #[error("`{tensor}` cannot be merged into {dtype} output")]
+    IntegerTarget {
+        /// The stored tensor.
+        tensor: String,
+        /// Its output dtype.
+        dtype: crate::io::DType,
+    },
+    /// The base and options cannot give the requested output (a config.json that is not a
+    /// WAN config, a target the output layout leaves out, a quantized output of a base that
+    /// is not one WAN transformer).
+    #[error("{0}")]
+    Plan(String),
+    /// A bug: an invariant of the plan did not hold.
+    #[error("internal error: {0}")]
+    Internal(String),
+    /// NaN or ±inf in an adapter tensor.
+    #[error(
+        "{}: tensor `{key}` holds {value} at flat index {index}: refusing to merge non-finite values",
+        adapter.display()
+    )]
+    NonFinite {
+        /// The adapter.
+        adapter: PathBuf,
+        /// The tensor.
+        key: String,
+        /// Flat index of the first bad value.
+        index: usize,
+        /// The value.
+        value: f32,
+    },
+    /// A tensor could not be read, converted or laid out for the output.
+    #[error("tensor `{tensor}`: {reason}")]
+    Convert {
+        /// The base tensor.
+        tensor: String,
+        /// Why.
+        reason: String,
+    },
+    /// A tensor could not be encoded for a quantized output (a non-finite weight); the
+    /// message names the file and key.
+    #[error("{0}")]
+    Encode(String),
+    /// Writing the output failed.
+    #[error("writing `{tensor}`")]
+    Write {
+        /// The output tensor.
+        tensor: String,
+        /// Why.
+        #[source]
+        source: Box<crate::io::WriteError>,
+    },
+}

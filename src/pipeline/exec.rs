@@ -1,0 +1,385 @@
+//! The job loop of every producing command: one base tensor (or one layer of a stacked
+//! one) at a time per worker, rayon across jobs; every job's own arithmetic is sequential,
+//! so the bytes never depend on the thread count.
+//!
+//! Owns: [`Exec`] and its loop ([`Exec::run`]: untouched tensors are copied or converted
+//! once here, or encoded for a quantized output; a job that reads a target goes to the
+//! [`TargetWriter`] the caller plugs in, `merge::Merger` for a merge, none for `convert` and
+//! `restack`), the writes into each job's slot ([`Exec::write`], [`Exec::encode_part`],
+//! [`Exec::convert_bands`]), and dropping a base tensor's mapped pages after its last job (a
+//! stacked tensor's, layer by layer). Does not own: computing a target (`merge`), reading
+//! base rows (`pipeline::base_rows`), the copy-and-convert kernel
+//! (`layout::conversion::convert_piece`, over `model::transform`), the encodings
+//! (`quantize`), or the atomic output (`io::staging`).
+//!
+//! Memory: a worker holds a band of at most [`BAND_ELEMS`] f32 values (an encoded tensor) or
+//! `ExecOptions::band_bytes` destination bytes (a converted one); what a target holds beyond
+//! that is the [`TargetWriter`]'s. A base tensor's mapped pages are dropped once its last job
+//! is done, so the resident set does not grow with the model.
+//!
+//! Quantized outputs (`Job::encoding`): each band of widened f32 rows goes through
+//! `quantize::encode` into its slot (a band of whole rows is whole ggml blocks), with the
+//! dequantized error summed in element order; an untouched scaled-fp8 weight is read twice
+//! in bands (its `max|W|`, then its codes).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::base_rows::layer_bytes;
+use super::error::PipelineError;
+use super::job::{Job, Target};
+use super::plan::Plan;
+use crate::io::dtype::widen_to_f32;
+use crate::io::{Staging, TensorRef};
+use crate::layout::conversion::{PIECE_BAND_BYTES, convert_piece};
+use crate::model::transform::{SrcTensor, Transform};
+use crate::quantize::{self, Encoding, ErrorStats, ErrorSum};
+
+/// Largest band of a tensor a worker holds in one f32 buffer (1 MiB: a band, the base rows
+/// it widens and the bytes it is rounded to stay in a core's L2 cache between the passes
+/// over it; BENCHMARKS.md, "Band size"). A constant, so the band split (and with it every
+/// rounding) never depends on the machine.
+pub const BAND_ELEMS: usize = 1 << 18;
+
+/// Rows per band of a (·, inp) matrix.
+pub fn band_rows(inp: usize) -> usize {
+    (BAND_ELEMS / inp.max(1)).max(1)
+}
+
+/// How the jobs that read a target (`Job::target`) are computed and written: the merge
+/// engine's routes (`merge::Merger`). The executor runs everything else.
+pub trait TargetWriter: Sync {
+    /// What a worker thread keeps from one target to the next (buffers).
+    type Worker: Send;
+    /// Its error; the executor's own errors convert into it.
+    type Error: From<PipelineError> + Send;
+    /// A new worker's state.
+    fn worker(&self) -> Self::Worker;
+    /// Computes `target` (read through `job` from `src`, the stored base tensor) and writes
+    /// it into `job`'s slot through `exec`.
+    fn write_target(
+        &self,
+        exec: &Exec<'_>,
+        worker: &mut Self::Worker,
+        job: &Job,
+        target: &Target,
+        src: &TensorRef<'_>,
+    ) -> Result<(), Self::Error>;
+}
+
+/// The [`TargetWriter`] of a plan that changes no tensor (`convert`, `restack`): a job that
+/// reads a target is a bug.
+pub struct CopyOnly;
+
+impl TargetWriter for CopyOnly {
+    type Worker = ();
+    type Error = PipelineError;
+
+    fn worker(&self) {}
+
+    fn write_target(
+        &self,
+        _: &Exec<'_>,
+        _: &mut (),
+        job: &Job,
+        _: &Target,
+        _: &TensorRef<'_>,
+    ) -> Result<(), PipelineError> {
+        Err(PipelineError::Internal(format!(
+            "`{}` reads a target, in a plan that changes no tensor",
+            job.stored
+        )))
+    }
+}
+
+/// The f32 values of a target, computed in memory and never written: the tuned tensors an
+/// extraction subtracts the base from (`extract --adapter`) and a bake's unmerged reference
+/// runs on (`bake::reference`). `merge::Merger` computes them.
+pub trait TargetValues: Sync {
+    /// Its error.
+    type Error: std::error::Error + Send + Sync + 'static;
+    /// Target `target`'s values (read through `job`), in the stored layout of the base, as
+    /// an f32 output in that layout holds them.
+    fn target_values(&self, job: &Job, target: &Target) -> Result<Vec<f32>, Self::Error>;
+}
+
+/// Tuning of a run; none of it changes the output bytes.
+#[derive(Clone, Debug)]
+pub struct ExecOptions {
+    /// Largest destination band an untouched tensor is copied or converted in.
+    pub band_bytes: usize,
+    /// Worker threads (`None`: rayon's global pool).
+    pub threads: Option<usize>,
+}
+
+impl Default for ExecOptions {
+    fn default() -> Self {
+        ExecOptions {
+            band_bytes: PIECE_BAND_BYTES,
+            threads: None,
+        }
+    }
+}
+
+impl ExecOptions {
+    /// Runs `f` on a pool of `threads` workers, or on rayon's global pool.
+    fn install<T: Send, E: From<PipelineError> + Send>(
+        &self,
+        f: impl FnOnce() -> Result<T, E> + Send,
+    ) -> Result<T, E> {
+        match self.threads {
+            None => f(),
+            Some(threads) => rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .map_err(|e| {
+                    PipelineError::Internal(format!("cannot start {threads} worker threads: {e}"))
+                })?
+                .install(f),
+        }
+    }
+}
+
+/// The executor of one plan writing into one staged output.
+pub struct Exec<'a> {
+    /// The plan.
+    pub plan: &'a Plan<'a>,
+    staging: &'a Staging,
+    /// A quantized output's dequantized error per output tensor, filled as jobs finish.
+    quant_errors: Mutex<BTreeMap<String, ErrorStats>>,
+    options: ExecOptions,
+}
+
+impl<'a> Exec<'a> {
+    /// An executor of `plan` into `staging`.
+    pub fn new(plan: &'a Plan<'a>, staging: &'a Staging, options: ExecOptions) -> Exec<'a> {
+        Exec {
+            plan,
+            staging,
+            quant_errors: Mutex::default(),
+            options,
+        }
+    }
+
+    /// Runs every job, the targets through `targets`. On error the caller discards the
+    /// output. Returns each encoded output tensor's dequantized error.
+    pub fn run<T: TargetWriter>(
+        self,
+        targets: &T,
+    ) -> Result<BTreeMap<String, ErrorStats>, T::Error> {
+        self.options.install(|| self.run_jobs(targets))?;
+        self.quant_errors
+            .into_inner()
+            .map_err(|_| PipelineError::Internal("a worker panicked".into()).into())
+    }
+
+    /// The job loop: untouched tensors are copied, targets go to `targets`; a base tensor's
+    /// pages are dropped after its last job.
+    ///
+    /// Every worker of the pool takes the next job in output-file order
+    /// (`Staging::for_each_in_file_order`) until none is left, so the output is written front
+    /// to back through the bounded window of `io::ordered`, which hashes and writes each byte
+    /// once. The order never changes a byte (each job writes its own slot range, front to
+    /// back, from its own inputs).
+    fn run_jobs<T: TargetWriter>(&self, targets: &T) -> Result<(), T::Error> {
+        let mut uses: HashMap<(usize, &str), AtomicUsize> = HashMap::new();
+        for j in &self.plan.jobs {
+            uses.entry((j.component, j.stored.as_str()))
+                .or_insert_with(|| AtomicUsize::new(0))
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        let run_one = |worker: &mut T::Worker, job: &Job| {
+            let src = stored(self.plan, job)?;
+            match job.target {
+                None => self.copy(job, &src)?,
+                Some(t) => targets.write_target(self, worker, job, &self.plan.targets[t], &src)?,
+            }
+            let key = (job.component, job.stored.as_str());
+            if uses
+                .get(&key)
+                .is_some_and(|left| left.fetch_sub(1, Ordering::AcqRel) == 1)
+            {
+                src.file.release(src.position);
+            } else if job.layer.is_some() {
+                release_layer(&src, job);
+            }
+            Ok::<(), T::Error>(())
+        };
+        self.staging.for_each_in_file_order(
+            &self.plan.jobs,
+            |job| (job.slot, job.dst_offset),
+            || targets.worker(),
+            run_one,
+        )
+    }
+
+    /// Writes `bytes` at byte `offset` of `job`'s slot.
+    pub fn write(&self, job: &Job, offset: usize, bytes: &[u8]) -> Result<(), PipelineError> {
+        self.staging
+            .write(job.slot, job.dst_offset + offset, bytes)
+            .map_err(|source| PipelineError::Write {
+                tensor: job.output.clone(),
+                source: Box::new(source),
+            })
+    }
+
+    /// An untouched tensor: copied byte for byte (same dtype) or converted once, or
+    /// encoded for a quantized output.
+    fn copy(&self, job: &Job, src: &TensorRef<'_>) -> Result<(), PipelineError> {
+        let view = src.view;
+        if let Some(enc) = job.encoding {
+            return self.copy_encoded(job, enc, src);
+        }
+        let src = SrcTensor {
+            dtype: view.dtype,
+            shape: &job.stored_shape,
+            bytes: layer_bytes(&view, job.layer, &job.stored_shape)?,
+        };
+        self.convert_bands(job, job.transform, src)
+    }
+    /// An untouched tensor of a quantized output: widened to f32 in bands of whole rows
+    /// (innermost dimension) and encoded band by band; a scaled-fp8 weight first has its
+    /// `max|W|` taken over the same bands.
+    fn copy_encoded(
+        &self,
+        job: &Job,
+        enc: Encoding,
+        src: &TensorRef<'_>,
+    ) -> Result<(), PipelineError> {
+        let view = src.view;
+        let size = view.dtype.size().ok_or_else(|| PipelineError::Convert {
+            tensor: job.stored.clone(),
+            reason: format!("dtype {} cannot be quantized", view.dtype),
+        })?;
+        let row = view.shape.last().copied().unwrap_or(1).max(1);
+        let band = (BAND_ELEMS / row).max(1) * row;
+        let n = view.numel();
+        let read = |at: usize, buf: &mut Vec<f32>| -> Result<(), PipelineError> {
+            let k = band.min(n - at);
+            buf.resize(k, 0.0);
+            widen_to_f32(view.dtype, &view.bytes[at * size..(at + k) * size], buf).map_err(|e| {
+                PipelineError::Convert {
+                    tensor: job.stored.clone(),
+                    reason: e.to_string(),
+                }
+            })
+        };
+        let mut buf = Vec::new();
+        let mut fp8_scale = None;
+        if enc == Encoding::Fp8 {
+            let mut amax = 0f32;
+            for at in (0..n).step_by(band) {
+                read(at, &mut buf)?;
+                amax = amax.max(crate::io::quant::fp8::amax(&buf));
+            }
+            fp8_scale = Some(crate::io::quant::fp8::scale_for(amax));
+        }
+        let what = format!("{}: {}", src.file.path().display(), job.stored);
+        let mut sum = ErrorSum::default();
+        // `n.max(1)`: an empty tensor is still encoded once (an fp8 scale is written)
+        for at in (0..n.max(1)).step_by(band) {
+            read(at, &mut buf)?;
+            self.encode_part(job, enc, at, &buf, fp8_scale, &what, &mut sum)?;
+        }
+        self.record_error(job, &sum);
+        Ok(())
+    }
+
+    /// Encodes `w`, the f32 values of elements `first ..` of `job`'s tensor, into its slot
+    /// (and the fp8 scale into its own), adding the dequantized error to `sum`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn encode_part(
+        &self,
+        job: &Job,
+        enc: Encoding,
+        first: usize,
+        w: &[f32],
+        fp8_scale: Option<f32>,
+        what: &str,
+        sum: &mut ErrorSum,
+    ) -> Result<(), PipelineError> {
+        let internal = |m: &str| PipelineError::Internal(format!("`{}`: {m}", job.output));
+        let options = self
+            .plan
+            .quant
+            .as_ref()
+            .map(|q| q.options)
+            .ok_or_else(|| internal("an encoded job in a plan without a quantized output"))?;
+        let mut y = vec![0f32; w.len()];
+        let e = quantize::encode(&options, enc, w, &mut y, fp8_scale, what)
+            .map_err(|e| PipelineError::Encode(format!("{e:#}")))?;
+        let at = enc
+            .byte_offset(first)
+            .ok_or_else(|| internal("a band that does not start on a block boundary"))?;
+        self.write(job, at, &e.bytes)?;
+        if let (Some(scale), 0) = (e.scale, first) {
+            let name = quantize::scale_name(&job.output);
+            let staging = self.staging;
+            let slot = staging
+                .plan()
+                .slot(job.component, &name)
+                .ok_or_else(|| PipelineError::Internal(format!("no output slot for `{name}`")))?;
+            staging
+                .write(slot, 0, &scale.to_le_bytes())
+                .map_err(|source| PipelineError::Write {
+                    tensor: name,
+                    source: Box::new(source),
+                })?;
+        }
+        sum.add(w, &y);
+        Ok(())
+    }
+
+    /// Records `sum` as the dequantized error of `job`'s output tensor.
+    pub fn record_error(&self, job: &Job, sum: &ErrorSum) {
+        if let Ok(mut m) = self.quant_errors.lock() {
+            m.insert(job.output.clone(), sum.stats());
+        }
+    }
+
+    /// Writes `transform(src)` converted to the job's dtype (`layout::conversion::convert_piece`).
+    pub fn convert_bands(
+        &self,
+        job: &Job,
+        transform: Transform,
+        src: SrcTensor<'_>,
+    ) -> Result<(), PipelineError> {
+        let err = |e: crate::model::transform::KernelError| PipelineError::Convert {
+            tensor: job.stored.clone(),
+            reason: e.to_string(),
+        };
+        let mut buf = Vec::new();
+        let write = |offset: usize, bytes: &[u8]| self.write(job, offset, bytes);
+        convert_piece(
+            transform,
+            src,
+            job.dtype,
+            self.options.band_bytes,
+            &mut buf,
+            write,
+            err,
+        )
+    }
+}
+
+/// The stored base tensor `job` reads.
+pub fn stored<'p>(plan: &Plan<'p>, job: &Job) -> Result<TensorRef<'p>, PipelineError> {
+    let comp = &plan.base.components[job.component];
+    comp.tensors
+        .get(&job.stored)
+        .ok_or_else(|| PipelineError::Convert {
+            tensor: job.stored.clone(),
+            reason: "planned but missing from the base".into(),
+        })
+}
+
+/// Drops the mapped pages of the one layer `job` read from a stacked tensor, so the
+/// resident set holds a layer at a time, not the whole (L, ...) tensor until its last layer
+/// is done (a 14B `nnx-scanned` ffn weight is 5.7 GB in bf16).
+fn release_layer(src: &TensorRef<'_>, job: &Job) {
+    if let Ok(bytes) = layer_bytes(&src.view, job.layer, &job.stored_shape) {
+        let start = bytes.as_ptr() as usize - src.file.bytes().as_ptr() as usize;
+        src.file.release_bytes(start, start + bytes.len());
+    }
+}

@@ -1,0 +1,36 @@
+//! The pipeline every producing command runs: a plan, the one executor, and the one call
+//! that writes a plan as a release.
+//!
+//! Owns, stage by stage:
+//! 1. the plan ([`Plan`], `plan`): bound adapters placed on their base tensors as
+//!    [`Target`]s, one [`Job`] per output tensor piece, the output side ([`OutputOptions`],
+//!    `output`: files, names, layouts, dtypes, a quantized output's encodings), and when the
+//!    base is hashed ([`Ready`]);
+//! 2. the executor ([`Exec`], `exec`): the job loop on the rayon workers in output-file
+//!    order, copying, converting and encoding untouched tensors, reading base rows
+//!    (`base_rows`), with the compute routes and their lanes ([`Compute`], `compute`); a job
+//!    that reads a target goes to a [`TargetWriter`] (the merge engine's `merge::Merger`);
+//! 3. [`write`] (`write`): a [`Ready`] plan through the release writer (`release`).
+//!
+//! Does not own: how a merged target is computed (`merge`, plugged in through
+//! [`TargetWriter`] and [`TargetValues`]), binding (`adapter`), model facts and layouts
+//! (`model`, `layout`), the encodings (`quantize`, `io::quant`), the atomic output and its
+//! manifest (`release`, `io::staging`, `manifest`). Producers: `merge`, `convert`,
+//! `restack`, `extract` (its `--adapter` stack), `bake`.
+
+pub mod base_rows;
+pub mod compute;
+pub mod error;
+pub mod exec;
+pub mod job;
+pub mod output;
+pub mod plan;
+pub mod write;
+
+pub use compute::{Compute, DeviceRecord, DeviceReport, Lanes};
+pub use error::PipelineError;
+pub use exec::{CopyOnly, Exec, ExecOptions, TargetValues, TargetWriter};
+pub use job::{Contribution, Job, RowOrder, Target};
+pub use output::{BadOption, OutputChoices, OutputOptions};
+pub use plan::{AdapterReport, Plan, Ready, TargetIndex};
+pub use write::{Writing, write};
