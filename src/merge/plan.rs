@@ -19,7 +19,6 @@ use rayon::prelude::*;
 use super::bind::BoundAdapter;
 use super::error::MergeError;
 use super::report::{AdapterReport, DoraStrength, scale_source_label};
-use crate::adapter::bind::kind_name;
 use crate::adapter::{Entry, Kind, view_2d};
 use crate::io::writer::OutputPlan;
 use crate::io::{Checkpoint, Component, DType, Slot, TensorView};
@@ -451,10 +450,7 @@ fn adapter_report(ad: &BoundAdapter, comp: &Component) -> AdapterReport {
 fn count_entry(report: &mut AdapterReport, e: &Entry) {
     report.entries += 1;
     report.keys_consumed += e.source_keys.len();
-    *report
-        .kinds
-        .entry(kind_name(e.kind).to_string())
-        .or_default() += 1;
+    *report.kinds.entry(e.kind.as_str().to_string()).or_default() += 1;
     *report
         .scale_sources
         .entry(scale_source_label(&e.scale_source))
