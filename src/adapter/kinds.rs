@@ -2,7 +2,7 @@
 //!
 //! Owns: `Kind` (what an adapter entry does to its target, and its one spelling, `as_str`,
 //! which serde, reports, manifests and messages all use), `ParamRole` (the tensors a kind
-//! needs, in PyTorch layout), `ScaleSource` (where σ came from),
+//! needs, in PyTorch layout), `ScaleSource` (where σ came from, and its report `label`),
 //! `TensorSource` (how to produce one parameter as f32 from an adapter file, lazily, so a
 //! 1 GB adapter is never held in memory at once) and `Entry` (one kind applied to one
 //! target). Conventions (`peft`, `diffusers`, `comfy`, `kohya`, `sa3`, `nnx`) translate
@@ -293,6 +293,35 @@ pub enum ScaleSource {
         /// Why this scale.
         rule: String,
     },
+}
+
+impl ScaleSource {
+    /// A short, stable label (`peft_config`, `peft_pattern:ffn.net.2`, ...): the key of the
+    /// merge report's `scale_sources` counts in manifests.
+    pub fn label(&self) -> String {
+        match self {
+            ScaleSource::FileAlpha => "file_alpha".into(),
+            ScaleSource::DefaultAlphaIsRank => "default_alpha_is_rank".into(),
+            ScaleSource::PeftConfig { rslora } => {
+                if *rslora {
+                    "peft_config_rslora".into()
+                } else {
+                    "peft_config".into()
+                }
+            }
+            ScaleSource::PeftPattern { pattern, rslora } => {
+                let rs = if *rslora { "_rslora" } else { "" };
+                format!("peft_pattern{rs}:{pattern}")
+            }
+            ScaleSource::DiffusersMetadata => "diffusers_metadata".into(),
+            ScaleSource::Folded => "folded".into(),
+            ScaleSource::Sa3Metadata => "sa3_metadata".into(),
+            ScaleSource::NnxMetadata => "nnx_metadata".into(),
+            ScaleSource::User => "user".into(),
+            ScaleSource::Unscaled => "unscaled".into(),
+            ScaleSource::Lycoris { .. } => "lycoris_rule".into(),
+        }
+    }
 }
 
 /// How to produce one parameter in PyTorch layout from a file of the adapter.

@@ -18,7 +18,7 @@ use rayon::prelude::*;
 
 use super::bind::BoundAdapter;
 use super::error::MergeError;
-use super::report::{AdapterReport, DoraStrength, scale_source_label};
+use super::report::{AdapterReport, DoraStrength};
 use crate::adapter::{Entry, Kind, view_2d};
 use crate::io::writer::OutputPlan;
 use crate::io::{Checkpoint, Component, DType, Slot, TensorView};
@@ -453,7 +453,7 @@ fn count_entry(report: &mut AdapterReport, e: &Entry) {
     *report.kinds.entry(e.kind.as_str().to_string()).or_default() += 1;
     *report
         .scale_sources
-        .entry(scale_source_label(&e.scale_source))
+        .entry(e.scale_source.label())
         .or_default() += 1;
 }
 

@@ -1,14 +1,12 @@
 //! What a merge did, for the manifest's `report` and the command's summary.
 //!
-//! Owns: `MergeReport`, `AdapterReport`, `SvdReport`, `DeviceRecord`, `DoraStrength` and the
-//! label of a scale source. Everything is built from sorted data (`BTreeMap`, plan-ordered
-//! `Vec`s), so the same merge always serialises to the same bytes.
+//! Owns: `MergeReport`, `AdapterReport`, `SvdReport`, `DeviceRecord`, `DoraStrength` (the
+//! label of a scale source is `ScaleSource::label`). Everything is built from sorted data
+//! (`BTreeMap`, plan-ordered `Vec`s), so the same merge always serialises to the same bytes.
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
-
-use crate::adapter::ScaleSource;
 
 /// Where the strength of an adapter enters the normalised (DoRA/BoRA) formulas.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -141,29 +139,3 @@ pub const STRENGTH_SEMANTICS: &str = "W' = round_once(W0 + sum_i a_i*(f_i(W0) - 
 with W0 the original weight for every adapter; a = 0 skips the adapter; a scales every \
 contribution of the adapter, full-tensor diffs (diff, diff_b, diff_m) included (ComfyUI and \
 diffusers fuse_lora do the same; MaxDiffusion adds diffs unscaled)";
-
-/// A short, stable label of a scale source (`peft_config`, `peft_pattern:ffn.net.2`, ...).
-pub fn scale_source_label(s: &ScaleSource) -> String {
-    match s {
-        ScaleSource::FileAlpha => "file_alpha".into(),
-        ScaleSource::DefaultAlphaIsRank => "default_alpha_is_rank".into(),
-        ScaleSource::PeftConfig { rslora } => {
-            if *rslora {
-                "peft_config_rslora".into()
-            } else {
-                "peft_config".into()
-            }
-        }
-        ScaleSource::PeftPattern { pattern, rslora } => {
-            let rs = if *rslora { "_rslora" } else { "" };
-            format!("peft_pattern{rs}:{pattern}")
-        }
-        ScaleSource::DiffusersMetadata => "diffusers_metadata".into(),
-        ScaleSource::Folded => "folded".into(),
-        ScaleSource::Sa3Metadata => "sa3_metadata".into(),
-        ScaleSource::NnxMetadata => "nnx_metadata".into(),
-        ScaleSource::User => "user".into(),
-        ScaleSource::Unscaled => "unscaled".into(),
-        ScaleSource::Lycoris { .. } => "lycoris_rule".into(),
-    }
-}
