@@ -1,9 +1,10 @@
 //! What `wanbake inspect` reports about a checkpoint or adapter, as data.
 //!
 //! Owns: `InspectReport` (files, tensor counts, dtype histogram, parameter count, bytes,
-//! metadata, model fingerprint, ignored files) built from a `Checkpoint`. Adapter-specific
-//! details (convention, kinds, ranks, scales, binding against a base) are added by the
-//! `adapter` module through `InspectReport::adapter`. Printing is the CLI's job.
+//! metadata, model fingerprint, ignored files) built from a `Checkpoint`; a component is an
+//! adapter when `adapter::detect::is_adapter` says so (the suffixes the parsers read).
+//! Adapter-specific details (convention, kinds, ranks, scales, binding against a base) are
+//! added by the `adapter` module through `InspectReport::adapter`. Printing is the CLI's job.
 
 use std::collections::BTreeMap;
 
@@ -89,30 +90,12 @@ pub struct InspectReport {
     pub ignored: Vec<String>,
 }
 
-/// Suffixes that only adapter files use.
-const ADAPTER_MARKERS: &[&str] = &[
-    ".lora_A.weight",
-    ".lora_B.weight",
-    ".lora_down.weight",
-    ".lora_up.weight",
-    ".lora_A.default.weight",
-    ".alpha",
-    ".diff",
-    ".diff_b",
-    ".diff_m",
-    ".lora_magnitude_vector",
-    "_lora_a",
-    "_lora_b",
-    ".hada_w1_a",
-    ".lokr_w1",
-];
-
+/// `adapter` when the adapter module would find something to read (`adapter::detect`).
 fn looks_like_adapter(c: &Component) -> bool {
-    c.sidecar("adapter_config.json").is_some()
-        || c.tensors.names().any(|n| {
-            ADAPTER_MARKERS.iter().any(|m| n.ends_with(m))
-                || n.contains(".parametrizations.weight.")
-        })
+    crate::adapter::detect::is_adapter(
+        c.tensors.names(),
+        c.sidecar("adapter_config.json").is_some(),
+    )
 }
 
 /// Builds the report; with `hash`, every weight file is hashed (in parallel).

@@ -1,10 +1,11 @@
 //! The spelling tables of enumerated options. Every type that the command line, recipes or
 //! reports spell by name (`Layout`, `OutputDType`, `DoraStrength`, `Convention`,
-//! `QuantFormat`, `DeviceChoice`, `TruncMethod`, `synth::Fill`, `synth::SynthModel`) lists
-//! its values once (`ALL`) and spells each once (`as_str`). Its `FromStr`, its `Display`, the
-//! messages that list the accepted names, and the `clap::ValueEnum` that `value_enum!`
-//! derives read that one table, so the parser, `--help`, recipes and manifests cannot
-//! disagree. Names are case-sensitive everywhere (clap's default).
+//! `adapter::Kind`, `QuantFormat`, `DeviceChoice`, `TruncMethod`, `synth::Fill`,
+//! `synth::SynthModel`) lists its values once (`ALL`) and spells each once (`as_str`). Its
+//! `FromStr`, its `Display`, its serde name, the messages that list the accepted names, and
+//! the `clap::ValueEnum` that `value_enum!` derives read that one table (or are tested
+//! against it), so the parser, `--help`, recipes and manifests cannot disagree. Names are
+//! case-sensitive everywhere (clap's default).
 //!
 //! Does not own: the command line (`src/cli`, part of the binary), or what each command
 //! accepts of a table (a command that takes a subset says so there).
@@ -52,7 +53,7 @@ mod tests {
     use clap::ValueEnum;
 
     use super::either;
-    use crate::adapter::Convention;
+    use crate::adapter::{Convention, Kind};
     use crate::gpu::DeviceChoice;
     use crate::layout::OutputDType;
     use crate::linalg::TruncMethod;
@@ -103,6 +104,16 @@ mod tests {
         }
         for d in DoraStrength::ALL {
             assert_eq!(serde_json::to_value(d).unwrap(), d.as_str());
+        }
+        // `Kind` keeps serde's `rename_all`; reports, manifests and inspect spell it with
+        // `as_str`, so the two must agree both ways.
+        for k in Kind::ALL {
+            assert_eq!(serde_json::to_value(k).unwrap(), k.as_str());
+            assert_eq!(
+                serde_json::from_value::<Kind>(k.as_str().into()).unwrap(),
+                k
+            );
+            assert_eq!(k.to_string(), k.as_str());
         }
     }
 

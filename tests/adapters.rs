@@ -1886,6 +1886,91 @@ fn inspect_reports_convention_kinds_ranks_scales_and_bindings() {
     assert!(out.contains("blocks.*.ffn.net.2 ×3"), "{out}");
 }
 
+// Issue 28: `inspect` decided "adapter" from its own suffix list, which lacked (IA)³'s
+// `on_input` (and every LyCORIS factor but `hada_w1_a`/`lokr_w1`, the rest passing only by
+// their `.alpha`), so an (IA)³ file was an "unknown model" that `merge` read fine. Now it
+// asks the adapter module, which answers from the suffix tables its parsers read.
+#[test]
+fn r_issue_28_inspect_describes_every_lycoris_kind_as_an_adapter() {
+    let dir = tmp();
+    // (IA)³ as text: the adapter section, its kind and the module it scales.
+    let ia3 = golden("adapters/lycoris/ia3_in.safetensors");
+    let out = ok(run(dir.path(), &["inspect", ia3.to_str().unwrap()]));
+    assert!(out.contains("\n  adapter\n"), "{out}");
+    assert!(!out.contains("model:"), "{out}");
+    assert!(
+        out.contains("adapter:    lycoris convention, 1 entries (ia3 ×1)"),
+        "{out}"
+    );
+    assert!(
+        out.contains(
+            "lycoris:    lycoris_blocks_1_attn2_to_q (ia3, 32 input channels): σ 1 (LyCORIS \
+             rule: no scale: (IA)³ has no alpha) → blocks.1.attn2.to_q.weight"
+        ),
+        "{out}"
+    );
+    // Every golden LyCORIS kind, in both namings, as JSON.
+    let cases: [(&str, &[&str]); 18] = [
+        ("loha", &["loha"]),
+        ("lokr_w2ab", &["lokr"]),
+        ("lokr_both_dec", &["lokr"]),
+        ("lokr_full", &["lokr"]),
+        ("oft", &["diag-oft"]),
+        ("oft_free", &["diag-oft"]),
+        ("boft", &["boft"]),
+        ("glora", &["glora"]),
+        ("ia3_out", &["ia3"]),
+        ("ia3_in", &["ia3"]),
+        ("full", &["diff", "diff-bias"]),
+        ("conv_loha", &["loha"]),
+        ("conv_lokr", &["lokr"]),
+        ("conv_lokr_full", &["lokr"]),
+        ("conv_oft", &["diag-oft"]),
+        ("conv_ia3_in", &["ia3"]),
+        ("conv_loha_tucker", &["loha"]),
+        ("conv_lokr_tucker", &["lokr"]),
+    ];
+    let mut files = Vec::new();
+    for (case, kinds) in cases {
+        for (naming, suffix) in [("lycoris", ""), ("kohya", "__kohya")] {
+            let f = golden(&format!("adapters/lycoris/{case}{suffix}.safetensors"));
+            files.push((f.to_str().unwrap().to_string(), naming, kinds));
+        }
+    }
+    // An OFT module with no stored alpha (no constraint) has no suffix the old list knew.
+    let oft = dir.path().join("oft_no_alpha.safetensors");
+    let blocks: Vec<f32> = (0..128).map(|i| i as f32 * 0.01).collect();
+    write_f32(
+        &oft,
+        &[(
+            "lycoris_blocks_2_attn2_to_q.oft_blocks",
+            vec![8, 4, 4],
+            blocks,
+        )],
+    );
+    files.push((oft.to_str().unwrap().to_string(), "lycoris", &["diag-oft"]));
+    let mut args = vec!["inspect", "--json"];
+    args.extend(files.iter().map(|(f, _, _)| f.as_str()));
+    let v: serde_json::Value = serde_json::from_str(&ok(run(dir.path(), &args))).unwrap();
+    for (i, (file, naming, kinds)) in files.iter().enumerate() {
+        let c = &v[i]["components"][0];
+        assert_eq!(c["role"], "adapter", "{file}");
+        assert!(c.get("fingerprint").is_none(), "{file}");
+        let a = &c["adapter"];
+        assert_eq!(a["convention"], *naming, "{file}");
+        let got: Vec<&str> = a["kinds"]
+            .as_object()
+            .unwrap_or_else(|| panic!("{file}: no adapter section"))
+            .keys()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(got, *kinds, "{file}");
+        if !kinds.contains(&"diff") {
+            assert_eq!(a["lycoris"][0]["kind"], kinds[0], "{file}");
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Unbound and misfit modules explained in model terms (which other WAN variant they are
 // from) before they are listed. Shapes from the released configs (spec wan.md §1.3): inner

@@ -528,34 +528,16 @@ pub fn check_fit(entry: &Entry, shape: &[usize]) -> Result<(), String> {
 fn problem(e: &Entry, reason: String) -> EntryProblem {
     EntryProblem {
         module: e.module.clone(),
-        kind: kind_name(e.kind).to_string(),
+        kind: e.kind.as_str().to_string(),
         keys: e.source_keys.clone(),
         reason,
     }
 }
 
-/// The kebab-case name of a kind.
+/// `k.as_str()`, kept for `adapter::lycoris`, which still calls it; new code calls
+/// `Kind::as_str`.
 pub fn kind_name(k: Kind) -> &'static str {
-    match k {
-        Kind::Lora => "lora",
-        Kind::PeftDora => "peft-dora",
-        Kind::DoraRows => "dora-rows",
-        Kind::DoraCols => "dora-cols",
-        Kind::Bora => "bora",
-        Kind::LoraXs => "lora-xs",
-        Kind::DoraRowsXs => "dora-rows-xs",
-        Kind::DoraColsXs => "dora-cols-xs",
-        Kind::BoraXs => "bora-xs",
-        Kind::Diff => "diff",
-        Kind::DiffBias => "diff-bias",
-        Kind::LoraBias => "lora-bias",
-        Kind::Loha => "loha",
-        Kind::Lokr => "lokr",
-        Kind::DiagOft => "diag-oft",
-        Kind::Boft => "boft",
-        Kind::Glora => "glora",
-        Kind::Ia3 => "ia3",
-    }
+    k.as_str()
 }
 
 impl AdapterSet {

@@ -1,11 +1,12 @@
 //! The canonical adapter form every convention parses into and renders from.
 //!
-//! Owns: `Kind` (what an adapter entry does to its target), `ParamRole` (the tensors a kind
-//! needs, in PyTorch layout), `ScaleSource` (where σ came from), `TensorSource` (how to
-//! produce one parameter as f32 from an adapter file, lazily, so a 1 GB adapter is never held
-//! in memory at once) and `Entry` (one kind applied to one target). Conventions (`peft`,
-//! `diffusers`, `comfy`, `kohya`, `sa3`, `nnx`) translate their files to and from this form
-//! only: N parsers and N renderers, never N² converters.
+//! Owns: `Kind` (what an adapter entry does to its target, and its one spelling, `as_str`,
+//! which serde, reports, manifests and messages all use), `ParamRole` (the tensors a kind
+//! needs, in PyTorch layout), `ScaleSource` (where σ came from, and its report `label`),
+//! `TensorSource` (how to produce one parameter as f32 from an adapter file, lazily, so a
+//! 1 GB adapter is never held in memory at once) and `Entry` (one kind applied to one
+//! target). Conventions (`peft`, `diffusers`, `comfy`, `kohya`, `sa3`, `nnx`) translate
+//! their files to and from this form only: N parsers and N renderers, never N² converters.
 //!
 //! Shapes, all PyTorch layout, on the 2-D view (out, in') of the target (Conv1d/Conv3d
 //! weights flattened row-major, spec sa3_lora.md §1.2):
@@ -62,6 +63,53 @@ pub enum Kind {
 }
 
 impl Kind {
+    /// Every kind.
+    pub const ALL: [Kind; 18] = [
+        Kind::Lora,
+        Kind::PeftDora,
+        Kind::DoraRows,
+        Kind::DoraCols,
+        Kind::Bora,
+        Kind::LoraXs,
+        Kind::DoraRowsXs,
+        Kind::DoraColsXs,
+        Kind::BoraXs,
+        Kind::Diff,
+        Kind::DiffBias,
+        Kind::LoraBias,
+        Kind::Loha,
+        Kind::Lokr,
+        Kind::DiagOft,
+        Kind::Boft,
+        Kind::Glora,
+        Kind::Ia3,
+    ];
+
+    /// The kind's name in reports, manifests, `inspect` and messages; serde's spelling
+    /// (`rename_all = "kebab-case"`) is the same, which `names`' tests check.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Lora => "lora",
+            Kind::PeftDora => "peft-dora",
+            Kind::DoraRows => "dora-rows",
+            Kind::DoraCols => "dora-cols",
+            Kind::Bora => "bora",
+            Kind::LoraXs => "lora-xs",
+            Kind::DoraRowsXs => "dora-rows-xs",
+            Kind::DoraColsXs => "dora-cols-xs",
+            Kind::BoraXs => "bora-xs",
+            Kind::Diff => "diff",
+            Kind::DiffBias => "diff-bias",
+            Kind::LoraBias => "lora-bias",
+            Kind::Loha => "loha",
+            Kind::Lokr => "lokr",
+            Kind::DiagOft => "diag-oft",
+            Kind::Boft => "boft",
+            Kind::Glora => "glora",
+            Kind::Ia3 => "ia3",
+        }
+    }
+
     /// The tensors this kind needs.
     pub fn roles(self) -> &'static [ParamRole] {
         use ParamRole::*;
@@ -115,19 +163,29 @@ impl Kind {
         )
     }
 
-    /// The SA3 `adapter_type` spelling, for the SA3 kinds.
+    /// The SA3 `adapter_type` of an SA3 kind (spec sa3_lora.md §1.1; the ninth name, legacy
+    /// `dora`, is read as one of the DoRA kinds and never written), `None` for the others.
+    /// SA3's format spells them as wanbake does (`as_str`), which
+    /// `tests::sa3_names_are_sa3s_vocabulary` pins against the spec's list.
     pub fn sa3_name(self) -> Option<&'static str> {
-        Some(match self {
-            Kind::Lora => "lora",
-            Kind::DoraRows => "dora-rows",
-            Kind::DoraCols => "dora-cols",
-            Kind::Bora => "bora",
-            Kind::LoraXs => "lora-xs",
-            Kind::DoraRowsXs => "dora-rows-xs",
-            Kind::DoraColsXs => "dora-cols-xs",
-            Kind::BoraXs => "bora-xs",
-            _ => return None,
-        })
+        matches!(
+            self,
+            Kind::Lora
+                | Kind::DoraRows
+                | Kind::DoraCols
+                | Kind::Bora
+                | Kind::LoraXs
+                | Kind::DoraRowsXs
+                | Kind::DoraColsXs
+                | Kind::BoraXs
+        )
+        .then(|| self.as_str())
+    }
+}
+
+impl std::fmt::Display for Kind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -235,6 +293,35 @@ pub enum ScaleSource {
         /// Why this scale.
         rule: String,
     },
+}
+
+impl ScaleSource {
+    /// A short, stable label (`peft_config`, `peft_pattern:ffn.net.2`, ...): the key of the
+    /// merge report's `scale_sources` counts in manifests.
+    pub fn label(&self) -> String {
+        match self {
+            ScaleSource::FileAlpha => "file_alpha".into(),
+            ScaleSource::DefaultAlphaIsRank => "default_alpha_is_rank".into(),
+            ScaleSource::PeftConfig { rslora } => {
+                if *rslora {
+                    "peft_config_rslora".into()
+                } else {
+                    "peft_config".into()
+                }
+            }
+            ScaleSource::PeftPattern { pattern, rslora } => {
+                let rs = if *rslora { "_rslora" } else { "" };
+                format!("peft_pattern{rs}:{pattern}")
+            }
+            ScaleSource::DiffusersMetadata => "diffusers_metadata".into(),
+            ScaleSource::Folded => "folded".into(),
+            ScaleSource::Sa3Metadata => "sa3_metadata".into(),
+            ScaleSource::NnxMetadata => "nnx_metadata".into(),
+            ScaleSource::User => "user".into(),
+            ScaleSource::Unscaled => "unscaled".into(),
+            ScaleSource::Lycoris { .. } => "lycoris_rule".into(),
+        }
+    }
 }
 
 /// How to produce one parameter in PyTorch layout from a file of the adapter.
@@ -385,5 +472,37 @@ impl Entry {
             .copied()
             .filter(|r| !self.params.contains_key(r))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sa3_names_are_sa3s_vocabulary() {
+        // spec sa3_lora.md §1.1: SA3's nine `adapter_type` names (legacy `dora` is resolved
+        // to one of the two DoRA kinds when read, never written).
+        let sa3: Vec<&str> = Kind::ALL.iter().filter_map(|k| k.sa3_name()).collect();
+        assert_eq!(
+            sa3,
+            [
+                "lora",
+                "dora-rows",
+                "dora-cols",
+                "bora",
+                "lora-xs",
+                "dora-rows-xs",
+                "dora-cols-xs",
+                "bora-xs"
+            ]
+        );
+    }
+
+    #[test]
+    fn every_kind_is_listed_once() {
+        let names: std::collections::BTreeSet<&str> =
+            Kind::ALL.iter().map(|k| k.as_str()).collect();
+        assert_eq!(names.len(), Kind::ALL.len());
     }
 }

@@ -490,7 +490,7 @@ fn apply_user_scale(
                  comes from its own alpha (remove `scale`, or use `strength` for the whole \
                  adapter)",
                 e.module,
-                bind::kind_name(e.kind)
+                e.kind.as_str()
             ),
         });
     }

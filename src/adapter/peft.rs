@@ -107,7 +107,7 @@ fn parse_lycoris(
         } else if e.kind != want {
             Some(format!(
                 "a {} module in a PEFT {} folder",
-                super::bind::kind_name(e.kind),
+                e.kind.as_str(),
                 cfg.peft_type
             ))
         } else {

@@ -184,8 +184,8 @@ pub fn render(ctx: &RenderCtx<'_>) -> Result<Rendered, Vec<EntryProblem>> {
                 format!(
                     "a PEFT folder holds one adapter type, and this adapter's other modules are {}; \
                      this one is {}",
-                    super::bind::kind_name(kind),
-                    super::bind::kind_name(e.kind)
+                    kind.as_str(),
+                    e.kind.as_str()
                 ),
             )
         })

@@ -13,7 +13,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::bind::{BaseIndex, kind_name, wan_ids};
+use super::bind::{BaseIndex, wan_ids};
 use super::names::{ModuleId, generic_path_of_spelling};
 use super::variant::{VariantGuess, base_description, guess, mismatch_line, model_terms};
 use super::{AdapterError, AdapterOptions, AdapterSet, EntryProblem, KeyProblem, ScaleSource};
@@ -196,11 +196,11 @@ pub fn describe(set: &AdapterSet) -> AdapterInspection {
     let mut targets = BTreeMap::new();
     let mut lycoris = Vec::new();
     for (e, id) in set.entries.iter().zip(&ids) {
-        *kinds.entry(kind_name(e.kind).to_string()).or_insert(0) += 1;
+        *kinds.entry(e.kind.as_str().to_string()).or_insert(0) += 1;
         if e.kind.is_lycoris() {
             lycoris.push(LycorisLine {
                 module: e.module.clone(),
-                kind: kind_name(e.kind).into(),
+                kind: e.kind.as_str().into(),
                 structure: super::lycoris::structure(e),
                 scale: e.scale,
                 rule: scale_source_text(&e.scale_source),
@@ -283,7 +283,7 @@ fn bind_one(
                 .into_iter()
                 .map(|x| BoundLine {
                     module: x.module,
-                    kind: kind_name(x.kind).into(),
+                    kind: x.kind.as_str().into(),
                     target: x.target,
                     layer: x.layer,
                     shape: x.shape,

@@ -111,25 +111,17 @@ fn read_config(input: &ParseInput<'_>) -> Result<Option<Sa3Config>, AdapterError
 
 /// The kind of an `adapter_type` (legacy `dora` is resolved separately).
 fn kind_of(name: &str) -> Option<(Kind, Option<&'static str>)> {
-    let k = match name {
-        "lora" => Kind::Lora,
-        "dora-rows" => Kind::DoraRows,
-        "dora-cols" => Kind::DoraCols,
-        "bora" => Kind::Bora,
-        "lora-xs" => Kind::LoraXs,
-        "dora-rows-xs" => Kind::DoraRowsXs,
-        "dora-cols-xs" => Kind::DoraColsXs,
-        "bora-xs" => Kind::BoraXs,
-        "dora-xs" => {
-            return Some((
-                Kind::DoraRowsXs,
-                Some("MLX alias `dora-xs` read as dora-rows-xs"),
-            ));
-        }
-        "xs" => return Some((Kind::LoraXs, Some("MLX alias `xs` read as lora-xs"))),
-        _ => return None,
-    };
-    Some((k, None))
+    if let Some(k) = Kind::ALL.into_iter().find(|k| k.sa3_name() == Some(name)) {
+        return Some((k, None));
+    }
+    match name {
+        "dora-xs" => Some((
+            Kind::DoraRowsXs,
+            Some("MLX alias `dora-xs` read as dora-rows-xs"),
+        )),
+        "xs" => Some((Kind::LoraXs, Some("MLX alias `xs` read as lora-xs"))),
+        _ => None,
+    }
 }
 
 /// Legacy `dora`: the magnitude shapes decide rows or columns (spec sa3_lora.md §1.1).

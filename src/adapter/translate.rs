@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use super::bind::{BaseIndex, bound_ids, kind_name, resolve_names};
+use super::bind::{BaseIndex, bound_ids, resolve_names};
 use super::names::ModuleId;
 use super::{AdapterError, AdapterSet, Convention, Entry, EntryProblem, ParamRole};
 use crate::io::{DType, ReadError};
@@ -81,7 +81,7 @@ impl RenderCtx<'_> {
         let e = &self.set.entries[i];
         EntryProblem {
             module: e.module.clone(),
-            kind: kind_name(e.kind).to_string(),
+            kind: e.kind.as_str().to_string(),
             keys: e.source_keys.clone(),
             reason: reason.into(),
         }
@@ -304,7 +304,7 @@ pub fn module_ids(
             Some(id) => out.push(id),
             None => missing.push(EntryProblem {
                 module: e.module.clone(),
-                kind: kind_name(e.kind).into(),
+                kind: e.kind.as_str().into(),
                 keys: e.source_keys.clone(),
                 reason: "binds to nothing in the base".into(),
             }),

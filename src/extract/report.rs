@@ -13,11 +13,9 @@ use crate::pipeline::DeviceRecord;
 /// the adapter module's own name for the others.
 pub fn kind_label(k: Kind) -> &'static str {
     match k {
-        Kind::Lora => "lora",
-        Kind::Diff => "diff",
         Kind::DiffBias => "diff_b",
         Kind::LoraBias => "lora_bias",
-        other => crate::adapter::bind::kind_name(other),
+        other => other.as_str(),
     }
 }
 

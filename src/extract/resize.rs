@@ -21,7 +21,6 @@ use super::factor::{LowRankFactors, Spectrum};
 use super::render::{OwnedOutput, OwnedTensor, short_name, write_output};
 use super::report::{ExtractReport, ModuleReport, kind_label};
 use super::{ExtractError, ExtractOutcome, RankRule};
-use crate::adapter::bind::kind_name;
 use crate::adapter::translate::{OutData, module_ids, render_set, tensor_bytes};
 use crate::adapter::{AdapterOptions, AdapterSet, Entry, Kind, ParamRole};
 use crate::io::DType;
@@ -119,7 +118,7 @@ fn check_kinds(set: &AdapterSet) -> Result<(), ExtractError> {
         })
         .map(|e| match e.kind {
             Kind::LoraBias => format!("{} (lora_B.bias scaled by σ = {})", e.module, e.scale),
-            k => format!("{} ({})", e.module, kind_name(k)),
+            k => format!("{} ({})", e.module, k.as_str()),
         })
         .collect();
     if other.is_empty() {

@@ -2,9 +2,8 @@
 //!
 //! Owns: `MergeReport` and `SvdReport`. Does not own: the per-adapter facts
 //! (`pipeline::AdapterReport`), the device record (`pipeline::DeviceRecord`) or the options
-//! (`merge::options`). Everything is
-//! built from sorted data (`BTreeMap`, plan-ordered `Vec`s), so the same merge always
-//! serialises to the same bytes.
+//! (`merge::options`). Everything is built from sorted data (`BTreeMap`, plan-ordered
+//! `Vec`s), so the same merge always serialises to the same bytes.
 
 use serde::Serialize;
 

@@ -341,11 +341,11 @@ fn count_entry(report: &mut AdapterReport, e: &Entry) {
     report.keys_consumed += e.source_keys.len();
     *report
         .kinds
-        .entry(crate::adapter::bind::kind_name(e.kind).to_string())
+        .entry(e.kind.as_str().to_string())
         .or_default() += 1;
     *report
         .scale_sources
-        .entry(scale_source_label(&e.scale_source))
+        .entry(e.scale_source.label())
         .or_default() += 1;
 }
 
@@ -458,30 +458,4 @@ pub struct AdapterReport {
     pub scale_sources: BTreeMap<String, usize>,
     /// Keys that matched nothing, merged around because `--allow-unmatched` was given.
     pub unmatched_allowed: Vec<String>,
-}
-
-/// A short, stable label of a scale source (`peft_config`, `peft_pattern:ffn.net.2`, ...).
-fn scale_source_label(s: &crate::adapter::ScaleSource) -> String {
-    match s {
-        crate::adapter::ScaleSource::FileAlpha => "file_alpha".into(),
-        crate::adapter::ScaleSource::DefaultAlphaIsRank => "default_alpha_is_rank".into(),
-        crate::adapter::ScaleSource::PeftConfig { rslora } => {
-            if *rslora {
-                "peft_config_rslora".into()
-            } else {
-                "peft_config".into()
-            }
-        }
-        crate::adapter::ScaleSource::PeftPattern { pattern, rslora } => {
-            let rs = if *rslora { "_rslora" } else { "" };
-            format!("peft_pattern{rs}:{pattern}")
-        }
-        crate::adapter::ScaleSource::DiffusersMetadata => "diffusers_metadata".into(),
-        crate::adapter::ScaleSource::Folded => "folded".into(),
-        crate::adapter::ScaleSource::Sa3Metadata => "sa3_metadata".into(),
-        crate::adapter::ScaleSource::NnxMetadata => "nnx_metadata".into(),
-        crate::adapter::ScaleSource::User => "user".into(),
-        crate::adapter::ScaleSource::Unscaled => "unscaled".into(),
-        crate::adapter::ScaleSource::Lycoris { .. } => "lycoris_rule".into(),
-    }
 }
