@@ -9,7 +9,7 @@
 //! rows, to the bytes of its encoding, plus the values a loader dequantizes), the error
 //! sums and the quantization report. Does not own: the encodings themselves (`io::quant`),
 //! the rules (`model::quant_rules`), name tables (`model::wan_names`), the jobs that feed
-//! [`encode`] (`merge::output`, `merge::exec`: `convert --to` is that merge with no
+//! [`encode`] (`pipeline::output`, `pipeline::exec`: `convert --to` is that pipeline with no
 //! adapters) or the atomic writer (`release`).
 //!
 //! Every tensor is computed on its exact f32 value (the widened source, or the merged f32

@@ -199,8 +199,9 @@ pub fn write_release<E: std::error::Error + Send + Sync + 'static>(
 }
 
 /// How far the input hasher may read ahead of the producer's progress through the inputs
-/// (its share of the output written, scaled to the inputs' total size). Unpaced, the hasher
-/// (2 GB/s) finishes a 28.6 GB base long before the merge reaches its end; on a machine
+/// (its share of the output written, scaled to the inputs' total size). Unpaced, the hasher,
+/// faster than any merge, finishes a 14B base long before the merge reaches its end
+/// (BENCHMARKS.md, "After vectorised rounding and the paced input hasher"); on a machine
 /// whose free memory is smaller than the base, the page cache has evicted the pages the
 /// merge reads next by then (the oldest go first), so the base is read from disk twice.
 /// Kept within this distance, the merge finds in memory what the hasher just read.

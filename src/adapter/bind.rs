@@ -221,7 +221,7 @@ impl BaseIndex {
 
     /// A tensor of an MLX SA3 DiT: bound under its PyTorch name, with its PyTorch-layout
     /// shape (a Conv1d's (out, k, in) read as (out, in, k), spec sa3_lora.md §4.4); the merge
-    /// reads and writes it in the stored order (`merge::plan`'s row order).
+    /// reads and writes it in the stored order (`pipeline::RowOrder`).
     fn add_mlx(&mut self, name: &str, shape: &[usize]) {
         let torch = sa3::torch_name_of_mlx(name);
         let torch_shape = match shape {

@@ -1,5 +1,5 @@
 //! The CPU implementation of [`Backend`]: the reference the CUDA backend is compared to, and
-//! what the reference route (`merge::device::Compute::Reference`) merges on.
+//! what the reference route (`pipeline::Compute::Reference`) merges on.
 //!
 //! Owns: [`CpuBackend`], [`HostMat`], [`HostScales`]. Does not own: the ops' contract
 //! ([`Backend`]) or the element formulas (`super::arith`).

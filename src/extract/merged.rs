@@ -1,12 +1,12 @@
 //! The tuned side of `extract --adapter`: a base and the adapters merged into it, computed in
 //! memory one tensor at a time.
 //!
-//! Owns: [`MergedStack`], a [`DeltaSource`] whose tuned tensors are the merge engine's f32
-//! values of each merged target (`merge::exec::Exec::merged_values`, the values `wanbake
-//! merge --dtype f32` writes, bit for bit), and the base's own tensors everywhere the plan
-//! merges nothing. Memory: one merged tensor per worker, never the model; nothing is
-//! written. Does not own: the merge plan or its arithmetic (`merge`), what is done with ΔW
-//! (`run`).
+//! Owns: [`MergedStack`], a [`DeltaSource`] whose tuned tensors are the f32 values of each
+//! target of a plan (`pipeline::TargetValues`, computed by the merge engine,
+//! `merge::Merger`, which a front end hands in: the values `wanbake merge --dtype f32`
+//! writes, bit for bit), and the base's own tensors everywhere the plan merges nothing.
+//! Memory: one merged tensor per worker, never the model; nothing is written. Does not own:
+//! the plan (`pipeline`) or its arithmetic (`merge`), what is done with ΔW (`run`).
 
 use std::path::Path;
 

@@ -5,7 +5,7 @@
 //! largest ΔW), and the one call every module's spectrum goes through
 //! ([`SvdRoute::spectrum`]). Does not own: the algorithm (`linalg::truncated`, written once
 //! for every engine), the engines (`linalg::FaerEngine`, `gpu::CudaEngine`), the lane pool
-//! (`merge::device::Lanes`), or how many triplets a module needs (`factor::spectrum`).
+//! (`pipeline::Lanes`), or how many triplets a module needs (`factor::spectrum`).
 //!
 //! On CUDA a worker holds one lane for a module's whole spectrum: ΔW is uploaded once, the
 //! range finder's products run on cuBLAS `dgemm` and a full SVD on cuSOLVER `gesvd`, while

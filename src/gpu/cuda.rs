@@ -15,8 +15,8 @@
 //!   c of a base tensor crosses PCIe, the CPU reads chunk c+1 from the mmap (the actual disk
 //!   read) into the other pinned buffer; downloads do the same in reverse.
 //! * Across tensors, a merge's worker threads share a small pool of lanes from
-//!   [`super::CudaDevice::backend`] (`merge::device::Lanes`, at most
-//!   `merge::device::MAX_LANES`): while one worker's tensor is being computed, another reads
+//!   [`super::CudaDevice::backend`] (`pipeline::Lanes`, at most
+//!   `pipeline::compute::MAX_LANES`): while one worker's tensor is being computed, another reads
 //!   its next tensor from disk and a third writes its previous result (or copies untouched
 //!   tensors), so the GPU work (microseconds to milliseconds per tensor) hides behind I/O and
 //!   the bake is I/O-bound.

@@ -27,7 +27,7 @@ use crate::backend::BackendError;
 /// What the device's memory pool keeps reserved across synchronisations: everything. With
 /// the default (0) the pool unmaps its free memory at every synchronisation, and each target
 /// (several synchronise per target) maps it again. The pool holds at most what `MAX_LANES`
-/// whole targets use at once (`merge::device`), and the context gives it back at exit.
+/// whole targets use at once (`pipeline::Lanes`), and the context gives it back at exit.
 pub const POOL_RELEASE_THRESHOLD: u64 = u64::MAX;
 
 /// The oldest driver the CUDA 13.0 bindings (cudarc feature `cuda-13000`) can use,

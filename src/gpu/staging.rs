@@ -89,7 +89,7 @@ impl Event {
 
 impl Drop for Event {
     fn drop(&mut self) {
-        // After a device fault the lanes are leaked (`merge::device::Lanes`), so this runs on
+        // After a device fault the lanes are leaked (`pipeline::Lanes`), so this runs on
         // a healthy context; an error here has nothing left to report to.
         if self.ctx.bind_to_thread().is_ok() {
             // SAFETY: `self.event` is live and destroyed once.

@@ -3,7 +3,7 @@
 //! Owns: `Conversion` (a read plan, a write plan and the output dtypes fused into jobs, one
 //! per piece: stored tensor, layer, one composed transform, destination byte offset) and
 //! `convert_piece` (one piece, band by band, into positional writes). Does not own: the
-//! job loop that runs the pieces (`merge::exec`, the one executor of every producing
+//! job loop that runs the pieces (`pipeline::exec`, the one executor of every producing
 //! command), files, headers, atomic commit (`io`).
 //!
 //! Memory: a piece is converted in bands of at most `band_bytes` destination bytes into the
@@ -24,7 +24,7 @@ use crate::model::transform::{self, KernelError, SrcTensor, Transform};
 use crate::model::wan_layout::Layout;
 
 /// Destination bytes a copy or conversion handles at once, per worker, unless tuned
-/// ([`ExecOptions::band_bytes`](crate::merge::exec::ExecOptions::band_bytes)); the output
+/// ([`ExecOptions::band_bytes`](crate::pipeline::ExecOptions::band_bytes)); the output
 /// does not depend on it.
 pub const PIECE_BAND_BYTES: usize = 8 << 20;
 

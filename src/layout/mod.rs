@@ -3,8 +3,8 @@
 //! Owns: writing the canonical form out in any layout (`write`), the keep-f32 dtype
 //! policies (`dtype_policy`), fusing a read and a write plan into pieces and the loop that
 //! copies or converts one piece (`conversion`), and planning a whole-checkpoint restack
-//! (`restack`). Does not own: running the pieces (`merge::exec`, the one executor, and
-//! `merge::restack`), or file formats, folders and the atomic writer (`io`, `release`), or the model
+//! (`restack`). Does not own: running the pieces (`pipeline::exec`, the one executor, and
+//! the `restack` producer), or file formats, folders and the atomic writer (`io`, `release`), or the model
 //! facts it plans with (`model`: the `Layout` enum and its detection in `wan_layout`, the
 //! name table in `wan_names`, reading a checkpoint of any layout into the canonical form in
 //! `read_plan`, the tensor transforms and their kernels in `transform`, configs and the

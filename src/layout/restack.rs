@@ -5,7 +5,7 @@
 //! `transformer_2/` are converted side by side) before anything is written, the config.json
 //! that travels with the weights (the input's, stamped with the output layout; or, without
 //! one, the config inferred from the shapes), and the manifest's report. Does not own:
-//! running the plan (`merge::restack`: the one executor and release writer every producing
+//! running the plan (`restack`: the one executor and release writer every producing
 //! command uses), argument parsing and printing (`cli::restack`).
 
 use std::collections::BTreeMap;

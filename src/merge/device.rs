@@ -1,20 +1,19 @@
-//! Where a merge computes, and the whole-tensor program the device route runs.
+//! The whole-tensor program the device routes run.
 //!
-//! Owns: [`Compute`] (row bands on the CPU, whole tensors on CUDA lanes, or whole tensors on
-//! the CPU reference backend), [`Compute::select`] (`--device` → what runs, and why),
-//! [`Lanes`] (backend lanes shared by the merge's worker threads) and [`merge_whole`], the op
-//! sequence of `backend`'s module doc applied to one target's [`Update`]s. Does not own:
-//! the ops themselves (`backend`, `gpu`), which tensors a target reads (`merge::exec`), the
-//! band path, or which coefficients, factors and ε an update gets (its [`Step`], read by
-//! both routes: `merge::math`).
+//! Owns: [`merge_whole`], the op sequence of `backend`'s module doc applied to one target's
+//! [`Update`]s, and which merge errors leave a lane unusable (`LaneFault for MergeError`).
+//! Does not own: where a merge computes (`pipeline::Compute`) and the lanes
+//! (`pipeline::Lanes`), the ops themselves (`backend`, `gpu`), which tensors a target reads
+//! (`merge::target`), the band path, or which coefficients, factors and ε an update gets (its
+//! [`Step`], read by both routes: `merge::math`).
 //!
 //! # The two routes
-//! * Bands ([`Compute::Cpu`]): `merge::exec` widens a band of base rows into an accumulator
+//! * Bands (`Compute::Cpu`): `merge::target` widens a band of base rows into an accumulator
 //!   that starts at `W0`, adds each contribution, checks and rounds the band.
-//! * Whole tensors ([`Compute::Cuda`], [`Compute::Reference`]): `W0` is widened on the
+//! * Whole tensors (`Compute::Cuda`, `Compute::Reference`): `W0` is widened on the
 //!   backend, the contributions are summed into `D` (starting at +0), and
 //!   `RNE(W0 + D)` is formed once by `add_narrow`, which also reports the first non-finite
-//!   element. The reference route runs this very program on [`CpuBackend`], so the program is
+//!   element. The reference route runs this very program on `CpuBackend`, so the program is
 //!   tested against the PEFT/diffusers/SA3 oracles on every machine, GPU or not.
 //!
 //! The two routes sum in different orders (`(W0 + c₁) + c₂` against `W0 + (c₁ + c₂)`) and
@@ -31,10 +30,8 @@
 //! about one f32 ulp in a few elements (6 of 655,360 at 5120², BENCHMARKS.md "GPU"), so a
 //! cache filled on CUDA would make a later CPU merge's output depend on which route ran first.
 //! One engine keeps the cache portable between routes and machines without a cuSOLVER version
-//! in the key. It costs time on a first merge: on an H100 host, faer on 16 threads took 14.5 s
-//! for a 5120² basis against 4.3 s for `gesvd`, and an SA3-small -xs merge on CUDA 10-12 s
-//! against 8.3 s (the merge runs one SVD per worker in parallel); a cached basis is never
-//! computed again.
+//! in the key. It costs time on a first merge (BENCHMARKS.md, "Why -xs bases are computed on
+//! the CPU on every route"); a cached basis is never computed again.
 
 #![allow(non_snake_case)]
 
@@ -468,7 +465,7 @@ mod tests {
                 broken: b2.clone(),
             })
         });
-        // One target on the whole-tensor program, as merge::exec runs it.
+        // One target on the whole-tensor program, as merge::target runs it.
         let target = |b: &mut FaultyLane| -> Result<(), MergeError> {
             let mut dst = vec![0u8; 24];
             merge_whole(b, BaseWeight::F32(&W), (2, 3), &[], DType::F32, &mut dst).map_err(

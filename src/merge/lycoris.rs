@@ -5,7 +5,7 @@
 //! `f(W0) − W0` on the (out, in') view of the target, which a merge adds as `λ·delta` like a
 //! `diff` contribution (strength rule `W0 + λ·(f(W0) − W0)`, one rounding at the end).
 //! Does not own: the module's tensors and scale rule (`adapter::lycoris`), binding, or
-//! where the delta goes (`merge::exec`).
+//! where the delta goes (`merge::target`).
 //!
 //! Arithmetic (documented because output bits depend on it): every product and sum is
 //! accumulated in f64 in index order and each delta element is rounded once to f32. The

@@ -9,7 +9,7 @@
 //! and which ε a normalised form gets), `column_scales` (the one pass over all rows that
 //! column-coupled forms need) and `add_contribution` (adds `w·(f(W0) − W0)` for a band of
 //! rows into a caller-owned f32 accumulator). Does not own: which tensors these are, loading
-//! them, or where results go (`merge::exec`); the SVD (`linalg`).
+//! them, or where results go (`merge::target`); the SVD (`linalg`).
 //!
 //! One formula per operation: the whole-tensor route (`merge::device`) takes the same
 //! [`Update::step`] as the bands here, and the element steps (row factors, the column sums

@@ -2,19 +2,22 @@
 //! or whole on a backend lane (`--device cuda`, and the reference route), checked finite
 //! and rounded once into the job's slot.
 //!
-//! Owns: loading an entry's tensors (for a LyCORIS entry: its whole `f(W0) − W0` from
-//! `merge::lycoris`, added like a diff, since OFT/BOFT mix rows across bands), the band
-//! buffers, where merged bands go (`Emit`: narrowed or encoded straight into the output, or
-//! assembled whole for a permuting layout or a scaled-fp8 weight), and the merged f32 values
-//! `extract --adapter` reads ([`Exec::merged_values`]). Does not own: the formulas
-//! (`merge::math`) or the whole-tensor program (`merge::device`), the job loop
-//! (`merge::exec`), reading base rows (`merge::base_rows`), the -xs bases (`merge::xs`).
+//! Owns: [`Merger`], the merge engine the executor plugs in (`pipeline::TargetWriter`: a
+//! target computed on the route `pipeline::Compute` names; `pipeline::TargetValues`: the
+//! merged f32 values `extract --adapter` and bake's unmerged reference read), loading an
+//! entry's tensors (for a LyCORIS entry: its whole `f(W0) − W0` from `merge::lycoris`, added
+//! like a diff, since OFT/BOFT mix rows across bands), `w` and σ of a contribution, the band
+//! buffers, and where merged bands go (`Emit`: narrowed or encoded straight into the output,
+//! or assembled whole for a permuting layout or a scaled-fp8 weight). Does not own: the
+//! formulas (`merge::math`) or the whole-tensor program (`merge::device`), the job loop and
+//! the writes (`pipeline::exec`), reading base rows (`pipeline::base_rows`), the -xs bases
+//! (`merge::xs`).
 //!
 //! Memory: beyond a worker's bands, the factors of the target it works on, and for -xs
 //! kinds the target's SVD bases (the SVD itself needs the whole weight), or for LyCORIS
 //! kinds the target's whole W0 and delta (f32). A merged tensor written through a permuting
 //! layout (`--layout nnx`) is assembled whole (f32) before it is transposed. So is every
-//! target on the whole-tensor route, at most `merge::device::MAX_LANES` at a time (host and
+//! target on the whole-tensor route, at most `pipeline::compute::MAX_LANES` at a time (host and
 //! device memory: W0, the accumulator, V and the output bytes of one tensor per lane), and
 //! a merged target of a scaled-fp8 output (its scale is the whole tensor's `max|W|`).
 

@@ -17,8 +17,8 @@
 //! tensors when it runs; a checkpoint's tensor is copied or widened (bf16, f16, fp8 with its
 //! scale, GGUF blocks) to f32 from the memory map, its mapped pages are dropped at once, and
 //! the f32 copy is dropped after the layer, so the resident set is one layer's weights
-//! whatever the model's size (a mapped page that stayed resident counted in the RSS too:
-//! reading a 1.3B f32 model through the map held 5.6 GB).
+//! whatever the model's size (a mapped page that stayed resident counted in the RSS too;
+//! BENCHMARKS.md, "Checks at real size").
 //!
 //! Determinism: results do not depend on the number of threads. Every parallel kernel
 //! (matmul tiles, attention tasks, row-wise norms) works on a grid fixed by constants, and
