@@ -369,12 +369,14 @@ fn a_boft_block_count_that_is_not_a_power_of_two_is_refused() {
     );
 }
 
-/// The (IA)³ and BOFT shape rules against lycoris-lora 4.1.3 (golden/lycoris_shape_rules.py,
-/// golden/lycoris/rules/outcomes.json): each stored shape the library's rebuild formula
-/// computes merges to the library's numbers, and each one it refuses is refused when binding,
-/// naming the module and the shape, with nothing written. (IA)³ on the input side takes
-/// exactly the target's input channels (a Conv3d's 4 values, each over its 4 kernel columns),
-/// not any count dividing in·∏k; BOFT takes 1 to log2(n)+1 stages, 65 included in the refusal.
+/// The (IA)³, BOFT and Tucker shape rules against lycoris-lora 4.1.3
+/// (golden/lycoris_shape_rules.py, golden/lycoris/rules/outcomes.json): each stored shape the
+/// library's rebuild formula computes merges to the library's numbers, and each one it
+/// refuses is refused when binding, naming the module and the shape, with nothing written.
+/// (IA)³ on the input side takes exactly the target's input channels (a Conv3d's 4 values,
+/// each over its 4 kernel columns), not any count dividing in·∏k; BOFT takes 1 to log2(n)+1
+/// stages, 65 included in the refusal; a Tucker core needs a convolution (a LoHa's or LoKr's
+/// 2-D core on a Linear was bound, then refused by the merge).
 #[test]
 fn ia3_and_boft_shapes_fit_exactly_where_lycoris_lora_computes_them() {
     let rules = golden("lycoris/rules");
@@ -390,7 +392,7 @@ fn ia3_and_boft_shapes_fit_exactly_where_lycoris_lora_computes_them() {
         accepted,
         ["ia3_in_conv_channels", "boft_stages_2", "boft_stages_4"]
     );
-    assert_eq!(cases.len(), 8);
+    assert_eq!(cases.len(), 10);
     for c in cases {
         let case = c["case"].as_str().unwrap();
         let module = format!(

@@ -882,7 +882,10 @@ const LOKR_W2: FactorNames = ["lokr_w2", "lokr_w2_a", "lokr_w2_b", "lokr_t2"];
 
 /// A factor's form and sizes from its shapes, the one rule of each form: a whole factor is at
 /// least 2-D with rows (a conv W2 is flattened), a product's inner dimensions agree, a Tucker
-/// core `(ra, rb, *k)` goes with `a (ra, rows)` and `b (rb, ch)`, k the target's `kernel`.
+/// core `(ra, rb, *k)` goes with `a (ra, rows)` and `b (rb, ch)`, k the target's `kernel`,
+/// which a matrix target does not have (lycoris-lora 4.1.3 makes cores for convolutions
+/// only, `use_tucker` is ignored on a Linear, and its module for one has no core to load;
+/// golden/lycoris/rules).
 fn factor_fit(f: FactorRef<'_>, n: FactorNames, kernel: &[usize]) -> Result<FactorFit, String> {
     match f {
         FactorRef::Full(p) => match p.shape.split_first() {
@@ -901,6 +904,11 @@ fn factor_fit(f: FactorRef<'_>, n: FactorNames, kernel: &[usize]) -> Result<Fact
                 n[1], a.shape, n[2], b.shape
             )),
         },
+        FactorRef::Tucker(t, ..) if kernel.is_empty() => Err(format!(
+            "Tucker core {} is {:?}: a Tucker core belongs to a convolution, the target is a \
+             matrix",
+            n[3], t.shape
+        )),
         FactorRef::Tucker(t, a, b) => match (&t.shape[..], &a.shape[..], &b.shape[..]) {
             ([ra, rb, k @ ..], &[ra2, rows], &[rb2, ch])
                 if *ra == ra2 && *rb == rb2 && k == kernel =>
