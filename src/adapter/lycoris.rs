@@ -49,14 +49,6 @@ impl Param {
     pub fn numel(&self) -> usize {
         self.shape.iter().product()
     }
-
-    /// (rows, cols) of a 2-D tensor whose values match its shape.
-    pub fn dims2(&self) -> Option<(usize, usize)> {
-        match self.shape[..] {
-            [r, c] if r * c == self.data.len() => Some((r, c)),
-            _ => None,
-        }
-    }
 }
 
 /// A LoKr factor: stored full, or as the product `a@b`.
@@ -949,11 +941,12 @@ impl Module {
             what,
             target: target.to_vec(),
         };
-        let (out, in_ch, kernel) = match target {
-            [o, i, k @ ..] if *o > 0 => (*o, *i, k),
+        let (out, in_ch, kernel, inp) = match target {
+            [o, i, k @ ..] if *o > 0 && *i * k.iter().product::<usize>() > 0 => {
+                (*o, *i, k, *i * k.iter().product::<usize>())
+            }
             _ => return Err(err("the target is not a weight matrix or kernel".into())),
         };
-        let inp = in_ch * kernel.iter().product::<usize>();
         let whole = |f: FactorFit, what: &str| {
             if (f.rows(), f.cols()) == (out, inp) {
                 Ok(f)
@@ -1002,11 +995,11 @@ impl Module {
                 let f1 = factor_fit(w1.into(), LOKR_W1, &[]).map_err(&err)?;
                 let f2 = factor_fit(w2.into(), LOKR_W2, kernel).map_err(&err)?;
                 let (a, b, c, d) = (f1.rows(), f1.cols(), f2.rows(), f2.cols());
-                if (a * c, b * d) != (out, inp) {
+                if a.checked_mul(c).zip(b.checked_mul(d)) != Some((out, inp)) {
                     return Err(err(format!(
                         "kron of W1 ({a}, {b}) and W2 ({c}, {d}) is ({}, {}), expected ({out}, {inp})",
-                        a * c,
-                        b * d
+                        a.saturating_mul(c),
+                        b.saturating_mul(d)
                     )));
                 }
                 FitDims::Lokr { w1: f1, w2: f2 }
@@ -1109,8 +1102,8 @@ pub struct Fitted {
 
 impl Fitted {
     /// `module`, its tensors loaded, with the `fit` its shapes got when binding; `name` (the
-    /// module's) goes into the error. Not a shape rule: a check that the data is what was
-    /// fitted (a file changed since binding, or an internal error, fails it).
+    /// module's) goes into the error. Not a shape rule: a check that the loaded data is what
+    /// was fitted (each size is the element count of a shape the fit accepted).
     pub fn new(fit: Fit, module: Module, name: &str) -> Result<Fitted, LycorisError> {
         let Fit { out, inp, dims } = fit;
         let mut sizes: Vec<(&str, &Param, usize)> = Vec::new();
@@ -1427,4 +1420,246 @@ pub fn render_module(
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    //! The fit's rules and refusals, and `Fitted`'s check of loaded tensors against a fit.
+    use super::*;
+
+    fn p(shape: &[usize]) -> Param {
+        let n = shape.iter().product::<usize>();
+        Param::new(
+            shape.to_vec(),
+            (0..n).map(|i| (i as f32 * 0.37).sin() * 0.1).collect(),
+        )
+    }
+
+    /// A module's tensors as binding sees them: shapes, no values.
+    fn shapes(shape: &[usize]) -> Param {
+        Param::new(shape.to_vec(), Vec::new())
+    }
+
+    #[test]
+    fn refusals_name_module_and_shapes() {
+        let target = [32usize, 32];
+        // Kronecker shape that does not multiply to the target
+        let m = Module::Lokr {
+            w1: Factor::Full(p(&[4, 4])),
+            w2: Factor::Full(p(&[8, 4])),
+            alpha: None,
+        };
+        let e = m
+            .fit("lycoris_blocks_0_attn1_to_q", &target)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("lycoris_blocks_0_attn1_to_q")
+                && e.contains("(4, 4)")
+                && e.contains("(8, 4)")
+                && e.contains("[32, 32]"),
+            "{e}"
+        );
+        // non-power-of-two BOFT block count
+        let m = Module::Boft {
+            blocks: p(&[2, 8 / 2 * 3, 2, 2]),
+            alpha: None,
+            rescale: None,
+        };
+        let e = m.fit("x", &[24, 4]).unwrap_err().to_string();
+        assert!(
+            e.contains("power of two") && e.contains("[2, 12, 2, 2]"),
+            "{e}"
+        );
+        // missing factor
+        let mut t = BTreeMap::new();
+        t.insert("hada_w1_a".to_string(), p(&[32, 4]));
+        t.insert("hada_w1_b".to_string(), p(&[4, 32]));
+        t.insert("hada_w2_a".to_string(), p(&[32, 4]));
+        let e = Module::from_tensors("lycoris_m", &t)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("lycoris_m") && e.contains("hada_w2_b is missing"),
+            "{e}"
+        );
+        // LoHa factors of the wrong size
+        let m = Module::Loha {
+            w1_a: p(&[32, 4]),
+            w1_b: p(&[4, 16]),
+            w2_a: p(&[32, 4]),
+            w2_b: p(&[4, 16]),
+            t: None,
+            alpha: Some(4.0),
+        };
+        let e = m.fit("lycoris_m", &target).unwrap_err().to_string();
+        assert!(e.contains("(32, 16), expected (32, 32)"), "{e}");
+        // Tucker core of the wrong rank
+        let m = Module::Loha {
+            w1_a: p(&[2, 32]),
+            w1_b: p(&[2, 4]),
+            w2_a: p(&[2, 32]),
+            w2_b: p(&[2, 4]),
+            t: Some((p(&[3, 2, 1, 2, 2]), p(&[2, 2, 1, 2, 2]))),
+            alpha: None,
+        };
+        let e = m
+            .fit("lycoris_patch_embedding", &[32, 4, 1, 2, 2])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("lycoris_patch_embedding") && e.contains("hada_t1 is [3, 2, 1, 2, 2]"),
+            "{e}"
+        );
+        // a Tucker LoHa missing one core
+        t.insert("hada_w2_b".to_string(), p(&[4, 32]));
+        t.insert("hada_t1".to_string(), p(&[4, 4, 1, 2, 2]));
+        let e = Module::from_tensors("lycoris_m", &t)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("hada_t2 is missing"), "{e}");
+        // LyCORIS DoRA is refused, not silently mis-merged
+        t.insert("dora_scale".to_string(), p(&[32, 1]));
+        let e = Module::from_tensors("lycoris_m", &t)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("dora_scale") && e.contains("not supported"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn ia3_takes_the_target_input_channels_each_over_its_kernel_columns() {
+        let conv = [32usize, 4, 1, 2, 2];
+        let ia3 = |shape: &[usize], on_input| Module::Ia3 {
+            weight: shapes(shape),
+            on_input,
+        };
+        let fit = ia3(&[1, 4, 1, 1, 1], true).fit("m", &conv).expect("fit");
+        assert_eq!(
+            fit,
+            Fit {
+                out: 32,
+                inp: 16,
+                dims: FitDims::Ia3(Ia3Side::In { per: 4 })
+            }
+        );
+        let fit = ia3(&[32], false).fit("m", &conv).expect("fit");
+        assert_eq!(fit.dims, FitDims::Ia3(Ia3Side::Out));
+        // in·∏k values, or fewer channels: lycoris-lora refuses both (golden/lycoris/rules)
+        for bad in [[1, 16, 1, 1, 1], [1, 2, 1, 1, 1]] {
+            let e = ia3(&bad, true).fit("m", &conv).unwrap_err().to_string();
+            assert!(e.contains("expected the input channels (4)"), "{e}");
+        }
+        let e = ia3(&[16], true)
+            .fit("m", &[32, 32])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("expected the input channels (32)"), "{e}");
+    }
+
+    #[test]
+    fn boft_takes_one_to_log2_n_plus_one_stages_and_any_count_past_them_is_refused() {
+        let boft = |stages| Module::Boft {
+            blocks: shapes(&[stages, 8, 4, 4]),
+            alpha: None,
+            rescale: None,
+        };
+        for stages in 1..=4 {
+            let fit = boft(stages).fit("m", &[32, 80]).expect("fit");
+            assert_eq!(fit.dims, FitDims::Boft { stages, n: 8, b: 4 });
+        }
+        // 65 overflowed the merge's old `1 << (m - 1)`; no count past log2(n)+1 panics
+        for stages in [0, 5, 63, 64, 65, 66, 1000, usize::MAX] {
+            let e = boft(stages).fit("m", &[32, 80]).unwrap_err().to_string();
+            assert!(e.contains("at most log2(n)+1 stages"), "{stages}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_tucker_core_needs_a_convolution_with_its_kernel() {
+        let loha = |t: &[usize], a: &[usize], b: &[usize]| Module::Loha {
+            w1_a: shapes(a),
+            w1_b: shapes(b),
+            w2_a: shapes(a),
+            w2_b: shapes(b),
+            t: Some((shapes(t), shapes(t))),
+            alpha: None,
+        };
+        let fit = loha(&[2, 2, 1, 2, 2], &[2, 32], &[2, 4])
+            .fit("m", &[32, 4, 1, 2, 2])
+            .expect("fit");
+        let w = FactorFit::Tucker {
+            rows: 32,
+            ra: 2,
+            rb: 2,
+            ch: 4,
+            kernel: 4,
+        };
+        assert_eq!(fit.dims, FitDims::Loha { w1: w, w2: w });
+        // on a Linear (lycoris-lora has no core there: golden/lycoris/rules)
+        let e = loha(&[2, 2], &[2, 32], &[2, 32])
+            .fit("m", &[32, 32])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("hada_t1 is [2, 2]") && e.contains("belongs to a convolution"),
+            "{e}"
+        );
+        let lokr = Module::Lokr {
+            w1: Factor::Full(shapes(&[4, 4])),
+            w2: Factor::Tucker {
+                t: shapes(&[2, 2]),
+                a: shapes(&[2, 8]),
+                b: shapes(&[2, 8]),
+            },
+            alpha: None,
+        };
+        let e = lokr.fit("m", &[32, 32]).unwrap_err().to_string();
+        assert!(e.contains("lokr_t2 is [2, 2]"), "{e}");
+        // a core of another kernel than the target's
+        let e = loha(&[2, 2, 1, 1, 4], &[2, 32], &[2, 4])
+            .fit("m", &[32, 4, 1, 2, 2])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("the target's kernel [1, 2, 2]"), "{e}");
+    }
+
+    #[test]
+    fn fitted_checks_the_loaded_values_against_the_fit_not_the_rules() {
+        let target = [32usize, 32];
+        let bound = Module::Glora {
+            a1: shapes(&[32, 4]),
+            a2: shapes(&[4, 32]),
+            b1: shapes(&[32, 2]),
+            b2: shapes(&[2, 32]),
+            alpha: None,
+        };
+        let fit = bound.fit("m", &target).expect("fit");
+        assert_eq!(fit.dims, FitDims::Glora { ra: 4, rb: 2 });
+        let loaded = |b2: Param| Module::Glora {
+            a1: p(&[32, 4]),
+            a2: p(&[4, 32]),
+            b1: p(&[32, 2]),
+            b2,
+            alpha: None,
+        };
+        let f = Fitted::new(fit, loaded(p(&[2, 32])), "m").expect("fitted");
+        assert_eq!((f.fit(), f.module()), (&fit, &loaded(p(&[2, 32]))));
+        // fewer values than the fitted shape needs
+        let short = Param::new(vec![2, 32], vec![0.0; 63]);
+        let e = Fitted::new(fit, loaded(short), "lycoris_m")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("lycoris_m") && e.contains("b2.weight holds 63 values") && e.contains("64"),
+            "{e}"
+        );
+        // another kind than the fit's
+        let e = Fitted::new(fit, Module::Full { diff: p(&[32, 32]) }, "m")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not the module binding fitted"), "{e}");
+    }
 }
