@@ -369,6 +369,76 @@ fn a_boft_block_count_that_is_not_a_power_of_two_is_refused() {
     );
 }
 
+/// The (IA)³, BOFT and Tucker shape rules against lycoris-lora 4.1.3
+/// (golden/lycoris_shape_rules.py, golden/lycoris/rules/outcomes.json): each stored shape the
+/// library's rebuild formula computes merges to the library's numbers, and each one it
+/// refuses is refused when binding, naming the module and the shape, with nothing written.
+/// (IA)³ on the input side takes exactly the target's input channels (a Conv3d's 4 values,
+/// each over its 4 kernel columns), not any count dividing in·∏k; BOFT takes 1 to log2(n)+1
+/// stages, 65 included in the refusal; a Tucker core needs a convolution (a LoHa's or LoKr's
+/// 2-D core on a Linear was bound, then refused by the merge).
+#[test]
+fn ia3_and_boft_shapes_fit_exactly_where_lycoris_lora_computes_them() {
+    let rules = golden("lycoris/rules");
+    let text = std::fs::read_to_string(rules.join("outcomes.json")).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let cases = doc["cases"].as_array().unwrap();
+    let accepted: Vec<&str> = cases
+        .iter()
+        .filter(|c| c["formula"] == "accepts")
+        .map(|c| c["case"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        accepted,
+        ["ia3_in_conv_channels", "boft_stages_2", "boft_stages_4"]
+    );
+    assert_eq!(cases.len(), 10);
+    for c in cases {
+        let case = c["case"].as_str().unwrap();
+        let module = format!(
+            "lycoris_{}",
+            c["module"].as_str().unwrap().replace('.', "_")
+        );
+        let stored: Vec<usize> = serde_json::from_value(c["stored_shape"].clone()).unwrap();
+        let adapter = rules.join(format!("{case}.safetensors"));
+        let dir = tmp();
+        if c["formula"] == "accepts" {
+            let got = merge(dir.path(), &adapter, "1", "f32");
+            let reference = rules.join(format!("{case}__ref.safetensors"));
+            check(case, &got, &reference, DType::F32);
+            continue;
+        }
+        let copy = dir.path().join("bad.safetensors");
+        std::fs::copy(&adapter, &copy).unwrap();
+        let o = run(
+            dir.path(),
+            &[
+                "merge",
+                "--base",
+                base().to_str().unwrap(),
+                "--adapter",
+                copy.to_str().unwrap(),
+                "--out",
+                "out",
+            ],
+        );
+        let (code, _, err) = parts(&o);
+        assert_eq!(code, 1, "{case}: {err}");
+        for n in [
+            module.as_str(),
+            &format!("{stored:?}"),
+            "do not fit the base",
+        ] {
+            assert!(err.contains(n), "{case}: `{n}` not in:\n{err}");
+        }
+        assert_eq!(
+            tree(dir.path()),
+            vec!["bad.safetensors".to_string()],
+            "{case}"
+        );
+    }
+}
+
 #[test]
 fn a_tucker_core_of_the_wrong_rank_is_refused() {
     let m = "lycoris_patch_embedding";

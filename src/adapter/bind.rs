@@ -424,8 +424,18 @@ pub struct BindReport {
     pub targets: usize,
 }
 
-/// Checks an entry's tensors against a target of PyTorch-layout `shape` on the 2-D view.
-pub fn check_fit(entry: &Entry, shape: &[usize]) -> Result<(), String> {
+/// Checks an entry's tensors against a target of PyTorch-layout `shape`: a LyCORIS entry's
+/// fit to it (`lycoris::check_entry`), which the binding keeps, or the 2-D view rules.
+pub fn check_fit(entry: &Entry, shape: &[usize]) -> Result<Option<super::lycoris::Fit>, String> {
+    if entry.kind.is_lycoris() {
+        return super::lycoris::check_entry(entry, shape).map(Some);
+    }
+    check_view(entry, shape).map(|()| None)
+}
+
+/// Checks an entry's tensors (not LyCORIS) against a target of PyTorch-layout `shape` on
+/// the 2-D view.
+fn check_view(entry: &Entry, shape: &[usize]) -> Result<(), String> {
     let shown = |r: ParamRole| {
         entry
             .param(r)
@@ -458,7 +468,6 @@ pub fn check_fit(entry: &Entry, shape: &[usize]) -> Result<(), String> {
             }
             return Ok(());
         }
-        k if k.is_lycoris() => return super::lycoris::check_entry(entry, shape),
         _ => {}
     }
     let missing = entry.missing_roles();
@@ -534,15 +543,10 @@ fn problem(e: &Entry, reason: String) -> EntryProblem {
     }
 }
 
-/// `k.as_str()`, kept for `adapter::lycoris`, which still calls it; new code calls
-/// `Kind::as_str`.
-pub fn kind_name(k: Kind) -> &'static str {
-    k.as_str()
-}
-
 impl AdapterSet {
     /// Binds every entry to a tensor of `base`: fills `Entry::target` and
-    /// `Entry::binding`, checks shapes (2-D view rules of `kinds`), and reports entries
+    /// `Entry::binding`, checks shapes (2-D view rules of `kinds`; a LyCORIS entry's fit,
+    /// kept in `Binding::lycoris`), and reports entries
     /// that bind to nothing. Errors: shapes that do not fit (always), no entry bound at all
     /// (always, naming the base variant the adapter appears to target), unmatched entries
     /// (unless `allow_unmatched`: then they are reported, never applied).
@@ -571,7 +575,7 @@ impl AdapterSet {
                         None => check_fit(e, &t.shape),
                     };
                     match fit {
-                        Ok(()) => plans.push((i, mi, ti)),
+                        Ok(lycoris) => plans.push((i, mi, ti, lycoris)),
                         Err(reason) => shapes.push((
                             i,
                             problem(
@@ -635,7 +639,7 @@ impl AdapterSet {
             problems(unmatched)
         };
         let mut targets: Vec<&str> = Vec::new();
-        for (i, mi, ti) in plans {
+        for (i, mi, ti, lycoris) in plans {
             let t = &base.targets[ti];
             let e = &mut self.entries[i];
             e.target = Some(t.tensor.clone());
@@ -645,6 +649,7 @@ impl AdapterSet {
                 to_canonical: t.to_canonical,
                 shape: t.shape.clone(),
                 canonical: t.canonical.clone(),
+                lycoris,
             });
             targets.push(&t.canonical);
             bound.push(BoundEntry {

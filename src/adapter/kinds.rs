@@ -386,6 +386,10 @@ pub struct Binding {
     /// The target's canonical name: the diffusers name for WAN bases, the stored name
     /// otherwise.
     pub canonical: String,
+    /// A LyCORIS entry's fit to the target (`adapter::lycoris::Module::fit`), made once when
+    /// binding, for the merge; `None` for the other kinds. Not serialised.
+    #[serde(skip)]
+    pub lycoris: Option<super::lycoris::Fit>,
 }
 
 /// Serialises a `Transform` by name.

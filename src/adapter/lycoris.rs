@@ -8,8 +8,11 @@
 //! modules out of any naming's key set (`take_modules` / `with_modules`: the module is
 //! whatever precedes a LyCORIS suffix, so `lycoris_…`, kohya `lora_unet_…`, ComfyUI and PEFT
 //! names all work, and the name is resolved later against the base by `bind`), the canonical
-//! entry of a module (kind, roles, rank, σ and why) and back (`module_of`), and the shape
-//! check against a target (`check_entry`, used by binding before anything is computed).
+//! entry of a module (kind, roles, rank, σ and why) and back (`module_of`), the fit of a
+//! module to its target (`Module::fit`, through `check_entry` when binding: the one place
+//! each LyCORIS shape rule lives; its `Fit` holds every dimension the formulas need and is
+//! kept on the binding), and the fitted module with its loaded tensors that the merge
+//! computes with (`Fitted`, whose tensors are checked against the fit, not the rules again).
 //! Does not own: the formulas (`merge::lycoris`), name resolution (`bind`, `names`).
 //!
 //! `scale_rule` is LyCORIS's (files written by lycoris-lora, kohya/musubi). PEFT LOHA/LOKR
@@ -45,14 +48,6 @@ impl Param {
     /// The element count its shape implies.
     pub fn numel(&self) -> usize {
         self.shape.iter().product()
-    }
-
-    /// (rows, cols) of a 2-D tensor whose values match its shape.
-    pub fn dims2(&self) -> Option<(usize, usize)> {
-        match self.shape[..] {
-            [r, c] if r * c == self.data.len() => Some((r, c)),
-            _ => None,
-        }
     }
 }
 
@@ -174,6 +169,16 @@ pub enum LycorisError {
         /// Its kind.
         kind: &'static str,
         /// What.
+        what: String,
+    },
+    /// Loaded tensors that are not what binding fitted (`Fitted::new`): an internal error.
+    #[error("LyCORIS module `{module}` ({kind}): {what}, not the tensors binding checked")]
+    Data {
+        /// The module's name.
+        module: String,
+        /// Its kind.
+        kind: &'static str,
+        /// What differs.
         what: String,
     },
 }
@@ -684,76 +689,272 @@ pub fn module_of(
     Module::from_tensors(&entry.module, &t)
 }
 
-/// Checks a LyCORIS entry's shapes against its target (PyTorch layout), before anything is
-/// computed: the same fit rules `merge::lycoris::delta` relies on, on shapes alone.
-pub fn check_entry(entry: &Entry, target: &[usize]) -> Result<(), String> {
+/// A LyCORIS entry fitted to its target (PyTorch layout) when binding, before anything is
+/// computed: `Module::fit` on the entry's shapes.
+pub fn check_entry(entry: &Entry, target: &[usize]) -> Result<Fit, String> {
     let m = module_of(entry, &BTreeMap::new()).map_err(|e| e.to_string())?;
-    m.check_target(&entry.module, target)
-        .map_err(|e| e.to_string())
+    m.fit(&entry.module, target).map_err(|e| e.to_string())
 }
 
-/// (rows, cols) of a LoKr factor on its flattened view, from shapes alone; a Tucker W2 is
-/// (out_k, in_n·∏k) and its core must have the target's kernel.
-fn factor_dims(f: &Factor, name: &str, kernel: &[usize]) -> Result<(usize, usize), String> {
+/// The fitted module of a bound LyCORIS entry: `fit` (made when binding) with the entry's
+/// tensors loaded as f32 (`data` by role).
+pub fn fitted(
+    entry: &Entry,
+    fit: Fit,
+    data: &BTreeMap<ParamRole, Vec<f32>>,
+) -> Result<Fitted, LycorisError> {
+    Fitted::new(fit, module_of(entry, data)?, &entry.module)
+}
+
+/// A LyCORIS module fitted to its target (`Module::fit`, once, when binding): the target's
+/// (out, in') view and every dimension the formulas of `merge::lycoris` index with. The
+/// binding keeps it (`Binding::lycoris`) until the merge pairs it with the loaded tensors
+/// (`Fitted`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fit {
+    /// Rows of the target.
+    pub out: usize,
+    /// Columns of its (out, in') view: in·∏k.
+    pub inp: usize,
+    /// The kind's dimensions.
+    pub dims: FitDims,
+}
+
+/// The dimensions of a fitted module, by kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FitDims {
+    /// `ΔW = s·W1 ⊙ W2`, both (out, in'), each a product or a Tucker product.
+    Loha {
+        /// W1.
+        w1: FactorFit,
+        /// W2.
+        w2: FactorFit,
+    },
+    /// `ΔW = s·kron(W1, W2)`, W1 (a, b) and W2 (c, d) with a·c = out and b·d = in'.
+    Lokr {
+        /// W1.
+        w1: FactorFit,
+        /// W2, a conv W2 on its (out_k, in_n·∏k) view.
+        w2: FactorFit,
+    },
+    /// `n` blocks of `b` rows, n·b = out.
+    DiagOft {
+        /// Blocks.
+        n: usize,
+        /// Rows of a block.
+        b: usize,
+    },
+    /// `stages` (1 to log2(n)+1) of `n` blocks (a power of two) of `b` rows (even), n·b = out.
+    Boft {
+        /// Stages.
+        stages: usize,
+        /// Blocks per stage.
+        n: usize,
+        /// Rows of a block.
+        b: usize,
+    },
+    /// `a1 (in', ra)`, `a2 (ra, in')`, `b1 (out, rb)`, `b2 (rb, in')`.
+    Glora {
+        /// Rank of a1·a2.
+        ra: usize,
+        /// Rank of b1·b2.
+        rb: usize,
+    },
+    /// (IA)³: which channels the weight scales.
+    Ia3(Ia3Side),
+    /// `diff` of the target's shape.
+    Full,
+}
+
+/// The channels an (IA)³ weight scales.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ia3Side {
+    /// `on_input = 0`: one value per output row.
+    Out,
+    /// `on_input = 1`: one value per input channel (the target's `shape[1]`), each scaling
+    /// the `per` = ∏k consecutive columns of its kernel.
+    In {
+        /// Columns per input channel.
+        per: usize,
+    },
+}
+
+/// The form of one factor of a product and its sizes: LoHa's W1 and W2 (a product or a
+/// Tucker product), LoKr's W1 and W2 (any form).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FactorFit {
+    /// Stored whole: (rows, cols) on its flattened view (a conv W2: (out_k, in_n·∏k)).
+    Full {
+        /// Rows.
+        rows: usize,
+        /// Columns.
+        cols: usize,
+    },
+    /// `a (rows, rank) @ b (rank, cols)`.
+    Product {
+        /// Rows.
+        rows: usize,
+        /// Inner dimension.
+        rank: usize,
+        /// Columns.
+        cols: usize,
+    },
+    /// `W[p,q,…] = Σ_ij t[i,j,…]·a[i,p]·b[j,q]`, core `t (ra, rb, *k)`, `a (ra, rows)`,
+    /// `b (rb, ch)`: (rows, ch·kernel).
+    Tucker {
+        /// Rows.
+        rows: usize,
+        /// First rank of the core.
+        ra: usize,
+        /// Second rank of the core.
+        rb: usize,
+        /// Input channels.
+        ch: usize,
+        /// ∏k of the core's (the target's) kernel.
+        kernel: usize,
+    },
+}
+
+impl FactorFit {
+    /// Rows of the factor's view.
+    pub fn rows(self) -> usize {
+        match self {
+            FactorFit::Full { rows, .. }
+            | FactorFit::Product { rows, .. }
+            | FactorFit::Tucker { rows, .. } => rows,
+        }
+    }
+
+    /// Columns of the factor's view.
+    pub fn cols(self) -> usize {
+        match self {
+            FactorFit::Full { cols, .. } | FactorFit::Product { cols, .. } => cols,
+            FactorFit::Tucker { ch, kernel, .. } => ch * kernel,
+        }
+    }
+}
+
+/// One factor's tensors, borrowed: LoHa's pairs and LoKr's factors in one form.
+#[derive(Clone, Copy, Debug)]
+pub enum FactorRef<'a> {
+    /// Stored whole.
+    Full(&'a Param),
+    /// `a`, `b` of `a@b`.
+    Product(&'a Param, &'a Param),
+    /// Core `t`, `a`, `b` of a Tucker product.
+    Tucker(&'a Param, &'a Param, &'a Param),
+}
+
+impl<'a> FactorRef<'a> {
+    /// A LoHa pair: `a@b`, or with core `t` its Tucker product.
+    pub fn loha(a: &'a Param, b: &'a Param, t: Option<&'a Param>) -> FactorRef<'a> {
+        match t {
+            Some(t) => FactorRef::Tucker(t, a, b),
+            None => FactorRef::Product(a, b),
+        }
+    }
+}
+
+impl<'a> From<&'a Factor> for FactorRef<'a> {
+    fn from(f: &'a Factor) -> FactorRef<'a> {
+        match f {
+            Factor::Full(p) => FactorRef::Full(p),
+            Factor::Product(a, b) => FactorRef::Product(a, b),
+            Factor::Tucker { t, a, b } => FactorRef::Tucker(t, a, b),
+        }
+    }
+}
+
+/// Names of a factor's tensors in messages: [whole, a, b, Tucker core].
+type FactorNames = [&'static str; 4];
+const LOHA_W1: FactorNames = ["", "hada_w1_a", "hada_w1_b", "hada_t1"];
+const LOHA_W2: FactorNames = ["", "hada_w2_a", "hada_w2_b", "hada_t2"];
+const LOKR_W1: FactorNames = ["lokr_w1", "lokr_w1_a", "lokr_w1_b", "lokr_t1"];
+const LOKR_W2: FactorNames = ["lokr_w2", "lokr_w2_a", "lokr_w2_b", "lokr_t2"];
+
+/// A factor's form and sizes from its shapes, the one rule of each form: a whole factor is at
+/// least 2-D with rows (a conv W2 is flattened), a product's inner dimensions agree, a Tucker
+/// core `(ra, rb, *k)` goes with `a (ra, rows)` and `b (rb, ch)`, k the target's `kernel`,
+/// which a matrix target does not have (lycoris-lora 4.1.3 makes cores for convolutions
+/// only, `use_tucker` is ignored on a Linear, and its module for one has no core to load;
+/// golden/lycoris/rules).
+fn factor_fit(f: FactorRef<'_>, n: FactorNames, kernel: &[usize]) -> Result<FactorFit, String> {
     match f {
-        Factor::Full(p) => match p.shape.split_first() {
-            Some((&r, rest)) if !rest.is_empty() && r > 0 => Ok((r, rest.iter().product())),
-            _ => Err(format!("{name} is {:?}, expected a matrix", p.shape)),
+        FactorRef::Full(p) => match p.shape.split_first() {
+            Some((&rows, rest)) if !rest.is_empty() && rows > 0 => Ok(FactorFit::Full {
+                rows,
+                cols: rest.iter().product(),
+            }),
+            _ => Err(format!("{} is {:?}, expected a matrix", n[0], p.shape)),
         },
-        Factor::Product(a, b) => match (&a.shape[..], &b.shape[..]) {
-            ([m, k], [k2, n]) if k == k2 => Ok((*m, *n)),
+        FactorRef::Product(a, b) => match (&a.shape[..], &b.shape[..]) {
+            (&[rows, rank], &[rank2, cols]) if rank == rank2 => {
+                Ok(FactorFit::Product { rows, rank, cols })
+            }
             _ => Err(format!(
-                "{name}_a is {:?} and {name}_b is {:?}: expected (m, r) and (r, n)",
-                a.shape, b.shape
+                "{} is {:?} and {} is {:?}: expected (m, r) and (r, n)",
+                n[1], a.shape, n[2], b.shape
             )),
         },
-        Factor::Tucker { t, a, b } => {
-            tucker_dims(t, a, b, ["lokr_t2", "lokr_w2_a", "lokr_w2_b"], kernel)
-        }
+        FactorRef::Tucker(t, ..) if kernel.is_empty() => Err(format!(
+            "Tucker core {} is {:?}: a Tucker core belongs to a convolution, the target is a \
+             matrix",
+            n[3], t.shape
+        )),
+        FactorRef::Tucker(t, a, b) => match (&t.shape[..], &a.shape[..], &b.shape[..]) {
+            ([ra, rb, k @ ..], &[ra2, rows], &[rb2, ch])
+                if *ra == ra2 && *rb == rb2 && k == kernel =>
+            {
+                Ok(FactorFit::Tucker {
+                    rows,
+                    ra: *ra,
+                    rb: *rb,
+                    ch,
+                    kernel: k.iter().product(),
+                })
+            }
+            _ => Err(format!(
+                "Tucker core {} is {:?}, {} is {:?}, {} is {:?}: expected (r1, r2, *k), (r1, out), \
+                 (r2, in) with k the target's kernel {kernel:?}",
+                n[3], t.shape, n[1], a.shape, n[2], b.shape
+            )),
+        },
     }
 }
 
-/// (out, in·∏k) of a Tucker product `t (ra, rb, *k)`, `a (ra, out)`, `b (rb, in)`.
-fn tucker_dims(
-    t: &Param,
-    a: &Param,
-    b: &Param,
-    names: [&str; 3],
-    kernel: &[usize],
-) -> Result<(usize, usize), String> {
-    match (&t.shape[..], &a.shape[..], &b.shape[..]) {
-        ([ra, rb, k @ ..], [ra2, out], [rb2, inp]) if ra == ra2 && rb == rb2 && k == kernel => {
-            Ok((*out, inp * k.iter().product::<usize>()))
-        }
-        _ => Err(format!(
-            "Tucker core {} is {:?}, {} is {:?}, {} is {:?}: expected (r1, r2, *k), (r1, out), \
-             (r2, in) with k the target's kernel {kernel:?}",
-            names[0], t.shape, names[1], a.shape, names[2], b.shape
-        )),
-    }
+/// BOFT's stage i pairs rows 2^i·b/2 apart in groups of 2^i·b rows, which n·b rows hold
+/// while 2^i ≤ n: 1 to log2(n)+1 stages for a power-of-two `n` (lycoris-lora 4.1.3,
+/// `functional/boft.py`: `weight_gen` caps `boft_m` there and `_diff_weight`'s
+/// `unflatten(0, (-1, 2, k))` fails past it; golden/lycoris/rules).
+fn boft_stages_fit(stages: usize, n: usize) -> bool {
+    stages >= 1 && stages - 1 <= n.trailing_zeros() as usize
 }
 
 impl Module {
-    /// Checks this module's shapes against a target weight of `target` shape (PyTorch
-    /// layout), the data aside: the refusal names the module, the shapes and the target.
-    pub fn check_target(&self, module: &str, target: &[usize]) -> Result<(), LycorisError> {
+    /// This module fitted to a target weight of `target` shape (PyTorch layout), from its
+    /// tensors' shapes alone: the one place each LyCORIS shape rule lives. The refusal names
+    /// the module, the shapes and the target.
+    pub fn fit(&self, module: &str, target: &[usize]) -> Result<Fit, LycorisError> {
         let err = |what: String| LycorisError::Shape {
             module: module.to_string(),
             kind: self.kind_name(),
             what,
             target: target.to_vec(),
         };
-        let (out, inp) = match target.split_first() {
-            Some((&o, rest)) if !rest.is_empty() && o > 0 => (o, rest.iter().product::<usize>()),
+        let (out, in_ch, kernel, inp) = match target {
+            [o, i, k @ ..] if *o > 0 && *i * k.iter().product::<usize>() > 0 => {
+                (*o, *i, k, *i * k.iter().product::<usize>())
+            }
             _ => return Err(err("the target is not a weight matrix or kernel".into())),
         };
-        let kernel = target.get(2..).unwrap_or(&[]);
-        let want = |(r, c): (usize, usize), what: &str| {
-            if (r, c) == (out, inp) {
-                Ok(())
+        let whole = |f: FactorFit, what: &str| {
+            if (f.rows(), f.cols()) == (out, inp) {
+                Ok(f)
             } else {
                 Err(err(format!(
-                    "{what} is ({r}, {c}), expected ({out}, {inp})"
+                    "{what} is ({}, {}), expected ({out}, {inp})",
+                    f.rows(),
+                    f.cols()
                 )))
             }
         };
@@ -773,7 +974,7 @@ impl Module {
                 _ => Ok(()),
             }
         };
-        match self {
+        let dims = match self {
             Module::Loha {
                 w1_a,
                 w1_b,
@@ -782,115 +983,254 @@ impl Module {
                 t,
                 ..
             } => {
-                let pair = |a: &Param, b: &Param, n: [&str; 3], t: Option<&Param>| match t {
-                    Some(t) => tucker_dims(t, a, b, n, kernel).map_err(&err),
-                    None => match (&a.shape[..], &b.shape[..]) {
-                        ([m, k], [k2, c]) if k == k2 => Ok((*m, *c)),
-                        _ => Err(err(format!(
-                            "{} is {:?} and {} is {:?}: expected (out, r) and (r, in')",
-                            n[1], a.shape, n[2], b.shape
-                        ))),
-                    },
-                };
                 let (t1, t2) = (t.as_ref().map(|x| &x.0), t.as_ref().map(|x| &x.1));
-                want(
-                    pair(w1_a, w1_b, ["hada_t1", "hada_w1_a", "hada_w1_b"], t1)?,
-                    "W1",
-                )?;
-                want(
-                    pair(w2_a, w2_b, ["hada_t2", "hada_w2_a", "hada_w2_b"], t2)?,
-                    "W2",
-                )
+                let w1 = factor_fit(FactorRef::loha(w1_a, w1_b, t1), LOHA_W1, kernel);
+                let w2 = factor_fit(FactorRef::loha(w2_a, w2_b, t2), LOHA_W2, kernel);
+                FitDims::Loha {
+                    w1: whole(w1.map_err(&err)?, "W1")?,
+                    w2: whole(w2.map_err(&err)?, "W2")?,
+                }
             }
             Module::Lokr { w1, w2, .. } => {
-                let (a, b) = factor_dims(w1, "lokr_w1", &[]).map_err(&err)?;
-                let (c, d) = factor_dims(w2, "lokr_w2", kernel).map_err(&err)?;
-                if (a * c, b * d) != (out, inp) {
+                let f1 = factor_fit(w1.into(), LOKR_W1, &[]).map_err(&err)?;
+                let f2 = factor_fit(w2.into(), LOKR_W2, kernel).map_err(&err)?;
+                let (a, b, c, d) = (f1.rows(), f1.cols(), f2.rows(), f2.cols());
+                if a.checked_mul(c).zip(b.checked_mul(d)) != Some((out, inp)) {
                     return Err(err(format!(
                         "kron of W1 ({a}, {b}) and W2 ({c}, {d}) is ({}, {}), expected ({out}, {inp})",
-                        a * c,
-                        b * d
+                        a.saturating_mul(c),
+                        b.saturating_mul(d)
                     )));
                 }
-                Ok(())
+                FitDims::Lokr { w1: f1, w2: f2 }
             }
             Module::DiagOft {
                 blocks, rescale, ..
             } => match blocks.shape[..] {
-                [n, b, b2] if b == b2 => oft(blocks, rescale, n, b),
-                _ => Err(err(format!(
-                    "oft_blocks is {:?}, expected (n, b, b)",
-                    blocks.shape
-                ))),
+                [n, b, b2] if b == b2 => {
+                    oft(blocks, rescale, n, b)?;
+                    FitDims::DiagOft { n, b }
+                }
+                _ => {
+                    return Err(err(format!(
+                        "oft_blocks is {:?}, expected (n, b, b)",
+                        blocks.shape
+                    )));
+                }
             },
             Module::Boft {
                 blocks, rescale, ..
             } => match blocks.shape[..] {
-                [m, n, b, b2]
+                [stages, n, b, b2]
                     if b == b2
                         && n.is_power_of_two()
                         && b.is_multiple_of(2)
-                        && m > 0
-                        && (1usize << (m - 1).min(63)) <= n =>
+                        && boft_stages_fit(stages, n) =>
                 {
-                    oft(blocks, rescale, n, b)
+                    oft(blocks, rescale, n, b)?;
+                    FitDims::Boft { stages, n, b }
                 }
-                _ => Err(err(format!(
-                    "oft_blocks is {:?}: BOFT needs (stages, n, b, b) with n a power of two, b \
-                     even and at most log2(n)+1 stages",
-                    blocks.shape
-                ))),
+                _ => {
+                    return Err(err(format!(
+                        "oft_blocks is {:?}: BOFT needs (stages, n, b, b) with n a power of two, \
+                         b even and at most log2(n)+1 stages",
+                        blocks.shape
+                    )));
+                }
             },
             Module::Glora { a1, a2, b1, b2, .. } => {
                 match (&a1.shape[..], &a2.shape[..], &b1.shape[..], &b2.shape[..]) {
-                    ([i1, r1], [r2, i2], [o, r3], [r4, i3])
-                        if (*i1, *i2, *i3, *o) == (inp, inp, inp, out) && r1 == r2 && r3 == r4 =>
+                    (&[i1, ra], &[ra2, i2], &[o, rb], &[rb2, i3])
+                        if (i1, i2, i3, o) == (inp, inp, inp, out) && ra == ra2 && rb == rb2 =>
                     {
-                        Ok(())
+                        FitDims::Glora { ra, rb }
                     }
-                    _ => Err(err(format!(
-                        "a1.weight {:?}, a2.weight {:?}, b1.weight {:?}, b2.weight {:?}: expected \
-                         ({inp}, r), (r, {inp}), ({out}, r'), (r', {inp})",
-                        a1.shape, a2.shape, b1.shape, b2.shape
-                    ))),
+                    _ => {
+                        return Err(err(format!(
+                            "a1.weight {:?}, a2.weight {:?}, b1.weight {:?}, b2.weight {:?}: \
+                             expected ({inp}, r), (r, {inp}), ({out}, r'), (r', {inp})",
+                            a1.shape, a2.shape, b1.shape, b2.shape
+                        )));
+                    }
                 }
             }
+            // lycoris-lora makes the weight (out,) or (in,) on a Linear and (1, out|in, 1, …)
+            // on a conv, and multiplies W by it broadcast over shape[0] or shape[1]
+            // (modules/ia3.py `_ia3_weight`): the input side is exactly the target's input
+            // channels, each over its kernel's columns (golden/lycoris/rules).
             Module::Ia3 { weight, on_input } => {
                 let len = weight.numel();
                 let one_axis = weight.shape.iter().filter(|&&d| d != 1).count() <= 1;
-                let fits = if *on_input {
-                    len > 0 && target.get(1) == Some(&len)
-                } else {
-                    len == out
-                };
-                if one_axis && fits {
-                    Ok(())
-                } else {
-                    Err(err(format!(
-                        "weight is {:?} with on_input {}, expected the {} channels ({})",
+                let channels = if *on_input { in_ch } else { out };
+                if !(one_axis && len > 0 && len == channels) {
+                    return Err(err(format!(
+                        "weight is {:?} with on_input {}, expected the {} channels ({channels})",
                         weight.shape,
                         u8::from(*on_input),
                         if *on_input { "input" } else { "output" },
-                        if *on_input {
-                            target.get(1).copied().unwrap_or(0)
-                        } else {
-                            out
-                        }
-                    )))
+                    )));
                 }
+                FitDims::Ia3(if *on_input {
+                    Ia3Side::In { per: inp / in_ch }
+                } else {
+                    Ia3Side::Out
+                })
             }
             Module::Full { diff } => {
-                if diff.shape == target {
-                    Ok(())
-                } else {
-                    Err(err(format!(
+                if diff.shape != target {
+                    return Err(err(format!(
                         "diff is {:?}, expected {target:?}",
                         diff.shape
-                    )))
+                    )));
                 }
+                FitDims::Full
             }
-        }
+        };
+        Ok(Fit { out, inp, dims })
     }
+}
+
+/// A fitted module with its tensors loaded: what `merge::lycoris::delta` computes with. Made
+/// only by `Fitted::new`, which checks that the module is of the fit's kind and factor forms
+/// and that each tensor holds the values its fitted shape needs, so the formulas index
+/// without checks of their own.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Fitted {
+    fit: Fit,
+    module: Module,
+}
+
+impl Fitted {
+    /// `module`, its tensors loaded, with the `fit` its shapes got when binding; `name` (the
+    /// module's) goes into the error. Not a shape rule: a check that the loaded data is what
+    /// was fitted (each size is the element count of a shape the fit accepted).
+    pub fn new(fit: Fit, module: Module, name: &str) -> Result<Fitted, LycorisError> {
+        let Fit { out, inp, dims } = fit;
+        let mut sizes: Vec<(&str, &Param, usize)> = Vec::new();
+        let same = match (dims, &module) {
+            (
+                FitDims::Loha { w1, w2 },
+                Module::Loha {
+                    w1_a,
+                    w1_b,
+                    w2_a,
+                    w2_b,
+                    t,
+                    ..
+                },
+            ) => {
+                let (t1, t2) = (t.as_ref().map(|x| &x.0), t.as_ref().map(|x| &x.1));
+                factor_sizes(w1, FactorRef::loha(w1_a, w1_b, t1), LOHA_W1, &mut sizes)
+                    && factor_sizes(w2, FactorRef::loha(w2_a, w2_b, t2), LOHA_W2, &mut sizes)
+            }
+            (FitDims::Lokr { w1, w2 }, Module::Lokr { w1: f1, w2: f2, .. }) => {
+                factor_sizes(w1, f1.into(), LOKR_W1, &mut sizes)
+                    && factor_sizes(w2, f2.into(), LOKR_W2, &mut sizes)
+            }
+            (
+                FitDims::DiagOft { n, b },
+                Module::DiagOft {
+                    blocks, rescale, ..
+                },
+            ) => {
+                sizes.push(("oft_blocks", blocks, n * b * b));
+                sizes.extend(rescale.as_ref().map(|r| ("rescale", r, out)));
+                true
+            }
+            (
+                FitDims::Boft { stages, n, b },
+                Module::Boft {
+                    blocks, rescale, ..
+                },
+            ) => {
+                sizes.push(("oft_blocks", blocks, stages * n * b * b));
+                sizes.extend(rescale.as_ref().map(|r| ("rescale", r, out)));
+                true
+            }
+            (FitDims::Glora { ra, rb }, Module::Glora { a1, a2, b1, b2, .. }) => {
+                sizes.extend([
+                    ("a1.weight", a1, inp * ra),
+                    ("a2.weight", a2, ra * inp),
+                    ("b1.weight", b1, out * rb),
+                    ("b2.weight", b2, rb * inp),
+                ]);
+                true
+            }
+            (FitDims::Ia3(side), Module::Ia3 { weight, on_input }) => {
+                let (len, input) = match side {
+                    Ia3Side::Out => (out, false),
+                    Ia3Side::In { per } => (inp / per, true),
+                };
+                sizes.push(("weight", weight, len));
+                input == *on_input
+            }
+            (FitDims::Full, Module::Full { diff }) => {
+                sizes.push(("diff", diff, out * inp));
+                true
+            }
+            _ => false,
+        };
+        let data_err = |what: String| LycorisError::Data {
+            module: name.to_string(),
+            kind: module.kind_name(),
+            what,
+        };
+        if !same {
+            return Err(data_err(format!(
+                "its tensors are not the module binding fitted ({dims:?})"
+            )));
+        }
+        if let Some((tensor, p, want)) = sizes.iter().find(|(_, p, want)| p.data.len() != *want) {
+            return Err(data_err(format!(
+                "{tensor} holds {} values, its fitted shape {:?} needs {want}",
+                p.data.len(),
+                p.shape
+            )));
+        }
+        Ok(Fitted { fit, module })
+    }
+
+    /// The fit.
+    pub fn fit(&self) -> &Fit {
+        &self.fit
+    }
+
+    /// The module, its tensors loaded.
+    pub fn module(&self) -> &Module {
+        &self.module
+    }
+}
+
+/// The tensors of factor `r` with the values each must hold by fit `f`; false when `r` is not
+/// of `f`'s form.
+fn factor_sizes<'a>(
+    f: FactorFit,
+    r: FactorRef<'a>,
+    n: FactorNames,
+    sizes: &mut Vec<(&'static str, &'a Param, usize)>,
+) -> bool {
+    match (f, r) {
+        (FactorFit::Full { rows, cols }, FactorRef::Full(p)) => sizes.push((n[0], p, rows * cols)),
+        (FactorFit::Product { rows, rank, cols }, FactorRef::Product(a, b)) => {
+            sizes.extend([(n[1], a, rows * rank), (n[2], b, rank * cols)]);
+        }
+        (
+            FactorFit::Tucker {
+                rows,
+                ra,
+                rb,
+                ch,
+                kernel,
+            },
+            FactorRef::Tucker(t, a, b),
+        ) => sizes.extend([
+            (n[3], t, ra * rb * kernel),
+            (n[1], a, ra * rows),
+            (n[2], b, rb * ch),
+        ]),
+        _ => return false,
+    }
+    true
 }
 
 /// Every suffix `take_modules` splits off, longest first so `x.a1.weight` is module `x`.
@@ -1007,10 +1347,9 @@ pub fn refusal(e: &Entry, to: super::Convention) -> Option<String> {
         // Linear LoHa/LoKr: `adapter::peft_lycoris` writes them, or refuses each module
         // PEFT's layout rules cannot reproduce.
         (Convention::Peft, Kind::Loha | Kind::Lokr) => return None,
-        (Convention::Peft, _) => format!(
-            "PEFT has no LyCORIS {} module; {extract}",
-            super::bind::kind_name(e.kind)
-        ),
+        (Convention::Peft, _) => {
+            format!("PEFT has no LyCORIS {} module; {extract}", e.kind.as_str())
+        }
         _ => format!("{to} files hold LoRA factors and diffs only; {extract}"),
     })
 }
@@ -1080,4 +1419,246 @@ pub fn render_module(
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    //! The fit's rules and refusals, and `Fitted`'s check of loaded tensors against a fit.
+    use super::*;
+
+    fn p(shape: &[usize]) -> Param {
+        let n = shape.iter().product::<usize>();
+        Param::new(
+            shape.to_vec(),
+            (0..n).map(|i| (i as f32 * 0.37).sin() * 0.1).collect(),
+        )
+    }
+
+    /// A module's tensors as binding sees them: shapes, no values.
+    fn shapes(shape: &[usize]) -> Param {
+        Param::new(shape.to_vec(), Vec::new())
+    }
+
+    #[test]
+    fn refusals_name_module_and_shapes() {
+        let target = [32usize, 32];
+        // Kronecker shape that does not multiply to the target
+        let m = Module::Lokr {
+            w1: Factor::Full(p(&[4, 4])),
+            w2: Factor::Full(p(&[8, 4])),
+            alpha: None,
+        };
+        let e = m
+            .fit("lycoris_blocks_0_attn1_to_q", &target)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("lycoris_blocks_0_attn1_to_q")
+                && e.contains("(4, 4)")
+                && e.contains("(8, 4)")
+                && e.contains("[32, 32]"),
+            "{e}"
+        );
+        // non-power-of-two BOFT block count
+        let m = Module::Boft {
+            blocks: p(&[2, 8 / 2 * 3, 2, 2]),
+            alpha: None,
+            rescale: None,
+        };
+        let e = m.fit("x", &[24, 4]).unwrap_err().to_string();
+        assert!(
+            e.contains("power of two") && e.contains("[2, 12, 2, 2]"),
+            "{e}"
+        );
+        // missing factor
+        let mut t = BTreeMap::new();
+        t.insert("hada_w1_a".to_string(), p(&[32, 4]));
+        t.insert("hada_w1_b".to_string(), p(&[4, 32]));
+        t.insert("hada_w2_a".to_string(), p(&[32, 4]));
+        let e = Module::from_tensors("lycoris_m", &t)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("lycoris_m") && e.contains("hada_w2_b is missing"),
+            "{e}"
+        );
+        // LoHa factors of the wrong size
+        let m = Module::Loha {
+            w1_a: p(&[32, 4]),
+            w1_b: p(&[4, 16]),
+            w2_a: p(&[32, 4]),
+            w2_b: p(&[4, 16]),
+            t: None,
+            alpha: Some(4.0),
+        };
+        let e = m.fit("lycoris_m", &target).unwrap_err().to_string();
+        assert!(e.contains("(32, 16), expected (32, 32)"), "{e}");
+        // Tucker core of the wrong rank
+        let m = Module::Loha {
+            w1_a: p(&[2, 32]),
+            w1_b: p(&[2, 4]),
+            w2_a: p(&[2, 32]),
+            w2_b: p(&[2, 4]),
+            t: Some((p(&[3, 2, 1, 2, 2]), p(&[2, 2, 1, 2, 2]))),
+            alpha: None,
+        };
+        let e = m
+            .fit("lycoris_patch_embedding", &[32, 4, 1, 2, 2])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("lycoris_patch_embedding") && e.contains("hada_t1 is [3, 2, 1, 2, 2]"),
+            "{e}"
+        );
+        // a Tucker LoHa missing one core
+        t.insert("hada_w2_b".to_string(), p(&[4, 32]));
+        t.insert("hada_t1".to_string(), p(&[4, 4, 1, 2, 2]));
+        let e = Module::from_tensors("lycoris_m", &t)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("hada_t2 is missing"), "{e}");
+        // LyCORIS DoRA is refused, not silently mis-merged
+        t.insert("dora_scale".to_string(), p(&[32, 1]));
+        let e = Module::from_tensors("lycoris_m", &t)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("dora_scale") && e.contains("not supported"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn ia3_takes_the_target_input_channels_each_over_its_kernel_columns() {
+        let conv = [32usize, 4, 1, 2, 2];
+        let ia3 = |shape: &[usize], on_input| Module::Ia3 {
+            weight: shapes(shape),
+            on_input,
+        };
+        let fit = ia3(&[1, 4, 1, 1, 1], true).fit("m", &conv).expect("fit");
+        assert_eq!(
+            fit,
+            Fit {
+                out: 32,
+                inp: 16,
+                dims: FitDims::Ia3(Ia3Side::In { per: 4 })
+            }
+        );
+        let fit = ia3(&[32], false).fit("m", &conv).expect("fit");
+        assert_eq!(fit.dims, FitDims::Ia3(Ia3Side::Out));
+        // in·∏k values, or fewer channels: lycoris-lora refuses both (golden/lycoris/rules)
+        for bad in [[1, 16, 1, 1, 1], [1, 2, 1, 1, 1]] {
+            let e = ia3(&bad, true).fit("m", &conv).unwrap_err().to_string();
+            assert!(e.contains("expected the input channels (4)"), "{e}");
+        }
+        let e = ia3(&[16], true)
+            .fit("m", &[32, 32])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("expected the input channels (32)"), "{e}");
+    }
+
+    #[test]
+    fn boft_takes_one_to_log2_n_plus_one_stages_and_any_count_past_them_is_refused() {
+        let boft = |stages| Module::Boft {
+            blocks: shapes(&[stages, 8, 4, 4]),
+            alpha: None,
+            rescale: None,
+        };
+        for stages in 1..=4 {
+            let fit = boft(stages).fit("m", &[32, 80]).expect("fit");
+            assert_eq!(fit.dims, FitDims::Boft { stages, n: 8, b: 4 });
+        }
+        // 65 overflowed the merge's old `1 << (m - 1)`; no count past log2(n)+1 panics
+        for stages in [0, 5, 63, 64, 65, 66, 1000, usize::MAX] {
+            let e = boft(stages).fit("m", &[32, 80]).unwrap_err().to_string();
+            assert!(e.contains("at most log2(n)+1 stages"), "{stages}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_tucker_core_needs_a_convolution_with_its_kernel() {
+        let loha = |t: &[usize], a: &[usize], b: &[usize]| Module::Loha {
+            w1_a: shapes(a),
+            w1_b: shapes(b),
+            w2_a: shapes(a),
+            w2_b: shapes(b),
+            t: Some((shapes(t), shapes(t))),
+            alpha: None,
+        };
+        let fit = loha(&[2, 2, 1, 2, 2], &[2, 32], &[2, 4])
+            .fit("m", &[32, 4, 1, 2, 2])
+            .expect("fit");
+        let w = FactorFit::Tucker {
+            rows: 32,
+            ra: 2,
+            rb: 2,
+            ch: 4,
+            kernel: 4,
+        };
+        assert_eq!(fit.dims, FitDims::Loha { w1: w, w2: w });
+        // on a Linear (lycoris-lora has no core there: golden/lycoris/rules)
+        let e = loha(&[2, 2], &[2, 32], &[2, 32])
+            .fit("m", &[32, 32])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("hada_t1 is [2, 2]") && e.contains("belongs to a convolution"),
+            "{e}"
+        );
+        let lokr = Module::Lokr {
+            w1: Factor::Full(shapes(&[4, 4])),
+            w2: Factor::Tucker {
+                t: shapes(&[2, 2]),
+                a: shapes(&[2, 8]),
+                b: shapes(&[2, 8]),
+            },
+            alpha: None,
+        };
+        let e = lokr.fit("m", &[32, 32]).unwrap_err().to_string();
+        assert!(e.contains("lokr_t2 is [2, 2]"), "{e}");
+        // a core of another kernel than the target's
+        let e = loha(&[2, 2, 1, 1, 4], &[2, 32], &[2, 4])
+            .fit("m", &[32, 4, 1, 2, 2])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("the target's kernel [1, 2, 2]"), "{e}");
+    }
+
+    #[test]
+    fn fitted_checks_the_loaded_values_against_the_fit_not_the_rules() {
+        let target = [32usize, 32];
+        let bound = Module::Glora {
+            a1: shapes(&[32, 4]),
+            a2: shapes(&[4, 32]),
+            b1: shapes(&[32, 2]),
+            b2: shapes(&[2, 32]),
+            alpha: None,
+        };
+        let fit = bound.fit("m", &target).expect("fit");
+        assert_eq!(fit.dims, FitDims::Glora { ra: 4, rb: 2 });
+        let loaded = |b2: Param| Module::Glora {
+            a1: p(&[32, 4]),
+            a2: p(&[4, 32]),
+            b1: p(&[32, 2]),
+            b2,
+            alpha: None,
+        };
+        let f = Fitted::new(fit, loaded(p(&[2, 32])), "m").expect("fitted");
+        assert_eq!((f.fit(), f.module()), (&fit, &loaded(p(&[2, 32]))));
+        // fewer values than the fitted shape needs
+        let short = Param::new(vec![2, 32], vec![0.0; 63]);
+        let e = Fitted::new(fit, loaded(short), "lycoris_m")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("lycoris_m") && e.contains("b2.weight holds 63 values") && e.contains("64"),
+            "{e}"
+        );
+        // another kind than the fit's
+        let e = Fitted::new(fit, Module::Full { diff: p(&[32, 32]) }, "m")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not the module binding fitted"), "{e}");
+    }
 }

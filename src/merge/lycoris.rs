@@ -1,11 +1,12 @@
 //! The effective weight change of every LyCORIS module kind (spec lycoris.md §2).
 //!
-//! Owns: `delta`, the shape checks against the target that refuse a malformed module
-//! (`LycorisError::Shape`, naming the module and the shapes) and the full-tensor delta
-//! `f(W0) − W0` on the (out, in') view of the target, which a merge adds as `λ·delta` like a
-//! `diff` contribution (strength rule `W0 + λ·(f(W0) − W0)`, one rounding at the end).
-//! Does not own: the module's tensors and scale rule (`adapter::lycoris`), binding, or
-//! where the delta goes (`merge::target`).
+//! Owns: `delta`, the full-tensor delta `f(W0) − W0` of a fitted module on the (out, in')
+//! view of its target, which a merge adds as `λ·delta` like a `diff` contribution (strength
+//! rule `W0 + λ·(f(W0) − W0)`, one rounding at the end). The formulas only: the module was
+//! fitted to its target once, when binding, and its loaded tensors checked against that fit
+//! (`adapter::lycoris::Fitted`), so nothing here decides a shape or refuses one.
+//! Does not own: the module's tensors, scale rule and shape rules (`adapter::lycoris`),
+//! binding, or where the delta goes (`merge::target`).
 //!
 //! Arithmetic (documented because output bits depend on it): every product and sum is
 //! accumulated in f64 in index order and each delta element is rounded once to f32. The
@@ -19,91 +20,41 @@
 //! rotation (`R ← λR + (1−λ)I`), which is not `W0 + λ·(f(W0) − W0)`. wanbake keeps its one
 //! documented rule for every kind; the two agree at λ = 1.
 //!
-//! Not handled yet (refused with `LycorisError::Unsupported`): LyCORIS DoRA (`dora_scale`),
-//! GLoRA's `bm.weight`, a Tucker W1 (`lokr_t1`, which LyCORIS never writes).
+//! Not handled yet (refused with `LycorisError::Unsupported` when reading): LyCORIS DoRA
+//! (`dora_scale`), GLoRA's `bm.weight`, a Tucker W1 (`lokr_t1`, which LyCORIS never writes).
 
-use crate::adapter::lycoris::{Factor, LycorisError, Module, Param};
+#![allow(non_snake_case)]
 
-/// `f(W0) − W0` on the (out, in') view of `w0` (`target` is the target's full shape,
-/// `out = target[0]`), rounded once to f32 per element, with LyCORIS's own scale rule
-/// (`Module::scale_rule`).
-pub fn delta(
-    m: &Module,
-    module: &str,
-    w0: &[f32],
-    target: &[usize],
-) -> Result<Vec<f32>, LycorisError> {
-    delta_scaled(m, module, w0, target, m.scale_rule().scale)
-}
+use crate::adapter::lycoris::{FactorFit, FactorRef, Fit, FitDims, Fitted, Ia3Side, Module};
 
-/// `delta` with the scale `s` of LoHa/LoKr/GLoRA given by the caller (the entry's σ: a
-/// PEFT LOHA/LOKR folder scales by its config's alpha/r, not by LyCORIS's rule). The other
-/// kinds have no scale and ignore `s`.
-pub fn delta_scaled(
-    m: &Module,
-    module: &str,
-    w0: &[f32],
-    target: &[usize],
-    s: f64,
-) -> Result<Vec<f32>, LycorisError> {
-    let kind = m.kind_name();
-    let err = |what: String| LycorisError::Shape {
-        module: module.to_string(),
-        kind,
-        what,
-        target: target.to_vec(),
-    };
-    let out = target.first().copied().unwrap_or(0);
-    let numel: usize = target.iter().product();
-    if out == 0 || numel != w0.len() {
-        return Err(err(format!(
-            "base weight holds {} values, its shape needs {numel}",
-            w0.len()
-        )));
-    }
-    let inp = numel / out;
-    match m {
-        Module::Loha {
-            w1_a,
-            w1_b,
-            w2_a,
-            w2_b,
-            t,
-            ..
-        } => {
-            let (p1, p2) = match t {
-                None => (
-                    product(w1_a, w1_b, "hada_w1_a", "hada_w1_b").map_err(err)?,
-                    product(w2_a, w2_b, "hada_w2_a", "hada_w2_b").map_err(err)?,
-                ),
-                Some((t1, t2)) => (
-                    tucker(t1, w1_a, w1_b, "hada_t1", "hada_w1_a", "hada_w1_b", target)
-                        .map_err(err)?,
-                    tucker(t2, w2_a, w2_b, "hada_t2", "hada_w2_a", "hada_w2_b", target)
-                        .map_err(err)?,
-                ),
-            };
-            for (p, n) in [(&p1, "W1"), (&p2, "W2")] {
-                if (p.0, p.1) != (out, inp) {
-                    return Err(err(format!(
-                        "{n} is ({}, {}), expected ({out}, {inp})",
-                        p.0, p.1
-                    )));
-                }
-            }
-            Ok(round_all(p1.2.iter().zip(&p2.2).map(|(a, b)| s * a * b)))
+/// `f(W0) − W0` of fitted module `m` on `W0`, the (out, in') view of its target, rounded
+/// once to f32 per element. `s` scales LoHa/LoKr/GLoRA (the entry's σ: LyCORIS's own rule,
+/// `Module::scale_rule`, or a PEFT LOHA/LOKR folder's config alpha/r); the other kinds have
+/// no scale and ignore it.
+#[track_caller]
+pub fn delta(m: &Fitted, W0: &[f32], s: f64) -> Vec<f32> {
+    let Fit { out, inp, dims } = *m.fit();
+    assert_eq!(W0.len(), out * inp, "W0 is not the fitted (out, in') view");
+    match (dims, m.module()) {
+        (
+            FitDims::Loha { w1, w2 },
+            Module::Loha {
+                w1_a,
+                w1_b,
+                w2_a,
+                w2_b,
+                t,
+                ..
+            },
+        ) => {
+            let (t1, t2) = (t.as_ref().map(|x| &x.0), t.as_ref().map(|x| &x.1));
+            let p1 = factor(w1, FactorRef::loha(w1_a, w1_b, t1));
+            let p2 = factor(w2, FactorRef::loha(w2_a, w2_b, t2));
+            round_all(p1.iter().zip(&p2).map(|(a, b)| s * a * b))
         }
-        Module::Lokr { w1, w2, .. } => {
-            let (a, b, m1) = factor(w1, "lokr_w1").map_err(err)?;
-            let (c, d, m2) = factor(w2, "lokr_w2").map_err(err)?;
-            if a * c != out || b * d != inp {
-                return Err(err(format!(
-                    "kron of W1 ({a}, {b}) and W2 ({c}, {d}) is ({}, {}), expected \
-                         ({out}, {inp})",
-                    a * c,
-                    b * d
-                )));
-            }
+        (FitDims::Lokr { w1, w2 }, Module::Lokr { w1: f1, w2: f2, .. }) => {
+            let (a, b, m1) = (w1.rows(), w1.cols(), factor(w1, f1.into()));
+            let (c, d, m2) = (w2.rows(), w2.cols(), factor(w2, f2.into()));
             let mut delta = vec![0f32; out * inp];
             for i in 0..a {
                 for k in 0..c {
@@ -116,28 +67,19 @@ pub fn delta_scaled(
                     }
                 }
             }
-            Ok(delta)
+            delta
         }
-        Module::DiagOft {
-            blocks,
-            alpha,
-            rescale,
-        } => {
-            let [n, b, b2] = blocks.shape[..] else {
-                return Err(err(format!(
-                    "oft_blocks is {:?}, expected (n, b, b)",
-                    blocks.shape
-                )));
-            };
-            if b != b2 || n * b != out || blocks.numel() != blocks.data.len() {
-                return Err(err(format!(
-                    "oft_blocks is {:?}: expected (n, b, b) with n·b = {out}",
-                    blocks.shape
-                )));
-            }
-            let rs = rescale_rows(rescale.as_ref(), out).map_err(err)?;
+        (
+            FitDims::DiagOft { n, b },
+            Module::DiagOft {
+                blocks,
+                alpha,
+                rescale,
+            },
+        ) => {
+            let rs = rescale.as_ref().map(|r| widen(&r.data));
             let rots = rotations(&blocks.data, n, b, alpha.unwrap_or(0.0), out);
-            let w = widen(w0);
+            let w = widen(W0);
             let mut new = vec![0f64; out * inp];
             for k in 0..n {
                 let r = &rots[k * b * b..(k + 1) * b * b];
@@ -151,37 +93,21 @@ pub fn delta_scaled(
                     }
                 }
             }
-            Ok(finish(new, &w, rs.as_deref(), inp))
+            finish(new, &w, rs.as_deref(), inp)
         }
-        Module::Boft {
-            blocks,
-            alpha,
-            rescale,
-        } => {
-            let [m, n, b, b2] = blocks.shape[..] else {
-                return Err(err(format!(
-                    "oft_blocks is {:?}, expected (stages, n, b, b)",
-                    blocks.shape
-                )));
-            };
-            if b != b2 || n * b != out || blocks.numel() != blocks.data.len() {
-                return Err(err(format!(
-                    "oft_blocks is {:?}: expected (stages, n, b, b) with n·b = {out}",
-                    blocks.shape
-                )));
-            }
-            if !n.is_power_of_two() || !b.is_multiple_of(2) || m == 0 || (1usize << (m - 1)) > n {
-                return Err(err(format!(
-                    "oft_blocks is {:?}: BOFT needs a power-of-two block count n, an even \
-                         block size b and at most log2(n)+1 stages",
-                    blocks.shape
-                )));
-            }
-            let rs = rescale_rows(rescale.as_ref(), out).map_err(err)?;
-            let rots = rotations(&blocks.data, m * n, b, alpha.unwrap_or(0.0), out);
-            let w = widen(w0);
+        (
+            FitDims::Boft { stages, n, b },
+            Module::Boft {
+                blocks,
+                alpha,
+                rescale,
+            },
+        ) => {
+            let rs = rescale.as_ref().map(|r| widen(&r.data));
+            let rots = rotations(&blocks.data, stages * n, b, alpha.unwrap_or(0.0), out);
+            let w = widen(W0);
             let mut cur = w.clone();
-            for i in 0..m {
+            for i in 0..stages {
                 let k = (1usize << i) * b / 2;
                 // permuted row c·2k + 2j + g takes row c·2k + g·k + j
                 let perm: Vec<usize> = (0..out)
@@ -207,71 +133,33 @@ pub fn delta_scaled(
                 }
                 cur = next;
             }
-            Ok(finish(cur, &w, rs.as_deref(), inp))
+            finish(cur, &w, rs.as_deref(), inp)
         }
-        Module::Glora { a1, a2, b1, b2, .. } => {
-            let (ra1, ca1) = dims(a1, "a1.weight").map_err(err)?;
-            let (ra2, ca2) = dims(a2, "a2.weight").map_err(err)?;
-            if ra1 != inp || ca1 != ra2 || ca2 != inp {
-                return Err(err(format!(
-                    "a1.weight {:?} and a2.weight {:?}: expected ({inp}, r) and (r, {inp})",
-                    a1.shape, a2.shape
-                )));
-            }
-            let (_, _, pb) = product(b1, b2, "b1.weight", "b2.weight").map_err(err)?;
-            let (rb1, cb2) = (b1.shape[0], b2.shape[1]);
-            if (rb1, cb2) != (out, inp) {
-                return Err(err(format!(
-                    "b1.weight@b2.weight is ({rb1}, {cb2}), expected ({out}, {inp})"
-                )));
-            }
+        (FitDims::Glora { ra, rb }, Module::Glora { a1, a2, b1, b2, .. }) => {
+            let pb = matmul(&widen(&b1.data), &widen(&b2.data), out, rb, inp);
             // W·a1 (out, r), then ·a2 (out, in')
-            let wa1 = matmul(&widen(w0), &widen(&a1.data), out, inp, ca1);
-            let wa = matmul(&wa1, &widen(&a2.data), out, ca1, inp);
-            Ok(round_all(wa.iter().zip(&pb).map(|(x, y)| s * (x + y))))
+            let wa1 = matmul(&widen(W0), &widen(&a1.data), out, inp, ra);
+            let wa = matmul(&wa1, &widen(&a2.data), out, ra, inp);
+            round_all(wa.iter().zip(&pb).map(|(x, y)| s * (x + y)))
         }
-        Module::Ia3 { weight, on_input } => {
-            // (n,) for a Linear, (1, in, 1, …) or (out, 1, …) for a conv
-            let len = weight.data.len();
-            if weight.numel() != len || weight.shape.iter().filter(|&&d| d != 1).count() > 1 {
-                return Err(err(format!(
-                    "weight is {:?}, expected one axis of channels",
-                    weight.shape
-                )));
-            }
-            if *on_input {
-                if len == 0 || !inp.is_multiple_of(len) {
-                    return Err(err(format!(
-                        "weight is {:?} with on_input 1, expected the input channels of \
-                             the target",
-                        weight.shape
-                    )));
-                }
-                let per = inp / len; // kernel elements per input channel
-                Ok(round_all(w0.iter().enumerate().map(|(idx, &x)| {
-                    f64::from(x) * f64::from(weight.data[(idx % inp) / per])
-                })))
-            } else {
-                if len != out {
-                    return Err(err(format!(
-                        "weight is {:?} with on_input 0, expected ({out},)",
-                        weight.shape
-                    )));
-                }
-                Ok(round_all(w0.iter().enumerate().map(|(idx, &x)| {
-                    f64::from(x) * f64::from(weight.data[idx / inp])
-                })))
+        (FitDims::Ia3(side), Module::Ia3 { weight, .. }) => {
+            let w = &weight.data;
+            match side {
+                Ia3Side::Out => round_all(
+                    W0.iter()
+                        .enumerate()
+                        .map(|(idx, &x)| f64::from(x) * f64::from(w[idx / inp])),
+                ),
+                // the `per` kernel columns of an input channel follow each other
+                Ia3Side::In { per } => round_all(
+                    W0.iter()
+                        .enumerate()
+                        .map(|(idx, &x)| f64::from(x) * f64::from(w[(idx % inp) / per])),
+                ),
             }
         }
-        Module::Full { diff } => {
-            if diff.shape != target || diff.data.len() != numel {
-                return Err(err(format!(
-                    "diff is {:?}, expected {target:?}",
-                    diff.shape
-                )));
-            }
-            Ok(diff.data.clone())
-        }
+        (FitDims::Full, Module::Full { diff }) => diff.data.clone(),
+        _ => unreachable!("Fitted::new pairs a fit with a module of its kind"),
     }
 }
 
@@ -281,11 +169,6 @@ fn widen(x: &[f32]) -> Vec<f64> {
 
 fn round_all(it: impl Iterator<Item = f64>) -> Vec<f32> {
     it.map(|v| v as f32).collect()
-}
-
-fn dims(p: &Param, name: &str) -> Result<(usize, usize), String> {
-    p.dims2()
-        .ok_or_else(|| format!("{name} is {:?}, expected a matrix", p.shape))
 }
 
 /// Row-major f64 product of (m, k) and (k, n), summed in index order.
@@ -303,66 +186,34 @@ fn matmul(a: &[f64], b: &[f64], m: usize, k: usize, n: usize) -> Vec<f64> {
     c
 }
 
-/// `a@b` with its shape, checking the inner dimensions.
-fn product(a: &Param, b: &Param, na: &str, nb: &str) -> Result<(usize, usize, Vec<f64>), String> {
-    let (m, k) = dims(a, na)?;
-    let (k2, n) = dims(b, nb)?;
-    if k != k2 {
-        return Err(format!(
-            "{na} is {:?} and {nb} is {:?}: inner dimensions differ",
-            a.shape, b.shape
-        ));
-    }
-    Ok((m, n, matmul(&widen(&a.data), &widen(&b.data), m, k, n)))
-}
-
-/// A LoKr factor as (rows, cols, values), a conv W2 flattened to (out_k, in_n·∏k).
-fn factor(f: &Factor, name: &str) -> Result<(usize, usize, Vec<f64>), String> {
-    match f {
-        Factor::Full(p) => {
-            if p.shape.len() < 2 || p.numel() != p.data.len() || p.shape[0] == 0 {
-                return Err(format!("{name} is {:?}, expected a matrix", p.shape));
-            }
-            Ok((p.shape[0], p.numel() / p.shape[0], widen(&p.data)))
+/// A factor's values on its (rows, cols) view (a conv W2 flattened to (out_k, in_n·∏k)).
+fn factor(f: FactorFit, r: FactorRef<'_>) -> Vec<f64> {
+    match (f, r) {
+        (FactorFit::Full { .. }, FactorRef::Full(p)) => widen(&p.data),
+        (FactorFit::Product { rows, rank, cols }, FactorRef::Product(a, b)) => {
+            matmul(&widen(&a.data), &widen(&b.data), rows, rank, cols)
         }
-        Factor::Product(a, b) => {
-            let (na, nb) = (format!("{name}_a"), format!("{name}_b"));
-            product(a, b, &na, &nb)
-        }
-        Factor::Tucker { t, a, b } => {
-            let (na, nb) = (format!("{name}_a"), format!("{name}_b"));
-            tucker(t, a, b, "lokr_t2", &na, &nb, &[])
-        }
+        (
+            FactorFit::Tucker {
+                rows,
+                ra,
+                rb,
+                ch,
+                kernel,
+            },
+            FactorRef::Tucker(t, a, b),
+        ) => tucker((&t.data, &a.data, &b.data), (rows, ra, rb, ch, kernel)),
+        _ => unreachable!("Fitted::new pairs a factor's fit with a factor of its form"),
     }
 }
 
-/// `W[p,q,…] = Σ_ij t[i,j,…]·a[i,p]·b[j,q]` (LyCORIS `rebuild_tucker`), as (out, in·∏k).
-/// With a non-empty `target`, the core's kernel must be the target's.
+/// `W[p,q,…] = Σ_ij t[i,j,…]·a[i,p]·b[j,q]` (LyCORIS `rebuild_tucker`), as (out, in·∏k),
+/// from `t (ra, rb, *k)`, `a (ra, out)`, `b (rb, in)` with `k` = ∏k.
 fn tucker(
-    t: &Param,
-    a: &Param,
-    b: &Param,
-    nt: &str,
-    na: &str,
-    nb: &str,
-    target: &[usize],
-) -> Result<(usize, usize, Vec<f64>), String> {
-    let (ra, out) = dims(a, na)?;
-    let (rb, inp) = dims(b, nb)?;
-    let bad = || {
-        format!(
-            "Tucker core {nt} is {:?}, {na} is {:?}, {nb} is {:?}: expected ({ra}, {rb}, *k)              with k the target's kernel",
-            t.shape, a.shape, b.shape
-        )
-    };
-    if t.shape.len() < 3 || t.shape[0] != ra || t.shape[1] != rb || t.numel() != t.data.len() {
-        return Err(bad());
-    }
-    if !target.is_empty() && (target.len() != t.shape.len() || target[2..] != t.shape[2..]) {
-        return Err(bad());
-    }
-    let k: usize = t.shape[2..].iter().product();
-    let (tv, av, bv) = (widen(&t.data), widen(&a.data), widen(&b.data));
+    (t, a, b): (&[f32], &[f32], &[f32]),
+    (out, ra, rb, inp, k): (usize, usize, usize, usize, usize),
+) -> Vec<f64> {
+    let (tv, av, bv) = (widen(t), widen(a), widen(b));
     // tmp[i, q, kk] = Σ_j t[i, j, kk]·b[j, q]
     let mut tmp = vec![0f64; ra * inp * k];
     for i in 0..ra {
@@ -386,16 +237,7 @@ fn tucker(
                 .for_each(|(x, y)| *x += f * y);
         }
     }
-    Ok((out, inp * k, w))
-}
-
-/// `rescale` as one factor per output row.
-fn rescale_rows(r: Option<&Param>, out: usize) -> Result<Option<Vec<f64>>, String> {
-    match r {
-        None => Ok(None),
-        Some(p) if p.shape.first() == Some(&out) && p.data.len() == out => Ok(Some(widen(&p.data))),
-        Some(p) => Err(format!("rescale is {:?}, expected ({out}, 1, …)", p.shape)),
-    }
+    w
 }
 
 /// The Cayley rotations `R = (I+Q)(I−Q)⁻¹` of `count` blocks `b×b`, with `Q = B − Bᵀ`
@@ -482,11 +324,12 @@ fn finish(new: Vec<f64>, w: &[f64], rescale: Option<&[f64]>, inp: usize) -> Vec<
 #[cfg(test)]
 mod tests {
     //! Against golden/references/lycoris (lycoris-lora 4.1.3's rebuild-mode training forward,
-    //! golden/lycoris_golden.py), and the refusals.
+    //! golden/lycoris_golden.py). The shape refusals are the fit's (`adapter::lycoris`).
     use std::collections::BTreeMap;
     use std::path::PathBuf;
 
     use super::*;
+    use crate::adapter::lycoris::{Factor, Param};
     use crate::io::checkpoint::TensorSet;
     use crate::io::dtype::{DType, to_f32_vec};
 
@@ -524,6 +367,13 @@ mod tests {
         (name, t)
     }
 
+    /// `delta` of `m` fitted to `w0`'s shape, with LyCORIS's own scale rule.
+    fn fitted_delta(m: Module, w0: &Param) -> Vec<f32> {
+        let s = m.scale_rule().scale;
+        let fit = m.fit("m", &w0.shape).expect("fit");
+        delta(&Fitted::new(fit, m, "m").expect("fitted"), &w0.data, s)
+    }
+
     fn check(case: &str, target: &str) {
         let base = golden("models/t2v/diffusion_pytorch_model.safetensors");
         let w0 = param(&base, &format!("{target}.weight"));
@@ -532,8 +382,7 @@ mod tests {
             format!("{case}__kohya.safetensors"),
         ] {
             let (name, t) = module_of(&golden(&format!("adapters/lycoris/{file}")));
-            let m = Module::from_tensors(&name, &t).expect("module");
-            let d = delta(&m, &name, &w0.data, &w0.shape).expect("delta");
+            let d = fitted_delta(Module::from_tensors(&name, &t).expect("module"), &w0);
             for (suffix, lambda) in [("", 1.0f32), ("__s0.5", 0.5)] {
                 let r = golden(&format!("references/lycoris/{case}{suffix}.safetensors"));
                 let want = param(&r, &format!("{target}.weight")).data;
@@ -662,11 +511,7 @@ mod tests {
         let w0 = param(&base, "blocks.0.attn1.to_q.weight");
         let m = load("loha");
         let s = m.scale_rule().scale as f32;
-        let d: Vec<f32> = delta(&m, "m", &w0.data, &w0.shape)
-            .expect("delta")
-            .iter()
-            .map(|x| x * s)
-            .collect();
+        let d: Vec<f32> = fitted_delta(m, &w0).iter().map(|x| x * s).collect();
         assert!(rel_err("loha", "blocks.0.attn1.to_q", &d) > 1e-3);
         // BOFT stages applied in reverse order
         let w0 = param(&base, "blocks.0.ffn.net.2.weight");
@@ -691,7 +536,7 @@ mod tests {
             alpha,
             rescale,
         };
-        let d = delta(&m, "m", &w0.data, &w0.shape).expect("delta");
+        let d = fitted_delta(m, &w0);
         assert!(rel_err("boft", "blocks.0.ffn.net.2", &d) > 1e-3);
         // OFT with its constraint ignored
         let w0 = param(&base, "blocks.2.attn1.to_out.0.weight");
@@ -706,12 +551,11 @@ mod tests {
             alpha: None,
             rescale,
         };
-        let d = delta(&m, "m", &w0.data, &w0.shape).expect("delta");
+        let d = fitted_delta(m, &w0);
         assert!(rel_err("oft", "blocks.2.attn1.to_out.0", &d) > 1e-3);
         // LoKr both full read with α/r-style scaling (stored α 1 over w1's 4 rows)
         let w0 = param(&base, "blocks.1.attn1.to_v.weight");
-        let d: Vec<f32> = delta(&load("lokr_full"), "m", &w0.data, &w0.shape)
-            .expect("delta")
+        let d: Vec<f32> = fitted_delta(load("lokr_full"), &w0)
             .iter()
             .map(|x| x / 4.0)
             .collect();
@@ -724,103 +568,6 @@ mod tests {
             shape.to_vec(),
             (0..n).map(|i| (i as f32 * 0.37).sin() * 0.1).collect(),
         )
-    }
-
-    #[test]
-    fn refusals_name_module_and_shapes() {
-        let w0 = vec![0.5f32; 32 * 32];
-        let target = [32usize, 32];
-        // Kronecker shape that does not multiply to the target
-        let m = Module::Lokr {
-            w1: Factor::Full(p(&[4, 4])),
-            w2: Factor::Full(p(&[8, 4])),
-            alpha: None,
-        };
-        let e = delta(&m, "lycoris_blocks_0_attn1_to_q", &w0, &target)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("lycoris_blocks_0_attn1_to_q")
-                && e.contains("(4, 4)")
-                && e.contains("(8, 4)")
-                && e.contains("[32, 32]"),
-            "{e}"
-        );
-        // non-power-of-two BOFT block count
-        let m = Module::Boft {
-            blocks: p(&[2, 8 / 2 * 3, 2, 2]),
-            alpha: None,
-            rescale: None,
-        };
-        let e = delta(&m, "x", &vec![0.5f32; 24 * 4], &[24, 4])
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("power-of-two") && e.contains("[2, 12, 2, 2]"),
-            "{e}"
-        );
-        // missing factor
-        let mut t = BTreeMap::new();
-        t.insert("hada_w1_a".to_string(), p(&[32, 4]));
-        t.insert("hada_w1_b".to_string(), p(&[4, 32]));
-        t.insert("hada_w2_a".to_string(), p(&[32, 4]));
-        let e = Module::from_tensors("lycoris_m", &t)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("lycoris_m") && e.contains("hada_w2_b is missing"),
-            "{e}"
-        );
-        // LoHa factors of the wrong size
-        let m = Module::Loha {
-            w1_a: p(&[32, 4]),
-            w1_b: p(&[4, 16]),
-            w2_a: p(&[32, 4]),
-            w2_b: p(&[4, 16]),
-            t: None,
-            alpha: Some(4.0),
-        };
-        let e = delta(&m, "lycoris_m", &w0, &target)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("(32, 16), expected (32, 32)"), "{e}");
-        // Tucker core of the wrong rank
-        let m = Module::Loha {
-            w1_a: p(&[2, 32]),
-            w1_b: p(&[2, 4]),
-            w2_a: p(&[2, 32]),
-            w2_b: p(&[2, 4]),
-            t: Some((p(&[3, 2, 1, 2, 2]), p(&[2, 2, 1, 2, 2]))),
-            alpha: None,
-        };
-        let e = delta(
-            &m,
-            "lycoris_patch_embedding",
-            &vec![0.5f32; 32 * 16],
-            &[32, 4, 1, 2, 2],
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(
-            e.contains("lycoris_patch_embedding") && e.contains("hada_t1 is [3, 2, 1, 2, 2]"),
-            "{e}"
-        );
-        // a Tucker LoHa missing one core
-        t.insert("hada_w2_b".to_string(), p(&[4, 32]));
-        t.insert("hada_t1".to_string(), p(&[4, 4, 1, 2, 2]));
-        let e = Module::from_tensors("lycoris_m", &t)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("hada_t2 is missing"), "{e}");
-        // LyCORIS DoRA is refused, not silently mis-merged
-        t.insert("dora_scale".to_string(), p(&[32, 1]));
-        let e = Module::from_tensors("lycoris_m", &t)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("dora_scale") && e.contains("not supported"),
-            "{e}"
-        );
     }
 
     #[test]

@@ -28,12 +28,11 @@ use std::rc::Rc;
 
 use super::device::merge_whole;
 use super::error::MergeError;
-use super::lycoris::delta_scaled;
 use super::math::{Factors, Form, SA3_EPS, Scratch, Update, add_contribution, column_scales};
 use super::options::{DoraStrength, MergeOptions};
 use super::report::SvdReport;
 use super::xs::{SvdCounters, xs_bases};
-use crate::adapter::lycoris::{LycorisError, module_of};
+use crate::adapter::lycoris::{LycorisError, fitted};
 use crate::adapter::{Kind, ParamRole};
 use crate::backend::Backend;
 use crate::backend::CpuBackend;
@@ -630,19 +629,30 @@ fn weight_and_sigma(c: &Contribution, dora_strength: DoraStrength) -> (f64, f64)
 }
 
 /// `f(W0) − W0` of a LyCORIS entry on the whole target (`merge::lycoris`, with the entry's
-/// σ), from its loaded tensors. The outer error is the module's, the inner a read of W0.
+/// σ), from the fit binding made (`Binding::lycoris`) and its loaded tensors. The outer
+/// error is the module's (its tensors are not what was fitted), the inner a read of W0 or a
+/// binding without a fit to this target.
 fn lycoris_delta(
     t: &Target,
     rows: &BaseRows<'_>,
     entry: &crate::adapter::Entry,
     params: &BTreeMap<ParamRole, Vec<f32>>,
 ) -> Result<Result<Vec<f32>, PipelineError>, LycorisError> {
-    let m = module_of(entry, params)?;
+    let fit = match entry.binding.as_ref().and_then(|b| b.lycoris) {
+        Some(fit) if (fit.out, fit.inp) == (t.out, t.inp) => fit,
+        _ => {
+            return Ok(Err(PipelineError::Internal(format!(
+                "LyCORIS entry `{}` has no fit to `{}` ({} × {}) from binding",
+                entry.module, t.name, t.out, t.inp
+            ))));
+        }
+    };
+    let m = fitted(entry, fit, params)?;
     let mut W0 = vec![0.0f32; t.out * t.inp];
     if let Err(e) = rows.read(0, t.out, &mut W0) {
         return Ok(Err(e));
     }
-    delta_scaled(&m, &entry.module, &W0, &t.shape, entry.scale).map(Ok)
+    Ok(Ok(super::lycoris::delta(&m, &W0, entry.scale)))
 }
 
 #[cfg(test)]
