@@ -2,7 +2,7 @@
 //! file, shards + index, model folder, pipeline folder), or a WAN transformer quantized for
 //! ComfyUI (`--to`), as a release with a manifest.
 //!
-//! Owns: `ConvertSpec`, `DtypeChoice` and `convert_release` (the output plan mirrors the
+//! Owns: `ConvertSpec` and `convert_release` (the output plan mirrors the
 //! input, one job per tensor), and `quantize_release` (the pipeline's own output plan of a
 //! quantized output, with no adapters). Both run through the pipeline with no targets
 //! (`pipeline::write` with `CopyOnly`, whose copy-or-convert loop every producing command
@@ -13,36 +13,15 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use crate::io::DType;
 use crate::io::checkpoint::Checkpoint;
 use crate::io::header_layout::PlannedTensor;
 use crate::io::staging::Replace;
 use crate::io::writer::{ComponentOutput, OutputPlan, Slot};
+use crate::layout::{KeepF32, OutputDType};
 use crate::model::base_model::BaseModel;
 use crate::model::transform::Transform;
 use crate::pipeline::{CopyOnly, Job, OutputOptions, PipelineError, Plan, Writing, write};
 use crate::release::{Hooks, Release, ReleaseError};
-
-/// Which dtype each float tensor gets.
-#[derive(Clone, Debug)]
-pub struct DtypeChoice {
-    /// Target dtype for float tensors (`None` keeps each tensor's own dtype).
-    pub target: Option<DType>,
-    /// Tensors (by name) that stay F32 whatever the target.
-    pub keep_f32: fn(&str) -> bool,
-}
-
-impl DtypeChoice {
-    /// The output dtype of a tensor stored as `dtype` under `name`.
-    pub fn output_dtype(&self, name: &str, dtype: DType) -> DType {
-        match self.target {
-            Some(_) if !dtype.is_float() => dtype,
-            Some(_) if (self.keep_f32)(name) => DType::F32,
-            Some(t) => t,
-            None => dtype,
-        }
-    }
-}
 
 /// A conversion request.
 #[derive(Clone, Debug)]
@@ -51,8 +30,9 @@ pub struct ConvertSpec {
     pub input: PathBuf,
     /// Output directory.
     pub out: PathBuf,
-    /// Dtypes.
-    pub dtypes: DtypeChoice,
+    /// The dtype of every float tensor (`Keep`: each tensor's own); no tensor is kept in
+    /// f32 by name (a generic checkpoint has no keep-f32 policy).
+    pub dtype: OutputDType,
     /// Shard size (None: mirror nothing, one file per component).
     pub shard_bytes: Option<u64>,
     /// Replace an existing output.
@@ -73,7 +53,10 @@ pub fn convert_release(spec: &ConvertSpec, hooks: Hooks<'_>) -> Result<Release, 
                 .tensors()
                 .map(|t| PlannedTensor {
                     name: t.view.name.to_string(),
-                    dtype: spec.dtypes.output_dtype(t.view.name, t.view.dtype),
+                    dtype: match spec.dtype.float() {
+                        Some(d) if t.view.dtype.is_float() => d,
+                        _ => t.view.dtype,
+                    },
                     shape: t.view.shape.to_vec(),
                 })
                 .collect(),
@@ -93,12 +76,19 @@ pub fn convert_release(spec: &ConvertSpec, hooks: Hooks<'_>) -> Result<Release, 
             "the output cannot be laid out: {e}"
         )))
     })?;
-    let plan = Plan::copy_only(&ck, output, jobs, "none".into())
+    let described = OutputOptions {
+        dtype: spec.dtype,
+        keep_f32: Some(KeepF32::None),
+        layout: None,
+        shard_bytes: spec.shard_bytes,
+        quantize: None,
+    };
+    let plan = Plan::copy_only(&ck, output, jobs, "none".into(), described)
         .map_err(ReleaseError::produce)?
         .hash_base_while_writing("input");
     let options = serde_json::json!({
         "input": spec.input.display().to_string(),
-        "dtype": spec.dtypes.target.map(|d| d.as_str()),
+        "dtype": spec.dtype.float().map(|d| d.as_str()),
         "shard_bytes": spec.shard_bytes,
     });
     let writing = Writing::new(&spec.out, spec.replace, "convert", options);
@@ -183,9 +173,4 @@ fn mirror_jobs(ck: &Checkpoint, output: &[ComponentOutput]) -> Vec<Job> {
         }
     }
     jobs
-}
-
-/// Keeps nothing in f32 (the default for a generic conversion).
-pub fn keep_none(_: &str) -> bool {
-    false
 }

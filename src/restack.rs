@@ -15,7 +15,7 @@ use crate::io::writer::{ComponentOutput, OutputPlan};
 use crate::layout::restack::{RestackError, RestackOptions, plan_restack, restack_report};
 use crate::model::base_model::BaseModel;
 use crate::pipeline::output::conversion_jobs;
-use crate::pipeline::{CopyOnly, ExecOptions, Plan, Writing, write};
+use crate::pipeline::{CopyOnly, ExecOptions, OutputOptions, Plan, Writing, write};
 use crate::release::{Hooks, Release};
 
 /// What a restack wrote.
@@ -51,7 +51,14 @@ pub fn restack_release(
         .flat_map(|(ci, p)| conversion_jobs(ci, &p.conversion))
         .collect();
     let keep_f32: Vec<&str> = plans.iter().map(|p| p.keep_f32.as_str()).collect();
-    let plan = Plan::copy_only(&checkpoint, output, jobs, keep_f32.join(", "))
+    let described = OutputOptions {
+        dtype: options.dtype,
+        keep_f32: options.keep_f32.clone(),
+        layout: Some(options.to),
+        shard_bytes: options.shard_bytes,
+        quantize: None,
+    };
+    let plan = Plan::copy_only(&checkpoint, output, jobs, keep_f32.join(", "), described)
         .map_err(|e| output_err(e.to_string()))?
         .hash_base_while_writing("base");
     let report = restack_report(&checkpoint, &plans);

@@ -727,13 +727,13 @@ fn unmerged_reference_is_computed_not_written_and_equals_the_f32_merge() {
         let written = t.path().join(format!("written{i}"));
         let merging = Merging {
             options: inputs.merge,
-            output: &f32_reference,
             compute: &Compute::Cpu,
             svd_cache: None,
         };
         merge_release(
             &inputs.base,
             &inputs.adapters,
+            &f32_reference,
             &merging,
             &written,
             wanbake::io::staging::Replace::Never,

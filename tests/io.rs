@@ -830,7 +830,6 @@ fn gated_command() {
                 let plan = Plan::new(&model, &adapters, &output)?.hash_base_while_writing("base");
                 let merging = Merging {
                     options: MergeOptions::default(),
-                    output: &output,
                     compute: &Compute::Cpu,
                     svd_cache: None,
                 };
@@ -854,10 +853,7 @@ fn gated_command() {
                 let spec = wanbake::convert::ConvertSpec {
                     input: base.to_path_buf(),
                     out: out.to_path_buf(),
-                    dtypes: wanbake::convert::DtypeChoice {
-                        target: Some(DType::BF16),
-                        keep_f32: wanbake::convert::keep_none,
-                    },
+                    dtype: wanbake::layout::OutputDType::BF16,
                     shard_bytes: None,
                     replace: Replace::Never,
                 };

@@ -309,11 +309,17 @@ fn merge_bound(
     let base = BaseModel::open(base).unwrap();
     let merging = Merging {
         options: options.merge,
-        output: &options.output,
         compute,
         svd_cache: None,
     };
-    let out = merge_release(&base, adapters, &merging, dest, Replace::Never)?;
+    let out = merge_release(
+        &base,
+        adapters,
+        &options.output,
+        &merging,
+        dest,
+        Replace::Never,
+    )?;
     assert_eq!(out.report.device.used, compute.label());
     Ok(out)
 }
@@ -2301,11 +2307,11 @@ fn the_svd_cache_is_shared_between_routes() {
         let o = options(OutputDType::BF16);
         let merging = Merging {
             options: o.merge,
-            output: &o.output,
             compute,
             svd_cache: Some(&cache),
         };
-        let out = merge_release(&base, &adapters, &merging, &dest, Replace::Never).unwrap();
+        let out =
+            merge_release(&base, &adapters, &o.output, &merging, &dest, Replace::Never).unwrap();
         reports.push(out.report.svd.clone());
         outputs.push((compute.label(), output_tensors(&dest, "")));
     }

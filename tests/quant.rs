@@ -1537,8 +1537,7 @@ fn every_encoding_and_layout_completes_through_a_one_chunk_window() {
     use std::sync::Arc;
     use wanbake::adapter::{AdapterSpec, bind_specs};
     use wanbake::convert::quantize_release;
-    use wanbake::convert::{ConvertSpec, DtypeChoice, convert_release, keep_none};
-    use wanbake::io::DType;
+    use wanbake::convert::{ConvertSpec, convert_release};
     use wanbake::io::staging::Replace;
     use wanbake::layout::dtype_policy::OutputDType;
     use wanbake::layout::restack::RestackOptions;
@@ -1604,15 +1603,14 @@ fn every_encoding_and_layout_completes_through_a_one_chunk_window() {
                 let adapters = bind_specs(&[spec], &model, false).unwrap();
                 let merging = Merging {
                     options: MergeOptions::default(),
-                    output: &output,
                     compute: &Compute::Cpu,
                     svd_cache: None,
                 };
-                merge_release(&model, &adapters, &merging, out, Replace::Never).unwrap();
+                merge_release(&model, &adapters, &output, &merging, out, Replace::Never).unwrap();
             }),
         ));
     }
-    for dtype in [DType::BF16, DType::F16, DType::F32] {
+    for dtype in [OutputDType::BF16, OutputDType::F16, OutputDType::F32] {
         let b = base.clone();
         cases.push((
             format!("convert --dtype {dtype:?}"),
@@ -1620,10 +1618,7 @@ fn every_encoding_and_layout_completes_through_a_one_chunk_window() {
                 let spec = ConvertSpec {
                     input: b.clone(),
                     out: out.to_path_buf(),
-                    dtypes: DtypeChoice {
-                        target: Some(dtype),
-                        keep_f32: keep_none,
-                    },
+                    dtype,
                     shard_bytes: Some(64 << 10),
                     replace: Replace::Never,
                 };

@@ -80,7 +80,6 @@ pub fn execute(plan: BakePlan<'_>, compute: &Compute) -> Result<BakeOutcome, Bak
     writing.file_metadata = provenance(&normalised, &ready.inputs);
     let merging = Merging {
         options: inputs.merge,
-        output: &inputs.output,
         compute,
         svd_cache: cache.as_ref(),
     };

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use super::output::{FloatDtypeArg, OutputDir, ShardArg};
 use super::{Printer, Status, UsageError};
-use wanbake::convert::{ConvertSpec, DtypeChoice, convert_release, keep_none, quantize_release};
+use wanbake::convert::{ConvertSpec, convert_release, quantize_release};
 use wanbake::model::quant_rules::QuantFormat;
 use wanbake::pipeline::{OutputChoices, OutputOptions};
 use wanbake::release::Hooks;
@@ -54,10 +54,7 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
     };
     let spec = ConvertSpec {
         input: args.input,
-        dtypes: DtypeChoice {
-            target: dtype.0.float(),
-            keep_f32: keep_none,
-        },
+        dtype: dtype.0,
         shard_bytes: args.shard.shard_size,
         replace: args.output.replace(),
         out: args.output.out,

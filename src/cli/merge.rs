@@ -199,13 +199,13 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
     }
     let merging = Merging {
         options,
-        output: &output,
         compute: &compute,
         svd_cache: cache.as_ref(),
     };
     let outcome = merge_release(
         &base,
         &adapters,
+        &output,
         &merging,
         &args.output.out,
         args.output.replace(),

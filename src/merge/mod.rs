@@ -48,8 +48,6 @@ use crate::release::{Hooks, Release, ReleaseError};
 pub struct Merging<'a> {
     /// How to merge.
     pub options: MergeOptions,
-    /// The output options the plan was made with (for the manifest and the report).
-    pub output: &'a OutputOptions,
     /// Where targets are computed.
     pub compute: &'a Compute,
     /// The SVD basis cache, when given.
@@ -74,7 +72,7 @@ impl Merging<'_> {
             "allow_unmatched": self.options.allow_unmatched,
             "svd_cache": self.svd_cache.is_some(),
         });
-        let o = self.output;
+        let o = &plan.options;
         match o.quantize {
             None => {
                 json["dtype"] = o.dtype.as_str().into();
@@ -95,7 +93,7 @@ impl Merging<'_> {
 
     /// The report of a merge of `plan` whose -xs bases cost `svd`.
     fn report(&self, plan: &Plan<'_>, svd: SvdReport) -> MergeReport {
-        let o = self.output;
+        let o = &plan.options;
         MergeReport {
             adapters: plan.adapter_reports.clone(),
             dora_strength: self.options.dora_strength,
@@ -169,17 +167,18 @@ pub enum MergeFailure {
     Write(Box<ReleaseError>),
 }
 
-/// `wanbake merge`: plans merging `adapters` into `base` as `merging.output` says (every
+/// `wanbake merge`: plans merging `adapters` into `base`, written as `output` says (every
 /// refusal before anything exists at `dest`), then writes it to `dest`, the base hashed
 /// while it is written, recorded as `merge`.
 pub fn merge_release(
     base: &BaseModel,
     adapters: &[BoundAdapter],
+    output: &OutputOptions,
     merging: &Merging<'_>,
     dest: &Path,
     replace: Replace,
 ) -> Result<MergeOutcome, MergeFailure> {
-    let plan = Plan::new(base, adapters, merging.output)
+    let plan = Plan::new(base, adapters, output)
         .map_err(|e| MergeFailure::Plan(Box::new(e)))?
         .hash_base_while_writing("base");
     let writing = Writing::new(dest, replace, "merge", merging.options_json(&plan));

@@ -3,11 +3,10 @@
 //!
 //! Owns: [`Plan`] (borrowing its base and bound adapters): its targets (bound entries
 //! grouped by base tensor, contributions in canonical order) attached to its jobs, the
-//! per-adapter facts of the
-//! report ([`AdapterReport`]), the checks binding cannot make (non-finite adapter values,
-//! targets the output layout leaves out, integer outputs of merged tensors), and when the
-//! base is hashed ([`Plan::hash_base`] or [`Plan::hash_base_while_writing`], which give the
-//! [`Ready`] plan the writer takes). Does not own: binding and its checks
+//! per-adapter facts of the report ([`AdapterReport`]), the checks binding cannot make
+//! (non-finite adapter values, targets the output layout leaves out, integer outputs of
+//! merged tensors), and when the base is hashed ([`Plan::hash_base`] or
+//! [`Plan::hash_base_while_writing`], which give the [`Ready`] plan the writer takes). Does not own: binding and its checks
 //! (`adapter::bound`; a `BoundAdapter` is never re-checked here), the output side
 //! (`pipeline::output`), how a contribution is computed (`merge`), running the jobs
 //! (`pipeline::exec`).
@@ -49,6 +48,9 @@ pub struct Plan<'a> {
     pub dropped_by_layout: Vec<String>,
     /// Keep-f32 policy applied, in words.
     pub keep_f32: String,
+    /// How it writes: the options it was planned with (a copy-only plan's, as its command
+    /// describes them).
+    pub options: OutputOptions,
     /// The quantized output's tensors, encodings and reasons, when the output is quantized.
     pub quant: Option<QuantPlan>,
     /// Every adapter file, hashed (their content orders contributions).
@@ -100,6 +102,7 @@ impl<'a> Plan<'a> {
             adapter_reports,
             dropped_by_layout: dropped,
             keep_f32,
+            options: options.clone(),
             quant,
             adapter_inputs: adapter_inputs.into_values().collect(),
         };
@@ -108,12 +111,13 @@ impl<'a> Plan<'a> {
     }
 
     /// A plan that changes no tensor (`restack`, `convert`): `jobs` copy or convert base
-    /// tensors into `output`; their slots are resolved here.
+    /// tensors into `output`, as `options` describe; their slots are resolved here.
     pub fn copy_only(
         base: &'a Checkpoint,
         output: OutputPlan,
         mut jobs: Vec<Job>,
         keep_f32: String,
+        options: OutputOptions,
     ) -> Result<Plan<'a>, PipelineError> {
         resolve_slots(&output, &mut jobs)?;
         Ok(Plan {
@@ -125,6 +129,7 @@ impl<'a> Plan<'a> {
             adapter_reports: Vec::new(),
             dropped_by_layout: Vec::new(),
             keep_f32,
+            options,
             quant: None,
             adapter_inputs: Vec::new(),
         })
