@@ -38,8 +38,8 @@ use crate::quantize::{self, Encoding, ErrorStats, ErrorSum};
 
 /// Largest band of a tensor a worker holds in one f32 buffer (1 MiB: a band, the base rows
 /// it widens and the bytes it is rounded to stay in a core's L2 cache between the passes
-/// over it; BENCHMARKS.md, "Band size"). A constant, so the band split (and with it every
-/// rounding) never depends on the machine.
+/// over it; BENCHMARKS.md, "After the pipeline left `merge/`", band size). A constant, so
+/// the band split (and with it every rounding) never depends on the machine.
 pub const BAND_ELEMS: usize = 1 << 18;
 
 /// Rows per band of a (·, inp) matrix.
