@@ -339,10 +339,7 @@ fn adapter_report(ad: &BoundAdapter, comp: &Component) -> AdapterReport {
 fn count_entry(report: &mut AdapterReport, e: &Entry) {
     report.entries += 1;
     report.keys_consumed += e.source_keys.len();
-    *report
-        .kinds
-        .entry(e.kind.as_str().to_string())
-        .or_default() += 1;
+    *report.kinds.entry(e.kind.as_str().to_string()).or_default() += 1;
     *report
         .scale_sources
         .entry(e.scale_source.label())
