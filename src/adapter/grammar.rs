@@ -406,7 +406,7 @@ fn lora_entries(
     let f = factor_shapes(a, b)?;
     let alpha = match g.get(Part::Alpha) {
         Some(k) => {
-            let v = input.scalar(k).map_err(|e| e.to_string())?;
+            let v = input.scalar(k).map_err(|e| crate::error_text::chain(&e))?;
             if v == 0.0 {
                 return Err(format!(
                     "`{}` is 0: musubi reads that as α = r, ComfyUI as scale 0; refusing to guess",

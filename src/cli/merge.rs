@@ -181,7 +181,7 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
         .as_deref()
         .map(SvdCache::open)
         .transpose()
-        .map_err(|e| UsageError(format!("--svd-cache: {e} (create the directory first)")))?;
+        .map_err(|e| super::hint::FlagError::new("svd-cache", e))?;
     let (compute, device) = args.device.select()?;
     p.line(format!("device: {}", device.reason));
     if output.quantize.is_some() {
@@ -212,7 +212,7 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
     )
     .map_err(|e| match e {
         MergeFailure::Plan(e) => plan_error(*e),
-        MergeFailure::Write(e) => e.into(),
+        MergeFailure::Write(e) => (*e).into(),
     })?;
     let files = &outcome.release.manifest.files;
     let bytes: u64 = files.iter().map(|f| f.bytes).sum();

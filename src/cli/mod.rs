@@ -16,6 +16,7 @@ pub mod bake;
 pub mod convert;
 pub mod device;
 pub mod extract;
+pub mod hint;
 pub mod inspect;
 pub mod merge;
 pub mod output;

@@ -1,0 +1,273 @@
+//! What a front end adds to a library error: the `hint:` line that says what to do, in the
+//! spelling of the front end that ran (a command's flags, or a recipe's keys for `bake`),
+//! and whether the error is a mistake in how the command was called (exit code 2).
+//!
+//! Library errors say what is wrong and carry the facts (structured variants where the way
+//! out depends on the case); they name no flag and no recipe key. This module walks the
+//! error's chain, finds the library errors it knows, and words the way out for `front`:
+//! `merge` says `--allow-unmatched`, `bake` says `allow_unmatched = true` in `[merge]`. A
+//! flag is only suggested to a command that has it (asked of the clap definitions), so a
+//! command without the flag gets no hint rather than a wrong one.
+
+use std::error::Error;
+
+use clap::CommandFactory;
+use wanbake::adapter::AdapterError;
+use wanbake::bake::BakeError;
+use wanbake::extract::ExtractError;
+use wanbake::io::WriteError;
+use wanbake::layout::restack::RestackError;
+use wanbake::linalg::CacheError;
+use wanbake::merge::{MergeError, MergeFailure};
+use wanbake::pipeline::PipelineError;
+use wanbake::release::ReleaseError;
+use wanbake::runner::RunError;
+use wanbake::signing::SignError;
+use wanbake::translation::TranslateError;
+
+use super::{Cli, Command, UsageError};
+
+/// Which front end ran, so a hint can be spelled as the user can act on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FrontEnd {
+    /// A command whose options are flags (`merge`, `convert`, ...): its clap name.
+    Flags(&'static str),
+    /// `bake` (and `bake --dry-run`): options are recipe keys.
+    Recipe,
+}
+
+impl FrontEnd {
+    /// The front end of `command`.
+    pub fn of(command: &Command) -> FrontEnd {
+        match command {
+            Command::Bake(_) => FrontEnd::Recipe,
+            Command::Inspect(_) => FrontEnd::Flags("inspect"),
+            Command::Verify(_) => FrontEnd::Flags("verify"),
+            Command::Synth(_) => FrontEnd::Flags("synth"),
+            Command::Convert(_) => FrontEnd::Flags("convert"),
+            Command::Translate(_) => FrontEnd::Flags("translate"),
+            Command::Merge(_) => FrontEnd::Flags("merge"),
+            Command::Restack(_) => FrontEnd::Flags("restack"),
+            Command::Run(_) => FrontEnd::Flags("run"),
+            Command::Sign(_) => FrontEnd::Flags("sign"),
+            Command::Extract(_) => FrontEnd::Flags("extract"),
+            Command::Resize(_) => FrontEnd::Flags("resize"),
+        }
+    }
+
+    /// Does this front end take `--long` (accepting `value`, when one is given)?
+    fn has_flag(self, long: &str, value: Option<&str>) -> bool {
+        let FrontEnd::Flags(name) = self else {
+            return false;
+        };
+        let cli = Cli::command();
+        let Some(command) = cli.find_subcommand(name) else {
+            return false;
+        };
+        command.get_arguments().any(|a| {
+            a.get_long() == Some(long)
+                && value.is_none_or(|v| a.get_possible_values().iter().any(|p| p.matches(v, false)))
+        })
+    }
+}
+
+/// A flag's value that cannot be used, and why (exit code 2): `--svd-cache: <cause>`.
+#[derive(Debug, thiserror::Error)]
+#[error("--{flag}")]
+pub struct FlagError {
+    /// The flag, without its dashes.
+    pub flag: &'static str,
+    /// Why its value cannot be used.
+    #[source]
+    pub source: Box<dyn Error + Send + Sync>,
+}
+
+impl FlagError {
+    /// `flag`'s value cannot be used because of `source`.
+    pub fn new(flag: &'static str, source: impl Error + Send + Sync + 'static) -> FlagError {
+        FlagError {
+            flag,
+            source: Box::new(source),
+        }
+    }
+}
+
+/// The hint for `e` as `front` spells it: the first link of the chain that has one.
+pub fn hint(e: &anyhow::Error, front: FrontEnd) -> Option<String> {
+    links(e).into_iter().find_map(|link| hint_for(link, front))
+}
+
+/// Is `e` a mistake in how the command was called (exit code 2)? `UsageError`s and flag
+/// values that cannot be used always are; so are, for a command with flags, the binding
+/// and planning refusals its flags resolve (which transformer an adapter is for, an
+/// integer tensor an adapter targets). In a recipe they are refusals of its values
+/// (exit code 1, as every other recipe error).
+pub fn is_usage(e: &anyhow::Error, front: FrontEnd) -> bool {
+    links(e).into_iter().any(|link| {
+        link.is::<UsageError>()
+            || link.is::<FlagError>()
+            || (matches!(front, FrontEnd::Flags(_))
+                && (matches!(
+                    link.downcast_ref::<AdapterError>(),
+                    Some(
+                        AdapterError::ComponentNeeded { .. } | AdapterError::NoSuchComponent { .. }
+                    )
+                ) || matches!(
+                    link.downcast_ref::<PipelineError>(),
+                    Some(PipelineError::IntegerTarget { .. })
+                )))
+    })
+}
+
+/// Every error of the chain, outermost first, with the error each `#[error(transparent)]`
+/// variant (or a `Box`) wraps said right after it: a transparent variant shows its inner
+/// error's text and source, so the inner error itself is not a link of `e.chain()`.
+fn links(e: &anyhow::Error) -> Vec<&(dyn Error + 'static)> {
+    let mut out = Vec::new();
+    for cause in e.chain() {
+        let mut link: &(dyn Error + 'static) = cause;
+        out.push(link);
+        while let Some(inner) = transparent_inner(link) {
+            out.push(inner);
+            link = inner;
+        }
+    }
+    out
+}
+
+/// The error a transparent variant of a library error wraps. (A new transparent variant
+/// that can wrap an error with a hint is listed here, or its hint is not found.)
+fn transparent_inner<'a>(e: &'a (dyn Error + 'static)) -> Option<&'a (dyn Error + 'static)> {
+    // A boxed source (`#[source] source: Box<WriteError>`) is a link of type `Box<_>`.
+    if let Some(b) = e.downcast_ref::<Box<WriteError>>() {
+        return Some(&**b);
+    }
+    if let Some(e) = e.downcast_ref::<BakeError>() {
+        return match e {
+            BakeError::Recipe(x) => Some(x),
+            BakeError::Read(x) => Some(x),
+            BakeError::Adapter(x) => Some(&**x),
+            BakeError::Plan(x) => Some(&**x),
+            BakeError::Write(x) => Some(&**x),
+            BakeError::Sign(x) => Some(x),
+            _ => None,
+        };
+    }
+    if let Some(e) = e.downcast_ref::<ReleaseError>() {
+        return match e {
+            ReleaseError::Write(x) => Some(x),
+            ReleaseError::Input(x) => Some(x),
+            ReleaseError::Produce(x) => Some(&**x),
+        };
+    }
+    if let Some(e) = e.downcast_ref::<MergeFailure>() {
+        return match e {
+            MergeFailure::Plan(x) => Some(&**x),
+            MergeFailure::Write(x) => Some(&**x),
+        };
+    }
+    if let Some(e) = e.downcast_ref::<MergeError>() {
+        return match e {
+            MergeError::Pipeline(x) => Some(x),
+            MergeError::Svd(x) => Some(&**x),
+            _ => None,
+        };
+    }
+    if let Some(e) = e.downcast_ref::<PipelineError>() {
+        return match e {
+            PipelineError::Read(x) => Some(x),
+            _ => None,
+        };
+    }
+    if let Some(e) = e.downcast_ref::<ExtractError>() {
+        return match e {
+            ExtractError::Read(x) => Some(x),
+            ExtractError::Adapter(x) => Some(x),
+            ExtractError::Write(x) => Some(x),
+            ExtractError::Release(x) => Some(x),
+            _ => None,
+        };
+    }
+    if let Some(e) = e.downcast_ref::<TranslateError>() {
+        return match e {
+            TranslateError::Adapter(x) => Some(x),
+            TranslateError::Read(x) => Some(x),
+            TranslateError::Release(x) => Some(x),
+        };
+    }
+    if let Some(e) = e.downcast_ref::<RestackError>() {
+        return match e {
+            RestackError::Read(x) => Some(x),
+            RestackError::Release(x) => Some(x),
+            _ => None,
+        };
+    }
+    if let Some(e) = e.downcast_ref::<AdapterError>() {
+        return match e {
+            AdapterError::Read(x) => Some(x),
+            _ => None,
+        };
+    }
+    if let Some(e) = e.downcast_ref::<RunError>() {
+        return match e {
+            RunError::Read(x) => Some(x),
+            _ => None,
+        };
+    }
+    if let Some(e) = e.downcast_ref::<SignError>() {
+        return match e {
+            SignError::Key(x) => Some(x),
+            SignError::Read(x) => Some(x),
+            SignError::Write(x) => Some(x),
+            _ => None,
+        };
+    }
+    None
+}
+
+/// The hint of one link, if it is an error this module knows.
+fn hint_for(e: &(dyn Error + 'static), front: FrontEnd) -> Option<String> {
+    if let Some(e) = e.downcast_ref::<WriteError>() {
+        return write_hint(e, front);
+    }
+    if let Some(ExtractError::Device { .. }) = e.downcast_ref::<ExtractError>() {
+        return front
+            .has_flag("device", Some("cpu"))
+            .then(|| "--device cpu runs the SVDs on the CPU".into());
+    }
+    if let Some(FlagError { flag, source }) = e.downcast_ref::<FlagError>() {
+        return match source.downcast_ref::<CacheError>() {
+            Some(CacheError::Io { .. }) if *flag == "svd-cache" => {
+                Some("create the directory first".into())
+            }
+            _ => None,
+        };
+    }
+    None
+}
+
+fn write_hint(e: &WriteError, front: FrontEnd) -> Option<String> {
+    match e {
+        WriteError::Exists { .. } => Some(match front {
+            FrontEnd::Recipe => {
+                "set `overwrite = true` in [output] to replace it, or choose another output.dir"
+                    .into()
+            }
+            _ if front.has_flag("overwrite", None) => {
+                "choose another output path or pass --overwrite".into()
+            }
+            _ => "choose another output path".into(),
+        }),
+        WriteError::Io { source, .. } => {
+            let code = source.raw_os_error()?;
+            if code == libc::ENOSPC {
+                Some("the disk is full: free space or choose another output location".into())
+            } else if code == libc::EFBIG {
+                Some("file size limit reached: check `ulimit -f`".into())
+            } else {
+                None
+            }
+        }
+        _ => None,
+    }
+}
