@@ -227,6 +227,12 @@ fn transparent_inner<'a>(e: &'a (dyn Error + 'static)) -> Option<&'a (dyn Error 
 
 /// The hint of one link, if it is an error this module knows.
 fn hint_for(e: &(dyn Error + 'static), front: FrontEnd) -> Option<String> {
+    if let Some(e) = e.downcast_ref::<AdapterError>() {
+        return adapter_hint(e, front);
+    }
+    if let Some(PipelineError::IntegerTarget { .. }) = e.downcast_ref::<PipelineError>() {
+        return dtype_hint(front, "choose");
+    }
     if let Some(e) = e.downcast_ref::<WriteError>() {
         return write_hint(e, front);
     }
@@ -269,5 +275,92 @@ fn write_hint(e: &WriteError, front: FrontEnd) -> Option<String> {
             }
         }
         _ => None,
+    }
+}
+
+/// Which transformer an adapter is for, unmatched keys and entries, a convention to choose,
+/// names to resolve.
+fn adapter_hint(e: &AdapterError, front: FrontEnd) -> Option<String> {
+    let recipe = front == FrontEnd::Recipe;
+    match e {
+        AdapterError::ComponentNeeded {
+            adapter,
+            components,
+        } => Some(if recipe {
+            format!(
+                "give its [[adapter]] an expert: {}",
+                or_list(components.iter().map(|c| format!("`expert = \"{c}\"`")))
+            )
+        } else {
+            let first = components.first().map_or("transformer", String::as_str);
+            format!("say it as --adapter {first}={adapter}, or all={adapter} for every one")
+        }),
+        AdapterError::NoSuchComponent {
+            named, components, ..
+        } => Some(match (recipe, components.as_slice()) {
+            (true, [_]) => format!("remove `expert = \"{named}\"` from its [[adapter]]"),
+            (false, [_]) => format!("drop the prefix `{named}=`"),
+            (true, _) => format!(
+                "set its expert to one of the base's: {}",
+                or_list(components.iter().map(|c| format!("`expert = \"{c}\"`")))
+            ),
+            (false, _) => format!(
+                "prefix it with one of the base's transformers: {}, or all= for every one",
+                components
+                    .iter()
+                    .map(|c| format!("{c}="))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }),
+        AdapterError::Keys { .. } | AdapterError::Unmatched { .. } => {
+            if recipe {
+                Some("set `allow_unmatched = true` in [merge] to skip them knowingly".into())
+            } else {
+                front
+                    .has_flag("allow-unmatched", None)
+                    .then(|| "pass --allow-unmatched to skip them knowingly".into())
+            }
+        }
+        AdapterError::Mixed { .. } => {
+            if recipe {
+                Some(
+                    "set `from = \"<convention>\"` on its [[adapter]] to read it as one of them"
+                        .into(),
+                )
+            } else {
+                front
+                    .has_flag("from", Some("comfy"))
+                    .then(|| "pass --from <convention> to read it as one of them".into())
+            }
+        }
+        AdapterError::Names { .. } => front
+            .has_flag("base", None)
+            .then(|| "pass --base BASE so names are matched against the base's own keys".into()),
+        _ => None,
+    }
+}
+
+/// An output dtype that holds every value: `--dtype bf16, f16 or f32`, or `dtype` in
+/// `[output]`.
+fn dtype_hint(front: FrontEnd, verb: &str) -> Option<String> {
+    if front == FrontEnd::Recipe {
+        Some(format!(
+            "{verb} `dtype = \"bf16\"` (or \"f16\", \"f32\") in [output]"
+        ))
+    } else {
+        front
+            .has_flag("dtype", Some("bf16"))
+            .then(|| format!("{verb} --dtype bf16, f16 or f32"))
+    }
+}
+
+/// `a`, `a or b`, `a, b or c`.
+fn or_list(items: impl Iterator<Item = String>) -> String {
+    let items: Vec<String> = items.collect();
+    match items.split_last() {
+        None => String::new(),
+        Some((last, [])) => last.clone(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
     }
 }
