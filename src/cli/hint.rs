@@ -19,6 +19,8 @@ use wanbake::io::WriteError;
 use wanbake::layout::restack::RestackError;
 use wanbake::linalg::CacheError;
 use wanbake::merge::{MergeError, MergeFailure};
+use wanbake::model::plan_error::PlanError;
+use wanbake::model::wan_layout::LAYOUT_FIELD;
 use wanbake::pipeline::PipelineError;
 use wanbake::release::ReleaseError;
 use wanbake::runner::RunError;
@@ -231,7 +233,17 @@ fn hint_for(e: &(dyn Error + 'static), front: FrontEnd) -> Option<String> {
         return adapter_hint(e, front);
     }
     if let Some(PipelineError::IntegerTarget { .. }) = e.downcast_ref::<PipelineError>() {
-        return dtype_hint(front, "choose");
+        return dtype_hint(front);
+    }
+    if let Some(e) = e.downcast_ref::<PlanError>() {
+        return match e {
+            PlanError::MixedDtypes { .. } => dtype_hint(front),
+            PlanError::Ambiguous { .. }
+            | PlanError::Undetectable {
+                closest: Some(_), ..
+            } => Some(layout_hint(front)),
+            _ => None,
+        };
     }
     if let Some(e) = e.downcast_ref::<WriteError>() {
         return write_hint(e, front);
@@ -343,15 +355,26 @@ fn adapter_hint(e: &AdapterError, front: FrontEnd) -> Option<String> {
 
 /// An output dtype that holds every value: `--dtype bf16, f16 or f32`, or `dtype` in
 /// `[output]`.
-fn dtype_hint(front: FrontEnd, verb: &str) -> Option<String> {
+fn dtype_hint(front: FrontEnd) -> Option<String> {
     if front == FrontEnd::Recipe {
-        Some(format!(
-            "{verb} `dtype = \"bf16\"` (or \"f16\", \"f32\") in [output]"
-        ))
+        Some("set `dtype = \"bf16\"` (or \"f16\", \"f32\") in [output]".into())
     } else {
         front
             .has_flag("dtype", Some("bf16"))
-            .then(|| format!("{verb} --dtype bf16, f16 or f32"))
+            .then(|| "choose --dtype bf16, f16 or f32".into())
+    }
+}
+
+/// How to name the input's layout: `--from` where the command takes one (`restack`), else
+/// the config.json field every reader honours (a recipe has no layout key).
+fn layout_hint(front: FrontEnd) -> String {
+    if front.has_flag("from", Some("nnx-scanned")) {
+        "pass --from <layout> to choose one".into()
+    } else {
+        format!(
+            "name the layout in the config.json next to the weights (`\"{}\": \"wan\"`, ...)",
+            LAYOUT_FIELD
+        )
     }
 }
 
@@ -362,5 +385,104 @@ fn or_list(items: impl Iterator<Item = String>) -> String {
         None => String::new(),
         Some((last, [])) => last.clone(),
         Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wanbake::model::wan_layout::Layout;
+
+    const MERGE: FrontEnd = FrontEnd::Flags("merge");
+    const RESTACK: FrontEnd = FrontEnd::Flags("restack");
+
+    #[test]
+    fn flags_are_read_from_the_clap_definitions() {
+        assert!(MERGE.has_flag("allow-unmatched", None));
+        assert!(!FrontEnd::Flags("translate").has_flag("allow-unmatched", None));
+        // `--from` is a convention for translate and a layout for restack.
+        assert!(FrontEnd::Flags("translate").has_flag("from", Some("comfy")));
+        assert!(!FrontEnd::Flags("translate").has_flag("from", Some("nnx-scanned")));
+        assert!(RESTACK.has_flag("from", Some("nnx-scanned")));
+        assert!(!MERGE.has_flag("from", None));
+        assert!(!FrontEnd::Recipe.has_flag("overwrite", None));
+    }
+
+    #[test]
+    fn a_layout_is_named_by_flag_where_there_is_one_else_in_config_json() {
+        let ambiguous = || PlanError::Ambiguous {
+            candidates: vec![Layout::Nnx, Layout::NnxScanned],
+        };
+        // Wrapped as the pipeline wraps it: the hint is found below the first link.
+        let e = || {
+            anyhow::Error::from(PipelineError::Layout {
+                component: String::new(),
+                source: ambiguous(),
+            })
+        };
+        assert_eq!(
+            hint(&e(), RESTACK).as_deref(),
+            Some("pass --from <layout> to choose one")
+        );
+        for front in [MERGE, FrontEnd::Recipe] {
+            assert!(
+                hint(&e(), front)
+                    .unwrap()
+                    .contains("`\"_wanbake_layout\": \"wan\"`")
+            );
+        }
+    }
+
+    #[test]
+    fn a_hint_behind_a_transparent_variant_is_found() {
+        let exists = || WriteError::Exists { path: "out".into() };
+        let e = anyhow::Error::from(BakeError::from(ReleaseError::from(exists())));
+        assert_eq!(
+            hint(&e, FrontEnd::Recipe).as_deref(),
+            Some("set `overwrite = true` in [output] to replace it, or choose another output.dir")
+        );
+        let e = anyhow::Error::from(ExtractError::from(exists()));
+        assert_eq!(
+            hint(&e, FrontEnd::Flags("extract")).as_deref(),
+            Some("choose another output path or pass --overwrite")
+        );
+        assert_eq!(
+            hint(&anyhow::Error::from(exists()), FrontEnd::Flags("sign")).as_deref(),
+            Some("choose another output path")
+        );
+    }
+
+    #[test]
+    fn component_refusals_are_usage_errors_of_flags_only() {
+        let e = || {
+            anyhow::Error::from(BakeError::from(AdapterError::ComponentNeeded {
+                adapter: "a.safetensors".into(),
+                components: vec!["transformer".into(), "transformer_2".into()],
+            }))
+        };
+        assert!(is_usage(&e(), MERGE));
+        assert!(!is_usage(&e(), FrontEnd::Recipe));
+        assert_eq!(
+            hint(&e(), FrontEnd::Recipe).as_deref(),
+            Some(
+                "give its [[adapter]] an expert: `expert = \"transformer\"` or \
+                 `expert = \"transformer_2\"`"
+            )
+        );
+        assert_eq!(
+            hint(&e(), MERGE).as_deref(),
+            Some(
+                "say it as --adapter transformer=a.safetensors, or all=a.safetensors for every one"
+            )
+        );
+    }
+
+    #[test]
+    fn or_lists_read_as_english() {
+        let l = |v: &[&str]| or_list(v.iter().map(|s| s.to_string()));
+        assert_eq!(l(&[]), "");
+        assert_eq!(l(&["a"]), "a");
+        assert_eq!(l(&["a", "b"]), "a or b");
+        assert_eq!(l(&["a", "b", "c"]), "a, b or c");
     }
 }
