@@ -10,6 +10,7 @@
 //! command without the flag gets no hint rather than a wrong one.
 
 use std::error::Error;
+use std::path::Path;
 
 use clap::CommandFactory;
 use wanbake::adapter::AdapterError;
@@ -22,6 +23,7 @@ use wanbake::merge::{MergeError, MergeFailure};
 use wanbake::model::plan_error::PlanError;
 use wanbake::model::wan_layout::LAYOUT_FIELD;
 use wanbake::pipeline::PipelineError;
+use wanbake::quantize::QuantError;
 use wanbake::release::ReleaseError;
 use wanbake::runner::RunError;
 use wanbake::signing::SignError;
@@ -144,6 +146,9 @@ fn transparent_inner<'a>(e: &'a (dyn Error + 'static)) -> Option<&'a (dyn Error 
     if let Some(b) = e.downcast_ref::<Box<WriteError>>() {
         return Some(&**b);
     }
+    if let Some(b) = e.downcast_ref::<Box<QuantError>>() {
+        return Some(&**b);
+    }
     if let Some(e) = e.downcast_ref::<BakeError>() {
         return match e {
             BakeError::Recipe(x) => Some(x),
@@ -178,6 +183,15 @@ fn transparent_inner<'a>(e: &'a (dyn Error + 'static)) -> Option<&'a (dyn Error 
     if let Some(e) = e.downcast_ref::<PipelineError>() {
         return match e {
             PipelineError::Read(x) => Some(x),
+            PipelineError::Encode(x) => Some(&**x),
+            _ => None,
+        };
+    }
+    if let Some(e) = e.downcast_ref::<QuantError>() {
+        return match e {
+            QuantError::Read(x) => Some(x),
+            QuantError::Layout(x) => Some(x),
+            QuantError::Dtype(x) => Some(x),
             _ => None,
         };
     }
@@ -232,8 +246,12 @@ fn hint_for(e: &(dyn Error + 'static), front: FrontEnd) -> Option<String> {
     if let Some(e) = e.downcast_ref::<AdapterError>() {
         return adapter_hint(e, front);
     }
-    if let Some(PipelineError::IntegerTarget { .. }) = e.downcast_ref::<PipelineError>() {
-        return dtype_hint(front);
+    if let Some(e) = e.downcast_ref::<PipelineError>() {
+        return match e {
+            PipelineError::IntegerTarget { .. } => dtype_hint(front),
+            PipelineError::Quantize { path, source } => quantize_hint(path, source, front),
+            _ => None,
+        };
     }
     if let Some(e) = e.downcast_ref::<PlanError>() {
         return match e {
@@ -349,6 +367,42 @@ fn adapter_hint(e: &AdapterError, front: FrontEnd) -> Option<String> {
         AdapterError::Names { .. } => front
             .has_flag("base", None)
             .then(|| "pass --base BASE so names are matched against the base's own keys".into()),
+        _ => None,
+    }
+}
+
+/// A base a quantized output cannot be made of: one transformer folder of a pipeline, or
+/// the base restacked to the original-Wan layout first.
+fn quantize_hint(base: &Path, e: &QuantError, front: FrontEnd) -> Option<String> {
+    let recipe = front == FrontEnd::Recipe;
+    let restack = |from: &str| {
+        let command = format!("`wanbake restack IN{from} --to wan --out DIR`");
+        if recipe {
+            format!("restack the base first ({command}) and set [base] path to the result")
+        } else {
+            format!("{command} first")
+        }
+    };
+    match e {
+        QuantError::Transformers { components, .. } => {
+            let first = components.first().map_or("transformer", String::as_str);
+            let folder = base.join(first);
+            Some(if recipe {
+                format!(
+                    "set [base] path to one transformer folder, e.g. {}",
+                    folder.display()
+                )
+            } else {
+                format!("pass one transformer folder, e.g. {}", folder.display())
+            })
+        }
+        QuantError::UnreadLayout { .. } => Some(restack("")),
+        QuantError::Layout(
+            PlanError::Ambiguous { .. }
+            | PlanError::Undetectable {
+                closest: Some(_), ..
+            },
+        ) => Some(restack(" --from <layout>")),
         _ => None,
     }
 }
