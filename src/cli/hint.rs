@@ -266,6 +266,9 @@ fn hint_for(e: &(dyn Error + 'static), front: FrontEnd) -> Option<String> {
     if let Some(e) = e.downcast_ref::<WriteError>() {
         return write_hint(e, front);
     }
+    if let Some(e) = e.downcast_ref::<RunError>() {
+        return run_hint(e, front);
+    }
     if let Some(ExtractError::Device { .. }) = e.downcast_ref::<ExtractError>() {
         return front
             .has_flag("device", Some("cpu"))
@@ -367,6 +370,34 @@ fn adapter_hint(e: &AdapterError, front: FrontEnd) -> Option<String> {
         AdapterError::Names { .. } => front
             .has_flag("base", None)
             .then(|| "pass --base BASE so names are matched against the base's own keys".into()),
+        _ => None,
+    }
+}
+
+/// A model the runner cannot configure: a boundary ratio to give (`--boundary-ratio`, or
+/// `boundary_ratio` in a recipe's [[check]]), a config to give (`--config`, or a
+/// config.json beside the weights, which is all a recipe's checks read).
+fn run_hint(e: &RunError, front: FrontEnd) -> Option<String> {
+    let recipe = front == FrontEnd::Recipe;
+    match e {
+        RunError::NoBoundaryRatio if recipe => Some("set `boundary_ratio` in the [[check]]".into()),
+        RunError::NoBoundaryRatio => front
+            .has_flag("boundary-ratio", None)
+            .then(|| "pass --boundary-ratio".into()),
+        RunError::UnknownConfig { quantized, .. } => {
+            let flag = front.has_flag("config", None);
+            match (quantized, flag) {
+                (true, true) => Some("pass --config".into()),
+                (true, false) if recipe => {
+                    Some("put the base's config.json beside its weights".into())
+                }
+                (true, false) => None,
+                (false, true) => {
+                    Some("put the model's config.json beside the weights or pass --config".into())
+                }
+                (false, false) => Some("put the model's config.json beside the weights".into()),
+            }
+        }
         _ => None,
     }
 }

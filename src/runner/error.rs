@@ -59,6 +59,27 @@ pub enum RunError {
     /// Sampling options that contradict each other or the model.
     #[error("{0}")]
     Options(String),
+    /// A model with a second expert and no boundary ratio to switch at (the front end
+    /// says how to give one).
+    #[error("the model has transformer_2 but no boundary ratio (none in model_index.json)")]
+    NoBoundaryRatio,
+    /// No config.json, and shapes that are not a released WAN model's: the head count is
+    /// unknown (the front end says how to give a config).
+    #[error(
+        "{}: {}, so the head count is unknown",
+        path.display(),
+        if *quantized {
+            "a quantized checkpoint carries no config.json, and these shapes are not a released WAN model's"
+        } else {
+            "no config.json, and the shapes are not those of a released WAN model"
+        }
+    )]
+    UnknownConfig {
+        /// The path given as the model.
+        path: PathBuf,
+        /// A quantized checkpoint (which never has a config.json beside it).
+        quantized: bool,
+    },
     /// A weight could not be computed (the merge behind an unmerged reference failed).
     #[error("{source_name}: weight `{tensor}`")]
     Computed {
