@@ -844,8 +844,9 @@ fn qwix_without_metadata_needs_an_explicit_scale() {
         &AdapterOptions::default(),
     )
     .unwrap_err();
-    assert!(matches!(err, AdapterError::NoScale { .. }), "{err}");
-    assert!(err.to_string().contains("--scale"), "{err}");
+    // How to give it (`--scale S`, `scale = S`) is the front end's hint.
+    assert!(matches!(err, AdapterError::ScaleNeeded { .. }), "{err}");
+    assert!(err.to_string().contains("does not guess"), "{err}");
 }
 
 // ---------------------------------------------------------------------------------------

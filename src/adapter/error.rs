@@ -130,6 +130,19 @@ pub enum AdapterError {
         /// What is missing and how to pass it.
         reason: String,
     },
+    /// A Qwix/NNX file without the metadata its scale comes from, and no scale given (the
+    /// front end says how to give one).
+    #[error(
+        "{}: Qwix/NNX LoRA without `{}`/`{}` metadata: its scale σ = α/r is not in the file, \
+         and wanbake does not guess",
+        path.display(),
+        super::nnx::ALPHA_KEY,
+        super::nnx::RANK_KEY
+    )]
+    ScaleNeeded {
+        /// The adapter.
+        path: PathBuf,
+    },
     /// Entries whose module names no base tensor.
     #[error(
         "{}: {}{} entr(y/ies) bind to no tensor of the base {}:{}",

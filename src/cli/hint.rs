@@ -367,6 +367,16 @@ fn adapter_hint(e: &AdapterError, front: FrontEnd) -> Option<String> {
                     .then(|| "pass --from <convention> to read it as one of them".into())
             }
         }
+        AdapterError::ScaleNeeded { .. } => {
+            let s = "S = your LoRA rule's alpha / rank";
+            if recipe {
+                Some(format!("set `scale = S` on its [[adapter]] ({s})"))
+            } else {
+                front
+                    .has_flag("scale", None)
+                    .then(|| format!("pass it explicitly with --scale S ({s})"))
+            }
+        }
         AdapterError::Names { .. } => front
             .has_flag("base", None)
             .then(|| "pass --base BASE so names are matched against the base's own keys".into()),
