@@ -12,6 +12,7 @@ pub mod adapter;
 pub mod backend;
 pub mod bake;
 pub mod convert;
+pub mod error_text;
 pub mod extract;
 pub mod gpu;
 pub mod inspect;

@@ -31,40 +31,23 @@ fn main() -> ExitCode {
             };
         }
     };
+    let front = cli::hint::FrontEnd::of(&cli.command);
     match cli::execute(cli) {
         Ok(status) => ExitCode::from(status.code()),
         Err(e) => {
             cli::stdio::line(
                 cli::stdio::Stream::Stderr,
-                format_args!("error: {}", chain_text(&e)),
+                format_args!("error: {}", wanbake::error_text::Chain(e.as_ref())),
             );
-            ExitCode::from(exit_code_for(&e).code())
+            if let Some(hint) = cli::hint::hint(&e, front) {
+                cli::stdio::line(cli::stdio::Stream::Stderr, format_args!("hint: {hint}"));
+            }
+            let status = if cli::hint::is_usage(&e, front) {
+                Status::Usage
+            } else {
+                Status::Failed
+            };
+            ExitCode::from(status.code())
         }
-    }
-}
-
-/// The error and its causes, each said once: many library errors already include their
-/// source's text in their own message, so a cause whose text is already there is skipped.
-fn chain_text(e: &anyhow::Error) -> String {
-    let mut out = String::new();
-    for cause in e.chain() {
-        let text = cause.to_string();
-        if out.contains(&text) {
-            continue;
-        }
-        if !out.is_empty() {
-            out.push_str(": ");
-        }
-        out.push_str(&text);
-    }
-    out
-}
-
-/// Usage errors (bad flag combinations detected after parsing) exit 2; everything else 1.
-fn exit_code_for(e: &anyhow::Error) -> Status {
-    if e.downcast_ref::<cli::UsageError>().is_some() {
-        Status::Usage
-    } else {
-        Status::Failed
     }
 }

@@ -407,13 +407,13 @@ fn verify_file(dir: &Path, f: &FileRecord, phase: &Progress) -> (usize, Vec<Mism
                     out.push(miss(format!("sha256 {sha}, manifest says {}", f.sha256)));
                 }
             }
-            Err(e) => out.push(miss(e.to_string())),
+            Err(e) => out.push(miss(crate::error_text::chain(&e))),
         }
         return (0, out);
     };
     let d = match digest::digest_weight_file(&path, &|n| phase.add_bytes(n)) {
         Ok(d) => d,
-        Err(e) => return (0, vec![miss(e.to_string())]),
+        Err(e) => return (0, vec![miss(crate::error_text::chain(&e))]),
     };
     if d.bytes != f.bytes {
         out.push(miss(format!("size {}, manifest says {}", d.bytes, f.bytes)));

@@ -23,18 +23,116 @@ use serde_json::json;
 
 use crate::io::checkpoint::Component;
 use crate::io::gguf::{self, TensorPlan};
+use crate::io::header_layout::LayoutError;
 use crate::io::header_layout::PlannedTensor;
 use crate::io::quant::fp8;
 use crate::io::quant::ggml::{self, GgmlType};
 use crate::io::writer::{ComponentOutput, GgufParts, OutputPlan};
-use crate::io::{DType, dtype};
+use crate::io::{DType, ReadError, dtype};
 use crate::model::base_model::{BaseModel, ComponentModel};
+use crate::model::plan_error::PlanError;
 use crate::model::quant_rules::{self, QuantFormat, Why};
 use crate::model::wan_layout::Layout;
 use crate::model::wan_names::{self, Position};
 
 /// The name of the fp8 marker tensor.
 pub const FP8_MARKER: &str = "scaled_fp8";
+
+/// Why a quantized output cannot be made of a base, or a tensor cannot be encoded. Planning
+/// refusals name the key (the caller adds the base's path); encoding errors name the file
+/// and key (`what`). Nothing is written when one is returned.
+#[derive(Debug, thiserror::Error)]
+pub enum QuantError {
+    /// The base holds several transformers; a quantized output is one file of one.
+    #[error(
+        "holds {} transformers ({}); {format} writes one file per transformer",
+        components.len(),
+        components.join(", ")
+    )]
+    Transformers {
+        /// The format asked for.
+        format: QuantFormat,
+        /// The base's transformers.
+        components: Vec<String>,
+    },
+    /// The base cannot be read.
+    #[error(transparent)]
+    Read(#[from] ReadError),
+    /// The base's layout cannot be told (keys that fit no layout, or several).
+    #[error(transparent)]
+    Layout(#[from] PlanError),
+    /// The base is in a layout the quantized formats do not read.
+    #[error(
+        "the input is in the {layout} layout; {format} reads the diffusers or original-Wan layout"
+    )]
+    UnreadLayout {
+        /// The format asked for.
+        format: QuantFormat,
+        /// The base's layout.
+        layout: Layout,
+    },
+    /// A key that is not a WAN transformer parameter.
+    #[error("{key}: not a WAN transformer parameter of the {layout} layout")]
+    UnknownKey {
+        /// The stored key.
+        key: String,
+        /// The layout it was read in.
+        layout: Layout,
+    },
+    /// A tensor whose dtype is not floating point.
+    #[error("{key}: dtype {dtype} is not a float type; cannot quantize it")]
+    NonFloat {
+        /// The stored key.
+        key: String,
+        /// Its dtype.
+        dtype: DType,
+    },
+    /// An output name longer than GGUF allows.
+    #[error("{key}: output name {name} is longer than GGUF's 127 characters")]
+    LongName {
+        /// The stored key.
+        key: String,
+        /// Its original-Wan name.
+        name: String,
+    },
+    /// Two keys with the same original-Wan name.
+    #[error("{first} and {second} map to the same name {name}")]
+    SameName {
+        /// One stored key.
+        first: String,
+        /// The other.
+        second: String,
+        /// The name both map to.
+        name: String,
+    },
+    /// A key whose original-Wan name is a scaled-fp8 output name.
+    #[error("{key}: the input already holds a scaled-fp8 tensor name")]
+    Fp8Name {
+        /// The stored key.
+        key: String,
+    },
+    /// A weight that is NaN or infinite.
+    #[error("{what}: element {index} is {value}; a quantized output needs finite weights")]
+    NonFinite {
+        /// The file and key.
+        what: String,
+        /// The element's index.
+        index: usize,
+        /// Its value.
+        value: f32,
+    },
+    /// A dtype the values cannot be converted to or from.
+    #[error(transparent)]
+    Dtype(#[from] dtype::UnsupportedDType),
+    /// A bug: values that are not whole blocks of their ggml type.
+    #[error("internal: {what} is not whole {ty} blocks")]
+    Blocks {
+        /// The file and key.
+        what: String,
+        /// The ggml type.
+        ty: GgmlType,
+    },
+}
 
 /// How one output tensor is encoded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -108,13 +206,12 @@ pub fn plan(
     options: QuantOptions,
     layout: Layout,
     source: &[(String, DType, Vec<usize>)],
-) -> anyhow::Result<QuantPlan> {
+) -> Result<QuantPlan, QuantError> {
     if !matches!(layout, Layout::Diffusers | Layout::Wan) {
-        anyhow::bail!(
-            "--to {}: the input is in the {layout} layout; quantized outputs read the diffusers or \
-             original-Wan layout.\nhint: `wanbake restack IN --to wan --out DIR` first",
-            options.format
-        );
+        return Err(QuantError::UnreadLayout {
+            format: options.format,
+            layout,
+        });
     }
     let mut tensors = Vec::new();
     let mut skipped = Vec::new();
@@ -124,10 +221,16 @@ pub fn plan(
             continue;
         }
         let Some((entry, pos)) = wan_names::parse_stored(layout, name) else {
-            anyhow::bail!("{name}: not a WAN transformer parameter of the {layout} layout");
+            return Err(QuantError::UnknownKey {
+                key: name.clone(),
+                layout,
+            });
         };
         if !dt.is_float() {
-            anyhow::bail!("{name}: dtype {dt} is not a float type; cannot quantize it");
+            return Err(QuantError::NonFloat {
+                key: name.clone(),
+                dtype: *dt,
+            });
         }
         let block = match pos {
             Position::Block(b) => b,
@@ -146,28 +249,25 @@ pub fn plan(
     tensors.sort_by(|a, b| a.name.cmp(&b.name));
     if let Some(t) = tensors.iter().find(|t| t.name.len() > 127) {
         // convert.py's limit (spec §2.3); original-Wan names are far shorter.
-        anyhow::bail!(
-            "{}: output name {} is longer than GGUF's 127 characters",
-            t.source,
-            t.name
-        );
+        return Err(QuantError::LongName {
+            key: t.source.clone(),
+            name: t.name.clone(),
+        });
     }
     if let Some(w) = tensors.windows(2).find(|w| w[0].name == w[1].name) {
-        anyhow::bail!(
-            "{} and {} map to the same name {}",
-            w[0].source,
-            w[1].source,
-            w[0].name
-        );
+        return Err(QuantError::SameName {
+            first: w[0].source.clone(),
+            second: w[1].source.clone(),
+            name: w[0].name.clone(),
+        });
     }
     let clash = tensors
         .iter()
         .find(|t| t.name == FP8_MARKER || t.name.ends_with(".scale_weight"));
     if let (QuantFormat::Fp8Scaled, Some(t)) = (options.format, clash) {
-        anyhow::bail!(
-            "{}: the input already holds a scaled-fp8 tensor name",
-            t.source
-        );
+        return Err(QuantError::Fp8Name {
+            key: t.source.clone(),
+        });
     }
     Ok(QuantPlan {
         options,
@@ -201,7 +301,7 @@ impl QuantPlan {
         &self,
         stem: &str,
         metadata: BTreeMap<String, String>,
-    ) -> anyhow::Result<OutputPlan> {
+    ) -> Result<OutputPlan, LayoutError> {
         if self.options.format == QuantFormat::Fp8Scaled {
             let mut planned = vec![PlannedTensor {
                 name: FP8_MARKER.into(),
@@ -238,7 +338,7 @@ impl QuantPlan {
                 sidecars: Vec::new(),
                 max_shard_bytes: None,
             };
-            return Ok(OutputPlan::build(&[c], &[])?);
+            return OutputPlan::build(&[c], &[]);
         }
         let mut out = OutputPlan::build(&[], &[])?;
         out.add_gguf_file(0, PathBuf::from(format!("{stem}.gguf")), self.gguf_parts());
@@ -395,12 +495,13 @@ pub fn encode(
     y: &mut [f32],
     fp8_scale: Option<f32>,
     what: &str,
-) -> anyhow::Result<Encoded> {
+) -> Result<Encoded, QuantError> {
     if let Some(i) = w.iter().position(|x| !x.is_finite()) {
-        anyhow::bail!(
-            "{what}: element {i} is {}; a quantized output needs finite weights",
-            w[i]
-        );
+        return Err(QuantError::NonFinite {
+            what: what.to_string(),
+            index: i,
+            value: w[i],
+        });
     }
     match encoding {
         Encoding::Plain(d) => {
@@ -434,8 +535,10 @@ pub fn encode(
             } else {
                 w
             };
-            let bytes = ggml::quantize_vec(ty, src)
-                .ok_or_else(|| anyhow::anyhow!("internal: {what} is not whole {ty} blocks"))?;
+            let bytes = ggml::quantize_vec(ty, src).ok_or_else(|| QuantError::Blocks {
+                what: what.to_string(),
+                ty,
+            })?;
             ggml::dequantize(ty, &bytes, y);
             Ok(Encoded { bytes, scale: None })
         }
@@ -505,26 +608,18 @@ pub fn source_tensors(c: &Component) -> Vec<(String, DType, Vec<usize>)> {
 }
 
 /// The one transformer of `ck` and its model facts: a quantized output is one file, so a
-/// pipeline with two experts is refused with the way out.
+/// pipeline with two experts is refused (the front end says the way out: one transformer
+/// folder).
 pub fn single_transformer(
     ck: &BaseModel,
     format: QuantFormat,
-) -> anyhow::Result<(&Component, &ComponentModel)> {
+) -> Result<(&Component, &ComponentModel), QuantError> {
     match ck.components.as_slice() {
         [_] => Ok(ck.single_part()?),
-        many => anyhow::bail!(
-            "{}: holds {} transformers ({}); --to {format} writes one file per transformer.\n\
-             hint: pass one transformer folder, e.g. {}",
-            ck.path.display(),
-            many.len(),
-            many.iter()
-                .map(|c| c.name.as_str())
-                .collect::<Vec<_>>()
-                .join(", "),
-            ck.path
-                .join(many.first().map_or("transformer", |c| c.name.as_str()))
-                .display()
-        ),
+        many => Err(QuantError::Transformers {
+            format,
+            components: many.iter().map(|c| c.name.clone()).collect(),
+        }),
     }
 }
 

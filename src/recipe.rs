@@ -264,7 +264,7 @@ struct RawRecipe {
 #[derive(Debug, thiserror::Error)]
 pub enum RecipeError {
     /// Could not read the file.
-    #[error("{}: {source}", path.display())]
+    #[error("{}", path.display())]
     Io {
         /// The recipe.
         path: PathBuf,
@@ -279,6 +279,18 @@ pub enum RecipeError {
         path: PathBuf,
         /// toml's message, which names the field, line and column.
         message: String,
+    },
+    /// A value names something that cannot be used (an output folder that exists, a cache
+    /// folder that cannot be opened), and why.
+    #[error("{}: {field}", path.display())]
+    Unusable {
+        /// The recipe.
+        path: PathBuf,
+        /// The field.
+        field: String,
+        /// Why.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// A value is out of range or inconsistent.
     #[error("{}: {field}: {message}", path.display())]

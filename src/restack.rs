@@ -40,11 +40,11 @@ pub fn restack_release(
     let plans = plan_restack(&checkpoint, options)?;
     let components: Vec<ComponentOutput> = plans.iter().map(|p| p.output.clone()).collect();
     let root = checkpoint.root_aux_files();
-    let output_err = |reason: String| RestackError::Output {
+    let output_err = |source: Box<dyn std::error::Error + Send + Sync>| RestackError::Output {
         path: out.to_path_buf(),
-        reason,
+        source,
     };
-    let output = OutputPlan::build(&components, &root).map_err(|e| output_err(e.to_string()))?;
+    let output = OutputPlan::build(&components, &root).map_err(|e| output_err(Box::new(e)))?;
     let jobs = plans
         .iter()
         .enumerate()
@@ -59,7 +59,7 @@ pub fn restack_release(
         quantize: None,
     };
     let plan = Plan::copy_only(&checkpoint, output, jobs, keep_f32.join(", "), described)
-        .map_err(|e| output_err(e.to_string()))?
+        .map_err(|e| output_err(Box::new(e)))?
         .hash_base_while_writing("base");
     let report = restack_report(&checkpoint, &plans);
     let mut writing = Writing::new(out, options.replace, "restack", options.to_json());

@@ -928,10 +928,7 @@ fn cache_errors_name_the_problem() {
         shape: &[4, 2, 3],
         bytes: &W,
     };
-    let e = cache
-        .get_or_compute(&conv, 5, Par::Seq)
-        .unwrap_err()
-        .to_string();
+    let e = wanbake::error_text::chain(&cache.get_or_compute(&conv, 5, Par::Seq).unwrap_err());
     assert!(
         e.contains("conv.weight") && e.contains("rank 5") && e.contains("= 4"),
         "{e}"

@@ -1,7 +1,8 @@
 //! Why an adapter could not be read, bound to a base, or translated.
 //!
 //! Owns: `AdapterError` (every variant names the adapter path and the keys, modules or
-//! entries concerned, with expected versus found where there is a shape), `KeyProblem` (one
+//! entries concerned, with expected versus found where there is a shape; the way out, a
+//! flag or a recipe key, is the front end's hint), `KeyProblem` (one
 //! adapter key that no entry consumed, and why) and the list formatting shared by the
 //! variants. Does not own: I/O errors of the files themselves (`io::ReadError`, wrapped).
 
@@ -101,7 +102,7 @@ pub enum AdapterError {
     },
     /// The keys mix conventions and none was chosen.
     #[error(
-        "{}: the keys mix adapter conventions ({summary}); pass --from <convention> to read it as one of them",
+        "{}: the keys mix adapter conventions ({summary})",
         path.display()
     )]
     Mixed {
@@ -112,7 +113,7 @@ pub enum AdapterError {
     },
     /// Keys that no entry consumed (unknown, unsupported or malformed).
     #[error(
-        "{}: {} key(s) are not part of any adapter entry wanbake can apply:{}\nhint: every key must be consumed; pass --allow-unmatched to skip them knowingly",
+        "{}: {} key(s) are not part of any adapter entry wanbake can apply (every key must be consumed):{}",
         path.display(), problems.len(), list_keys(problems)
     )]
     Keys {
@@ -129,9 +130,22 @@ pub enum AdapterError {
         /// What is missing and how to pass it.
         reason: String,
     },
+    /// A Qwix/NNX file without the metadata its scale comes from, and no scale given (the
+    /// front end says how to give one).
+    #[error(
+        "{}: Qwix/NNX LoRA without `{}`/`{}` metadata: its scale σ = α/r is not in the file, \
+         and wanbake does not guess",
+        path.display(),
+        super::nnx::ALPHA_KEY,
+        super::nnx::RANK_KEY
+    )]
+    ScaleNeeded {
+        /// The adapter.
+        path: PathBuf,
+    },
     /// Entries whose module names no base tensor.
     #[error(
-        "{}: {}{} entr(y/ies) bind to no tensor of the base {}:{}\nhint: pass --allow-unmatched to skip them knowingly",
+        "{}: {}{} entr(y/ies) bind to no tensor of the base {}:{}",
         adapter.display(), hint_first(hint), entries.len(), base.display(), list_entries(entries)
     )]
     Unmatched {
@@ -180,7 +194,7 @@ pub enum AdapterError {
     },
     /// Module names that no convention's name table resolves (translation without a base).
     #[error(
-        "{}: {} module name(s) cannot be resolved without a base:{}\nhint: pass --base BASE so names are matched against the base's own keys",
+        "{}: {} module name(s) cannot be resolved without a base:{}",
         path.display(), entries.len(), list_entries(entries)
     )]
     Names {

@@ -90,11 +90,11 @@ pub const PEFT: Dialect = Dialect {
         (".hada_w2_b", LYCORIS),
         (
             ".lora_A.default.weight",
-            "PEFT files store lora_A without the adapter-name infix; read this file with --from comfy",
+            "PEFT files store lora_A without the adapter-name infix, so this file is in the comfy convention",
         ),
         (
             ".lora_B.default.weight",
-            "PEFT files store lora_B without the adapter-name infix; read this file with --from comfy",
+            "PEFT files store lora_B without the adapter-name infix, so this file is in the comfy convention",
         ),
         (
             ".weight",
@@ -156,11 +156,11 @@ pub const COMFY: Dialect = Dialect {
         (".reshape_weight", SET_WEIGHT),
         (
             ".lora_magnitude_vector",
-            "a PEFT DoRA magnitude in a non-PEFT file: read it with --from peft or --from diffusers",
+            "a PEFT DoRA magnitude in a non-PEFT file: read the file as the peft or diffusers convention",
         ),
         (
             ".lora_B.bias",
-            "a PEFT lora_B.bias in a non-PEFT file: read it with --from peft or --from diffusers",
+            "a PEFT lora_B.bias in a non-PEFT file: read the file as the peft or diffusers convention",
         ),
     ],
 };
@@ -406,7 +406,7 @@ fn lora_entries(
     let f = factor_shapes(a, b)?;
     let alpha = match g.get(Part::Alpha) {
         Some(k) => {
-            let v = input.scalar(k).map_err(|e| e.to_string())?;
+            let v = input.scalar(k).map_err(|e| crate::error_text::chain(&e))?;
             if v == 0.0 {
                 return Err(format!(
                     "`{}` is 0: musubi reads that as α = r, ComfyUI as scale 0; refusing to guess",

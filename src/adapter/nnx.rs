@@ -73,13 +73,8 @@ fn layer_path(path: &str, layer: usize) -> Option<String> {
 pub fn parse(input: &ParseInput<'_>) -> Result<Parsed, AdapterError> {
     let meta = metadata_scale(input)?;
     if meta.is_none() && input.opts.scale.is_none() {
-        return Err(AdapterError::NoScale {
+        return Err(AdapterError::ScaleNeeded {
             path: input.path.to_path_buf(),
-            reason: format!(
-                "Qwix/NNX LoRA without `{ALPHA_KEY}`/`{RANK_KEY}` metadata: its scale σ = α/r is \
-                 not in the file. Pass it explicitly with --scale S (S = your LoRA rule's \
-                 alpha / rank); wanbake does not guess"
-            ),
         });
     }
     let mut problems = Vec::new();

@@ -296,7 +296,7 @@ fn bind_one(
             if b.verdict.is_none() && e.model_terms().is_none() {
                 b.verdict = Some(mismatch_line(&set, &ix));
             }
-            b.error = Some(e.to_string());
+            b.error = Some(crate::error_text::chain(&e));
         }
     }
     Ok(b)

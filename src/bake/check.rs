@@ -64,24 +64,17 @@ pub fn settings(c: &CheckSpec) -> RunSettings {
 /// Runs the model at `model` on the check's inputs; `config` replaces its config.json (a
 /// quantized release carries none: the base's is given).
 pub fn run_on(model: &Path, config: Option<&Path>, c: &CheckSpec) -> Result<Tensor, BakeError> {
-    let fail = |reason: String| BakeError::CheckSetup {
-        check: c.name.clone().unwrap_or_default(),
-        reason,
-    };
-    let models = ModelSet::open(model, config).map_err(|e| fail(e.to_string()))?;
+    let models =
+        ModelSet::open(model, config).map_err(|e| BakeError::check_input(&c.name, None, e))?;
     run_set(&models, c)
 }
 
 /// Runs opened models (a baked release, or the reference of `bake::reference`) on the
 /// check's inputs.
 pub fn run_set(models: &ModelSet<'_>, c: &CheckSpec) -> Result<Tensor, BakeError> {
-    let fail = |reason: String| BakeError::CheckSetup {
-        check: c.name.clone().unwrap_or_default(),
-        reason,
-    };
-    let inputs = RunInputs::read(&c.inputs).map_err(|e| fail(e.to_string()))?;
-    let out =
-        run_models(models, &inputs, &c.inputs, &settings(c)).map_err(|e| fail(e.to_string()))?;
+    let fail = |e| BakeError::check_input(&c.name, None, e);
+    let inputs = RunInputs::read(&c.inputs).map_err(fail)?;
+    let out = run_models(models, &inputs, &c.inputs, &settings(c)).map_err(fail)?;
     Ok(out.tensor)
 }
 
@@ -93,7 +86,8 @@ pub fn read_expected(c: &CheckSpec) -> Result<Tensor, BakeError> {
         check: c.name.clone().unwrap_or_default(),
         reason,
     };
-    let f = crate::io::SafetensorsFile::open(path).map_err(|e| fail(e.to_string()))?;
+    let f = crate::io::SafetensorsFile::open(path)
+        .map_err(|e| BakeError::check_input(&c.name, None, e))?;
     let i = f
         .position(name)
         .ok_or_else(|| fail(format!("{} has no tensor `{name}`", path.display())))?;

@@ -9,7 +9,7 @@ use crate::recipe::{Recipe, RecipeError};
 use crate::release::ReleaseError;
 
 /// A bake failure. Plan-phase variants (`Recipe`, `Read`, `Adapter`, `Plan`,
-/// `HashMismatch`, `NoSpace`, `CheckSetup`) leave nothing on disk; a failed check is not an error (the
+/// `HashMismatch`, `NoSpace`, `CheckSetup`, `CheckInput`) leave nothing on disk; a failed check is not an error (the
 /// output is written and marked `check_failed`).
 #[derive(Debug, thiserror::Error)]
 pub enum BakeError {
@@ -63,6 +63,17 @@ pub enum BakeError {
         /// Why.
         reason: String,
     },
+    /// A check cannot run: what it reads could not be opened, read or run.
+    #[error("check `{check}`{}", step.map(|s| format!(": {s}")).unwrap_or_default())]
+    CheckInput {
+        /// The check's name.
+        check: String,
+        /// What was being read, when the cause does not say it (`expected output`).
+        step: Option<&'static str>,
+        /// Why.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// Writing failed; nothing is left at the destination.
     #[error(transparent)]
     Write(Box<ReleaseError>),
@@ -95,6 +106,37 @@ impl BakeError {
             path: recipe.file.clone(),
             field: field.into(),
             message: message.into(),
+        })
+    }
+}
+
+impl BakeError {
+    /// A check's input that could not be opened, read or run; `step` says what was being
+    /// read when the cause does not.
+    pub fn check_input(
+        check: &Option<String>,
+        step: Option<&'static str>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        BakeError::CheckInput {
+            check: check.clone().unwrap_or_default(),
+            step,
+            source: Box::new(source),
+        }
+    }
+}
+
+impl BakeError {
+    /// What `recipe`'s `field` names cannot be used, and why.
+    pub fn unusable(
+        recipe: &Recipe,
+        field: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        BakeError::Recipe(RecipeError::Unusable {
+            path: recipe.file.clone(),
+            field: field.into(),
+            source: Box::new(source),
         })
     }
 }

@@ -160,7 +160,7 @@ fn open_cache(recipe: &crate::recipe::Recipe) -> Result<Option<SvdCache>, BakeEr
     std::fs::create_dir_all(dir).map_err(|e| crate::io::ReadError::io(dir, e))?;
     SvdCache::open(dir)
         .map(Some)
-        .map_err(|e| BakeError::recipe(recipe, "merge.svd_cache", e.to_string()))
+        .map_err(|e| BakeError::unusable(recipe, "merge.svd_cache", e))
 }
 
 /// The provenance stamped into every output file's `__metadata__`.
@@ -201,12 +201,8 @@ fn expected_outputs(inputs: &BakeInputs) -> Result<Vec<Tensor>, BakeError> {
     };
     let models = match &plan {
         Some(plan) => Some(
-            reference::reference_models(plan, &inputs.merge).map_err(|e| {
-                BakeError::CheckSetup {
-                    check: "unmerged".into(),
-                    reason: e.to_string(),
-                }
-            })?,
+            reference::reference_models(plan, &inputs.merge)
+                .map_err(|e| BakeError::check_input(&Some("unmerged".into()), None, e))?,
         ),
         None => None,
     };

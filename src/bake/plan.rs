@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use super::error::BakeError;
 use crate::adapter::Convention;
+use crate::io::WriteError;
 use crate::io::staging::check_not_input;
 
 use crate::adapter::{AdapterSpec, BoundAdapter, BoundSet, ComponentChoice, bind_specs};
@@ -212,20 +213,13 @@ fn adapter_specs(recipe: &Recipe) -> Result<Vec<AdapterSpec>, BakeError> {
 fn check_output_path(recipe: &Recipe, base: &BaseModel) -> Result<(), BakeError> {
     let dir = &recipe.output.dir;
     if !recipe.output.overwrite && dir.symlink_metadata().is_ok() {
-        return Err(BakeError::recipe(
-            recipe,
-            "output.dir",
-            format!(
-                "{} already exists; set `overwrite = true` in [output] to replace it",
-                dir.display()
-            ),
-        ));
+        let exists = WriteError::Exists { path: dir.clone() };
+        return Err(BakeError::unusable(recipe, "output.dir", exists));
     }
     let mut inputs = base.input_files();
     inputs.push(recipe.base.path.clone());
     inputs.extend(recipe.adapters.iter().map(|a| a.path.clone()));
-    check_not_input(dir, &inputs)
-        .map_err(|e| BakeError::recipe(recipe, "output.dir", e.to_string()))
+    check_not_input(dir, &inputs).map_err(|e| BakeError::unusable(recipe, "output.dir", e))
 }
 
 /// A check's files exist and say what the check needs, and the base is a WAN transformer
@@ -237,8 +231,8 @@ fn validate_check(recipe: &Recipe, c: &CheckSpec) -> Result<(), BakeError> {
         reason,
     };
     ModelSet::open(&recipe.base.path, None)
-        .map_err(|e| fail(format!("the runner cannot load the base: {e}")))?;
-    RunInputs::read(&c.inputs).map_err(|e| fail(e.to_string()))?;
+        .map_err(|e| BakeError::check_input(&c.name, Some("the runner cannot load the base"), e))?;
+    RunInputs::read(&c.inputs).map_err(|e| BakeError::check_input(&c.name, None, e))?;
     if c.steps == 0 && c.guidance_2.is_some() {
         return Err(fail(
             "guidance_2 only applies when sampling (steps > 0)".into(),
@@ -248,7 +242,7 @@ fn validate_check(recipe: &Recipe, c: &CheckSpec) -> Result<(), BakeError> {
         let want = super::check::expected_tensor_name(c.steps);
         let path = Path::new(&c.expected);
         let f = crate::io::SafetensorsFile::open(path)
-            .map_err(|e| fail(format!("expected output: {e}")))?;
+            .map_err(|e| BakeError::check_input(&c.name, Some("expected output"), e))?;
         if f.position(want).is_none() {
             return Err(fail(format!(
                 "{} has no tensor `{want}` (steps = {} produces `{want}`)",

@@ -107,7 +107,11 @@ impl WeightSource for ReferenceWeights<'_> {
         {
             r.file.release(r.position);
         }
-        let values = values.map_err(|e| self.error(name, e.to_string()))?;
+        let values = values.map_err(|e| RunError::Computed {
+            source_name: self.name.clone(),
+            tensor: name.to_string(),
+            source: Box::new(e),
+        })?;
         self.base
             .canonical(src, DType::F32, bytemuck::cast_slice(&values))
             .map(Cow::Owned)

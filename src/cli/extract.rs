@@ -167,14 +167,12 @@ pub fn execute_extract(args: ExtractArgs, p: &mut Printer) -> anyhow::Result<Sta
         req.check().map_err(usage_or)?;
         let merge = MergeOptions::default();
         let base = BaseModel::open(&args.base)?;
-        let adapters = bind_specs(&specs, &base, merge.allow_unmatched)
-            .map_err(super::merge::adapter_error)?;
+        let adapters = bind_specs(&specs, &base, merge.allow_unmatched)?;
         req.provenance = serde_json::json!({ "adapters": args.adapters });
         // The tuned model: the adapters merged in f32 in the base's own layout, each tensor
         // computed in memory when the extraction asks for it.
-        let plan = Plan::new(&base, &adapters, &OutputOptions::f32_reference())
-            .map_err(super::merge::plan_error)?
-            .hash_base("base")?;
+        let plan =
+            Plan::new(&base, &adapters, &OutputOptions::f32_reference())?.hash_base("base")?;
         let values = Merger::values_only(&plan, &merge);
         extract_from_adapters(
             &req,

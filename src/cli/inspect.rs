@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use super::{Printer, Status};
 use wanbake::adapter::report::describe_path;
+use wanbake::error_text::chain;
 use wanbake::inspect::{InspectReport, inspect, render_text};
 use wanbake::io::Checkpoint;
 use wanbake::model::base_model::BaseModel;
@@ -43,7 +44,7 @@ fn add_adapter_details(
             comp.adapter = serde_json::to_value(&a).ok();
             problems
         }
-        Err(e) => vec![e.to_string()],
+        Err(e) => vec![chain(&e)],
     }
 }
 
@@ -63,8 +64,10 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
                     docs.push(r);
                 }
                 Err(e) => {
-                    p.error_line(format!("error: {e}"));
-                    docs.push(serde_json::json!({"path": path.display().to_string(), "error": e.to_string()}));
+                    p.error_line(format!("error: {}", chain(&e)));
+                    docs.push(
+                        serde_json::json!({"path": path.display().to_string(), "error": chain(&e)}),
+                    );
                     status = Status::Failed;
                 }
             }
@@ -98,9 +101,9 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
                 docs.push(serde_json::to_value(&r)?);
             }
             Err(e) => {
-                p.error_line(format!("error: {e}"));
+                p.error_line(format!("error: {}", chain(&e)));
                 docs.push(
-                    serde_json::json!({"path": path.display().to_string(), "error": e.to_string()}),
+                    serde_json::json!({"path": path.display().to_string(), "error": chain(&e)}),
                 );
                 status = Status::Failed;
             }

@@ -14,15 +14,13 @@ use std::path::{Path, PathBuf};
 use super::device::{DeviceArg, device_json};
 use super::output::{DtypeArgs, OutputDir, ShardArg};
 use super::{Printer, Status, UsageError};
-use wanbake::adapter::{AdapterError, AdapterSpec, bind_specs};
+use wanbake::adapter::{AdapterSpec, bind_specs};
 use wanbake::linalg::SvdCache;
-use wanbake::merge::{
-    DoraStrength, MergeFailure, MergeOptions, MergeReport, Merging, merge_release,
-};
+use wanbake::merge::{DoraStrength, MergeOptions, MergeReport, Merging, merge_release};
 use wanbake::model::base_model::BaseModel;
 use wanbake::model::quant_rules::QuantFormat;
 use wanbake::model::wan_layout::Layout;
-use wanbake::pipeline::{BadOption, OutputChoices, OutputOptions, PipelineError};
+use wanbake::pipeline::{BadOption, OutputChoices, OutputOptions};
 
 const AFTER_HELP: &str = "\
 ADAPTERS
@@ -131,39 +129,6 @@ pub(super) fn flag_error(b: BadOption) -> UsageError {
     UsageError(format!("--{}: {}", b.field.replace('_', "-"), b.message))
 }
 
-/// A binding refusal in the command line's words: the usage ones (which transformer an
-/// adapter is for) are `UsageError`s (exit code 2), with the flag's spelling as the hint.
-pub(super) fn adapter_error(e: AdapterError) -> anyhow::Error {
-    match &e {
-        AdapterError::ComponentNeeded {
-            adapter,
-            components,
-        } => {
-            let first = components.first().map_or("transformer", String::as_str);
-            UsageError(format!(
-                "{e}, e.g. --adapter {first}={adapter}, or all={adapter} for every one"
-            ))
-            .into()
-        }
-        AdapterError::NoSuchComponent { components, .. } if components.len() == 1 => {
-            UsageError(format!("{e} (drop the prefix)")).into()
-        }
-        AdapterError::NoSuchComponent { .. } => UsageError(e.to_string()).into(),
-        _ => e.into(),
-    }
-}
-
-/// A planning refusal in the command line's words: an integer tensor an adapter targets is
-/// a usage error (exit code 2) with the flag that helps.
-pub(super) fn plan_error(e: PipelineError) -> anyhow::Error {
-    match &e {
-        PipelineError::IntegerTarget { .. } => {
-            UsageError(format!("{e}: choose --dtype bf16, f16 or f32")).into()
-        }
-        _ => e.into(),
-    }
-}
-
 /// Runs `merge`.
 pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
     let output = output_options(&args)?;
@@ -181,14 +146,14 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
         .as_deref()
         .map(SvdCache::open)
         .transpose()
-        .map_err(|e| UsageError(format!("--svd-cache: {e} (create the directory first)")))?;
+        .map_err(|e| super::hint::FlagError::new("svd-cache", e))?;
     let (compute, device) = args.device.select()?;
     p.line(format!("device: {}", device.reason));
     if output.quantize.is_some() {
         refuse_gguf_out(&args.output.out)?;
     }
     let base = BaseModel::open(&args.base)?;
-    let adapters = bind_specs(&specs, &base, options.allow_unmatched).map_err(adapter_error)?;
+    let adapters = bind_specs(&specs, &base, options.allow_unmatched)?;
     if base.components.len() > 1 {
         for a in adapters.iter() {
             let component = &base.components[a.component].name;
@@ -209,11 +174,7 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
         &merging,
         &args.output.out,
         args.output.replace(),
-    )
-    .map_err(|e| match e {
-        MergeFailure::Plan(e) => plan_error(*e),
-        MergeFailure::Write(e) => e.into(),
-    })?;
+    )?;
     let files = &outcome.release.manifest.files;
     let bytes: u64 = files.iter().map(|f| f.bytes).sum();
     print_summary(p, &outcome.report, &outcome.release.dir, files.len(), bytes);

@@ -9,6 +9,10 @@
 //! clap rejects a bad value with the list of good ones (exit code 2) and each command gets
 //! typed values that it hands to the library's one builder (`MergeOptions::new`, which
 //! recipes use too; `RestackOptions`, built in one place) without parsing text again.
+//!
+//! Library errors pass through unchanged (`?`); `main` prints their chain, and `hint` adds
+//! the way out in the spelling of the front end that ran (a flag, or a recipe key for
+//! `bake`) and decides which are usage errors.
 
 use clap::{Parser, Subcommand};
 
@@ -16,6 +20,7 @@ pub mod bake;
 pub mod convert;
 pub mod device;
 pub mod extract;
+pub mod hint;
 pub mod inspect;
 pub mod merge;
 pub mod output;

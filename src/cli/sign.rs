@@ -91,7 +91,7 @@ pub fn verify_signed(
     let report = match signing::verify(dir, &signature, &key, manifest.as_ref()) {
         Ok(r) => r,
         Err(e @ SignError::MissingSignature { .. }) => {
-            p.error_line(format!("error: {e}"));
+            p.error_line(format!("error: {}", wanbake::error_text::Chain(&e)));
             return Ok(Status::Failed);
         }
         Err(e) => return Err(e.into()),

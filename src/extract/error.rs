@@ -69,7 +69,7 @@ pub enum ExtractError {
         reason: String,
     },
     /// The SVD of a module failed.
-    #[error("{module}: {source}")]
+    #[error("{module}")]
     Svd {
         /// The module.
         module: String,
@@ -77,9 +77,7 @@ pub enum ExtractError {
         source: LinalgError,
     },
     /// The GPU failed while computing a module's SVD (`--device cuda`, or `auto` with a GPU).
-    #[error(
-        "{module}: the SVD on the GPU failed: {source}\nhint: --device cpu runs the SVDs on the CPU"
-    )]
+    #[error("{module}: the SVD on the GPU failed")]
     Device {
         /// The module.
         module: String,

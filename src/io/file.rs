@@ -19,7 +19,7 @@ pub const PICKLE_EXTENSIONS: &[&str] = &["bin", "pt", "pth", "ckpt", "pkl", "pic
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
     /// The OS refused (missing file, permissions, ...).
-    #[error("{}: {source}", path.display())]
+    #[error("{}", path.display())]
     Io {
         /// The file or folder.
         path: PathBuf,
@@ -28,7 +28,7 @@ pub enum ReadError {
         source: std::io::Error,
     },
     /// The bytes break the safetensors format.
-    #[error("{}: not a valid safetensors file: {source}", path.display())]
+    #[error("{}: not a valid safetensors file", path.display())]
     Format {
         /// The file.
         path: PathBuf,

@@ -710,7 +710,12 @@ impl Shared {
             None => Ok(()),
             Some(OrderedError::Io { path, source }) => Err(OrderedError::Io {
                 path: path.clone(),
-                source: std::io::Error::new(source.kind(), source.to_string()),
+                // An OS error is copied as itself (a hint reads its code: disk full, file
+                // size limit); any other as its whole chain.
+                source: match source.raw_os_error() {
+                    Some(code) => std::io::Error::from_raw_os_error(code),
+                    None => std::io::Error::new(source.kind(), crate::error_text::chain(source)),
+                },
             }),
             Some(OrderedError::Gap { path, offset }) => Err(OrderedError::Gap {
                 path: path.clone(),

@@ -34,7 +34,7 @@ const TMP_MARK: &str = ".wanbake-tmp-";
 #[derive(Debug, thiserror::Error)]
 pub enum WriteError {
     /// The destination exists and overwriting was not asked for.
-    #[error("{}: already exists; choose another output path or pass --overwrite", path.display())]
+    #[error("{}: already exists", path.display())]
     Exists {
         /// The destination.
         path: PathBuf,
@@ -58,7 +58,7 @@ pub enum WriteError {
         available: u64,
     },
     /// An OS error.
-    #[error("{}: {source}{}", path.display(), hint(source))]
+    #[error("{}", path.display())]
     Io {
         /// The file or folder.
         path: PathBuf,
@@ -67,7 +67,7 @@ pub enum WriteError {
         source: std::io::Error,
     },
     /// Re-reading a written file failed (disk or filesystem trouble).
-    #[error("re-reading the written output failed: {0}")]
+    #[error("re-reading the written output failed")]
     Reread(#[from] ReadError),
     /// The producer wrote more or fewer tensor bytes than planned (a bug in the producer).
     #[error(
@@ -115,18 +115,6 @@ pub enum WriteError {
         /// Tensor size.
         size: usize,
     },
-}
-
-fn hint(e: &std::io::Error) -> &'static str {
-    match e.raw_os_error() {
-        Some(code) if code == rustix::io::Errno::NOSPC.raw_os_error() => {
-            " (the disk is full: free space or choose another output location)"
-        }
-        Some(code) if code == rustix::io::Errno::FBIG.raw_os_error() => {
-            " (file size limit reached: check `ulimit -f`)"
-        }
-        _ => "",
-    }
 }
 
 /// The byte ranges of a planned file that neither its header nor any tensor covers (a GGUF

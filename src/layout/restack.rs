@@ -54,7 +54,7 @@ pub enum RestackError {
     #[error(transparent)]
     Read(#[from] ReadError),
     /// A component could not be planned.
-    #[error("{}: {source}", path.display())]
+    #[error("{}", path.display())]
     Plan {
         /// The component's folder or file.
         path: PathBuf,
@@ -78,12 +78,13 @@ pub enum RestackError {
         reason: String,
     },
     /// The output files cannot be laid out.
-    #[error("{}: {reason}", path.display())]
+    #[error("{}", path.display())]
     Output {
         /// The destination.
         path: PathBuf,
         /// Why.
-        reason: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// Writing failed.
     #[error(transparent)]

@@ -148,7 +148,7 @@ pub enum CacheProblem {
 #[derive(Debug, thiserror::Error)]
 pub enum CacheError {
     /// The OS refused (cache directory missing, not writable, disk full, ...).
-    #[error("SVD cache: {}: {source}", path.display())]
+    #[error("SVD cache: {}", path.display())]
     Io {
         /// The file or directory.
         path: PathBuf,
@@ -165,7 +165,7 @@ pub enum CacheError {
         reason: String,
     },
     /// The entry's header could not be laid out (sizes overflow).
-    #[error("SVD cache: {}: {source}", path.display())]
+    #[error("SVD cache: {}", path.display())]
     Layout {
         /// The entry.
         path: PathBuf,
@@ -174,7 +174,7 @@ pub enum CacheError {
         source: LayoutError,
     },
     /// The SVD failed or the rank does not fit.
-    #[error("base tensor `{tensor}`: {source}")]
+    #[error("base tensor `{tensor}`")]
     Linalg {
         /// Tensor name.
         tensor: String,
@@ -302,7 +302,7 @@ impl SvdCache {
         }
         let file = SafetensorsFile::open(path).map_err(|e| CacheProblem::Unreadable {
             path: path.to_path_buf(),
-            reason: e.to_string(),
+            reason: crate::error_text::chain(&e),
         })?;
         check_metadata(path, file.metadata(), &expected.metadata(None))?;
         check_tensors(path, &file, expected)?;

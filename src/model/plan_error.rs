@@ -4,8 +4,9 @@
 //! (`model::wan_layout`), writing and dtype planning (`layout::write`,
 //! `layout::dtype_policy`, `layout::conversion`); it lives in `model` because imports go one way
 //! and the lowest of its users is here. Every variant carries the keys it concerns and, for shapes, expected versus found; the
-//! file name is attached by the caller that knows it (`io` or the CLI). Long key lists are
-//! shown in full up to a limit, then counted.
+//! file name is attached by the caller that knows it (`io` or the CLI), and the way out
+//! that needs a flag or a recipe key by the front end. Long key lists are shown in full up
+//! to a limit, then counted.
 
 use std::fmt::{self, Write as _};
 
@@ -101,7 +102,7 @@ pub enum PlanError {
         /// Its dtype.
         dtype: DType,
     },
-    /// No layout explains the keys.
+    /// No layout explains the keys (the front end says how to name one).
     #[error("cannot tell the layout from the keys: {}{}", closest_text(*closest, unknown.len()), list(unknown))]
     Undetectable {
         /// The layout that explained the most keys (`None`: no key is a WAN parameter in
@@ -110,11 +111,8 @@ pub enum PlanError {
         /// Keys it did not explain.
         unknown: Vec<String>,
     },
-    /// More than one layout explains every key.
-    #[error(
-        "the keys fit more than one layout ({}); pass the layout explicitly",
-        join_layouts(candidates)
-    )]
+    /// More than one layout explains every key (the front end says how to name one).
+    #[error("the keys fit more than one layout ({})", join_layouts(candidates))]
     Ambiguous {
         /// The layouts that fit.
         candidates: Vec<Layout>,
@@ -160,9 +158,10 @@ pub enum PlanError {
         /// The regex error.
         reason: String,
     },
-    /// The pieces of one output tensor come in dtypes that `--dtype keep` cannot keep.
+    /// The pieces of one output tensor come in dtypes that `keep` cannot keep (the front end
+    /// says how to choose an output dtype).
     #[error(
-        "output `{key}` is stacked from pieces of dtypes {dtypes:?}; --dtype keep needs one dtype (pass --dtype bf16|f16|f32)"
+        "output `{key}` is stacked from pieces of dtypes {dtypes:?}; keeping the stored dtype needs one dtype"
     )]
     MixedDtypes {
         /// The output key.
@@ -200,9 +199,7 @@ fn list_shapes(m: &[StoredShapeMismatch]) -> String {
 
 fn closest_text(closest: Option<Layout>, n: usize) -> String {
     match closest {
-        Some(l) => format!(
-            "the closest is `{l}`, which does not know {n} of them (pass --from to choose a layout):"
-        ),
+        Some(l) => format!("the closest is `{l}`, which does not know {n} of them:"),
         None => format!(
             "none of the {n} keys is a WAN transformer parameter in any layout (an adapter, or another model?):"
         ),

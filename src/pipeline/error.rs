@@ -63,10 +63,20 @@ pub enum PipelineError {
         /// Why.
         reason: String,
     },
+    /// A quantized output cannot be made of the base (several transformers, a layout or a
+    /// key the formats do not read).
+    #[error("{}", path.display())]
+    Quantize {
+        /// The base.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: Box<crate::quantize::QuantError>,
+    },
     /// A tensor could not be encoded for a quantized output (a non-finite weight); the
-    /// message names the file and key.
-    #[error("{0}")]
-    Encode(String),
+    /// error names the file and key.
+    #[error(transparent)]
+    Encode(Box<crate::quantize::QuantError>),
     /// Writing the output failed.
     #[error("writing `{tensor}`")]
     Write {
@@ -76,4 +86,10 @@ pub enum PipelineError {
         #[source]
         source: Box<crate::io::WriteError>,
     },
+}
+
+impl From<crate::quantize::QuantError> for PipelineError {
+    fn from(e: crate::quantize::QuantError) -> PipelineError {
+        PipelineError::Encode(Box::new(e))
+    }
 }

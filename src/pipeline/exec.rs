@@ -307,8 +307,7 @@ impl<'a> Exec<'a> {
             .map(|q| q.options)
             .ok_or_else(|| internal("an encoded job in a plan without a quantized output"))?;
         let mut y = vec![0f32; w.len()];
-        let e = quantize::encode(&options, enc, w, &mut y, fp8_scale, what)
-            .map_err(|e| PipelineError::Encode(format!("{e:#}")))?;
+        let e = quantize::encode(&options, enc, w, &mut y, fp8_scale, what)?;
         let at = enc
             .byte_offset(first)
             .ok_or_else(|| internal("a band that does not start on a block boundary"))?;

@@ -26,7 +26,7 @@ use crate::model::transform::Transform;
 use crate::model::wan::WanConfig;
 use crate::model::wan_layout::Layout;
 use crate::model::wan_layout::stamp_config;
-use crate::quantize::{self, QuantOptions, QuantPlan};
+use crate::quantize::{self, QuantError, QuantOptions, QuantPlan};
 
 /// How to write: the output's dtype, keep-f32 policy, layout, shards, or quantized encoding.
 #[derive(Clone, Debug)]
@@ -221,18 +221,16 @@ pub fn plan_output(base: &BaseModel, options: &OutputOptions) -> Result<OutputSi
 /// original-Wan names; every job reads its source tensor whole (no layer slices: the
 /// diffusers and original layouts store PyTorch-layout tensors) and carries its encoding.
 fn quantized(base: &BaseModel, q: QuantOptions) -> Result<OutputSide, PipelineError> {
-    let plan_err = |e: anyhow::Error| PipelineError::Plan(format!("{e:#}"));
-    let (comp, model) = quantize::single_transformer(base, q.format).map_err(plan_err)?;
-    let qplan = model
-        .layout
-        .exact
-        .clone()
-        .map_err(anyhow::Error::from)
-        .and_then(|layout| quantize::plan(q, layout, &quantize::source_tensors(comp)))
-        .map_err(|e| plan_err(e.context(base.path.display().to_string())))?;
+    let refused = |source: QuantError| PipelineError::Quantize {
+        path: base.path.clone(),
+        source: Box::new(source),
+    };
+    let (comp, model) = quantize::single_transformer(base, q.format).map_err(refused)?;
+    let layout = model.layout.exact.clone().map_err(|e| refused(e.into()))?;
+    let qplan = quantize::plan(q, layout, &quantize::source_tensors(comp)).map_err(refused)?;
     let output = qplan
         .output_plan(&quantize::output_stem(q.format), BTreeMap::new())
-        .map_err(|e| PipelineError::Plan(format!("the output cannot be laid out: {e:#}")))?;
+        .map_err(|e| PipelineError::Plan(format!("the output cannot be laid out: {e}")))?;
     let jobs = qplan
         .tensors
         .iter()

@@ -38,7 +38,7 @@ pub enum RunError {
         reason: String,
     },
     /// A checkpoint's keys or shapes do not fit a layout and config.
-    #[error("{source_name}: {source}")]
+    #[error("{source_name}")]
     Plan {
         /// The checkpoint (file or folder).
         source_name: String,
@@ -59,14 +59,46 @@ pub enum RunError {
     /// Sampling options that contradict each other or the model.
     #[error("{0}")]
     Options(String),
-    /// The output could not be written.
-    #[error("{}: {source}", path.display())]
-    Write {
-        /// The output path (or its temporary sibling).
+    /// A model with a second expert and no boundary ratio to switch at (the front end
+    /// says how to give one).
+    #[error("the model has transformer_2 but no boundary ratio (none in model_index.json)")]
+    NoBoundaryRatio,
+    /// No config.json, and shapes that are not a released WAN model's: the head count is
+    /// unknown (the front end says how to give a config).
+    #[error(
+        "{}: {}, so the head count is unknown",
+        path.display(),
+        if *quantized {
+            "a quantized checkpoint carries no config.json, and these shapes are not a released WAN model's"
+        } else {
+            "no config.json, and the shapes are not those of a released WAN model"
+        }
+    )]
+    UnknownConfig {
+        /// The path given as the model.
         path: PathBuf,
-        /// The OS error.
+        /// A quantized checkpoint (which never has a config.json beside it).
+        quantized: bool,
+    },
+    /// A weight could not be computed (the merge behind an unmerged reference failed).
+    #[error("{source_name}: weight `{tensor}`")]
+    Computed {
+        /// The weights (file, folder, or reference model).
+        source_name: String,
+        /// The diffusers parameter name.
+        tensor: String,
+        /// Why.
         #[source]
-        source: std::io::Error,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The output could not be laid out or written.
+    #[error("{}", path.display())]
+    Write {
+        /// The output path.
+        path: PathBuf,
+        /// Why (the header layout, or the write of the file with its temporary sibling).
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
 }
 

@@ -29,7 +29,7 @@ pub fn write_f32_file(
         .collect();
     let layout = HeaderLayout::build(&planned, metadata).map_err(|e| RunError::Write {
         path: path.to_path_buf(),
-        source: std::io::Error::other(e.to_string()),
+        source: Box::new(e),
     })?;
     let by_name: BTreeMap<&str, &Tensor> = tensors.iter().copied().collect();
     let mut bytes = layout.prefix.clone();
@@ -43,7 +43,7 @@ pub fn write_f32_file(
     debug_assert_eq!(bytes.len(), layout.file_len());
     crate::io::staging::replace_file_durable(path, &bytes).map_err(|e| RunError::Write {
         path: path.to_path_buf(),
-        source: std::io::Error::other(e.to_string()),
+        source: Box::new(e),
     })
 }
 

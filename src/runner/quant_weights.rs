@@ -113,11 +113,9 @@ pub fn open_quantized(
             source,
         })?;
     if given.is_none() && !WanVariant::ALL.iter().any(|v| v.config() == plan.config) {
-        return Err(RunError::ModelLayout {
+        return Err(RunError::UnknownConfig {
             path: path.to_path_buf(),
-            reason: "a quantized checkpoint carries no config.json, and these shapes are not a \
-                     released WAN model's, so the head count is unknown; pass --config"
-                .into(),
+            quantized: true,
         });
     }
     Ok(Some(QuantWeights { name, plan, source }))

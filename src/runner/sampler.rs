@@ -84,7 +84,10 @@ impl Experts<'_> {
         match (&self.transformer_2, self.boundary_ratio) {
             (Some(low), Some(r)) => {
                 let (a, b) = (self.transformer.config(), low.config());
-                if a.in_channels != b.in_channels || a.out_channels() != b.out_channels() || a.patch_size != b.patch_size {
+                if a.in_channels != b.in_channels
+                    || a.out_channels() != b.out_channels()
+                    || a.patch_size != b.patch_size
+                {
                     return Err(RunError::Options(format!(
                         "transformer and transformer_2 disagree on in/out channels or patch size \
                          ({} / {} / {:?} vs {} / {} / {:?})",
@@ -97,13 +100,13 @@ impl Experts<'_> {
                     )));
                 }
                 if !(0.0..=1.0).contains(&r) {
-                    return Err(RunError::Options(format!("boundary ratio {r} is outside [0, 1]")));
+                    return Err(RunError::Options(format!(
+                        "boundary ratio {r} is outside [0, 1]"
+                    )));
                 }
                 Ok(())
             }
-            (Some(_), None) => Err(RunError::Options(
-                "the model has transformer_2 but no boundary ratio (none in model_index.json); pass --boundary-ratio".into(),
-            )),
+            (Some(_), None) => Err(RunError::NoBoundaryRatio),
             (None, Some(r)) => Err(RunError::Options(format!(
                 "boundary ratio {r} given, but the model has no transformer_2 to switch to"
             ))),

@@ -194,12 +194,9 @@ impl CheckpointWeights {
             None => match WanVariant::ALL.iter().find(|v| v.config() == plan.config) {
                 Some(v) => ConfigSource::Released(*v),
                 None => {
-                    return Err(RunError::ModelLayout {
+                    return Err(RunError::UnknownConfig {
                         path: PathBuf::from(&name),
-                        reason: "no config.json, and the shapes are not those of a released \
-                                 WAN model, so the head count is unknown; put the model's \
-                                 config.json beside the weights or pass --config"
-                            .into(),
+                        quantized: false,
                     });
                 }
             },

@@ -153,9 +153,7 @@ pub fn resources(
                 Some(h) => h.to_string(),
                 None => {
                     let path = dir.join(name);
-                    digest::sha256_file(&path)
-                        .map_err(|e| SignError::Read(e.to_string()))?
-                        .1
+                    digest::sha256_file(&path)?.1
                 }
             };
             let mut d = [0u8; 32];
@@ -163,7 +161,10 @@ pub fn resources(
                 *o = hex
                     .get(2 * i..2 * i + 2)
                     .and_then(|b| u8::from_str_radix(b, 16).ok())
-                    .ok_or_else(|| SignError::Read(format!("{name}: bad sha256 `{hex}`")))?;
+                    .ok_or_else(|| SignError::BadDigest {
+                        file: name.clone(),
+                        hex: hex.clone(),
+                    })?;
             }
             Ok(Resource {
                 name: name.clone(),

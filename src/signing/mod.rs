@@ -33,7 +33,7 @@ pub use crate::manifest::SIGNATURE_NAME;
 #[derive(Debug, thiserror::Error)]
 pub enum SignError {
     /// An OS error on a file or folder.
-    #[error("{}: {source}", path.display())]
+    #[error("{}", path.display())]
     Io {
         /// The path.
         path: PathBuf,
@@ -42,7 +42,7 @@ pub enum SignError {
         source: std::io::Error,
     },
     /// The signature file is missing or unreadable (verify exits 1).
-    #[error("{}: cannot read the signature: {source}", path.display())]
+    #[error("{}: cannot read the signature", path.display())]
     MissingSignature {
         /// The signature path.
         path: PathBuf,
@@ -61,9 +61,20 @@ pub enum SignError {
     /// A key could not be used.
     #[error(transparent)]
     Key(#[from] KeyError),
-    /// Hashing a file failed (the message names the file).
-    #[error("{0}")]
-    Read(String),
+    /// Reading or hashing a file failed (the error names the file).
+    #[error(transparent)]
+    Read(#[from] crate::io::ReadError),
+    /// Writing the signature failed (the error names the file).
+    #[error(transparent)]
+    Write(#[from] crate::io::WriteError),
+    /// A manifest records a digest that is not a sha256.
+    #[error("{file}: bad sha256 `{hex}`")]
+    BadDigest {
+        /// The file as the manifest names it.
+        file: String,
+        /// The recorded digest.
+        hex: String,
+    },
 }
 
 impl SignError {
@@ -121,7 +132,7 @@ pub fn valid_manifest(dir: &Path) -> Result<Option<Manifest>, SignError> {
     if !path.is_file() {
         return Ok(None);
     }
-    let report = crate::manifest::verify_dir(dir).map_err(|e| SignError::Read(e.to_string()))?;
+    let report = crate::manifest::verify_dir(dir)?;
     if !report.ok() {
         return Ok(None);
     }
@@ -168,8 +179,7 @@ pub fn sign_named(
     let vk = key.verifying_key();
     let hint = vk.hint();
     let bytes = bundle::write(&hint, &payload, &sig);
-    crate::io::staging::replace_file_durable(signature, &bytes)
-        .map_err(|e| SignError::Read(e.to_string()))?;
+    crate::io::staging::replace_file_durable(signature, &bytes)?;
     Ok(SignReport {
         signature: signature.to_path_buf(),
         curve: vk.curve().name(),

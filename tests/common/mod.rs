@@ -183,12 +183,7 @@ pub fn gated_child(
         Ok(()) => std::process::exit(0),
         Err(e) => {
             use std::io::Write;
-            let mut chain = e.to_string();
-            let mut cause = e.source();
-            while let Some(c) = cause {
-                chain.push_str(&format!(": {c}"));
-                cause = c.source();
-            }
+            let chain = wanbake::error_text::Chain(e.as_ref());
             let _ = writeln!(std::io::stderr(), "error: {chain}");
             std::process::exit(1);
         }

@@ -1,0 +1,316 @@
+//! Error text through the real binary (issue 28, item 5): `error: ` and each cause once,
+//! as the chain has them; then the `hint: ` line, spelled for the front end that ran: the
+//! command's flags, or the recipe's keys for `bake` (and `bake --dry-run`). Each refusal
+//! leaves nothing written, and following the hint makes the refusal go away.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{parts, repo, run, tmp, tree, write_f32};
+
+/// The OS's text for ENOENT.
+fn enoent() -> String {
+    std::io::Error::from_raw_os_error(2).to_string()
+}
+
+/// Exit code and stderr of `wanbake ARGS` in `dir`.
+fn refused(dir: &Path, args: &[&str]) -> (i32, String) {
+    let (code, out, err) = parts(&run(dir, args));
+    assert_ne!(code, 0, "expected a refusal of {args:?}\n{out}");
+    (code, err)
+}
+
+/// A recipe `r.toml` in `dir`: `base`, one adapter (`adapter_extra` lines under it), the
+/// output `out` (`output_extra` lines under it) and a `[merge]` of `merge` lines.
+fn recipe(
+    dir: &Path,
+    base: &Path,
+    adapter: &Path,
+    adapter_extra: &str,
+    output_extra: &str,
+    merge: &str,
+) -> PathBuf {
+    let text = format!(
+        "[base]\npath = \"{}\"\n\n[[adapter]]\npath = \"{}\"\n{adapter_extra}\n\n\
+         [output]\ndir = \"out\"\n{output_extra}\n\n[merge]\n{merge}\n",
+        base.display(),
+        adapter.display()
+    );
+    let path = dir.join("r.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn t2v() -> PathBuf {
+    repo().join("golden/models/t2v")
+}
+
+fn lora() -> PathBuf {
+    repo().join("golden/adapters/comfy_lora/comfy_lora.safetensors")
+}
+
+/// Regression for issue 28 item 5: main printed the chain skipping any cause whose text
+/// was already printed, because errors said their source and returned it too. Each now
+/// says only its own part and the chain is printed as it is; for a nested I/O error the
+/// text is the old de-duplicated one, byte for byte (these are the old binary's stderr).
+#[test]
+fn r_issue_28_a_nested_io_error_reads_as_before() {
+    let t = tmp();
+    let d = t.path();
+    let e = enoent();
+    let (code, err) = refused(d, &["inspect", "/nonexistent/x.safetensors"]);
+    assert_eq!(
+        (code, err.as_str()),
+        (1, &*format!("error: /nonexistent/x.safetensors: {e}\n"))
+    );
+    let args = ["merge", "--base", "/nonexistent", "--adapter"];
+    let (code, err) = refused(
+        d,
+        &[&args[..], &[lora().to_str().unwrap(), "--out", "o"]].concat(),
+    );
+    assert_eq!(
+        (code, err.as_str()),
+        (1, &*format!("error: /nonexistent: {e}\n"))
+    );
+    let r = recipe(d, Path::new("/nonexistent"), &lora(), "", "", "");
+    let (code, err) = refused(d, &["bake", r.to_str().unwrap()]);
+    assert_eq!(
+        (code, err.as_str()),
+        (1, &*format!("error: /nonexistent: {e}\n"))
+    );
+    let (code, err) = refused(d, &["bake", "missing.toml"]);
+    assert_eq!(
+        (code, err.as_str()),
+        (1, &*format!("error: missing.toml: {e}\n"))
+    );
+    // Four links, each said once; the hint that was a parenthesis at the end is a line.
+    let (code, err) = refused(
+        d,
+        &[
+            &args[..],
+            &[
+                lora().to_str().unwrap(),
+                "--out",
+                "o",
+                "--svd-cache",
+                "/nonexistent",
+            ],
+        ]
+        .concat(),
+    );
+    assert_eq!(code, 2, "{err}");
+    assert_eq!(
+        err,
+        format!(
+            "error: --svd-cache: SVD cache: /nonexistent: failed to query resolved metadata \
+             `/nonexistent`: {e}\nhint: create the directory first\n"
+        )
+    );
+    assert_eq!(tree(d), ["r.toml"], "something was written");
+}
+
+/// An adapter entry that binds to nothing: the flag for `merge`, the `[merge]` key for
+/// `bake`, no hint for `extract` (it has no such flag).
+#[test]
+fn r_issue_28_unmatched_entries_hint_in_the_front_ends_spelling() {
+    let t = tmp();
+    let d = t.path();
+    let adapter = d.join("a.safetensors");
+    write_f32(
+        &adapter,
+        &[
+            (
+                "diffusion_model.blocks.0.self_attn.q.lora_down.weight",
+                vec![2, 32],
+                vec![0.0; 64],
+            ),
+            (
+                "diffusion_model.blocks.0.self_attn.q.lora_up.weight",
+                vec![32, 2],
+                vec![0.0; 64],
+            ),
+            (
+                "diffusion_model.blocks.7.self_attn.q.lora_down.weight",
+                vec![2, 32],
+                vec![0.0; 64],
+            ),
+            (
+                "diffusion_model.blocks.7.self_attn.q.lora_up.weight",
+                vec![32, 2],
+                vec![0.0; 64],
+            ),
+        ],
+    );
+    let (base, a) = (t2v(), adapter.to_str().unwrap().to_string());
+    let merge = [
+        "merge",
+        "--base",
+        base.to_str().unwrap(),
+        "--adapter",
+        &a,
+        "--out",
+        "out",
+    ];
+    let (code, err) = refused(d, &merge);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("1 entr(y/ies) bind to no tensor of the base"),
+        "{err}"
+    );
+    assert!(
+        err.ends_with("\nhint: pass --allow-unmatched to skip them knowingly\n"),
+        "{err}"
+    );
+    let extract = ["extract", "--base", base.to_str().unwrap(), "--adapter", &a];
+    let (code, err) = refused(
+        d,
+        &[&extract[..], &["--rank", "2", "--out", "out"]].concat(),
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("bind to no tensor") && !err.contains("hint:"),
+        "{err}"
+    );
+
+    let r = recipe(d, &base, &adapter, "", "", "");
+    for dry in [&[][..], &["--dry-run"]] {
+        let (code, err) = refused(d, &[&["bake", r.to_str().unwrap()][..], dry].concat());
+        assert_eq!(code, 1, "{err}");
+        assert!(err.contains("bind to no tensor of the base"), "{err}");
+        assert!(
+            err.ends_with(
+                "\nhint: set `allow_unmatched = true` in [merge] to skip them knowingly\n"
+            ),
+            "{err}"
+        );
+        assert!(!err.contains("--"), "a recipe's hint names no flag: {err}");
+    }
+    assert_eq!(
+        tree(d),
+        ["a.safetensors", "r.toml"],
+        "something was written"
+    );
+    // Each hint, followed, is accepted.
+    recipe(d, &base, &adapter, "", "", "allow_unmatched = true");
+    common::ok(run(d, &["bake", r.to_str().unwrap(), "--dry-run"]));
+    common::ok(run(d, &[&merge[..], &["--allow-unmatched"]].concat()));
+}
+
+/// An output that exists: `--overwrite` for the commands that have it, `overwrite = true`
+/// in `[output]` for `bake`.
+#[test]
+fn r_issue_28_an_existing_output_hints_in_the_front_ends_spelling() {
+    let t = tmp();
+    let d = t.path();
+    std::fs::create_dir(d.join("out")).unwrap();
+    let (base, lora) = (t2v(), lora());
+    let merge = [
+        "merge",
+        "--base",
+        base.to_str().unwrap(),
+        "--adapter",
+        lora.to_str().unwrap(),
+        "--out",
+        "out",
+    ];
+    let (code, err) = refused(d, &merge);
+    assert_eq!(code, 1, "{err}");
+    assert_eq!(
+        err,
+        "error: out: already exists\nhint: choose another output path or pass --overwrite\n"
+    );
+    let r = recipe(d, &base, &lora, "", "", "");
+    for dry in [&[][..], &["--dry-run"]] {
+        let (code, err) = refused(d, &[&["bake", r.to_str().unwrap()][..], dry].concat());
+        assert_eq!(code, 1, "{err}");
+        assert_eq!(
+            err,
+            format!(
+                "error: {}: output.dir: {}: already exists\nhint: set `overwrite = true` in \
+                 [output] to replace it, or choose another output.dir\n",
+                r.display(),
+                d.join("out").display()
+            )
+        );
+    }
+    assert_eq!(tree(d), ["out", "r.toml"], "something was written");
+    recipe(d, &base, &lora, "", "overwrite = true", "");
+    common::ok(run(d, &["bake", r.to_str().unwrap(), "--dry-run"]));
+    common::ok(run(d, &[&merge[..], &["--overwrite"]].concat()));
+}
+
+/// An adapter on the two-expert A14B pipeline that does not say which expert it is for:
+/// a usage error (exit 2) whose hint is `--adapter COMPONENT=PATH` for `merge`, a recipe
+/// refusal (exit 1) whose hint is the `expert` key for `bake`.
+#[test]
+fn r_issue_28_an_a14b_component_hint_in_the_front_ends_spelling() {
+    let t = tmp();
+    let d = t.path();
+    let base = repo().join("golden/models/a14b");
+    let high = repo().join("golden/adapters/a14b_pair/high.safetensors");
+    let h = high.to_str().unwrap();
+    let (code, err) = refused(
+        d,
+        &[
+            "merge",
+            "--base",
+            base.to_str().unwrap(),
+            "--adapter",
+            h,
+            "--out",
+            "out",
+        ],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert_eq!(
+        err,
+        format!(
+            "error: adapter `{h}`: the base has 2 transformers (transformer, transformer_2); \
+             say which one it is for\nhint: say it as --adapter transformer={h}, or all={h} \
+             for every one\n"
+        )
+    );
+    let r = recipe(d, &base, &high, "", "", "");
+    for dry in [&[][..], &["--dry-run"]] {
+        let (code, err) = refused(d, &[&["bake", r.to_str().unwrap()][..], dry].concat());
+        assert_eq!(code, 1, "{err}");
+        assert_eq!(
+            err,
+            format!(
+                "error: adapter `adapter[0] {h}`: the base has 2 transformers (transformer, \
+                 transformer_2); say which one it is for\nhint: give its [[adapter]] an \
+                 expert: `expert = \"transformer\"` or `expert = \"transformer_2\"`\n"
+            )
+        );
+    }
+    // A single model and an expert: the prefix (or key) to drop.
+    let one = recipe(d, &t2v(), &lora(), "expert = \"transformer_2\"", "", "");
+    let (code, err) = refused(d, &["bake", one.to_str().unwrap(), "--dry-run"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.ends_with("\nhint: remove `expert = \"transformer_2\"` from its [[adapter]]\n"),
+        "{err}"
+    );
+    let prefixed = format!("transformer_2={}", lora().display());
+    let (code, err) = refused(
+        d,
+        &[
+            "merge",
+            "--base",
+            t2v().to_str().unwrap(),
+            "--adapter",
+            &prefixed,
+            "--out",
+            "out",
+        ],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.ends_with("\nhint: drop the prefix `transformer_2=`\n"),
+        "{err}"
+    );
+    assert_eq!(tree(d), ["r.toml"], "something was written");
+    recipe(d, &base, &high, "expert = \"transformer\"", "", "");
+    common::ok(run(d, &["bake", r.to_str().unwrap(), "--dry-run"]));
+}
