@@ -129,7 +129,7 @@ def flatten(tree, prefix=()):
 def describe(tree):
     leaves = []
     for path, a in flatten(tree):
-        a = np.ascontiguousarray(a)
+        a = np.asarray(a, order="C")
         le = a.astype(a.dtype.newbyteorder("<")) if a.dtype.byteorder == ">" else a
         leaves.append(
             {
@@ -253,7 +253,7 @@ def check():
             tree = ck.restore(ipath)
         leaves = []
         for path, a in flatten(tree):
-            a = np.ascontiguousarray(np.asarray(a))
+            a = np.asarray(np.asarray(a), order="C")
             leaves.append(
                 {
                     "path": list(path),
