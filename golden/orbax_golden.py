@@ -263,6 +263,13 @@ def check():
                 }
             )
         result["items"][item] = leaves
+        # tensorstore itself lists the database's keys (every node reached, crc checked).
+        import tensorstore as ts
+
+        kv = ts.KvStore.open({"driver": "ocdbt", "base": "file://" + ipath}).result()
+        result.setdefault("ocdbt_keys", {})[item] = sorted(
+            k.decode() for k in kv.list().result()
+        )
     # The files that were checked, so the Rust test can hold its encoder to these bytes.
     files = {}
     for dirpath, _, names in os.walk(src):

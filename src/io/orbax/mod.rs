@@ -24,6 +24,7 @@
 
 pub mod checkpoint;
 pub mod db;
+pub mod encode;
 pub mod error;
 pub mod metadata;
 pub mod ocdbt;
