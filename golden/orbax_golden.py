@@ -21,6 +21,7 @@ committed under golden/orbax/).
                  custom_metadata {"lora": {"rank": 4, "alpha": 8.0}} on the item
   manager/       a CheckpointManager root with steps 1 and 3 (item 'items', MaxText's name),
                  custom_metadata at the step
+  multigen/      a bare tensorstore OCDBT database, 20 generations (version-tree nodes)
   expected.json  per case: every leaf's path (key list), dtype, shape and C-order
                  little-endian bytes (hex), produced by numpy from the arrays that were saved.
 
@@ -213,17 +214,37 @@ def save():
             )
         mngr.wait_until_finished()
 
+    expected_kv = multigen(os.path.join(OUT, "multigen"))
+
     with open(os.path.join(OUT, "expected.json"), "w") as f:
         json.dump(
             {
                 "versions": versions(),
                 "cases": expected,
+                "multigen": expected_kv,
             },
             f,
             indent=1,
             sort_keys=True,
         )
         f.write("\n")
+
+
+def multigen(path):
+    """A bare OCDBT database written by tensorstore in 20 transactions: older generations
+    move into version-tree nodes (arity 16), values above 100 bytes (tensorstore's default
+    inline limit) go out of line, nodes are zstd-compressed. Returns the latest key/values."""
+    import tensorstore as ts
+
+    shutil.rmtree(path, ignore_errors=True)
+    kv = ts.KvStore.open({"driver": "ocdbt", "base": "file://" + path}).result()
+    latest = {}
+    for g in range(20):
+        key = f"k{g % 7:02d}"
+        value = (f"gen{g}:" * (1 + 40 * (g % 3))).encode()
+        kv.write(key, value).result()
+        latest[key] = value
+    return {k: v.hex() for k, v in sorted(latest.items())}
 
 
 def versions():

@@ -290,6 +290,29 @@ impl Ocdbt {
         self.index.iter().map(|(k, v)| (k.as_str(), v))
     }
 
+    /// Decodes a version-tree node the manifest (or another version node) refers to: the
+    /// older generations. A reader of the latest generation never needs this (the newest
+    /// versions are inline in the manifest); it is here for inspection and tests.
+    pub fn read_version_node(
+        &self,
+        r: &ocdbt::VersionNodeRef,
+    ) -> Result<ocdbt::VersionNode, OrbaxError> {
+        let path = self.file_of(&r.location);
+        let what = format!("version node of generation {}", r.generation);
+        let value = Value::Range {
+            file: path.clone(),
+            offset: r.location.offset,
+            length: r.location.length,
+        };
+        let bytes = value.read_all(&what, MAX_NODE_FILE_BYTES)?;
+        ocdbt::decode_version_node(
+            &bytes,
+            &r.location.file.base_path,
+            self.manifest.config.version_tree_arity_log2,
+        )
+        .map_err(|e| OrbaxError::format(&path, Some(&what), e))
+    }
+
     fn file_of(&self, r: &DataRef) -> PathBuf {
         let rel = r.file.path();
         self.dir.join(rel)
