@@ -1204,3 +1204,58 @@ fn a_large_single_chunk_array_streams_row_by_row() {
     // A limit below the array's size refuses the whole read but not the rows.
     assert!(a.read_all(1000).is_err());
 }
+
+#[test]
+fn malformed_tree_reaching_a_node_twice() {
+    // An interior root whose two children are the same leaf: its key is reached twice.
+    let t = tempfile::tempdir().unwrap();
+    let leaf = encode::encode_leaf_node(
+        &[(b"k".as_slice(), &encode::Stored::Inline(vec![1]))],
+        "d/x",
+    );
+    let child = |first: &[u8]| encode::ChildRef {
+        first_key: first.to_vec(),
+        offset: 0,
+        length: leaf.len() as u64,
+        num_keys: 1,
+        num_tree_bytes: leaf.len() as u64,
+        num_indirect_value_bytes: 0,
+    };
+    let root = encode::encode_interior_node(1, &[child(b"a"), child(b"b")], "d/x");
+    let mut file = leaf.clone();
+    file.extend_from_slice(&root);
+    std::fs::create_dir_all(t.path().join("d")).unwrap();
+    std::fs::write(t.path().join("d/x"), &file).unwrap();
+    let root_ref = encode::ChildRef {
+        first_key: b"a".to_vec(),
+        offset: leaf.len() as u64,
+        length: root.len() as u64,
+        num_keys: 2,
+        num_tree_bytes: 0,
+        num_indirect_value_bytes: 0,
+    };
+    std::fs::write(
+        t.path().join("manifest.ocdbt"),
+        encode::encode_manifest([0; 16], 1, Some(&root_ref), "d/x"),
+    )
+    .unwrap();
+    let e = orbax::Ocdbt::open(t.path()).unwrap_err();
+    assert!(e.to_string().contains("reached twice"), "{e}");
+    // A child whose height is not its parent's minus one.
+    std::fs::write(
+        t.path().join("manifest.ocdbt"),
+        encode::encode_manifest([0; 16], 3, Some(&root_ref), "d/x"),
+    )
+    .unwrap();
+    let e = orbax::Ocdbt::open(t.path()).unwrap_err();
+    assert!(
+        matches!(
+            format_err(&e),
+            FormatError::Invalid {
+                field: "height",
+                ..
+            }
+        ),
+        "{e}"
+    );
+}

@@ -10,7 +10,9 @@
 //! Opening an OCDBT store reads the manifest, follows the latest version's root and walks
 //! the whole B+tree once into a sorted index of keys (an Orbax item has a few keys per
 //! array: thousands at most). Node heights must decrease by one per level, so the walk
-//! ends; every node's crc is checked.
+//! ends; a key reached twice is an error, the number of node reads is capped (a hostile
+//! tree could refer to one subtree many times under different prefixes), and every node's
+//! crc is checked.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Seek, SeekFrom};
@@ -250,6 +252,11 @@ pub struct Ocdbt {
 
 /// Cap on an encoded B+tree node read from disk.
 const MAX_NODE_FILE_BYTES: u64 = 64 * 1024 * 1024;
+/// Cap on the nodes one walk reads: a hostile tree can refer to one subtree many times
+/// under different prefixes, which would otherwise multiply the work.
+const MAX_NODE_READS: usize = 1 << 20;
+/// Cap on the inline value bytes one walk keeps in its index.
+const MAX_INLINE_TOTAL: u64 = 1 << 30;
 
 impl Ocdbt {
     /// Opens the database whose `manifest.ocdbt` is in `dir` and indexes its latest version.
@@ -274,7 +281,15 @@ impl Ocdbt {
             && let Some(root) = &v.root
         {
             let mut index = BTreeMap::new();
-            db.walk(root, v.root_height, Vec::new(), &manifest_path, &mut index)?;
+            let mut budget = Budget::default();
+            db.walk(
+                root,
+                v.root_height,
+                Vec::new(),
+                &manifest_path,
+                &mut index,
+                &mut budget,
+            )?;
             db.index = index;
         }
         Ok(db)
@@ -325,9 +340,23 @@ impl Ocdbt {
         prefix: Vec<u8>,
         referrer: &Path,
         index: &mut BTreeMap<String, Value>,
+        budget: &mut Budget,
     ) -> Result<(), OrbaxError> {
         let path = self.file_of(node_ref);
         let what = format!("b-tree node at height {height}");
+        budget.reads += 1;
+        if budget.reads > MAX_NODE_READS {
+            return Err(OrbaxError::format(
+                referrer,
+                Some(&what),
+                FormatError::TooLarge {
+                    what: "b-tree",
+                    field: "nodes reached",
+                    value: budget.reads as u64,
+                    max: MAX_NODE_READS as u64,
+                },
+            ));
+        }
         let value = Value::Range {
             file: path.clone(),
             offset: node_ref.offset,
@@ -380,7 +409,22 @@ impl Ocdbt {
                         )
                     })?;
                     let v = match e.value {
-                        LeafValue::Inline(b) => Value::Inline(b.into()),
+                        LeafValue::Inline(b) => {
+                            budget.inline_bytes += b.len() as u64;
+                            if budget.inline_bytes > MAX_INLINE_TOTAL {
+                                return Err(OrbaxError::format(
+                                    &path,
+                                    Some(&key),
+                                    FormatError::TooLarge {
+                                        what: "b-tree",
+                                        field: "inline value bytes",
+                                        value: budget.inline_bytes,
+                                        max: MAX_INLINE_TOTAL,
+                                    },
+                                ));
+                            }
+                            Value::Inline(b.into())
+                        }
                         LeafValue::Indirect(r) => Value::Range {
                             file: self.file_of(&r),
                             offset: r.offset,
@@ -404,12 +448,19 @@ impl Ocdbt {
                 for e in entries {
                     let mut child_prefix = prefix.clone();
                     child_prefix.extend_from_slice(&e.key[..e.subtree_common_prefix_length]);
-                    self.walk(&e.child, h - 1, child_prefix, &path, index)?;
+                    self.walk(&e.child, h - 1, child_prefix, &path, index, budget)?;
                 }
             }
         }
         Ok(())
     }
+}
+
+/// What one walk has spent.
+#[derive(Default)]
+struct Budget {
+    reads: usize,
+    inline_bytes: u64,
 }
 
 fn newest_numbered_manifest(dir: &Path) -> Result<(PathBuf, Manifest), OrbaxError> {
