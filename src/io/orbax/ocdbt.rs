@@ -988,3 +988,50 @@ pub fn decode_btree_node(
     r.finish()?;
     Ok(node)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn varints_follow_riegeli() {
+        let v = |b: &[u8], bits| Reader::new(b, "t").varint_bits("f", bits);
+        assert_eq!(v(&[0x00], 64), Ok(0));
+        assert_eq!(v(&[0x96, 0x01], 64), Ok(150));
+        let mut max = vec![0xff; 9];
+        max.push(0x01);
+        assert_eq!(v(&max, 64), Ok(u64::MAX));
+        // A tenth byte with bits past 64, an eleventh byte, a 32-bit field over 2^32-1.
+        max[9] = 0x02;
+        assert!(matches!(v(&max, 64), Err(FormatError::BadVarint { .. })));
+        let mut long = vec![0x80; 10];
+        long.push(0);
+        assert!(matches!(v(&long, 64), Err(FormatError::BadVarint { .. })));
+        assert!(matches!(
+            v(&[0x80, 0x80, 0x80, 0x80, 0x10], 32),
+            Err(FormatError::BadVarint { .. })
+        ));
+        assert_eq!(
+            v(&[0xff, 0xff, 0xff, 0xff, 0x0f], 32),
+            Ok(u64::from(u32::MAX))
+        );
+        assert!(matches!(v(&[0x80], 64), Err(FormatError::Truncated { .. })));
+    }
+
+    #[test]
+    fn data_file_table_with_shared_base_paths() {
+        // Two files "base/" + "d/a", "base/" + "d/b": the second shares 7 bytes.
+        let mut b = vec![2u8, 7, 8, 1, 5, 5];
+        b.extend_from_slice(b"base/d/ab");
+        let mut r = Reader::new(&b, "t");
+        let t = read_data_file_table(&mut r, b"p/").unwrap();
+        r.finish().unwrap();
+        assert_eq!(t[0].path(), "p/base/d/a");
+        assert_eq!(t[1].path(), "p/base/d/b");
+        assert_eq!(t[1].base_path, b"p/base/");
+        // A prefix longer than the previous path.
+        let mut b = vec![2u8, 9, 7, 1, 5, 5];
+        b.extend_from_slice(b"base/d/ab");
+        assert!(read_data_file_table(&mut Reader::new(&b, "t"), b"").is_err());
+    }
+}
