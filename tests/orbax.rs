@@ -408,7 +408,7 @@ fn metadata_encoder_matches_orbax() {
 #[test]
 fn chunk_encoder_is_the_same_however_the_bytes_are_fed() {
     let data = bf16_bytes(9, 300_000);
-    let whole = encode::encode_chunk(&data);
+    let whole = encode::encode_chunk(&data).unwrap();
     let mut e = encode::ChunkEncoder::new(Vec::new(), data.len() as u64).unwrap();
     for piece in data.chunks(4099) {
         e.write_all(piece).unwrap();
@@ -1003,7 +1003,7 @@ fn malformed_zarr_metadata_and_chunks() {
         Err(FormatError::Json { .. })
     ));
     // A chunk that decodes to the wrong length.
-    let frame = encode::encode_chunk(&[0u8; 12]);
+    let frame = encode::encode_chunk(&[0u8; 12]).unwrap();
     assert!(matches!(
         zarr::decode_chunk(&frame, zarr::Compressor::Zstd, false, 8),
         Err(FormatError::DecodedTooLarge { .. })
@@ -1258,4 +1258,29 @@ fn malformed_tree_reaching_a_node_twice() {
         ),
         "{e}"
     );
+}
+
+#[test]
+fn malformed_data_file_path_leaving_the_database() {
+    let (_t, item, _) = scratch_item();
+    let root = encode::ChildRef {
+        first_key: Vec::new(),
+        offset: 0,
+        length: 100,
+        num_keys: 1,
+        num_tree_bytes: 100,
+        num_indirect_value_bytes: 0,
+    };
+    for path in ["../secret", "/etc/passwd", "d/./x"] {
+        std::fs::write(
+            item.join("manifest.ocdbt"),
+            encode::encode_manifest([0; 16], 0, Some(&root), path),
+        )
+        .unwrap();
+        let e = Item::open(&item).unwrap_err();
+        assert!(
+            matches!(format_err(&e), FormatError::Invalid { field: "path", .. }),
+            "{path}: {e}"
+        );
+    }
 }

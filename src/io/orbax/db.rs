@@ -312,7 +312,7 @@ impl Ocdbt {
         &self,
         r: &ocdbt::VersionNodeRef,
     ) -> Result<ocdbt::VersionNode, OrbaxError> {
-        let path = self.file_of(&r.location);
+        let path = self.file_of(&r.location)?;
         let what = format!("version node of generation {}", r.generation);
         let value = Value::Range {
             file: path.clone(),
@@ -328,9 +328,25 @@ impl Ocdbt {
         .map_err(|e| OrbaxError::format(&path, Some(&what), e))
     }
 
-    fn file_of(&self, r: &DataRef) -> PathBuf {
+    /// The data file a reference names, inside the database folder: a path that is
+    /// absolute or climbs out with `..` is refused (it would read files outside the item).
+    fn file_of(&self, r: &DataRef) -> Result<PathBuf, OrbaxError> {
         let rel = r.file.path();
-        self.dir.join(rel)
+        let escapes = rel.starts_with('/')
+            || rel.contains('\\')
+            || rel.split('/').any(|c| c == ".." || c == ".");
+        if escapes || rel.is_empty() {
+            return Err(OrbaxError::format(
+                &self.dir,
+                None,
+                FormatError::Invalid {
+                    what: "data file table",
+                    field: "path",
+                    reason: format!("{rel:?} is not a relative path inside the database"),
+                },
+            ));
+        }
+        Ok(self.dir.join(rel))
     }
 
     fn walk(
@@ -342,7 +358,7 @@ impl Ocdbt {
         index: &mut BTreeMap<String, Value>,
         budget: &mut Budget,
     ) -> Result<(), OrbaxError> {
-        let path = self.file_of(node_ref);
+        let path = self.file_of(node_ref)?;
         let what = format!("b-tree node at height {height}");
         budget.reads += 1;
         if budget.reads > MAX_NODE_READS {
@@ -426,7 +442,7 @@ impl Ocdbt {
                             Value::Inline(b.into())
                         }
                         LeafValue::Indirect(r) => Value::Range {
-                            file: self.file_of(&r),
+                            file: self.file_of(&r)?,
                             offset: r.offset,
                             length: r.length,
                         },

@@ -70,6 +70,12 @@ pub enum EncodeError {
     /// The data file would pass 2^63 bytes.
     #[error("the data file would pass 2^63 bytes")]
     DataFileTooLarge,
+    /// libzstd refused (it does not, for in-memory output of the pledged size).
+    #[error("zstd: {reason}")]
+    Zstd {
+        /// libzstd's message.
+        reason: String,
+    },
     /// A dtype zarr v2 (as Orbax writes it) has no string for.
     #[error("{dtype:?} has no zarr v2 dtype in Orbax")]
     Dtype {
@@ -235,7 +241,9 @@ pub fn encode_tree_metadata(leaves: &[MetadataLeaf]) -> Vec<u8> {
     out.into_bytes()
 }
 
-/// `_CHECKPOINT_METADATA` with fixed (zero) timestamps. `item_handlers` is the handler name
+/// `_CHECKPOINT_METADATA` with fixed (zero) timestamps. `custom_metadata` is written with
+/// sorted keys and serde_json's number spelling (Python writes `1e-05` where this writes
+/// `1e-5`; integers and plain decimals such as `8.0` are spelled alike). `item_handlers` is the handler name
 /// (an item folder) or an object of item name → handler (a step folder).
 pub fn encode_checkpoint_metadata(
     item_handlers: &serde_json::Value,
@@ -307,14 +315,15 @@ impl<W: Write> ChunkEncoder<W> {
 }
 
 /// One zstd frame of a chunk's C-order bytes.
-pub fn encode_chunk(bytes: &[u8]) -> Vec<u8> {
+pub fn encode_chunk(bytes: &[u8]) -> Result<Vec<u8>, EncodeError> {
     let run = || -> std::io::Result<Vec<u8>> {
         let mut e = ChunkEncoder::new(Vec::new(), bytes.len() as u64)?;
         e.write_all(bytes)?;
         e.finish()
     };
-    // Writing into a Vec cannot fail, and the pledged size is the size written.
-    run().unwrap_or_default()
+    run().map_err(|e| EncodeError::Zstd {
+        reason: e.to_string(),
+    })
 }
 
 // ---------------------------------------------------------------------------------------
@@ -804,7 +813,7 @@ pub fn encode_item(
             &format!("{name}/.zarray"),
             &encode_zarray(&a.shape, a.dtype, &a.shape)?,
         )?;
-        let chunk = encode_chunk(a.data);
+        let chunk = encode_chunk(a.data)?;
         if let Placement::Append { offset } = b.put(
             &format!("{name}/{}", single_chunk_key(a.shape.len())),
             &chunk,
