@@ -19,6 +19,7 @@ pub mod header;
 pub mod header_layout;
 pub mod input_hash;
 pub mod mmap;
+pub mod orbax;
 pub mod ordered;
 pub mod quant;
 pub mod staging;
