@@ -208,21 +208,7 @@ pub fn quantize(ty: GgmlType, src: &[f32], dst: &mut [u8]) {
                 c.copy_from_slice(&round_to_bf16(x).to_le_bytes());
             }
         }
-        _ if ty.is_k_quant() => {
-            let encode = match ty {
-                GgmlType::Q2_K => kquant::quantize_q2_k,
-                GgmlType::Q3_K => kquant::quantize_q3_k,
-                GgmlType::Q4_K => kquant::quantize_q4_k,
-                GgmlType::Q5_K => kquant::quantize_q5_k,
-                _ => kquant::quantize_q6_k,
-            };
-            for (out, x) in dst
-                .chunks_exact_mut(ty.type_size())
-                .zip(src.chunks_exact(QK_K))
-            {
-                encode(x.try_into().expect("chunks_exact(QK_K)"), out);
-            }
-        }
+        _ if ty.is_k_quant() => kquant::quantize_blocks(ty, src, dst),
         _ => {
             let ts = ty.type_size();
             for (out, x) in dst.chunks_exact_mut(ts).zip(src.chunks_exact(QK)) {
@@ -362,21 +348,7 @@ pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
                 *d = f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16);
             }
         }
-        _ if ty.is_k_quant() => {
-            let decode = match ty {
-                GgmlType::Q2_K => kquant::dequantize_q2_k,
-                GgmlType::Q3_K => kquant::dequantize_q3_k,
-                GgmlType::Q4_K => kquant::dequantize_q4_k,
-                GgmlType::Q5_K => kquant::dequantize_q5_k,
-                _ => kquant::dequantize_q6_k,
-            };
-            for (y, b) in dst
-                .chunks_exact_mut(QK_K)
-                .zip(src.chunks_exact(ty.type_size()))
-            {
-                decode(b, y.try_into().expect("chunks_exact_mut(QK_K)"));
-            }
-        }
+        _ if ty.is_k_quant() => kquant::dequantize_blocks(ty, src, dst),
         _ => {
             for (y, b) in dst
                 .chunks_exact_mut(QK)

@@ -12,17 +12,17 @@
 //!
 //! | here | ggml | line |
 //! |---|---|---|
-//! | [`nearest_int`] | `nearest_int` | 621 |
-//! | [`make_qx_quants`] | `make_qx_quants` (only `rmse_type = 1`, `qw = NULL`, as Q6_K calls it) | 628 |
-//! | [`make_q3_quants`] | `make_q3_quants` (`do_rmse = true`, as Q3_K calls it) | 697 |
-//! | [`make_qkx2_quants`] | `make_qkx2_quants` | 799 |
-//! | [`get_scale_min_k4`] | `get_scale_min_k4` | 880 |
+//! | `nearest_int` | `nearest_int` | 621 |
+//! | `make_qx_quants` | `make_qx_quants` (only `rmse_type = 1`, `qw = NULL`, as Q6_K calls it) | 628 |
+//! | `make_q3_quants` | `make_q3_quants` (`do_rmse = true`, as Q3_K calls it) | 697 |
+//! | `make_qkx2_quants` | `make_qkx2_quants` | 799 |
+//! | `get_scale_min_k4` | `get_scale_min_k4` | 880 |
 //! | [`quantize_q2_k`] / [`dequantize_q2_k`] | `quantize_row_q2_K_ref` / `dequantize_row_q2_K` | 891 / 961 |
 //! | [`quantize_q3_k`] / [`dequantize_q3_k`] | `quantize_row_q3_K_ref` / `dequantize_row_q3_K` | 1229 / 1305 |
 //! | [`quantize_q4_k`] / [`dequantize_q4_k`] | `quantize_row_q4_K_ref` / `dequantize_row_q4_K` | 1457 / 1529 |
 //! | [`quantize_q5_k`] / [`dequantize_q5_k`] | `quantize_row_q5_K_ref` / `dequantize_row_q5_K` | 1644 / 1731 |
 //! | [`quantize_q6_k`] / [`dequantize_q6_k`] | `quantize_row_q6_K_ref` / `dequantize_row_q6_K` | 1869 / 1939 |
-//! | [`fp32_to_fp16`] / [`fp16_to_fp32`] | `ggml_compute_fp32_to_fp16` / `ggml_compute_fp16_to_fp32` (`ggml-impl.h`, what `GGML_FP32_TO_FP16` is in `libggml-base`) | 419 / 396 |
+//! | `fp32_to_fp16` / `fp16_to_fp32` | `ggml_compute_fp32_to_fp16` / `ggml_compute_fp16_to_fp32` (`ggml-impl.h`, what `GGML_FP32_TO_FP16` is in `libggml-base`) | 419 / 396 |
 //!
 //! The arithmetic is ggml's, operation for operation: every `+ − × ÷` is one f32 rounding in
 //! C's evaluation order (left to right, `a*b*c` = `(a*b)*c`), no fused multiply-add (no
@@ -33,9 +33,20 @@
 //!
 //! Inputs are expected finite (the callers refuse NaN/inf weights); finite inputs of any size
 //! are encoded as ggml encodes them, including `nearest_int` arguments beyond its ±4194303 range
-//! (where ggml reads the mantissa bits of a sum that no longer has the magic exponent).
+//! (where ggml reads the mantissa bits of a sum that no longer has the magic exponent; Q2_K,
+//! Q4_K and Q5_K get there when one sub-block's large offset makes `dmin` coarse next to a
+//! narrow sub-block's step) and f16 scales that overflow to infinity.
+//!
+//! Speed without changing a bit: the trial-scale searches (`make_qkx2_quants`,
+//! `make_qx_quants`) evaluate several candidates side by side, one vector lane each, every
+//! lane summing in ggml's element order and the candidates compared in ggml's order (see those
+//! functions for why that gives ggml's choice), and [`quantize_blocks`] runs the block loop
+//! compiled for the CPU's widest vector set (`pulp`'s run-time dispatch). Everything per block
+//! lives on the stack.
 
 #![allow(non_snake_case)] // ggml's names: L, Laux
+
+use super::ggml::GgmlType;
 
 /// Elements per K-quant super-block (`QK_K`).
 pub const QK_K: usize = 256;
@@ -61,7 +72,7 @@ fn clampi(l: i32, lo: i32, hi: i32) -> i32 {
 
 /// `ggml_compute_fp32_to_fp16`: round to nearest even (Maratyszcza's FP16 algorithm), the
 /// bit-for-bit routine `GGML_FP32_TO_FP16` is in `libggml-base`.
-#[inline]
+#[inline(always)]
 fn fp32_to_fp16(f: f32) -> u16 {
     let scale_to_inf = f32::from_bits(0x7780_0000); // 0x1.0p+112f
     let scale_to_zero = f32::from_bits(0x0880_0000); // 0x1.0p-110f
@@ -73,7 +84,10 @@ fn fp32_to_fp16(f: f32) -> u16 {
     if bias < 0x7100_0000 {
         bias = 0x7100_0000;
     }
-    base = f32::from_bits((bias >> 1) + 0x0780_0000) + base;
+    #[allow(clippy::assign_op_pattern)] // ggml's operand order
+    {
+        base = f32::from_bits((bias >> 1) + 0x0780_0000) + base;
+    }
     let bits = base.to_bits();
     let exp_bits = (bits >> 13) & 0x0000_7C00;
     let mantissa_bits = bits & 0x0000_0FFF;
@@ -87,7 +101,7 @@ fn fp32_to_fp16(f: f32) -> u16 {
 }
 
 /// `ggml_compute_fp16_to_fp32` (exact).
-#[inline]
+#[inline(always)]
 fn fp16_to_fp32(h: u16) -> f32 {
     let w = (h as u32) << 16;
     let sign = w & 0x8000_0000;
@@ -108,12 +122,12 @@ fn fp16_to_fp32(h: u16) -> f32 {
     f32::from_bits(result)
 }
 
-#[inline]
+#[inline(always)]
 fn get_f16(b: &[u8]) -> f32 {
     fp16_to_fp32(u16::from_le_bytes([b[0], b[1]]))
 }
 
-#[inline]
+#[inline(always)]
 fn put_f16(b: &mut [u8], h: u16) {
     b[..2].copy_from_slice(&h.to_le_bytes());
 }
@@ -121,6 +135,12 @@ fn put_f16(b: &mut [u8], h: u16) {
 /// ggml's `make_qx_quants(n, nmax, x, L, rmse_type = 1, qw = NULL)`: a symmetric scale for
 /// `x` searched over 19 candidates `−(nmax + 0.1·is)/max`, weights `x²`. Writes `L` (codes
 /// offset by `nmax`) and returns the scale.
+///
+/// The 18 trial scales do not depend on one another (only the comparison with `best` is
+/// sequential), so their sums run side by side, one lane each, every lane accumulating in
+/// ggml's element order; the winner is then picked in ggml's order `is = −9 … 9` and its codes
+/// recomputed once (ggml rewrites `L` at every improvement; the last one stands).
+#[inline(always)]
 fn make_qx_quants<const N: usize>(nmax: i32, x: &[f32; N], L: &mut [i8]) -> f32 {
     let mut max = 0f32;
     let mut amax = 0f32;
@@ -136,7 +156,7 @@ fn make_qx_quants<const N: usize>(nmax: i32, x: &[f32; N], L: &mut [i8]) -> f32 
         return 0.0;
     }
     let nmaxf = nmax as f32;
-    let mut iscale = -nmaxf / max;
+    let iscale = -nmaxf / max;
     let mut sumlx = 0f32;
     let mut suml2 = 0f32;
     for i in 0..N {
@@ -149,27 +169,37 @@ fn make_qx_quants<const N: usize>(nmax: i32, x: &[f32; N], L: &mut [i8]) -> f32 
     }
     let mut scale = if suml2 != 0.0 { sumlx / suml2 } else { 0.0 };
     let mut best = scale * sumlx;
-    for is in -9i32..=9 {
-        if is == 0 {
-            continue;
+    const C: usize = 18; // is = −9 … −1, 1 … 9
+    let mut isc = [0f32; C];
+    for (c, v) in isc.iter_mut().enumerate() {
+        let is = if c < 9 { c as i32 - 9 } else { c as i32 - 8 };
+        *v = -(nmaxf + 0.1f32 * is as f32) / max;
+    }
+    let (lo, hi) = (-nmaxf, (nmax - 1) as f32);
+    let mut slx = [0f32; C];
+    let mut sl2 = [0f32; C];
+    for &xi in x {
+        let w = xi * xi;
+        let wx = w * xi;
+        for c in 0..C {
+            // the clamp is exact in f32: nearest_int's result is an integer below 2^23
+            let l = (nearest_int(isc[c] * xi) as f32).clamp(lo, hi);
+            slx[c] += wx * l;
+            sl2[c] += w * l * l;
         }
-        iscale = -(nmaxf + 0.1f32 * is as f32) / max;
-        sumlx = 0.0;
-        suml2 = 0.0;
-        for &xi in x {
-            let l = clampi(nearest_int(iscale * xi), -nmax, nmax - 1);
-            let w = xi * xi;
-            let lf = l as f32;
-            sumlx += w * xi * lf;
-            suml2 += w * lf * lf;
+    }
+    let mut win = None;
+    for c in 0..C {
+        if sl2[c] > 0.0 && slx[c] * slx[c] > best * sl2[c] {
+            scale = slx[c] / sl2[c];
+            best = scale * slx[c];
+            win = Some(c);
         }
-        if suml2 > 0.0 && sumlx * sumlx > best * suml2 {
-            for i in 0..N {
-                let l = nearest_int(iscale * x[i]);
-                L[i] = (nmax + clampi(l, -nmax, nmax - 1)) as i8;
-            }
-            scale = sumlx / suml2;
-            best = scale * sumlx;
+    }
+    if let Some(c) = win {
+        for i in 0..N {
+            let l = nearest_int(isc[c] * x[i]);
+            L[i] = (nmax + clampi(l, -nmax, nmax - 1)) as i8;
         }
     }
     scale
@@ -178,6 +208,7 @@ fn make_qx_quants<const N: usize>(nmax: i32, x: &[f32; N], L: &mut [i8]) -> f32 
 /// ggml's `make_q3_quants(n, nmax, x, L, do_rmse = true)`: codes `−nmax/max·x` refined by
 /// coordinate descent on the weighted (`x²`) least-squares fit. Writes `L` (codes offset by
 /// `nmax`) and returns the scale.
+#[inline(always)]
 fn make_q3_quants<const N: usize>(nmax: i32, x: &[f32; N], L: &mut [i8]) -> f32 {
     let mut max = 0f32;
     let mut amax = 0f32;
@@ -235,11 +266,22 @@ fn make_q3_quants<const N: usize>(nmax: i32, x: &[f32; N], L: &mut [i8]) -> f32 
     if suml2 > 0.0 { sumlx / suml2 } else { 0.0 }
 }
 
+/// Trial steps of [`make_qkx2_quants`] evaluated side by side.
+const LANES: usize = 8;
+
 /// ggml's `make_qkx2_quants`: an affine fit `x ≈ scale·L − the_min` (`the_min ≥ 0`) with
 /// codes in `[0, nmax]`, the step searched over `nstep + 1` candidates
 /// `(rmin + rdelta·is + nmax)/(max − min)` against weighted squared (or absolute, `use_mad`)
 /// error. Writes `L` and returns `(scale, the_min)`.
+///
+/// ggml tries the candidates one after another, and a candidate that wins moves `min`, which
+/// the later candidates use. Here [`LANES`] candidates are evaluated at once with the current
+/// `min`, each lane summing in ggml's element order, and then taken in ggml's order; when a
+/// winner changes `min` (its bits), the candidates after it are evaluated again from the
+/// next one. Every value ggml compares is thus computed from the same operands, in the same
+/// order, as ggml computes it.
 #[allow(clippy::too_many_arguments)]
+#[inline(always)]
 fn make_qkx2_quants<const N: usize>(
     nmax: i32,
     x: &[f32; N],
@@ -273,7 +315,7 @@ fn make_qkx2_quants<const N: usize>(
         return (0.0, -min);
     }
     let nmaxf = nmax as f32;
-    let mut iscale = nmaxf / (max - min);
+    let iscale = nmaxf / (max - min);
     let mut scale = 1.0 / iscale;
     let mut best_error = 0f32;
     for i in 0..N {
@@ -286,49 +328,77 @@ fn make_qkx2_quants<const N: usize>(
     if nstep < 1 {
         return (scale, -min);
     }
-    let mut Laux = [0u8; N];
-    for is in 0..=nstep {
-        iscale = (rmin + rdelta * is as f32 + nmaxf) / (max - min);
-        let mut sum_l = 0f32;
-        let mut sum_l2 = 0f32;
-        let mut sum_xl = 0f32;
+    let mut laux = [[0f32; LANES]; N];
+    let mut is0 = 0i32;
+    while is0 <= nstep {
+        let count = ((nstep + 1 - is0) as usize).min(LANES);
+        let mut isc = [0f32; LANES];
+        for (k, v) in isc.iter_mut().enumerate() {
+            *v = (rmin + rdelta * (is0 + k as i32) as f32 + nmaxf) / (max - min);
+        }
+        let mut sum_l = [0f32; LANES];
+        let mut sum_l2 = [0f32; LANES];
+        let mut sum_xl = [0f32; LANES];
         for i in 0..N {
-            let l = clampi(nearest_int(iscale * (x[i] - min)), 0, nmax);
-            Laux[i] = l as u8;
-            let w = weights[i];
-            let lf = l as f32;
-            sum_l += w * lf;
-            sum_l2 += w * lf * lf;
-            sum_xl += w * lf * x[i];
+            let xm = x[i] - min;
+            let (w, xi) = (weights[i], x[i]);
+            // the clamp is exact in f32: nearest_int's result is an integer below 2^23
+            let l: [f32; LANES] =
+                std::array::from_fn(|k| (nearest_int(isc[k] * xm) as f32).clamp(0.0, nmaxf));
+            laux[i] = l;
+            let wl: [f32; LANES] = std::array::from_fn(|k| w * l[k]);
+            sum_l = std::array::from_fn(|k| sum_l[k] + wl[k]);
+            sum_l2 = std::array::from_fn(|k| sum_l2[k] + wl[k] * l[k]);
+            sum_xl = std::array::from_fn(|k| sum_xl[k] + wl[k] * xi);
         }
-        let D = sum_w * sum_l2 - sum_l * sum_l;
-        if D > 0.0 {
-            let mut this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
-            let mut this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
-            if this_min > 0.0 {
-                this_min = 0.0;
-                this_scale = sum_xl / sum_l2;
+        let mut ok = [false; LANES];
+        let mut this_scale = [0f32; LANES];
+        let mut this_min = [0f32; LANES];
+        for k in 0..LANES {
+            let D = sum_w * sum_l2[k] - sum_l[k] * sum_l[k];
+            ok[k] = D > 0.0;
+            let mut s = (sum_w * sum_xl[k] - sum_x * sum_l[k]) / D;
+            let mut m = (sum_l2[k] * sum_x - sum_l[k] * sum_xl[k]) / D;
+            if m > 0.0 {
+                m = 0.0;
+                s = sum_xl[k] / sum_l2[k];
             }
-            let mut cur_error = 0f32;
-            for i in 0..N {
-                let mut diff = this_scale * Laux[i] as f32 + this_min - x[i];
-                diff = if use_mad { diff.abs() } else { diff * diff };
-                cur_error += weights[i] * diff;
-            }
-            if cur_error < best_error {
-                L[..N].copy_from_slice(&Laux);
-                best_error = cur_error;
-                scale = this_scale;
-                min = this_min;
+            this_scale[k] = s;
+            this_min[k] = m;
+        }
+        let mut cur_error = [0f32; LANES];
+        for i in 0..N {
+            let (w, xi, la) = (weights[i], x[i], laux[i]);
+            let diff: [f32; LANES] = std::array::from_fn(|k| {
+                let diff = this_scale[k] * la[k] + this_min[k] - xi;
+                if use_mad { diff.abs() } else { diff * diff }
+            });
+            cur_error = std::array::from_fn(|k| cur_error[k] + w * diff[k]);
+        }
+        let mut next = is0 + count as i32;
+        for k in 0..count {
+            if ok[k] && cur_error[k] < best_error {
+                for i in 0..N {
+                    L[i] = laux[i][k] as u8;
+                }
+                best_error = cur_error[k];
+                scale = this_scale[k];
+                let moved = this_min[k].to_bits() != min.to_bits();
+                min = this_min[k];
+                if moved {
+                    next = is0 + k as i32 + 1;
+                    break;
+                }
             }
         }
+        is0 = next;
     }
     (scale, -min)
 }
 
 /// ggml's `get_scale_min_k4`: the 6-bit scale and min of sub-block `j` from the 12 packed
 /// bytes of Q4_K/Q5_K.
-#[inline]
+#[inline(always)]
 fn get_scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
@@ -340,6 +410,7 @@ fn get_scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     }
 }
 
+#[inline(always)]
 fn sub<const N: usize>(x: &[f32], j: usize) -> &[f32; N] {
     x[N * j..N * (j + 1)].try_into().expect("sub-block")
 }
@@ -358,6 +429,7 @@ pub const Q6_K_BYTES: usize = 210;
 /// `quantize_row_q2_K_ref` on one super-block: 16 sub-blocks of 16, 2-bit codes, 4-bit scales
 /// and mins, `|x|`-weighted absolute-error search.
 #[track_caller]
+#[inline(always)]
 pub fn quantize_q2_k(x: &[f32; QK_K], y: &mut [u8]) {
     assert_eq!(y.len(), Q2_K_BYTES, "Q2_K block bytes");
     let mut L = [0u8; QK_K];
@@ -427,6 +499,7 @@ pub fn quantize_q2_k(x: &[f32; QK_K], y: &mut [u8]) {
 
 /// `dequantize_row_q2_K` on one super-block: `d·sc·q − dmin·m`.
 #[track_caller]
+#[inline(always)]
 pub fn dequantize_q2_k(b: &[u8], y: &mut [f32; QK_K]) {
     assert_eq!(b.len(), Q2_K_BYTES, "Q2_K block bytes");
     let (sc, rest) = b.split_at(QK_K / 16);
@@ -456,6 +529,7 @@ pub fn dequantize_q2_k(b: &[u8], y: &mut [f32; QK_K]) {
 /// `quantize_row_q3_K_ref` on one super-block: 16 sub-blocks of 16, 3-bit signed codes (high
 /// bit in `hmask`), 6-bit signed scales.
 #[track_caller]
+#[inline(always)]
 pub fn quantize_q3_k(x: &[f32; QK_K], y: &mut [u8]) {
     assert_eq!(y.len(), Q3_K_BYTES, "Q3_K block bytes");
     let mut L = [0i8; QK_K];
@@ -529,7 +603,7 @@ pub fn quantize_q3_k(x: &[f32; QK_K], y: &mut [u8]) {
 
 /// The signed 6-bit scale of sub-block `j` of a Q3_K block (as both ggml's quantizer and its
 /// `kmask` unpacking read it).
-#[inline]
+#[inline(always)]
 fn q3_scale(sc: &[u8], j: usize) -> i32 {
     let lo = if j < 8 { sc[j] & 0xF } else { sc[j - 8] >> 4 } as i32;
     (lo | (((sc[8 + j % 4] >> (2 * (j / 4))) & 3) as i32) << 4) - 32
@@ -537,6 +611,7 @@ fn q3_scale(sc: &[u8], j: usize) -> i32 {
 
 /// `dequantize_row_q3_K` on one super-block: `d·sc·(q − 4·!hbit)`.
 #[track_caller]
+#[inline(always)]
 pub fn dequantize_q3_k(b: &[u8], y: &mut [f32; QK_K]) {
     assert_eq!(b.len(), Q3_K_BYTES, "Q3_K block bytes");
     let (hm, rest) = b.split_at(QK_K / 8);
@@ -566,6 +641,7 @@ pub fn dequantize_q3_k(b: &[u8], y: &mut [f32; QK_K]) {
 /// Q4_K (`BITS = 4`) and Q5_K (`BITS = 5`): `quantize_row_q4_K_ref` / `quantize_row_q5_K_ref`
 /// on one super-block. 8 sub-blocks of 32, weights `sqrt(mean x²) + |x|`, 6-bit scales and
 /// mins.
+#[inline(always)]
 fn quantize_q45_k<const BITS: u32>(x: &[f32; QK_K], y: &mut [u8]) {
     let nmax = (1i32 << BITS) - 1;
     let (rmin, nstep) = if BITS == 4 {
@@ -679,6 +755,7 @@ fn quantize_q45_k<const BITS: u32>(x: &[f32; QK_K], y: &mut [u8]) {
 
 /// `quantize_row_q4_K_ref` on one super-block.
 #[track_caller]
+#[inline(always)]
 pub fn quantize_q4_k(x: &[f32; QK_K], y: &mut [u8]) {
     assert_eq!(y.len(), Q4_K_BYTES, "Q4_K block bytes");
     quantize_q45_k::<4>(x, y);
@@ -686,6 +763,7 @@ pub fn quantize_q4_k(x: &[f32; QK_K], y: &mut [u8]) {
 
 /// `quantize_row_q5_K_ref` on one super-block.
 #[track_caller]
+#[inline(always)]
 pub fn quantize_q5_k(x: &[f32; QK_K], y: &mut [u8]) {
     assert_eq!(y.len(), Q5_K_BYTES, "Q5_K block bytes");
     quantize_q45_k::<5>(x, y);
@@ -693,6 +771,7 @@ pub fn quantize_q5_k(x: &[f32; QK_K], y: &mut [u8]) {
 
 /// `dequantize_row_q4_K` on one super-block: `d·sc·q − dmin·m`.
 #[track_caller]
+#[inline(always)]
 pub fn dequantize_q4_k(b: &[u8], y: &mut [f32; QK_K]) {
     assert_eq!(b.len(), Q4_K_BYTES, "Q4_K block bytes");
     let d = get_f16(&b[..2]);
@@ -714,6 +793,7 @@ pub fn dequantize_q4_k(b: &[u8], y: &mut [f32; QK_K]) {
 
 /// `dequantize_row_q5_K` on one super-block: `d·sc·q − dmin·m`.
 #[track_caller]
+#[inline(always)]
 pub fn dequantize_q5_k(b: &[u8], y: &mut [f32; QK_K]) {
     assert_eq!(b.len(), Q5_K_BYTES, "Q5_K block bytes");
     let d = get_f16(&b[..2]);
@@ -742,6 +822,7 @@ pub fn dequantize_q5_k(b: &[u8], y: &mut [f32; QK_K]) {
 /// `quantize_row_q6_K_ref` on one super-block: 16 sub-blocks of 16, 6-bit signed codes, 8-bit
 /// signed scales.
 #[track_caller]
+#[inline(always)]
 pub fn quantize_q6_k(x: &[f32; QK_K], y: &mut [u8]) {
     assert_eq!(y.len(), Q6_K_BYTES, "Q6_K block bytes");
     let mut L = [0i8; QK_K];
@@ -805,6 +886,7 @@ pub fn quantize_q6_k(x: &[f32; QK_K], y: &mut [u8]) {
 
 /// `dequantize_row_q6_K` on one super-block: `d·sc·(q − 32)`.
 #[track_caller]
+#[inline(always)]
 pub fn dequantize_q6_k(b: &[u8], y: &mut [f32; QK_K]) {
     assert_eq!(b.len(), Q6_K_BYTES, "Q6_K block bytes");
     let d = get_f16(&b[208..210]);
@@ -827,9 +909,218 @@ pub fn dequantize_q6_k(b: &[u8], y: &mut [f32; QK_K]) {
     }
 }
 
+/// Encodes whole super-blocks of `src` into `dst` (`ty` one of Q2_K … Q6_K; lengths checked by
+/// the caller, `ggml::quantize`), compiled for the CPU's widest vector set that `pulp`
+/// dispatches to (AVX2 on x86-64 when present, detected at run time). The bytes are the scalar
+/// code's: only the instruction width changes, every operation stays one IEEE f32 rounding
+/// (Rust never contracts a multiply and an add).
+pub fn quantize_blocks(ty: GgmlType, src: &[f32], dst: &mut [u8]) {
+    struct Op<'a>(GgmlType, &'a [f32], &'a mut [u8]);
+    impl pulp::WithSimd for Op<'_> {
+        type Output = ();
+        #[inline(always)]
+        fn with_simd<S: pulp::Simd>(self, _: S) {
+            let Op(ty, src, dst) = self;
+            let blocks = dst
+                .chunks_exact_mut(ty.type_size())
+                .zip(src.chunks_exact(QK_K));
+            for (out, x) in blocks {
+                let x = x.try_into().expect("chunks_exact(QK_K)");
+                match ty {
+                    GgmlType::Q2_K => quantize_q2_k(x, out),
+                    GgmlType::Q3_K => quantize_q3_k(x, out),
+                    GgmlType::Q4_K => quantize_q4_k(x, out),
+                    GgmlType::Q5_K => quantize_q5_k(x, out),
+                    GgmlType::Q6_K => quantize_q6_k(x, out),
+                    _ => unreachable!("{ty} is not a K-quant"),
+                }
+            }
+        }
+    }
+    pulp::Arch::new().dispatch(Op(ty, src, dst));
+}
+
+/// Decodes whole super-blocks of `src` into `dst`, dispatched like [`quantize_blocks`].
+pub fn dequantize_blocks(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
+    struct Op<'a>(GgmlType, &'a [u8], &'a mut [f32]);
+    impl pulp::WithSimd for Op<'_> {
+        type Output = ();
+        #[inline(always)]
+        fn with_simd<S: pulp::Simd>(self, _: S) {
+            let Op(ty, src, dst) = self;
+            let blocks = dst
+                .chunks_exact_mut(QK_K)
+                .zip(src.chunks_exact(ty.type_size()));
+            for (y, b) in blocks {
+                let y = y.try_into().expect("chunks_exact_mut(QK_K)");
+                match ty {
+                    GgmlType::Q2_K => dequantize_q2_k(b, y),
+                    GgmlType::Q3_K => dequantize_q3_k(b, y),
+                    GgmlType::Q4_K => dequantize_q4_k(b, y),
+                    GgmlType::Q5_K => dequantize_q5_k(b, y),
+                    GgmlType::Q6_K => dequantize_q6_k(b, y),
+                    _ => unreachable!("{ty} is not a K-quant"),
+                }
+            }
+        }
+    }
+    pulp::Arch::new().dispatch(Op(ty, src, dst));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // ---- ggml's helpers transcribed statement for statement, kept as the oracle the faster
+    // versions above are held to on random and adversarial sub-blocks.
+
+    /// ggml's `make_qx_quants(n, nmax, x, L, rmse_type = 1, qw = NULL)`: a symmetric scale for
+    /// `x` searched over 19 candidates `−(nmax + 0.1·is)/max`, weights `x²`. Writes `L` (codes
+    /// offset by `nmax`) and returns the scale.
+    fn make_qx_quants_literal<const N: usize>(nmax: i32, x: &[f32; N], L: &mut [i8]) -> f32 {
+        let mut max = 0f32;
+        let mut amax = 0f32;
+        for &xi in x {
+            let ax = xi.abs();
+            if ax > amax {
+                amax = ax;
+                max = xi;
+            }
+        }
+        if amax < GROUP_MAX_EPS {
+            L[..N].fill(0);
+            return 0.0;
+        }
+        let nmaxf = nmax as f32;
+        let mut iscale = -nmaxf / max;
+        let mut sumlx = 0f32;
+        let mut suml2 = 0f32;
+        for i in 0..N {
+            let l = clampi(nearest_int(iscale * x[i]), -nmax, nmax - 1);
+            L[i] = (l + nmax) as i8;
+            let w = x[i] * x[i];
+            let lf = l as f32;
+            sumlx += w * x[i] * lf;
+            suml2 += w * lf * lf;
+        }
+        let mut scale = if suml2 != 0.0 { sumlx / suml2 } else { 0.0 };
+        let mut best = scale * sumlx;
+        for is in -9i32..=9 {
+            if is == 0 {
+                continue;
+            }
+            iscale = -(nmaxf + 0.1f32 * is as f32) / max;
+            sumlx = 0.0;
+            suml2 = 0.0;
+            for &xi in x {
+                let l = clampi(nearest_int(iscale * xi), -nmax, nmax - 1);
+                let w = xi * xi;
+                let lf = l as f32;
+                sumlx += w * xi * lf;
+                suml2 += w * lf * lf;
+            }
+            if suml2 > 0.0 && sumlx * sumlx > best * suml2 {
+                for i in 0..N {
+                    let l = nearest_int(iscale * x[i]);
+                    L[i] = (nmax + clampi(l, -nmax, nmax - 1)) as i8;
+                }
+                scale = sumlx / suml2;
+                best = scale * sumlx;
+            }
+        }
+        scale
+    }
+
+    /// ggml's `make_qkx2_quants`: an affine fit `x ≈ scale·L − the_min` (`the_min ≥ 0`) with
+    /// codes in `[0, nmax]`, the step searched over `nstep + 1` candidates
+    /// `(rmin + rdelta·is + nmax)/(max − min)` against weighted squared (or absolute, `use_mad`)
+    /// error. Writes `L` and returns `(scale, the_min)`.
+    #[allow(clippy::too_many_arguments)]
+    fn make_qkx2_quants_literal<const N: usize>(
+        nmax: i32,
+        x: &[f32; N],
+        weights: &[f32; N],
+        L: &mut [u8],
+        rmin: f32,
+        rdelta: f32,
+        nstep: i32,
+        use_mad: bool,
+    ) -> (f32, f32) {
+        let mut min = x[0];
+        let mut max = x[0];
+        let mut sum_w = weights[0];
+        let mut sum_x = sum_w * x[0];
+        for i in 1..N {
+            if x[i] < min {
+                min = x[i];
+            }
+            if x[i] > max {
+                max = x[i];
+            }
+            let w = weights[i];
+            sum_w += w;
+            sum_x += w * x[i];
+        }
+        if min > 0.0 {
+            min = 0.0;
+        }
+        if max == min {
+            L[..N].fill(0);
+            return (0.0, -min);
+        }
+        let nmaxf = nmax as f32;
+        let mut iscale = nmaxf / (max - min);
+        let mut scale = 1.0 / iscale;
+        let mut best_error = 0f32;
+        for i in 0..N {
+            let l = nearest_int(iscale * (x[i] - min));
+            L[i] = clampi(l, 0, nmax) as u8;
+            let mut diff = scale * L[i] as f32 + min - x[i];
+            diff = if use_mad { diff.abs() } else { diff * diff };
+            best_error += weights[i] * diff;
+        }
+        if nstep < 1 {
+            return (scale, -min);
+        }
+        let mut Laux = [0u8; N];
+        for is in 0..=nstep {
+            iscale = (rmin + rdelta * is as f32 + nmaxf) / (max - min);
+            let mut sum_l = 0f32;
+            let mut sum_l2 = 0f32;
+            let mut sum_xl = 0f32;
+            for i in 0..N {
+                let l = clampi(nearest_int(iscale * (x[i] - min)), 0, nmax);
+                Laux[i] = l as u8;
+                let w = weights[i];
+                let lf = l as f32;
+                sum_l += w * lf;
+                sum_l2 += w * lf * lf;
+                sum_xl += w * lf * x[i];
+            }
+            let D = sum_w * sum_l2 - sum_l * sum_l;
+            if D > 0.0 {
+                let mut this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
+                let mut this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
+                if this_min > 0.0 {
+                    this_min = 0.0;
+                    this_scale = sum_xl / sum_l2;
+                }
+                let mut cur_error = 0f32;
+                for i in 0..N {
+                    let mut diff = this_scale * Laux[i] as f32 + this_min - x[i];
+                    diff = if use_mad { diff.abs() } else { diff * diff };
+                    cur_error += weights[i] * diff;
+                }
+                if cur_error < best_error {
+                    L[..N].copy_from_slice(&Laux);
+                    best_error = cur_error;
+                    scale = this_scale;
+                    min = this_min;
+                }
+            }
+        }
+        (scale, -min)
+    }
 
     #[test]
     fn nearest_int_is_ggmls_magic_number() {
@@ -952,6 +1243,109 @@ mod tests {
             enc(&[0f32; QK_K], &mut b);
             dec(&b, &mut y);
             assert!(y.iter().all(|&v| v == 0.0), "{name}: zeros");
+        }
+    }
+
+    /// A small deterministic generator of adversarial sub-blocks: random shapes, magnitudes
+    /// 1e-9 … 1e5, offsets, exact ties, repeated values, zeros and a single outlier.
+    struct Gen(u64);
+    impl Gen {
+        fn u(&mut self) -> f32 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            (self.0 >> 40) as f32 / (1u64 << 24) as f32
+        }
+        fn block<const N: usize>(&mut self) -> [f32; N] {
+            let kind = (self.u() * 8.0) as u32;
+            let mag = 10f32.powf(self.u() * 14.0 - 9.0);
+            let off = if self.u() < 0.3 {
+                (self.u() - 0.5) * 40.0
+            } else {
+                0.0
+            };
+            let mut x = [0f32; N];
+            for v in x.iter_mut() {
+                let u = self.u();
+                *v = match kind {
+                    0 => (u - 0.5) * mag,
+                    1 => u * mag,
+                    2 => -u * mag,
+                    3 => ((u * 16.0).floor() - 8.0 + 0.5) * mag.max(1.0).round(),
+                    4 => ((u * 4.0).floor() - 2.0) * 0.25,
+                    5 => {
+                        if u < 0.85 {
+                            0.0
+                        } else {
+                            (self.u() - 0.5) * mag
+                        }
+                    }
+                    6 => (u - 0.5) * mag * 1e-3,
+                    _ => ((u - 0.5) * mag).powi(3),
+                } + off * mag;
+            }
+            if self.u() < 0.2 {
+                let i = (self.u() * N as f32) as usize % N;
+                x[i] *= 50.0;
+            }
+            x
+        }
+    }
+
+    /// The lane-parallel helpers give ggml's statement-by-statement results, bit for bit.
+    /// Called directly, they are compiled for the baseline instruction set; tests/kquant.rs
+    /// checks the dispatched (AVX2 where present) path against ggml's bytes.
+    #[test]
+    fn parallel_search_equals_the_literal_transcription() {
+        let mut g = Gen(0x5EED_2030_0001);
+        let n = if cfg!(debug_assertions) {
+            3_000
+        } else {
+            30_000
+        };
+        for _ in 0..n {
+            let x16 = g.block::<16>();
+            let x32 = g.block::<32>();
+            // Q6_K
+            let (mut a, mut b) = ([0i8; 16], [0i8; 16]);
+            let sa = make_qx_quants::<16>(32, &x16, &mut a);
+            let sb = make_qx_quants_literal::<16>(32, &x16, &mut b);
+            assert_eq!((sa.to_bits(), a), (sb.to_bits(), b), "qx {x16:?}");
+            // Q2_K
+            let mut w16 = [0f32; 16];
+            for (w, v) in w16.iter_mut().zip(&x16) {
+                *w = v.abs();
+            }
+            let (mut a, mut b) = ([0u8; 16], [0u8; 16]);
+            let ra = make_qkx2_quants::<16>(3, &x16, &w16, &mut a, -0.5, 0.1, 15, true);
+            let rb = make_qkx2_quants_literal::<16>(3, &x16, &w16, &mut b, -0.5, 0.1, 15, true);
+            assert_eq!(
+                (ra.0.to_bits(), ra.1.to_bits(), a),
+                (rb.0.to_bits(), rb.1.to_bits(), b),
+                "qkx2/Q2_K {x16:?}"
+            );
+            // Q4_K, Q5_K
+            let mut sum_x2 = 0f32;
+            for &v in &x32 {
+                sum_x2 += v * v;
+            }
+            let av_x = (sum_x2 / 32.0).sqrt();
+            let mut w32 = [0f32; 32];
+            for (w, v) in w32.iter_mut().zip(&x32) {
+                *w = av_x + v.abs();
+            }
+            for (nmax, rmin, nstep) in [(15, -1.0f32, 20), (31, -0.5, 15)] {
+                let (mut a, mut b) = ([0u8; 32], [0u8; 32]);
+                let ra = make_qkx2_quants::<32>(nmax, &x32, &w32, &mut a, rmin, 0.1, nstep, false);
+                let rb = make_qkx2_quants_literal::<32>(
+                    nmax, &x32, &w32, &mut b, rmin, 0.1, nstep, false,
+                );
+                assert_eq!(
+                    (ra.0.to_bits(), ra.1.to_bits(), a),
+                    (rb.0.to_bits(), rb.1.to_bits(), b),
+                    "qkx2/nmax {nmax} {x32:?}"
+                );
+            }
         }
     }
 }
