@@ -1,5 +1,7 @@
 //! GGML tensor encodings as gguf-py 0.19 (`gguf/quants.py`) computes them: the 32-wide block
-//! quantizers Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and the plain F32/F16/BF16 element types.
+//! quantizers Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and the plain F32/F16/BF16 element types; and the
+//! 256-wide K-quants Q2_K … Q6_K as ggml's reference C computes them (`kquant`, which gguf-py
+//! can only decode).
 //!
 //! Owns: the ggml type ids, block and byte sizes, `f32 → bytes` bit-exact to gguf-py (spec
 //! quant_formats.md §2.6) and `bytes → f32` as its dequantizers. Does not own: which type a
@@ -19,9 +21,10 @@
 
 use half::f16;
 
+use super::kquant::{self, QK_K};
 use crate::io::dtype::{round_to_bf16, round_to_f16};
 
-/// Elements per block of every block type here.
+/// Elements per block of the 32-wide block types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1).
 pub const QK: usize = 32;
 
 /// A ggml tensor type wanbake writes or reads.
@@ -46,6 +49,16 @@ pub enum GgmlType {
     Q8_0,
     /// bfloat16.
     BF16,
+    /// 2-bit K-quant: super-blocks of 256, 16 sub-blocks with 4-bit scales and mins.
+    Q2_K,
+    /// 3-bit K-quant: super-blocks of 256, 16 sub-blocks with 6-bit scales.
+    Q3_K,
+    /// 4-bit K-quant: super-blocks of 256, 8 sub-blocks with 6-bit scales and mins.
+    Q4_K,
+    /// 5-bit K-quant: super-blocks of 256, 8 sub-blocks with 6-bit scales and mins.
+    Q5_K,
+    /// 6-bit K-quant: super-blocks of 256, 16 sub-blocks with 8-bit scales.
+    Q6_K,
 }
 
 impl GgmlType {
@@ -60,6 +73,11 @@ impl GgmlType {
             GgmlType::Q5_1 => 7,
             GgmlType::Q8_0 => 8,
             GgmlType::BF16 => 30,
+            GgmlType::Q2_K => 10,
+            GgmlType::Q3_K => 11,
+            GgmlType::Q4_K => 12,
+            GgmlType::Q5_K => 13,
+            GgmlType::Q6_K => 14,
         }
     }
 
@@ -79,12 +97,23 @@ impl GgmlType {
             GgmlType::Q5_1 => "Q5_1",
             GgmlType::Q8_0 => "Q8_0",
             GgmlType::BF16 => "BF16",
+            GgmlType::Q2_K => "Q2_K",
+            GgmlType::Q3_K => "Q3_K",
+            GgmlType::Q4_K => "Q4_K",
+            GgmlType::Q5_K => "Q5_K",
+            GgmlType::Q6_K => "Q6_K",
         }
     }
 
-    /// Elements per block (1 for the plain types).
+    /// Elements per block (1 for the plain types, 256 for the K-quants).
     pub fn block_size(self) -> usize {
-        if self.is_block() { QK } else { 1 }
+        if self.is_k_quant() {
+            QK_K
+        } else if self.is_block() {
+            QK
+        } else {
+            1
+        }
     }
 
     /// Bytes per block.
@@ -97,12 +126,25 @@ impl GgmlType {
             GgmlType::Q5_0 => 22,
             GgmlType::Q5_1 => 24,
             GgmlType::Q8_0 => 34,
+            GgmlType::Q2_K => kquant::Q2_K_BYTES,
+            GgmlType::Q3_K => kquant::Q3_K_BYTES,
+            GgmlType::Q4_K => kquant::Q4_K_BYTES,
+            GgmlType::Q5_K => kquant::Q5_K_BYTES,
+            GgmlType::Q6_K => kquant::Q6_K_BYTES,
         }
     }
 
-    /// True for the 32-wide block types.
+    /// True for the block types (32-wide and the 256-wide K-quants).
     pub fn is_block(self) -> bool {
         !matches!(self, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
+    }
+
+    /// True for the 256-wide K-quants Q2_K … Q6_K.
+    pub fn is_k_quant(self) -> bool {
+        matches!(
+            self,
+            GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K
+        )
     }
 
     /// Bytes of `numel` elements, or `None` when `numel` is not a whole number of blocks or
@@ -123,7 +165,7 @@ impl std::fmt::Display for GgmlType {
 }
 
 /// Every type of this module.
-pub const ALL: [GgmlType; 8] = [
+pub const ALL: [GgmlType; 13] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::Q4_0,
@@ -132,6 +174,11 @@ pub const ALL: [GgmlType; 8] = [
     GgmlType::Q5_1,
     GgmlType::Q8_0,
     GgmlType::BF16,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
 ];
 
 /// Encodes `src` (whole blocks for the block types) into `dst` of exactly
@@ -161,6 +208,7 @@ pub fn quantize(ty: GgmlType, src: &[f32], dst: &mut [u8]) {
                 c.copy_from_slice(&round_to_bf16(x).to_le_bytes());
             }
         }
+        _ if ty.is_k_quant() => kquant::quantize_blocks(ty, src, dst),
         _ => {
             let ts = ty.type_size();
             for (out, x) in dst.chunks_exact_mut(ts).zip(src.chunks_exact(QK)) {
@@ -272,7 +320,8 @@ fn pack_nibbles<const BITS: u32>(q: &[u8; QK], out: &mut [u8]) {
 }
 
 /// Decodes `src` (`ty.byte_len(dst.len())` bytes) into `dst` as gguf-py's dequantizers do
-/// (`d·q` or `d·q + m`, one f32 product per element).
+/// (`d·q` or `d·q + m`, one f32 product per element), and the K-quants as ggml's
+/// `dequantize_row_qN_K` do.
 #[track_caller]
 pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
     assert_eq!(
@@ -299,6 +348,7 @@ pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
                 *d = f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16);
             }
         }
+        _ if ty.is_k_quant() => kquant::dequantize_blocks(ty, src, dst),
         _ => {
             for (y, b) in dst
                 .chunks_exact_mut(QK)
@@ -390,7 +440,7 @@ mod tests {
         let x: Vec<f32> = (0..QK * 4)
             .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
             .collect();
-        for t in ALL {
+        for t in ALL.into_iter().filter(|t| !t.is_k_quant()) {
             let q = quantize_vec(t, &x).unwrap();
             let mut y = vec![0f32; x.len()];
             dequantize(t, &q, &mut y);

@@ -8,3 +8,4 @@
 
 pub mod fp8;
 pub mod ggml;
+pub mod kquant;
