@@ -139,7 +139,7 @@ pub fn quantize_release(
     let options = serde_json::json!({
         "input": input.display().to_string(),
         "to": quantize.format.as_str(),
-        "high_precision": (!quantize.format.is_gguf()).then(|| quantize.high_precision.as_str()),
+        "high_precision": quantize.high_precision_label(),
         "city96_rounding": quantize.city96_rounding,
     });
     let writing = Writing::new(dest, replace, "convert", options);

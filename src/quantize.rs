@@ -31,7 +31,7 @@ use crate::io::writer::{ComponentOutput, GgufParts, OutputPlan};
 use crate::io::{DType, ReadError, dtype};
 use crate::model::base_model::{BaseModel, ComponentModel};
 use crate::model::plan_error::PlanError;
-use crate::model::quant_rules::{self, QuantFormat, Why};
+use crate::model::quant_rules::{self, GgufMix, QuantFormat, Why};
 use crate::model::wan_layout::Layout;
 use crate::model::wan_names::{self, Position};
 
@@ -78,6 +78,12 @@ pub enum QuantError {
         key: String,
         /// The layout it was read in.
         layout: Layout,
+    },
+    /// A high-precision type a GGUF file cannot hold unquantized.
+    #[error("{dtype} is not a type GGUF keeps unquantized tensors in (f32, f16 or bf16)")]
+    HighPrecision {
+        /// The type asked for.
+        dtype: DType,
     },
     /// A tensor whose dtype is not floating point.
     #[error("{key}: dtype {dtype} is not a float type; cannot quantize it")]
@@ -181,11 +187,33 @@ pub struct QuantTensor {
 pub struct QuantOptions {
     /// The format.
     pub format: QuantFormat,
-    /// fp8-scaled: the dtype of the tensors that are not nn.Linear weights (F16, BF16, F32).
-    pub high_precision: DType,
+    /// The high-precision type (`--dtype`, recipe `output.dtype`). fp8-scaled: the dtype of
+    /// the tensors that are not nn.Linear weights (F16 when `None`; or BF16, F32). A GGUF
+    /// block format: convert.py's step-1 type of every 2-D tensor above 1024 elements (when
+    /// `None`, convert.py's own rule: F16, or BF16 from a bf16 source), which the tensors
+    /// llama-quantize leaves unquantized keep and `city96_rounding` quantizes: F32 gives the
+    /// unquantized 2-D tensors of city96's published Wan 2.1 files (spec quant_formats.md
+    /// K.5). Unused by the plain GGUF formats.
+    pub high_precision: Option<DType>,
     /// GGUF block types: quantize convert.py's step-1 rounding (F16/BF16) of each weight
     /// instead of the f32 weight, for byte-compatibility with city96's two-step files.
     pub city96_rounding: bool,
+}
+
+impl QuantOptions {
+    /// fp8-scaled's high-precision dtype.
+    pub fn fp8_high_precision(&self) -> DType {
+        self.high_precision.unwrap_or(DType::F16)
+    }
+
+    /// The high-precision type as reports and manifests record it: fp8-scaled's always,
+    /// a GGUF format's when one was asked for.
+    pub fn high_precision_label(&self) -> Option<&'static str> {
+        match self.format {
+            QuantFormat::Fp8Scaled => Some(self.fp8_high_precision().as_str()),
+            _ => self.high_precision.map(DType::as_str),
+        }
+    }
 }
 
 /// Every output tensor of a quantized output, in output-name order.
@@ -237,16 +265,28 @@ pub fn plan(
             _ => 0,
         };
         let (wan, _) = entry.stored_name(Layout::Wan, block);
-        let (encoding, why) = decide(&options, &wan, shape, *dt);
-        tensors.push(QuantTensor {
-            name: wan,
-            source: name.clone(),
-            shape: shape.clone(),
-            encoding,
-            why,
-        });
+        tensors.push((wan, name, shape, *dt));
     }
-    tensors.sort_by(|a, b| a.name.cmp(&b.name));
+    // llama-quantize visits tensors in byte-wise name order, and a K mix's "first N" v
+    // projections are counted in that order (spec quant_formats.md K.2).
+    tensors.sort_by(|a, b| a.0.cmp(&b.0));
+    let step1 = match options.high_precision {
+        None => None,
+        Some(dtype) => Some(GgmlType::of_float(dtype).ok_or(QuantError::HighPrecision { dtype })?),
+    };
+    let mut mix = GgufMix::new(options.format, step1);
+    let tensors: Vec<QuantTensor> = (tensors.into_iter())
+        .map(|(wan, name, shape, dt)| {
+            let (encoding, why) = decide(&options, &mut mix, &wan, shape, dt);
+            QuantTensor {
+                name: wan,
+                source: name.clone(),
+                shape: shape.clone(),
+                encoding,
+                why,
+            }
+        })
+        .collect();
     if let Some(t) = tensors.iter().find(|t| t.name.len() > 127) {
         // convert.py's limit (spec §2.3); original-Wan names are far shorter.
         return Err(QuantError::LongName {
@@ -276,15 +316,21 @@ pub fn plan(
     })
 }
 
-fn decide(o: &QuantOptions, name: &str, shape: &[usize], src: DType) -> (Encoding, Why) {
+fn decide(
+    o: &QuantOptions,
+    mix: &mut GgufMix,
+    name: &str,
+    shape: &[usize],
+    src: DType,
+) -> (Encoding, Why) {
     if o.format == QuantFormat::Fp8Scaled {
         return if quant_rules::is_fp8_linear(name, shape) {
             (Encoding::Fp8, Why::Fp8Linear)
         } else {
-            (Encoding::Plain(o.high_precision), Why::HighPrecision)
+            (Encoding::Plain(o.fp8_high_precision()), Why::HighPrecision)
         };
     }
-    let c = quant_rules::gguf_choice(o.format, name, shape, src == DType::BF16);
+    let c = mix.choose(name, shape, src);
     (
         Encoding::Ggml {
             ty: c.ty,
@@ -580,8 +626,7 @@ pub fn report_json(plan: &QuantPlan, stats: &[ErrorStats]) -> serde_json::Value 
         .collect();
     json!({
         "format": plan.options.format.as_str(),
-        "high_precision": (plan.options.format == QuantFormat::Fp8Scaled)
-            .then(|| plan.options.high_precision.as_str()),
+        "high_precision": plan.options.high_precision_label(),
         "city96_rounding": plan.options.city96_rounding,
         "skipped": plan.skipped,
         "summary": summary,
@@ -647,7 +692,7 @@ mod tests {
         for city96_rounding in [false, true] {
             let o = QuantOptions {
                 format: QuantFormat::GgufQ8_0,
-                high_precision: DType::F16,
+                high_precision: None,
                 city96_rounding,
             };
             for enc in encodings {
@@ -672,11 +717,128 @@ mod tests {
         }
     }
 
+    /// The plan of every GGUF format on Wan2.1-T2V-14B's shapes (diffusers names, as the
+    /// published diffusers folder has them, stored f32): the types the K mixes give the v
+    /// projections and ffn down (lcpp.patch's rules, "the first N" in byte-wise name order),
+    /// and the file sizes city96 publishes for `city96/Wan2.1-t2v-14b-gguf` (Hugging Face's
+    /// decimal GB, two or three significant digits).
+    #[test]
+    fn gguf_mixes_on_the_14b_shapes_give_city96s_types_and_sizes() {
+        use crate::model::wan::WanVariant;
+        let source: Vec<(String, DType, Vec<usize>)> = (WanVariant::T2V14B.config())
+            .diffusers_params()
+            .into_iter()
+            .map(|p| (p.name, DType::F32, p.shape))
+            .collect();
+        // city96's published files hold the 2-D tensors llama-quantize leaves unquantized as
+        // F32 (`--dtype f32`; convert.py today writes F16 there, and the sizes then come out
+        // 0.46 GB smaller).
+        let plan_of = |format| {
+            let o = QuantOptions {
+                format,
+                high_precision: Some(DType::F32),
+                city96_rounding: false,
+            };
+            plan(o, Layout::Diffusers, &source).unwrap()
+        };
+        let ty = |p: &QuantPlan, name: &str| {
+            let t = p.tensors.iter().find(|t| t.name == name).unwrap();
+            match t.encoding {
+                Encoding::Ggml { ty, .. } => ty,
+                other => panic!("{name}: {other:?}"),
+            }
+        };
+        use GgmlType as G;
+        use QuantFormat as F;
+        // (format, v of blocks.0 cross/self, blocks.1 cross/self, blocks.2 self, ffn down,
+        // q, published size in GB with its precision)
+        let cases = [
+            (F::GgufQ2K, [G::Q3_K; 5], G::Q2_K, G::Q2_K, None),
+            (
+                F::GgufQ3KS,
+                [G::Q3_K; 5],
+                G::Q3_K,
+                G::Q3_K,
+                Some((6.99, 0.005)),
+            ),
+            (
+                F::GgufQ3KM,
+                [G::Q5_K, G::Q5_K, G::Q4_K, G::Q4_K, G::Q4_K],
+                G::Q4_K,
+                G::Q3_K,
+                Some((7.65, 0.005)),
+            ),
+            (
+                F::GgufQ4KS,
+                [G::Q5_K, G::Q5_K, G::Q5_K, G::Q5_K, G::Q4_K],
+                G::Q5_K,
+                G::Q4_K,
+                Some((9.22, 0.005)),
+            ),
+            (
+                F::GgufQ4KM,
+                [G::Q6_K; 5],
+                G::Q6_K,
+                G::Q4_K,
+                Some((10.1, 0.05)),
+            ),
+            (F::GgufQ5KS, [G::Q5_K; 5], G::Q5_K, G::Q5_K, None),
+            (F::GgufQ5KM, [G::Q6_K; 5], G::Q6_K, G::Q5_K, None),
+            (F::GgufQ6K, [G::Q6_K; 5], G::Q6_K, G::Q6_K, None),
+            (
+                F::GgufQ4_0,
+                [G::Q4_0; 5],
+                G::Q4_1,
+                G::Q4_0,
+                Some((9.03, 0.005)),
+            ),
+        ];
+        for (format, v, ffn_down, q, size) in cases {
+            let p = plan_of(format);
+            let vs = [
+                "blocks.0.cross_attn.v.weight",
+                "blocks.0.self_attn.v.weight",
+                "blocks.1.cross_attn.v.weight",
+                "blocks.1.self_attn.v.weight",
+                "blocks.2.self_attn.v.weight",
+            ];
+            for (name, want) in vs.iter().zip(v) {
+                assert_eq!(ty(&p, name), want, "{format} {name}");
+            }
+            // byte-wise order: blocks.10 comes before blocks.2, so it is among the first N
+            // only where N covers four whole blocks (none here).
+            assert_eq!(ty(&p, "blocks.39.self_attn.v.weight"), v[4], "{format}");
+            assert_eq!(ty(&p, "blocks.7.ffn.2.weight"), ffn_down, "{format}");
+            assert_eq!(ty(&p, "blocks.7.self_attn.q.weight"), q, "{format}");
+            for name in [
+                "patch_embedding.weight",
+                "text_embedding.0.weight",
+                "head.head.weight",
+            ] {
+                let t = p.tensors.iter().find(|t| t.name == name).unwrap();
+                assert!(
+                    matches!(t.encoding, Encoding::Ggml { ty, .. } if !ty.is_block()),
+                    "{format} {name}: {:?}",
+                    t.encoding
+                );
+            }
+            let bytes = p.output_plan("m", BTreeMap::new()).unwrap().total_bytes();
+            let gb = bytes as f64 / 1e9;
+            eprintln!("{format}: {bytes} bytes = {gb:.3} GB");
+            if let Some((published, within)) = size {
+                assert!(
+                    (gb - published).abs() <= within,
+                    "{format}: {gb:.3} GB, city96 publishes {published} GB"
+                );
+            }
+        }
+    }
+
     #[test]
     fn non_finite_values_are_refused_naming_the_tensor() {
         let o = QuantOptions {
             format: QuantFormat::Fp8Scaled,
-            high_precision: DType::F16,
+            high_precision: None,
             city96_rounding: false,
         };
         let mut y = [0f32; 3];

@@ -199,3 +199,217 @@ fn thread_cpu_s() -> f64 {
     let tick = |i: usize| f.get(i).and_then(|x| x.parse::<i64>().ok()).unwrap_or(0);
     (tick(11) + tick(12)) as f64 / 100.0
 }
+
+// ---- `convert --to gguf:<k-mix>` on a small WAN whose Linear rows are whole 256-blocks,
+// against the files ggml, gguf-py and city96's rules (re-implemented from lcpp.patch in
+// golden/kquant_wan_golden.py) make from the same weights. The weights are not committed: both
+// sides draw them from SplitMix64 in sorted name order (golden/quant/kquant_wan.json, "model").
+
+/// The small WAN of golden/kquant_wan_golden.py: original-Wan names and shapes.
+fn small_wan_shapes() -> Vec<(String, Vec<usize>)> {
+    let (dim, ffn, freq, text, cin, cout, layers) = (256, 512, 256, 256, 4, 4, 3);
+    let mut s: Vec<(String, Vec<usize>)> = vec![
+        ("patch_embedding.weight".into(), vec![dim, cin, 1, 2, 2]),
+        ("patch_embedding.bias".into(), vec![dim]),
+        ("text_embedding.0.weight".into(), vec![dim, text]),
+        ("text_embedding.0.bias".into(), vec![dim]),
+        ("text_embedding.2.weight".into(), vec![dim, dim]),
+        ("text_embedding.2.bias".into(), vec![dim]),
+        ("time_embedding.0.weight".into(), vec![dim, freq]),
+        ("time_embedding.0.bias".into(), vec![dim]),
+        ("time_embedding.2.weight".into(), vec![dim, dim]),
+        ("time_embedding.2.bias".into(), vec![dim]),
+        ("time_projection.1.weight".into(), vec![6 * dim, dim]),
+        ("time_projection.1.bias".into(), vec![6 * dim]),
+        ("head.head.weight".into(), vec![cout * 4, dim]),
+        ("head.head.bias".into(), vec![cout * 4]),
+        ("head.modulation".into(), vec![1, 2, dim]),
+    ];
+    for b in 0..layers {
+        let p = format!("blocks.{b}.");
+        for a in ["self_attn", "cross_attn"] {
+            for m in ["q", "k", "v", "o"] {
+                s.push((format!("{p}{a}.{m}.weight"), vec![dim, dim]));
+                s.push((format!("{p}{a}.{m}.bias"), vec![dim]));
+            }
+            s.push((format!("{p}{a}.norm_q.weight"), vec![dim]));
+            s.push((format!("{p}{a}.norm_k.weight"), vec![dim]));
+        }
+        s.push((format!("{p}ffn.0.weight"), vec![ffn, dim]));
+        s.push((format!("{p}ffn.0.bias"), vec![ffn]));
+        s.push((format!("{p}ffn.2.weight"), vec![dim, ffn]));
+        s.push((format!("{p}ffn.2.bias"), vec![dim]));
+        s.push((format!("{p}modulation"), vec![1, 6, dim]));
+        s.push((format!("{p}norm3.weight"), vec![dim]));
+        s.push((format!("{p}norm3.bias"), vec![dim]));
+    }
+    s.sort();
+    s
+}
+
+/// Writes the small WAN (one f32 file, original names) into `path`.
+fn write_small_wan(path: &std::path::Path, model: &serde_json::Value) {
+    let mut rng = Rng::new(model["seed"].as_u64().unwrap());
+    let tensors: Vec<(String, Vec<usize>, Vec<f32>)> = (small_wan_shapes().into_iter())
+        .map(|(name, shape)| {
+            let n = shape.iter().product();
+            let v = (0..n).map(|_| rng.signed_f32() * 0.125).collect();
+            (name, shape, v)
+        })
+        .collect();
+    // The generator is the script's: its first values, as the script recorded them.
+    for (name, first) in model["first_tensor"].as_object().unwrap() {
+        let t = tensors.iter().find(|t| &t.0 == name).unwrap();
+        for (got, want) in t.2.iter().zip(first.as_array().unwrap()) {
+            assert_eq!(f64::from(*got), want.as_f64().unwrap(), "{name}");
+        }
+    }
+    let refs: Vec<(&str, Vec<usize>, Vec<f32>)> = (tensors.iter())
+        .map(|(n, s, v)| (n.as_str(), s.clone(), v.clone()))
+        .collect();
+    write_f32(path, &refs);
+}
+
+#[test]
+fn convert_to_k_mixes_is_byte_identical_to_ggml_and_city96s_rules() {
+    let text = fs_err::read_to_string(repo().join("golden/quant/kquant_wan.json")).unwrap();
+    let golden: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let d = tmp();
+    let model = d.path().join("small_wan.safetensors");
+    write_small_wan(&model, &golden["model"]);
+    let cases = golden["cases"].as_object().unwrap();
+    assert_eq!(cases.len(), 12, "every K mix, and two with each option");
+    for (i, (case, want)) in cases.iter().enumerate() {
+        let mut words = case.split(' ');
+        let to = words.next().unwrap();
+        let out = d.path().join(format!("out{i}"));
+        let mut args = vec!["convert", model.to_str().unwrap(), "--to", to];
+        args.extend(words);
+        args.extend(["--out", out.to_str().unwrap()]);
+        ok(run(d.path(), &args));
+        let file = out.join(format!("model-{}.gguf", to.trim_start_matches("gguf:")));
+        let bytes = fs_err::read(&file).unwrap();
+        let sha = wanbake::io::digest::hex(&Sha256::digest(&bytes));
+        if sha == want["sha256"].as_str().unwrap() {
+            continue;
+        }
+        // Say which tensor differs first.
+        let g = wanbake::io::gguf::GgufFile::open(&file).unwrap();
+        for (j, t) in g.header().tensors.iter().enumerate() {
+            let w = &want["tensors"][&t.name];
+            assert_eq!(
+                t.ty.name(),
+                w["type"].as_str().unwrap(),
+                "{case}: {}",
+                t.name
+            );
+            let got = wanbake::io::digest::hex(&Sha256::digest(g.data(j)));
+            assert_eq!(
+                got,
+                w["sha256"].as_str().unwrap(),
+                "{case}: {} bytes",
+                t.name
+            );
+        }
+        panic!(
+            "{case}: every tensor matches, the file does not ({} bytes, want {})",
+            bytes.len(),
+            want["bytes"]
+        );
+    }
+}
+
+/// `merge --to gguf:<k-mix>` is one pass and writes exactly the bytes of the reference path:
+/// merge in f32 (original-Wan layout, nothing rounded), then `convert --to` that f32 release
+/// (whose K-quant bytes `convert_to_k_mixes_is_byte_identical_to_ggml_and_city96s_rules`
+/// holds to ggml). The LoRA (ComfyUI names) touches v projections and ffn down, the tensors
+/// the mixes treat apart; on 1 and 3 threads, with and without `--dtype f32`.
+#[test]
+fn merge_to_k_mixes_is_merge_f32_then_convert() {
+    let text = fs_err::read_to_string(repo().join("golden/quant/kquant_wan.json")).unwrap();
+    let golden: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let d = tmp();
+    let base = d.path().join("small_wan.safetensors");
+    write_small_wan(&base, &golden["model"]);
+    let lora = d.path().join("lora.safetensors");
+    let mut rng = Rng::new(29);
+    let mut t: Vec<(String, Vec<usize>, Vec<f32>)> = Vec::new();
+    for b in 0..3 {
+        for (m, (out, inp)) in [
+            ("self_attn.v", (256, 256)),
+            ("cross_attn.q", (256, 256)),
+            ("ffn.2", (256, 512)),
+        ] {
+            let k = format!("diffusion_model.blocks.{b}.{m}");
+            let down = (0..4 * inp).map(|_| rng.signed_f32() * 0.05).collect();
+            let up = (0..out * 4).map(|_| rng.signed_f32() * 0.05).collect();
+            t.push((format!("{k}.lora_down.weight"), vec![4, inp], down));
+            t.push((format!("{k}.lora_up.weight"), vec![out, 4], up));
+        }
+    }
+    let refs: Vec<(&str, Vec<usize>, Vec<f32>)> = (t.iter())
+        .map(|(n, s, v)| (n.as_str(), s.clone(), v.clone()))
+        .collect();
+    write_f32(&lora, &refs);
+    let (base_s, lora_s) = (base.to_str().unwrap(), lora.to_str().unwrap());
+    ok(run(
+        d.path(),
+        &[
+            "merge",
+            "--base",
+            base_s,
+            "--adapter",
+            lora_s,
+            "--dtype",
+            "f32",
+            "--layout",
+            "wan",
+            "--keep-f32",
+            "none",
+            "--out",
+            "f32",
+            "--device",
+            "cpu",
+        ],
+    ));
+    for (to, extra) in [
+        ("gguf:q4_k_m", &[][..]),
+        ("gguf:q3_k_m", &["--dtype", "f32"][..]),
+        ("gguf:q2_k", &["--city96-rounding"][..]),
+    ] {
+        let file = format!("model-{}.gguf", to.trim_start_matches("gguf:"));
+        let reference = d.path().join(format!("ref_{}", to.replace(':', "_")));
+        let mut args = vec!["convert", "f32", "--to", to, "--out"];
+        args.push(reference.to_str().unwrap());
+        args.extend_from_slice(extra);
+        ok(run(d.path(), &args));
+        let want = fs_err::read(reference.join(&file)).unwrap();
+        for threads in ["1", "3"] {
+            let out = d
+                .path()
+                .join(format!("one_{}_{threads}", to.replace(':', "_")));
+            let mut args = vec![
+                "--threads",
+                threads,
+                "merge",
+                "--base",
+                base_s,
+                "--adapter",
+                lora_s,
+                "--to",
+                to,
+                "--out",
+                out.to_str().unwrap(),
+                "--device",
+                "cpu",
+            ];
+            args.extend_from_slice(extra);
+            ok(run(d.path(), &args));
+            let got = fs_err::read(out.join(&file)).unwrap();
+            assert!(
+                got == want,
+                "{to} {extra:?} on {threads} threads: bytes differ"
+            );
+        }
+    }
+}

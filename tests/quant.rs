@@ -417,7 +417,7 @@ fn refusals_write_nothing() {
     for (args, want) in [
         (
             vec!["convert", inp, "--to", "gguf:q3_k", "--out", "o"],
-            "invalid value 'gguf:q3_k' for '--to <FORMAT>'\n  [possible values: fp8-scaled, gguf:q8_0, gguf:q4_0, gguf:q5_0, gguf:bf16, gguf:f16]",
+            "invalid value 'gguf:q3_k' for '--to <FORMAT>'\n  [possible values: fp8-scaled, gguf:q8_0, gguf:q4_0, gguf:q5_0, gguf:bf16, gguf:f16, gguf:q2_k, gguf:q3_k_s, gguf:q3_k_m, gguf:q4_k_s, gguf:q4_k_m, gguf:q5_k_s, gguf:q5_k_m, gguf:q6_k]",
         ),
         (
             vec!["convert", inp, "--to", "gguf:q8_0", "--out", "o.gguf"],
@@ -428,13 +428,13 @@ fn refusals_write_nothing() {
                 "convert",
                 inp,
                 "--to",
-                "gguf:q8_0",
+                "gguf:bf16",
                 "--dtype",
                 "f16",
                 "--out",
                 "o",
             ],
-            "--dtype: `f16`: gguf:q8_0 decides every tensor's type",
+            "--dtype: `f16`: gguf:bf16 decides every tensor's type",
         ),
         (
             vec![
@@ -1220,8 +1220,8 @@ fn bake_to_refusals_name_the_field() {
             "output.to: unknown format `gguf:q3_k`",
         ),
         (
-            "to = \"gguf:q8_0\"\ndtype = \"bf16\"",
-            "output.dtype: `bf16`: gguf:q8_0 decides every tensor's type",
+            "to = \"gguf:f16\"\ndtype = \"bf16\"",
+            "output.dtype: `bf16`: gguf:f16 decides every tensor's type",
         ),
         (
             "to = \"fp8-scaled\"\nlayout = \"wan\"",

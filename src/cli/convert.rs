@@ -26,8 +26,9 @@ pub struct Args {
     /// block type (one ComfyUI-GGUF .gguf), original-Wan names.
     #[arg(long, value_enum, value_name = "FORMAT")]
     pub to: Option<QuantFormat>,
-    /// GGUF block types: quantize the F16 rounding of each weight, as city96's two-step
-    /// pipeline does, for byte-compatible files (default: the exact f32 weights).
+    /// GGUF block types: quantize the step-1 rounding of each weight (F16 unless --dtype says
+    /// otherwise), as city96's two-step pipeline does, for byte-compatible files (default: the
+    /// exact f32 weights).
     #[arg(long)]
     pub city96_rounding: bool,
     /// `--out`, `--overwrite`.

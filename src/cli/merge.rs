@@ -102,11 +102,14 @@ pub struct Args {
     pub json: bool,
     /// Quantize the merged f32 weights for ComfyUI: one scaled-fp8 .safetensors or one
     /// ComfyUI-GGUF .gguf, original-Wan names (`wanbake convert --help`). One pass: each
-    /// merged tensor is quantized as it is written. --dtype is then fp8-scaled's
-    /// high-precision dtype (default f16) and refused for GGUF.
+    /// merged tensor is quantized as it is written. --dtype is then the high-precision
+    /// type: fp8-scaled's (default f16); a GGUF block mix's step-1 type of the 2-D tensors
+    /// (default f16, bf16 from a bf16 base; f32 as city96's published Wan 2.1 files hold
+    /// them); refused for gguf:bf16|f16.
     #[arg(long, value_enum, value_name = "FORMAT")]
     pub to: Option<QuantFormat>,
-    /// With --to gguf:<block type>: quantize the F16 rounding, as city96's pipeline does.
+    /// With --to gguf:<block type>: quantize the step-1 rounding (F16 unless --dtype says
+    /// otherwise), as city96's two-step pipeline does.
     #[arg(long)]
     pub city96_rounding: bool,
 }

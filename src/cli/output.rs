@@ -111,7 +111,9 @@ pub struct DtypeArgs {
 pub struct FloatDtypeArg {
     /// Dtype of every float tensor (also spelt float32, float16/fp16, bfloat16). synth,
     /// extract: default f32. convert: required without --to; with --to fp8-scaled, the dtype
-    /// of the tensors that stay high precision (default f16). resize: default f32 for the
+    /// of the tensors that stay high precision (default f16); with a GGUF block mix,
+    /// convert.py's step-1 type of the 2-D tensors (default f16, bf16 from a bf16 input; f32
+    /// as city96's published Wan 2.1 files hold them). resize: default f32 for the
     /// new factors, the stored dtype for the rest. extract, resize: `.alpha` stays as it is,
     /// and the report's errors are those of the f32 factors.
     #[arg(long, value_name = "DTYPE")]

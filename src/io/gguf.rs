@@ -259,7 +259,7 @@ pub enum GgufError {
     },
     /// A tensor type wanbake does not read.
     #[error(
-        "tensor {name:?}: ggml type {ty} is not supported (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)"
+        "tensor {name:?}: ggml type {ty} is not supported (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)"
     )]
     TensorType {
         /// Tensor.

@@ -83,8 +83,8 @@ impl Merging<'_> {
             Some(q) => {
                 json["to"] = q.format.as_str().into();
                 json["city96_rounding"] = q.city96_rounding.into();
-                if !q.format.is_gguf() {
-                    json["high_precision"] = q.high_precision.as_str().into();
+                if let Some(hp) = q.high_precision_label() {
+                    json["high_precision"] = hp.into();
                 }
             }
         }

@@ -10,6 +10,7 @@
 
 use std::fmt;
 
+use crate::io::DType;
 use crate::io::quant::ggml::GgmlType;
 
 /// A quantized output format.
@@ -28,18 +29,43 @@ pub enum QuantFormat {
     GgufBf16,
     /// GGUF, F16 weights.
     GgufF16,
+    /// GGUF, llama.cpp's Q2_K mix (v projections Q3_K).
+    GgufQ2K,
+    /// GGUF, llama.cpp's Q3_K_S mix (Q3_K throughout).
+    GgufQ3KS,
+    /// GGUF, llama.cpp's Q3_K_M mix (the first 2 v projections Q5_K, the others Q4_K; ffn
+    /// down Q4_K).
+    GgufQ3KM,
+    /// GGUF, llama.cpp's Q4_K_S mix (the first 4 v projections Q5_K; ffn down Q5_K).
+    GgufQ4KS,
+    /// GGUF, llama.cpp's Q4_K_M mix (v projections and ffn down Q6_K).
+    GgufQ4KM,
+    /// GGUF, llama.cpp's Q5_K_S mix (Q5_K throughout).
+    GgufQ5KS,
+    /// GGUF, llama.cpp's Q5_K_M mix (v projections and ffn down Q6_K).
+    GgufQ5KM,
+    /// GGUF, Q6_K throughout.
+    GgufQ6K,
 }
 
 impl QuantFormat {
     /// Every format, in the order `--help` lists them: a closed set (each GGUF block type is
     /// its own value), so `--to` is a `clap::ValueEnum` like every other enumerated flag.
-    pub const ALL: [QuantFormat; 6] = [
+    pub const ALL: [QuantFormat; 14] = [
         QuantFormat::Fp8Scaled,
         QuantFormat::GgufQ8_0,
         QuantFormat::GgufQ4_0,
         QuantFormat::GgufQ5_0,
         QuantFormat::GgufBf16,
         QuantFormat::GgufF16,
+        QuantFormat::GgufQ2K,
+        QuantFormat::GgufQ3KS,
+        QuantFormat::GgufQ3KM,
+        QuantFormat::GgufQ4KS,
+        QuantFormat::GgufQ4KM,
+        QuantFormat::GgufQ5KS,
+        QuantFormat::GgufQ5KM,
+        QuantFormat::GgufQ6K,
     ];
 
     /// The spelling of `--to` and of recipes' `output.to` (`fp8-scaled`, `gguf:q8_0`, ...).
@@ -51,6 +77,14 @@ impl QuantFormat {
             QuantFormat::GgufQ5_0 => "gguf:q5_0",
             QuantFormat::GgufBf16 => "gguf:bf16",
             QuantFormat::GgufF16 => "gguf:f16",
+            QuantFormat::GgufQ2K => "gguf:q2_k",
+            QuantFormat::GgufQ3KS => "gguf:q3_k_s",
+            QuantFormat::GgufQ3KM => "gguf:q3_k_m",
+            QuantFormat::GgufQ4KS => "gguf:q4_k_s",
+            QuantFormat::GgufQ4KM => "gguf:q4_k_m",
+            QuantFormat::GgufQ5KS => "gguf:q5_k_s",
+            QuantFormat::GgufQ5KM => "gguf:q5_k_m",
+            QuantFormat::GgufQ6K => "gguf:q6_k",
         }
     }
 
@@ -59,7 +93,13 @@ impl QuantFormat {
         self != QuantFormat::Fp8Scaled
     }
 
-    /// llama.cpp's `LlamaFileType` for `general.file_type` (GGUF formats only).
+    /// True for the GGUF formats that quantize nothing (`gguf:bf16`, `gguf:f16`).
+    pub fn is_plain_gguf(self) -> bool {
+        matches!(self, QuantFormat::GgufBf16 | QuantFormat::GgufF16)
+    }
+
+    /// llama.cpp's `LlamaFileType` for `general.file_type` (GGUF formats only; gguf-py's
+    /// `LlamaFileType`, spec quant_formats.md §2.2 and K.2).
     pub fn file_type(self) -> Option<u32> {
         match self {
             QuantFormat::Fp8Scaled => None,
@@ -67,17 +107,31 @@ impl QuantFormat {
             QuantFormat::GgufQ4_0 => Some(2),
             QuantFormat::GgufQ8_0 => Some(7),
             QuantFormat::GgufQ5_0 => Some(8),
+            QuantFormat::GgufQ2K => Some(10),
+            QuantFormat::GgufQ3KS => Some(11),
+            QuantFormat::GgufQ3KM => Some(12),
+            QuantFormat::GgufQ4KS => Some(14),
+            QuantFormat::GgufQ4KM => Some(15),
+            QuantFormat::GgufQ5KS => Some(16),
+            QuantFormat::GgufQ5KM => Some(17),
+            QuantFormat::GgufQ6K => Some(18),
             QuantFormat::GgufBf16 => Some(32),
         }
     }
 
-    /// The block type of the quantized GGUF formats.
+    /// The block type the patched llama-quantize gives a tensor of this ftype that no mix
+    /// rule changes (llama.cpp's ftype switch), for the quantized GGUF formats.
     fn block_type(self) -> Option<GgmlType> {
         match self {
             QuantFormat::GgufQ8_0 => Some(GgmlType::Q8_0),
             QuantFormat::GgufQ4_0 => Some(GgmlType::Q4_0),
             QuantFormat::GgufQ5_0 => Some(GgmlType::Q5_0),
-            _ => None,
+            QuantFormat::GgufQ2K => Some(GgmlType::Q2_K),
+            QuantFormat::GgufQ3KS | QuantFormat::GgufQ3KM => Some(GgmlType::Q3_K),
+            QuantFormat::GgufQ4KS | QuantFormat::GgufQ4KM => Some(GgmlType::Q4_K),
+            QuantFormat::GgufQ5KS | QuantFormat::GgufQ5KM => Some(GgmlType::Q5_K),
+            QuantFormat::GgufQ6K => Some(GgmlType::Q6_K),
+            QuantFormat::Fp8Scaled | QuantFormat::GgufBf16 | QuantFormat::GgufF16 => None,
         }
     }
 }
@@ -108,6 +162,15 @@ pub enum Why {
     Quantized,
     /// `.ffn.2.weight` under Q4_0 / Q5_0: llama-quantize's ffn-down rule bumps it to Q4_1 / Q5_1.
     FfnDownBump,
+    /// A v projection under a K mix whose v rule gives it another type (Q2_K → Q3_K; Q3_K_M:
+    /// Q5_K for the first 2, Q4_K after; Q4_K_S: Q5_K for the first 4; Q4_K_M, Q5_K_M: Q6_K).
+    MixV,
+    /// ffn down under a K mix whose ffn rule gives it another type (Q3_K_M → Q4_K, Q4_K_S →
+    /// Q5_K, Q4_K_M and Q5_K_M → Q6_K).
+    MixFfnDown,
+    /// A fused qkv projection under a K mix whose qkv rule gives it another type (no Wan
+    /// tensor is one).
+    MixQkv,
     /// One dimension: F32 (convert.py).
     OneD,
     /// At most 1024 elements: F32 (convert.py's QUANTIZATION_THRESHOLD).
@@ -122,6 +185,8 @@ pub enum Why {
     NotA2dWeight,
     /// Rows are not a whole number of 32-blocks: the F16 fallback.
     PartialBlocks,
+    /// Rows are not a whole number of 256-element super-blocks: a K type falls back to F16.
+    PartialSuperBlocks,
     /// The plain GGUF formats (`gguf:bf16`, `gguf:f16`): the format's own type.
     Plain,
     /// fp8-scaled: an nn.Linear weight as F8_E4M3 with its `scale_weight`.
@@ -136,6 +201,9 @@ impl Why {
         match self {
             Why::Quantized => "quantized: 2-D Linear weight",
             Why::FfnDownBump => "quantized: ffn down (.ffn.2.weight) bumped to the _1 type",
+            Why::MixV => "quantized: v projection, the mix's type for it",
+            Why::MixFfnDown => "quantized: ffn down (.ffn.2.weight), the mix's type for it",
+            Why::MixQkv => "quantized: fused qkv projection, the mix's type for it",
             Why::OneD => "kept: 1-D tensor (F32)",
             Why::Small => "kept: at most 1024 elements (F32)",
             Why::Modulation => "kept: modulation (F32)",
@@ -144,6 +212,9 @@ impl Why {
             Why::NotA2dWeight => "kept: not a 2-D weight",
             Why::PartialBlocks => {
                 "kept: rows are not whole 32-element blocks (step-1 type, F16 fallback)"
+            }
+            Why::PartialSuperBlocks => {
+                "kept: rows are not whole 256-element super-blocks (F16 fallback)"
             }
             Why::Plain => "plain: the format's float type",
             Why::Fp8Linear => "quantized: nn.Linear weight, F8_E4M3 + scale_weight",
@@ -176,13 +247,16 @@ const WAN_NEVER: [&str; 7] = [
 ];
 
 /// The GGUF type of tensor `name` (original-Wan name, torch `shape`) in `format`.
-/// `bf16_source` is true when the source tensor is stored as BF16 (convert.py then keeps
-/// BF16 where an f32 source gets F16).
+/// `high_precision` is convert.py's step-1 type of a 2-D tensor above 1024 elements (F16,
+/// or BF16 when the source tensor is stored as BF16; F32 for city96's published files: see
+/// [`GgufMix::new`]). `v_seen` is how many v projections llama-quantize visited before this
+/// tensor (`qs.i_attention_wv`; [`GgufMix`] counts them in its order).
 pub fn gguf_choice(
     format: QuantFormat,
     name: &str,
     shape: &[usize],
-    bf16_source: bool,
+    high_precision: GgmlType,
+    v_seen: usize,
 ) -> GgufChoice {
     let numel: usize = shape.iter().product();
     let f32 = |why| GgufChoice {
@@ -208,8 +282,7 @@ pub fn gguf_choice(
     let base = match format {
         QuantFormat::GgufBf16 => GgmlType::BF16,
         QuantFormat::GgufF16 => GgmlType::F16,
-        _ if bf16_source => GgmlType::BF16,
-        _ => GgmlType::F16,
+        _ => high_precision,
     };
     let step1 = if numel <= 1024 { GgmlType::F32 } else { base };
     let Some(block) = format.block_type() else {
@@ -231,7 +304,7 @@ pub fn gguf_choice(
             why,
         };
     }
-    if !shape[shape.len() - 1].is_multiple_of(32) {
+    if !block.is_k_quant() && !shape[shape.len() - 1].is_multiple_of(32) {
         // "stays as step 1 wrote it": F16 (or BF16) in practice, F32 when small.
         return GgufChoice {
             ty: step1,
@@ -239,12 +312,135 @@ pub fn gguf_choice(
             why: Why::PartialBlocks,
         };
     }
-    let (ty, why) = match block {
-        GgmlType::Q4_0 if name.contains(".ffn.2.weight") => (GgmlType::Q4_1, Why::FfnDownBump),
-        GgmlType::Q5_0 if name.contains(".ffn.2.weight") => (GgmlType::Q5_1, Why::FfnDownBump),
-        t => (t, Why::Quantized),
-    };
+    let (ty, why) = mix_type(format, block, name, v_seen);
+    if ty.is_k_quant() && !shape[shape.len() - 1].is_multiple_of(256) {
+        // lcpp.patch lines 227-253: a K type on rows of partial super-blocks is F16.
+        return GgufChoice {
+            ty: GgmlType::F16,
+            step1,
+            why: Why::PartialSuperBlocks,
+        };
+    }
     GgufChoice { ty, step1, why }
+}
+
+/// Which group of `img_tensor_get_type`'s rules a tensor name falls in (lcpp.patch lines
+/// 155-225: the first group whose substring matches).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum MixGroup {
+    /// "Rules for to_v attention" (155-178): counted in `qs.i_attention_wv`.
+    V,
+    /// "Rules for fused qkv attention" (179-192).
+    Qkv,
+    /// "Rules for ffn" (193-225).
+    FfnDown,
+    /// Everything else: the ftype's default type.
+    Other,
+}
+
+fn mix_group(name: &str) -> MixGroup {
+    let has = |p: &str| name.contains(p);
+    const V: [&str; 6] = [
+        "attn_v.weight",
+        ".to_v.weight",
+        ".v.weight",
+        ".attn.w1v.weight",
+        ".attn.w2v.weight",
+        "_attn.v_proj.weight",
+    ];
+    const QKV: [&str; 3] = ["attn_qkv.weight", "attn.qkv.weight", "attention.qkv.weight"];
+    const FFN: [&str; 6] = [
+        "ffn_down",
+        ".ffn.2.weight",
+        ".ff.net.2.weight",
+        ".mlp.layer2.weight",
+        ".adaln_modulation_mlp.2.weight",
+        ".feed_forward.w2.weight",
+    ];
+    if V.iter().any(|p| has(p)) {
+        MixGroup::V
+    } else if QKV.iter().any(|p| has(p)) {
+        MixGroup::Qkv
+    } else if FFN.iter().any(|p| has(p)) || (has("experts.") && has(".w2.weight")) {
+        MixGroup::FfnDown
+    } else {
+        MixGroup::Other
+    }
+}
+
+/// `img_tensor_get_type` (lcpp.patch lines 129-225) for a tensor that reaches it: the
+/// ftype's `block` type, or the type its group's rule gives under `format`.
+fn mix_type(format: QuantFormat, block: GgmlType, name: &str, v_seen: usize) -> (GgmlType, Why) {
+    use GgmlType as G;
+    use QuantFormat as F;
+    let group = mix_group(name);
+    let ruled = match (group, format) {
+        (MixGroup::V, F::GgufQ2K) => G::Q3_K,
+        (MixGroup::V, F::GgufQ3KM) if v_seen < 2 => G::Q5_K,
+        (MixGroup::V, F::GgufQ3KM) => G::Q4_K,
+        (MixGroup::V, F::GgufQ4KM | F::GgufQ5KM) => G::Q6_K,
+        (MixGroup::V, F::GgufQ4KS) if v_seen < 4 => G::Q5_K,
+        (MixGroup::Qkv, F::GgufQ3KM) => G::Q4_K,
+        (MixGroup::Qkv, F::GgufQ4KM) => G::Q5_K,
+        (MixGroup::Qkv, F::GgufQ5KM) => G::Q6_K,
+        (MixGroup::FfnDown, F::GgufQ3KM) => G::Q4_K,
+        (MixGroup::FfnDown, F::GgufQ4KS) => G::Q5_K,
+        (MixGroup::FfnDown, F::GgufQ4KM | F::GgufQ5KM) => G::Q6_K,
+        (MixGroup::FfnDown, F::GgufQ4_0) => G::Q4_1,
+        (MixGroup::FfnDown, F::GgufQ5_0) => G::Q5_1,
+        _ => block,
+    };
+    let why = match group {
+        _ if ruled == block => Why::Quantized,
+        MixGroup::FfnDown if !ruled.is_k_quant() => Why::FfnDownBump,
+        MixGroup::FfnDown => Why::MixFfnDown,
+        MixGroup::V => Why::MixV,
+        MixGroup::Qkv => Why::MixQkv,
+        MixGroup::Other => Why::Quantized,
+    };
+    (ruled, why)
+}
+
+/// The GGUF types of a whole checkpoint, tensor by tensor in the order llama-quantize visits
+/// them (byte-wise name order, spec quant_formats.md K.2): counts the v projections that
+/// reach the mix rules, so "the first N" are the ones llama-quantize would bump.
+#[derive(Clone, Debug)]
+pub struct GgufMix {
+    format: QuantFormat,
+    high_precision: Option<GgmlType>,
+    v_seen: usize,
+}
+
+impl GgufMix {
+    /// A mix of `format`, before the first tensor. `high_precision` sets convert.py's step-1
+    /// type of every 2-D tensor above 1024 elements; `None` follows convert.py (F16, or BF16
+    /// for a tensor stored as BF16).
+    pub fn new(format: QuantFormat, high_precision: Option<GgmlType>) -> GgufMix {
+        GgufMix {
+            format,
+            high_precision,
+            v_seen: 0,
+        }
+    }
+
+    /// The type of the next tensor in visiting order, stored as `source` (see
+    /// [`gguf_choice`]).
+    pub fn choose(&mut self, name: &str, shape: &[usize], source: DType) -> GgufChoice {
+        let high_precision = self.high_precision.unwrap_or(match source {
+            DType::BF16 => GgmlType::BF16,
+            _ => GgmlType::F16,
+        });
+        let c = gguf_choice(self.format, name, shape, high_precision, self.v_seen);
+        // Counted for every v projection that reaches the rules, also when it then falls
+        // back to F16 (lcpp.patch line 178).
+        if self.format.block_type().is_some()
+            && quantizable(name, shape)
+            && mix_group(name) == MixGroup::V
+        {
+            self.v_seen += 1;
+        }
+        c
+    }
 }
 
 /// llama-quantize's gates with city96's Wan patch: a 2-D `...weight` whose name contains
@@ -303,7 +499,7 @@ mod tests {
     use QuantFormat::*;
 
     fn ty(f: QuantFormat, name: &str, shape: &[usize]) -> (GgmlType, Why) {
-        let c = gguf_choice(f, name, shape, false);
+        let c = gguf_choice(f, name, shape, GgmlType::F16, 0);
         (c.ty, c.why)
     }
 
@@ -372,7 +568,7 @@ mod tests {
             ty(GgufF16, "blocks.0.self_attn.norm_q.weight", &[d]),
             (G::F32, Why::OneD)
         );
-        let c = gguf_choice(GgufQ8_0, "head.head.weight", &[64, d], true);
+        let c = gguf_choice(GgufQ8_0, "head.head.weight", &[64, d], GgmlType::BF16, 0);
         assert_eq!(c.ty, G::BF16, "a bf16 source keeps BF16 where f32 gets F16");
     }
 
@@ -381,9 +577,21 @@ mod tests {
     #[test]
     fn gguf_rules_on_toy_shapes() {
         use GgmlType as G;
-        let c = gguf_choice(GgufQ8_0, "blocks.0.self_attn.q.weight", &[32, 32], false);
+        let c = gguf_choice(
+            GgufQ8_0,
+            "blocks.0.self_attn.q.weight",
+            &[32, 32],
+            GgmlType::F16,
+            0,
+        );
         assert_eq!((c.ty, c.step1, c.why), (G::Q8_0, G::F32, Why::Quantized));
-        let c = gguf_choice(GgufQ8_0, "blocks.0.ffn.2.weight", &[32, 80], false);
+        let c = gguf_choice(
+            GgufQ8_0,
+            "blocks.0.ffn.2.weight",
+            &[32, 80],
+            GgmlType::F16,
+            0,
+        );
         assert_eq!((c.ty, c.step1, c.why), (G::F16, G::F16, Why::PartialBlocks));
         assert_eq!(
             ty(GgufQ8_0, "head.head.weight", &[16, 32]),

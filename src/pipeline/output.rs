@@ -136,9 +136,10 @@ fn quantize_options(c: &OutputChoices) -> Result<Option<QuantOptions>, BadOption
     if c.city96_rounding && !format.is_gguf() {
         return Err(bad("city96_rounding", "applies to gguf:<type> only".into()));
     }
-    let high_precision = match (c.dtype.float(), format.is_gguf()) {
-        (None, _) => DType::F16,
-        (Some(d), false) => d,
+    // fp8-scaled: the dtype of what is not an nn.Linear weight; a GGUF block format:
+    // convert.py's step-1 type (`QuantOptions::high_precision`); a plain GGUF format is its
+    // own type.
+    let high_precision = match (c.dtype.float(), format.is_plain_gguf()) {
         (Some(_), true) => {
             let m = format!(
                 "`{}`: {format} decides every tensor's type; drop it",
@@ -146,6 +147,7 @@ fn quantize_options(c: &OutputChoices) -> Result<Option<QuantOptions>, BadOption
             );
             return Err(bad("dtype", m));
         }
+        (d, _) => d,
     };
     Ok(Some(QuantOptions {
         format,

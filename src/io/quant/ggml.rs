@@ -21,6 +21,8 @@
 
 use half::f16;
 
+use crate::io::DType;
+
 use super::kquant::{self, QK_K};
 use crate::io::dtype::{round_to_bf16, round_to_f16};
 
@@ -62,6 +64,16 @@ pub enum GgmlType {
 }
 
 impl GgmlType {
+    /// The ggml type of a float dtype a GGUF file can hold unquantized (F32, F16, BF16).
+    pub fn of_float(d: DType) -> Option<GgmlType> {
+        match d {
+            DType::F32 => Some(GgmlType::F32),
+            DType::F16 => Some(GgmlType::F16),
+            DType::BF16 => Some(GgmlType::BF16),
+            _ => None,
+        }
+    }
+
     /// The `ggml_type` id stored in a GGUF tensor info.
     pub fn id(self) -> u32 {
         match self {

@@ -1,0 +1,224 @@
+"""K-quant GGUF files of a small WAN, as city96's pipeline makes them, from ggml itself: what
+`wanbake convert MODEL --to gguf:<k-mix>` must write (tests/kquant.rs,
+`convert_to_k_mixes_is_byte_identical_to_ggml_and_city96s_rules`).
+
+The model: a WAN 2.1 T2V transformer under original-Wan names (dim 256 = 2 heads x 128, ffn
+512, freq 256, text 256, in/out 4, 3 blocks; every Linear row a whole number of 256-blocks),
+its f32 values drawn from SplitMix64 (seed 0x5EED_0030, one stream over the tensors in sorted
+name order, `(next >> 40) / 2^23 - 1`, times 1/8) exactly as wanbake's `rng::SplitMix64::
+signed_f32` draws them, so the Rust test rebuilds the same file without it being committed.
+
+The oracle, re-implemented here from its sources and not from wanbake's code:
+- the per-tensor types: city96/ComfyUI-GGUF `tools/convert.py` (step 1: F16, F32 for 1-D,
+  <= 1024 elements and `.modulation`; 5-D set aside and re-added as F32 by
+  `fix_5d_tensors.py`) and `tools/lcpp.patch`'s `img_tensor_get_type` (the never-quantized Wan
+  names, 2-D weights only, the v / fused-qkv / ffn-down rules of each ftype with "the first N"
+  v projections counted in byte-wise name order, K types on rows that are not whole 256-blocks
+  -> F16), spec quant_formats.md K.2;
+- the block bytes: `ggml_quantize_chunk` (no imatrix) of llama-cpp-python 0.3.36's
+  libggml-base, through golden/kquant_golden.py's `Ggml` (same venv and pins);
+- the container: gguf-py 0.19's GGUFWriter (arch "wan", quantization version 2,
+  general.file_type = llama.cpp's ftype), tensors in sorted name order, as
+  golden/quant_golden.py writes the Q8_0/Q4_0 goldens.
+
+Variants: every K mix from the f32 weights; q4_k_m and q3_k_m also with `--city96-rounding`
+(the F16 rounding of each F16 step-1 weight is what is quantized) and with `--dtype f32`
+(convert.py's step 1 at F32, as city96's published Wan 2.1 files hold their unquantized 2-D
+tensors: their sizes say so). The files are not committed (a few MB each): golden/quant/
+kquant_wan.json records each one's sha256 and size and every tensor's type and data sha256.
+
+Run: python3 golden/kquant_wan_golden.py, after golden/kquant_golden.py has built its venv
+($KQUANT_VENV, default /tmp/wanbake-kquant-venv).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import kquant_golden as kq  # noqa: E402  (the venv, the pins and the ggml oracle)
+
+OUT = kq.OUT
+SEED = 0x5EED_0030
+DIM, FFN, FREQ, TEXT, CIN, COUT, LAYERS = 256, 512, 256, 256, 4, 4, 3
+MASK = (1 << 64) - 1
+
+
+def splitmix64(seed: int):
+    state = seed
+    while True:
+        state = (state + 0x9E3779B97F4A7C15) & MASK
+        z = state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
+        yield z ^ (z >> 31)
+
+
+def shapes() -> dict[str, tuple[int, ...]]:
+    s: dict[str, tuple[int, ...]] = {
+        "patch_embedding.weight": (DIM, CIN, 1, 2, 2), "patch_embedding.bias": (DIM,),
+        "text_embedding.0.weight": (DIM, TEXT), "text_embedding.0.bias": (DIM,),
+        "text_embedding.2.weight": (DIM, DIM), "text_embedding.2.bias": (DIM,),
+        "time_embedding.0.weight": (DIM, FREQ), "time_embedding.0.bias": (DIM,),
+        "time_embedding.2.weight": (DIM, DIM), "time_embedding.2.bias": (DIM,),
+        "time_projection.1.weight": (6 * DIM, DIM), "time_projection.1.bias": (6 * DIM,),
+        "head.head.weight": (COUT * 4, DIM), "head.head.bias": (COUT * 4,),
+        "head.modulation": (1, 2, DIM),
+    }
+    for b in range(LAYERS):
+        p = f"blocks.{b}."
+        for a in ("self_attn", "cross_attn"):
+            for m in "qkvo":
+                s[f"{p}{a}.{m}.weight"] = (DIM, DIM)
+                s[f"{p}{a}.{m}.bias"] = (DIM,)
+            s[f"{p}{a}.norm_q.weight"] = (DIM,)
+            s[f"{p}{a}.norm_k.weight"] = (DIM,)
+        s[f"{p}ffn.0.weight"] = (FFN, DIM)
+        s[f"{p}ffn.0.bias"] = (FFN,)
+        s[f"{p}ffn.2.weight"] = (DIM, FFN)
+        s[f"{p}ffn.2.bias"] = (DIM,)
+        s[f"{p}modulation"] = (1, 6, DIM)
+        s[f"{p}norm3.weight"] = (DIM,)
+        s[f"{p}norm3.bias"] = (DIM,)
+    return s
+
+
+def model() -> dict[str, "np.ndarray"]:
+    rng = splitmix64(SEED)
+    out = {}
+    for name, shape in sorted(shapes().items()):
+        n = int(np.prod(shape))
+        u = np.fromiter((next(rng) >> 40 for _ in range(n)), dtype=np.uint64, count=n)
+        x = (u.astype(np.float32) / np.float32(1 << 23) - np.float32(1.0)) * np.float32(0.125)
+        out[name] = x.reshape(shape)
+    return out
+
+
+# ------------------------------------------------------------------ city96's rules (spec K.2)
+
+NEVER = ["modulation.", "patch_embedding.", "text_embedding.", "time_projection.",
+         "time_embedding.", "img_emb.", "head."]
+V = ["attn_v.weight", ".to_v.weight", ".v.weight", ".attn.w1v.weight", ".attn.w2v.weight",
+     "_attn.v_proj.weight"]
+QKV = ["attn_qkv.weight", "attn.qkv.weight", "attention.qkv.weight"]
+FFN_DOWN = ["ffn_down", ".ffn.2.weight", ".ff.net.2.weight", ".mlp.layer2.weight",
+            ".adaln_modulation_mlp.2.weight", ".feed_forward.w2.weight"]
+FTYPE = {"q2_k": 10, "q3_k_s": 11, "q3_k_m": 12, "q4_k_s": 14, "q4_k_m": 15, "q5_k_s": 16,
+         "q5_k_m": 17, "q6_k": 18}
+DEFAULT = {"q2_k": "q2_k", "q3_k_s": "q3_k", "q3_k_m": "q3_k", "q4_k_s": "q4_k",
+           "q4_k_m": "q4_k", "q5_k_s": "q5_k", "q5_k_m": "q5_k", "q6_k": "q6_k"}
+
+
+class Mix:
+    """llama-quantize's `img_tensor_get_type` with its `qs.i_attention_wv` counter."""
+
+    def __init__(self, fmt: str) -> None:
+        self.fmt, self.i_attention_wv = fmt, 0
+
+    def type_of(self, name: str) -> str:
+        f, t = self.fmt, DEFAULT[self.fmt]
+        if any(p in name for p in V):
+            if f == "q2_k":
+                t = "q3_k"
+            elif f == "q3_k_m":
+                t = "q5_k" if self.i_attention_wv < 2 else "q4_k"
+            elif f in ("q4_k_m", "q5_k_m"):
+                t = "q6_k"
+            elif f == "q4_k_s" and self.i_attention_wv < 4:
+                t = "q5_k"
+            self.i_attention_wv += 1
+        elif any(p in name for p in QKV):
+            t = {"q3_k_m": "q4_k", "q4_k_m": "q5_k", "q5_k_m": "q6_k"}.get(f, t)
+        elif any(p in name for p in FFN_DOWN) or ("experts." in name and ".w2.weight" in name):
+            t = {"q3_k_m": "q4_k", "q4_k_s": "q5_k", "q4_k_m": "q6_k", "q5_k_m": "q6_k"}.get(f, t)
+        return t
+
+
+def step1_type(name: str, arr: "np.ndarray", hp: str) -> str:
+    """convert.py's type (fix_5d_tensors.py's F32 for the 5-D one); `hp` is the type of the
+    other 2-D tensors (f16, or f32 for city96's published files)."""
+    if arr.ndim > 4 or arr.ndim == 1 or arr.size <= 1024 or ".modulation" in name:
+        return "f32"
+    return hp
+
+
+def expect(g: "kq.Ggml", sd: dict, fmt: str, city96_rounding: bool, hp: str) -> dict:
+    import gguf
+    from gguf import GGMLQuantizationType as T
+    ggml_t = {"f32": T.F32, "f16": T.F16, "q2_k": T.Q2_K, "q3_k": T.Q3_K, "q4_k": T.Q4_K,
+              "q5_k": T.Q5_K, "q6_k": T.Q6_K}
+    mix = Mix(fmt)
+    tensors = {}
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "expect.gguf"
+        w = gguf.GGUFWriter(str(path), arch="wan")
+        w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+        w.add_file_type(FTYPE[fmt])
+        for name in sorted(sd):  # byte-wise order: llama-quantize's visiting order too
+            arr = sd[name]
+            s1 = step1_type(name, arr, hp)
+            t = s1
+            quantizable = (name.endswith("weight") and arr.ndim == 2
+                           and not any(p in name for p in NEVER))
+            if quantizable:
+                t = mix.type_of(name)
+                if arr.shape[-1] % kq.QK_K != 0:
+                    t = "f16"
+            if t in ("f32", "f16"):
+                data = arr.astype(np.float32 if t == "f32" else np.float16)
+            else:
+                src = arr
+                if city96_rounding and s1 == "f16":
+                    src = arr.astype(np.float16).astype(np.float32)  # what llama-quantize reads
+                data = g.quantize(t, src.reshape(arr.shape[0], -1))
+            w.add_tensor(name, data, raw_shape=data.shape if t in ("f32", "f16") else None,
+                         raw_dtype=ggml_t[t])
+            tensors[name] = {"type": t.upper(), "sha256": hashlib.sha256(data.tobytes()).hexdigest()}
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        b = path.read_bytes()
+    return {"bytes": len(b), "sha256": hashlib.sha256(b).hexdigest(), "tensors": tensors}
+
+
+def main() -> None:
+    g = kq.Ggml()
+    sd = model()
+    cases = {}
+    for fmt in FTYPE:
+        cases[f"gguf:{fmt}"] = expect(g, sd, fmt, False, "f16")
+    for fmt in ("q4_k_m", "q3_k_m"):
+        cases[f"gguf:{fmt} --city96-rounding"] = expect(g, sd, fmt, True, "f16")
+        cases[f"gguf:{fmt} --dtype f32"] = expect(g, sd, fmt, False, "f32")
+    first = {k: v for k, v in sorted(sd.items())[:1]}
+    meta = {
+        "model": {"dim": DIM, "ffn": FFN, "freq": FREQ, "text": TEXT, "in": CIN, "out": COUT,
+                  "layers": LAYERS, "seed": SEED, "scale": 0.125,
+                  "first_tensor": {k: [float(x) for x in v.ravel()[:4]] for k, v in first.items()}},
+        "oracle": "types: convert.py + lcpp.patch re-implemented here; bytes: "
+                  f"ggml_quantize_chunk of {kq.LLAMA_CPP_PYTHON}'s libggml-base; "
+                  "container: gguf 0.19.0 GGUFWriter",
+        "cases": cases,
+    }
+    path = OUT / "kquant_wan.json"
+    path.write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
+    for k, v in cases.items():
+        print(f"{k}: {v['bytes']} bytes {v['sha256'][:12]}")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    if not kq.in_venv():
+        py = kq.VENV / "bin" / "python"
+        if not py.exists():
+            sys.exit(f"{py} is missing: run golden/kquant_golden.py first (it builds the venv)")
+        import os
+        os.execv(str(py), [str(py), __file__, *sys.argv[1:]])
+    import numpy as np
+    kq.np = np  # kquant_golden imports numpy inside its venv's main block
+    main()
