@@ -183,7 +183,22 @@ def expect(g: "kq.Ggml", sd: dict, fmt: str, city96_rounding: bool, hp: str) -> 
         w.write_tensors_to_file()
         w.close()
         b = path.read_bytes()
+        # The second check: gguf-py reads the file back and dequantizes every tensor.
+        for name, f32 in gguf_py_dequantized(path).items():
+            tensors[name]["f32_sha256"] = sha256_f32(f32)
     return {"bytes": len(b), "sha256": hashlib.sha256(b).hexdigest(), "tensors": tensors}
+
+
+def sha256_f32(x: "np.ndarray") -> str:
+    """sha256 of the values as little-endian f32, C order."""
+    return hashlib.sha256(np.ascontiguousarray(x, dtype="<f4").tobytes()).hexdigest()
+
+
+def gguf_py_dequantized(path: Path) -> dict:
+    """Every tensor of a GGUF file as gguf-py 0.19's `GGUFReader` + `quants.dequantize` give it."""
+    import gguf
+    from gguf.quants import dequantize
+    return {t.name: dequantize(t.data, t.tensor_type) for t in gguf.GGUFReader(str(path)).tensors}
 
 
 def main() -> None:
@@ -212,7 +227,66 @@ def main() -> None:
     print(f"wrote {path}")
 
 
-if __name__ == "__main__":
+# ---- ComfyUI-GGUF's own loader on wanbake's K-quant files (`comfy-loader` mode) -----------
+#
+#   python golden/kquant_wan_golden.py comfy-loader target/release/wanbake /path/to/ComfyUI-GGUF
+#
+# Runs in a Python with torch, gguf 0.19.0 and safetensors (golden/quant_golden.py's
+# comfy-loader environment; the checkout is city96/ComfyUI-GGUF @ 795e451, its ComfyUI imports
+# stubbed by quant_golden.import_comfy_gguf). For one mix per K type it writes the small WAN,
+# runs `wanbake convert --to gguf:<mix>`, loads the file with `loader.gguf_sd_loader` and
+# dequantizes every tensor with `dequant.dequantize_tensor(t, float32, "target")` (what ComfyUI
+# computes with at float32), and records each tensor's type, shape and f32 sha256, and whether
+# gguf-py's dequantization of the same tensor has the same bits, in
+# golden/quant/kquant_comfy_loader.json (tests/kquant.rs holds wanbake's dequantizer to it).
+COMFY_MIXES = ("q2_k", "q3_k_s", "q4_k_s", "q5_k_s", "q6_k")  # Q2_K, Q3_K, Q4_K, Q5_K, Q6_K
+
+
+def comfy_loader(wanbake: str, checkout: Path) -> None:
+    import subprocess
+
+    import torch
+    from safetensors.numpy import save_file
+
+    import quant_golden as qg  # its stubbed import of the checkout
+    loader, dequant = qg.import_comfy_gguf(checkout)
+    files = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "small_wan.safetensors"
+        save_file(model(), str(src))
+        for mix in COMFY_MIXES:
+            out = Path(tmp) / mix
+            subprocess.run([wanbake, "-q", "convert", str(src), "--to", f"gguf:{mix}", "--out",
+                            str(out)], check=True)
+            path = out / f"model-{mix}.gguf"
+            ref = gguf_py_dequantized(path)
+            sd, arch = loader.gguf_sd_loader(str(path), return_arch=True)
+            info = {"arch": arch, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+                    "tensors": {}}
+            for name, t in sd.items():
+                y = dequant.dequantize_tensor(t, torch.float32, "target").contiguous().numpy()
+                want = np.ascontiguousarray(ref[name], dtype="<f4").reshape(y.shape)
+                info["tensors"][name] = {
+                    "type": t.tensor_type.name, "shape": [int(d) for d in t.tensor_shape],
+                    "f32_sha256": sha256_f32(y), "same_as_gguf_py": bool(
+                        np.array_equal(y.view(np.uint32), want.view(np.uint32)))}
+            files[f"gguf:{mix}"] = info
+            kinds = sorted({v["type"] for v in info["tensors"].values()})
+            same = all(v["same_as_gguf_py"] for v in info["tensors"].values())
+            print(f"{mix}: {len(sd)} tensors {kinds}, bit-equal to gguf-py: {same}")
+    meta = {"oracle": "city96/ComfyUI-GGUF @ 795e451 loader.gguf_sd_loader + "
+                      "dequant.dequantize_tensor(float32, 'target'), torch "
+                      f"{torch.__version__}; gguf 0.19.0 quants.dequantize",
+            "files": files}
+    path = OUT / "kquant_comfy_loader.json"
+    path.write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["comfy-loader"]:
+    import numpy as np
+    comfy_loader(sys.argv[2], Path(sys.argv[3]))
+elif __name__ == "__main__":
     if not kq.in_venv():
         py = kq.VENV / "bin" / "python"
         if not py.exists():

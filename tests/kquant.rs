@@ -291,6 +291,18 @@ fn convert_to_k_mixes_is_byte_identical_to_ggml_and_city96s_rules() {
         let bytes = fs_err::read(&file).unwrap();
         let sha = wanbake::io::digest::hex(&Sha256::digest(&bytes));
         if sha == want["sha256"].as_str().unwrap() {
+            // The second check: wanbake's dequantization (the runner's, the report's) of
+            // every tensor has the bits gguf-py's `dequantize` gives.
+            let g = wanbake::io::gguf::GgufFile::open(&file).unwrap();
+            for (j, t) in g.header().tensors.iter().enumerate() {
+                let w = &want["tensors"][&t.name]["f32_sha256"];
+                assert_eq!(
+                    sha256_f32(&g.read_f32(j)),
+                    w.as_str().unwrap(),
+                    "{case}: {}",
+                    t.name
+                );
+            }
             continue;
         }
         // Say which tensor differs first.
@@ -412,4 +424,111 @@ fn merge_to_k_mixes_is_merge_f32_then_convert() {
             );
         }
     }
+}
+
+/// city96/ComfyUI-GGUF's own loader (`gguf_sd_loader` + `dequantize_tensor` at float32, commit
+/// 795e451) loaded wanbake's file of one mix per K type (golden/kquant_wan_golden.py
+/// `comfy-loader`, golden/quant/kquant_comfy_loader.json): the same file today, every tensor
+/// in the loader's shape, and wanbake's dequantization (the bundled runner's) bit-equal to the
+/// values ComfyUI computes with.
+#[test]
+fn comfyui_gguf_loads_each_k_type_as_wanbake_dequantizes_it() {
+    let text = fs_err::read_to_string(repo().join("golden/quant/kquant_wan.json")).unwrap();
+    let golden: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let text = fs_err::read_to_string(repo().join("golden/quant/kquant_comfy_loader.json"));
+    let comfy: serde_json::Value = serde_json::from_str(&text.unwrap()).unwrap();
+    let d = tmp();
+    let model = d.path().join("small_wan.safetensors");
+    write_small_wan(&model, &golden["model"]);
+    let mut kinds = std::collections::BTreeSet::new();
+    for (to, want) in comfy["files"].as_object().unwrap() {
+        assert_eq!(want["arch"], "wan", "{to}");
+        let out = d.path().join(to.replace(':', "_"));
+        let args = [
+            "convert",
+            model.to_str().unwrap(),
+            "--to",
+            to,
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        ok(run(d.path(), &args));
+        let file = out.join(format!("model-{}.gguf", to.trim_start_matches("gguf:")));
+        let sha = wanbake::io::digest::hex(&Sha256::digest(fs_err::read(&file).unwrap()));
+        assert_eq!(
+            sha,
+            want["sha256"].as_str().unwrap(),
+            "{to}: not the file ComfyUI loaded"
+        );
+        let g = wanbake::io::gguf::GgufFile::open(&file).unwrap();
+        let tensors = want["tensors"].as_object().unwrap();
+        assert_eq!(tensors.len(), g.header().tensors.len(), "{to}");
+        for (j, t) in g.header().tensors.iter().enumerate() {
+            let w = &tensors[&t.name];
+            let shape = wanbake::io::gguf::torch_shape(&t.ne);
+            let want_shape: Vec<usize> = serde_json::from_value(w["shape"].clone()).unwrap();
+            assert_eq!(shape, want_shape, "{to}: {}", t.name);
+            assert_eq!(t.ty.name(), w["type"].as_str().unwrap(), "{to}: {}", t.name);
+            assert_eq!(w["same_as_gguf_py"], true, "{to}: {}", t.name);
+            let got = sha256_f32(&g.read_f32(j));
+            assert_eq!(got, w["f32_sha256"].as_str().unwrap(), "{to}: {}", t.name);
+            kinds.insert(t.ty.name());
+        }
+    }
+    for k in ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"] {
+        assert!(kinds.contains(k), "no {k} tensor loaded");
+    }
+}
+
+/// A `bake` to a K mix with an `unmerged` check runs the bundled runner on the K-quant file
+/// (dequantized as gguf-py and ComfyUI-GGUF do, held above) against the f32 weights, so the
+/// check measures what each mix costs in activations: nonzero, and Q2_K's cost above Q6_K's
+/// and Q8_0's.
+#[test]
+fn bake_check_measures_what_a_k_mix_costs() {
+    let text = fs_err::read_to_string(repo().join("golden/quant/kquant_wan.json")).unwrap();
+    let golden: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let d = tmp();
+    let base = d.path().join("base");
+    fs_err::create_dir_all(&base).unwrap();
+    write_small_wan(&base.join("small_wan.safetensors"), &golden["model"]);
+    let config = r#"{"_class_name": "WanTransformer3DModel", "patch_size": [1, 2, 2],
+        "num_attention_heads": 2, "attention_head_dim": 128, "in_channels": 4,
+        "out_channels": 4, "text_dim": 256, "freq_dim": 256, "ffn_dim": 512, "num_layers": 3,
+        "cross_attn_norm": true, "qk_norm": "rms_norm_across_heads", "eps": 1e-6,
+        "image_dim": null, "added_kv_proj_dim": null, "rope_max_seq_len": 1024}"#;
+    fs_err::write(base.join("config.json"), config).unwrap();
+    let mut rng = Rng::new(31);
+    let mut draw = |n: usize| (0..n).map(|_| rng.signed_f32()).collect::<Vec<f32>>();
+    let inputs = [
+        ("hidden_states", vec![1, 4, 1, 8, 8], draw(256)),
+        ("timestep", vec![1], vec![500.0]),
+        ("encoder_hidden_states", vec![1, 8, 256], draw(2048)),
+    ];
+    write_f32(&d.path().join("inputs.safetensors"), &inputs);
+    let mut max_diff = std::collections::BTreeMap::new();
+    for mix in ["q2_k", "q4_k_m", "q6_k", "q8_0"] {
+        let recipe = format!(
+            "[base]\npath = \"base\"\n[output]\ndir = \"out-{mix}\"\nto = \"gguf:{mix}\"\n\
+             [[check]]\nname = \"cost\"\ninputs = \"inputs.safetensors\"\n\
+             expected = \"unmerged\"\ntolerance = 10.0\n"
+        );
+        fs_err::write(d.path().join(format!("{mix}.toml")), recipe).unwrap();
+        let out = ok(run(d.path(), &["bake", &format!("{mix}.toml")]));
+        let line = out
+            .lines()
+            .find(|l| l.contains("check cost: passed"))
+            .unwrap();
+        let diff: f64 = (line.split("max |diff| ").nth(1).unwrap())
+            .split(',')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(diff > 0.0, "{mix}: {line}");
+        max_diff.insert(mix, diff);
+    }
+    assert!(max_diff["q2_k"] > max_diff["q6_k"], "{max_diff:?}");
+    assert!(max_diff["q6_k"] > max_diff["q8_0"], "{max_diff:?}");
+    assert!(max_diff["q4_k_m"] > max_diff["q8_0"], "{max_diff:?}");
 }
