@@ -16,6 +16,7 @@ use serde_json::json;
 use crate::io::gguf::{GgufFile, Value, torch_shape};
 use crate::io::{DType, ReadError, TensorSet, digest};
 use crate::model::fingerprint::{Fingerprint, ShapeSource, fingerprint};
+use crate::model::quant_rules::QuantFormat;
 
 /// True when a tensor name is one of scaled fp8's extras, not a model parameter.
 fn is_fp8_extra(name: &str) -> bool {
@@ -193,7 +194,14 @@ pub fn render_gguf(r: &serde_json::Value) -> String {
     }
     if let Some(m) = r["metadata"].as_object() {
         for (k, v) in m {
-            let _ = writeln!(s, "    {k} = {v}");
+            let _ = write!(s, "    {k} = {v}");
+            let format = v.as_u64().and_then(QuantFormat::of_file_type);
+            match format {
+                Some(f) if k == "general.file_type" => {
+                    let _ = writeln!(s, " (llama.cpp's ftype of --to {f})");
+                }
+                _ => s.push('\n'),
+            }
         }
     }
     let _ = writeln!(

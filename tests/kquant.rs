@@ -460,6 +460,11 @@ fn comfyui_gguf_loads_each_k_type_as_wanbake_dequantizes_it() {
             want["sha256"].as_str().unwrap(),
             "{to}: not the file ComfyUI loaded"
         );
+        let shown = ok(run(d.path(), &["inspect", file.to_str().unwrap()]));
+        assert!(
+            shown.contains(&format!("(llama.cpp's ftype of --to {to})")),
+            "{shown}"
+        );
         let g = wanbake::io::gguf::GgufFile::open(&file).unwrap();
         let tensors = want["tensors"].as_object().unwrap();
         assert_eq!(tensors.len(), g.header().tensors.len(), "{to}");

@@ -119,6 +119,11 @@ impl QuantFormat {
         }
     }
 
+    /// The format whose `general.file_type` is `ftype`, if wanbake writes one.
+    pub fn of_file_type(ftype: u64) -> Option<QuantFormat> {
+        (QuantFormat::ALL.into_iter()).find(|f| f.file_type().map(u64::from) == Some(ftype))
+    }
+
     /// The block type the patched llama-quantize gives a tensor of this ftype that no mix
     /// rule changes (llama.cpp's ftype switch), for the quantized GGUF formats.
     fn block_type(self) -> Option<GgmlType> {
