@@ -19,8 +19,8 @@ use faer::{Accum, Mat, MatRef, Par};
 use wanbake::io::DType;
 use wanbake::io::TensorView;
 use wanbake::linalg::{
-    CacheOutcome, CacheProblem, LinalgError, SvdCache, add_scaled_product, add_xs_update,
-    basis_key, canonicalize_signs, col_norms, row_norms, xs_bases,
+    CacheOutcome, CacheProblem, LinalgError, SvdCache, SvdEngine, add_scaled_product,
+    add_xs_update, basis_key, canonicalize_signs, col_norms, row_norms, xs_bases,
 };
 
 const EPS32: f64 = f32::EPSILON as f64;
@@ -887,15 +887,31 @@ fn cache_keys_cover_content_rank_dtype_and_shape() {
     no_global_parallelism();
     let base = Base::new(16, 12, 23);
     let v = base.view();
-    let k = basis_key(v.dtype, v.shape, v.bytes, 4);
-    assert_eq!(k, basis_key(v.dtype, v.shape, v.bytes, 4), "pure function");
-    assert_ne!(k, basis_key(v.dtype, v.shape, v.bytes, 5), "rank");
+    let faer = SvdEngine::Faer;
+    let key =
+        |dtype, shape: &[usize], bytes: &[u8], rank| basis_key(&faer, dtype, shape, bytes, rank);
+    let k = key(v.dtype, v.shape, v.bytes, 4);
+    assert_eq!(k, key(v.dtype, v.shape, v.bytes, 4), "pure function");
+    assert_ne!(k, key(v.dtype, v.shape, v.bytes, 5), "rank");
     let mut other = base.bytes.clone();
     other[7] ^= 1;
-    assert_ne!(k, basis_key(v.dtype, v.shape, &other, 4), "bytes");
-    assert_ne!(k, basis_key(DType::F16, v.shape, v.bytes, 4), "dtype");
-    assert_ne!(k, basis_key(v.dtype, &[12, 16], v.bytes, 4), "shape");
-    assert_ne!(k, basis_key(v.dtype, &[16, 3, 4], v.bytes, 4), "conv shape");
+    assert_ne!(k, key(v.dtype, v.shape, &other, 4), "bytes");
+    assert_ne!(k, key(DType::F16, v.shape, v.bytes, 4), "dtype");
+    assert_ne!(k, key(v.dtype, &[12, 16], v.bytes, 4), "shape");
+    assert_ne!(k, key(v.dtype, &[16, 3, 4], v.bytes, 4), "conv shape");
+    let gpu = |version, sms| SvdEngine::Cusolver {
+        version,
+        arch: (9, 0),
+        sms,
+    };
+    let on = |e: &SvdEngine| basis_key(e, v.dtype, v.shape, v.bytes, 4);
+    assert_ne!(k, on(&gpu(12_004, 132)), "engine");
+    assert_ne!(
+        on(&gpu(12_004, 132)),
+        on(&gpu(12_005, 132)),
+        "cuSOLVER version"
+    );
+    assert_ne!(on(&gpu(12_004, 132)), on(&gpu(12_004, 114)), "SM count");
     assert_eq!(k.hex().len(), 64);
     // A different tensor name with the same content shares the entry.
     let dir = tempfile::tempdir().unwrap();
@@ -1228,7 +1244,8 @@ fn cache_key_hash_throughput() {
     no_global_parallelism();
     for (out, inp) in [(5120usize, 5120usize), (13824, 5120)] {
         let bytes = vec![0x3cu8; out * inp * 2];
-        let (_, wall, cpu) = timed(|| basis_key(DType::BF16, &[out, inp], &bytes, 64));
+        let (_, wall, cpu) =
+            timed(|| basis_key(&SvdEngine::Faer, DType::BF16, &[out, inp], &bytes, 64));
         eprintln!(
             "basis_key {out}x{inp} bf16 ({:.1} MB): wall {:.1} ms, cpu {:.1} ms, {:.2} GB/s of CPU time",
             bytes.len() as f64 / 1e6,
@@ -1237,4 +1254,72 @@ fn cache_key_hash_throughput() {
             bytes.len() as f64 / cpu.max(1e-9) / 1e9
         );
     }
+}
+
+/// Issue 32: the cache is keyed by engine. Bases stored by one engine (here a stand-in for
+/// cuSOLVER whose bases differ from faer's) are never read by a run of another: faer misses,
+/// computes its own bits and stores them beside the other entry, and each engine then hits
+/// its own entry, whichever filled the cache first. Each entry names its engine.
+#[test]
+fn cache_entries_of_one_engine_are_never_read_by_another() {
+    no_global_parallelism();
+    let base = Base::new(96, 64, 29);
+    let v = base.view();
+    let W = v.to_f32().unwrap();
+    let own = xs_bases(&W, 96, 64, 8, Par::Seq).unwrap();
+    let mut other = own.clone();
+    other.U[0] = f32::from_bits(other.U[0].to_bits() ^ 1); // one ulp: cuSOLVER's kind of difference
+    let gpu = SvdEngine::Cusolver {
+        version: 12_004,
+        arch: (9, 0),
+        sms: 132,
+    };
+    for gpu_first in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = SvdCache::open(dir.path()).unwrap();
+        let on_gpu = || {
+            cache.get_or_compute_with(&v, 8, &gpu, |_, _, _| {
+                Ok::<_, wanbake::linalg::CacheError>(other.clone())
+            })
+        };
+        let on_faer = || cache.get_or_compute(&v, 8, Par::Seq);
+        let (first, second) = if gpu_first {
+            (on_gpu().unwrap(), on_faer().unwrap())
+        } else {
+            (on_faer().unwrap(), on_gpu().unwrap())
+        };
+        assert_eq!(
+            (&first.outcome, &second.outcome),
+            (&CacheOutcome::Miss, &CacheOutcome::Miss)
+        );
+        assert_ne!(first.key, second.key);
+        let (g, f) = (on_gpu().unwrap(), on_faer().unwrap());
+        assert_eq!(
+            (&g.outcome, &f.outcome),
+            (&CacheOutcome::Hit, &CacheOutcome::Hit)
+        );
+        assert_eq!(bits(&f.bases), bits(&own), "faer reads its own bits");
+        assert_eq!(
+            bits(&g.bases),
+            bits(&other),
+            "the other engine reads its own"
+        );
+        for (entry, engine) in [(&g, &gpu), (&f, &SvdEngine::Faer)] {
+            let file = wanbake::io::SafetensorsFile::open(&cache.entry_path(&entry.key)).unwrap();
+            assert_eq!(file.metadata().get("engine"), Some(&engine.id()));
+        }
+    }
+}
+
+/// `linalg::engine::FAER_VERSION`, which names faer in cache keys and manifests, is the
+/// version Cargo.lock builds.
+#[test]
+fn the_faer_version_named_in_keys_is_the_one_built() {
+    let lock = std::fs::read_to_string(common::repo().join("Cargo.lock")).unwrap();
+    let at = lock
+        .find("name = \"faer\"\nversion = \"")
+        .expect("faer in Cargo.lock");
+    let rest = &lock[at + "name = \"faer\"\nversion = \"".len()..];
+    let version = &rest[..rest.find('"').unwrap()];
+    assert_eq!(version, wanbake::linalg::engine::FAER_VERSION);
 }

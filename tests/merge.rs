@@ -1569,6 +1569,16 @@ fn cli_svd_cache_is_hit_on_the_second_bake_and_corrupt_entries_are_recomputed() 
         (v["report"]["svd"].clone(), weight_bytes(&out))
     };
     let (first, bytes1) = run("a");
+    // The engine of the bases (issue 32), in the report and the manifest.
+    let faer = wanbake::linalg::SvdEngine::Faer.id();
+    assert_eq!(first["engine"].as_str(), Some(faer.as_str()), "{first}");
+    let m: Value =
+        serde_json::from_slice(&std::fs::read(tmp.path().join("a/wanbake.manifest.json")).unwrap())
+            .unwrap();
+    let recorded = m
+        .pointer("/report/svd/engine")
+        .or(m.pointer("/merge/svd/engine"));
+    assert_eq!(recorded.and_then(Value::as_str), Some(faer.as_str()), "{m}");
     // Six targets, both adapters rank 2: one SVD per target.
     assert_eq!(
         (first["misses"].as_u64(), first["hits"].as_u64()),
@@ -2289,9 +2299,10 @@ fn every_route_agrees_through_the_transposing_layouts_and_on_nnx_bases() {
     }
 }
 
-/// The -xs bases one route stores in the SVD cache are the ones another route reads: the
-/// whole-tensor route (the CUDA program, here on the CPU reference backend) misses and
-/// stores, the band route then hits every entry, and the two outputs agree.
+/// The -xs bases one CPU route stores in the SVD cache are the ones the other reads (both
+/// are faer's, the engine that keys them): the whole-tensor route (the CUDA program, here on
+/// the CPU reference backend, its bases on a reference lane) misses and stores, the band
+/// route then hits every entry, and the two outputs agree.
 #[test]
 fn the_svd_cache_is_shared_between_routes() {
     let tmp = common::tmp();
@@ -2320,6 +2331,10 @@ fn the_svd_cache_is_shared_between_routes() {
     assert_eq!((reports[0].hits, reports[0].computed), (0, 0));
     assert_eq!(reports[1].hits, reports[0].misses, "{:?}", reports[1]);
     assert_eq!(reports[1].misses + reports[1].replaced, 0);
+    // Both CPU routes compute with faer (issue 32: the engine keys the cache and is reported).
+    for r in &reports {
+        assert_eq!(r.engine, Some(wanbake::linalg::SvdEngine::Faer), "{r:?}");
+    }
     outputs.reverse(); // the band route first: the one the others are compared to
     routes_agree_within_one_bf16_ulp(&outputs, "bora-xs through the shared cache");
 }

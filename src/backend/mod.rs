@@ -225,8 +225,8 @@ pub trait Backend {
 
     /// The rank-`r` LoRA-XS bases of `W` ((out, in) row-major f32): a full thin SVD in f64,
     /// `linalg::canonicalize_signs`, truncation, one rounding to f32 (`linalg::xs_bases`).
-    /// A merge does not call it: its bases come from `linalg::xs_bases` on every route, so the
-    /// SVD cache holds one engine's bases (`merge::device`, "-xs bases").
+    /// The whole-tensor merge routes compute their bases with it (`merge::xs`), each keyed
+    /// in the SVD cache by its engine (`merge::device`, "-xs bases").
     fn xs_bases(
         &mut self,
         W: &[f32],

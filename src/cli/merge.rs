@@ -231,9 +231,9 @@ fn print_summary(p: &mut Printer, r: &MergeReport, dir: &Path, files: usize, byt
         }
     }
     let s = &r.svd;
-    if s.hits + s.misses + s.replaced + s.computed > 0 {
+    if let Some(engine) = &s.engine {
         p.line(format!(
-            "  LoRA-XS SVD bases: {} computed, {} cache hits, {} cache misses, {} replaced",
+            "  LoRA-XS SVD bases: {} computed, {} cache hits, {} cache misses, {} replaced ({engine})",
             s.computed, s.hits, s.misses, s.replaced
         ));
     }

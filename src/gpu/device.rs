@@ -23,6 +23,7 @@ use cudarc::driver::{CudaContext, result as driver, sys as driver_sys};
 use super::cuda::{CudaBackend, deterministic_solver};
 use super::kernels::KernelTable;
 use crate::backend::BackendError;
+use crate::linalg::SvdEngine;
 
 /// What the device's memory pool keeps reserved across synchronisations: everything. With
 /// the default (0) the pool unmaps its free memory at every synchronisation, and each target
@@ -177,6 +178,23 @@ pub struct DeviceInfo {
     pub total_memory: usize,
     /// `cuDriverGetVersion`: 1000·major + 10·minor.
     pub driver_version: i32,
+    /// Streaming multiprocessors.
+    pub sms: i32,
+    /// `cusolverGetVersion` of the loaded libcusolver: 1000·major + 100·minor + patch.
+    pub cusolver_version: i32,
+}
+
+impl DeviceInfo {
+    /// The engine of the -xs bases this device's lanes compute (`CudaBackend::xs_bases`):
+    /// cuSOLVER's results are reproducible for one library version, architecture and SM
+    /// count, so all three name it.
+    pub fn svd_engine(&self) -> SvdEngine {
+        SvdEngine::Cusolver {
+            version: self.cusolver_version,
+            arch: self.compute_capability,
+            sms: self.sms,
+        }
+    }
 }
 
 impl fmt::Display for DeviceInfo {
@@ -256,15 +274,24 @@ fn probe_device(ordinal: usize) -> Result<DeviceInfo, BackendError> {
     // SAFETY: as above.
     let total_memory = unsafe { driver::device::total_mem(dev) }
         .map_err(|e| BackendError::unavailable(format!("querying CUDA device {ordinal}: {e}")))?;
+    let sms = attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
     for lib in [Library::Nvrtc, Library::Cublas, Library::Cusolver] {
         require_library(lib)?;
     }
+    let mut cusolver_version = 0;
+    // SAFETY: libcusolver is loadable (checked above; a missing symbol panics inside
+    // `guarded`); cusolverGetVersion writes one int through a valid pointer.
+    unsafe { cudarc::cusolver::sys::cusolverGetVersion(&mut cusolver_version) }
+        .result()
+        .map_err(|e| BackendError::unavailable(format!("cusolverGetVersion failed: {e:?}")))?;
     Ok(DeviceInfo {
         ordinal,
         name,
         compute_capability,
         total_memory,
         driver_version,
+        sms,
+        cusolver_version,
     })
 }
 

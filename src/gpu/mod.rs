@@ -31,8 +31,8 @@
 //!   boundary.
 //! * LoRA-XS bases: cuSOLVER `gesvd` in f64 versus faer's SVD in f64, then the same host-side
 //!   `linalg::canonicalize_signs` and the same single rounding to f32. They agree to about one
-//!   f32 ulp, not bit for bit, so a merge computes its bases on the CPU on every route
-//!   (`merge::device`, "-xs bases"); [`CudaBackend`]'s `xs_bases` is the measured alternative.
+//!   f32 ulp, not bit for bit, so the SVD cache keys an entry by engine (`linalg::engine`)
+//!   and a CUDA merge's bases are its own (`merge::device`, "-xs bases").
 
 pub mod cuda;
 pub mod device;

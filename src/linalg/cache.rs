@@ -4,14 +4,17 @@
 //! their atomic writing, and [`SvdCache::get_or_compute`]. Does not own: computing the bases
 //! ([`super::svd`]).
 //!
-//! Key: sha256 over a domain tag, [`SVD_BASIS_VERSION`], the base tensor's dtype string, its
-//! original shape, the rank r and its original bytes, each length-prefixed (u64 LE), so no
-//! two different inputs share a byte stream. The key names nothing but content: two tensors
-//! with the same bytes share one entry.
+//! Key: sha256 over a domain tag, [`SVD_BASIS_VERSION`], the engine's id ([`SvdEngine::id`]:
+//! faer and its version, or cuSOLVER's version, GPU architecture and SM count), the base
+//! tensor's dtype string, its original shape, the rank r and its original bytes, each
+//! length-prefixed (u64 LE), so no two different inputs share a byte stream. Two tensors with
+//! the same bytes share one entry per engine; bases one engine computed are never read by a
+//! run of another, so a route's bytes never depend on which route filled the cache first.
 //!
 //! Entry: `DIR/<64 hex key>.safetensors` with tensors `U` F32 (out, r), `V` F32 (in', r) and
 //! `S` F64 (min(out, in'); diagnostics), and `__metadata__` holding `format`, `version`,
-//! `key`, `base_dtype`, `base_shape`, `rank` and `data_sha256` (sha256 of the data section).
+//! `engine`, `key`, `base_dtype`, `base_shape`, `rank` and `data_sha256` (sha256 of the data
+//! section).
 //! It is written to a temporary file in DIR, fsynced, renamed over the final name and the
 //! directory fsynced, so a reader sees either the old entry, the new one, or none.
 //!
@@ -27,6 +30,7 @@ use std::path::{Path, PathBuf};
 use faer::Par;
 use sha2::{Digest, Sha256};
 
+use super::engine::SvdEngine;
 use super::svd::{LinalgError, XsBases, check_rank, xs_bases};
 use crate::io::DType;
 use crate::io::SafetensorsFile;
@@ -34,11 +38,11 @@ use crate::io::TensorView;
 use crate::io::header_layout::{HeaderLayout, LayoutError, PlannedTensor};
 use crate::io::staging::{WriteError, replace_file_durable};
 
-/// Version of everything that decides the bits of a basis: faer 0.24's thin SVD in f64 of the
-/// f32-widened weight with partition degree [`super::svd::SVD_PARTITION_DEGREE`] (16), SA3's
-/// sign convention, one f32 rounding. Bump it whenever any of these changes (including a
-/// faer upgrade that changes the bits), so stale entries are never read.
-pub const SVD_BASIS_VERSION: u32 = 1;
+/// Version of everything that decides the bits of a basis besides its engine (which the key
+/// names separately): the f64 SVD of the f32-widened weight, SA3's sign convention, the
+/// truncation, one f32 rounding, and the entry format. Bump it whenever any of these
+/// changes, so stale entries are never read. 2: the engine joined the key and the entry.
+pub const SVD_BASIS_VERSION: u32 = 2;
 
 /// `format` value in every entry's metadata.
 pub const ENTRY_FORMAT: &str = "wanbake.svd-basis";
@@ -61,9 +65,15 @@ impl std::fmt::Display for BasisKey {
     }
 }
 
-/// The cache key of the rank-`rank` bases of a base tensor with this dtype, original shape
-/// (before the Conv1d (out, in·k) view) and raw bytes.
-pub fn basis_key(dtype: DType, shape: &[usize], bytes: &[u8], rank: usize) -> BasisKey {
+/// The cache key of the rank-`rank` bases `engine` computes of a base tensor with this
+/// dtype, original shape (before the Conv1d (out, in·k) view) and raw bytes.
+pub fn basis_key(
+    engine: &SvdEngine,
+    dtype: DType,
+    shape: &[usize],
+    bytes: &[u8],
+    rank: usize,
+) -> BasisKey {
     let mut h = Sha256::new();
     let mut field = |b: &[u8]| {
         h.update((b.len() as u64).to_le_bytes());
@@ -71,6 +81,7 @@ pub fn basis_key(dtype: DType, shape: &[usize], bytes: &[u8], rank: usize) -> Ba
     };
     field(ENTRY_FORMAT.as_bytes());
     field(&SVD_BASIS_VERSION.to_le_bytes());
+    field(engine.id().as_bytes());
     field(dtype.as_str().as_bytes());
     let dims: Vec<u8> = shape
         .iter()
@@ -228,16 +239,16 @@ impl SvdCache {
     }
 
     /// Returns the rank-`rank` LoRA-XS bases of `base` (any float dtype, 2-D (out, in) or
-    /// Conv1d (out, in, k) viewed as (out, in·k)), from the cache when a valid entry exists,
-    /// otherwise computed with [`xs_bases`] and stored. A rejected entry is reported in the
-    /// outcome and replaced.
+    /// Conv1d (out, in, k) viewed as (out, in·k)), from the cache when a valid entry of
+    /// [`SvdEngine::Faer`] exists, otherwise computed with [`xs_bases`] and stored. A rejected
+    /// entry is reported in the outcome and replaced.
     pub fn get_or_compute(
         &self,
         base: &TensorView<'_>,
         rank: usize,
         par: Par,
     ) -> Result<CachedBases, CacheError> {
-        self.get_or_compute_with(base, rank, |W, out, inp| {
+        self.get_or_compute_with(base, rank, &SvdEngine::Faer, |W, out, inp| {
             xs_bases(W, out, inp, rank, par).map_err(|source| CacheError::Linalg {
                 tensor: base.name.to_string(),
                 source,
@@ -245,15 +256,14 @@ impl SvdCache {
         })
     }
 
-    /// [`SvdCache::get_or_compute`] with the bases of a miss computed by `compute(W, out,
-    /// in)` (`W` the f32 (out, in) matrix). Entries are keyed by the base bytes, the rank and
-    /// [`SVD_BASIS_VERSION`] alone, not by engine, so `compute` must be [`xs_bases`] itself:
-    /// every merge route computes with it (`merge::device`, "-xs bases"), and CPU and GPU
-    /// runs share one cache with the same bytes.
+    /// [`SvdCache::get_or_compute`] for the bases of `engine`, a miss computed by
+    /// `compute(W, out, in)` (`W` the f32 (out, in) matrix), which must be that engine's SVD:
+    /// the entry is keyed and labelled by `engine`.
     pub fn get_or_compute_with<E: From<CacheError>>(
         &self,
         base: &TensorView<'_>,
         rank: usize,
+        engine: &SvdEngine,
         compute: impl FnOnce(&[f32], usize, usize) -> Result<XsBases, E>,
     ) -> Result<CachedBases, E> {
         let (out, inp) = matrix_shape(base)?;
@@ -261,8 +271,9 @@ impl SvdCache {
             tensor: base.name.to_string(),
             source,
         })?;
-        let key = basis_key(base.dtype, base.shape, base.bytes, rank);
+        let key = basis_key(engine, base.dtype, base.shape, base.bytes, rank);
         let expected = Expected {
+            engine,
             key,
             dtype: base.dtype,
             shape: base.shape,
@@ -355,6 +366,7 @@ impl SvdCache {
 
 /// What an entry must say.
 struct Expected<'a> {
+    engine: &'a SvdEngine,
     key: BasisKey,
     dtype: DType,
     shape: &'a [usize],
@@ -370,6 +382,7 @@ impl Expected<'_> {
         let mut m = BTreeMap::from([
             ("format".to_string(), ENTRY_FORMAT.to_string()),
             ("version".to_string(), SVD_BASIS_VERSION.to_string()),
+            ("engine".to_string(), self.engine.id()),
             ("key".to_string(), self.key.hex()),
             ("base_dtype".to_string(), self.dtype.as_str().to_string()),
             ("base_shape".to_string(), format!("[{}]", shape.join(","))),

@@ -2,7 +2,7 @@
 //!
 //! Owns: the exact, deterministic thin SVD and the LoRA-XS bases built from it (`svd`), SA3's
 //! sign convention for singular vectors (`signs`), the content-addressed basis cache
-//! (`cache`), the low-rank update kernels `W ← W + s·B·A` and `W ← W + s·U·M·Vᵀ` (`lowrank`),
+//! (`cache`) and the engine its entries are keyed by (`engine`), the low-rank update kernels `W ← W + s·B·A` and `W ← W + s·U·M·Vᵀ` (`lowrank`),
 //! row/column norms (`norms`), and the leading singular triplets, exact or randomized, for
 //! extraction and rank reduction (`truncated`). Does not own: adapter formulas (`adapter`), tensor I/O
 //! (`io`) or the GPU backend (`gpu`).
@@ -12,6 +12,7 @@
 //! faer itself does not guarantee it).
 
 pub mod cache;
+pub mod engine;
 pub mod lowrank;
 pub mod norms;
 pub mod signs;
@@ -21,6 +22,7 @@ pub mod truncated;
 pub use cache::{
     BasisKey, CacheError, CacheOutcome, CacheProblem, CachedBases, SvdCache, basis_key,
 };
+pub use engine::SvdEngine;
 pub use lowrank::{
     add_scaled_product, add_scaled_product_into, add_xs_update, add_xs_update_into,
     xs_update_scratch_len,

@@ -42,7 +42,7 @@
 //! `par` only chooses how many threads execute those partitions (`Par::Seq` → a private
 //! one-thread pool). On the 2-core development machine degree 16 was no slower than
 //! degree 2 at 1536² (BENCHMARKS.md). The degree is part of
-//! [`super::cache::SVD_BASIS_VERSION`].
+//! the engine's id that keys a cached basis ([`super::engine::SvdEngine`]).
 //! Bits may still differ between CPUs with different SIMD widths (faer's vectorised
 //! reductions sum in lane order, AVX2 vs AVX-512); a cached basis (`super::cache`) is the
 //! portable artefact.

@@ -23,15 +23,17 @@
 //! its own.
 //!
 //! # -xs bases
-//! Every route computes LoRA-XS bases with the CPU SVD (`linalg::xs_bases`, faer in f64, on
-//! the merge's worker thread, outside any lane), never with the backend's `xs_bases`
-//! (cuSOLVER `gesvd` on CUDA). The SVD cache keys an entry by the base's content, the rank
-//! and `linalg::SVD_BASIS_VERSION`, which pins faer; cuSOLVER's bases differ from faer's by
-//! about one f32 ulp in a few elements (6 of 655,360 at 5120², BENCHMARKS.md "GPU"), so a
-//! cache filled on CUDA would make a later CPU merge's output depend on which route ran first.
-//! One engine keeps the cache portable between routes and machines without a cuSOLVER version
-//! in the key. It costs time on a first merge (BENCHMARKS.md, "Why -xs bases are computed on
-//! the CPU on every route"); a cached basis is never computed again.
+//! Each route computes LoRA-XS bases with its own engine (`merge::xs`): the band route with
+//! faer on the worker thread (`linalg::xs_bases`), the reference route with the same faer
+//! call on a lane (`CpuBackend::xs_bases`, the same bits), the CUDA route with cuSOLVER
+//! `gesvd` in f64 on a lane (`CudaBackend::xs_bases`). cuSOLVER's bases differ from faer's by
+//! about one f32 ulp in a few elements (6 of 655,360 at 5120², BENCHMARKS.md "GPU"), so the
+//! SVD cache keys an entry by the engine's id as well as the base's content and the rank
+//! (`linalg::SvdEngine`: faer's version and partition degree; cuSOLVER's version, GPU
+//! architecture and SM count): a cache filled on CUDA is never read by a CPU merge, and each
+//! route's bytes are its own whichever route ran first. The report and the manifest name the
+//! engine (`report.svd.engine`). `--device cpu` stays the reference: its bytes depend on no
+//! GPU and on nothing a cache was filled with.
 
 #![allow(non_snake_case)]
 

@@ -8,6 +8,7 @@
 use serde::Serialize;
 
 use super::options::DoraStrength;
+use crate::linalg::SvdEngine;
 use crate::pipeline::{AdapterReport, DeviceRecord};
 
 /// The SVD bases of the -xs targets.
@@ -23,6 +24,11 @@ pub struct SvdReport {
     pub replaced: usize,
     /// Bases computed without a cache.
     pub computed: usize,
+    /// The engine every basis of this merge comes from ([`SvdEngine::id`]: faer on the CPU
+    /// routes, cuSOLVER with its version, GPU architecture and SM count on CUDA); absent when
+    /// the merge has no -xs target.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub engine: Option<SvdEngine>,
 }
 
 /// The whole merge.

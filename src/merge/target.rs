@@ -31,7 +31,7 @@ use super::error::MergeError;
 use super::math::{Factors, Form, SA3_EPS, Scratch, Update, add_contribution, column_scales};
 use super::options::{DoraStrength, MergeOptions};
 use super::report::SvdReport;
-use super::xs::{SvdCounters, xs_bases};
+use super::xs::{BasesOn, SvdCounters, xs_bases};
 use crate::adapter::lycoris::{LycorisError, fitted};
 use crate::adapter::{Kind, ParamRole};
 use crate::backend::Backend;
@@ -39,8 +39,8 @@ use crate::backend::CpuBackend;
 use crate::gpu::CudaBackend;
 use crate::io::dtype::{narrow_from_f32, vectorized};
 use crate::io::{DType, TensorRef};
-use crate::linalg::SvdCache;
 use crate::linalg::XsBases;
+use crate::linalg::{SvdCache, SvdEngine};
 use crate::model::transform::{SrcTensor, Transform};
 use crate::pipeline::base_rows::BaseRows;
 use crate::pipeline::compute::{MAX_LANES, reference_lanes};
@@ -57,6 +57,8 @@ pub struct Merger<'a> {
     compute: &'a Compute,
     svd_cache: Option<&'a SvdCache>,
     route: Route,
+    /// The engine of the -xs bases on this route (`Compute::svd_engine`).
+    svd_engine: SvdEngine,
     svd: SvdCounters,
 }
 
@@ -89,6 +91,7 @@ impl<'a> Merger<'a> {
             compute,
             svd_cache,
             route,
+            svd_engine: compute.svd_engine(),
             svd: SvdCounters::default(),
         }
     }
@@ -99,9 +102,18 @@ impl<'a> Merger<'a> {
         Merger::new(plan, options, &Compute::Cpu, None)
     }
 
-    /// The SVD line of the report: what the -xs bases cost so far.
+    /// The SVD line of the report: what the -xs bases cost so far, and their engine.
     pub fn svd_report(&self) -> SvdReport {
-        self.svd.report(self.svd_cache.is_some())
+        self.svd.report(self.svd_cache.is_some(), &self.svd_engine)
+    }
+
+    /// Where this route computes -xs bases.
+    fn bases_on(&self) -> BasesOn<'_> {
+        match &self.route {
+            Route::Bands => BasesOn::Worker,
+            Route::Cuda(lanes) => BasesOn::Cuda(lanes),
+            Route::Reference(lanes) => BasesOn::Reference(lanes),
+        }
     }
 
     /// NaN/±inf at flat index `i` of the band starting at row `r0` of target `t`.
@@ -315,8 +327,8 @@ impl Merger<'_> {
         Ok(())
     }
 
-    /// The tensors of every contribution to `t`, and the -xs bases (one SVD per rank,
-    /// [`cpu_xs_bases`] on a miss).
+    /// The tensors of every contribution to `t`, and the -xs bases (one SVD per rank, on the
+    /// route's engine on a miss).
     fn load_factors(
         &self,
         t: &Target,
@@ -345,7 +357,8 @@ impl Merger<'_> {
                 let b = match bases.get(&c.rank) {
                     Some(b) => b.clone(),
                     None => {
-                        let b = Rc::new(xs_bases(self.svd_cache, svd, t, rows, c.rank)?);
+                        let by = (&self.svd_engine, &self.bases_on());
+                        let b = Rc::new(xs_bases(self.svd_cache, svd, by, t, rows, c.rank)?);
                         bases.insert(c.rank, b.clone());
                         b
                     }

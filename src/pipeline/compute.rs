@@ -13,6 +13,7 @@ use faer::Par;
 
 use crate::backend::{Backend, BackendError, CpuBackend};
 use crate::gpu::{CudaDevice, DeviceChoice, Selected, select};
+use crate::linalg::SvdEngine;
 
 /// Where a merge's targets are computed.
 #[derive(Clone, Debug, Default)]
@@ -68,6 +69,16 @@ impl Compute {
                 _ => None,
             },
             reason,
+        }
+    }
+
+    /// The engine of the -xs bases a merge on this route computes: faer on the CPU routes
+    /// (the reference route's `CpuBackend::xs_bases` is `linalg::xs_bases`), cuSOLVER on the
+    /// CUDA lanes (`CudaBackend::xs_bases`).
+    pub fn svd_engine(&self) -> SvdEngine {
+        match self {
+            Compute::Cpu | Compute::Reference => SvdEngine::Faer,
+            Compute::Cuda(d) => d.info().svd_engine(),
         }
     }
 
