@@ -9,10 +9,10 @@ use wanbake::pipeline::{Compute, DeviceReport};
 /// The `--device` flag.
 #[derive(clap::Args, Debug, Clone, Copy)]
 pub struct DeviceArg {
-    /// Where merged tensors (extract: the SVDs) are computed: auto (CUDA when a device and
-    /// its libraries load, else the CPU), cpu, or cuda (fail when CUDA is unavailable). The
-    /// manifest records which ran. restack runs on the CPU (its work is bit-identical on any
-    /// device); it takes the flag so one flag serves a pipeline.
+    /// Where merged tensors are computed: auto (CUDA when a device and its libraries load,
+    /// else the CPU), cpu, or cuda (fail when CUDA is unavailable). The manifest records
+    /// which ran.
+    // (restack and extract say what it means for them: `cli::Command`.)
     #[arg(long, value_enum, default_value_t = DeviceChoice::Auto)]
     pub device: DeviceChoice,
 }

@@ -73,7 +73,7 @@ pub struct Cli {
     pub threads: Option<usize>,
     /// Hash every input again instead of reusing the sha256 cached for a file whose device,
     /// inode, size and modification and change times are unchanged (the cache lives in
-    /// $WANBAKE_CACHE_DIR, default ~/.cache/wanbake; `verify` never uses it).
+    /// $WANBAKE_CACHE_DIR, default ~/.cache/wanbake).
     #[arg(long, global = true)]
     pub no_hash_cache: bool,
     /// The subcommand.
@@ -81,22 +81,55 @@ pub struct Cli {
     pub command: Command,
 }
 
+// What a shared flag means for one command, where it means more than its shared text says
+// (`output::FloatDtypeArg`, `output::ShardArg`, `device::DeviceArg`): each command's --help
+// speaks of that command only.
+const SYNTH_DTYPE: &str = "Dtype of every float tensor (default f32; also spelt float32, \
+    float16/fp16, bfloat16)";
+const CONVERT_DTYPE: &str = "Dtype of every float tensor (also spelt float32, float16/fp16, \
+    bfloat16): required without --to; with --to fp8-scaled, the dtype of the tensors that stay \
+    high precision (default f16); with a GGUF block mix, convert.py's step-1 type of the 2-D \
+    tensors (default f16, bf16 from a bf16 input; f32 as city96's published Wan 2.1 files hold \
+    them)";
+const EXTRACT_DTYPE: &str = "Dtype of the factors (default f32; also spelt float32, \
+    float16/fp16, bfloat16); `.alpha` stays as it is, and the report's errors are those of the \
+    f32 factors";
+const RESIZE_DTYPE: &str = "Dtype of the new factors (default f32; also spelt float32, \
+    float16/fp16, bfloat16); the other tensors keep their stored dtype, `.alpha` stays as it \
+    is, and the report's errors are those of the f32 factors";
+const MERGE_SHARDS: &str = "Shard each model's weights into files of at most this size \
+    (\"5GB\", \"500MB\", \"10GiB\" or bytes; a larger tensor gets a file of its own). Default: \
+    shards like the base (one file for a one-file base, files no larger than the base's \
+    largest for a sharded one)";
+const RESTACK_DEVICE: &str = "Accepted so one flag serves a pipeline: restack runs on the CPU \
+    whatever it says (its work is bit-identical on any device)";
+const EXTRACT_DEVICE: &str = "Where the SVDs are computed: auto (CUDA when a device and its \
+    libraries load, else the CPU), cpu, or cuda (fail when CUDA is unavailable); the merge of \
+    an --adapter stack runs on the CPU. The manifest records which ran";
+
 /// Subcommands.
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Describe checkpoints and adapters: files, tensors, dtypes, model fingerprint.
     Inspect(inspect::Args),
-    /// Recompute every hash of a release and compare with its manifest (exit 3 on mismatch).
+    /// Recompute every hash of a release from the disk (never from the hash cache) and
+    /// compare with its manifest (exit 3 on mismatch).
     Verify(verify::Args),
     /// Write a synthetic checkpoint with the real shapes of a released model.
+    #[command(mut_arg("dtype", |a| a.help(SYNTH_DTYPE)))]
     Synth(synth::Args),
-    /// Convert the float tensors of any checkpoint to another dtype (mirrors its naming).
+    /// Convert any checkpoint's float tensors to another dtype (its names kept), or to
+    /// ComfyUI's fp8-scaled or a GGUF quantization (--to).
+    #[command(mut_arg("dtype", |a| a.help(CONVERT_DTYPE)))]
     Convert(convert::Args),
-    /// Write an adapter in another convention (PEFT, diffusers, ComfyUI, kohya, SA3, NNX).
+    /// Write an adapter in another convention (PEFT, diffusers, ComfyUI, kohya, LyCORIS, SA3,
+    /// NNX).
     Translate(translate::Args),
     /// Merge adapters into a base checkpoint (streaming, exact, one pass) and write a release.
+    #[command(mut_arg("shard_size", |a| a.help(MERGE_SHARDS)))]
     Merge(merge::Args),
     /// Convert a WAN transformer between the diffusers, wan, nnx and nnx-scanned layouts.
+    #[command(mut_arg("device", |a| a.help(RESTACK_DEVICE)))]
     Restack(restack::Args),
     /// Run the bundled WAN transformer on CPU: one forward, or N sampling steps with CFG.
     Run(run::Args),
@@ -105,8 +138,11 @@ pub enum Command {
     /// Sign a release folder (OpenSSF model signing bundle, ECDSA key; `verify --public-key`).
     Sign(sign::Args),
     /// Extract a LoRA from a fine-tune (tuned − base, or base + adapters), by rank, energy or budget.
+    #[command(mut_arg("dtype", |a| a.help(EXTRACT_DTYPE)))]
+    #[command(mut_arg("device", |a| a.help(EXTRACT_DEVICE)))]
     Extract(extract::ExtractArgs),
     /// Reduce a LoRA's ranks (best rank-R approximation of σ·B·A), in its own convention.
+    #[command(mut_arg("dtype", |a| a.help(RESIZE_DTYPE)))]
     Resize(extract::ResizeArgs),
 }
 

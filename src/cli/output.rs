@@ -85,8 +85,8 @@ impl OutputDir {
 #[derive(clap::Args, Debug, Clone, Copy)]
 pub struct ShardArg {
     /// Shard each model's weights into files of at most this size ("5GB", "500MB", "10GiB"
-    /// or bytes; a larger tensor gets a file of its own). Default: one file per model
-    /// (merge: shards like the base).
+    /// or bytes; a larger tensor gets a file of its own). Default: one file per model.
+    // (merge says more: `cli::MERGE_SHARDS`.)
     #[arg(long, value_name = "SIZE", value_parser = size)]
     pub shard_size: Option<u64>,
 }
@@ -109,13 +109,8 @@ pub struct DtypeArgs {
 /// `--dtype` of the commands that write one float dtype (convert, synth, extract, resize).
 #[derive(clap::Args, Debug, Clone, Copy)]
 pub struct FloatDtypeArg {
-    /// Dtype of every float tensor (also spelt float32, float16/fp16, bfloat16). synth,
-    /// extract: default f32. convert: required without --to; with --to fp8-scaled, the dtype
-    /// of the tensors that stay high precision (default f16); with a GGUF block mix,
-    /// convert.py's step-1 type of the 2-D tensors (default f16, bf16 from a bf16 input; f32
-    /// as city96's published Wan 2.1 files hold them). resize: default f32 for the
-    /// new factors, the stored dtype for the rest. extract, resize: `.alpha` stays as it is,
-    /// and the report's errors are those of the f32 factors.
+    /// Dtype of every float tensor (also spelt float32, float16/fp16, bfloat16).
+    // (Each command says its default and what else it means there: `cli::Command`.)
     #[arg(long, value_name = "DTYPE")]
     pub dtype: Option<FloatDType>,
 }
