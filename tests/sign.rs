@@ -531,3 +531,53 @@ fn a_bundle_without_a_key_hint_is_checked_by_its_signature_alone_with_a_warning(
     let (_, err) = code(verify(&model, &golden().join("keys/p256_pub.pem"), None), 3);
     assert!(err.contains("the signature does not verify"), "{err}");
 }
+
+/// `verify --json` prints one document, with or without `--public-key`: a `result` a script
+/// can test (`verified` exactly when the exit status is 0) and the `reasons`, beside the
+/// manifest's and the signature's reports (issue 33: a corrupted release used to print the
+/// manifest's recorded `"status": "ok"` next to its mismatches).
+#[test]
+fn verify_json_has_one_result_a_script_can_test() {
+    let t = tmp();
+    let release = t.path().join("release");
+    let g = repo().join("golden/models/t2v");
+    ok(run(
+        t.path(),
+        &["convert", s(&g), "--dtype", "bf16", "--out", s(&release)],
+    ));
+    let json = |args: &[&str], want: i32| -> serde_json::Value {
+        let mut a = vec!["verify", s(&release), "--json"];
+        a.extend(args);
+        let (out, _) = code(run(t.path(), &a), want);
+        serde_json::from_str(&out).unwrap()
+    };
+    let v = json(&[], 0);
+    assert_eq!(v["result"], "verified", "{v}");
+    assert_eq!(v["reasons"], serde_json::json!([]), "{v}");
+    assert!(v["manifest"]["files_checked"].as_u64() > Some(0), "{v}");
+    assert!(v["signature"].is_null(), "{v}");
+    // Signed: the same shape, both reports present.
+    let key = golden().join("keys/p256_pkcs8.pem");
+    ok(run(t.path(), &["sign", s(&release), "--key", s(&key)]));
+    let public = golden().join("keys/p256_pub.pem");
+    let v = json(&["--public-key", s(&public)], 0);
+    assert_eq!(v["result"], "verified", "{v}");
+    assert!(v["manifest"]["files_checked"].as_u64() > Some(0), "{v}");
+    assert!(v["signature"].is_object(), "{v}");
+    // Corrupted: `failed`, with the reason, on both paths.
+    let weights = release.join("diffusion_pytorch_model.safetensors");
+    let mut bytes = std::fs::read(&weights).unwrap();
+    let n = bytes.len();
+    bytes[n - 1] ^= 1;
+    std::fs::write(&weights, bytes).unwrap();
+    for args in [vec![], vec!["--public-key", s(&public)]] {
+        let v = json(&args, 3);
+        assert_eq!(v["result"], "failed", "{v}");
+        let reasons = v["reasons"].to_string();
+        assert!(reasons.contains("mismatch(es) with the manifest"), "{v}");
+        assert_eq!(
+            v["manifest"]["status"], "ok",
+            "the manifest's own record stays: {v}"
+        );
+    }
+}

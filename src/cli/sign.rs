@@ -96,7 +96,11 @@ pub fn verify_signed(
         }
         Err(e) => return Err(e.into()),
     };
-    p.json(&serde_json::json!({ "manifest": manifest_report, "signature": report }));
+    p.json(&super::verify::verify_json(
+        dir,
+        manifest_report.as_ref(),
+        Some(&report),
+    ));
     let mut ok = report.ok();
     if let Some(m) = &manifest_report {
         for x in &m.mismatches {

@@ -2,10 +2,11 @@
 //! of a release and compares it with the manifest; exit 3 and a list of every difference on
 //! mismatch. With `--public-key`, the model signature is checked too (`cli::sign`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use super::{Printer, Status};
-use wanbake::manifest::verify_dir;
+use wanbake::manifest::{VerifyReport, verify_dir};
+use wanbake::signing::SignatureReport;
 
 /// Arguments of `verify`.
 #[derive(clap::Args, Debug)]
@@ -30,7 +31,7 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
         return super::sign::verify_signed(&args.dir, key, args.signature.as_deref(), p);
     }
     let report = verify_dir(&args.dir)?;
-    p.json(&serde_json::to_value(&report)?);
+    p.json(&verify_json(&args.dir, Some(&report), None));
     if report.ok() {
         p.line(format!(
             "{}: OK ({} files, {} tensors verified; status {})",
@@ -59,4 +60,40 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
         report.mismatches.len()
     ));
     Ok(Status::VerifyFailed)
+}
+
+/// `verify --json`'s one document, with or without `--public-key`: `result` (`verified` when
+/// the exit status is 0, else `failed`) and `reasons` for a script to test, then the
+/// manifest's report and the signature's (each `null` when not checked).
+pub(super) fn verify_json(
+    dir: &Path,
+    manifest: Option<&VerifyReport>,
+    signature: Option<&SignatureReport>,
+) -> serde_json::Value {
+    let mut reasons = Vec::new();
+    if let Some(m) = manifest {
+        if !m.ok() {
+            reasons.push(format!(
+                "{} mismatch(es) with the manifest",
+                m.mismatches.len()
+            ));
+        } else if m.status != "ok" {
+            reasons.push(format!("the manifest records status `{}`", m.status));
+        }
+    }
+    if let Some(s) = signature {
+        reasons.extend(s.problems.iter().map(|x| format!("signature: {x}")));
+    }
+    let result = if reasons.is_empty() {
+        "verified"
+    } else {
+        "failed"
+    };
+    serde_json::json!({
+        "result": result,
+        "reasons": reasons,
+        "dir": dir.display().to_string(),
+        "manifest": manifest,
+        "signature": signature,
+    })
 }
