@@ -173,6 +173,10 @@ fn a_missing_or_unreadable_signature_exits_1() {
     let model = example(t.path());
     std::fs::remove_file(model.join("model.sig")).unwrap();
     let (_, err) = code(verify(&model, &t.path().join("pub.pem"), None), 1);
+    assert!(err.contains("the release is not signed"), "{err}");
+    // There but unreadable (a folder in its place): the OS's reason.
+    std::fs::create_dir(model.join("model.sig")).unwrap();
+    let (_, err) = code(verify(&model, &t.path().join("pub.pem"), None), 1);
     assert!(
         err.contains("model.sig: cannot read the signature"),
         "{err}"
@@ -580,4 +584,57 @@ fn verify_json_has_one_result_a_script_can_test() {
             "the manifest's own record stays: {v}"
         );
     }
+}
+
+/// What a user hits first with keys and folders (issue 33), each one clear line naming the
+/// path and the way out, nothing written: an encrypted key (both PEM forms OpenSSL 3 writes,
+/// golden/signing/keys/p256_encrypted_*.pem, passphrase `wanbake-test`), a missing key file,
+/// `verify` on a file or a folder that is no release, and `verify --public-key` on a release
+/// that was never signed.
+#[test]
+fn key_and_folder_mistakes_are_explained() {
+    let t = tmp();
+    let release = t.path().join("release");
+    let g = repo().join("golden/models/t2v");
+    ok(run(
+        t.path(),
+        &["convert", s(&g), "--dtype", "bf16", "--out", s(&release)],
+    ));
+    let fails = |args: &[&str], needles: &[&str]| {
+        let (_, err) = code(run(t.path(), args), 1);
+        for n in needles {
+            assert!(err.contains(n), "{args:?}: {n:?} not in\n{err}");
+        }
+    };
+    for form in ["pkcs8", "sec1"] {
+        let key = golden().join(format!("keys/p256_encrypted_{form}.pem"));
+        fails(
+            &["sign", s(&release), "--key", s(&key)],
+            &["the key is encrypted", "openssl pkey"],
+        );
+    }
+    assert!(!release.join("model.sig").exists());
+    let missing = t.path().join("nope.pem");
+    fails(
+        &["sign", s(&release), "--key", s(&missing)],
+        &["nope.pem: cannot read the key file: No such file"],
+    );
+    let weights = release.join("diffusion_pytorch_model.safetensors");
+    fails(
+        &["verify", s(&weights)],
+        &["is a file; a release is the folder"],
+    );
+    fails(
+        &["verify", s(&t.path().join("absent"))],
+        &["absent: no such folder"],
+    );
+    fails(
+        &["verify", s(&g)],
+        &["no wanbake.manifest.json, so not a wanbake release"],
+    );
+    let public = golden().join("keys/p256_pub.pem");
+    fails(
+        &["verify", s(&release), "--public-key", s(&public)],
+        &["the release is not signed", "model.sig", "wanbake sign"],
+    );
 }

@@ -30,15 +30,17 @@ pub struct Args {
 
 /// Reads a private key; errors name it as `shown`.
 pub fn load_private_key(path: &Path, shown: &str) -> anyhow::Result<SigningKey> {
-    let text =
-        fs_err::read(path).map_err(|e| anyhow::anyhow!("{shown}: cannot read: {}", e.kind()))?;
+    let text = std::fs::read(path)
+        .map_err(|e| anyhow::anyhow!("{shown}: cannot read the key file: {e}"))?;
     Ok(SigningKey::from_pem(shown, &text)?)
 }
 
 /// Reads a public key.
 pub fn load_public_key(path: &Path) -> anyhow::Result<VerifyingKey> {
-    let text = fs_err::read(path)?;
-    Ok(VerifyingKey::from_pem(&path.display().to_string(), &text)?)
+    let shown = path.display().to_string();
+    let text = std::fs::read(path)
+        .map_err(|e| anyhow::anyhow!("{shown}: cannot read the key file: {e}"))?;
+    Ok(VerifyingKey::from_pem(&shown, &text)?)
 }
 
 /// Runs `sign`.
@@ -90,6 +92,18 @@ pub fn verify_signed(
     }
     let report = match signing::verify(dir, &signature, &key, manifest.as_ref()) {
         Ok(r) => r,
+        Err(SignError::MissingSignature { path, source })
+            if source.kind() == std::io::ErrorKind::NotFound =>
+        {
+            p.error_line(format!(
+                "error: {}: the release is not signed: there is no {} (sign it with `wanbake \
+                 sign {} --key PRIVATE.pem`, or name its signature with --signature)",
+                dir.display(),
+                path.display(),
+                dir.display()
+            ));
+            return Ok(Status::Failed);
+        }
         Err(e @ SignError::MissingSignature { .. }) => {
             p.error_line(format!("error: {}", wanbake::error_text::Chain(&e)));
             return Ok(Status::Failed);

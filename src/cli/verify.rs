@@ -27,6 +27,7 @@ pub struct Args {
 
 /// Runs `verify`.
 pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
+    check_release_folder(&args.dir, args.public_key.is_some())?;
     if let Some(key) = &args.public_key {
         return super::sign::verify_signed(&args.dir, key, args.signature.as_deref(), p);
     }
@@ -96,4 +97,28 @@ pub(super) fn verify_json(
         "manifest": manifest,
         "signature": signature,
     })
+}
+
+/// A release is a folder: say so when `dir` is missing, is a file, or (without a key, which
+/// can check a folder by its signature alone) holds no manifest.
+fn check_release_folder(dir: &Path, with_key: bool) -> anyhow::Result<()> {
+    let manifest = wanbake::io::staging::MANIFEST_NAME;
+    if !dir.exists() {
+        anyhow::bail!("{}: no such folder", dir.display());
+    }
+    if !dir.is_dir() {
+        anyhow::bail!(
+            "{} is a file; a release is the folder holding {manifest} and the files it lists: \
+             verify that folder",
+            dir.display()
+        );
+    }
+    if !with_key && !dir.join(manifest).is_file() {
+        anyhow::bail!(
+            "{}: no {manifest}, so not a wanbake release (a folder signed without a manifest \
+             is checked by its signature: --public-key KEY)",
+            dir.display()
+        );
+    }
+    Ok(())
 }

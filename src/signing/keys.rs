@@ -125,6 +125,18 @@ fn curve_of(
 }
 
 fn decode_pem<'a>(what: &str, text: &'a [u8]) -> Result<(&'a str, Vec<u8>), KeyError> {
+    // A passphrase-protected key (OpenSSL's legacy `Proc-Type: 4,ENCRYPTED` headers, or
+    // PKCS#8 `ENCRYPTED PRIVATE KEY`): say so, and how to get a key wanbake reads.
+    let encrypted = |marker: &[u8]| text.windows(marker.len()).any(|w| w == marker);
+    if encrypted(b"Proc-Type: 4,ENCRYPTED") || encrypted(b"BEGIN ENCRYPTED PRIVATE KEY") {
+        return Err(key_err(
+            what,
+            "the key is encrypted (passphrase-protected); wanbake reads unencrypted keys: \
+             decrypt a copy with `openssl pkey -in KEY -out KEY.plain.pem` and keep it as \
+             private as the original"
+                .to_string(),
+        ));
+    }
     pem::decode_vec(text)
         .map_err(|e| key_err(what, format!("not a PEM key file ({e}); {SUPPORTED}")))
 }
