@@ -364,3 +364,104 @@ fn a_step_of_unknown_items_is_one_clear_error() {
         &["decoder, encoder", "wan_state", "point at the item folder"],
     );
 }
+
+#[test]
+fn extract_from_an_orbax_base_and_adapter_equals_extract_from_their_safetensors() {
+    let d = tmp();
+    let cases = [
+        (
+            "st",
+            "nnx_scanned.safetensors",
+            golden("qwix/qwix_stacked.safetensors"),
+        ),
+        (
+            "orbax",
+            "base_ocdbt_zarr2",
+            golden("orbax_input/lora_maxtext"),
+        ),
+    ];
+    let mut got = Vec::new();
+    for (name, base, adapter) in cases {
+        let out = d.path().join(name);
+        let o = out.display().to_string();
+        let a = adapter.display().to_string();
+        ok_in(
+            d.path(),
+            &[
+                "extract",
+                "--base",
+                &input(base),
+                "--adapter",
+                &a,
+                "--rank",
+                "4",
+                "--out",
+                o.as_str(),
+            ],
+        );
+        got.push(weights(&out));
+    }
+    assert_eq!(got[0].len(), 1);
+    assert!(got[0] == got[1], "extracted LoRAs differ");
+}
+
+/// name → (dtype, shape, bytes) of every tensor (the headers of baked files differ: they
+/// record the inputs).
+fn tensors(path: &Path) -> Vec<(String, String, Vec<usize>, Vec<u8>)> {
+    let f = wanbake::io::SafetensorsFile::open(path).unwrap();
+    (0..f.infos().len())
+        .map(|i| {
+            let v = f.view_at(i);
+            let (dtype, shape) = (v.dtype.to_string(), v.shape.to_vec());
+            (v.name.to_string(), dtype, shape, v.bytes.to_vec())
+        })
+        .collect()
+}
+
+#[test]
+fn bake_from_an_orbax_cache_and_lora_equals_bake_from_their_safetensors() {
+    let d = tmp();
+    let cases = [
+        (
+            "st",
+            "nnx_scanned.safetensors",
+            golden("qwix/qwix_stacked.safetensors"),
+        ),
+        ("orbax", "cache", golden("orbax_input/lora_maxtext")),
+    ];
+    let mut got = Vec::new();
+    for (name, base, adapter) in cases {
+        let recipe = d.path().join(format!("{name}.toml"));
+        let out = d.path().join(name);
+        std::fs::write(
+            &recipe,
+            format!(
+                "[base]\npath = \"{}\"\n\n[[adapter]]\npath = \"{}\"\n\n[output]\ndir = \"{}\"\n",
+                input(base),
+                adapter.display(),
+                out.display()
+            ),
+        )
+        .unwrap();
+        ok_in(d.path(), &["bake", recipe.to_str().unwrap()]);
+        let file = common::tree(&out)
+            .into_iter()
+            .find(|p| p.ends_with(".safetensors"))
+            .unwrap();
+        got.push((out.clone(), tensors(&out.join(file))));
+    }
+    assert!(!got[0].1.is_empty());
+    assert!(got[0].1 == got[1].1, "baked tensors differ");
+    let m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(got[1].0.join("wanbake.manifest.json")).unwrap())
+            .unwrap();
+    let text = serde_json::to_string(&m["inputs"]).unwrap();
+    assert!(
+        text.contains("orbax_input/cache/0/wan_state/manifest.ocdbt"),
+        "{text}"
+    );
+    assert!(
+        text.contains("orbax_input/cache/0/wan_config/metadata"),
+        "{text}"
+    );
+}
