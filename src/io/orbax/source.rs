@@ -19,7 +19,8 @@
 //! available), so nothing is left behind even when the process is killed; its pages belong to
 //! the map and go away with it. Cost: disk space in `$TMPDIR` equal to the decoded arrays (a
 //! 1.3B bf16 transformer about 2.8 GB, a 14B one about 28 GB), written once per
-//! `Checkpoint::open`, at the speed of zstd decoding plus a sequential write.
+//! `Checkpoint::open`, at the speed of zstd decoding plus a sequential write (measured on the
+//! shared 2-core dev VM: 541 MB of bf16 in 1.6–2.2 s, peak RSS 19 MB; README "Orbax input").
 //!
 //! Does not own: the container formats (`db`, `zarr`, `metadata`, `checkpoint`), what the
 //! names mean (`model`, `adapter`).
