@@ -465,3 +465,66 @@ fn bake_from_an_orbax_cache_and_lora_equals_bake_from_their_safetensors() {
         "{text}"
     );
 }
+
+fn names_of(dir: &Path) -> wanbake::io::orbax::source::TreeNames {
+    let item = wanbake::io::orbax::Item::open(dir).unwrap();
+    wanbake::io::orbax::source::tensor_names(&item.tree, dir).unwrap()
+}
+
+#[test]
+fn tree_paths_become_names_with_value_stripped_last_only_and_params_params_stripped() {
+    // golden/orbax/nnx_value has a MODULE named `value` (blocks.value.kernel.value).
+    let n = names_of(&golden("orbax/nnx_value"));
+    let names: Vec<&str> = n.tensors.iter().map(|(t, _)| t.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "blocks.attn1.query.bias",
+            "blocks.attn1.query.kernel",
+            "blocks.value.kernel",
+            "norm_out.scale"
+        ]
+    );
+    assert!(n.tensors.iter().all(|(t, a)| format!("{t}.value") == *a));
+    // MaxText: only params/params, prefix stripped; `step` left out.
+    let n = names_of(&golden("orbax_input/lora_maxtext/10/items"));
+    assert_eq!(n.left_out, ["step"]);
+    assert!(
+        n.tensors
+            .iter()
+            .all(|(t, a)| format!("params.params.{t}") == *a)
+    );
+    assert!(
+        n.tensors
+            .iter()
+            .any(|(t, _)| t == "blocks.attn1.query.kernel_lora_a")
+    );
+}
+
+#[test]
+fn a_tree_with_a_leaf_and_its_value_twin_is_refused() {
+    let leaf = |keys: &[&str]| {
+        let km: Vec<String> = keys
+            .iter()
+            .map(|k| format!("{{\"key\": \"{k}\", \"key_type\": 2}}"))
+            .collect();
+        format!(
+            "\"{}\": {{\"key_metadata\": [{}], \"value_metadata\": {{\"value_type\": \"np.ndarray\", \"skip_deserialize\": false}}}}",
+            keys.join("/"),
+            km.join(", ")
+        )
+    };
+    let text = format!(
+        "{{\"tree_metadata\": {{{}, {}}}}}",
+        leaf(&["norm", "scale"]),
+        leaf(&["norm", "scale", "value"])
+    );
+    let tree = wanbake::io::orbax::metadata::parse_tree_metadata(text.as_bytes()).unwrap();
+    let err = wanbake::io::orbax::source::tensor_names(&tree, Path::new("item"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("item/_METADATA") && err.contains("`norm.scale`"),
+        "{err}"
+    );
+}
