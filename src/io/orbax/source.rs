@@ -18,9 +18,10 @@
 //! unnamed (`O_TMPFILE` in `$TMPDIR`, or created and unlinked at once where that is not
 //! available), so nothing is left behind even when the process is killed; its pages belong to
 //! the map and go away with it. Cost: disk space in `$TMPDIR` equal to the decoded arrays (a
-//! 1.3B bf16 transformer about 2.8 GB, a 14B one about 28 GB), written once per
-//! `Checkpoint::open`, at the speed of zstd decoding plus a sequential write (measured on the
-//! shared 2-core dev VM: 541 MB of bf16 in 1.6–2.2 s, peak RSS 19 MB; README "Orbax input").
+//! 1.3B bf16 transformer about 2.8 GB, a 14B one about 28 GB), written once per process (a
+//! second `Checkpoint::open` of the same item maps the same file), at the speed of zstd
+//! decoding plus a sequential write (measured on the shared 2-core dev VM: 541 MB of bf16 in
+//! 1.6–2.2 s, peak RSS 19 MB; README "Orbax input").
 //!
 //! Does not own: the container formats (`db`, `zarr`, `metadata`, `checkpoint`), what the
 //! names mean (`model`, `adapter`).
@@ -28,6 +29,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use serde_json::Value as Json;
 
@@ -36,6 +38,7 @@ use super::metadata::{Leaf, TreeMetadata};
 use super::zarr::{ArrayReader, MAX_CHUNK_BYTES};
 use crate::io::file::{ReadError, SafetensorsFile};
 use crate::io::header_layout::{HeaderLayout, PlannedTensor};
+use crate::io::mmap::FileStamp;
 
 /// MaxDiffusion's item of a single WAN transformer.
 pub const WAN_STATE: &str = "wan_state";
@@ -119,7 +122,7 @@ pub fn open(path: &Path) -> Result<(OrbaxInput, Vec<Decoded>), ReadError> {
     for (component, name, dir) in chosen {
         let item = Item::open(&dir)?;
         let lora = lora_metadata(&resolved, &item);
-        let (file, left_out) = decode_item(&item, lora.as_ref())?;
+        let (file, left_out) = decoded_once(&item, lora.as_ref())?;
         decoded.push(Decoded {
             component: component.clone(),
             file,
@@ -267,11 +270,44 @@ fn lora_file_metadata(lora: Option<&Json>) -> BTreeMap<String, String> {
     out
 }
 
+/// Which decoded item a scratch file holds: the item folder, its `_METADATA`'s identity (so a
+/// rewritten checkpoint is decoded again) and the LoRA metadata carried into the file.
+type DecodedKey = (PathBuf, FileStamp, String);
+
+/// Scratch files this process decoded, with the leaves each left out. A second
+/// `Checkpoint::open` of the same input (`bake` opens its base for the merge and again for
+/// its checks) maps the same file instead of decoding it again and holding a second copy on
+/// disk; the files live, unnamed, until the process exits.
+static DECODED: Mutex<Vec<(DecodedKey, std::fs::File, Vec<String>)>> = Mutex::new(Vec::new());
+
+/// The item decoded into a scratch file, once per process (see [`DECODED`]), and mapped.
+fn decoded_once(
+    item: &Item,
+    lora: Option<&Json>,
+) -> Result<(SafetensorsFile, Vec<String>), ReadError> {
+    let meta = item.dir.join("_METADATA");
+    let stamp = FileStamp::at(&meta).map_err(|e| ReadError::io(&meta, e))?;
+    let dir = std::path::absolute(&item.dir).unwrap_or_else(|_| item.dir.clone());
+    let key = (dir, stamp, lora.map(Json::to_string).unwrap_or_default());
+    let label = scratch_label(&item.dir);
+    let mut cache = DECODED
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some((_, file, left_out)) = cache.iter().find(|(k, _, _)| *k == key) {
+        return Ok((SafetensorsFile::from_file(file, &label)?, left_out.clone()));
+    }
+    let (file, left_out) = decode_item(item, lora, &label)?;
+    let mapped = SafetensorsFile::from_file(&file, &label)?;
+    cache.push((key, file, left_out.clone()));
+    Ok((mapped, left_out))
+}
+
 /// Decodes one item into a scratch safetensors file (module doc).
 fn decode_item(
     item: &Item,
     lora: Option<&Json>,
-) -> Result<(SafetensorsFile, Vec<String>), ReadError> {
+    label: &Path,
+) -> Result<(std::fs::File, Vec<String>), ReadError> {
     let TreeNames {
         tensors: names,
         left_out,
@@ -308,9 +344,8 @@ fn decode_item(
         path: item.dir.clone(),
         reason: format!("cannot lay the tree out as tensors: {e}"),
     })?;
-    let label = scratch_label(&item.dir);
-    let file = write_scratch(&layout, &readers, &label)?;
-    Ok((SafetensorsFile::from_file(&file, &label)?, left_out))
+    let file = write_scratch(&layout, &readers, label)?;
+    Ok((file, left_out))
 }
 
 /// The name a scratch file carries in messages and in the map registry (it has none on
