@@ -47,19 +47,7 @@ pub struct TensorSet {
 impl TensorSet {
     /// A set holding one file.
     pub fn from_file(path: &Path) -> Result<TensorSet, ReadError> {
-        let f = SafetensorsFile::open(path)?;
-        let by_name = f
-            .infos()
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (t.name.clone(), (0, i)))
-            .collect();
-        Ok(TensorSet {
-            files: vec![f],
-            index_path: None,
-            by_name,
-            ignored: Vec::new(),
-        })
+        SafetensorsFile::open(path).map(TensorSet::from_opened)
     }
 
     /// A set described by an HF `*.safetensors.index.json`: every shard is opened and
@@ -133,8 +121,8 @@ impl TensorSet {
         })
     }
 
-    /// A set over one decoded scratch file (an Orbax item, `orbax::source`).
-    pub fn from_decoded(file: SafetensorsFile) -> TensorSet {
+    /// A set over one opened file (a decoded Orbax item's scratch file, `orbax::source`).
+    pub fn from_opened(file: SafetensorsFile) -> TensorSet {
         let by_name = file
             .infos()
             .iter()
@@ -704,7 +692,7 @@ fn open_orbax(dir: &Path) -> Result<Checkpoint, ReadError> {
             rel_dir: PathBuf::from(&d.component),
             name: d.component,
             weights_stem: "diffusion_pytorch_model".into(),
-            tensors: TensorSet::from_decoded(d.file),
+            tensors: TensorSet::from_opened(d.file),
             sidecars: Vec::new(),
         })
         .collect();
