@@ -528,3 +528,45 @@ fn a_tree_with_a_leaf_and_its_value_twin_is_refused() {
         "{err}"
     );
 }
+
+#[test]
+fn every_orbax_case_reads_back_bit_for_bit_against_numpy() {
+    let text = std::fs::read_to_string(golden("orbax_input/expected.json")).unwrap();
+    let expected: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let cases = expected["cases"].as_object().unwrap();
+    assert_eq!(cases.len(), 9);
+    for (case, leaves) in cases {
+        let (dir, component) = match case.split_once('/') {
+            Some((d, "high")) => (d, "transformer"),
+            Some((d, _)) => (d, "transformer_2"),
+            None => (case.as_str(), ""),
+        };
+        let ck = wanbake::io::Checkpoint::open(&golden(&format!("orbax_input/{dir}"))).unwrap();
+        let comp = ck.component(component).unwrap();
+        let leaves = leaves.as_object().unwrap();
+        assert_eq!(comp.tensors.len(), leaves.len() - 1, "{case}");
+        for (name, want) in leaves.iter().filter(|(n, _)| *n != "_case") {
+            let t = comp
+                .tensors
+                .get(name)
+                .unwrap_or_else(|| panic!("{case}: {name}"));
+            let numpy = match t.view.dtype.to_string().as_str() {
+                "BF16" => "bfloat16",
+                "F32" => "float32",
+                other => panic!("{case}: {name}: {other}"),
+            };
+            assert_eq!(want["dtype"], numpy, "{case}: {name}");
+            assert_eq!(
+                want["shape"],
+                serde_json::json!(t.view.shape),
+                "{case}: {name}"
+            );
+            let sha = hex(&Sha256::digest(t.view.bytes));
+            assert_eq!(
+                want["sha256"].as_str(),
+                Some(sha.as_str()),
+                "{case}: {name}"
+            );
+        }
+    }
+}
