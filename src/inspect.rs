@@ -88,6 +88,35 @@ pub struct InspectReport {
     pub pipeline: Option<String>,
     /// Present but not read.
     pub ignored: Vec<String>,
+    /// For an Orbax checkpoint: the step and items read, and its files.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub orbax: Option<OrbaxReport>,
+}
+
+/// What an Orbax input was.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct OrbaxReport {
+    /// `root` (a CheckpointManager root: its latest step), `step` or `item`.
+    pub level: String,
+    /// The step read.
+    pub step: Option<u64>,
+    /// Items read: (item name, component, folder).
+    pub items: Vec<OrbaxItemReport>,
+    /// Every file of the input (the tensors above are decoded from them).
+    pub files: Vec<FileReport>,
+}
+
+/// One item of an Orbax input.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct OrbaxItemReport {
+    /// Item name.
+    pub item: String,
+    /// The component it is read as (`""` for a single transformer).
+    pub component: String,
+    /// Its folder.
+    pub dir: String,
+    /// Leaves not read.
+    pub left_out: Vec<String>,
 }
 
 /// `adapter` when the adapter module would find something to read (`adapter::detect`).
@@ -102,7 +131,12 @@ fn looks_like_adapter(c: &Component) -> bool {
 pub fn inspect(ckpt: &Checkpoint, hash: bool) -> Result<InspectReport, ReadError> {
     let mut components = Vec::new();
     for c in &ckpt.components {
-        components.push(component_report(c, hash)?);
+        let mut r = component_report(c, hash && ckpt.orbax.is_none())?;
+        if ckpt.orbax.is_some() {
+            // Decoded copies, not files of the input (those are listed under `orbax`).
+            r.files.clear();
+        }
+        components.push(r);
     }
     let pipeline = pipeline_verdict(ckpt, &components);
     Ok(InspectReport {
@@ -115,6 +149,11 @@ pub fn inspect(ckpt: &Checkpoint, hash: bool) -> Result<InspectReport, ReadError
             .iter()
             .map(|p| p.display().to_string())
             .collect(),
+        orbax: ckpt
+            .orbax
+            .as_ref()
+            .map(|o| orbax_report(o, hash))
+            .transpose()?,
     })
 }
 
@@ -211,7 +250,7 @@ fn check_config(f: &mut Fingerprint, c: &Component) {
 }
 
 fn pipeline_verdict(ckpt: &Checkpoint, comps: &[ComponentReport]) -> Option<String> {
-    if ckpt.kind != SourceKind::Pipeline {
+    if !ckpt.is_pipeline() {
         return None;
     }
     let ids: Vec<Option<&str>> = comps
@@ -235,6 +274,9 @@ pub fn render_text(r: &InspectReport) -> String {
     use std::fmt::Write;
     let mut s = String::new();
     let _ = writeln!(s, "{} ({:?})", r.path, r.kind);
+    if let Some(o) = &r.orbax {
+        render_orbax(&mut s, o);
+    }
     if let Some(p) = &r.pipeline {
         let _ = writeln!(s, "  pipeline: {p}");
     }
@@ -340,4 +382,85 @@ fn group_digits(n: u64) -> String {
         out.push(ch);
     }
     out
+}
+
+fn orbax_report(
+    o: &crate::io::orbax::source::OrbaxInput,
+    hash: bool,
+) -> Result<OrbaxReport, ReadError> {
+    use crate::io::orbax::Level;
+    use rayon::prelude::*;
+    let files = o
+        .files
+        .par_iter()
+        .map(|p| {
+            let bytes = std::fs::metadata(p).map_err(|e| ReadError::io(p, e))?.len();
+            let sha256 = match hash {
+                true => Some(digest::sha256_file(p)?.1),
+                false => None,
+            };
+            Ok(FileReport {
+                path: p.display().to_string(),
+                bytes,
+                tensors: 0,
+                sha256,
+            })
+        })
+        .collect::<Result<_, ReadError>>()?;
+    Ok(OrbaxReport {
+        level: match o.level {
+            Level::Root => "root",
+            Level::Step => "step",
+            Level::Item => "item",
+        }
+        .into(),
+        step: o.step,
+        items: o
+            .items
+            .iter()
+            .map(|i| OrbaxItemReport {
+                item: i.name.clone(),
+                component: i.component.clone(),
+                dir: i.dir.display().to_string(),
+                left_out: i.left_out.clone(),
+            })
+            .collect(),
+        files,
+    })
+}
+
+fn render_orbax(s: &mut String, o: &OrbaxReport) {
+    use std::fmt::Write;
+    let what = match (o.level.as_str(), o.step) {
+        ("root", Some(n)) => format!("CheckpointManager root, latest step {n}"),
+        ("step", Some(n)) => format!("step {n}"),
+        ("step", None) => "step folder".into(),
+        _ => "item folder".into(),
+    };
+    let _ = writeln!(s, "  orbax:      {what}");
+    for i in &o.items {
+        let to = match i.component.is_empty() {
+            true => String::new(),
+            false => format!(" -> {}", i.component),
+        };
+        let _ = writeln!(s, "    item:     {}{to} ({})", i.item, i.dir);
+        if !i.left_out.is_empty() {
+            let _ = writeln!(s, "              left out: {}", i.left_out.join(", "));
+        }
+    }
+    let bytes: u64 = o.files.iter().map(|f| f.bytes).sum();
+    let _ = writeln!(
+        s,
+        "    files:    {} ({} bytes)",
+        o.files.len(),
+        group_digits(bytes)
+    );
+    for f in o.files.iter().filter(|f| f.sha256.is_some()) {
+        let _ = writeln!(
+            s,
+            "    file:     {}  sha256 {}",
+            f.path,
+            f.sha256.as_deref().unwrap_or("")
+        );
+    }
 }

@@ -43,6 +43,7 @@ fn adapter_set(path: &Path, convention: Convention, entries: Vec<Entry>) -> Adap
         metadata: BTreeMap::new(),
         sidecars: Vec::new(),
         notes: Vec::new(),
+        decoded_from: None,
     }
 }
 

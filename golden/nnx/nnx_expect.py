@@ -219,8 +219,9 @@ def expected_tree(config: dict, scan_layers: bool) -> dict:
 # ---- conversion ------------------------------------------------------------------------------
 
 
-def convert(config: dict, tensors: dict, scan_layers: bool) -> list:
-    """Applies the rules to a diffusers state dict; returns the sorted JSON entries."""
+def convert(config: dict, tensors: dict, scan_layers: bool, arrays: dict | None = None) -> list:
+    """Applies the rules to a diffusers state dict; returns the sorted JSON entries (and, when
+    `arrays` is given, fills it with every NNX key's array: golden/orbax_input_golden.py)."""
     tree_shapes = expected_tree(config, scan_layers)
     tree = set(tree_shapes)
     layers = config["num_layers"]
@@ -267,6 +268,8 @@ def convert(config: dict, tensors: dict, scan_layers: bool) -> list:
         array = entry["array"]
         if tuple(array.shape) != tuple(tree_shapes[entry["tree_key"]]):
             raise ValueError(f"{name}: shape {array.shape}, expected {tree_shapes[entry['tree_key']]}")
+        if arrays is not None:
+            arrays[name] = array
         out.append({
             "key": name,
             "shape": list(array.shape),

@@ -133,15 +133,18 @@ pub enum AdapterError {
     /// A Qwix/NNX file without the metadata its scale comes from, and no scale given (the
     /// front end says how to give one).
     #[error(
-        "{}: Qwix/NNX LoRA without `{}`/`{}` metadata: its scale σ = α/r is not in the file, \
+        "{}: Qwix/NNX LoRA without {looked_in}: its scale σ = α/r is not in the {}, \
          and wanbake does not guess",
         path.display(),
-        super::nnx::ALPHA_KEY,
-        super::nnx::RANK_KEY
+        if *orbax { "checkpoint" } else { "file" }
     )]
     ScaleNeeded {
         /// The adapter.
         path: PathBuf,
+        /// Where the metadata was looked for.
+        looked_in: String,
+        /// Whether the adapter is an Orbax checkpoint.
+        orbax: bool,
     },
     /// Entries whose module names no base tensor.
     #[error(

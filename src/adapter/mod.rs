@@ -149,6 +149,8 @@ pub struct AdapterSet {
     pub sidecars: Vec<PathBuf>,
     /// What the parser decided that a reader should know (legacy type names resolved, ...).
     pub notes: Vec<String>,
+    /// For an Orbax adapter, the checkpoint's files (`files` are then decoded copies).
+    pub decoded_from: Option<Vec<PathBuf>>,
 }
 
 /// One tensor of an adapter file as its header describes it.
@@ -197,6 +199,9 @@ pub struct ParseInput<'a> {
     pub config: Option<(PathBuf, String)>,
     /// The options.
     pub opts: &'a AdapterOptions,
+    /// Whether the adapter is an Orbax checkpoint (its file is a decoded copy whose
+    /// metadata came from `_CHECKPOINT_METADATA`, `io::orbax::source`).
+    pub orbax: bool,
 }
 
 impl ParseInput<'_> {
@@ -253,15 +258,14 @@ impl AdapterSet {
     /// file. Pickle formats are refused. Every key must be consumed by an entry unless
     /// `opts.allow_unmatched`.
     pub fn open(path: &Path, opts: &AdapterOptions) -> Result<AdapterSet, AdapterError> {
-        let ckpt = Checkpoint::open(path)?;
-        let comp = ckpt.single()?;
-        let mut files = Vec::new();
-        for f in comp.tensors.files() {
-            files.push(SafetensorsFile::open(f.path())?);
-        }
+        let mut ckpt = Checkpoint::open(path)?;
+        ckpt.single()?;
+        let decoded_from = ckpt.orbax.as_ref().map(|o| o.files.clone());
+        let comp = ckpt.components.remove(0);
         let config = comp
             .sidecar("adapter_config.json")
             .map(|s| (s.path.clone(), s.text.clone()));
+        let files = comp.tensors.into_files();
         let metadata = files
             .first()
             .map(|f| f.metadata().clone())
@@ -290,6 +294,7 @@ impl AdapterSet {
             metadata: &metadata,
             config: config.clone(),
             opts,
+            orbax: decoded_from.is_some(),
         };
         let mut parsed = match convention {
             Convention::Peft => peft::parse(&input)?,
@@ -328,15 +333,18 @@ impl AdapterSet {
             metadata,
             sidecars: config.map(|(p, _)| vec![p]).unwrap_or_default(),
             notes: parsed.notes,
+            decoded_from,
         })
     }
 
     /// Every file this adapter read (weights and sidecars), sorted.
     pub fn input_files(&self) -> Vec<PathBuf> {
-        let mut v: Vec<PathBuf> = self
-            .files
-            .iter()
-            .map(|f| f.path().to_path_buf())
+        let weights: Vec<PathBuf> = match &self.decoded_from {
+            Some(orbax) => orbax.clone(),
+            None => self.files.iter().map(|f| f.path().to_path_buf()).collect(),
+        };
+        let mut v: Vec<PathBuf> = weights
+            .into_iter()
             .chain(self.sidecars.iter().cloned())
             .collect();
         v.sort();

@@ -73,8 +73,18 @@ fn layer_path(path: &str, layer: usize) -> Option<String> {
 pub fn parse(input: &ParseInput<'_>) -> Result<Parsed, AdapterError> {
     let meta = metadata_scale(input)?;
     if meta.is_none() && input.opts.scale.is_none() {
+        let looked_in = match input.orbax {
+            true => format!(
+                "`{RANK_KEY}`/`{ALPHA_KEY}` in `custom_metadata[\"lora\"]` of _CHECKPOINT_METADATA \
+                 (the step's for a CheckpointManager root or a step folder, the item's for an \
+                 item folder)"
+            ),
+            false => format!("`{ALPHA_KEY}`/`{RANK_KEY}` metadata"),
+        };
         return Err(AdapterError::ScaleNeeded {
             path: input.path.to_path_buf(),
+            looked_in,
+            orbax: input.orbax,
         });
     }
     let mut problems = Vec::new();

@@ -371,10 +371,14 @@ fn adapter_hint(e: &AdapterError, front: FrontEnd) -> Option<String> {
             let s = "S = your LoRA rule's alpha / rank";
             if recipe {
                 Some(format!("set `scale = S` on its [[adapter]] ({s})"))
+            } else if front.has_flag("scale", None) {
+                Some(format!("pass it explicitly with --scale S ({s})"))
             } else {
-                front
-                    .has_flag("scale", None)
-                    .then(|| format!("pass it explicitly with --scale S ({s})"))
+                Some(format!(
+                    "give it as `scale = S` on the [[adapter]] of a `wanbake bake` recipe, or \
+                     translate the adapter first: `wanbake translate ADAPTER --to peft --scale S \
+                     --out DIR` ({s})"
+                ))
             }
         }
         AdapterError::Names { .. } => front

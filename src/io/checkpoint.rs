@@ -4,12 +4,14 @@
 //! the sharded-index cross-checks) and `Checkpoint` (what a path on disk is: a single file, a
 //! `*.safetensors.index.json`, a diffusers model folder, a pipeline folder with
 //! `transformer/` and `transformer_2/` (Wan 2.2 A14B), a PEFT adapter folder, or a folder
-//! with one weights file). Does not own: what the tensors mean (`model`, `adapter`).
+//! with one weights file, or an Orbax checkpoint, decoded by `orbax::source`). Does not own:
+//! what the tensors mean (`model`, `adapter`).
 
 use std::collections::BTreeMap;
 use std::path::{Component as PathComponent, Path, PathBuf};
 
 use super::file::{ReadError, SafetensorsFile, TensorView, refuse_by_name};
+use super::orbax::{self, source::OrbaxInput};
 
 /// Suffix of HF shard index files.
 pub const INDEX_SUFFIX: &str = ".safetensors.index.json";
@@ -45,19 +47,7 @@ pub struct TensorSet {
 impl TensorSet {
     /// A set holding one file.
     pub fn from_file(path: &Path) -> Result<TensorSet, ReadError> {
-        let f = SafetensorsFile::open(path)?;
-        let by_name = f
-            .infos()
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (t.name.clone(), (0, i)))
-            .collect();
-        Ok(TensorSet {
-            files: vec![f],
-            index_path: None,
-            by_name,
-            ignored: Vec::new(),
-        })
+        SafetensorsFile::open(path).map(TensorSet::from_opened)
     }
 
     /// A set described by an HF `*.safetensors.index.json`: every shard is opened and
@@ -129,6 +119,27 @@ impl TensorSet {
             by_name,
             ignored,
         })
+    }
+
+    /// A set over one opened file (a decoded Orbax item's scratch file, `orbax::source`).
+    pub fn from_opened(file: SafetensorsFile) -> TensorSet {
+        let by_name = file
+            .infos()
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.name.clone(), (0, i)))
+            .collect();
+        TensorSet {
+            files: vec![file],
+            index_path: None,
+            by_name,
+            ignored: Vec::new(),
+        }
+    }
+
+    /// The files, owned (an adapter keeps them after its checkpoint is gone).
+    pub fn into_files(self) -> Vec<SafetensorsFile> {
+        self.files
     }
 
     /// Looks a tensor up.
@@ -280,6 +291,8 @@ pub enum SourceKind {
     PeftFolder,
     /// A folder with exactly one weights file and no config.
     Folder,
+    /// An Orbax checkpoint (CheckpointManager root, step or item folder).
+    Orbax,
 }
 
 /// A small JSON sidecar read along with the weights (config.json, adapter_config.json).
@@ -340,6 +353,8 @@ pub struct Checkpoint {
     pub root_files: Vec<Sidecar>,
     /// Things present but not read (other pipeline components, stray files), for reports.
     pub ignored: Vec<PathBuf>,
+    /// For an Orbax input: its step, items and files (the tensors are decoded copies).
+    pub orbax: Option<OrbaxInput>,
 }
 
 impl Checkpoint {
@@ -368,6 +383,7 @@ impl Checkpoint {
                 }],
                 root_files: Vec::new(),
                 ignored,
+                orbax: None,
             });
         }
         if !has_ext(path, "safetensors") {
@@ -390,6 +406,7 @@ impl Checkpoint {
             }],
             root_files: Vec::new(),
             ignored: Vec::new(),
+            orbax: None,
         })
     }
 
@@ -428,8 +445,21 @@ impl Checkpoint {
             .collect()
     }
 
-    /// Every file this checkpoint reads (weights, indexes, sidecars), sorted.
+    /// True for a folder of several transformers (a pipeline, an Orbax A14B pair).
+    pub fn is_pipeline(&self) -> bool {
+        match self.kind {
+            SourceKind::Pipeline => true,
+            SourceKind::Orbax => self.components.len() > 1,
+            _ => false,
+        }
+    }
+
+    /// Every file this checkpoint reads (weights, indexes, sidecars; for Orbax, every file
+    /// of the step or item folder, not the decoded copies), sorted.
     pub fn input_files(&self) -> Vec<PathBuf> {
+        if let Some(o) = &self.orbax {
+            return o.files.clone();
+        }
         let mut v = Vec::new();
         for c in &self.components {
             v.extend(c.tensors.files().iter().map(|f| f.path().to_path_buf()));
@@ -536,6 +566,9 @@ fn names_of(paths: &[&PathBuf]) -> String {
 }
 
 fn open_dir(dir: &Path) -> Result<Checkpoint, ReadError> {
+    if orbax::source::looks_like_orbax(dir) {
+        return open_orbax(dir);
+    }
     // A PEFT adapter folder: adapter_config.json + adapter_model.safetensors.
     let peft_cfg = dir.join("adapter_config.json");
     if peft_cfg.is_file() {
@@ -563,6 +596,7 @@ fn open_dir(dir: &Path) -> Result<Checkpoint, ReadError> {
             }],
             root_files: Vec::new(),
             ignored: Vec::new(),
+            orbax: None,
         });
     }
     if let Some((tensors, stem)) = folder_weights(dir)? {
@@ -585,6 +619,7 @@ fn open_dir(dir: &Path) -> Result<Checkpoint, ReadError> {
             }],
             root_files: Vec::new(),
             ignored,
+            orbax: None,
         });
     }
     open_pipeline(dir)
@@ -643,5 +678,30 @@ fn open_pipeline(dir: &Path) -> Result<Checkpoint, ReadError> {
         components,
         root_files,
         ignored,
+        orbax: None,
+    })
+}
+
+/// An Orbax checkpoint: each chosen item decoded once (`orbax::source`); a Wan 2.2 A14B pair
+/// becomes `transformer/` and `transformer_2/`, named like a diffusers pipeline's.
+fn open_orbax(dir: &Path) -> Result<Checkpoint, ReadError> {
+    let (input, decoded) = orbax::source::open(dir)?;
+    let components = decoded
+        .into_iter()
+        .map(|d| Component {
+            rel_dir: PathBuf::from(&d.component),
+            name: d.component,
+            weights_stem: "diffusion_pytorch_model".into(),
+            tensors: TensorSet::from_opened(d.file),
+            sidecars: Vec::new(),
+        })
+        .collect();
+    Ok(Checkpoint {
+        path: dir.to_path_buf(),
+        kind: SourceKind::Orbax,
+        components,
+        root_files: Vec::new(),
+        ignored: Vec::new(),
+        orbax: Some(input),
     })
 }

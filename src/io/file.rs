@@ -77,6 +77,9 @@ pub enum ReadError {
         /// How it changed.
         what: String,
     },
+    /// An Orbax checkpoint could not be read (the error names the file and the key).
+    #[error(transparent)]
+    Orbax(#[from] super::orbax::OrbaxError),
     /// A tensor's data could not be converted.
     #[error("{}: tensor `{tensor}`: {reason}", path.display())]
     Tensor {
@@ -152,6 +155,12 @@ impl SafetensorsFile {
     pub fn open(path: &Path) -> Result<SafetensorsFile, ReadError> {
         refuse_by_name(path)?;
         let file = std::fs::File::open(path).map_err(|e| ReadError::io(path, e))?;
+        SafetensorsFile::from_file(&file, path)
+    }
+
+    /// Maps and fully validates an already open file, named `path` in messages (an input
+    /// decoded into an unnamed scratch file is opened this way: `io::orbax::source`).
+    pub fn from_file(file: &std::fs::File, path: &Path) -> Result<SafetensorsFile, ReadError> {
         let meta = file.metadata().map_err(|e| ReadError::io(path, e))?;
         if meta.is_dir() {
             return Err(ReadError::Unsupported {
@@ -159,7 +168,7 @@ impl SafetensorsFile {
                 reason: "is a directory, expected a .safetensors file".into(),
             });
         }
-        let map = mmap::map_readonly(&file, path).map_err(|e| ReadError::io(path, e))?;
+        let map = mmap::map_readonly(file, path).map_err(|e| ReadError::io(path, e))?;
         let header = match Header::parse(map.bytes()) {
             Ok(h) => h,
             Err(source) => {

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use super::error::RunError;
 use super::weights::{CheckpointWeights, WeightSource};
-use crate::io::checkpoint::{Checkpoint, SourceKind};
+use crate::io::checkpoint::Checkpoint;
 
 /// The transformers of one model path (`'w`: what their weight sources borrow).
 pub struct ModelSet<'w> {
@@ -76,7 +76,7 @@ impl<'w> ModelSet<'w> {
         config: Option<&Path>,
         wrap: &mut WrapWeights<'_, 'w>,
     ) -> Result<ModelSet<'w>, RunError> {
-        if ckpt.kind != SourceKind::Pipeline {
+        if !ckpt.is_pipeline() {
             let mut components = ckpt.components;
             if components.is_empty() {
                 return Err(RunError::ModelLayout {
