@@ -478,8 +478,15 @@ impl Recipe {
             to: recipe_field(self, "output.to", o.to.as_deref())?,
             city96_rounding: o.city96_rounding,
         };
-        OutputOptions::new(choices)
-            .map_err(|b| self.invalid(format!("output.{}", b.field), b.message))
+        let options = OutputOptions::new(choices)
+            .map_err(|b| self.invalid(format!("output.{}", b.field), b.message))?;
+        if options.container == crate::pipeline::Container::Orbax && !self.checks.is_empty() {
+            return Err(self.invalid(
+                "output.to",
+                "orbax: the checks run the bundled runner on safetensors weights, and an Orbax cache has none; drop the [[check]] tables or bake to safetensors",
+            ));
+        }
+        Ok(options)
     }
 
     /// The normalised recipe recorded in the manifest and in output metadata: paths as the

@@ -123,6 +123,11 @@ fn describe_plan(plan: &Planned<'_>, p: &mut Printer) -> serde_json::Value {
     let out = &plan.ready.output;
     let o = &r.output;
     let encoding = match (&o.to, o.city96_rounding) {
+        (Some(to), _) if to == "orbax" => format!(
+            "MaxDiffusion's Orbax cache, {}, layout {}",
+            o.dtype().unwrap_or("bf16"),
+            o.layout.as_deref().unwrap_or("nnx-scanned")
+        ),
         (Some(to), false) => format!("{to}, original-Wan names"),
         (Some(to), true) => format!("{to} (city96 rounding), original-Wan names"),
         (None, _) => format!(
