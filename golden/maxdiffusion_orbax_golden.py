@@ -28,6 +28,9 @@ rest with --no-deps. CI never runs this; its outputs are committed.
         compared with CASE's leaves, wan_config with CASE's, and WanModel(**wan_config) built
         as create_sharded_logical_transformer builds it, its parameter tree compared with the
         restored one.
+    python golden/maxdiffusion_orbax_golden.py time SRC DIFFUSERS_DIR CACHE
+        (benchmark, not an oracle) seconds to a ready transformer on CPU JAX: MaxDiffusion's
+        load from the diffusers folder against its restore of CACHE.
 
 Cases: t2v_scanned (golden/models/t2v, scan_layers True, weights_dtype bfloat16), t2v_f32
 (scan_layers True, float32), t2v_unscanned (scan_layers False, bfloat16), a14b (golden/models/
@@ -292,11 +295,63 @@ def restore(env, case, d):
     return bad == 0
 
 
+def linked_sharded(model_dir, tmp):
+    """`sharded_copy` with the weights linked, not copied (for large folders)."""
+    from safetensors import safe_open
+
+    dst = os.path.join(tmp, "model")
+    os.makedirs(dst)
+    for name in os.listdir(model_dir):
+        os.symlink(os.path.join(os.path.abspath(model_dir), name), os.path.join(dst, name))
+    with safe_open(os.path.join(dst, "diffusion_pytorch_model.safetensors"), "np") as f:
+        keys = list(f.keys())
+    index = {"metadata": {}, "weight_map": {k: "diffusion_pytorch_model.safetensors" for k in keys}}
+    with open(os.path.join(dst, "diffusion_pytorch_model.safetensors.index.json"), "w") as f:
+        json.dump(index, f)
+    return dst
+
+
+def timing(env, model_dir, cache):
+    """Seconds to a ready transformer (parameters on the host, merged into WanModel) on CPU
+    JAX: MaxDiffusion's load from the diffusers folder (its loader, bf16 with its f32 rule)
+    against its restore of a cache (`_restore_pretrained_checkpoint`, then the same merge)."""
+    import time
+
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+    from jax.sharding import Mesh
+
+    _, WanCheckpointer, WanModel, _ = env
+    with tempfile.TemporaryDirectory() as tmp:
+        path = linked_sharded(model_dir, tmp)
+        t0 = time.perf_counter()
+        model = load_transformer(env, path, "", True, "bfloat16")
+        jax.block_until_ready(nnx.state(model, nnx.Param))
+        t_load = time.perf_counter() - t0
+    del model
+    t0 = time.perf_counter()
+    restored = WanCheckpointer._restore_pretrained_checkpoint(os.path.abspath(cache), ("wan_state",))
+    assert restored is not None
+    wan_config = dict(restored["wan_config"])
+    wan_config["mesh"] = Mesh(jax.devices()[:1], ("data",))
+    wan_config["weights_dtype"] = jnp.bfloat16
+    model = nnx.eval_shape(lambda: WanModel(**wan_config, rngs=nnx.Rngs(0)))
+    graphdef, state, rest = nnx.split(model, nnx.Param, ...)
+    nnx.replace_by_pure_dict(state, restored["wan_state"])
+    model = nnx.merge(graphdef, state, rest)
+    jax.block_until_ready(nnx.state(model, nnx.Param))
+    t_restore = time.perf_counter() - t0
+    print(f"load from diffusers {t_load:.1f} s; restore of the cache {t_restore:.1f} s")
+
+
 def main():
     cmd, src = sys.argv[1], sys.argv[2]
     env = setup(src)
     if cmd == "save":
         save(env)
+    elif cmd == "time":
+        timing(env, sys.argv[3], sys.argv[4])
     elif cmd == "restore":
         sys.exit(0 if restore(env, sys.argv[3], sys.argv[4]) else 1)
     else:
