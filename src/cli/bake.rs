@@ -137,14 +137,23 @@ fn describe_plan(plan: &Planned<'_>, p: &mut Printer) -> serde_json::Value {
             plan.ready.keep_f32
         ),
     };
-    p.line(format!(
-        "  output   {}: {}, {} files, {} tensors, {}",
-        r.relative(&o.dir),
-        encoding,
-        out.files.len() + out.aux.len() + 1,
-        out.tensor_count(),
-        human_bytes(out.total_bytes())
-    ));
+    match &plan.ready.orbax {
+        // Its chunk files and their sizes are known only once compressed.
+        Some(orbax) => p.line(format!(
+            "  output   {}: {}, {} arrays",
+            r.relative(&o.dir),
+            encoding,
+            orbax.array_count()
+        )),
+        None => p.line(format!(
+            "  output   {}: {}, {} files, {} tensors, {}",
+            r.relative(&o.dir),
+            encoding,
+            out.files.len() + out.aux.len() + 1,
+            out.tensor_count(),
+            human_bytes(out.total_bytes())
+        )),
+    }
     let free = plan
         .space
         .available
