@@ -19,7 +19,7 @@ transformers==5.23.0, diffusers==0.36.0, huggingface_hub==1.33.0, einops==0.8.2,
 holding /tmp/orbax-venv's and /tmp/lyco-venv's packages (a .pth file) plus flax and the
 rest with --no-deps. CI never runs this; its outputs are committed.
 
-    python golden/maxdiffusion_orbax_golden.py save SRC
+    python golden/maxdiffusion_orbax_golden.py save SRC [CASE...]
         MaxDiffusion's caches of golden/models/ under golden/orbax/maxdiffusion/<case>/ and
         each case's leaves (path, dtype, shape, sha256 of the C-order bytes) in
         golden/orbax/maxdiffusion/<case>.json
@@ -34,7 +34,9 @@ rest with --no-deps. CI never runs this; its outputs are committed.
 
 Cases: t2v_scanned (golden/models/t2v, scan_layers True, weights_dtype bfloat16), t2v_f32
 (scan_layers True, float32), t2v_unscanned (scan_layers False, bfloat16), a14b (golden/models/
-a14b, Wan 2.2's two transformers, bfloat16, scanned). MaxDiffusion's loader reads only sharded
+a14b, Wan 2.2's two transformers, bfloat16, scanned), t2v_merged_diffusers_lora (t2v with
+diffusers' fuse_lora result of golden/adapters/diffusers_lora in place: MaxDiffusion's cache
+of the reference-merged weights, for `merge --to orbax`). MaxDiffusion's loader reads only sharded
 diffusers folders (diffusion_pytorch_model.safetensors.index.json), so each model folder is
 copied to a temporary folder with that index added (every key -> the one shard).
 """
@@ -59,6 +61,9 @@ CASES = {
     "t2v_f32": ("t2v", True, "float32"),
     "t2v_unscanned": ("t2v", False, "bfloat16"),
     "a14b": ("a14b", True, "bfloat16"),
+    # The reference-merged weights: t2v with diffusers' fuse_lora result of
+    # adapters/diffusers_lora (golden/references/diffusers_lora.safetensors) in place.
+    "t2v_merged_diffusers_lora": ("t2v+references/diffusers_lora.safetensors", True, "bfloat16"),
 }
 
 # Top-level modules MaxDiffusion imports that the save/restore path never runs.
@@ -171,6 +176,23 @@ def sharded_copy(model_dir, tmp):
     return dst
 
 
+def model_folder(model, tmp):
+    """`sharded_copy` of golden/models/<model>; for `<base>+<file>`, with the tensors of
+    golden/<file> in place of the base's."""
+    if "+" not in model:
+        return sharded_copy(os.path.join(HERE, "models", model), tmp)
+    from safetensors.numpy import load_file, save_file
+
+    base, ref = model.split("+")
+    path = sharded_copy(os.path.join(HERE, "models", base), tmp)
+    st = os.path.join(path, "diffusion_pytorch_model.safetensors")
+    weights, merged = load_file(st), load_file(os.path.join(HERE, ref))
+    assert set(merged) <= set(weights), set(merged) - set(weights)
+    weights.update(merged)
+    save_file(weights, st)
+    return path
+
+
 def load_transformer(env, path, subfolder, scan, weights_dtype):
     """A WanModel with the diffusers weights, as create_sharded_logical_transformer makes it
     (its config fields that do not come from config.json keep WanModel's defaults; mesh,
@@ -228,13 +250,15 @@ def leaves(tree):
     return out
 
 
-def save(env):
+def save(env, only):
     _, WanCheckpointer, _, _ = env
     os.makedirs(OUT, exist_ok=True)
     for case, (model, scan, wdtype) in CASES.items():
+        if only and case not in only:
+            continue
         state_sources, config_attr, subfolders = sources(model)
         with tempfile.TemporaryDirectory() as tmp:
-            path = sharded_copy(os.path.join(HERE, "models", model), tmp)
+            path = model_folder(model, tmp)
             pipeline = types.SimpleNamespace(**{
                 attr: load_transformer(env, path, sub, scan, wdtype) for attr, sub in subfolders.items()
             })
@@ -349,7 +373,7 @@ def main():
     cmd, src = sys.argv[1], sys.argv[2]
     env = setup(src)
     if cmd == "save":
-        save(env)
+        save(env, sys.argv[3:])
     elif cmd == "time":
         timing(env, sys.argv[3], sys.argv[4])
     elif cmd == "restore":

@@ -264,6 +264,30 @@ fn merge_to_orbax_equals_merge_f32_then_convert() {
     ok(run(t.path(), &["verify", &s(&direct)]));
 }
 
+/// The merged bake against MaxDiffusion's cache of the reference-merged weights (diffusers'
+/// fuse_lora of the same LoRA, loaded and saved by MaxDiffusion): equal bit for bit.
+#[test]
+fn merge_to_orbax_is_maxdiffusions_cache_of_the_reference_merge() {
+    let t = tmp();
+    let out = t.path().join("merged");
+    let lora = golden("adapters/diffusers_lora/pytorch_lora_weights.safetensors");
+    ok(run(
+        t.path(),
+        &[
+            "merge",
+            "--base",
+            golden("models/t2v").to_str().unwrap(),
+            "--adapter",
+            lora.to_str().unwrap(),
+            "--to",
+            "orbax",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    ));
+    assert_same_as_maxdiffusion(&out, "t2v_merged_diffusers_lora");
+}
+
 #[test]
 fn orbax_refuses_options_it_decides() {
     let t = tmp();
