@@ -28,7 +28,7 @@ use super::digest::{self, SafetensorsDigest};
 use super::file::ReadError;
 use super::header::Header;
 use super::header_layout::HeaderLayout;
-use super::ordered::{NewFile, OrderedError, OrderedFiles};
+use super::ordered::{NewFile, OrderedError, OrderedFiles, lock};
 use super::writer::{OutputPlan, Slot};
 use crate::progress::{self, PhaseGuard};
 
@@ -479,7 +479,7 @@ impl Staging {
             LateName::Fixed(rel) => rel,
             LateName::ByDigest(dir) => dir.join(&sha[..32]),
         };
-        let mut late = self.late.lock().unwrap_or_else(|e| e.into_inner());
+        let mut late = lock(&self.late);
         if let Some(&(bytes, ref known)) = late.get(&rel) {
             let _ = std::fs::remove_file(&path);
             if bytes == len && *known == sha {
@@ -678,7 +678,7 @@ impl Staging {
                 (a.bytes.len() as u64, digest::sha256_hex(&a.bytes)),
             );
         }
-        let late = std::mem::take(&mut *self.late.lock().unwrap_or_else(|e| e.into_inner()));
+        let late = std::mem::take(&mut *lock(&self.late));
         for (rel, digest) in late {
             if aux.insert(rel.clone(), digest).is_some() {
                 return Err(WriteError::Io {

@@ -28,6 +28,7 @@ use crate::io::header_layout::PlannedTensor;
 use crate::io::orbax::encode::{
     self, ChunkEncoder, EncodeError, ItemDb, Located, MAX_INLINE_VALUE_BYTES, MetadataLeaf,
 };
+use crate::io::ordered::lock;
 use crate::io::staging::{LateFile, LateName, Staging};
 use crate::io::writer::AuxFile;
 use crate::io::{DType, WriteError};
@@ -76,7 +77,7 @@ pub struct OrbaxPlan {
 
 /// One base component as an item: its item name, its output tensors and its jobs.
 pub struct ItemInput<'a> {
-    /// Item name (`maxdiffusion::state_item`).
+    /// Item name (`maxdiffusion::state_items`).
     pub item: &'static str,
     /// Every output tensor (MaxDiffusion's tree path, dot-joined; shape; dtype).
     pub tensors: &'a [PlannedTensor],
@@ -435,8 +436,4 @@ fn grid_len(a: &ArrayPlan) -> usize {
     (a.shape.iter().zip(&a.chunk))
         .map(|(&s, &c)| s.div_ceil(c.max(1)) as usize)
         .product()
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
