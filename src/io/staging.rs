@@ -1017,6 +1017,50 @@ mod tests {
         Staging::begin(dest, plan.clone(), &[], Replace::Never, Allocation::Reserve).unwrap()
     }
 
+    /// Late files: named by content (the same bytes twice share one file), or by a fixed
+    /// name (given twice: refused); sealed with their size and sha256; committed in place.
+    #[test]
+    fn late_files_are_named_hashed_sealed_and_committed() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("out");
+        let mut s = reserved(&dest, &OutputPlan::default());
+        let late = |s: &Staging, bytes: &[u8], name: LateName| {
+            let mut f = s.late_file().unwrap();
+            f.write_all(bytes).unwrap();
+            s.finish_late(f, name)
+        };
+        let sha = digest::sha256_hex(b"chunk");
+        let by_digest = || LateName::ByDigest(PathBuf::from("d"));
+        let (a, len) = late(&s, b"chunk", by_digest()).unwrap();
+        assert_eq!(
+            (a.clone(), len),
+            (PathBuf::from(format!("d/{}", &sha[..32])), 5)
+        );
+        assert_eq!(late(&s, b"chunk", by_digest()).unwrap().0, a);
+        let (b, _) = late(&s, b"other", by_digest()).unwrap();
+        assert_ne!(a, b);
+        let fixed = || LateName::Fixed(PathBuf::from("m/manifest"));
+        late(&s, b"m1", fixed()).unwrap();
+        assert!(late(&s, b"m2", fixed()).is_err());
+        let sealed = s.seal().unwrap();
+        assert_eq!(sealed.aux.len(), 3);
+        assert_eq!(sealed.aux[&a], (5, sha));
+        let done = s.commit(b"{}").unwrap();
+        assert_eq!(std::fs::read(done.join(&a)).unwrap(), b"chunk");
+        assert_eq!(std::fs::read(done.join("m/manifest")).unwrap(), b"m1");
+        let names: Vec<_> = std::fs::read_dir(&done)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert!(
+            !names
+                .iter()
+                .any(|n| n.to_string_lossy().starts_with(".late")),
+            "{names:?}"
+        );
+    }
+
     #[test]
     fn a_reserved_output_with_an_unwritten_tensor_part_is_refused_at_seal() {
         let dir = tempfile::tempdir().unwrap();
