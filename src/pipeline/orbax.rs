@@ -184,6 +184,13 @@ impl OrbaxPlan {
         Ok(arrays)
     }
 
+    /// Bytes of every array before compression.
+    pub fn array_bytes(&self) -> u64 {
+        (self.items.iter().flat_map(|i| &i.arrays))
+            .map(|a| a.shape.iter().product::<u64>() * a.dtype.size().unwrap_or(0) as u64)
+            .sum()
+    }
+
     /// Arrays in every item.
     pub fn array_count(&self) -> usize {
         self.items.iter().map(|i| i.arrays.len()).sum()

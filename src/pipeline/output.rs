@@ -382,8 +382,9 @@ fn orbax_output(base: &BaseModel, options: &OutputOptions) -> Result<OutputSide,
         })
         .collect();
     let (orbax, aux) = OrbaxPlan::new(&inputs, &wan_config)?;
-    let output = OutputPlan::build(&[], &aux)
+    let mut output = OutputPlan::build(&[], &aux)
         .map_err(|e| PipelineError::Plan(format!("the output cannot be laid out: {e}")))?;
+    output.late_bytes = orbax.array_bytes();
     let mut dropped: Vec<String> = (left_out.iter())
         .map(|k| {
             format!(
