@@ -129,6 +129,35 @@ fn convert_t2v_is_maxdiffusions_scanned_cache() {
         panic!("expected OCDBT")
     };
     assert_eq!(db.manifest.latest().unwrap().root_height, 0);
+    // The manifest's report holds every chunk's value digest: a whole array's, a layer's.
+    let manifest: Json =
+        serde_json::from_slice(&std::fs::read(out.join("wanbake.manifest.json")).unwrap()).unwrap();
+    let chunks = manifest["report"]["orbax"]["chunk_sha256"]["0/wan_state"]
+        .as_object()
+        .unwrap();
+    let leaves = read_item(&out.join("0/wan_state"));
+    let sha = wanbake::io::digest::sha256_hex;
+    assert_eq!(
+        chunks["proj_out.kernel/0.0"],
+        sha(&leaves["proj_out.kernel"].2).as_str()
+    );
+    let q = &leaves["blocks.attn1.query.kernel"].2;
+    let layer = q.len() / 3;
+    assert_eq!(
+        chunks["blocks.attn1.query.kernel/1.0.0"],
+        sha(&q[layer..2 * layer]).as_str()
+    );
+    let planned: usize = leaves
+        .iter()
+        .map(|(n, (_, shape, _))| {
+            if n.starts_with("blocks.") {
+                shape[0] as usize
+            } else {
+                1
+            }
+        })
+        .sum();
+    assert_eq!(chunks.len(), planned);
     let data = std::fs::read_dir(out.join("0/wan_state/ocdbt.process_0/d"))
         .unwrap()
         .count();

@@ -143,6 +143,14 @@ impl ExecOptions {
     }
 }
 
+/// What a run of the executor reports besides the bytes it wrote.
+pub struct ExecOutcome {
+    /// Each encoded output tensor's dequantized error (a quantized output).
+    pub quant_errors: BTreeMap<String, ErrorStats>,
+    /// An Orbax output's chunks' value digests (`pipeline::orbax::ChunkWriter::finish`).
+    pub orbax: Option<serde_json::Value>,
+}
+
 /// The executor of one plan writing into one staged output.
 pub struct Exec<'a> {
     /// The plan.
@@ -168,18 +176,19 @@ impl<'a> Exec<'a> {
     }
 
     /// Runs every job, the targets through `targets`. On error the caller discards the
-    /// output. Returns each encoded output tensor's dequantized error.
-    pub fn run<T: TargetWriter>(
-        self,
-        targets: &T,
-    ) -> Result<BTreeMap<String, ErrorStats>, T::Error> {
+    /// output. Returns what it reports besides the bytes ([`ExecOutcome`]).
+    pub fn run<T: TargetWriter>(self, targets: &T) -> Result<ExecOutcome, T::Error> {
         self.options.install(|| self.run_jobs(targets))?;
-        if let Some(chunks) = self.chunks {
-            chunks.finish()?;
-        }
-        self.quant_errors
-            .into_inner()
-            .map_err(|_| PipelineError::Internal("a worker panicked".into()).into())
+        let orbax = match self.chunks {
+            Some(chunks) => Some(chunks.finish()?),
+            None => None,
+        };
+        let quant_errors = (self.quant_errors.into_inner())
+            .map_err(|_| PipelineError::Internal("a worker panicked".into()))?;
+        Ok(ExecOutcome {
+            quant_errors,
+            orbax,
+        })
     }
 
     /// The job loop: untouched tensors are copied, targets go to `targets`; a base tensor's

@@ -31,7 +31,7 @@ pub mod write;
 
 pub use compute::{Compute, DeviceRecord, DeviceReport, Lanes};
 pub use error::PipelineError;
-pub use exec::{CopyOnly, Exec, ExecOptions, TargetValues, TargetWriter};
+pub use exec::{CopyOnly, Exec, ExecOptions, ExecOutcome, TargetValues, TargetWriter};
 pub use job::{Contribution, Job, RowOrder, Target};
 pub use output::{BadOption, Container, OutputChoices, OutputFormat, OutputOptions};
 pub use plan::{AdapterReport, Plan, Ready, TargetIndex};

@@ -269,6 +269,8 @@ struct Open<'s> {
     at: ChunkAt,
     /// Bytes fed so far (writes come front to back).
     fed: u64,
+    /// sha256 of the bytes fed (the chunk's values, before compression).
+    values: sha2::Sha256,
 }
 
 /// Streams every job's bytes into its chunk, then writes each item's database.
@@ -276,7 +278,8 @@ pub struct ChunkWriter<'s> {
     plan: &'s OrbaxPlan,
     staging: &'s Staging,
     open: Mutex<HashMap<JobKey, Arc<Mutex<Open<'s>>>>>,
-    done: Mutex<Vec<(usize, String, Located)>>,
+    /// Finished chunks: item, key, place, sha256 of the values.
+    done: Mutex<Vec<(usize, String, Located, String)>>,
 }
 
 impl<'s> ChunkWriter<'s> {
@@ -315,6 +318,7 @@ impl<'s> ChunkWriter<'s> {
             encoder,
             at,
             fed: 0,
+            values: sha2::Digest::new(),
         };
         lock(&self.open).insert(job_key(job), Arc::new(Mutex::new(open)));
         Ok(())
@@ -336,6 +340,7 @@ impl<'s> ChunkWriter<'s> {
         }
         (open.encoder.write_all(bytes)).map_err(|e| self.io_error(job, e))?;
         open.fed += bytes.len() as u64;
+        sha2::Digest::update(&mut open.values, bytes);
         Ok(())
     }
 
@@ -373,23 +378,30 @@ impl<'s> ChunkWriter<'s> {
                 }
             }
         };
-        lock(&self.done).push((open.at.item, open.at.key, located));
+        let values = crate::io::digest::hex(&sha2::Digest::finalize(open.values));
+        lock(&self.done).push((open.at.item, open.at.key, located, values));
         Ok(())
     }
 
     /// Writes each item's database (every chunk must be done): the `.zarray` of every
     /// array and every chunk's place go into one B+tree, whose nodes file and
-    /// `manifest.ocdbt` are written last.
-    pub fn finish(self) -> Result<(), PipelineError> {
+    /// `manifest.ocdbt` are written last. Returns, for the manifest's report, each item's
+    /// chunks by key with the sha256 of their values (C-order bytes before compression).
+    pub fn finish(self) -> Result<serde_json::Value, PipelineError> {
         let done = std::mem::take(&mut *lock(&self.done));
         let mut dbs: Vec<ItemDb> = self.plan.items.iter().map(|_| ItemDb::default()).collect();
         let encode_err = |item: &ItemPlan| {
             let item = item.dir.clone();
             move |source: EncodeError| PipelineError::OrbaxEncode { item, source }
         };
-        for (item, key, located) in done {
-            let err = encode_err(&self.plan.items[item]);
-            dbs[item].put(&key, located).map_err(err)?;
+        let mut digests: BTreeMap<&str, BTreeMap<String, String>> = BTreeMap::new();
+        for (item, key, located, values) in done {
+            let plan = &self.plan.items[item];
+            dbs[item].put(&key, located).map_err(encode_err(plan))?;
+            digests
+                .entry(plan.dir.as_str())
+                .or_default()
+                .insert(key, values);
         }
         for (item, db) in self.plan.items.iter().zip(&mut dbs) {
             for a in &item.arrays {
@@ -416,7 +428,7 @@ impl<'s> ChunkWriter<'s> {
             self.write_whole(dir.join(&tail.node_file), &tail.nodes)?;
             self.write_whole(dir.join("manifest.ocdbt"), &tail.manifest)?;
         }
-        Ok(())
+        Ok(serde_json::json!({ "chunk_sha256": digests }))
     }
 
     fn write_whole(&self, rel: PathBuf, bytes: &[u8]) -> Result<(), PipelineError> {
