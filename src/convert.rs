@@ -4,7 +4,8 @@
 //!
 //! Owns: `ConvertSpec` and `convert_release` (the output plan mirrors the
 //! input, one job per tensor), and `quantize_release` (the pipeline's own output plan of a
-//! quantized output, with no adapters). Both run through the pipeline with no targets
+//! quantized output, with no adapters), and `orbax_release` (MaxDiffusion's pretrained
+//! Orbax cache, the same way). All run through the pipeline with no targets
 //! (`pipeline::write` with `CopyOnly`, whose copy-or-convert loop every producing command
 //! uses: a tensor whose dtype does not change is copied byte for byte, otherwise it is
 //! widened to f32 and rounded once with round-to-nearest-even). Does not own: the executor
@@ -82,6 +83,7 @@ pub fn convert_release(spec: &ConvertSpec, hooks: Hooks<'_>) -> Result<Release, 
         layout: None,
         shard_bytes: spec.shard_bytes,
         quantize: None,
+        container: crate::pipeline::output::Container::Safetensors,
     };
     let plan = Plan::copy_only(&ck, output, jobs, "none".into(), described)
         .map_err(ReleaseError::produce)?
@@ -150,6 +152,42 @@ pub fn quantize_release(
         || Ok(serde_json::Value::Null),
         hooks,
     )
+}
+
+/// `convert --to orbax`: the WAN transformer (or Wan 2.2 A14B pipeline) at `input` as
+/// MaxDiffusion's pretrained Orbax cache (`pipeline::orbax`; `options` from
+/// `OutputOptions::new` with `to` orbax), recorded as `convert` with the input's files under
+/// the role `input`.
+pub fn orbax_release(
+    input: &Path,
+    options: &OutputOptions,
+    dest: &Path,
+    replace: Replace,
+    hooks: Hooks<'_>,
+) -> Result<Release, ReleaseError> {
+    if options.container != crate::pipeline::Container::Orbax {
+        return Err(ReleaseError::produce(PipelineError::Internal(
+            "convert --to orbax: no Orbax output was asked for".into(),
+        )));
+    }
+    let base = BaseModel::open(input)?;
+    let plan = Plan::new(&base, &[], options)
+        .map_err(ReleaseError::produce)?
+        .hash_base_while_writing("input");
+    let described = serde_json::json!({
+        "input": input.display().to_string(),
+        "to": "orbax",
+        "dtype": options.dtype.as_str(),
+        "layout": options.layout.map(|l| l.as_str()),
+    });
+    let report = serde_json::json!({
+        "arrays": plan.orbax.as_ref().map_or(0, |o| o.array_count()),
+        "jobs": plan.jobs.len(),
+        "keep_f32": plan.keep_f32,
+        "dropped": plan.dropped_by_layout,
+    });
+    let writing = Writing::new(dest, replace, "convert", described);
+    write(&plan, writing, &CopyOnly, || Ok(report), hooks)
 }
 
 /// One job per stored tensor: copied, or converted to the dtype the output plan gives it.

@@ -1,6 +1,6 @@
 //! The spelling tables of enumerated options. Every type that the command line, recipes or
 //! reports spell by name (`Layout`, `OutputDType`, `DoraStrength`, `Convention`,
-//! `adapter::Kind`, `QuantFormat`, `DeviceChoice`, `TruncMethod`, `synth::Fill`,
+//! `adapter::Kind`, `QuantFormat`, `OutputFormat`, `DeviceChoice`, `TruncMethod`, `synth::Fill`,
 //! `synth::SynthModel`) lists its values once (`ALL`) and spells each once (`as_str`). Its
 //! `FromStr`, its `Display`, its serde name, the messages that list the accepted names, and
 //! the `clap::ValueEnum` that `value_enum!` derives read that one table (or are tested
@@ -89,6 +89,7 @@ mod tests {
         one_table::<DoraStrength>(ToString::to_string);
         one_table::<Convention>(ToString::to_string);
         one_table::<QuantFormat>(ToString::to_string);
+        one_table::<crate::pipeline::OutputFormat>(ToString::to_string);
         one_table::<DeviceChoice>(ToString::to_string);
         assert_eq!(
             OutputDType::value_variants().len(),

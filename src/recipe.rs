@@ -108,7 +108,7 @@ pub struct OutputSpec {
     /// Output directory.
     pub dir: PathBuf,
     /// `bf16`, `f16`, `f32` or `keep` (default `bf16`; with `to`: the high-precision dtype
-    /// of fp8-scaled, default f16, and not allowed for GGUF). Read it through
+    /// of fp8-scaled, default f16, not allowed for GGUF, and Orbax's weights_dtype). Read it through
     /// [`OutputSpec::dtype`].
     #[serde(default, rename = "dtype", skip_serializing_if = "Option::is_none")]
     pub dtype_field: Option<String>,
@@ -124,8 +124,10 @@ pub struct OutputSpec {
     /// Replace an existing output directory (default false).
     #[serde(default)]
     pub overwrite: bool,
-    /// A quantized output: `fp8-scaled` or `gguf:q8_0|q4_0|q5_0|bf16|f16` (spec
-    /// quant_formats.md); one file with original-Wan names.
+    /// A quantized output: `fp8-scaled` or `gguf:<type>` (spec quant_formats.md), one file
+    /// with original-Wan names; or `orbax`: MaxDiffusion's pretrained Orbax cache (`layout`
+    /// `nnx-scanned` (default) or `nnx`, `dtype` its weights_dtype, bf16 by default; no
+    /// checks).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub to: Option<String>,
     /// With `to = "gguf:<block type>"`: quantize the F16/BF16 rounding of each weight, as
@@ -478,8 +480,15 @@ impl Recipe {
             to: recipe_field(self, "output.to", o.to.as_deref())?,
             city96_rounding: o.city96_rounding,
         };
-        OutputOptions::new(choices)
-            .map_err(|b| self.invalid(format!("output.{}", b.field), b.message))
+        let options = OutputOptions::new(choices)
+            .map_err(|b| self.invalid(format!("output.{}", b.field), b.message))?;
+        if options.container == crate::pipeline::Container::Orbax && !self.checks.is_empty() {
+            return Err(self.invalid(
+                "output.to",
+                "orbax: the checks run the bundled runner on safetensors weights, and an Orbax cache has none; drop the [[check]] tables or bake to safetensors",
+            ));
+        }
+        Ok(options)
     }
 
     /// The normalised recipe recorded in the manifest and in output metadata: paths as the

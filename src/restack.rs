@@ -57,6 +57,7 @@ pub fn restack_release(
         layout: Some(options.to),
         shard_bytes: options.shard_bytes,
         quantize: None,
+        container: crate::pipeline::output::Container::Safetensors,
     };
     let plan = Plan::copy_only(&checkpoint, output, jobs, keep_f32.join(", "), described)
         .map_err(|e| output_err(Box::new(e)))?

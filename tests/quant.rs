@@ -417,7 +417,7 @@ fn refusals_write_nothing() {
     for (args, want) in [
         (
             vec!["convert", inp, "--to", "gguf:q3_k", "--out", "o"],
-            "invalid value 'gguf:q3_k' for '--to <FORMAT>'\n  [possible values: fp8-scaled, gguf:q8_0, gguf:q4_0, gguf:q5_0, gguf:bf16, gguf:f16, gguf:q2_k, gguf:q3_k_s, gguf:q3_k_m, gguf:q4_k_s, gguf:q4_k_m, gguf:q5_k_s, gguf:q5_k_m, gguf:q6_k]",
+            "invalid value 'gguf:q3_k' for '--to <FORMAT>'\n  [possible values: fp8-scaled, gguf:q8_0, gguf:q4_0, gguf:q5_0, gguf:bf16, gguf:f16, gguf:q2_k, gguf:q3_k_s, gguf:q3_k_m, gguf:q4_k_s, gguf:q4_k_m, gguf:q5_k_s, gguf:q5_k_m, gguf:q6_k, orbax]",
         ),
         (
             vec!["convert", inp, "--to", "gguf:q8_0", "--out", "o.gguf"],
@@ -1559,7 +1559,7 @@ fn every_encoding_and_layout_completes_through_a_one_chunk_window() {
             format!("convert --to {}", to.as_str()),
             Arc::new(move |out| {
                 let choices = OutputChoices {
-                    to: Some(to),
+                    to: Some(to.into()),
                     ..OutputChoices::default()
                 };
                 let options = OutputOptions::new(choices).unwrap();
@@ -1570,7 +1570,7 @@ fn every_encoding_and_layout_completes_through_a_one_chunk_window() {
     let merges: Vec<(String, OutputChoices)> = (QuantFormat::ALL.iter())
         .map(|&to| {
             let c = OutputChoices {
-                to: Some(to),
+                to: Some(to.into()),
                 ..OutputChoices::default()
             };
             (format!("merge --to {}", to.as_str()), c)

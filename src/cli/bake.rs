@@ -123,6 +123,11 @@ fn describe_plan(plan: &Planned<'_>, p: &mut Printer) -> serde_json::Value {
     let out = &plan.ready.output;
     let o = &r.output;
     let encoding = match (&o.to, o.city96_rounding) {
+        (Some(to), _) if to == "orbax" => format!(
+            "MaxDiffusion's Orbax cache, {}, layout {}",
+            o.dtype().unwrap_or("bf16"),
+            o.layout.as_deref().unwrap_or("nnx-scanned")
+        ),
         (Some(to), false) => format!("{to}, original-Wan names"),
         (Some(to), true) => format!("{to} (city96 rounding), original-Wan names"),
         (None, _) => format!(
@@ -132,14 +137,23 @@ fn describe_plan(plan: &Planned<'_>, p: &mut Printer) -> serde_json::Value {
             plan.ready.keep_f32
         ),
     };
-    p.line(format!(
-        "  output   {}: {}, {} files, {} tensors, {}",
-        r.relative(&o.dir),
-        encoding,
-        out.files.len() + out.aux.len() + 1,
-        out.tensor_count(),
-        human_bytes(out.total_bytes())
-    ));
+    match &plan.ready.orbax {
+        // Its chunk files and their sizes are known only once compressed.
+        Some(orbax) => p.line(format!(
+            "  output   {}: {}, {} arrays",
+            r.relative(&o.dir),
+            encoding,
+            orbax.array_count()
+        )),
+        None => p.line(format!(
+            "  output   {}: {}, {} files, {} tensors, {}",
+            r.relative(&o.dir),
+            encoding,
+            out.files.len() + out.aux.len() + 1,
+            out.tensor_count(),
+            human_bytes(out.total_bytes())
+        )),
+    }
     let free = plan
         .space
         .available

@@ -9,9 +9,9 @@ use std::path::PathBuf;
 
 use super::output::{FloatDtypeArg, OutputDir, ShardArg};
 use super::{Printer, Status, UsageError};
-use wanbake::convert::{ConvertSpec, convert_release, quantize_release};
-use wanbake::model::quant_rules::QuantFormat;
-use wanbake::pipeline::{OutputChoices, OutputOptions};
+use wanbake::convert::{ConvertSpec, convert_release, orbax_release, quantize_release};
+use wanbake::model::wan_layout::Layout;
+use wanbake::pipeline::{OutputChoices, OutputFormat, OutputOptions};
 use wanbake::release::Hooks;
 
 /// Arguments of `convert`.
@@ -23,9 +23,15 @@ pub struct Args {
     #[command(flatten)]
     pub dtype: FloatDtypeArg,
     /// A quantized output for ComfyUI: fp8-scaled (one scaled-fp8 .safetensors) or a GGUF
-    /// block type (one ComfyUI-GGUF .gguf), original-Wan names.
+    /// block type (one ComfyUI-GGUF .gguf), original-Wan names; or orbax: MaxDiffusion's
+    /// pretrained Orbax cache (point `pretrained_orbax_dir` at --out; --dtype is its
+    /// weights_dtype, bf16 by default, --layout nnx-scanned (default) or nnx).
     #[arg(long, value_enum, value_name = "FORMAT")]
-    pub to: Option<QuantFormat>,
+    pub to: Option<OutputFormat>,
+    /// With --to orbax: `nnx-scanned` (MaxDiffusion's `scan_layers: True`, the default) or
+    /// `nnx` (`scan_layers: False`).
+    #[arg(long, value_enum)]
+    pub layout: Option<Layout>,
     /// GGUF block types: quantize the step-1 rounding of each weight (F16 unless --dtype says
     /// otherwise), as city96's two-step pipeline does, for byte-compatible files (default: the
     /// exact f32 weights).
@@ -44,8 +50,16 @@ pub struct Args {
 
 /// Runs `convert`.
 pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
-    if let Some(to) = args.to {
-        return execute_quantized(to, &args, p);
+    match args.to {
+        Some(OutputFormat::Quantized(_)) | None if args.layout.is_some() => {
+            return Err(UsageError(
+                "--layout goes with --to orbax (use restack for safetensors layouts)".into(),
+            )
+            .into());
+        }
+        Some(OutputFormat::Orbax) => return execute_orbax(&args, p),
+        Some(to) => return execute_quantized(to, &args, p),
+        None => {}
     }
     if args.city96_rounding {
         return Err(UsageError("--city96-rounding needs --to gguf:<type>".into()).into());
@@ -74,7 +88,7 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
 
 /// `--to FORMAT`: the pipeline with no adapters, its options checked by the builder `merge`
 /// and recipes use (`OutputOptions::new`).
-fn execute_quantized(to: QuantFormat, args: &Args, p: &mut Printer) -> anyhow::Result<Status> {
+fn execute_quantized(to: OutputFormat, args: &Args, p: &mut Printer) -> anyhow::Result<Status> {
     let options = OutputOptions::new(OutputChoices {
         dtype: args.dtype.dtype.map(|d| d.0).unwrap_or_default(),
         shard_bytes: args.shard.shard_size,
@@ -102,6 +116,37 @@ fn execute_quantized(to: QuantFormat, args: &Args, p: &mut Printer) -> anyhow::R
         bytes
     ));
     super::merge::print_quantization(p, &r.manifest.report, "  ");
+    p.json(&serde_json::json!({"dir": r.dir, "report": r.manifest.report, "bytes": bytes}));
+    Ok(Status::Ok)
+}
+
+/// `--to orbax`: the pipeline with no adapters into MaxDiffusion's pretrained cache.
+fn execute_orbax(args: &Args, p: &mut Printer) -> anyhow::Result<Status> {
+    let options = OutputOptions::new(OutputChoices {
+        dtype: args.dtype.dtype.map(|d| d.0).unwrap_or_default(),
+        shard_bytes: args.shard.shard_size,
+        layout: args.layout,
+        to: Some(OutputFormat::Orbax),
+        city96_rounding: args.city96_rounding,
+        ..OutputChoices::default()
+    })
+    .map_err(super::merge::flag_error)?;
+    let r = orbax_release(
+        &args.input,
+        &options,
+        &args.output.out,
+        args.output.replace(),
+        Hooks::default(),
+    )?;
+    let bytes: u64 = r.manifest.files.iter().map(|f| f.bytes).sum();
+    p.line(format!(
+        "wrote {} (MaxDiffusion Orbax cache, {} {}: {} files, {} bytes)",
+        r.dir.display(),
+        options.layout.map_or("", |l| l.as_str()),
+        options.dtype,
+        r.manifest.files.len(),
+        bytes
+    ));
     p.json(&serde_json::json!({"dir": r.dir, "report": r.manifest.report, "bytes": bytes}));
     Ok(Status::Ok)
 }

@@ -18,7 +18,6 @@ use wanbake::adapter::{AdapterSpec, bind_specs};
 use wanbake::linalg::SvdCache;
 use wanbake::merge::{DoraStrength, MergeOptions, MergeReport, Merging, merge_release};
 use wanbake::model::base_model::BaseModel;
-use wanbake::model::quant_rules::QuantFormat;
 use wanbake::model::wan_layout::Layout;
 use wanbake::pipeline::{BadOption, OutputChoices, OutputOptions};
 
@@ -106,8 +105,11 @@ pub struct Args {
     /// type: fp8-scaled's (default f16); a GGUF block mix's step-1 type of the 2-D tensors
     /// (default f16, bf16 from a bf16 base; f32 as city96's published Wan 2.1 files hold
     /// them); refused for gguf:bf16|f16.
+    /// `orbax`: MaxDiffusion's pretrained Orbax cache of the merged weights (point
+    /// `pretrained_orbax_dir` at --out; --layout nnx-scanned (default) or nnx, --dtype its
+    /// weights_dtype, bf16 by default).
     #[arg(long, value_enum, value_name = "FORMAT")]
-    pub to: Option<QuantFormat>,
+    pub to: Option<wanbake::pipeline::OutputFormat>,
     /// With --to gguf:<block type>: quantize the step-1 rounding (F16 unless --dtype says
     /// otherwise), as city96's two-step pipeline does.
     #[arg(long)]

@@ -354,7 +354,9 @@ pub struct NewFile {
     pub gaps: Vec<(u64, u64)>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+/// Locks `m`, poisoned or not (every update this crate makes under such a lock leaves the
+/// value consistent).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 

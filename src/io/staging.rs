@@ -10,6 +10,13 @@
 //! temporaries left by killed runs (each run holds an advisory lock on a sibling `.lock`
 //! file; a lock nobody holds means its owner is dead). A `Staging` dropped before `commit`
 //! removes its temporary directory, and so does an interrupt ([`install_signal_guards`]).
+//!
+//! Besides the planned files, a staged output may hold *late files* ([`LateFile`]): files
+//! whose size is known only once they are written (a compressed Orbax chunk, an OCDBT
+//! node file). Each is written front to back into the temporary directory, hashed as its
+//! bytes pass, fsynced when finished and then named, by the caller or by its own sha256
+//! (so names do not depend on which thread finished first); the seal lists them with the
+//! aux files. They are not pre-sized, so the free-space check does not cover them.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -21,7 +28,7 @@ use super::digest::{self, SafetensorsDigest};
 use super::file::ReadError;
 use super::header::Header;
 use super::header_layout::HeaderLayout;
-use super::ordered::{NewFile, OrderedError, OrderedFiles};
+use super::ordered::{NewFile, OrderedError, OrderedFiles, lock};
 use super::writer::{OutputPlan, Slot};
 use crate::progress::{self, PhaseGuard};
 
@@ -289,6 +296,12 @@ pub struct Staging {
     /// must have every planned byte written; a sparse one may leave zeros unwritten).
     written: std::sync::atomic::AtomicU64,
     allocation: Allocation,
+    /// Late files finished so far: relative path → (bytes, sha256).
+    late: std::sync::Mutex<BTreeMap<PathBuf, (u64, String)>>,
+    /// Late files started (names their temporaries uniquely).
+    late_started: std::sync::atomic::AtomicU64,
+    /// Bytes written to late files (progress and the input hasher's pace only).
+    late_bytes: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for Staging {
@@ -368,6 +381,9 @@ impl Staging {
             writing: None,
             written: Default::default(),
             allocation,
+            late: Default::default(),
+            late_started: Default::default(),
+            late_bytes: Default::default(),
         };
         staging.create_files(allocation)?;
         Ok(staging)
@@ -415,9 +431,72 @@ impl Staging {
         self.writing = Some(phase);
     }
 
-    /// Tensor bytes written so far (by every thread).
+    /// Bytes written so far (by every thread): tensor bytes and late files' bytes.
     pub fn written_bytes(&self) -> u64 {
         self.written.load(std::sync::atomic::Ordering::Relaxed)
+            + self.late_bytes.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Starts a late file (module doc): its bytes go to a temporary in the output's
+    /// temporary directory until [`Staging::finish_late`] names it.
+    pub fn late_file(&self) -> Result<LateFile<'_>, WriteError> {
+        let n = (self.late_started).fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = self.tmp.join(format!(".late-{n}"));
+        let file = File::create(&path).map_err(io_err(&path))?;
+        Ok(LateFile {
+            staging: self,
+            out: std::io::BufWriter::with_capacity(1 << 20, file),
+            path,
+            hasher: <sha2::Sha256 as sha2::Digest>::new(),
+            len: 0,
+        })
+    }
+
+    /// Finishes `file`: flushes and fsyncs it and gives it its name (`LateName`), returning
+    /// its path relative to the output and its size. A content-named file whose name is
+    /// already taken holds the same bytes (its name is their sha256), so the new copy is
+    /// removed and the name shared; a fixed name given twice is a producer bug.
+    pub fn finish_late(
+        &self,
+        file: LateFile<'_>,
+        name: LateName,
+    ) -> Result<(PathBuf, u64), WriteError> {
+        let LateFile {
+            out,
+            path,
+            hasher,
+            len,
+            ..
+        } = file;
+        let f = out.into_inner().map_err(|e| WriteError::Io {
+            path: path.clone(),
+            source: e.into_error(),
+        })?;
+        f.sync_all().map_err(io_err(&path))?;
+        drop(f);
+        let sha = digest::hex(&sha2::Digest::finalize(hasher));
+        let rel = match name {
+            LateName::Fixed(rel) => rel,
+            LateName::ByDigest(dir) => dir.join(&sha[..32]),
+        };
+        let mut late = lock(&self.late);
+        if let Some(&(bytes, ref known)) = late.get(&rel) {
+            let _ = std::fs::remove_file(&path);
+            if bytes == len && *known == sha {
+                return Ok((rel, len));
+            }
+            return Err(WriteError::Io {
+                path: self.tmp.join(&rel),
+                source: std::io::Error::other("internal error: a late file written twice"),
+            });
+        }
+        let dest = self.tmp.join(&rel);
+        if let Some(dir) = dest.parent() {
+            std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+        }
+        std::fs::rename(&path, &dest).map_err(io_err(&dest))?;
+        late.insert(rel.clone(), (len, sha));
+        Ok((rel, len))
     }
 
     /// The plan being written.
@@ -599,6 +678,15 @@ impl Staging {
                 (a.bytes.len() as u64, digest::sha256_hex(&a.bytes)),
             );
         }
+        let late = std::mem::take(&mut *lock(&self.late));
+        for (rel, digest) in late {
+            if aux.insert(rel.clone(), digest).is_some() {
+                return Err(WriteError::Io {
+                    path: self.tmp.join(rel),
+                    source: std::io::Error::other("internal error: a late file has a planned name"),
+                });
+            }
+        }
         Ok(Sealed { weights, aux })
     }
 
@@ -716,6 +804,43 @@ impl Drop for Staging {
             let _ = std::fs::remove_file(&self.lock_path);
             forget_live(&mut live(), &self.tmp);
         }
+    }
+}
+
+/// How a finished late file is named (`Staging::finish_late`), relative to the output.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LateName {
+    /// This path.
+    Fixed(PathBuf),
+    /// In this folder, named by the first 32 hex digits of the file's sha256.
+    ByDigest(PathBuf),
+}
+
+/// A late file being written (module doc): written front to back, hashed as written.
+pub struct LateFile<'s> {
+    staging: &'s Staging,
+    out: std::io::BufWriter<File>,
+    path: PathBuf,
+    hasher: sha2::Sha256,
+    len: u64,
+}
+
+impl std::io::Write for LateFile<'_> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        let n = std::io::Write::write(&mut self.out, bytes)?;
+        sha2::Digest::update(&mut self.hasher, &bytes[..n]);
+        self.len += n as u64;
+        let s = self.staging;
+        s.late_bytes
+            .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+        if let Some(p) = &s.writing {
+            p.add_bytes(n as u64);
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::Write::flush(&mut self.out)
     }
 }
 
@@ -890,6 +1015,50 @@ mod tests {
     /// A new reserved output of `plan` at `dest`, no inputs, not replacing anything.
     fn reserved(dest: &Path, plan: &OutputPlan) -> Staging {
         Staging::begin(dest, plan.clone(), &[], Replace::Never, Allocation::Reserve).unwrap()
+    }
+
+    /// Late files: named by content (the same bytes twice share one file), or by a fixed
+    /// name (given twice: refused); sealed with their size and sha256; committed in place.
+    #[test]
+    fn late_files_are_named_hashed_sealed_and_committed() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("out");
+        let mut s = reserved(&dest, &OutputPlan::default());
+        let late = |s: &Staging, bytes: &[u8], name: LateName| {
+            let mut f = s.late_file().unwrap();
+            f.write_all(bytes).unwrap();
+            s.finish_late(f, name)
+        };
+        let sha = digest::sha256_hex(b"chunk");
+        let by_digest = || LateName::ByDigest(PathBuf::from("d"));
+        let (a, len) = late(&s, b"chunk", by_digest()).unwrap();
+        assert_eq!(
+            (a.clone(), len),
+            (PathBuf::from(format!("d/{}", &sha[..32])), 5)
+        );
+        assert_eq!(late(&s, b"chunk", by_digest()).unwrap().0, a);
+        let (b, _) = late(&s, b"other", by_digest()).unwrap();
+        assert_ne!(a, b);
+        let fixed = || LateName::Fixed(PathBuf::from("m/manifest"));
+        late(&s, b"m1", fixed()).unwrap();
+        assert!(late(&s, b"m2", fixed()).is_err());
+        let sealed = s.seal().unwrap();
+        assert_eq!(sealed.aux.len(), 3);
+        assert_eq!(sealed.aux[&a], (5, sha));
+        let done = s.commit(b"{}").unwrap();
+        assert_eq!(std::fs::read(done.join(&a)).unwrap(), b"chunk");
+        assert_eq!(std::fs::read(done.join("m/manifest")).unwrap(), b"m1");
+        let names: Vec<_> = std::fs::read_dir(&done)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert!(
+            !names
+                .iter()
+                .any(|n| n.to_string_lossy().starts_with(".late")),
+            "{names:?}"
+        );
     }
 
     #[test]

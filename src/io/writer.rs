@@ -96,6 +96,11 @@ pub struct OutputPlan {
     pub files: Vec<PlannedFile>,
     /// Other files.
     pub aux: Vec<AuxFile>,
+    /// The expected size of the late files (`io::staging`: an Orbax output's chunks, whose
+    /// sizes are known only once compressed; their size before compression, which zstd
+    /// does not grow by more than a few bytes per block), for the free-space check and
+    /// progress.
+    pub late_bytes: u64,
     slots: BTreeMap<(usize, String), Slot>,
 }
 
@@ -239,6 +244,7 @@ impl OutputPlan {
             .map(|f| f.layout.file_len() as u64)
             .sum::<u64>()
             + self.aux.iter().map(|a| a.bytes.len() as u64).sum::<u64>()
+            + self.late_bytes
     }
 
     /// Bytes of all planned tensors' data (what producers write; no headers or padding).

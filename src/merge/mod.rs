@@ -79,6 +79,9 @@ impl Merging<'_> {
                 json["keep_f32"] = o.keep_f32.as_ref().map(|p| p.to_string()).into();
                 json["layout"] = o.layout.map(|l| l.as_str()).into();
                 json["shard_bytes"] = o.shard_bytes.into();
+                if o.container == crate::pipeline::Container::Orbax {
+                    json["to"] = "orbax".into();
+                }
             }
             Some(q) => {
                 json["to"] = q.format.as_str().into();

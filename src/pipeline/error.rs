@@ -86,6 +86,15 @@ pub enum PipelineError {
         #[source]
         source: Box<crate::io::WriteError>,
     },
+    /// An Orbax item could not be encoded (`--to orbax`).
+    #[error("Orbax item `{item}`")]
+    OrbaxEncode {
+        /// The item folder, relative to the output.
+        item: String,
+        /// Why.
+        #[source]
+        source: crate::io::orbax::encode::EncodeError,
+    },
 }
 
 impl From<crate::quantize::QuantError> for PipelineError {

@@ -6,8 +6,9 @@
 //! once here, or encoded for a quantized output; a job that reads a target goes to the
 //! [`TargetWriter`] the caller plugs in, `merge::Merger` for a merge, none for `convert` and
 //! `restack`), the writes into each job's slot ([`Exec::write`], [`Exec::encode_part`],
-//! [`Exec::convert_bands`]), and dropping a base tensor's mapped pages after its last job (a
-//! stacked tensor's, layer by layer). Does not own: computing a target (`merge`), reading
+//! [`Exec::convert_bands`]; an Orbax output's job writes its chunk's zstd stream instead,
+//! `pipeline::orbax::ChunkWriter`), and dropping a base tensor's mapped pages after its last
+//! job (a stacked tensor's, layer by layer). Does not own: computing a target (`merge`), reading
 //! base rows (`pipeline::base_rows`), the copy-and-convert kernel
 //! (`layout::conversion::convert_piece`, over `model::transform`), the encodings
 //! (`quantize`), or the atomic output (`io::staging`).
@@ -29,6 +30,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use super::base_rows::layer_bytes;
 use super::error::PipelineError;
 use super::job::{Job, Target};
+use super::orbax::ChunkWriter;
 use super::plan::Plan;
 use crate::io::dtype::widen_to_f32;
 use crate::io::{Staging, TensorRef};
@@ -141,11 +143,21 @@ impl ExecOptions {
     }
 }
 
+/// What a run of the executor reports besides the bytes it wrote.
+pub struct ExecOutcome {
+    /// Each encoded output tensor's dequantized error (a quantized output).
+    pub quant_errors: BTreeMap<String, ErrorStats>,
+    /// An Orbax output's chunks' value digests (`pipeline::orbax::ChunkWriter::finish`).
+    pub orbax: Option<serde_json::Value>,
+}
+
 /// The executor of one plan writing into one staged output.
 pub struct Exec<'a> {
     /// The plan.
     pub plan: &'a Plan<'a>,
     staging: &'a Staging,
+    /// An Orbax output's chunks: every write of a job goes to its chunk's zstd stream.
+    chunks: Option<ChunkWriter<'a>>,
     /// A quantized output's dequantized error per output tensor, filled as jobs finish.
     quant_errors: Mutex<BTreeMap<String, ErrorStats>>,
     options: ExecOptions,
@@ -157,21 +169,26 @@ impl<'a> Exec<'a> {
         Exec {
             plan,
             staging,
+            chunks: (plan.orbax.as_ref()).map(|o| ChunkWriter::new(o, staging)),
             quant_errors: Mutex::default(),
             options,
         }
     }
 
     /// Runs every job, the targets through `targets`. On error the caller discards the
-    /// output. Returns each encoded output tensor's dequantized error.
-    pub fn run<T: TargetWriter>(
-        self,
-        targets: &T,
-    ) -> Result<BTreeMap<String, ErrorStats>, T::Error> {
+    /// output. Returns what it reports besides the bytes ([`ExecOutcome`]).
+    pub fn run<T: TargetWriter>(self, targets: &T) -> Result<ExecOutcome, T::Error> {
         self.options.install(|| self.run_jobs(targets))?;
-        self.quant_errors
-            .into_inner()
-            .map_err(|_| PipelineError::Internal("a worker panicked".into()).into())
+        let orbax = match self.chunks {
+            Some(chunks) => Some(chunks.finish()?),
+            None => None,
+        };
+        let quant_errors = (self.quant_errors.into_inner())
+            .map_err(|_| PipelineError::Internal("a worker panicked".into()))?;
+        Ok(ExecOutcome {
+            quant_errors,
+            orbax,
+        })
     }
 
     /// The job loop: untouched tensors are copied, targets go to `targets`; a base tensor's
@@ -191,9 +208,15 @@ impl<'a> Exec<'a> {
         }
         let run_one = |worker: &mut T::Worker, job: &Job| {
             let src = stored(self.plan, job)?;
+            if let Some(c) = &self.chunks {
+                c.start(job)?;
+            }
             match job.target {
                 None => self.copy(job, &src)?,
                 Some(t) => targets.write_target(self, worker, job, &self.plan.targets[t], &src)?,
+            }
+            if let Some(c) = &self.chunks {
+                c.end(job)?;
             }
             let key = (job.component, job.stored.as_str());
             if uses
@@ -216,6 +239,9 @@ impl<'a> Exec<'a> {
 
     /// Writes `bytes` at byte `offset` of `job`'s slot.
     pub fn write(&self, job: &Job, offset: usize, bytes: &[u8]) -> Result<(), PipelineError> {
+        if let Some(c) = &self.chunks {
+            return c.write(job, offset, bytes);
+        }
         self.staging
             .write(job.slot, job.dst_offset + offset, bytes)
             .map_err(|source| PipelineError::Write {

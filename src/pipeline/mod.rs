@@ -10,7 +10,8 @@
 //!    order, copying, converting and encoding untouched tensors, reading base rows
 //!    (`base_rows`), with the compute routes and their lanes ([`Compute`], `compute`); a job
 //!    that reads a target goes to a [`TargetWriter`] (the merge engine's `merge::Merger`);
-//! 3. [`write`] (`write`): a [`Ready`] plan through the release writer (`release`).
+//! 3. [`write`] (`write`): a [`Ready`] plan through the release writer (`release`); an
+//!    Orbax output's chunks stream through `orbax` and its databases are written last.
 //!
 //! Does not own: how a merged target is computed (`merge`, plugged in through
 //! [`TargetWriter`] and [`TargetValues`]), binding (`adapter`), model facts and layouts
@@ -23,14 +24,15 @@ pub mod compute;
 pub mod error;
 pub mod exec;
 pub mod job;
+pub mod orbax;
 pub mod output;
 pub mod plan;
 pub mod write;
 
 pub use compute::{Compute, DeviceRecord, DeviceReport, Lanes};
 pub use error::PipelineError;
-pub use exec::{CopyOnly, Exec, ExecOptions, TargetValues, TargetWriter};
+pub use exec::{CopyOnly, Exec, ExecOptions, ExecOutcome, TargetValues, TargetWriter};
 pub use job::{Contribution, Job, RowOrder, Target};
-pub use output::{BadOption, OutputChoices, OutputOptions};
+pub use output::{BadOption, Container, OutputChoices, OutputFormat, OutputOptions};
 pub use plan::{AdapterReport, Plan, Ready, TargetIndex};
 pub use write::{Writing, write};

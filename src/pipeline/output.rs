@@ -7,7 +7,8 @@
 //! plan (`model::read_plan`) and the layout module's write plans; the keep-f32 policy and its
 //! defaults; config.json with the layout stamped; sharding like the base or as asked), and a
 //! quantized output (one fp8-scaled or GGUF file from `quantize`'s plan: one job per tensor
-//! carrying its encoding). Does not own: which tensors change (`pipeline::plan`), the layouts
+//! carrying its encoding), and an Orbax output (`--to orbax`: the `nnx` / `nnx-scanned`
+//! conversion of each transformer as an item of MaxDiffusion's cache, `pipeline::orbax`). Does not own: which tensors change (`pipeline::plan`), the layouts
 //! and name tables themselves (`model`), the keep-f32 rules (`layout`), the quantization rules
 //! and encodings (`quantize`), laying out files (`io::writer`).
 
@@ -15,6 +16,7 @@ use std::collections::BTreeMap;
 
 use super::error::PipelineError;
 use super::job::Job;
+use super::orbax::{ItemInput, OrbaxPlan};
 use crate::io::header_layout::PlannedTensor;
 use crate::io::writer::{ComponentOutput, OutputPlan};
 use crate::io::{Component, DType, Slot};
@@ -45,7 +47,76 @@ pub struct OutputOptions {
     /// original-Wan names, each tensor encoded from its f32 value (`quantize`); `dtype`,
     /// `keep_f32`, `layout` and `shard_bytes` are then unused.
     pub quantize: Option<QuantOptions>,
+    /// The container the tensors go in (`--to orbax`: MaxDiffusion's pretrained cache,
+    /// `pipeline::orbax`; `layout` is then `nnx` or `nnx-scanned` and `keep_f32`
+    /// MaxDiffusion's).
+    pub container: Container,
 }
+
+/// The container of an output that is not quantized.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Container {
+    /// safetensors files, named and sharded like the base (or as asked).
+    #[default]
+    Safetensors,
+    /// An Orbax CheckpointManager root as MaxDiffusion's `pretrained_orbax_dir`.
+    Orbax,
+}
+
+/// What `--to` (recipe `output.to`) names: a quantized file, or an Orbax cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutputFormat {
+    /// One fp8-scaled or GGUF file.
+    Quantized(QuantFormat),
+    /// MaxDiffusion's pretrained Orbax cache (`pipeline::orbax`).
+    Orbax,
+}
+
+impl OutputFormat {
+    /// Every format, in the order `--help` lists them.
+    pub const ALL: [OutputFormat; QuantFormat::ALL.len() + 1] = {
+        let mut all = [OutputFormat::Orbax; QuantFormat::ALL.len() + 1];
+        let mut i = 0;
+        while i < QuantFormat::ALL.len() {
+            all[i] = OutputFormat::Quantized(QuantFormat::ALL[i]);
+            i += 1;
+        }
+        all
+    };
+
+    /// Its name on the command line and in recipes.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OutputFormat::Quantized(q) => q.as_str(),
+            OutputFormat::Orbax => "orbax",
+        }
+    }
+}
+
+impl From<QuantFormat> for OutputFormat {
+    fn from(q: QuantFormat) -> OutputFormat {
+        OutputFormat::Quantized(q)
+    }
+}
+
+impl std::fmt::Display for OutputFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for OutputFormat {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<OutputFormat, String> {
+        crate::names::find(&OutputFormat::ALL, OutputFormat::as_str, s).ok_or_else(|| {
+            let all: Vec<&str> = OutputFormat::ALL.iter().map(|f| f.as_str()).collect();
+            format!("unknown format `{s}` (one of: {})", all.join(", "))
+        })
+    }
+}
+
+crate::names::value_enum!(OutputFormat);
 
 /// The output options a front end chose, typed: clap values on the command line, recipe
 /// fields read with each type's `FromStr` (`Recipe::output_options`). [`OutputOptions::new`]
@@ -62,8 +133,8 @@ pub struct OutputChoices {
     /// Largest output shard in bytes (the front ends take "5GB" or bytes:
     /// `recipe::parse_size`).
     pub shard_bytes: Option<u64>,
-    /// A quantized output format.
-    pub to: Option<QuantFormat>,
+    /// A quantized output format, or an Orbax cache.
+    pub to: Option<OutputFormat>,
     /// With a GGUF block type: quantize the F16/BF16 rounding, as city96's pipeline does.
     pub city96_rounding: bool,
 }
@@ -84,6 +155,9 @@ impl OutputOptions {
     /// tensor's type, so `keep_f32`, `layout` and `shard_bytes` are refused with it, and
     /// `dtype` must be one fp8-scaled can keep its high-precision tensors in.
     pub fn new(c: OutputChoices) -> Result<OutputOptions, BadOption> {
+        if c.to == Some(OutputFormat::Orbax) {
+            return orbax_options(c);
+        }
         let quantize = quantize_options(&c)?;
         Ok(OutputOptions {
             dtype: match quantize {
@@ -94,6 +168,7 @@ impl OutputOptions {
             layout: c.layout,
             shard_bytes: c.shard_bytes,
             quantize,
+            container: Container::Safetensors,
         })
     }
 
@@ -108,8 +183,49 @@ impl OutputOptions {
             layout: None,
             shard_bytes: None,
             quantize: None,
+            container: Container::Safetensors,
         }
     }
+}
+
+/// `to = orbax`: MaxDiffusion's tree and dtype rule decide names and the keep-f32 policy,
+/// Orbax the files, so `keep_f32`, `shard_size` and `city96_rounding` are refused; `layout`
+/// is `nnx-scanned` (the default, `scan_layers: True`) or `nnx`; `dtype` is MaxDiffusion's
+/// `weights_dtype` (bf16 by default; `f32` makes every leaf f32).
+fn orbax_options(c: OutputChoices) -> Result<OutputOptions, BadOption> {
+    let bad = |field: &'static str, message: String| BadOption { field, message };
+    for (given, field) in [
+        (c.keep_f32.is_some(), "keep_f32"),
+        (c.shard_bytes.is_some(), "shard_size"),
+        (c.city96_rounding, "city96_rounding"),
+    ] {
+        if given {
+            let m = "orbax writes MaxDiffusion's cache (its tree, its f32 rule, Orbax's files); drop it";
+            return Err(bad(field, m.into()));
+        }
+    }
+    let layout = match c.layout {
+        None | Some(Layout::NnxScanned) => Layout::NnxScanned,
+        Some(Layout::Nnx) => Layout::Nnx,
+        Some(other) => {
+            let m = format!(
+                "`{other}`: orbax writes MaxDiffusion's tree, nnx-scanned (default) or nnx"
+            );
+            return Err(bad("layout", m));
+        }
+    };
+    let dtype = match c.dtype {
+        OutputDType::Keep => OutputDType::BF16,
+        d => d,
+    };
+    Ok(OutputOptions {
+        dtype,
+        keep_f32: Some(KeepF32::MaxDiffusion),
+        layout: Some(layout),
+        shard_bytes: None,
+        quantize: None,
+        container: Container::Orbax,
+    })
 }
 
 /// `to` and its companions: the format decides names, files and every tensor's type, so
@@ -117,7 +233,7 @@ impl OutputOptions {
 /// high-precision dtype of fp8-scaled (f16 by default; bf16 or f32) and refused for GGUF.
 fn quantize_options(c: &OutputChoices) -> Result<Option<QuantOptions>, BadOption> {
     let bad = |field: &'static str, message: String| BadOption { field, message };
-    let Some(format) = c.to else {
+    let Some(OutputFormat::Quantized(format)) = c.to else {
         if c.city96_rounding {
             return Err(bad("city96_rounding", "needs to = gguf:<type>".into()));
         }
@@ -168,6 +284,8 @@ pub struct OutputSide {
     pub keep_f32: String,
     /// The quantized output's plan, when `options.quantize` asks for one.
     pub quant: Option<QuantPlan>,
+    /// The Orbax output's items and chunks, for `Container::Orbax`.
+    pub orbax: Option<OrbaxPlan>,
 }
 
 /// One component's output before slots are known.
@@ -181,6 +299,9 @@ struct ComponentJobs {
 pub fn plan_output(base: &BaseModel, options: &OutputOptions) -> Result<OutputSide, PipelineError> {
     if let Some(q) = options.quantize {
         return quantized(base, q);
+    }
+    if options.container == Container::Orbax {
+        return orbax_output(base, options);
     }
     let mut outputs = Vec::new();
     let mut jobs = Vec::new();
@@ -216,6 +337,74 @@ pub fn plan_output(base: &BaseModel, options: &OutputOptions) -> Result<OutputSi
         dropped,
         keep_f32: policies.join(", "),
         quant: None,
+        orbax: None,
+    })
+}
+
+/// MaxDiffusion's pretrained cache (`pipeline::orbax`): each transformer of `base` in the
+/// `nnx` or `nnx-scanned` layout as an item, MaxDiffusion's keep-f32 rule, `wan_config` from
+/// the config.json MaxDiffusion saves it from.
+fn orbax_output(base: &BaseModel, options: &OutputOptions) -> Result<OutputSide, PipelineError> {
+    use crate::model::maxdiffusion;
+    let names: Vec<&str> = base.components.iter().map(|c| c.name.as_str()).collect();
+    let (Some(items), Some(config_at)) = (
+        maxdiffusion::state_items(&names),
+        maxdiffusion::config_component(&names),
+    ) else {
+        return Err(PipelineError::Plan(format!(
+            "{}: MaxDiffusion's cache holds one WAN transformer or a Wan 2.2 A14B pipeline's two (transformer/, transformer_2/); this base has {} components",
+            base.path.display(),
+            names.len()
+        )));
+    };
+    let to = options.layout.unwrap_or(Layout::NnxScanned);
+    let policy = KeepF32::MaxDiffusion;
+    let mut comps = Vec::new();
+    for (ci, part) in base.parts().enumerate() {
+        comps.push(converted(ci, part, to, options.dtype, &policy)?);
+    }
+    let config = &base.components[config_at];
+    let Some(json) = config
+        .sidecar("config.json")
+        .and_then(|s| s.json.as_object())
+    else {
+        return Err(PipelineError::Plan(format!(
+            "{}: MaxDiffusion's cache needs the transformer's config.json (its wan_config)",
+            base.path.join(&config.rel_dir).display()
+        )));
+    };
+    let (wan_config, left_out) = maxdiffusion::wan_config(json, to == Layout::NnxScanned);
+    let inputs: Vec<ItemInput<'_>> = (comps.iter().zip(items))
+        .map(|(c, item)| ItemInput {
+            item,
+            tensors: &c.output.tensors,
+            jobs: &c.jobs,
+        })
+        .collect();
+    let (orbax, aux) = OrbaxPlan::new(&inputs, &wan_config)?;
+    let mut output = OutputPlan::build(&[], &aux)
+        .map_err(|e| PipelineError::Plan(format!("the output cannot be laid out: {e}")))?;
+    output.late_bytes = orbax.array_bytes();
+    let mut dropped: Vec<String> = (left_out.iter())
+        .map(|k| {
+            format!(
+                "{}config.json: `{k}`: not an argument of MaxDiffusion's WanModel",
+                prefix(config)
+            )
+        })
+        .collect();
+    let mut jobs = Vec::new();
+    for c in comps {
+        jobs.extend(c.jobs);
+        dropped.extend(c.dropped);
+    }
+    Ok(OutputSide {
+        output,
+        jobs,
+        dropped,
+        keep_f32: policy.to_string(),
+        quant: None,
+        orbax: Some(orbax),
     })
 }
 
@@ -266,6 +455,7 @@ fn quantized(base: &BaseModel, q: QuantOptions) -> Result<OutputSide, PipelineEr
         dropped,
         keep_f32: "none".into(),
         quant: Some(qplan),
+        orbax: None,
     })
 }
 

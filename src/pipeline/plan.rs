@@ -53,6 +53,8 @@ pub struct Plan<'a> {
     pub options: OutputOptions,
     /// The quantized output's tensors, encodings and reasons, when the output is quantized.
     pub quant: Option<QuantPlan>,
+    /// The Orbax output's items and chunks (`--to orbax`).
+    pub orbax: Option<super::orbax::OrbaxPlan>,
     /// Every adapter file, hashed (their content orders contributions).
     pub adapter_inputs: Vec<InputRecord>,
 }
@@ -92,6 +94,7 @@ impl<'a> Plan<'a> {
             dropped,
             keep_f32,
             quant,
+            orbax,
         } = plan_output(base, options)?;
         let mut plan = Plan {
             base,
@@ -104,6 +107,7 @@ impl<'a> Plan<'a> {
             keep_f32,
             options: options.clone(),
             quant,
+            orbax,
             adapter_inputs: adapter_inputs.into_values().collect(),
         };
         attach_targets(&mut plan)?;
@@ -131,6 +135,7 @@ impl<'a> Plan<'a> {
             keep_f32,
             options,
             quant: None,
+            orbax: None,
             adapter_inputs: Vec::new(),
         })
     }

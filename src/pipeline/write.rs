@@ -2,8 +2,8 @@
 //!
 //! Owns: [`write`] (stamp the provenance into the output headers, hand the plan's output to
 //! the release writer, run the executor as its producer, and turn what ran into the
-//! manifest's report: the producer's own, and for a quantized output the quantization report
-//! around it) and [`Writing`], how a write is recorded. Does not own: the release writer's
+//! manifest's report: the producer's own, for a quantized output the quantization report
+//! around it, for an Orbax output its chunks' value digests beside it (`orbax`, `producer`)) and [`Writing`], how a write is recorded. Does not own: the release writer's
 //! steps (`release`), the jobs (`pipeline::exec`), what a target is (`merge`).
 
 use std::collections::BTreeMap;
@@ -97,11 +97,16 @@ where
     write_release(
         req,
         |staging| {
-            let errors = Exec::new(plan, staging, exec).run(targets)?;
+            let ran = Exec::new(plan, staging, exec).run(targets)?;
             let report = report()?;
-            match &plan.quant {
-                None => Ok(report),
-                Some(_) => quantized_report(plan, report, &errors).map_err(T::Error::from),
+            match (&plan.quant, ran.orbax) {
+                (Some(_), _) => {
+                    quantized_report(plan, report, &ran.quant_errors).map_err(T::Error::from)
+                }
+                (None, Some(orbax)) => {
+                    Ok(serde_json::json!({ "orbax": orbax, "producer": report }))
+                }
+                (None, None) => Ok(report),
             }
         },
         hooks,

@@ -76,6 +76,16 @@ pub enum EncodeError {
         /// libzstd's message.
         reason: String,
     },
+    /// An inline value over the limit.
+    #[error(
+        "OCDBT value `{key}` of {len} bytes cannot be inline (at most {MAX_INLINE_VALUE_BYTES})"
+    )]
+    InlineTooLong {
+        /// The key.
+        key: String,
+        /// Its length.
+        len: usize,
+    },
     /// A dtype zarr v2 (as Orbax writes it) has no string for.
     #[error("{dtype:?} has no zarr v2 dtype in Orbax")]
     Dtype {
@@ -153,7 +163,8 @@ fn py_repr(s: &str) -> String {
     out
 }
 
-/// `json.dumps(value)` for a JSON value with keys in the map's (sorted) order.
+/// `json.dumps(value)` for a JSON value with keys in the map's (sorted) order; a float is
+/// spelt as Python's `repr` spells it (`1e-06`, `8.0`).
 pub fn py_json(v: &serde_json::Value) -> String {
     let mut out = String::new();
     py_json_into(&mut out, v);
@@ -165,7 +176,10 @@ fn py_json_into(out: &mut String, v: &serde_json::Value) {
     match v {
         J::Null => out.push_str("null"),
         J::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-        J::Number(n) => out.push_str(&n.to_string()),
+        J::Number(n) => match n.as_f64().filter(|_| n.is_f64()) {
+            Some(x) => out.push_str(&py_float(x)),
+            None => out.push_str(&n.to_string()),
+        },
         J::String(s) => py_str(out, s),
         J::Array(a) => {
             out.push('[');
@@ -189,6 +203,32 @@ fn py_json_into(out: &mut String, v: &serde_json::Value) {
             }
             out.push('}');
         }
+    }
+}
+
+/// Python's `repr` of a float, as `json.dumps` writes it: the shortest digits that round
+/// trip, fixed notation for decimal exponents -4 ..= 15 (with `.0` on an integer),
+/// scientific otherwise with a signed two-digit exponent (`1e-06`, `1.5e+16`).
+fn py_float(x: f64) -> String {
+    if x.is_nan() {
+        return "NaN".into();
+    }
+    if x.is_infinite() {
+        return if x > 0.0 { "Infinity" } else { "-Infinity" }.into();
+    }
+    let sci = format!("{x:e}");
+    let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
+    let exp: i32 = exp.parse().unwrap_or(0);
+    if (-4..16).contains(&exp) {
+        let fixed = format!("{x}");
+        if fixed.contains('.') {
+            fixed
+        } else {
+            format!("{fixed}.0")
+        }
+    } else {
+        let sign = if exp < 0 { '-' } else { '+' };
+        format!("{mantissa}e{sign}{:02}", exp.abs())
     }
 }
 
@@ -242,8 +282,7 @@ pub fn encode_tree_metadata(leaves: &[MetadataLeaf]) -> Vec<u8> {
 }
 
 /// `_CHECKPOINT_METADATA` with fixed (zero) timestamps. `custom_metadata` is written with
-/// sorted keys and serde_json's number spelling (Python writes `1e-05` where this writes
-/// `1e-5`; integers and plain decimals such as `8.0` are spelled alike). `item_handlers` is the handler name
+/// sorted keys and Python's number spelling (`py_json`). `item_handlers` is the handler name
 /// (an item folder) or an object of item name → handler (a step folder).
 pub fn encode_checkpoint_metadata(
     item_handlers: &serde_json::Value,
@@ -718,46 +757,8 @@ impl OcdbtBuilder {
             nodes.extend_from_slice(&enc);
             start = end;
         }
-        let mut height = 0u8;
-        while level.len() > 1 {
-            height += 1;
-            let mut next = Vec::new();
-            let mut start = 0;
-            while start < level.len() {
-                let mut end = start;
-                let mut size = 64usize;
-                while end < level.len() {
-                    let cost = level[end].first_key.len() + 60;
-                    if end - start >= 2 && size + cost > self.node_budget {
-                        break;
-                    }
-                    size += cost;
-                    end += 1;
-                }
-                // Never leave a lone child for the next node.
-                if level.len() - end == 1 {
-                    end += 1;
-                }
-                let group = &level[start..end];
-                let enc = encode_interior_node(height, group, &data_file);
-                next.push(ChildRef {
-                    first_key: group[0].first_key.clone(),
-                    offset: base + nodes.len() as u64,
-                    length: enc.len() as u64,
-                    num_keys: group.iter().map(|c| c.num_keys).sum(),
-                    num_tree_bytes: enc.len() as u64
-                        + group.iter().map(|c| c.num_tree_bytes).sum::<u64>(),
-                    num_indirect_value_bytes: group
-                        .iter()
-                        .map(|c| c.num_indirect_value_bytes)
-                        .sum(),
-                });
-                nodes.extend_from_slice(&enc);
-                start = end;
-            }
-            level = next;
-        }
-        let manifest = encode_manifest(uuid, height, level.first(), &data_file);
+        let (height, root) = interior_levels(level, &mut nodes, base, &data_file, self.node_budget);
+        let manifest = encode_manifest(uuid, height, root.as_ref(), &data_file);
         OcdbtTail {
             data_file,
             nodes,
@@ -765,6 +766,55 @@ impl OcdbtBuilder {
             uuid,
         }
     }
+}
+
+/// Encodes the interior levels above `level` (children whose nodes are at `base +` their
+/// place in `nodes`), appending each node to `nodes`: the root's height and reference
+/// (`None`: an empty database).
+fn interior_levels(
+    mut level: Vec<ChildRef>,
+    nodes: &mut Vec<u8>,
+    base: u64,
+    data_file: &str,
+    node_budget: usize,
+) -> (u8, Option<ChildRef>) {
+    let mut height = 0u8;
+    while level.len() > 1 {
+        height += 1;
+        let mut next = Vec::new();
+        let mut start = 0;
+        while start < level.len() {
+            let mut end = start;
+            let mut size = 64usize;
+            while end < level.len() {
+                let cost = level[end].first_key.len() + 60;
+                if end - start >= 2 && size + cost > node_budget {
+                    break;
+                }
+                size += cost;
+                end += 1;
+            }
+            // Never leave a lone child for the next node.
+            if level.len() - end == 1 {
+                end += 1;
+            }
+            let group = &level[start..end];
+            let enc = encode_interior_node(height, group, data_file);
+            next.push(ChildRef {
+                first_key: group[0].first_key.clone(),
+                offset: base + nodes.len() as u64,
+                length: enc.len() as u64,
+                num_keys: group.iter().map(|c| c.num_keys).sum(),
+                num_tree_bytes: enc.len() as u64
+                    + group.iter().map(|c| c.num_tree_bytes).sum::<u64>(),
+                num_indirect_value_bytes: group.iter().map(|c| c.num_indirect_value_bytes).sum(),
+            });
+            nodes.extend_from_slice(&enc);
+            start = end;
+        }
+        level = next;
+    }
+    (height, level.into_iter().next())
 }
 
 /// One array of an item to encode in memory (`encode_item`).
@@ -843,4 +893,277 @@ pub fn encode_item(
     ];
     files.sort();
     Ok(files)
+}
+
+// ---------------------------------------------------------------------------------------
+// A database whose large values each live in a file of their own.
+
+/// A value of an [`ItemDb`]: in the leaf, or `length` bytes at `offset` of a data file
+/// (path relative to the item).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Located {
+    /// In the leaf (at most `MAX_INLINE_VALUE_BYTES`).
+    Inline(Vec<u8>),
+    /// In a data file.
+    InFile {
+        /// Path relative to the item (`ocdbt.process_0/d/<name>`).
+        file: String,
+        /// Offset in it.
+        offset: u64,
+        /// Length.
+        length: u64,
+    },
+}
+
+/// A data-file table of `files` (sorted, distinct; each relative to the referring object's
+/// path, with an empty base path), prefix-compressed.
+fn encode_data_file_table_of(out: &mut Vec<u8>, files: &[&str]) {
+    varint(out, files.len() as u64);
+    let prefixes: Vec<usize> = (0..files.len())
+        .map(|i| match i {
+            0 => 0,
+            _ => common_prefix(files[i - 1].as_bytes(), files[i].as_bytes()),
+        })
+        .collect();
+    for &p in &prefixes[1.min(prefixes.len())..] {
+        varint(out, p as u64);
+    }
+    for (f, &p) in files.iter().zip(&prefixes) {
+        varint(out, (f.len() - p) as u64);
+    }
+    for _ in files {
+        varint(out, 0); // base path length
+    }
+    for (f, &p) in files.iter().zip(&prefixes) {
+        out.extend_from_slice(&f.as_bytes()[p..]);
+    }
+}
+
+/// An encoded leaf node (height 0, keys relative to the empty prefix) whose out-of-line
+/// values may lie in many data files: its table lists each file its entries refer to once.
+pub fn encode_leaf_node_files(entries: &[(&[u8], &Located)]) -> Vec<u8> {
+    let mut files: Vec<&str> = entries
+        .iter()
+        .filter_map(|(_, v)| match v {
+            Located::InFile { file, .. } => Some(file.as_str()),
+            Located::Inline(_) => None,
+        })
+        .collect();
+    files.sort_unstable();
+    files.dedup();
+    let mut b = vec![0u8]; // height
+    encode_data_file_table_of(&mut b, &files);
+    varint(&mut b, entries.len() as u64);
+    let keys: Vec<&[u8]> = entries.iter().map(|(k, _)| *k).collect();
+    encode_keys(&mut b, &keys, false);
+    for (_, v) in entries {
+        let len = match v {
+            Located::Inline(x) => x.len() as u64,
+            Located::InFile { length, .. } => *length,
+        };
+        varint(&mut b, len);
+    }
+    for (_, v) in entries {
+        b.push(u8::from(matches!(v, Located::InFile { .. })));
+    }
+    for (_, v) in entries {
+        if let Located::InFile { file, .. } = v {
+            let id = files.binary_search(&file.as_str()).unwrap_or(0);
+            varint(&mut b, id as u64);
+        }
+    }
+    for (_, v) in entries {
+        if let Located::InFile { offset, .. } = v {
+            varint(&mut b, *offset);
+        }
+    }
+    for (_, v) in entries {
+        if let Located::Inline(x) = v {
+            b.extend_from_slice(x);
+        }
+    }
+    encode_object(BTREE_NODE_MAGIC, &b)
+}
+
+/// What [`ItemDb::finish`] returns: the node file to write and the manifest.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ItemDbTail {
+    /// The node file's path relative to the item (`ocdbt.process_0/d/<32 hex>`), named
+    /// from the database's keys and value locations.
+    pub node_file: String,
+    /// Its bytes: every B+tree node, root last.
+    pub nodes: Vec<u8>,
+    /// `manifest.ocdbt`.
+    pub manifest: Vec<u8>,
+}
+
+/// Builds one OCDBT database generation whose values are inline or already written to
+/// data files of their own (a chunk per file, named by its content): the writer streams
+/// every chunk into its own file as it is produced, in any order, and writes the nodes and
+/// the manifest last. Same settings as [`OcdbtBuilder`] (its module doc).
+#[derive(Clone, Debug)]
+pub struct ItemDb {
+    entries: BTreeMap<Vec<u8>, Located>,
+    node_budget: usize,
+}
+
+impl Default for ItemDb {
+    fn default() -> Self {
+        Self::with_node_budget(DEFAULT_NODE_BUDGET)
+    }
+}
+
+impl ItemDb {
+    /// An empty database whose nodes are split at about `bytes` encoded bytes.
+    pub fn with_node_budget(bytes: usize) -> Self {
+        ItemDb {
+            entries: BTreeMap::new(),
+            node_budget: bytes.max(1),
+        }
+    }
+
+    /// Adds `key` with its value (an inline value over `MAX_INLINE_VALUE_BYTES` is refused
+    /// as too long for a leaf).
+    pub fn put(&mut self, key: &str, value: Located) -> Result<(), EncodeError> {
+        if key.len() > MAX_KEY_LEN {
+            return Err(EncodeError::KeyTooLong { len: key.len() });
+        }
+        if let Located::Inline(x) = &value
+            && x.len() > MAX_INLINE_VALUE_BYTES
+        {
+            return Err(EncodeError::InlineTooLong {
+                key: key.into(),
+                len: x.len(),
+            });
+        }
+        if self
+            .entries
+            .insert(key.as_bytes().to_vec(), value)
+            .is_some()
+        {
+            return Err(EncodeError::DuplicateKey { key: key.into() });
+        }
+        Ok(())
+    }
+
+    /// Keys added so far.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// No key yet?
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The node file (named from a sha256 of every key and value location: content, as
+    /// the chunk files are named by theirs) and the manifest.
+    pub fn finish(self) -> ItemDbTail {
+        let mut h = Sha256::new();
+        for (k, v) in &self.entries {
+            h.update((k.len() as u64).to_le_bytes());
+            h.update(k);
+            match v {
+                Located::Inline(x) => {
+                    h.update([0u8]);
+                    h.update((x.len() as u64).to_le_bytes());
+                    h.update(x);
+                }
+                Located::InFile {
+                    file,
+                    offset,
+                    length,
+                } => {
+                    h.update([1u8]);
+                    h.update((file.len() as u64).to_le_bytes());
+                    h.update(file.as_bytes());
+                    h.update(offset.to_le_bytes());
+                    h.update(length.to_le_bytes());
+                }
+            }
+        }
+        let digest: [u8; 32] = h.finalize().into();
+        let name: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+        let node_file = format!("{DATA_DIR}{name}");
+        let mut uuid = [0u8; 16];
+        uuid.copy_from_slice(
+            &Sha256::digest([b"wanbake ocdbt uuid".as_slice(), &digest].concat())[..16],
+        );
+        let entries: Vec<(&[u8], &Located)> = self
+            .entries
+            .iter()
+            .map(|(k, v)| (k.as_slice(), v))
+            .collect();
+        let mut nodes = Vec::new();
+        let mut level = Vec::new();
+        let mut start = 0;
+        while start < entries.len() {
+            let mut end = start;
+            let mut size = 64usize;
+            while end < entries.len() {
+                let (k, v) = entries[end];
+                let cost = k.len()
+                    + 24
+                    + match v {
+                        Located::Inline(x) => x.len(),
+                        Located::InFile { file, .. } => 20 + file.len(),
+                    };
+                if end > start && size + cost > self.node_budget {
+                    break;
+                }
+                size += cost;
+                end += 1;
+            }
+            let group = &entries[start..end];
+            let enc = encode_leaf_node_files(group);
+            let indirect: u64 = group
+                .iter()
+                .map(|(_, v)| match v {
+                    Located::InFile { length, .. } => *length,
+                    Located::Inline(_) => 0,
+                })
+                .sum();
+            level.push(ChildRef {
+                first_key: group[0].0.to_vec(),
+                offset: nodes.len() as u64,
+                length: enc.len() as u64,
+                num_keys: group.len() as u64,
+                num_tree_bytes: enc.len() as u64,
+                num_indirect_value_bytes: indirect,
+            });
+            nodes.extend_from_slice(&enc);
+            start = end;
+        }
+        let (height, root) = interior_levels(level, &mut nodes, 0, &node_file, self.node_budget);
+        let manifest = encode_manifest(uuid, height, root.as_ref(), &node_file);
+        ItemDbTail {
+            node_file,
+            nodes,
+            manifest,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn floats_are_spelt_as_python_repr() {
+        for (x, py) in [
+            (1e-6, "1e-06"),
+            (8.0, "8.0"),
+            (0.0, "0.0"),
+            (0.0001, "0.0001"),
+            (1e-5, "1e-05"),
+            (1.5e16, "1.5e+16"),
+            (123456789012345.0, "123456789012345.0"),
+            (0.1, "0.1"),
+            (-2.5, "-2.5"),
+        ] {
+            assert_eq!(py_float(x), py, "{x}");
+        }
+        let v: serde_json::Value = serde_json::from_str(r#"{"eps": 1e-06, "n": 3}"#).unwrap();
+        assert_eq!(py_json(&v), r#"{"eps": 1e-06, "n": 3}"#);
+    }
 }
