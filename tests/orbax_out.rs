@@ -428,3 +428,52 @@ fn bake_to_orbax_with_checks_is_refused_before_writing() {
     assert!(err.contains("output.to") && err.contains("runner"), "{err}");
     assert!(!out.exists());
 }
+
+/// wanbake reads back the cache it writes (the input half, `io::orbax::source`): restacking
+/// the cache to diffusers gives the bytes of the same restack from the nnx-scanned
+/// safetensors of the same weights, for a single transformer and for the A14B pair (whose
+/// items come back as transformer/ and transformer_2/).
+#[test]
+fn wanbake_reads_back_its_own_cache() {
+    let d = tmp();
+    for model in ["t2v", "a14b"] {
+        let input = golden(&format!("models/{model}"));
+        let cache = d.path().join(format!("{model}-cache"));
+        convert(d.path(), &input, &cache, &[]);
+        let path = |p: &Path| p.to_str().unwrap().to_string();
+        let restack = |from: &Path, to: &str, out: &Path| {
+            let args = [
+                "restack",
+                &path(from),
+                "--to",
+                to,
+                "--dtype",
+                "bf16",
+                "--out",
+                &path(out),
+            ];
+            ok(run(d.path(), &args));
+        };
+        let back = d.path().join(format!("{model}-back"));
+        restack(&cache, "diffusers", &back);
+        let nnx = d.path().join(format!("{model}-nnx"));
+        restack(&input, "nnx-scanned", &nnx);
+        let reference = d.path().join(format!("{model}-ref"));
+        restack(&nnx, "diffusers", &reference);
+        let weights = |dir: &Path| -> BTreeMap<String, Vec<u8>> {
+            let all = files(dir, &[]).into_iter();
+            all.filter(|(name, _)| name.ends_with(".safetensors"))
+                .collect()
+        };
+        let (got, want) = (weights(&back), weights(&reference));
+        assert!(!got.is_empty(), "{model}: nothing read back");
+        assert_eq!(
+            got.keys().collect::<Vec<_>>(),
+            want.keys().collect::<Vec<_>>(),
+            "{model}"
+        );
+        for (name, bytes) in &got {
+            assert!(bytes == &want[name], "{model}: {name} differs");
+        }
+    }
+}
