@@ -398,15 +398,7 @@ pub fn encode_object(magic: u32, body: &[u8]) -> Vec<u8> {
 /// A data-file table of at most one file (`path` relative to the referring object's
 /// transitive path, with an empty base path).
 pub fn encode_data_file_table(out: &mut Vec<u8>, file: Option<&str>) {
-    match file {
-        None => varint(out, 0),
-        Some(p) => {
-            varint(out, 1);
-            varint(out, p.len() as u64); // suffix length (no prefix for the first path)
-            varint(out, 0); // base path length
-            out.extend_from_slice(p.as_bytes());
-        }
-    }
+    encode_data_file_table_of(out, file.as_slice());
 }
 
 fn common_prefix(a: &[u8], b: &[u8]) -> usize {
@@ -456,44 +448,24 @@ pub enum Stored {
 }
 
 /// An encoded B+tree leaf node (height 0) with keys relative to the empty prefix. The
-/// data-file table holds `data_file` when any value is out of line.
+/// data-file table holds `data_file` when any value is out of line ([`encode_leaf_node_files`]
+/// with every out-of-line value in that one file).
 pub fn encode_leaf_node(entries: &[(&[u8], &Stored)], data_file: &str) -> Vec<u8> {
-    let any_indirect = entries
+    let located: Vec<Located> = entries
         .iter()
-        .any(|(_, v)| matches!(v, Stored::OutOfLine { .. }));
-    let mut b = vec![0u8]; // height
-    encode_data_file_table(&mut b, any_indirect.then_some(data_file));
-    varint(&mut b, entries.len() as u64);
-    let keys: Vec<&[u8]> = entries.iter().map(|(k, _)| *k).collect();
-    encode_keys(&mut b, &keys, false);
-    for (_, v) in entries {
-        varint(
-            &mut b,
-            match v {
-                Stored::Inline(x) => x.len() as u64,
-                Stored::OutOfLine { length, .. } => *length,
+        .map(|(_, v)| match v {
+            Stored::Inline(x) => Located::Inline(x.clone()),
+            Stored::OutOfLine { offset, length } => Located::InFile {
+                file: data_file.to_string(),
+                offset: *offset,
+                length: *length,
             },
-        );
-    }
-    for (_, v) in entries {
-        b.push(u8::from(matches!(v, Stored::OutOfLine { .. })));
-    }
-    for (_, v) in entries {
-        if matches!(v, Stored::OutOfLine { .. }) {
-            varint(&mut b, 0);
-        }
-    }
-    for (_, v) in entries {
-        if let Stored::OutOfLine { offset, .. } = v {
-            varint(&mut b, *offset);
-        }
-    }
-    for (_, v) in entries {
-        if let Stored::Inline(x) = v {
-            b.extend_from_slice(x);
-        }
-    }
-    encode_object(BTREE_NODE_MAGIC, &b)
+        })
+        .collect();
+    let entries: Vec<(&[u8], &Located)> = (entries.iter().zip(&located))
+        .map(|((k, _), v)| (*k, v))
+        .collect();
+    encode_leaf_node_files(&entries)
 }
 
 /// A child of an interior node: its first key, where its encoded node is, its statistics.
