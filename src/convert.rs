@@ -3,9 +3,8 @@
 //! ComfyUI (`--to`), as a release with a manifest.
 //!
 //! Owns: `ConvertSpec` and `convert_release` (the output plan mirrors the
-//! input, one job per tensor), and `quantize_release` (the pipeline's own output plan of a
-//! quantized output, with no adapters), and `orbax_release` (MaxDiffusion's pretrained
-//! Orbax cache, the same way). All run through the pipeline with no targets
+//! input, one job per tensor), and `encoded_release` (the pipeline's own output plan of a
+//! quantized output or of MaxDiffusion's pretrained Orbax cache, with no adapters). All run through the pipeline with no targets
 //! (`pipeline::write` with `CopyOnly`, whose copy-or-convert loop every producing command
 //! uses: a tensor whose dtype does not change is copied byte for byte, otherwise it is
 //! widened to f32 and rounded once with round-to-nearest-even). Does not own: the executor
@@ -119,73 +118,52 @@ fn converted_report(plan: &Plan<'_>) -> serde_json::Value {
     serde_json::json!({ "tensors": plan.jobs.len(), "converted": converted })
 }
 
-/// `convert --to`: the WAN transformer at `input` quantized as `options.quantize` says (one
-/// fp8-scaled or GGUF file, from `OutputOptions::new`), recorded as `convert` with the
-/// input's files under the role `input`.
-pub fn quantize_release(
+/// `convert --to`: the WAN transformer (or Wan 2.2 A14B pipeline, for Orbax) at `input` as
+/// `options` encode it (from `OutputOptions::new`: one fp8-scaled or GGUF file, or
+/// MaxDiffusion's pretrained Orbax cache, `pipeline::orbax`), with no adapters, recorded as
+/// `convert` with the input's files under the role `input`.
+pub fn encoded_release(
     input: &Path,
     options: &OutputOptions,
     dest: &Path,
     replace: Replace,
     hooks: Hooks<'_>,
 ) -> Result<Release, ReleaseError> {
-    let Some(quantize) = options.quantize else {
+    let orbax = options.container == crate::pipeline::Container::Orbax;
+    if options.quantize.is_none() && !orbax {
         return Err(ReleaseError::produce(PipelineError::Internal(
-            "convert --to: no quantized output was asked for".into(),
-        )));
-    };
-    let base = BaseModel::open(input)?;
-    let plan = Plan::new(&base, &[], options)
-        .map_err(ReleaseError::produce)?
-        .hash_base_while_writing("input");
-    let options = serde_json::json!({
-        "input": input.display().to_string(),
-        "to": quantize.format.as_str(),
-        "high_precision": quantize.high_precision_label(),
-        "city96_rounding": quantize.city96_rounding,
-    });
-    let writing = Writing::new(dest, replace, "convert", options);
-    write(
-        &plan,
-        writing,
-        &CopyOnly,
-        || Ok(serde_json::Value::Null),
-        hooks,
-    )
-}
-
-/// `convert --to orbax`: the WAN transformer (or Wan 2.2 A14B pipeline) at `input` as
-/// MaxDiffusion's pretrained Orbax cache (`pipeline::orbax`; `options` from
-/// `OutputOptions::new` with `to` orbax), recorded as `convert` with the input's files under
-/// the role `input`.
-pub fn orbax_release(
-    input: &Path,
-    options: &OutputOptions,
-    dest: &Path,
-    replace: Replace,
-    hooks: Hooks<'_>,
-) -> Result<Release, ReleaseError> {
-    if options.container != crate::pipeline::Container::Orbax {
-        return Err(ReleaseError::produce(PipelineError::Internal(
-            "convert --to orbax: no Orbax output was asked for".into(),
+            "convert --to: neither a quantized nor an Orbax output was asked for".into(),
         )));
     }
     let base = BaseModel::open(input)?;
     let plan = Plan::new(&base, &[], options)
         .map_err(ReleaseError::produce)?
         .hash_base_while_writing("input");
-    let described = serde_json::json!({
-        "input": input.display().to_string(),
-        "to": "orbax",
-        "dtype": options.dtype.as_str(),
-        "layout": options.layout.map(|l| l.as_str()),
-    });
-    let report = serde_json::json!({
-        "arrays": plan.orbax.as_ref().map_or(0, |o| o.array_count()),
-        "jobs": plan.jobs.len(),
-        "keep_f32": plan.keep_f32,
-        "dropped": plan.dropped_by_layout,
-    });
+    let (described, report) = match options.quantize {
+        Some(quantize) => (
+            serde_json::json!({
+                "input": input.display().to_string(),
+                "to": quantize.format.as_str(),
+                "high_precision": quantize.high_precision_label(),
+                "city96_rounding": quantize.city96_rounding,
+            }),
+            serde_json::Value::Null,
+        ),
+        None => (
+            serde_json::json!({
+                "input": input.display().to_string(),
+                "to": "orbax",
+                "dtype": options.dtype.as_str(),
+                "layout": options.layout.map(|l| l.as_str()),
+            }),
+            serde_json::json!({
+                "arrays": plan.orbax.as_ref().map_or(0, |o| o.array_count()),
+                "jobs": plan.jobs.len(),
+                "keep_f32": plan.keep_f32,
+                "dropped": plan.dropped_by_layout,
+            }),
+        ),
+    };
     let writing = Writing::new(dest, replace, "convert", described);
     write(&plan, writing, &CopyOnly, || Ok(report), hooks)
 }

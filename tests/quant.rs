@@ -1536,7 +1536,7 @@ fn tree_bytes(dir: &std::path::Path) -> std::collections::BTreeMap<String, Vec<u
 fn every_encoding_and_layout_completes_through_a_one_chunk_window() {
     use std::sync::Arc;
     use wanbake::adapter::{AdapterSpec, bind_specs};
-    use wanbake::convert::quantize_release;
+    use wanbake::convert::encoded_release;
     use wanbake::convert::{ConvertSpec, convert_release};
     use wanbake::io::staging::Replace;
     use wanbake::layout::dtype_policy::OutputDType;
@@ -1563,7 +1563,7 @@ fn every_encoding_and_layout_completes_through_a_one_chunk_window() {
                     ..OutputChoices::default()
                 };
                 let options = OutputOptions::new(choices).unwrap();
-                quantize_release(&b, &options, out, Replace::Never, Hooks::default()).unwrap();
+                encoded_release(&b, &options, out, Replace::Never, Hooks::default()).unwrap();
             }),
         ));
     }

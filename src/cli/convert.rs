@@ -2,14 +2,14 @@
 //! converts every float tensor of any checkpoint, mirroring its naming, as a verified
 //! release. `wanbake convert IN --to FORMAT --out DIR [--dtype ..] [--city96-rounding]`: a
 //! WAN transformer as one quantized file with original-Wan names: the pipeline with no
-//! adapters (`wanbake::convert::quantize_release`, options through `OutputOptions::new`).
+//! adapters (`wanbake::convert::encoded_release`, options through `OutputOptions::new`).
 //! Flags and values are clap's typed ones (`cli::output`, the library types' `ValueEnum`s).
 
 use std::path::PathBuf;
 
 use super::output::{FloatDtypeArg, OutputDir, ShardArg};
 use super::{Printer, Status, UsageError};
-use wanbake::convert::{ConvertSpec, convert_release, orbax_release, quantize_release};
+use wanbake::convert::{ConvertSpec, convert_release, encoded_release};
 use wanbake::model::wan_layout::Layout;
 use wanbake::pipeline::{OutputChoices, OutputFormat, OutputOptions};
 use wanbake::release::Hooks;
@@ -101,7 +101,7 @@ fn execute_quantized(to: OutputFormat, args: &Args, p: &mut Printer) -> anyhow::
         return Err(UsageError(format!("--to {to}: not a quantized output")).into());
     };
     super::merge::refuse_gguf_out(&args.output.out)?;
-    let r = quantize_release(
+    let r = encoded_release(
         &args.input,
         &options,
         &args.output.out,
@@ -131,7 +131,7 @@ fn execute_orbax(args: &Args, p: &mut Printer) -> anyhow::Result<Status> {
         ..OutputChoices::default()
     })
     .map_err(super::merge::flag_error)?;
-    let r = orbax_release(
+    let r = encoded_release(
         &args.input,
         &options,
         &args.output.out,
