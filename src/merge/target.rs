@@ -111,8 +111,8 @@ impl<'a> Merger<'a> {
     fn bases_on(&self) -> BasesOn<'_> {
         match &self.route {
             Route::Bands => BasesOn::Worker,
-            Route::Cuda(lanes) => BasesOn::Cuda(lanes),
-            Route::Reference(lanes) => BasesOn::Reference(lanes),
+            Route::Cuda(lanes) => BasesOn::Cuda(lanes, self.compute.label()),
+            Route::Reference(lanes) => BasesOn::Reference(lanes, self.compute.label()),
         }
     }
 

@@ -26,14 +26,15 @@ use crate::pipeline::{Lanes, Target};
 
 /// Where the bases of a miss are computed: on the merge's worker thread (the band route), or
 /// on a lane of a whole-tensor route with that backend's `xs_bases` (faer on the reference
-/// route, the same bits as the worker's; cuSOLVER on CUDA).
+/// route, the same bits as the worker's; cuSOLVER on CUDA), with the route's label for errors
+/// (`pipeline::Compute::label`).
 pub(super) enum BasesOn<'l> {
     /// `linalg::xs_bases` on the calling thread.
     Worker,
     /// A CUDA lane.
-    Cuda(&'l Lanes<CudaBackend>),
+    Cuda(&'l Lanes<CudaBackend>, &'static str),
     /// A CPU reference lane.
-    Reference(&'l Lanes<CpuBackend>),
+    Reference(&'l Lanes<CpuBackend>, &'static str),
 }
 
 impl BasesOn<'_> {
@@ -41,8 +42,8 @@ impl BasesOn<'_> {
     fn compute(&self, t: &Target, W: &[f32], rank: usize) -> Result<XsBases, MergeError> {
         match self {
             BasesOn::Worker => cpu_xs_bases(t, W, rank),
-            BasesOn::Cuda(lanes) => on_lane(lanes, "cuda", t, W, rank),
-            BasesOn::Reference(lanes) => on_lane(lanes, "cpu-reference", t, W, rank),
+            BasesOn::Cuda(lanes, device) => on_lane(lanes, device, t, W, rank),
+            BasesOn::Reference(lanes, device) => on_lane(lanes, device, t, W, rank),
         }
     }
 }
