@@ -384,7 +384,14 @@ fn bake_to_orbax_equals_merge_to_orbax() {
     let t = tmp();
     let (baked, merged) = (t.path().join("baked"), t.path().join("merged"));
     let r = recipe(t.path(), &baked, false);
-    ok(run(t.path(), &["bake", r.to_str().unwrap(), "--quiet"]));
+    let said = ok(run(t.path(), &["bake", r.to_str().unwrap()]));
+    // One line per file for the first 8 of the 40, then a count (the manifest has them all).
+    let listed = said.lines().filter(|l| l.contains("  0/")).count();
+    assert_eq!(listed, 8, "{said}");
+    assert!(
+        said.contains("... and 32 more files (every sha256 in wanbake.manifest.json)"),
+        "{said}"
+    );
     let kohya = format!(
         "{}:0.5",
         golden("adapters/kohya_lora/kohya_lora.safetensors").display()

@@ -211,8 +211,18 @@ fn describe_outcome(o: &BakeOutcome, seconds: f64, p: &mut Printer) -> serde_jso
         human_bytes(bytes),
         o.report.targets_merged
     ));
-    for f in files {
+    // A safetensors or GGUF release has a few files; an Orbax one has one per chunk (hundreds):
+    // the manifest lists them all, the summary the first few.
+    const SHOWN: usize = 8;
+    for f in files.iter().take(SHOWN) {
         p.line(format!("  {}  {}", f.sha256, f.path));
+    }
+    if files.len() > SHOWN {
+        p.line(format!(
+            "  ... and {} more files (every sha256 in {})",
+            files.len() - SHOWN,
+            wanbake::io::staging::MANIFEST_NAME
+        ));
     }
     p.line(format!(
         "  manifest_sha256 {}",
