@@ -447,20 +447,27 @@ pub enum Stored {
     },
 }
 
-/// An encoded B+tree leaf node (height 0) with keys relative to the empty prefix. The
-/// data-file table holds `data_file` when any value is out of line ([`encode_leaf_node_files`]
-/// with every out-of-line value in that one file).
-pub fn encode_leaf_node(entries: &[(&[u8], &Stored)], data_file: &str) -> Vec<u8> {
-    let located: Vec<Located> = entries
-        .iter()
-        .map(|(_, v)| match v {
+impl Stored {
+    /// The value as [`Located`], an out-of-line one in `data_file`.
+    fn located_in(&self, data_file: &str) -> Located {
+        match self {
             Stored::Inline(x) => Located::Inline(x.clone()),
             Stored::OutOfLine { offset, length } => Located::InFile {
                 file: data_file.to_string(),
                 offset: *offset,
                 length: *length,
             },
-        })
+        }
+    }
+}
+
+/// An encoded B+tree leaf node (height 0) with keys relative to the empty prefix. The
+/// data-file table holds `data_file` when any value is out of line ([`encode_leaf_node_files`]
+/// with every out-of-line value in that one file).
+pub fn encode_leaf_node(entries: &[(&[u8], &Stored)], data_file: &str) -> Vec<u8> {
+    let located: Vec<Located> = entries
+        .iter()
+        .map(|(_, v)| v.located_in(data_file))
         .collect();
     let entries: Vec<(&[u8], &Located)> = (entries.iter().zip(&located))
         .map(|((k, _), v)| (*k, v))
@@ -684,51 +691,16 @@ impl OcdbtBuilder {
         );
         let mut nodes = Vec::new();
         let base = self.data_len;
-        // Leaves, split greedily by estimated encoded size.
-        let mut level: Vec<ChildRef> = Vec::new();
-        let entries: Vec<(&[u8], &Stored)> = self
-            .entries
-            .iter()
-            .map(|(k, v)| (k.as_slice(), v))
+        let located: Vec<(&[u8], Located)> = (self.entries.iter())
+            .map(|(k, v)| (k.as_slice(), v.located_in(&data_file)))
             .collect();
-        let mut start = 0;
-        while start < entries.len() {
-            let mut end = start;
-            let mut size = 64usize;
-            while end < entries.len() {
-                let (k, v) = entries[end];
-                let cost = k.len()
-                    + 24
-                    + match v {
-                        Stored::Inline(x) => x.len(),
-                        Stored::OutOfLine { .. } => 20,
-                    };
-                if end > start && size + cost > self.node_budget {
-                    break;
-                }
-                size += cost;
-                end += 1;
-            }
-            let group = &entries[start..end];
-            let enc = encode_leaf_node(group, &data_file);
-            let indirect: u64 = group
-                .iter()
-                .map(|(_, v)| match v {
-                    Stored::OutOfLine { length, .. } => *length,
-                    Stored::Inline(_) => 0,
-                })
-                .sum();
-            level.push(ChildRef {
-                first_key: group[0].0.to_vec(),
-                offset: base + nodes.len() as u64,
-                length: enc.len() as u64,
-                num_keys: group.len() as u64,
-                num_tree_bytes: enc.len() as u64,
-                num_indirect_value_bytes: indirect,
-            });
-            nodes.extend_from_slice(&enc);
-            start = end;
-        }
+        let entries: Vec<(&[u8], &Located)> = located.iter().map(|(k, v)| (*k, v)).collect();
+        // The file's name is not in a one-file leaf's estimate: its table holds it once.
+        let cost = |v: &Located| match v {
+            Located::Inline(x) => x.len(),
+            Located::InFile { .. } => 20,
+        };
+        let level = leaf_level(&entries, base, self.node_budget, cost, &mut nodes);
         let (height, root) = interior_levels(level, &mut nodes, base, &data_file, self.node_budget);
         let manifest = encode_manifest(uuid, height, root.as_ref(), &data_file);
         OcdbtTail {
@@ -738,6 +710,53 @@ impl OcdbtBuilder {
             uuid,
         }
     }
+}
+
+/// The leaves of a B+tree over sorted `entries`, split greedily where the estimated encoded
+/// size (`64` per node, `key + 24 + cost(value)` per entry) would pass `budget`, appended to
+/// `nodes` (which start at `base` of their file); returns the level's references.
+fn leaf_level(
+    entries: &[(&[u8], &Located)],
+    base: u64,
+    budget: usize,
+    cost: impl Fn(&Located) -> usize,
+    nodes: &mut Vec<u8>,
+) -> Vec<ChildRef> {
+    let mut level = Vec::new();
+    let mut start = 0;
+    while start < entries.len() {
+        let mut end = start;
+        let mut size = 64usize;
+        while end < entries.len() {
+            let (k, v) = entries[end];
+            let c = k.len() + 24 + cost(v);
+            if end > start && size + c > budget {
+                break;
+            }
+            size += c;
+            end += 1;
+        }
+        let group = &entries[start..end];
+        let enc = encode_leaf_node_files(group);
+        let indirect: u64 = group
+            .iter()
+            .map(|(_, v)| match v {
+                Located::InFile { length, .. } => *length,
+                Located::Inline(_) => 0,
+            })
+            .sum();
+        level.push(ChildRef {
+            first_key: group[0].0.to_vec(),
+            offset: base + nodes.len() as u64,
+            length: enc.len() as u64,
+            num_keys: group.len() as u64,
+            num_tree_bytes: enc.len() as u64,
+            num_indirect_value_bytes: indirect,
+        });
+        nodes.extend_from_slice(&enc);
+        start = end;
+    }
+    level
 }
 
 /// Encodes the interior levels above `level` (children whose nodes are at `base +` their
@@ -1061,51 +1080,15 @@ impl ItemDb {
         uuid.copy_from_slice(
             &Sha256::digest([b"wanbake ocdbt uuid".as_slice(), &digest].concat())[..16],
         );
-        let entries: Vec<(&[u8], &Located)> = self
-            .entries
-            .iter()
+        let entries: Vec<(&[u8], &Located)> = (self.entries.iter())
             .map(|(k, v)| (k.as_slice(), v))
             .collect();
         let mut nodes = Vec::new();
-        let mut level = Vec::new();
-        let mut start = 0;
-        while start < entries.len() {
-            let mut end = start;
-            let mut size = 64usize;
-            while end < entries.len() {
-                let (k, v) = entries[end];
-                let cost = k.len()
-                    + 24
-                    + match v {
-                        Located::Inline(x) => x.len(),
-                        Located::InFile { file, .. } => 20 + file.len(),
-                    };
-                if end > start && size + cost > self.node_budget {
-                    break;
-                }
-                size += cost;
-                end += 1;
-            }
-            let group = &entries[start..end];
-            let enc = encode_leaf_node_files(group);
-            let indirect: u64 = group
-                .iter()
-                .map(|(_, v)| match v {
-                    Located::InFile { length, .. } => *length,
-                    Located::Inline(_) => 0,
-                })
-                .sum();
-            level.push(ChildRef {
-                first_key: group[0].0.to_vec(),
-                offset: nodes.len() as u64,
-                length: enc.len() as u64,
-                num_keys: group.len() as u64,
-                num_tree_bytes: enc.len() as u64,
-                num_indirect_value_bytes: indirect,
-            });
-            nodes.extend_from_slice(&enc);
-            start = end;
-        }
+        let cost = |v: &Located| match v {
+            Located::Inline(x) => x.len(),
+            Located::InFile { file, .. } => 20 + file.len(),
+        };
+        let level = leaf_level(&entries, 0, self.node_budget, cost, &mut nodes);
         let (height, root) = interior_levels(level, &mut nodes, 0, &node_file, self.node_budget);
         let manifest = encode_manifest(uuid, height, root.as_ref(), &node_file);
         ItemDbTail {
