@@ -57,8 +57,7 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
             )
             .into());
         }
-        Some(OutputFormat::Orbax) => return execute_orbax(&args, p),
-        Some(to) => return execute_quantized(to, &args, p),
+        Some(to) => return execute_encoded(to, &args, p),
         None => {}
     }
     if args.city96_rounding {
@@ -86,67 +85,47 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
     Ok(Status::Ok)
 }
 
-/// `--to FORMAT`: the pipeline with no adapters, its options checked by the builder `merge`
-/// and recipes use (`OutputOptions::new`).
-fn execute_quantized(to: OutputFormat, args: &Args, p: &mut Printer) -> anyhow::Result<Status> {
+/// `--to FORMAT` (fp8-scaled, GGUF, or MaxDiffusion's Orbax cache): the pipeline with no
+/// adapters, its options checked by the builder `merge` and recipes use
+/// (`OutputOptions::new`).
+fn execute_encoded(to: OutputFormat, args: &Args, p: &mut Printer) -> anyhow::Result<Status> {
     let options = OutputOptions::new(OutputChoices {
         dtype: args.dtype.dtype.map(|d| d.0).unwrap_or_default(),
         shard_bytes: args.shard.shard_size,
+        layout: args.layout,
         to: Some(to),
         city96_rounding: args.city96_rounding,
         ..OutputChoices::default()
     })
     .map_err(super::merge::flag_error)?;
-    let Some(format) = options.quantize.map(|q| q.format) else {
-        return Err(UsageError(format!("--to {to}: not a quantized output")).into());
+    if options.quantize.is_some() {
+        super::merge::refuse_gguf_out(&args.output.out)?;
+    }
+    let r = encoded_release(
+        &args.input,
+        &options,
+        &args.output.out,
+        args.output.replace(),
+        Hooks::default(),
+    )?;
+    let bytes: u64 = r.manifest.files.iter().map(|f| f.bytes).sum();
+    let what = match options.quantize {
+        Some(q) => q.format.to_string(),
+        None => format!(
+            "MaxDiffusion Orbax cache, {} {}",
+            options.layout.map_or("", |l| l.as_str()),
+            options.dtype
+        ),
     };
-    super::merge::refuse_gguf_out(&args.output.out)?;
-    let r = encoded_release(
-        &args.input,
-        &options,
-        &args.output.out,
-        args.output.replace(),
-        Hooks::default(),
-    )?;
-    let bytes: u64 = r.manifest.files.iter().map(|f| f.bytes).sum();
     p.line(format!(
-        "wrote {} ({format}: {} files, {} bytes)",
+        "wrote {} ({what}: {} files, {} bytes)",
         r.dir.display(),
         r.manifest.files.len(),
         bytes
     ));
-    super::merge::print_quantization(p, &r.manifest.report, "  ");
-    p.json(&serde_json::json!({"dir": r.dir, "report": r.manifest.report, "bytes": bytes}));
-    Ok(Status::Ok)
-}
-
-/// `--to orbax`: the pipeline with no adapters into MaxDiffusion's pretrained cache.
-fn execute_orbax(args: &Args, p: &mut Printer) -> anyhow::Result<Status> {
-    let options = OutputOptions::new(OutputChoices {
-        dtype: args.dtype.dtype.map(|d| d.0).unwrap_or_default(),
-        shard_bytes: args.shard.shard_size,
-        layout: args.layout,
-        to: Some(OutputFormat::Orbax),
-        city96_rounding: args.city96_rounding,
-        ..OutputChoices::default()
-    })
-    .map_err(super::merge::flag_error)?;
-    let r = encoded_release(
-        &args.input,
-        &options,
-        &args.output.out,
-        args.output.replace(),
-        Hooks::default(),
-    )?;
-    let bytes: u64 = r.manifest.files.iter().map(|f| f.bytes).sum();
-    p.line(format!(
-        "wrote {} (MaxDiffusion Orbax cache, {} {}: {} files, {} bytes)",
-        r.dir.display(),
-        options.layout.map_or("", |l| l.as_str()),
-        options.dtype,
-        r.manifest.files.len(),
-        bytes
-    ));
+    if options.quantize.is_some() {
+        super::merge::print_quantization(p, &r.manifest.report, "  ");
+    }
     p.json(&serde_json::json!({"dir": r.dir, "report": r.manifest.report, "bytes": bytes}));
     Ok(Status::Ok)
 }
