@@ -668,6 +668,9 @@ def check_nnx_against_diffusers(nnx: dict, sd: dict) -> str:
 
 def vace_diffusers_probe(folder: Path):
     """What diffusers' WanVACEPipeline.load_lora_weights does with a file (recorded, not an oracle)."""
+    import logging
+
+    import diffusers
     import torch
     from diffusers import WanVACEPipeline, WanVACETransformer3DModel
 
@@ -675,14 +678,26 @@ def vace_diffusers_probe(folder: Path):
         model = load(WanVACETransformer3DModel, folder)
         before = {k: v.clone() for k, v in model.state_dict().items()}
         pipe = WanVACEPipeline(tokenizer=None, text_encoder=None, vae=None, scheduler=None, transformer=model)
+        records = []
+        handler = logging.Handler()
+        handler.emit = lambda record: records.append(record.getMessage())
+        diffusers_logger = logging.getLogger("diffusers")
+        diffusers_logger.addHandler(handler)
+        diffusers.utils.logging.set_verbosity_warning()
         try:
             pipe.load_lora_weights(str(path.parent), weight_name=path.name)
             pipe.fuse_lora(lora_scale=1.0)
             pipe.unload_lora_weights()
         except Exception as err:  # the refusal is the recorded fact
             return f"{type(err).__name__}: {str(err)[:300]}"
+        finally:
+            diffusers.utils.logging.set_verbosity_error()
+            diffusers_logger.removeHandler(handler)
         after = pipe.transformer.state_dict()
         changed = sorted(k for k in before if not torch.equal(before[k], after[k]))
+        if not changed:
+            logged = [r[:120] for r in records if "LoRA" in r]
+            return f"accepted without error, nothing changed; diffusers logged: {logged}"
         return f"loaded and fused; changed {len(changed)} tensors: {changed}"
 
     return probe
@@ -710,6 +725,7 @@ def vace_part(manifest: dict) -> None:
 
 
 def sky_models() -> dict:
+    import torch
     from diffusers import SkyReelsV2Transformer3DModel, WanTransformer3DModel
     from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
 
@@ -725,6 +741,15 @@ def sky_models() -> dict:
     wg.write_safetensors(path, orig)
     single = convert_wan_transformer_to_diffusers(dict(orig))
     left = sorted(set(single) - set(sd))
+    comfy_tmp = SKY / "models" / "_probe_comfy.safetensors"
+    wg.write_safetensors(comfy_tmp, {f"model.diffusion_model.{k}": v for k, v in orig.items()})
+    try:
+        via_single = SkyReelsV2Transformer3DModel.from_single_file(str(comfy_tmp), config=str(folder), torch_dtype=torch.float32)
+        from_single = same_tensors(via_single.state_dict(), sd) or "loads every tensor bit for bit"
+    except Exception as err:  # the refusal is the recorded fact
+        from_single = f"{type(err).__name__}: {str(err)[:300]}"
+    finally:
+        comfy_tmp.unlink()
     wan_cfg = dict(WanTransformer3DModel(**{k: v for k, v in sky_config().items() if k != "inject_sample_info"}).config)
     sky_cfg = json.loads((folder / "config.json").read_text())
     differing = {k: sky_cfg.get(k) for k in sorted(set(sky_cfg) | set(wan_cfg))
@@ -736,6 +761,7 @@ def sky_models() -> dict:
         "proofs": {
             "converter_script": f"TRANSFORMER_KEYS_RENAME_DICT of huggingface/diffusers@{DIFFUSERS_SCRIPTS_COMMIT}:scripts/convert_skyreelsv2_to_diffusers.py maps skyreels_df_original to the diffusers state dict bit for bit",
             "single_file_converter_probe": f"convert_wan_transformer_to_diffusers (also SkyReelsV2Transformer3DModel's single-file mapping) leaves {left} unmapped: it has no fps_projection rule",
+            "from_single_file_probe": f"SkyReelsV2Transformer3DModel.from_single_file(original names with model.diffusion_model., config=models/skyreels_df): {from_single}",
         },
         "config_keys_not_in_WanTransformer3DModel": differing,
         "class_name": sky_cfg["_class_name"],
