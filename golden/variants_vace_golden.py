@@ -533,7 +533,7 @@ def write_shapes(root: Path, cls, script: str, wanted: dict) -> dict:
 # ---- VACE -----------------------------------------------------------------------------------
 
 
-def vace_models(manifest: dict) -> dict:
+def vace_models() -> dict:
     import torch
     from diffusers import WanVACETransformer3DModel
     from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
@@ -585,8 +585,6 @@ def vace_nnx(folder: Path) -> dict:
     weights with the layout rules (Wᵀ, Conv3d transpose(2,3,4,1,0)) and rewritten canonically."""
     import tempfile
 
-    import torch
-
     out = VACE / "models" / "vace_nnx.safetensors"
     with tempfile.TemporaryDirectory() as tmp:
         prefix = os.path.join(tmp, "nnx")
@@ -596,8 +594,7 @@ def vace_nnx(folder: Path) -> dict:
         record = json.loads(Path(prefix + ".json").read_text())
     if {k: list(v.shape) for k, v in tensors.items()} != record["eval_shape_tree"]:
         raise AssertionError("MaxDiffusion's loaded tree differs from WanVACEModel's eval_shape tree")
-    sd = {k: v for k, v in state(_vace_cls(), folder).items()}
-    checked = check_nnx_against_diffusers(tensors, sd)
+    checked = check_nnx_against_diffusers(tensors, state(_vace_cls(), folder))
     wg.write_safetensors(out, tensors, {"tool": f"AI-Hypercomputer/maxdiffusion@{MAXD_COMMIT} load_wan_transformer into WanVACEModel (scan_layers False)", "dtype_note": "f32", "naming": "NNX path joined with '.'"})
     config_path = VACE / "models" / "vace_nnx.json"
     wg.json_dump(config_path, {
@@ -607,7 +604,6 @@ def vace_nnx(folder: Path) -> dict:
                "load_wan_transformer(sharded copy of models/vace, scan_layers=False, cast_dtype_fn=_final_param_dtype(float32)); cast_with_exclusion; "
                "leaves flattened with jax.tree_util.tree_flatten_with_path, keys joined by '.' (as golden/maxdiffusion_orbax_golden.py)",
     })
-    del torch
     return {"file": rel(out), "config": rel(config_path), "num_leaves": len(tensors), "scan_layers_true": record["scan_layers_true"]}
 
 
@@ -707,7 +703,7 @@ def vace_part(manifest: dict) -> None:
     from diffusers import WanVACETransformer3DModel
 
     print("[variants] vace models")
-    models = vace_models(manifest)
+    models = vace_models()
     folder = VACE / "models" / "vace"
     print("[variants] vace nnx (MaxDiffusion)")
     models["nnx"] = vace_nnx(folder)
