@@ -62,16 +62,24 @@ if __name__ == "__main__":
 
 import diffusers  # noqa: E402
 import torch  # noqa: E402
-from diffusers import WanAnimateTransformer3DModel, WanTransformer3DModel, WanVACETransformer3DModel  # noqa: E402
+from diffusers import (  # noqa: E402
+    FlowMatchEulerDiscreteScheduler,
+    WanAnimatePipeline,
+    WanAnimateTransformer3DModel,
+    WanTransformer3DModel,
+    WanVACETransformer3DModel,
+)
 from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers  # noqa: E402
-from peft import LoraConfig, PeftModel, get_peft_model  # noqa: E402
+from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict  # noqa: E402
 
 from wan_golden import (  # noqa: E402
+    DIFFUSERS_TOOL,
     PEFT_TOOL,
     VERSIONS,
     Rng,
     _init_value,
     applied_state,
+    canonicalize_tool_file,
     changed_tensors,
     check_against_applied,
     json_dump,
@@ -825,6 +833,92 @@ def lora_cases(manifest: dict) -> None:
 
 
 # --------------------------------------------------------------------------------------------
+# diffusers: the same LoRA written by WanAnimatePipeline.save_lora_weights and merged by diffusers;
+# and what diffusers' loader does with the translated spellings.
+# --------------------------------------------------------------------------------------------
+
+
+def animate_pipe(transformer) -> WanAnimatePipeline:
+    """A WanAnimatePipeline with only the transformer: enough for LoRA loading and fusing."""
+    pipe = WanAnimatePipeline(
+        tokenizer=None, text_encoder=None, vae=None, scheduler=FlowMatchEulerDiscreteScheduler(),
+        image_processor=None, image_encoder=None, transformer=transformer,
+    )
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def diffusers_fuse_animate(path: Path, strength: float):
+    pipe = animate_pipe(load_animate())
+    pipe.load_lora_weights(str(path.parent), weight_name=path.name)
+    applied = applied_state(pipe.transformer, f"{DIFFUSERS_TOOL} WanAnimatePipeline.load_lora_weights")
+    pipe.fuse_lora(components=["transformer"], lora_scale=strength)
+    pipe.unload_lora_weights()
+    return pipe.transformer.state_dict(), applied
+
+
+def diffusers_probe(path: Path) -> str:
+    """What WanAnimatePipeline.load_lora_weights does with a file: refusal text or applied modules."""
+    pipe = animate_pipe(load_animate())
+    try:
+        pipe.load_lora_weights(str(path.parent), weight_name=path.name)
+    except Exception as err:  # the refusal itself is the recorded fact
+        return f"refused: {type(err).__name__}: {str(err)[:400]}"
+    scaling = json.loads(applied_state(pipe.transformer, "probe")[1]["scaling"])
+    return f"loaded; LoRA layers created on: {sorted(scaling) or 'none (nothing matched)'}"
+
+
+def diffusers_case(manifest: dict) -> None:
+    peft_dir = ADAPTERS / "peft_animate"
+    peft_model = PeftModel.from_pretrained(load_animate(), str(peft_dir))
+    layers = {k.removeprefix("base_model.model."): v for k, v in get_peft_model_state_dict(peft_model).items()}
+    metadata = peft_model.peft_config["default"].to_dict()
+    adapter_dir = ADAPTERS / "diffusers_animate"
+    WanAnimatePipeline.save_lora_weights(
+        str(adapter_dir), transformer_lora_layers=layers, transformer_lora_adapter_metadata=metadata
+    )
+    adapter = adapter_dir / "pytorch_lora_weights.safetensors"
+    canonicalize_tool_file(adapter)
+    base = animate_base()
+    per_strength = {}
+    for strength in (1.0, 0.5):
+        merged, applied = diffusers_fuse_animate(adapter, strength)
+        ref = changed_tensors(merged, base)
+        check_against_applied(base, applied, ref, strength)
+        scales = set(json.loads(applied[1]["scaling"]).values())
+        if scales != {LORA_ALPHA / LORA_RANK}:
+            raise AssertionError(f"diffusers applied scalings {scales}")
+        tag = "" if strength == 1.0 else f"__s{strength:g}"
+        peft_ref, _ = read_safetensors(REFS / f"peft_animate{tag}.safetensors")
+        if set(peft_ref) != set(ref):
+            raise AssertionError(f"diffusers changed {sorted(set(ref) ^ set(peft_ref))} unlike PEFT")
+        worst = max((ref[k].double() - peft_ref[k].double()).abs().max().item() for k in ref)
+        if worst > 1e-5:
+            raise AssertionError(f"diffusers merge differs from PEFT's by {worst}")
+        tool = f"{DIFFUSERS_TOOL} WanAnimatePipeline.load_lora_weights + fuse_lora(lora_scale={strength:g})"
+        path = REFS / f"diffusers_animate{tag}.safetensors"
+        write_safetensors(path, ref, {"case": "diffusers_animate", "strength": f"{strength:g}", "tool": tool,
+                                      "kind": "reference", "dtype_note": "f32"})
+        per_strength[f"{strength:g}"] = {"reference": rel(path), "tool": tool,
+                                         "crosscheck": f"equals the PEFT reference on the same targets (max abs diff {worst:.2e})"}
+        if strength == 1.0:
+            write_safetensors(REFS / "diffusers_animate__applied.safetensors", applied[0], applied[1])
+    probes = {
+        name: diffusers_probe(ADAPTERS / f"{name}_animate" / f"{name}_animate.safetensors")
+        for name in ("comfy", "kohya", "diffsynth")
+    }
+    manifest["lora_diffusers"] = {
+        "case": "diffusers_animate",
+        "adapter": [rel(adapter)],
+        "notes": (
+            "the PEFT LoRA's factors re-saved by WanAnimatePipeline.save_lora_weights (keys transformer.<diffusers "
+            "module>.lora_A/B.weight, header lora_adapter_metadata = the PEFT LoraConfig, so alpha 8 / r 4 = scaling 2); "
+            "the file was re-serialised with a sorted header (safetensors writes multi-key metadata in random order)"
+        ),
+        "strengths": per_strength,
+        "applied": rel(REFS / "diffusers_animate__applied.safetensors"),
+        "diffusers_load_of_translated_files": probes,
+    }
 
 
 def generator_block() -> dict:
@@ -860,7 +954,8 @@ def main() -> None:
     manifest = {"generator": dict(generator_block(), diffusers_conversion_script_blob=blob)}
     for label, step in (("shapes", lambda m: (animate_shapes(cw, m), fun_shapes(cw, m))),
                         ("models", lambda m: write_models(cw, m)),
-                        ("lora", lora_cases)):
+                        ("lora", lora_cases),
+                        ("diffusers lora", diffusers_case)):
         print(f"[variants_animate_golden] {label}")
         torch.manual_seed(0)
         step(manifest)
