@@ -16,6 +16,8 @@ What this script writes (paths relative to the repository root):
   config on torch's meta device, diffusers and original names.
 - golden/variants/fun/shapes/<id>.json: the real structure of each released Wan Fun transformer.
 - golden/variants/animate/manifest.json, golden/variants/fun/manifest.json: index and proofs.
+- golden/variants/animate/nnx/ (subcommand `maxdiffusion SRC`, run in the MaxDiffusion venv):
+  MaxDiffusion 7cfb8801's own NNX tree of the tiny model, unscanned and scanned.
 
 Oracles: diffusers 0.42.1 / PEFT 0.21.2 (golden/requirements.txt), the converter functions of
 huggingface/diffusers@58eb52c0:scripts/convert_wan_to_diffusers.py (imported from the git mirror,
@@ -27,6 +29,7 @@ Deterministic: fixed seeds, one CPU thread, canonical safetensors for files writ
 PYTHONHASHSEED=0 (the script re-executes itself). Run:
 
     /tmp/d42-venv/bin/python golden/variants_animate_golden.py
+    /tmp/maxd-venv/bin/python golden/variants_animate_golden.py maxdiffusion SRC   # nnx/ only
 """
 
 from __future__ import annotations
@@ -921,6 +924,102 @@ def diffusers_case(manifest: dict) -> None:
     }
 
 
+# --------------------------------------------------------------------------------------------
+# MaxDiffusion (separate venv): its WanAnimateTransformer3DModel + load_wan_animate_transformer
+# on the tiny diffusers model. Run: /tmp/maxd-venv/bin/python golden/variants_animate_golden.py
+# maxdiffusion SRC (SRC = `git archive 7cfb8801 src | tar -x`'s src/).
+# --------------------------------------------------------------------------------------------
+
+MAXDIFFUSION_COMMIT = "7cfb8801d41d1728f0232cd7ee59e900a151fecf"
+NNX = ANIMATE / "nnx"
+
+
+def _leaf_source(leaf, sd: dict, stacked: int | None):
+    """(diffusers key, axes permutation) whose tensor, permuted, equals `leaf` bit for bit.
+
+    Found by value (every tensor with the same element count, every permutation), so the mapping
+    is MaxDiffusion's, not ours. For a scanned leaf the first slice is matched and every slice i
+    must then equal the same name with `blocks.i.`.
+    """
+    import itertools
+
+    import numpy as np
+
+    target = np.asarray(leaf if stacked is None else leaf[0])
+    hits = []
+    for key, value in sd.items():
+        v = value.numpy()
+        if v.size != target.size or (stacked is not None and not key.startswith("blocks.0.")):
+            continue
+        for perm in itertools.permutations(range(v.ndim)):
+            t = np.transpose(v, perm)
+            if t.shape == target.shape and np.array_equal(t, target):
+                hits.append((key, list(perm)))
+                break  # permutations that only move size-1 axes are the same layout; keep the first
+    if len(hits) != 1:
+        raise AssertionError(f"leaf matches {len(hits)} diffusers tensors: {hits[:4]}")
+    key, perm = hits[0]
+    if stacked is None:
+        return key, perm
+    for i in range(stacked):
+        ki = key.replace("blocks.0.", f"blocks.{i}.", 1)
+        if not np.array_equal(np.transpose(sd[ki].numpy(), perm), np.asarray(leaf[i])):
+            raise AssertionError(f"scanned slice {i} is not {ki}")
+    return key.replace("blocks.0.", "blocks.{i}.", 1), perm
+
+
+def maxdiffusion_goldens(src: str) -> None:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+    from jax.sharding import Mesh
+
+    import maxdiffusion_orbax_golden as mog
+
+    sys.path.insert(0, src)
+    sys.meta_path.insert(0, mog._StubFinder([n for n in mog.STUBBED if not mog._installed(n)]))
+    from maxdiffusion.models.wan.transformers.transformer_wan_animate import WanAnimateTransformer3DModel as MaxAnimate
+    from maxdiffusion.models.wan.wan_utils import load_wan_animate_transformer
+
+    sd = {k: v.detach() for k, v in read_safetensors(MODELS / "animate" / "diffusion_pytorch_model.safetensors")[0].items()}
+    with tempfile.TemporaryDirectory() as tmp:
+        repo = Path(tmp) / "repo"
+        shutil.copytree(MODELS / "animate", repo / "transformer")
+        index = {"metadata": {}, "weight_map": {k: "diffusion_pytorch_model.safetensors" for k in sorted(sd)}}
+        (repo / "transformer" / "diffusion_pytorch_model.safetensors.index.json").write_text(json.dumps(index))
+        for scan in (False, True):
+            config = MaxAnimate.load_config(str(repo), subfolder="transformer")
+            config.update(mesh=Mesh(jax.devices()[:1], ("data",)), weights_dtype=jnp.float32, dtype=jnp.float32, scan_layers=scan)
+            model = nnx.eval_shape(lambda: MaxAnimate(**config, rngs=nnx.Rngs(0)))
+            _, state, _ = nnx.split(model, nnx.Param, ...)
+            params = load_wan_animate_transformer(str(repo), state.to_pure_dict(), "cpu", num_layers=config["num_layers"],
+                                                  scan_layers=scan, subfolder="transformer")
+            leaves = {}
+            for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+                name = "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+                arr = np.ascontiguousarray(np.asarray(leaf))
+                stacked = config["num_layers"] if scan and name.startswith("blocks/") else None
+                source, perm = _leaf_source(arr, sd, stacked)
+                leaves[name] = {"shape": list(arr.shape), "dtype": str(arr.dtype),
+                                "sha256": hashlib.sha256(arr.tobytes()).hexdigest(),
+                                "from": source, "transpose": perm, **({"stacked_blocks": stacked} if stacked else {})}
+            used = {v["from"].replace("{i}", str(i)) for v in leaves.values()
+                    for i in range(v.get("stacked_blocks", 1))}
+            missing = sorted(set(sd) - used)
+            json_dump(NNX / f"maxdiffusion_animate_{'scanned' if scan else 'unscanned'}.json", {
+                "tool": f"AI-Hypercomputer/maxdiffusion@{MAXDIFFUSION_COMMIT} WanAnimateTransformer3DModel (nnx.eval_shape, "
+                        "weights_dtype float32, mesh of 1 CPU device) + models/wan/wan_utils.load_wan_animate_transformer",
+                "input": rel(MODELS / "animate"),
+                "scan_layers": scan,
+                "leaf_count": len(leaves),
+                "diffusers_tensors_not_in_tree": missing,
+                "leaves": leaves,
+                "rule": "leaf = transpose(diffusers[from], transpose) bit for bit (found by value); scanned leaves stack blocks.0..L-1 on axis 0",
+            })
+            print(f"[variants_animate_golden] maxdiffusion scan_layers={scan}: {len(leaves)} leaves, unused {missing}")
+
+
 def generator_block() -> dict:
     return {
         "script": rel(Path(__file__)),
@@ -960,7 +1059,7 @@ def main() -> None:
         torch.manual_seed(0)
         step(manifest)
     json_dump(ANIMATE / "manifest.json", manifest)
-    size = tree_size([MODELS, ADAPTERS, REFS, ANIMATE / "shapes"]) + (ANIMATE / "manifest.json").stat().st_size
+    size = tree_size([MODELS, ADAPTERS, REFS, ANIMATE / "shapes", NNX]) + (ANIMATE / "manifest.json").stat().st_size
     fun_size = tree_size([FUN / "shapes"]) + (FUN / "manifest.json").stat().st_size
     print(f"[variants_animate_golden] animate tree {size / 1e6:.2f} MB, fun tree {fun_size / 1e6:.2f} MB")
     if size > SIZE_BUDGET_BYTES or fun_size > SIZE_BUDGET_BYTES:
@@ -968,4 +1067,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["maxdiffusion"]:
+        maxdiffusion_goldens(sys.argv[2])
+    else:
+        main()
