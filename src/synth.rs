@@ -133,7 +133,7 @@ fn wan_component(
 ) -> ComponentOutput {
     let mut config = serde_json::to_value(cfg).expect("config serialises");
     if let serde_json::Value::Object(m) = &mut config {
-        m.insert("_class_name".into(), "WanTransformer3DModel".into());
+        m.insert("_class_name".into(), cfg.class_name().into());
     }
     let mut cbytes = serde_json::to_vec_pretty(&config).expect("config serialises");
     cbytes.push(b'\n');

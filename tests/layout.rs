@@ -864,7 +864,20 @@ fn parameter_counts_match_spec_1_5_in_every_layout() {
         let cfg = v.config();
         let params = cfg.diffusers_params();
         for layout in Layout::ALL {
-            let plan = WritePlan::new(layout, &params).unwrap();
+            let plan = match WritePlan::new(layout, &params) {
+                Ok(plan) => plan,
+                // No runtime reads a scanned VACE model or an NNX SkyReels-V2 model.
+                Err(e @ PlanError::NotInLayout { .. }) => {
+                    let refused = matches!(
+                        (v, layout),
+                        (WanVariant::Vace1_3B | WanVariant::Vace14B, Layout::NnxScanned)
+                            | (WanVariant::SkyReelsDf1_3B, Layout::Nnx | Layout::NnxScanned)
+                    );
+                    assert!(refused, "{} {layout}: {e}", v.name());
+                    continue;
+                }
+                Err(e) => panic!("{} {layout}: {e}", v.name()),
+            };
             assert_eq!(plan.numel(), v.expected_params(), "{} {layout}", v.name());
             // Read the written names and shapes back, with and without the config.
             let stored: Vec<StoredTensor> = plan

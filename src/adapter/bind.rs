@@ -141,7 +141,7 @@ impl BaseIndex {
         for m in wan_modules() {
             match m.scope {
                 Scope::Top => ix.module_for(m.id(None)),
-                Scope::Block => {
+                Scope::Block | Scope::VaceBlock => {
                     for b in 0..blocks {
                         ix.module_for(m.id(Some(b)));
                     }
@@ -186,10 +186,7 @@ impl BaseIndex {
         let to_canonical = row.from_canonical(layout).inverse();
         let mut add = |block: Option<usize>, layer: Option<usize>, stored: &[usize]| {
             let id = module.id(block);
-            let canonical = match block {
-                Some(b) => format!("blocks.{b}.{}", row.diffusers),
-                None => row.diffusers.to_string(),
-            };
+            let canonical = row.canonical(block);
             let shape = to_canonical
                 .apply_shape(stored)
                 .unwrap_or_else(|_| stored.to_vec());

@@ -227,10 +227,7 @@ pub struct WanModule {
 impl WanModule {
     /// The module's id for block `block` (ignored for top-level modules).
     pub fn id(&self, block: Option<usize>) -> ModuleId {
-        let full = |local: &str| match (self.scope, block) {
-            (Scope::Block, Some(b)) => format!("blocks.{b}.{local}"),
-            _ => local.to_string(),
-        };
+        let full = |local: &str| self.scope.full(local, block);
         ModuleId::Wan {
             diffusers: full(&self.diffusers),
             wan: full(&self.wan),

@@ -31,7 +31,7 @@ use crate::io::DType;
 use crate::model::plan_error::PlanError;
 use crate::model::read_plan::ReadPlan;
 use crate::model::wan_layout::Layout;
-use crate::model::wan_names::{self, Scope};
+use crate::model::wan_names;
 
 /// The output dtype asked for (`--dtype`, recipe `output.dtype`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -212,8 +212,7 @@ impl fmt::Display for KeepF32 {
 /// index, which no keyword can match).
 fn nnx_path(canonical: &str) -> String {
     match wan_names::parse_canonical(canonical) {
-        Some((e, Some(b))) if e.scope == Scope::Block => format!("blocks.{b}.{}", e.nnx),
-        Some((e, _)) => e.nnx.to_string(),
+        Some((e, block)) => e.scope.full(e.nnx, block),
         None => canonical.to_string(),
     }
 }

@@ -278,7 +278,7 @@ fn classify_config(path: &Path, json: &Value) -> Result<RestackConfig, RestackEr
         reason,
     };
     match json.get("_class_name").and_then(Value::as_str) {
-        None | Some("WanTransformer3DModel") => serde_json::from_value(json.clone())
+        class if WanConfig::is_class(class) => WanConfig::from_value(json.clone())
             .map(RestackConfig::Diffusers)
             .map_err(|e| bad(format!("not a WAN transformer config: {e}"))),
         Some("WanModel") => Ok(RestackConfig::Original {
@@ -287,8 +287,10 @@ fn classify_config(path: &Path, json: &Value) -> Result<RestackConfig, RestackEr
                 .and_then(Value::as_u64)
                 .map(|n| n as usize),
         }),
-        Some(other) => Err(bad(format!(
-            "describes a `{other}`, not a WAN transformer (WanTransformer3DModel or WanModel)"
+        other => Err(bad(format!(
+            "describes a `{}`, not a WAN transformer ({} or WanModel)",
+            other.unwrap_or_default(),
+            WanConfig::CLASS_NAMES.join(", ")
         ))),
     }
 }
@@ -312,7 +314,8 @@ fn output_config(input: Option<&Value>, conversion: &Conversion, to: Layout) -> 
                 Ok(Value::Object(m)) => m,
                 _ => serde_json::Map::new(),
             };
-            m.insert("_class_name".into(), "WanTransformer3DModel".into());
+            let class = conversion.read.config.class_name();
+            m.insert("_class_name".into(), class.into());
             m
         }
     };

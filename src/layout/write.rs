@@ -71,6 +71,23 @@ impl WritePlan {
         if !unknown.is_empty() {
             return Err(PlanError::UnknownCanonical { keys: unknown });
         }
+        let misfits: Vec<&(&ParamSpec, &NameRow, Option<usize>)> = resolved
+            .iter()
+            .filter(|(_, e, _)| !e.fits(layout))
+            .collect();
+        if let Some((_, first, _)) = misfits.first() {
+            let why = if first.nnx.is_empty() {
+                "MaxDiffusion has no model with them (SkyReels-V2's frame-rate conditioning)"
+            } else {
+                "MaxDiffusion's WanVACEModel has no scanned form (scan_layers raises \
+                 NotImplementedError); write `nnx` instead"
+            };
+            return Err(PlanError::NotInLayout {
+                layout,
+                keys: misfits.iter().map(|(p, _, _)| p.name.clone()).collect(),
+                why,
+            });
+        }
         let tensors = if layout == Layout::NnxScanned {
             stacked_tensors(&resolved)?
         } else {

@@ -163,7 +163,7 @@ fn fingerprint_wan(
         .map(|k| format!("skipped `{}`: {}", k.name, k.reason))
         .collect();
     let cfg = plan.config;
-    let derived = serde_json::json!({
+    let mut derived = serde_json::json!({
         "inner_dim": cfg.inner_dim(),
         "in_channels": cfg.in_channels,
         "out_channels": cfg.out_channels,
@@ -176,6 +176,13 @@ fn fingerprint_wan(
         "added_kv_proj_dim": cfg.added_kv_proj_dim,
         "pos_embed_seq_len": cfg.pos_embed_seq_len,
     });
+    if let Some(layers) = &cfg.vace_layers {
+        derived["vace_layers"] = serde_json::json!(layers);
+        derived["vace_in_channels"] = serde_json::json!(cfg.vace_in_channels);
+    }
+    if cfg.inject_sample_info {
+        derived["inject_sample_info"] = true.into();
+    }
     let found = WanVariant::ALL
         .iter()
         .find(|v| same_wan_shapes(&v.config(), &cfg));
@@ -215,8 +222,8 @@ pub fn config_disagreements(config: &WanConfig, from_shapes: &WanConfig) -> Vec<
         .collect()
 }
 
-/// The fields shapes can reveal.
-fn wan_fields(c: &WanConfig) -> [(&'static str, String); 10] {
+/// The fields shapes can reveal (of `vace_layers`, only how many).
+fn wan_fields(c: &WanConfig) -> [(&'static str, String); 13] {
     [
         ("inner_dim", c.inner_dim().to_string()),
         ("num_layers", c.num_layers.to_string()),
@@ -228,6 +235,12 @@ fn wan_fields(c: &WanConfig) -> [(&'static str, String); 10] {
         ("image_dim", format!("{:?}", c.image_dim)),
         ("added_kv_proj_dim", format!("{:?}", c.added_kv_proj_dim)),
         ("pos_embed_seq_len", format!("{:?}", c.pos_embed_seq_len)),
+        (
+            "VACE blocks",
+            c.blocks_of(super::wan_names::Scope::VaceBlock).to_string(),
+        ),
+        ("vace_in_channels", format!("{:?}", c.vace_in_channels)),
+        ("inject_sample_info", c.inject_sample_info.to_string()),
     ]
 }
 

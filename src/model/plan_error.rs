@@ -86,6 +86,16 @@ pub enum PlanError {
         /// The L every stacked tensor must have.
         expected: usize,
     },
+    /// Parameters the output layout cannot hold: no runtime reading that layout has them.
+    #[error("the `{layout}` layout cannot hold {} parameter(s) of this model: {why}:{}", keys.len(), list(keys))]
+    NotInLayout {
+        /// The output layout.
+        layout: Layout,
+        /// The canonical names.
+        keys: Vec<String>,
+        /// Why, in model terms.
+        why: &'static str,
+    },
     /// A tensor's rank does not fit its transform.
     #[error("tensor `{key}`: {reason}")]
     Rank {

@@ -16,7 +16,7 @@ use super::plan_error::{PlanError, StoredShapeMismatch};
 use super::transform::Transform;
 use super::wan::{ParamSpec, WanConfig};
 use super::wan_layout::Layout;
-use super::wan_names::{self, Dim, NameRow, Position, SKIPPED_MARKER, WanPart};
+use super::wan_names::{self, Dim, NameRow, Position, SKIPPED_MARKER, Scope, WanPart};
 use crate::io::{DType, TensorInfo, TensorView};
 
 /// A tensor of the input as its header describes it.
@@ -147,11 +147,14 @@ impl ReadPlan {
                 dtype: t.dtype,
             });
         }
-        let num_layers = match config {
-            Some(c) => c.num_layers,
+        let counts = match config {
+            Some(c) => StackCounts {
+                blocks: c.num_layers,
+                vace: c.blocks_of(Scope::VaceBlock),
+            },
             None => count_layers(&parsed)?,
         };
-        let found = expand(layout, &parsed, num_layers)?;
+        let found = expand(layout, &parsed, counts.blocks)?;
         let (config, config_inferred) = match config {
             Some(c) => (c.clone(), false),
             None => {
@@ -159,7 +162,7 @@ impl ReadPlan {
                     .iter()
                     .map(|f| (name_of(f), f.shape.clone()))
                     .collect();
-                (infer_config(&shapes, num_layers)?, true)
+                (infer_config(&shapes, counts)?, true)
             }
         };
         let params = check_against_config(layout, &config, found)?;
@@ -196,15 +199,39 @@ impl ReadPlan {
 }
 
 fn name_of(f: &Found<'_>) -> String {
-    match f.block {
-        Some(b) => format!("blocks.{b}.{}", f.entry.diffusers),
-        None => f.entry.diffusers.to_string(),
-    }
+    f.entry.canonical(f.block)
 }
 
-/// L from the keys alone: one more than the largest block index (unscanned), or the
-/// leading axis of the stacked tensors (scanned; they must agree, checked in `expand`).
+/// The number of blocks in each stack.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StackCounts {
+    /// L, the transformer blocks.
+    pub blocks: usize,
+    /// The VACE context blocks (0 for every other model).
+    pub vace: usize,
+}
+
+/// The stack sizes from the keys alone: one more than the largest block index of each
+/// stack (unscanned), or for the blocks the leading axis of the stacked tensors (scanned;
+/// they must agree, checked in `expand`).
 fn count_layers(
+    parsed: &[(&StoredTensor, &'static NameRow, Position)],
+) -> Result<StackCounts, PlanError> {
+    let vace = parsed
+        .iter()
+        .filter(|(_, e, _)| e.scope == Scope::VaceBlock)
+        .filter_map(|(_, _, p)| match p {
+            Position::Block(b) => Some(b + 1),
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0);
+    let blocks = count_blocks(parsed)?;
+    Ok(StackCounts { blocks, vace })
+}
+
+/// L: see [`count_layers`].
+fn count_blocks(
     parsed: &[(&StoredTensor, &'static NameRow, Position)],
 ) -> Result<usize, PlanError> {
     let mut stacked: Vec<&StoredTensor> = parsed
@@ -226,6 +253,7 @@ fn count_layers(
     }
     Ok(parsed
         .iter()
+        .filter(|(_, e, _)| e.scope == Scope::Block)
         .filter_map(|(_, _, p)| match p {
             Position::Block(b) => Some(b + 1),
             _ => None,
@@ -415,8 +443,9 @@ pub const INFERRED_HEAD_DIM: usize = 128;
 /// its symbol (`wan_names::first_axis_of`), so no parameter name is written here.
 pub fn infer_config(
     shapes: &HashMap<String, Vec<usize>>,
-    num_layers: usize,
+    counts: StackCounts,
 ) -> Result<WanConfig, PlanError> {
+    let num_layers = counts.blocks;
     let get = |dim: Dim| required_dim(shapes, dim);
     let optional = |dim: Dim| read_dim(shapes, dim);
     let (d, in_channels) = (get(Dim::Inner)?, get(Dim::InChannels)?);
@@ -437,8 +466,22 @@ pub fn infer_config(
     } else {
         (1, d)
     };
-    let cross_attn_norm = wan_names::first_of(WanPart::CrossAttnNorm)
-        .is_some_and(|e| shapes.contains_key(&table_row_name(e)));
+    let has =
+        |part| wan_names::first_of(part).is_some_and(|e| shapes.contains_key(&table_row_name(e)));
+    let cross_attn_norm = has(WanPart::CrossAttnNorm);
+    let vace_in_channels = optional(Dim::VaceIn)?;
+    let vace_layers = match (vace_in_channels, counts.vace) {
+        (None, 0) => None,
+        (None, _) => {
+            return Err(PlanError::Infer(format!(
+                "{} VACE blocks but no `{}`: the VACE part alone (a VACE module file) is not \
+                 a whole model",
+                counts.vace,
+                locate(Dim::VaceIn)?.0
+            )));
+        }
+        _ => Some(infer_vace_layers(counts)?),
+    };
     Ok(WanConfig {
         patch_size,
         num_attention_heads,
@@ -453,8 +496,27 @@ pub fn infer_config(
         image_dim: optional(Dim::Image)?,
         added_kv_proj_dim: optional(Dim::AddedKv)?,
         pos_embed_seq_len: optional(Dim::PosEmbed)?,
+        vace_layers,
+        vace_in_channels,
+        inject_sample_info: has(WanPart::FpsEmbed),
         ..WanConfig::default()
     })
+}
+
+/// The blocks a VACE model's context blocks follow, which no weight records: every released
+/// VACE model spaces its K context blocks evenly over its L blocks from block 0 (1.3B: 15
+/// of 30, every 2nd; 14B: 8 of 40, every 5th; diffusers' convert_wan_to_diffusers.py
+/// configs; ComfyUI's `VaceWanModel` assumes the same spacing), so that is the guess; any
+/// other count needs a config.json saying `vace_layers`.
+fn infer_vace_layers(counts: StackCounts) -> Result<Vec<usize>, PlanError> {
+    let StackCounts { blocks, vace } = counts;
+    if vace == 0 || !blocks.is_multiple_of(vace) {
+        return Err(PlanError::Infer(format!(
+            "{vace} VACE blocks for {blocks} transformer blocks: which blocks they follow is \
+             not in the weights and is not an even spacing; give a config.json with `vace_layers`"
+        )));
+    }
+    Ok((0..blocks).step_by(blocks / vace).collect())
 }
 
 /// The canonical name of a row (block 0 for a block row).
@@ -495,6 +557,13 @@ mod tests {
     use super::*;
     use crate::model::wan::WanVariant;
 
+    fn counts_of(c: &WanConfig) -> StackCounts {
+        StackCounts {
+            blocks: c.num_layers,
+            vace: c.blocks_of(Scope::VaceBlock),
+        }
+    }
+
     fn shapes_of(config: &WanConfig) -> HashMap<String, Vec<usize>> {
         config
             .diffusers_params()
@@ -508,7 +577,7 @@ mod tests {
         for v in WanVariant::ALL {
             let c = v.config();
             assert_eq!(
-                infer_config(&shapes_of(&c), c.num_layers).unwrap(),
+                infer_config(&shapes_of(&c), counts_of(&c)).unwrap(),
                 c,
                 "{v:?}"
             );
@@ -520,13 +589,17 @@ mod tests {
         let c = WanVariant::T2V1_3B.config();
         let mut shapes = shapes_of(&c);
         shapes.insert("proj_out.weight".into(), vec![64]);
-        let e = infer_config(&shapes, c.num_layers).unwrap_err().to_string();
+        let e = infer_config(&shapes, counts_of(&c))
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("`proj_out.weight` has shape [64], expected 2 dimensions"),
             "{e}"
         );
         shapes.remove("patch_embedding.weight");
-        let e = infer_config(&shapes, c.num_layers).unwrap_err().to_string();
+        let e = infer_config(&shapes, counts_of(&c))
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("`patch_embedding.weight` (canonical name) is missing"),
             "{e}"

@@ -50,6 +50,16 @@ pub struct WanConfig {
     pub rope_max_seq_len: usize,
     /// P for FLF2V.
     pub pos_embed_seq_len: Option<usize>,
+    /// The blocks after which a VACE model adds a context hint, one VACE block each
+    /// (`WanVACETransformer3DModel`); absent for every other model.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vace_layers: Option<Vec<usize>>,
+    /// C_vace, the VACE context's input channels (96 in every released VACE model).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vace_in_channels: Option<usize>,
+    /// SkyReels-V2's frame-rate conditioning (`SkyReelsV2Transformer3DModel`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub inject_sample_info: bool,
 }
 
 impl Default for WanConfig {
@@ -72,6 +82,9 @@ impl Default for WanConfig {
             added_kv_proj_dim: None,
             rope_max_seq_len: 1024,
             pos_embed_seq_len: None,
+            vace_layers: None,
+            vace_in_channels: None,
+            inject_sample_info: false,
         }
     }
 }
@@ -91,28 +104,46 @@ pub enum WanVariant {
     I2VA14B,
     /// Wan2.2-TI2V-5B.
     TI2V5B,
+    /// Wan2.1-VACE-1.3B.
+    Vace1_3B,
+    /// Wan2.1-VACE-14B; also each expert of Wan2.2-VACE-Fun-A14B.
+    Vace14B,
+    /// SkyReels-V2-DF-1.3B (diffusion forcing, with frame-rate conditioning).
+    SkyReelsDf1_3B,
+    /// SkyReels-V2-I2V-1.3B.
+    SkyReelsI2V1_3B,
 }
 
 impl WanVariant {
     /// Every released variant.
-    pub const ALL: [WanVariant; 6] = [
+    pub const ALL: [WanVariant; 10] = [
         WanVariant::T2V1_3B,
         WanVariant::T2V14B,
         WanVariant::I2V14B,
         WanVariant::FLF2V14B,
         WanVariant::I2VA14B,
         WanVariant::TI2V5B,
+        WanVariant::Vace1_3B,
+        WanVariant::Vace14B,
+        WanVariant::SkyReelsDf1_3B,
+        WanVariant::SkyReelsI2V1_3B,
     ];
 
     /// A human name.
     pub fn name(self) -> &'static str {
         match self {
             WanVariant::T2V1_3B => "Wan2.1-T2V-1.3B",
-            WanVariant::T2V14B => "Wan2.1-T2V-14B (or one Wan2.2-T2V-A14B expert)",
-            WanVariant::I2V14B => "Wan2.1-I2V-14B",
+            WanVariant::T2V14B => {
+                "Wan2.1-T2V-14B (or one Wan2.2-T2V-A14B expert, or SkyReels-V2-T2V/DF-14B)"
+            }
+            WanVariant::I2V14B => "Wan2.1-I2V-14B (or SkyReels-V2-I2V-14B)",
             WanVariant::FLF2V14B => "Wan2.1-FLF2V-14B",
             WanVariant::I2VA14B => "Wan2.2-I2V-A14B expert",
             WanVariant::TI2V5B => "Wan2.2-TI2V-5B",
+            WanVariant::Vace1_3B => "Wan2.1-VACE-1.3B",
+            WanVariant::Vace14B => "Wan2.1-VACE-14B (or one Wan2.2-VACE-Fun-A14B expert)",
+            WanVariant::SkyReelsDf1_3B => "SkyReels-V2-DF-1.3B",
+            WanVariant::SkyReelsI2V1_3B => "SkyReels-V2-I2V-1.3B",
         }
     }
 
@@ -125,20 +156,26 @@ impl WanVariant {
             WanVariant::FLF2V14B => "wan2.1-flf2v-14b",
             WanVariant::I2VA14B => "wan2.2-i2v-a14b",
             WanVariant::TI2V5B => "wan2.2-ti2v-5b",
+            WanVariant::Vace1_3B => "wan2.1-vace-1.3b",
+            WanVariant::Vace14B => "wan2.1-vace-14b",
+            WanVariant::SkyReelsDf1_3B => "skyreels-v2-df-1.3b",
+            WanVariant::SkyReelsI2V1_3B => "skyreels-v2-i2v-1.3b",
         }
     }
 
     /// The released config (values from `get_transformer_config` of diffusers'
-    /// `convert_wan_to_diffusers.py`, spec wan.md §1.3).
+    /// `convert_wan_to_diffusers.py`, spec wan.md §1.3, and of its
+    /// `convert_skyreelsv2_to_diffusers.py` for SkyReels-V2).
     pub fn config(self) -> WanConfig {
         let base = WanConfig::default();
+        let small = WanConfig {
+            num_attention_heads: 12,
+            ffn_dim: 8960,
+            num_layers: 30,
+            ..base.clone()
+        };
         match self {
-            WanVariant::T2V1_3B => WanConfig {
-                num_attention_heads: 12,
-                ffn_dim: 8960,
-                num_layers: 30,
-                ..base
-            },
+            WanVariant::T2V1_3B => small,
             WanVariant::T2V14B => base,
             WanVariant::I2V14B => WanConfig {
                 in_channels: 36,
@@ -165,7 +202,32 @@ impl WanVariant {
                 num_layers: 30,
                 ..base
             },
+            WanVariant::Vace1_3B => WanConfig {
+                vace_layers: Some((0..30).step_by(2).collect()),
+                vace_in_channels: Some(96),
+                ..small
+            },
+            WanVariant::Vace14B => WanConfig {
+                vace_layers: Some((0..40).step_by(5).collect()),
+                vace_in_channels: Some(96),
+                ..base
+            },
+            WanVariant::SkyReelsDf1_3B => WanConfig {
+                inject_sample_info: true,
+                ..small
+            },
+            WanVariant::SkyReelsI2V1_3B => WanConfig {
+                in_channels: 36,
+                image_dim: Some(1280),
+                added_kv_proj_dim: Some(1536),
+                ..small
+            },
         }
+    }
+
+    /// The diffusers class whose `config.json` this variant's folder carries.
+    pub fn class_name(self) -> &'static str {
+        self.config().class_name()
     }
 
     /// Total parameter count of spec wan.md §1.5.
@@ -177,6 +239,12 @@ impl WanVariant {
             WanVariant::FLF2V14B => 16_395_536_704,
             WanVariant::I2VA14B => 14_288_901_184,
             WanVariant::TI2V5B => 4_999_787_712,
+            // diffusers 0.42.1 models of the released configs built on torch's meta device,
+            // their parameters counted.
+            WanVariant::Vace1_3B => 2_153_972_032,
+            WanVariant::Vace14B => 17_337_592_896,
+            WanVariant::SkyReelsDf1_3B => 1_435_525_696,
+            WanVariant::SkyReelsI2V1_3B => 1_564_428_608,
         }
     }
 }
@@ -218,9 +286,31 @@ impl WanConfig {
         self.image_dim.is_some() || self.added_kv_proj_dim.is_some()
     }
 
+    /// The diffusers classes whose config.json is a `WanConfig`.
+    pub const CLASS_NAMES: [&'static str; 3] = [
+        "WanTransformer3DModel",
+        "WanVACETransformer3DModel",
+        "SkyReelsV2Transformer3DModel",
+    ];
+
+    /// True when a config.json's `_class_name` (absent: `None`) describes a `WanConfig`.
+    pub fn is_class(class_name: Option<&str>) -> bool {
+        class_name.is_none_or(|c| Self::CLASS_NAMES.contains(&c))
+    }
+
     /// Parses a diffusers config.json.
     pub fn from_json(text: &str) -> Result<WanConfig, serde_json::Error> {
-        serde_json::from_str(text)
+        Self::from_value(serde_json::from_str(text)?)
+    }
+
+    /// Reads a parsed diffusers config.json.
+    pub fn from_value(json: serde_json::Value) -> Result<WanConfig, serde_json::Error> {
+        let mut c: WanConfig = serde_json::from_value(json)?;
+        if c.vace_layers.is_some() && c.vace_in_channels.is_none() {
+            // `WanVACETransformer3DModel`'s default.
+            c.vace_in_channels = Some(96);
+        }
+        Ok(c)
     }
 
     /// Every parameter of the diffusers `WanTransformer3DModel` for this config, with
@@ -235,18 +325,45 @@ impl WanConfig {
                 .filter_map(|e| self.param_of_row(e, 0))
         };
         let mut p: Vec<ParamSpec> = top(false).collect();
-        for b in 0..self.num_layers {
-            let block = entries().iter().filter(|e| e.scope == Scope::Block);
-            p.extend(block.filter_map(|e| self.param_of_row(e, b)));
+        for scope in [Scope::Block, Scope::VaceBlock] {
+            for b in 0..self.blocks_of(scope) {
+                let block = entries().iter().filter(|e| e.scope == scope);
+                p.extend(block.filter_map(|e| self.param_of_row(e, b)));
+            }
         }
         p.extend(top(true));
         p
     }
 
+    /// The number of blocks in `scope`'s stack (L, or one VACE block per `vace_layers`
+    /// entry); 1 for the top level.
+    pub fn blocks_of(&self, scope: Scope) -> usize {
+        match scope {
+            Scope::Top => 1,
+            Scope::Block => self.num_layers,
+            Scope::VaceBlock => self.vace_layers.as_ref().map_or(0, Vec::len),
+        }
+    }
+
+    /// The diffusers class this config describes.
+    pub fn class_name(&self) -> &'static str {
+        if self.vace_layers.is_some() {
+            "WanVACETransformer3DModel"
+        } else if self.inject_sample_info {
+            "SkyReelsV2Transformer3DModel"
+        } else {
+            "WanTransformer3DModel"
+        }
+    }
+
     /// The row's parameter in block `block` (ignored for top-level rows), when this config
     /// has it.
     fn param_of_row(&self, e: &NameRow, block: usize) -> Option<ParamSpec> {
-        if !self.has_part(e.part) {
+        let vace_only = e.scope == Scope::VaceBlock || e.part == WanPart::VaceInput;
+        if !self.has_part(e.part)
+            || (vace_only && !self.has_part(WanPart::Vace))
+            || (e.part == WanPart::VaceInput && block != 0)
+        {
             return None;
         }
         let shape = e
@@ -268,6 +385,8 @@ impl WanConfig {
             WanPart::PosEmbed => self.image_dim.is_some() && self.pos_embed_seq_len.is_some(),
             WanPart::ImageCrossAttn => self.added_kv_proj_dim.is_some(),
             WanPart::CrossAttnNorm => self.cross_attn_norm,
+            WanPart::Vace | WanPart::VaceInput => self.vace_layers.is_some(),
+            WanPart::FpsEmbed => self.inject_sample_info,
         }
     }
 
@@ -290,6 +409,7 @@ impl WanConfig {
             Dim::Image => self.image_dim?,
             Dim::AddedKv => self.added_kv_proj_dim?,
             Dim::PosEmbed => self.pos_embed_seq_len?,
+            Dim::VaceIn => self.vace_in_channels?,
             Dim::OutPatch => self.out_channels() * self.patch_volume(),
         })
     }
@@ -331,12 +451,16 @@ mod tests {
     #[test]
     fn variant_only_fragments_match_exactly_their_rows_of_the_name_table() {
         for e in entries() {
-            let want = match e.part {
-                WanPart::Core | WanPart::CrossAttnNorm => None,
-                p => Some(p),
+            let want = match (e.scope, e.part) {
+                (Scope::VaceBlock, _) | (_, WanPart::Vace | WanPart::VaceInput) => {
+                    Some(WanPart::Vace)
+                }
+                (_, WanPart::Core | WanPart::CrossAttnNorm) => None,
+                (_, p) => Some(p),
             };
-            for name in [e.diffusers, e.wan, e.nnx] {
-                let found = VariantOnlyPart::of(name).map(|p| p.rows);
+            for layout in Layout::ALL.into_iter().filter(|&l| e.fits(l)) {
+                let name = e.stored_name(layout, 0).0;
+                let found = VariantOnlyPart::of(&name).map(|p| p.rows);
                 assert_eq!(found, want, "{name}");
             }
         }
@@ -351,6 +475,8 @@ mod tests {
                 WanVariant::T2V1_3B | WanVariant::T2V14B => "T2V",
                 WanVariant::I2V14B | WanVariant::FLF2V14B | WanVariant::I2VA14B => "I2V/FLF2V",
                 WanVariant::TI2V5B => "TI2V-5B",
+                WanVariant::Vace1_3B | WanVariant::Vace14B | WanVariant::SkyReelsDf1_3B => "T2V",
+                WanVariant::SkyReelsI2V1_3B => "I2V/FLF2V",
             };
             assert!(named.contains(kind), "{}: {named}", v.name());
         }
@@ -375,6 +501,18 @@ mod tests {
 /// must also match kohya's underscored names); a test checks them against the rows of the
 /// name table that belong to each part, so they cannot drift from it.
 pub const VARIANT_ONLY_PARTS: &[VariantOnlyPart] = &[
+    VariantOnlyPart {
+        rows: WanPart::Vace,
+        fragments: &["vace_"],
+        part: "the VACE context blocks",
+        models: "a Wan VACE model (Wan2.1-VACE, Wan2.2-VACE-Fun)",
+    },
+    VariantOnlyPart {
+        rows: WanPart::FpsEmbed,
+        fragments: &["fps_embedding", "fps_projection"],
+        part: "the frame-rate conditioning",
+        models: "a SkyReels-V2 diffusion-forcing 1.3B model",
+    },
     VariantOnlyPart {
         rows: WanPart::ImageCrossAttn,
         fragments: &[

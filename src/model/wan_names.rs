@@ -19,13 +19,38 @@ use std::sync::OnceLock;
 use super::transform::Transform;
 use super::wan_layout::Layout;
 
-/// Whether a parameter sits outside the blocks or inside every block.
+/// Whether a parameter sits outside the blocks, inside every block, or inside every VACE
+/// context block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Scope {
     /// Once per model.
     Top,
     /// Once per block (`blocks.N.` in unscanned layouts, stacked in `nnx-scanned`).
     Block,
+    /// Once per VACE context block (`vace_blocks.N.`, one per entry of the config's
+    /// `vace_layers`; never stacked: MaxDiffusion's `WanVACEModel` has no scanned layout).
+    VaceBlock,
+}
+
+impl Scope {
+    /// The stored name prefix of this scope's indexed stack (`blocks`, `vace_blocks`);
+    /// `None` for top-level parameters.
+    pub fn stack(self) -> Option<&'static str> {
+        match self {
+            Scope::Top => None,
+            Scope::Block => Some("blocks"),
+            Scope::VaceBlock => Some("vace_blocks"),
+        }
+    }
+
+    /// The full name of `local` in block `block` of this scope (`local` itself for a
+    /// top-level parameter or without a block).
+    pub fn full(self, local: &str, block: Option<usize>) -> String {
+        match (self.stack(), block) {
+            (Some(stack), Some(b)) => format!("{stack}.{b}.{local}"),
+            _ => local.to_string(),
+        }
+    }
 }
 
 /// One axis of a parameter's PyTorch-layout shape, named after the config symbol that
@@ -62,6 +87,8 @@ pub enum Dim {
     AddedKv,
     /// P, the first-last-frame position embedding length.
     PosEmbed,
+    /// C_vace, the VACE context's input channels (`vace_in_channels`).
+    VaceIn,
     /// C_out · pt · ph · pw.
     OutPatch,
 }
@@ -80,6 +107,15 @@ pub enum WanPart {
     ImageCrossAttn,
     /// The affine norm before cross-attention (`cross_attn_norm`).
     CrossAttnNorm,
+    /// The VACE context branch (`vace_layers`): its patch embedding, and every parameter
+    /// of a VACE block (`Scope::VaceBlock` rows of the other parts belong to it too).
+    Vace,
+    /// The input projection of VACE block 0 only (diffusers `proj_in`, original
+    /// `before_proj`).
+    VaceInput,
+    /// SkyReels-V2's frame-rate conditioning (`inject_sample_info`): `fps_embedding` and
+    /// `fps_projection`.
+    FpsEmbed,
 }
 
 /// One parameter kind in every layout. Block names are relative to `blocks.N.`.
@@ -91,7 +127,8 @@ pub struct NameRow {
     pub diffusers: &'static str,
     /// Original Wan-AI / ComfyUI name, without any prefix.
     pub wan: &'static str,
-    /// MaxDiffusion NNX path.
+    /// MaxDiffusion NNX path; empty for a parameter of a model MaxDiffusion does not have
+    /// (SkyReels-V2's frame-rate conditioning), which no NNX layout can hold.
     pub nnx: &'static str,
     /// PyTorch layout → NNX layout.
     pub to_nnx: Transform,
@@ -183,6 +220,11 @@ fn only_in<const N: usize>(part: WanPart, rows: [NameRow; N]) -> [NameRow; N] {
     rows.map(|e| NameRow { part, ..e })
 }
 
+/// `rows` of a model MaxDiffusion does not have: no NNX name.
+fn without_nnx<const N: usize>(rows: [NameRow; N]) -> [NameRow; N] {
+    rows.map(|e| NameRow { nnx: "", ..e })
+}
+
 fn build_entries() -> Vec<NameRow> {
     let mut e: Vec<NameRow> = Vec::with_capacity(56);
     // Top level (spec wan.md §1.2, §1.4, §4.2).
@@ -201,6 +243,27 @@ fn build_entries() -> Vec<NameRow> {
         "patch_embedding.bias",
         Identity,
         [Inner]
+    ));
+    e.extend(only_in(
+        WanPart::Vace,
+        [
+            row!(
+                Top,
+                "vace_patch_embedding.weight",
+                "vace_patch_embedding.weight",
+                "vace_patch_embedding.kernel",
+                OidhwToDhwio,
+                [Inner, VaceIn, PatchT, PatchH, PatchW]
+            ),
+            row!(
+                Top,
+                "vace_patch_embedding.bias",
+                "vace_patch_embedding.bias",
+                "vace_patch_embedding.bias",
+                Identity,
+                [Inner]
+            ),
+        ],
     ));
     e.extend(linear!(
         Top,
@@ -294,6 +357,42 @@ fn build_entries() -> Vec<NameRow> {
             Identity,
             [One, PosEmbed, Image]
         )],
+    ));
+    // SkyReels-V2 (diffusers transformer_skyreels_v2.py: nn.Embedding(2, D) and a
+    // FeedForward D -> D -> 6D; original names from convert_skyreelsv2_to_diffusers.py).
+    // MaxDiffusion has no SkyReels-V2 model, so no NNX name.
+    e.extend(only_in(
+        WanPart::FpsEmbed,
+        without_nnx([row!(
+            Top,
+            "fps_embedding.weight",
+            "fps_embedding.weight",
+            "",
+            Identity,
+            [Two, Inner]
+        )]),
+    ));
+    e.extend(only_in(
+        WanPart::FpsEmbed,
+        without_nnx(linear!(
+            Top,
+            "fps_projection.net.0.proj",
+            "fps_projection.0",
+            "",
+            Inner,
+            Inner
+        )),
+    ));
+    e.extend(only_in(
+        WanPart::FpsEmbed,
+        without_nnx(linear!(
+            Top,
+            "fps_projection.net.2",
+            "fps_projection.2",
+            "",
+            SixInner,
+            Inner
+        )),
     ));
     e.push(row!(
         Top,
@@ -459,7 +558,40 @@ fn build_entries() -> Vec<NameRow> {
         Inner,
         Ffn
     ));
+    vace_block_rows(&mut e);
     e
+}
+
+/// The VACE context block (diffusers `WanVACETransformerBlock`, original `VaceWanAttentionBlock`,
+/// MaxDiffusion `WanVACETransformerBlock`): every parameter of a block, plus the output
+/// projection every VACE block has and the input projection only block 0 has (original
+/// `before_proj`/`after_proj`, VACE_TRANSFORMER_KEYS_RENAME_DICT of diffusers'
+/// convert_wan_to_diffusers.py).
+fn vace_block_rows(e: &mut Vec<NameRow>) {
+    let twins: Vec<NameRow> = e
+        .iter()
+        .filter(|r| r.scope == Scope::Block)
+        .map(|r| NameRow {
+            scope: Scope::VaceBlock,
+            ..*r
+        })
+        .collect();
+    e.extend(twins);
+    e.extend(only_in(
+        WanPart::VaceInput,
+        linear!(VaceBlock, "proj_in", "before_proj", "proj_in", Inner, Inner),
+    ));
+    e.extend(only_in(
+        WanPart::Vace,
+        linear!(
+            VaceBlock,
+            "proj_out",
+            "after_proj",
+            "proj_out",
+            Inner,
+            Inner
+        ),
+    ));
 }
 
 /// Every parameter kind of the WAN transformer (T2V, I2V/FLF2V image branch, TI2V), each
@@ -474,7 +606,8 @@ pub fn entries() -> &'static [NameRow] {
 pub enum Position {
     /// A top-level parameter.
     Top,
-    /// Block `N` of an unscanned layout.
+    /// Block `N` of an unscanned layout, in the stack of the row's scope (`blocks` or
+    /// `vace_blocks`).
     Block(usize),
     /// All blocks, stacked along a leading axis (`nnx-scanned`).
     Stacked,
@@ -520,7 +653,23 @@ impl NameRow {
         match (self.scope, layout) {
             (Scope::Top, _) => (local.to_string(), None),
             (Scope::Block, Layout::NnxScanned) => (format!("blocks.{local}"), Some(block)),
-            (Scope::Block, _) => (format!("blocks.{block}.{local}"), None),
+            (scope, _) => (scope.full(local, Some(block)), None),
+        }
+    }
+
+    /// The canonical (diffusers) name of this row in block `block` (ignored for top-level
+    /// rows).
+    pub fn canonical(&self, block: Option<usize>) -> String {
+        self.scope.full(self.diffusers, block)
+    }
+
+    /// True when `layout` can hold this parameter (the NNX layouts cannot hold SkyReels-V2's
+    /// frame-rate conditioning, and MaxDiffusion never stacks VACE blocks).
+    pub fn fits(&self, layout: Layout) -> bool {
+        match layout {
+            Layout::Diffusers | Layout::Wan => true,
+            Layout::Nnx => !self.nnx.is_empty(),
+            Layout::NnxScanned => !self.nnx.is_empty() && self.scope != Scope::VaceBlock,
         }
     }
 }
@@ -533,7 +682,9 @@ fn local_maps() -> &'static LocalMaps {
         let mut m = HashMap::new();
         for layout in Layout::ALL {
             for (i, e) in entries().iter().enumerate() {
-                m.insert((layout, e.scope, e.local(layout)), i);
+                if e.fits(layout) {
+                    m.insert((layout, e.scope, e.local(layout)), i);
+                }
             }
         }
         m
@@ -550,13 +701,19 @@ pub fn parse_stored(layout: Layout, name: &str) -> Option<(&'static NameRow, Pos
     };
     let maps = local_maps();
     let lookup = |scope, local: &str| maps.get(&(layout, scope, local)).map(|&i| &entries()[i]);
-    if let Some(rest) = name.strip_prefix("blocks.") {
-        if layout == Layout::NnxScanned {
-            return lookup(Scope::Block, rest).map(|e| (e, Position::Stacked));
+    for scope in [Scope::Block, Scope::VaceBlock] {
+        let Some(rest) = scope
+            .stack()
+            .and_then(|s| name.strip_prefix(s)?.strip_prefix('.'))
+        else {
+            continue;
+        };
+        if layout == Layout::NnxScanned && scope == Scope::Block {
+            return lookup(scope, rest).map(|e| (e, Position::Stacked));
         }
         let (index, local) = rest.split_once('.')?;
         let block = parse_index(index)?;
-        return lookup(Scope::Block, local).map(|e| (e, Position::Block(block)));
+        return lookup(scope, local).map(|e| (e, Position::Block(block)));
     }
     lookup(Scope::Top, name).map(|e| (e, Position::Top))
 }
@@ -606,7 +763,7 @@ mod tests {
     fn every_local_name_is_unique_per_layout_and_scope() {
         for layout in Layout::ALL {
             let mut seen = std::collections::HashSet::new();
-            for e in entries() {
+            for e in entries().iter().filter(|e| e.fits(layout)) {
                 assert!(
                     seen.insert((e.scope, e.local(layout))),
                     "{layout}: duplicate {}",
@@ -619,14 +776,14 @@ mod tests {
     #[test]
     fn names_round_trip_through_every_layout() {
         for layout in Layout::ALL {
-            for e in entries() {
+            for e in entries().iter().filter(|e| e.fits(layout)) {
                 let (name, layer) = e.stored_name(layout, 7);
                 let (back, pos) = parse_stored(layout, &name).unwrap();
                 assert_eq!(back, e);
                 let expect = match (e.scope, layer) {
                     (Scope::Top, _) => Position::Top,
-                    (Scope::Block, Some(_)) => Position::Stacked,
-                    (Scope::Block, None) => Position::Block(7),
+                    (_, Some(_)) => Position::Stacked,
+                    (_, None) => Position::Block(7),
                 };
                 assert_eq!(pos, expect, "{name}");
             }
@@ -643,5 +800,31 @@ mod tests {
         assert!(parse_stored(Layout::Diffusers, "blocks.03.attn1.to_q.weight").is_none());
         assert!(parse_stored(Layout::Diffusers, "blocks.+3.attn1.to_q.weight").is_none());
         assert!(parse_stored(Layout::Diffusers, "blocks.3.attn2.norm_added_q.weight").is_none());
+    }
+
+    #[test]
+    fn vace_blocks_have_their_own_stack_and_projections() {
+        let (e, pos) = parse_stored(
+            Layout::Wan,
+            "diffusion_model.vace_blocks.2.after_proj.weight",
+        )
+        .unwrap();
+        assert_eq!(
+            (e.canonical(Some(2)), pos),
+            (
+                "vace_blocks.2.proj_out.weight".to_string(),
+                Position::Block(2)
+            )
+        );
+        let (e, _) = parse_stored(Layout::Wan, "vace_blocks.0.cross_attn.o.weight").unwrap();
+        assert_eq!(e.scope, Scope::VaceBlock);
+        assert_eq!(
+            e.stored_name(Layout::Nnx, 0).0,
+            "vace_blocks.0.attn2.proj_attn.kernel"
+        );
+        // MaxDiffusion never stacks VACE blocks, and has no SkyReels-V2 model.
+        assert!(parse_stored(Layout::NnxScanned, "vace_blocks.attn1.query.kernel").is_none());
+        let (fps, _) = parse_stored(Layout::Wan, "fps_projection.2.weight").unwrap();
+        assert!(!fps.fits(Layout::Nnx) && fps.fits(Layout::Diffusers));
     }
 }

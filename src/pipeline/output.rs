@@ -471,7 +471,7 @@ fn default_policy(stored: Option<Layout>, to: Option<Layout>) -> KeepF32 {
 fn canonical_name(layout: Option<Layout>, name: &str) -> String {
     use crate::model::wan_names::{Position, parse_stored};
     match layout.and_then(|l| parse_stored(l, name)) {
-        Some((e, Position::Block(b))) => format!("blocks.{b}.{}", e.diffusers),
+        Some((e, Position::Block(b))) => e.canonical(Some(b)),
         Some((e, _)) => e.diffusers.to_string(),
         None => name.to_string(),
     }

@@ -125,14 +125,16 @@ fn classify_config(path: &Path, text: &str) -> Result<ConfigFile, RunError> {
     let json: serde_json::Value =
         serde_json::from_str(text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
     match json.get("_class_name").and_then(serde_json::Value::as_str) {
-        None | Some("WanTransformer3DModel") => parse_config(text, path).map(ConfigFile::Diffusers),
+        class if WanConfig::is_class(class) => parse_config(text, path).map(ConfigFile::Diffusers),
         Some("WanModel") => Ok(ConfigFile::Original(
             json.get("num_heads")
                 .and_then(serde_json::Value::as_u64)
                 .map(|n| n as usize),
         )),
-        Some(other) => Err(bad(format!(
-            "describes a `{other}`, not a WAN transformer (WanTransformer3DModel or WanModel)"
+        other => Err(bad(format!(
+            "describes a `{}`, not a WAN transformer ({} or WanModel)",
+            other.unwrap_or_default(),
+            WanConfig::CLASS_NAMES.join(", ")
         ))),
     }
 }
