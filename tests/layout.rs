@@ -870,8 +870,10 @@ fn parameter_counts_match_spec_1_5_in_every_layout() {
                 Err(e @ PlanError::NotInLayout { .. }) => {
                     let refused = matches!(
                         (v, layout),
-                        (WanVariant::Vace1_3B | WanVariant::Vace14B, Layout::NnxScanned)
-                            | (WanVariant::SkyReelsDf1_3B, Layout::Nnx | Layout::NnxScanned)
+                        (
+                            WanVariant::Vace1_3B | WanVariant::Vace14B,
+                            Layout::NnxScanned
+                        ) | (WanVariant::SkyReelsDf1_3B, Layout::Nnx | Layout::NnxScanned)
                     );
                     assert!(refused, "{} {layout}: {e}", v.name());
                     continue;

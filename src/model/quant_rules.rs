@@ -10,6 +10,9 @@
 
 use std::fmt;
 
+use super::transform::Transform;
+use super::wan_layout::Layout;
+use super::wan_names;
 use crate::io::DType;
 use crate::io::quant::ggml::GgmlType;
 
@@ -454,48 +457,17 @@ fn quantizable(name: &str, shape: &[usize]) -> bool {
     name.ends_with("weight") && shape.len() == 2 && !WAN_NEVER.iter().any(|p| name.contains(p))
 }
 
-/// True when `name` is the weight of an nn.Linear of the original Wan model, which
-/// fp8-scaled stores as F8_E4M3 (spec §1.8): block attention q/k/v/o (and k_img/v_img),
-/// ffn.0/ffn.2, text/time embeddings, time projection, head and img_emb.proj.{1,3}.
+/// True when `name` (an original-Wan name without prefix) is the weight of an nn.Linear,
+/// which fp8-scaled stores as F8_E4M3 (spec §1.8: "every nn.Linear weight"): in the name
+/// table, the rows whose NNX form is a transposed kernel. That is block attention q/k/v/o
+/// (and k_img/v_img), ffn.0/ffn.2, text/time embeddings, time projection, head and
+/// img_emb.proj.{1,3}; in a VACE model the same modules of every VACE block plus
+/// before_proj/after_proj; in SkyReels-V2 fps_projection.{0,2}.
 pub fn is_fp8_linear(name: &str, shape: &[usize]) -> bool {
-    if shape.len() != 2 {
-        return false;
-    }
-    const TOP: [&str; 8] = [
-        "text_embedding.0.weight",
-        "text_embedding.2.weight",
-        "time_embedding.0.weight",
-        "time_embedding.2.weight",
-        "time_projection.1.weight",
-        "head.head.weight",
-        "img_emb.proj.1.weight",
-        "img_emb.proj.3.weight",
-    ];
-    if TOP.contains(&name) {
-        return true;
-    }
-    let Some(rest) = name.strip_prefix("blocks.") else {
-        return false;
-    };
-    let Some((n, module)) = rest.split_once('.') else {
-        return false;
-    };
-    if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
-        return false;
-    }
-    if matches!(module, "ffn.0.weight" | "ffn.2.weight") {
-        return true;
-    }
-    let Some(attn) = module
-        .strip_prefix("self_attn.")
-        .or_else(|| module.strip_prefix("cross_attn."))
-    else {
-        return false;
-    };
-    matches!(
-        attn,
-        "q.weight" | "k.weight" | "v.weight" | "o.weight" | "k_img.weight" | "v_img.weight"
-    )
+    shape.len() == 2
+        && wan_names::parse_stored(Layout::Wan, name).is_some_and(|(row, _)| {
+            row.to_nnx == Transform::Transpose && row.wan.ends_with(".weight")
+        })
 }
 
 #[cfg(test)]
