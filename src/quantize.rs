@@ -29,8 +29,9 @@ use crate::io::quant::fp8;
 use crate::io::quant::ggml::{self, GgmlType};
 use crate::io::writer::{ComponentOutput, GgufParts, OutputPlan};
 use crate::io::{DType, ReadError, dtype};
+use crate::model::animate::is_animate_module;
 use crate::model::base_model::{BaseModel, ComponentModel};
-use crate::model::plan_error::PlanError;
+use crate::model::plan_error::{ANIMATE_UNCONVERTED, PlanError};
 use crate::model::quant_rules::{self, GgufMix, QuantFormat, Why};
 use crate::model::wan_layout::Layout;
 use crate::model::wan_names::{self, Position};
@@ -72,7 +73,7 @@ pub enum QuantError {
         layout: Layout,
     },
     /// A key that is not a WAN transformer parameter.
-    #[error("{key}: not a WAN transformer parameter of the {layout} layout")]
+    #[error("{key}: not a WAN transformer parameter of the {layout} layout{}", if is_animate_module(key) { ANIMATE_UNCONVERTED } else { "" })]
     UnknownKey {
         /// The stored key.
         key: String,

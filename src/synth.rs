@@ -27,7 +27,7 @@ pub enum SynthModel {
     /// Wan 2.2 A14B: a pipeline folder with transformer/ and transformer_2/.
     WanA14B,
     /// Any WAN config (e.g. fewer layers for a quick test).
-    WanConfig(WanConfig),
+    WanConfig(Box<WanConfig>),
     /// A released SA3 size (single `model.safetensors`).
     Sa3(Sa3Variant),
 }
@@ -178,7 +178,7 @@ pub fn synth_plan(spec: &SynthSpec) -> Result<OutputPlan, crate::io::header_layo
         ),
         SynthModel::WanConfig(c) => (
             vec![wan_component(
-                &wan(c.clone()),
+                &wan((**c).clone()),
                 "",
                 spec.dtype,
                 spec.shard_bytes,

@@ -20,7 +20,7 @@ use wanbake::io::WriteError;
 use wanbake::layout::restack::RestackError;
 use wanbake::linalg::CacheError;
 use wanbake::merge::{MergeError, MergeFailure};
-use wanbake::model::plan_error::PlanError;
+use wanbake::model::plan_error::{PlanError, animate_note};
 use wanbake::model::wan_layout::LAYOUT_FIELD;
 use wanbake::pipeline::PipelineError;
 use wanbake::quantize::QuantError;
@@ -442,6 +442,11 @@ fn quantize_hint(base: &Path, e: &QuantError, front: FrontEnd) -> Option<String>
             })
         }
         QuantError::UnreadLayout { .. } => Some(restack("")),
+        QuantError::Layout(PlanError::Undetectable { unknown, .. })
+            if !animate_note(unknown).is_empty() =>
+        {
+            None
+        }
         QuantError::Layout(
             PlanError::Ambiguous { .. }
             | PlanError::Undetectable {

@@ -218,7 +218,7 @@ impl InputConfig {
 
     fn diffusers(&self) -> Option<&WanConfig> {
         match &self.found {
-            Some((_, _, RestackConfig::Diffusers(cfg))) => Some(cfg),
+            Some((_, _, RestackConfig::Diffusers(cfg))) => Some(&**cfg),
             _ => None,
         }
     }
@@ -254,7 +254,7 @@ impl InputConfig {
 /// What an input config.json is.
 enum RestackConfig {
     /// A diffusers `WanTransformer3DModel` config (no `_class_name`, or that one).
-    Diffusers(WanConfig),
+    Diffusers(Box<WanConfig>),
     /// An original Wan-AI `WanModel` config (`dim`, `num_heads`, `in_dim`, ...): the
     /// parameter shapes decide the config, the head count comes from `num_heads`.
     Original {
@@ -279,7 +279,7 @@ fn classify_config(path: &Path, json: &Value) -> Result<RestackConfig, RestackEr
     };
     match json.get("_class_name").and_then(Value::as_str) {
         class if WanConfig::is_class(class) => WanConfig::from_value(json.clone())
-            .map(RestackConfig::Diffusers)
+            .map(|c| RestackConfig::Diffusers(Box::new(c)))
             .map_err(|e| bad(format!("not a WAN transformer config: {e}"))),
         Some("WanModel") => Ok(RestackConfig::Original {
             num_heads: json

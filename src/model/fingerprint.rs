@@ -9,10 +9,11 @@ use std::collections::BTreeSet;
 
 use serde::Serialize;
 
+use super::animate;
 use super::read_plan::{ReadPlan, StoredTensor};
 use super::sa3::{DIT_PREFIX, Sa3Variant};
 use super::wan::{WanConfig, WanVariant};
-use super::wan_layout::{Layout, LayoutFinding, find_layout};
+use super::wan_layout::{LayoutFinding, find_layout};
 use crate::io::DType;
 
 /// The verdict.
@@ -81,6 +82,9 @@ pub fn fingerprint_found(
     names: &[String],
     layout: &LayoutFinding,
 ) -> Fingerprint {
+    if animate::is_animate(names) {
+        return fingerprint_animate(src, names);
+    }
     if let Some(f) = fingerprint_wan(src, names, layout) {
         return f;
     }
@@ -210,6 +214,43 @@ fn fingerprint_wan(
     })
 }
 
+/// The released Animate model: a Wan 2.1 I2V-14B trunk.
+pub const ANIMATE_14B: (&str, &str) = (
+    "wan2.2-animate-14b",
+    "Wan2.2-Animate-14B (a Wan 2.1 I2V-14B trunk with pose embedding, motion encoder, face \
+     encoder and face adapter)",
+);
+
+/// An Animate checkpoint: its trunk fingerprinted as any WAN model, its Animate modules
+/// counted and said to be carried in their own naming.
+fn fingerprint_animate(src: &dyn ShapeSource, names: &[String]) -> Fingerprint {
+    let (trunk, extra) = animate::split(names);
+    let mut f = fingerprint_wan(src, &trunk, &find_layout(&trunk)).unwrap_or_else(|| Fingerprint {
+        family: "wan".into(),
+        variant: None,
+        description: String::new(),
+        naming: None,
+        derived: serde_json::Value::Null,
+        notes: vec!["no WAN trunk (patch_embedding + blocks) beside the Animate modules".into()],
+        wan: None,
+    });
+    let released = f.variant.as_deref() == Some(WanVariant::I2V14B.id());
+    (f.variant, f.description) = if released {
+        (Some(ANIMATE_14B.0.into()), ANIMATE_14B.1.into())
+    } else {
+        (None, "Wan Animate of an unreleased shape".into())
+    };
+    f.notes.push(format!(
+        "{} Animate-module tensors ({}) are carried in the naming they were read in: merge \
+         and dtype conversion keep them; restack and quantized outputs do not convert them",
+        extra.len(),
+        animate::ANIMATE_PREFIXES
+            .map(|p| p.trim_end_matches('.'))
+            .join(", ")
+    ));
+    f
+}
+
 /// Notes where a diffusers `config.json` disagrees with the weights (spec wan.md §1.3: a
 /// Wan2.2 config with `image_dim` set but no image weights would build randomly initialised
 /// layers and break inference).
@@ -238,21 +279,23 @@ fn wan_fields(c: &WanConfig) -> [(&'static str, String); 15] {
         ("out_channels", c.out_channels().to_string()),
         ("text_dim", c.text_dim.to_string()),
         ("freq_dim", c.freq_dim.to_string()),
-        ("image_dim", format!("{:?}", c.image_dim)),
-        ("added_kv_proj_dim", format!("{:?}", c.added_kv_proj_dim)),
-        ("pos_embed_seq_len", format!("{:?}", c.pos_embed_seq_len)),
+        ("image_dim", optional(c.image_dim)),
+        ("added_kv_proj_dim", optional(c.added_kv_proj_dim)),
+        ("pos_embed_seq_len", optional(c.pos_embed_seq_len)),
         (
             "VACE blocks",
             c.blocks_of(super::wan_names::Scope::VaceBlock).to_string(),
         ),
-        ("vace_in_channels", format!("{:?}", c.vace_in_channels)),
+        ("vace_in_channels", optional(c.vace_in_channels)),
         ("inject_sample_info", c.inject_sample_info.to_string()),
-        ("in_dim_ref_conv", format!("{:?}", c.in_dim_ref_conv)),
-        (
-            "in_dim_control_adapter",
-            format!("{:?}", c.in_dim_control_adapter),
-        ),
+        ("in_dim_ref_conv", optional(c.in_dim_ref_conv)),
+        ("in_dim_control_adapter", optional(c.in_dim_control_adapter)),
     ]
+}
+
+/// An optional width as a note prints it.
+fn optional(v: Option<usize>) -> String {
+    v.map_or_else(|| "absent".to_string(), |v| v.to_string())
 }
 
 fn same_wan_shapes(a: &WanConfig, b: &WanConfig) -> bool {
@@ -325,6 +368,7 @@ mod tests {
 
     #[test]
     fn every_released_wan_config_is_recognised_from_its_parameter_table() {
+        use crate::model::wan_layout::Layout;
         use crate::model::wan_names::parse_canonical;
         for v in WanVariant::ALL {
             for layout in [Layout::Diffusers, Layout::Wan] {

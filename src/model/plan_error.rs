@@ -10,8 +10,15 @@
 
 use std::fmt::{self, Write as _};
 
+use super::animate::is_animate_module;
 use super::wan_layout::Layout;
 use crate::io::DType;
+
+/// Why a command refuses Wan2.2-Animate's own modules (`model::animate`).
+pub const ANIMATE_UNCONVERTED: &str = "\nhint: these are Wan2.2-Animate's own modules \
+    (pose_patch_embedding, motion_encoder, face_encoder, face_adapter); wanbake merges and \
+    converts the dtype of an Animate checkpoint in the naming it is in, but does not yet \
+    restack or quantize them (their diffusers <-> original conversion is not only renames)";
 
 /// How many keys an error message lists before it counts the rest.
 pub const LISTED_KEYS: usize = 40;
@@ -31,7 +38,7 @@ pub struct StoredShapeMismatch {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PlanError {
     /// Keys that are not WAN transformer parameters in this layout.
-    #[error("{} key(s) are not WAN transformer parameters in the `{layout}` layout:{}{}", keys.len(), list(keys), hint_unknown(*layout))]
+    #[error("{} key(s) are not WAN transformer parameters in the `{layout}` layout:{}{}", keys.len(), list(keys), hint_unknown(*layout, keys))]
     UnknownKeys {
         /// The layout the keys were read as.
         layout: Layout,
@@ -113,7 +120,7 @@ pub enum PlanError {
         dtype: DType,
     },
     /// No layout explains the keys (the front end says how to name one).
-    #[error("cannot tell the layout from the keys: {}{}", closest_text(*closest, unknown.len()), list(unknown))]
+    #[error("cannot tell the layout from the keys: {}{}{}", closest_text(*closest, unknown.len()), list(unknown), animate_note(unknown))]
     Undetectable {
         /// The layout that explained the most keys (`None`: no key is a WAN parameter in
         /// any layout).
@@ -220,7 +227,19 @@ fn join_layouts(l: &[Layout]) -> String {
     l.iter().map(|l| l.as_str()).collect::<Vec<_>>().join(", ")
 }
 
-fn hint_unknown(layout: Layout) -> impl fmt::Display {
+/// [`ANIMATE_UNCONVERTED`] when `keys` hold an Animate module, else nothing.
+pub fn animate_note(keys: &[String]) -> &'static str {
+    if keys.iter().any(|k| is_animate_module(k)) {
+        ANIMATE_UNCONVERTED
+    } else {
+        ""
+    }
+}
+
+fn hint_unknown(layout: Layout, keys: &[String]) -> impl fmt::Display {
+    if !animate_note(keys).is_empty() {
+        return ANIMATE_UNCONVERTED.to_string();
+    }
     let other = match layout {
         Layout::Diffusers => "wan, nnx or nnx-scanned",
         Layout::Wan => "diffusers, nnx or nnx-scanned",

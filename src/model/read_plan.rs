@@ -501,7 +501,7 @@ pub fn infer_config(
         inject_sample_info: has(WanPart::FpsEmbed),
         in_dim_ref_conv: optional(Dim::RefConvIn)?,
         in_dim_control_adapter: optional(Dim::ControlIn)?
-            .map(|c| unshuffled_channels(c))
+            .map(unshuffled_channels)
             .transpose()?,
         ..WanConfig::default()
     })
