@@ -734,3 +734,84 @@ fn gguf_variants_are_byte_identical_to_gguf_py() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// 6. A VACE-14B skeleton: synth, inspect, bake --dry-run
+
+#[test]
+fn a_vace_14b_skeleton_is_recognised_and_a_vace_lora_plans_on_it() {
+    let t = tmp();
+    let shapes = read_shapes(&g("vace/shapes/vace_14b.json"));
+    ok(run(
+        t.path(),
+        &[
+            "synth",
+            "--model",
+            "wan2.1-vace-14b",
+            "--fill",
+            "zero",
+            "--dtype",
+            "bf16",
+            "--skeleton",
+            "--out",
+            "vace14b",
+        ],
+    ));
+    let (f, c) = inspect_fingerprint(t.path(), &t.path().join("vace14b"));
+    assert_eq!(f["variant"], "wan2.1-vace-14b", "{f}");
+    assert_eq!(c["parameter_count"], shapes["num_parameters"], "{c}");
+    assert_eq!(f["derived"]["vace_layers"], shapes["config"]["vace_layers"]);
+    // A ComfyUI LoRA (rank 2, zeros: a dry run reads shapes) on VACE modules of the real
+    // shapes (D 5120, Fd 13824, 96 context channels; FACTS.md §1.1) and one main block.
+    let (d, ff) = (5120, 13824);
+    let mut lora: Vec<(String, Vec<usize>)> = Vec::new();
+    for (m, down, up) in [
+        ("vace_blocks.0.before_proj", vec![2, d], vec![d, 2]),
+        ("vace_blocks.7.after_proj", vec![2, d], vec![d, 2]),
+        ("vace_blocks.3.self_attn.q", vec![2, d], vec![d, 2]),
+        ("vace_blocks.5.ffn.0", vec![2, d], vec![ff, 2]),
+        (
+            "vace_patch_embedding",
+            vec![2, 96, 1, 2, 2],
+            vec![d, 2, 1, 1, 1],
+        ),
+        ("blocks.39.ffn.2", vec![2, ff], vec![d, 2]),
+    ] {
+        lora.push((format!("diffusion_model.{m}.lora_down.weight"), down));
+        lora.push((format!("diffusion_model.{m}.lora_up.weight"), up));
+    }
+    let owned: Vec<(&str, Vec<usize>, Vec<f32>)> = lora
+        .iter()
+        .map(|(n, s)| (n.as_str(), s.clone(), vec![0.0; s.iter().product()]))
+        .collect();
+    write_f32(&t.path().join("vace_lora.safetensors"), &owned);
+    for (layout, works) in [("nnx", true), ("nnx-scanned", false)] {
+        let recipe = t.path().join(format!("{layout}.toml"));
+        std::fs::write(
+            &recipe,
+            format!(
+                "[base]\npath = \"vace14b\"\n\n[[adapter]]\npath = \"vace_lora.safetensors\"\n\
+                 strength = 0.8\n\n[output]\ndir = \"out\"\ndtype = \"bf16\"\nlayout = \"{layout}\"\n"
+            ),
+        )
+        .unwrap();
+        let o = run(t.path(), &["bake", s(&recipe), "--dry-run", "--json"]);
+        let (code, stdout, err) = parts(&o);
+        if works {
+            assert_eq!(code, 0, "{err}");
+            let plan = &json(&stdout)["plan"];
+            let a = &plan["adapters"][0];
+            assert_eq!(a["convention"], "comfy", "{a}");
+            assert_eq!(a["targets_merged"], 6, "{a}");
+            assert_eq!(plan["output"]["tensors"], shapes["num_tensors"], "{plan}");
+        } else {
+            assert_eq!(code, 1, "{stdout}{err}");
+            assert!(
+                err.contains("`nnx-scanned` layout cannot hold")
+                    && err.contains("WanVACEModel has no scanned form"),
+                "{err}"
+            );
+        }
+        assert!(!t.path().join("out").exists());
+    }
+}
