@@ -815,3 +815,74 @@ fn a_vace_14b_skeleton_is_recognised_and_a_vace_lora_plans_on_it() {
         assert!(!t.path().join("out").exists());
     }
 }
+
+/// Writes a small model of golden/variants/quant/kquant_variants.json (its tensor list, values
+/// drawn from SplitMix64 in that order as golden/kquant_wan_golden.py draws them).
+fn write_small_model(path: &Path, model: &serde_json::Value) {
+    let mut rng = Rng::new(model["seed"].as_u64().unwrap());
+    let scale = model["scale"].as_f64().unwrap() as f32;
+    let tensors: Vec<(String, Vec<usize>, Vec<f32>)> = model["shapes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let name = e[0].as_str().unwrap().to_string();
+            let shape: Vec<usize> = (e[1].as_array().unwrap().iter())
+                .map(|d| d.as_u64().unwrap() as usize)
+                .collect();
+            let v = (0..shape.iter().product())
+                .map(|_| rng.signed_f32() * scale)
+                .collect();
+            (name, shape, v)
+        })
+        .collect();
+    for (name, first) in model["first_tensor"].as_object().unwrap() {
+        let t = tensors.iter().find(|t| &t.0 == name).unwrap();
+        for (got, want) in t.2.iter().zip(first.as_array().unwrap()) {
+            assert_eq!(f64::from(*got), want.as_f64().unwrap(), "{name}");
+        }
+    }
+    let refs: Vec<(&str, Vec<usize>, Vec<f32>)> = (tensors.iter())
+        .map(|(n, s, v)| (n.as_str(), s.clone(), v.clone()))
+        .collect();
+    write_f32(path, &refs);
+}
+
+#[test]
+fn k_mixes_of_vace_and_skyreels_are_byte_identical_to_ggml_and_city96s_rules() {
+    use wanbake::io::gguf::GgufFile;
+    let golden = json(&std::fs::read_to_string(g("quant/kquant_variants.json")).unwrap());
+    let t = tmp();
+    let mut files = 0;
+    for (model, m) in golden["models"].as_object().unwrap() {
+        let src = t.path().join(format!("{model}.safetensors"));
+        write_small_model(&src, m);
+        for (case, want) in m["cases"].as_object().unwrap() {
+            let fmt = case.trim_start_matches("gguf:");
+            let out = t.path().join(format!("{model}-{fmt}"));
+            ok(run(
+                t.path(),
+                &["convert", s(&src), "--to", case, "--out", s(&out)],
+            ));
+            let file = out.join(format!("model-{fmt}.gguf"));
+            let gg = GgufFile::open(&file).unwrap();
+            let tensors = want["tensors"].as_object().unwrap();
+            assert_eq!(gg.header().tensors.len(), tensors.len(), "{model} {case}");
+            for (j, t) in gg.header().tensors.iter().enumerate() {
+                let w = &tensors[&t.name];
+                let what = format!("{model} {case}: {}", t.name);
+                assert_eq!(t.ty.name(), w["type"].as_str().unwrap(), "{what}");
+                let sha = wanbake::io::digest::sha256_hex(gg.data(j));
+                assert_eq!(sha, w["sha256"].as_str().unwrap(), "{what}");
+            }
+            let bytes = std::fs::read(&file).unwrap();
+            assert_eq!(
+                wanbake::io::digest::sha256_hex(&bytes),
+                want["sha256"].as_str().unwrap(),
+                "{model} {case}: every tensor matches, the file does not"
+            );
+            files += 1;
+        }
+    }
+    assert_eq!(files, 6);
+}
