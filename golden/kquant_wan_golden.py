@@ -367,9 +367,66 @@ def comfy_loader(wanbake: str, checkout: Path) -> None:
     print(f"wrote {path}")
 
 
+
+# `comfy-loader-variants` mode: ComfyUI-GGUF's loader on wanbake's files of the small VACE and
+# SkyReels-V2 models above (`variant_model`), as `comfy_loader` does for the small WAN:
+#
+#   python golden/kquant_wan_golden.py comfy-loader-variants target/release/wanbake /path/to/ComfyUI-GGUF
+#
+# (same environment as `comfy-loader`). Writes golden/variants/quant/comfy_loader_variants.json.
+COMFY_VARIANT_FORMATS = ("q8_0", "q4_k_m")
+
+
+def comfy_loader_variants(wanbake: str, checkout: Path) -> None:
+    import subprocess
+
+    import torch
+    from safetensors.numpy import save_file
+
+    import quant_golden as qg
+    loader, dequant = qg.import_comfy_gguf(checkout)
+    files = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for model in ("vace", "skyreels"):
+            src = Path(tmp) / f"{model}.safetensors"
+            save_file(variant_model(model), str(src))
+            for fmt in COMFY_VARIANT_FORMATS:
+                out = Path(tmp) / f"{model}-{fmt}"
+                subprocess.run([wanbake, "-q", "convert", str(src), "--to", f"gguf:{fmt}", "--out",
+                                str(out)], check=True)
+                path = out / f"model-{fmt}.gguf"
+                ref = gguf_py_dequantized(path)
+                sd, arch = loader.gguf_sd_loader(str(path), return_arch=True)
+                info = {"arch": arch, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+                        "tensors": {}}
+                for name, t in sd.items():
+                    y = dequant.dequantize_tensor(t, torch.float32, "target").contiguous().numpy()
+                    want = np.ascontiguousarray(ref[name], dtype="<f4").reshape(y.shape)
+                    info["tensors"][name] = {
+                        "type": t.tensor_type.name, "shape": [int(d) for d in t.tensor_shape],
+                        "f32_sha256": sha256_f32(y), "same_as_gguf_py": bool(
+                            np.array_equal(y.view(np.uint32), want.view(np.uint32)))}
+                files[f"{model} gguf:{fmt}"] = info
+                kinds = sorted({v["type"] for v in info["tensors"].values()})
+                same = all(v["same_as_gguf_py"] for v in info["tensors"].values())
+                print(f"{model} {fmt}: {len(sd)} tensors {kinds}, bit-equal to gguf-py: {same}")
+    meta = {"oracle": "city96/ComfyUI-GGUF @ 795e451 loader.gguf_sd_loader + "
+                      "dequant.dequantize_tensor(float32, 'target'), torch "
+                      f"{torch.__version__}; gguf 0.19.0 quants.dequantize",
+            "inputs": "variant_model('vace' | 'skyreels') of golden/kquant_wan_golden.py "
+                      "(golden/variants/quant/kquant_variants.json lists their tensors)",
+            "files": files}
+    path = kq.ROOT / "variants" / "quant" / "comfy_loader_variants.json"
+    path.write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {path}")
+
+
 if __name__ == "__main__" and sys.argv[1:2] == ["comfy-loader"]:
     import numpy as np
     comfy_loader(sys.argv[2], Path(sys.argv[3]))
+elif __name__ == "__main__" and sys.argv[1:2] == ["comfy-loader-variants"]:
+    import numpy as np
+    comfy_loader_variants(sys.argv[2], Path(sys.argv[3]))
 elif __name__ == "__main__":
     if not kq.in_venv():
         py = kq.VENV / "bin" / "python"

@@ -886,3 +886,57 @@ fn k_mixes_of_vace_and_skyreels_are_byte_identical_to_ggml_and_city96s_rules() {
     }
     assert_eq!(files, 6);
 }
+
+fn sha256_f32(y: &[f32]) -> String {
+    let bytes: Vec<u8> = y.iter().flat_map(|v| v.to_le_bytes()).collect();
+    wanbake::io::digest::sha256_hex(&bytes)
+}
+
+/// city96/ComfyUI-GGUF's own loader (795e451) loaded wanbake's Q8_0 and Q4_K_M files of the
+/// small VACE and SkyReels-V2 models (golden/kquant_wan_golden.py `comfy-loader-variants`):
+/// the same files today, every tensor (the 5-D context embedding included) in the loader's
+/// shape, and wanbake's dequantization bit-equal to what ComfyUI computes with.
+#[test]
+fn comfyui_gguf_loads_the_variants_as_wanbake_dequantizes_them() {
+    use wanbake::io::gguf::GgufFile;
+    let golden = json(&std::fs::read_to_string(g("quant/kquant_variants.json")).unwrap());
+    let comfy = json(&std::fs::read_to_string(g("quant/comfy_loader_variants.json")).unwrap());
+    let t = tmp();
+    let mut files = 0;
+    for (case, want) in comfy["files"].as_object().unwrap() {
+        let (model, to) = case.split_once(' ').unwrap();
+        assert_eq!(want["arch"], "wan", "{case}");
+        let src = t.path().join(format!("{model}.safetensors"));
+        if !src.exists() {
+            write_small_model(&src, &golden["models"][model]);
+        }
+        let fmt = to.trim_start_matches("gguf:");
+        let out = t.path().join(format!("{model}-{fmt}"));
+        ok(run(
+            t.path(),
+            &["convert", s(&src), "--to", to, "--out", s(&out)],
+        ));
+        let file = out.join(format!("model-{fmt}.gguf"));
+        let bytes = std::fs::read(&file).unwrap();
+        assert_eq!(
+            wanbake::io::digest::sha256_hex(&bytes),
+            want["sha256"].as_str().unwrap(),
+            "{case}: not the file ComfyUI loaded"
+        );
+        let gg = GgufFile::open(&file).unwrap();
+        let tensors = want["tensors"].as_object().unwrap();
+        assert_eq!(tensors.len(), gg.header().tensors.len(), "{case}");
+        for (j, t) in gg.header().tensors.iter().enumerate() {
+            let w = &tensors[&t.name];
+            let what = format!("{case}: {}", t.name);
+            let shape: Vec<usize> = serde_json::from_value(w["shape"].clone()).unwrap();
+            assert_eq!(wanbake::io::gguf::torch_shape(&t.ne), shape, "{what}");
+            assert_eq!(t.ty.name(), w["type"].as_str().unwrap(), "{what}");
+            assert_eq!(w["same_as_gguf_py"], true, "{what}");
+            let got = sha256_f32(&gg.read_f32(j));
+            assert_eq!(got, w["f32_sha256"].as_str().unwrap(), "{what}");
+        }
+        files += 1;
+    }
+    assert_eq!(files, 4);
+}
