@@ -866,15 +866,25 @@ fn parameter_counts_match_spec_1_5_in_every_layout() {
         for layout in Layout::ALL {
             let plan = match WritePlan::new(layout, &params) {
                 Ok(plan) => plan,
-                // No runtime reads a scanned VACE model or an NNX SkyReels-V2 model.
+                // No runtime reads a scanned VACE model, an NNX SkyReels-V2 model, or Wan
+                // Fun's extras outside the original names.
                 Err(e @ PlanError::NotInLayout { .. }) => {
+                    let fun_extras = matches!(
+                        v,
+                        WanVariant::FunV11Control1_3B
+                            | WanVariant::FunV11Control14B
+                            | WanVariant::FunV11Camera1_3B
+                            | WanVariant::FunV11Camera14B
+                            | WanVariant::Fun22Control
+                            | WanVariant::Fun22Camera
+                    );
                     let refused = matches!(
                         (v, layout),
                         (
                             WanVariant::Vace1_3B | WanVariant::Vace14B,
                             Layout::NnxScanned
                         ) | (WanVariant::SkyReelsDf1_3B, Layout::Nnx | Layout::NnxScanned)
-                    );
+                    ) || (fun_extras && layout != Layout::Wan);
                     assert!(refused, "{} {layout}: {e}", v.name());
                     continue;
                 }

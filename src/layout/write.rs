@@ -75,13 +75,7 @@ impl WritePlan {
             .iter()
             .filter(|(_, e, _)| !e.fits(layout))
             .collect();
-        if let Some((_, first, _)) = misfits.first() {
-            let why = if first.nnx.is_empty() {
-                "MaxDiffusion has no model with them (SkyReels-V2's frame-rate conditioning)"
-            } else {
-                "MaxDiffusion's WanVACEModel has no scanned form (scan_layers raises \
-                 NotImplementedError); write `nnx` instead"
-            };
+        if let Some(why) = misfits.first().and_then(|(_, e, _)| e.unfit(layout)) {
             return Err(PlanError::NotInLayout {
                 layout,
                 keys: misfits.iter().map(|(p, _, _)| p.name.clone()).collect(),

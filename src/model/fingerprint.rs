@@ -12,7 +12,7 @@ use serde::Serialize;
 use super::read_plan::{ReadPlan, StoredTensor};
 use super::sa3::{DIT_PREFIX, Sa3Variant};
 use super::wan::{WanConfig, WanVariant};
-use super::wan_layout::{LayoutFinding, find_layout};
+use super::wan_layout::{Layout, LayoutFinding, find_layout};
 use crate::io::DType;
 
 /// The verdict.
@@ -183,6 +183,12 @@ fn fingerprint_wan(
     if cfg.inject_sample_info {
         derived["inject_sample_info"] = true.into();
     }
+    if let Some(c) = cfg.in_dim_ref_conv {
+        derived["in_dim_ref_conv"] = c.into();
+    }
+    if let Some(c) = cfg.in_dim_control_adapter {
+        derived["in_dim_control_adapter"] = c.into();
+    }
     let found = WanVariant::ALL
         .iter()
         .find(|v| same_wan_shapes(&v.config(), &cfg));
@@ -223,7 +229,7 @@ pub fn config_disagreements(config: &WanConfig, from_shapes: &WanConfig) -> Vec<
 }
 
 /// The fields shapes can reveal (of `vace_layers`, only how many).
-fn wan_fields(c: &WanConfig) -> [(&'static str, String); 13] {
+fn wan_fields(c: &WanConfig) -> [(&'static str, String); 15] {
     [
         ("inner_dim", c.inner_dim().to_string()),
         ("num_layers", c.num_layers.to_string()),
@@ -241,6 +247,11 @@ fn wan_fields(c: &WanConfig) -> [(&'static str, String); 13] {
         ),
         ("vace_in_channels", format!("{:?}", c.vace_in_channels)),
         ("inject_sample_info", c.inject_sample_info.to_string()),
+        ("in_dim_ref_conv", format!("{:?}", c.in_dim_ref_conv)),
+        (
+            "in_dim_control_adapter",
+            format!("{:?}", c.in_dim_control_adapter),
+        ),
     ]
 }
 
@@ -314,16 +325,25 @@ mod tests {
 
     #[test]
     fn every_released_wan_config_is_recognised_from_its_parameter_table() {
+        use crate::model::wan_names::parse_canonical;
         for v in WanVariant::ALL {
-            let s = Shapes(
-                v.config()
-                    .diffusers_params()
-                    .into_iter()
-                    .map(|p| (p.name, p.shape))
-                    .collect(),
-            );
-            let f = fingerprint(&s);
-            assert_eq!(f.variant.as_deref(), Some(v.id()), "{:?}", f);
+            for layout in [Layout::Diffusers, Layout::Wan] {
+                let params = v.config().diffusers_params();
+                let named = params.into_iter().map(|p| {
+                    let (row, block) = parse_canonical(&p.name).expect("a table name");
+                    let name = row.stored_name(layout, block.unwrap_or(0)).0;
+                    (row.fits(layout), (name, p.shape))
+                });
+                // A layout that cannot hold a part (diffusers and Fun's extras) is skipped.
+                let Some(tensors) = named
+                    .map(|(fits, t)| fits.then_some(t))
+                    .collect::<Option<_>>()
+                else {
+                    continue;
+                };
+                let f = fingerprint(&Shapes(tensors));
+                assert_eq!(f.variant.as_deref(), Some(v.id()), "{layout} {f:?}");
+            }
         }
     }
 

@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::plan_error::{PlanError, StoredShapeMismatch};
 use super::transform::Transform;
-use super::wan::{ParamSpec, WanConfig};
+use super::wan::{CONTROL_UNSHUFFLE, ParamSpec, WanConfig};
 use super::wan_layout::Layout;
 use super::wan_names::{self, Dim, NameRow, Position, SKIPPED_MARKER, Scope, WanPart};
 use crate::io::{DType, TensorInfo, TensorView};
@@ -499,8 +499,24 @@ pub fn infer_config(
         vace_layers,
         vace_in_channels,
         inject_sample_info: has(WanPart::FpsEmbed),
+        in_dim_ref_conv: optional(Dim::RefConvIn)?,
+        in_dim_control_adapter: optional(Dim::ControlIn)?
+            .map(|c| unshuffled_channels(c))
+            .transpose()?,
         ..WanConfig::default()
     })
+}
+
+/// `in_dim_control_adapter` from the camera adapter's first convolution's input channels.
+fn unshuffled_channels(channels: usize) -> Result<usize, PlanError> {
+    if channels.is_multiple_of(CONTROL_UNSHUFFLE) {
+        return Ok(channels / CONTROL_UNSHUFFLE);
+    }
+    Err(PlanError::Infer(format!(
+        "`{}` has {channels} input channels, not a multiple of the camera adapter's pixel \
+         unshuffle ({CONTROL_UNSHUFFLE})",
+        locate(Dim::ControlIn)?.0
+    )))
 }
 
 /// The blocks a VACE model's context blocks follow, which no weight records: every released

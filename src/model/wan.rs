@@ -60,6 +60,14 @@ pub struct WanConfig {
     /// SkyReels-V2's frame-rate conditioning (`SkyReelsV2Transformer3DModel`).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub inject_sample_info: bool,
+    /// Input channels of Wan Fun's reference-image convolution (`ref_conv`; VideoX-Fun's
+    /// config key, 16 in every release).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub in_dim_ref_conv: Option<usize>,
+    /// Input channels of Wan Fun's camera adapter before its 8× pixel unshuffle
+    /// (`control_adapter`; VideoX-Fun's config key, 24 in every release).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub in_dim_control_adapter: Option<usize>,
 }
 
 impl Default for WanConfig {
@@ -85,9 +93,25 @@ impl Default for WanConfig {
             vace_layers: None,
             vace_in_channels: None,
             inject_sample_info: false,
+            in_dim_ref_conv: None,
+            in_dim_control_adapter: None,
         }
     }
 }
+
+/// `c` with the Wan 2.1 CLIP image branch (CLIP ViT-H's 1280-wide features projected to
+/// D; spec wan.md §1.3).
+fn image_branch(c: WanConfig) -> WanConfig {
+    WanConfig {
+        image_dim: Some(1280),
+        added_kv_proj_dim: Some(c.inner_dim()),
+        ..c
+    }
+}
+
+/// The camera adapter's pixel unshuffle: `downscale_factor_control_adapter` 8, squared
+/// (VideoX-Fun wan_camera_adapter.py `SimpleAdapter`).
+pub const CONTROL_UNSHUFFLE: usize = 64;
 
 /// A released WAN model (spec wan.md §1.3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -110,13 +134,29 @@ pub enum WanVariant {
     Vace14B,
     /// SkyReels-V2-DF-1.3B (diffusion forcing, with frame-rate conditioning).
     SkyReelsDf1_3B,
-    /// SkyReels-V2-I2V-1.3B.
+    /// SkyReels-V2-I2V-1.3B; also Wan2.1-Fun(-V1.1)-1.3B-InP.
     SkyReelsI2V1_3B,
+    /// Wan2.1-Fun-1.3B-Control.
+    FunControl1_3B,
+    /// Wan2.1-Fun-14B-Control.
+    FunControl14B,
+    /// Wan2.1-Fun-V1.1-1.3B-Control (with the reference-image convolution).
+    FunV11Control1_3B,
+    /// Wan2.1-Fun-V1.1-14B-Control.
+    FunV11Control14B,
+    /// Wan2.1-Fun-V1.1-1.3B-Control-Camera.
+    FunV11Camera1_3B,
+    /// Wan2.1-Fun-V1.1-14B-Control-Camera.
+    FunV11Camera14B,
+    /// Wan2.2-Fun-A14B-Control, one expert.
+    Fun22Control,
+    /// Wan2.2-Fun-A14B-Control-Camera, one expert.
+    Fun22Camera,
 }
 
 impl WanVariant {
     /// Every released variant.
-    pub const ALL: [WanVariant; 10] = [
+    pub const ALL: [WanVariant; 18] = [
         WanVariant::T2V1_3B,
         WanVariant::T2V14B,
         WanVariant::I2V14B,
@@ -127,6 +167,14 @@ impl WanVariant {
         WanVariant::Vace14B,
         WanVariant::SkyReelsDf1_3B,
         WanVariant::SkyReelsI2V1_3B,
+        WanVariant::FunControl1_3B,
+        WanVariant::FunControl14B,
+        WanVariant::FunV11Control1_3B,
+        WanVariant::FunV11Control14B,
+        WanVariant::FunV11Camera1_3B,
+        WanVariant::FunV11Camera14B,
+        WanVariant::Fun22Control,
+        WanVariant::Fun22Camera,
     ];
 
     /// A human name.
@@ -136,14 +184,24 @@ impl WanVariant {
             WanVariant::T2V14B => {
                 "Wan2.1-T2V-14B (or one Wan2.2-T2V-A14B expert, or SkyReels-V2-T2V/DF-14B)"
             }
-            WanVariant::I2V14B => "Wan2.1-I2V-14B (or SkyReels-V2-I2V-14B)",
+            WanVariant::I2V14B => {
+                "Wan2.1-I2V-14B (or SkyReels-V2-I2V-14B, or Wan2.1-Fun(-V1.1)-14B-InP)"
+            }
             WanVariant::FLF2V14B => "Wan2.1-FLF2V-14B",
-            WanVariant::I2VA14B => "Wan2.2-I2V-A14B expert",
+            WanVariant::I2VA14B => "Wan2.2-I2V-A14B expert (or a Wan2.2-Fun-A14B-InP expert)",
             WanVariant::TI2V5B => "Wan2.2-TI2V-5B",
             WanVariant::Vace1_3B => "Wan2.1-VACE-1.3B",
             WanVariant::Vace14B => "Wan2.1-VACE-14B (or one Wan2.2-VACE-Fun-A14B expert)",
             WanVariant::SkyReelsDf1_3B => "SkyReels-V2-DF-1.3B",
-            WanVariant::SkyReelsI2V1_3B => "SkyReels-V2-I2V-1.3B",
+            WanVariant::SkyReelsI2V1_3B => "SkyReels-V2-I2V-1.3B (or Wan2.1-Fun(-V1.1)-1.3B-InP)",
+            WanVariant::FunControl1_3B => "Wan2.1-Fun-1.3B-Control",
+            WanVariant::FunControl14B => "Wan2.1-Fun-14B-Control",
+            WanVariant::FunV11Control1_3B => "Wan2.1-Fun-V1.1-1.3B-Control",
+            WanVariant::FunV11Control14B => "Wan2.1-Fun-V1.1-14B-Control",
+            WanVariant::FunV11Camera1_3B => "Wan2.1-Fun-V1.1-1.3B-Control-Camera",
+            WanVariant::FunV11Camera14B => "Wan2.1-Fun-V1.1-14B-Control-Camera",
+            WanVariant::Fun22Control => "Wan2.2-Fun-A14B-Control expert",
+            WanVariant::Fun22Camera => "Wan2.2-Fun-A14B-Control-Camera expert",
         }
     }
 
@@ -160,6 +218,14 @@ impl WanVariant {
             WanVariant::Vace14B => "wan2.1-vace-14b",
             WanVariant::SkyReelsDf1_3B => "skyreels-v2-df-1.3b",
             WanVariant::SkyReelsI2V1_3B => "skyreels-v2-i2v-1.3b",
+            WanVariant::FunControl1_3B => "wan2.1-fun-1.3b-control",
+            WanVariant::FunControl14B => "wan2.1-fun-14b-control",
+            WanVariant::FunV11Control1_3B => "wan2.1-fun-v1.1-1.3b-control",
+            WanVariant::FunV11Control14B => "wan2.1-fun-v1.1-14b-control",
+            WanVariant::FunV11Camera1_3B => "wan2.1-fun-v1.1-1.3b-control-camera",
+            WanVariant::FunV11Camera14B => "wan2.1-fun-v1.1-14b-control-camera",
+            WanVariant::Fun22Control => "wan2.2-fun-a14b-control",
+            WanVariant::Fun22Camera => "wan2.2-fun-a14b-control-camera",
         }
     }
 
@@ -179,16 +245,12 @@ impl WanVariant {
             WanVariant::T2V14B => base,
             WanVariant::I2V14B => WanConfig {
                 in_channels: 36,
-                image_dim: Some(1280),
-                added_kv_proj_dim: Some(5120),
-                ..base
+                ..image_branch(base)
             },
             WanVariant::FLF2V14B => WanConfig {
                 in_channels: 36,
-                image_dim: Some(1280),
-                added_kv_proj_dim: Some(5120),
                 pos_embed_seq_len: Some(514),
-                ..base
+                ..image_branch(base)
             },
             WanVariant::I2VA14B => WanConfig {
                 in_channels: 36,
@@ -218,9 +280,47 @@ impl WanVariant {
             },
             WanVariant::SkyReelsI2V1_3B => WanConfig {
                 in_channels: 36,
-                image_dim: Some(1280),
-                added_kv_proj_dim: Some(1536),
-                ..small
+                ..image_branch(small)
+            },
+            // Wan Fun (golden/variants/fun/FACTS.md: VideoX-Fun's code, shapes checked
+            // against DiffSynth-Studio's hashes of the released files).
+            WanVariant::FunControl1_3B => WanConfig {
+                in_channels: 48,
+                ..image_branch(small)
+            },
+            WanVariant::FunControl14B => WanConfig {
+                in_channels: 48,
+                ..image_branch(base)
+            },
+            WanVariant::FunV11Control1_3B => WanConfig {
+                in_channels: 48,
+                in_dim_ref_conv: Some(16),
+                ..image_branch(small)
+            },
+            WanVariant::FunV11Control14B => WanConfig {
+                in_channels: 48,
+                in_dim_ref_conv: Some(16),
+                ..image_branch(base)
+            },
+            WanVariant::FunV11Camera1_3B => WanConfig {
+                in_channels: 32,
+                in_dim_control_adapter: Some(24),
+                ..image_branch(small)
+            },
+            WanVariant::FunV11Camera14B => WanConfig {
+                in_channels: 32,
+                in_dim_control_adapter: Some(24),
+                ..image_branch(base)
+            },
+            WanVariant::Fun22Control => WanConfig {
+                in_channels: 52,
+                in_dim_ref_conv: Some(16),
+                ..base
+            },
+            WanVariant::Fun22Camera => WanConfig {
+                in_channels: 36,
+                in_dim_control_adapter: Some(24),
+                ..base
             },
         }
     }
@@ -245,6 +345,16 @@ impl WanVariant {
             WanVariant::Vace14B => 17_337_592_896,
             WanVariant::SkyReelsDf1_3B => 1_435_525_696,
             WanVariant::SkyReelsI2V1_3B => 1_564_428_608,
+            // The released Fun files' tensor lists (golden/variants/fun/shapes, each checked
+            // against DiffSynth-Studio's md5 of the real file's names and shapes).
+            WanVariant::FunControl1_3B => 1_564_502_336,
+            WanVariant::FunControl14B => 16_395_124_544,
+            WanVariant::FunV11Control1_3B => 1_564_602_176,
+            WanVariant::FunV11Control14B => 16_395_457_344,
+            WanVariant::FunV11Camera1_3B => 1_616_313_152,
+            WanVariant::FunV11Camera14B => 16_898_128_704,
+            WanVariant::Fun22Control => 14_289_561_664,
+            WanVariant::Fun22Camera => 14_792_233_024,
         }
     }
 }
@@ -387,6 +497,8 @@ impl WanConfig {
             WanPart::CrossAttnNorm => self.cross_attn_norm,
             WanPart::Vace | WanPart::VaceInput => self.vace_layers.is_some(),
             WanPart::FpsEmbed => self.inject_sample_info,
+            WanPart::RefConv => self.in_dim_ref_conv.is_some(),
+            WanPart::ControlAdapter => self.in_dim_control_adapter.is_some(),
         }
     }
 
@@ -410,6 +522,9 @@ impl WanConfig {
             Dim::AddedKv => self.added_kv_proj_dim?,
             Dim::PosEmbed => self.pos_embed_seq_len?,
             Dim::VaceIn => self.vace_in_channels?,
+            Dim::Three => 3,
+            Dim::RefConvIn => self.in_dim_ref_conv?,
+            Dim::ControlIn => self.in_dim_control_adapter? * CONTROL_UNSHUFFLE,
             Dim::OutPatch => self.out_channels() * self.patch_volume(),
         })
     }
@@ -476,7 +591,13 @@ mod tests {
                 WanVariant::I2V14B | WanVariant::FLF2V14B | WanVariant::I2VA14B => "I2V/FLF2V",
                 WanVariant::TI2V5B => "TI2V-5B",
                 WanVariant::Vace1_3B | WanVariant::Vace14B | WanVariant::SkyReelsDf1_3B => "T2V",
-                WanVariant::SkyReelsI2V1_3B => "I2V/FLF2V",
+                WanVariant::SkyReelsI2V1_3B | WanVariant::Fun22Camera => "I2V/FLF2V",
+                WanVariant::FunControl1_3B
+                | WanVariant::FunControl14B
+                | WanVariant::FunV11Control1_3B
+                | WanVariant::FunV11Control14B => "Fun Control",
+                WanVariant::FunV11Camera1_3B | WanVariant::FunV11Camera14B => "Control-Camera",
+                WanVariant::Fun22Control => "Fun-A14B-Control",
             };
             assert!(named.contains(kind), "{}: {named}", v.name());
         }
@@ -506,6 +627,18 @@ pub const VARIANT_ONLY_PARTS: &[VariantOnlyPart] = &[
         fragments: &["vace_"],
         part: "the VACE context blocks",
         models: "a Wan VACE model (Wan2.1-VACE, Wan2.2-VACE-Fun)",
+    },
+    VariantOnlyPart {
+        rows: WanPart::RefConv,
+        fragments: &["ref_conv"],
+        part: "the reference-image convolution",
+        models: "a Wan Fun V1.1 Control or Wan2.2-Fun-A14B-Control model",
+    },
+    VariantOnlyPart {
+        rows: WanPart::ControlAdapter,
+        fragments: &["control_adapter"],
+        part: "the camera control adapter",
+        models: "a Wan Fun Control-Camera model",
     },
     VariantOnlyPart {
         rows: WanPart::FpsEmbed,
@@ -549,7 +682,12 @@ pub fn input_channels_model(in_channels: usize) -> Option<&'static str> {
     match in_channels {
         16 => Some("a T2V model (16 latent channels)"),
         36 => Some("an I2V/FLF2V model (36 input channels: 16 latent, 4 mask, 16 image latent)"),
-        48 => Some("a Wan 2.2 TI2V-5B model (48 latent channels)"),
+        48 => Some(
+            "a Wan 2.2 TI2V-5B model (48 latent channels) or a Wan2.1-Fun Control model \
+             (16 latent, 16 control, 16 image latent)",
+        ),
+        32 => Some("a Wan2.1-Fun Control-Camera model (32 input channels)"),
+        52 => Some("a Wan2.2-Fun-A14B-Control model (52 input channels)"),
         _ => None,
     }
 }

@@ -89,6 +89,13 @@ pub enum Dim {
     PosEmbed,
     /// C_vace, the VACE context's input channels (`vace_in_channels`).
     VaceIn,
+    /// 3 (a 3×3 convolution kernel).
+    Three,
+    /// The Fun reference-image convolution's input channels (`in_dim_ref_conv`).
+    RefConvIn,
+    /// The Fun camera adapter's input channels after its pixel unshuffle
+    /// (`in_dim_control_adapter` · 8²).
+    ControlIn,
     /// C_out · pt · ph · pw.
     OutPatch,
 }
@@ -116,6 +123,12 @@ pub enum WanPart {
     /// SkyReels-V2's frame-rate conditioning (`inject_sample_info`): `fps_embedding` and
     /// `fps_projection`.
     FpsEmbed,
+    /// The reference-image convolution of Wan Fun V1.1 Control and Wan2.2-Fun Control
+    /// (`ref_conv`, VideoX-Fun's `add_ref_conv`).
+    RefConv,
+    /// The camera control adapter of Wan Fun Control-Camera (`control_adapter`,
+    /// VideoX-Fun's `SimpleAdapter`).
+    ControlAdapter,
 }
 
 /// One parameter kind in every layout. Block names are relative to `blocks.N.`.
@@ -558,8 +571,71 @@ fn build_entries() -> Vec<NameRow> {
         Inner,
         Ffn
     ));
+    fun_rows(&mut e);
     vace_block_rows(&mut e);
     e
+}
+
+/// Wan Fun's extra convolutions (aigc-apps/VideoX-Fun@804a4258 wan_transformer3d.py and
+/// wan_camera_adapter.py; shapes checked against DiffSynth-Studio's hashes of the released
+/// files, golden/variants/fun/FACTS.md). Fun checkpoints use the original names; diffusers and
+/// MaxDiffusion have no Fun class, so these names are the same in every naming and no NNX
+/// or diffusers layout holds them ([`NameRow::unfit`]).
+fn fun_rows(e: &mut Vec<NameRow>) {
+    let conv2d = |d: &'static str, w: &'static str, input: Dim, k: [Dim; 2]| {
+        [
+            NameRow {
+                scope: Scope::Top,
+                diffusers: d,
+                wan: d,
+                nnx: "",
+                to_nnx: Transform::Identity,
+                shape: match (input, k) {
+                    (Dim::RefConvIn, _) => &[Dim::Inner, Dim::RefConvIn, Dim::PatchH, Dim::PatchW],
+                    (Dim::ControlIn, _) => &[Dim::Inner, Dim::ControlIn, Dim::PatchH, Dim::PatchW],
+                    _ => &[Dim::Inner, Dim::Inner, Dim::Three, Dim::Three],
+                },
+                part: WanPart::Core,
+            },
+            NameRow {
+                scope: Scope::Top,
+                diffusers: w,
+                wan: w,
+                nnx: "",
+                to_nnx: Transform::Identity,
+                shape: &[Dim::Inner],
+                part: WanPart::Core,
+            },
+        ]
+    };
+    let patch = [Dim::PatchH, Dim::PatchW];
+    let three = [Dim::Three, Dim::Three];
+    e.extend(only_in(
+        WanPart::RefConv,
+        conv2d("ref_conv.weight", "ref_conv.bias", Dim::RefConvIn, patch),
+    ));
+    for (d, w, input, k) in [
+        (
+            "control_adapter.conv.weight",
+            "control_adapter.conv.bias",
+            Dim::ControlIn,
+            patch,
+        ),
+        (
+            "control_adapter.residual_blocks.0.conv1.weight",
+            "control_adapter.residual_blocks.0.conv1.bias",
+            Dim::Inner,
+            three,
+        ),
+        (
+            "control_adapter.residual_blocks.0.conv2.weight",
+            "control_adapter.residual_blocks.0.conv2.bias",
+            Dim::Inner,
+            three,
+        ),
+    ] {
+        e.extend(only_in(WanPart::ControlAdapter, conv2d(d, w, input, k)));
+    }
 }
 
 /// The VACE context block (diffusers `WanVACETransformerBlock`, original `VaceWanAttentionBlock`,
@@ -663,13 +739,30 @@ impl NameRow {
         self.scope.full(self.diffusers, block)
     }
 
-    /// True when `layout` can hold this parameter (the NNX layouts cannot hold SkyReels-V2's
-    /// frame-rate conditioning, and MaxDiffusion never stacks VACE blocks).
+    /// True when `layout` can hold this parameter (see [`NameRow::unfit`]).
     pub fn fits(&self, layout: Layout) -> bool {
+        self.unfit(layout).is_none()
+    }
+
+    /// Why `layout` cannot hold this parameter, in model terms: no runtime reading that
+    /// layout has it. `None` when it can.
+    pub fn unfit(&self, layout: Layout) -> Option<&'static str> {
+        let fun = matches!(self.part, WanPart::RefConv | WanPart::ControlAdapter);
         match layout {
-            Layout::Diffusers | Layout::Wan => true,
-            Layout::Nnx => !self.nnx.is_empty(),
-            Layout::NnxScanned => !self.nnx.is_empty() && self.scope != Scope::VaceBlock,
+            Layout::Wan => None,
+            _ if fun => Some(
+                "diffusers and MaxDiffusion have no Wan Fun class (ref_conv, control_adapter); \
+                 Fun checkpoints are read in original Wan names (`wan` layout)",
+            ),
+            Layout::Diffusers => None,
+            _ if self.nnx.is_empty() => {
+                Some("MaxDiffusion has no SkyReels-V2 model (its frame-rate conditioning)")
+            }
+            Layout::NnxScanned if self.scope == Scope::VaceBlock => Some(
+                "MaxDiffusion's WanVACEModel has no scanned form (scan_layers raises \
+                 NotImplementedError); write `nnx` instead",
+            ),
+            Layout::Nnx | Layout::NnxScanned => None,
         }
     }
 }
@@ -682,9 +775,7 @@ fn local_maps() -> &'static LocalMaps {
         let mut m = HashMap::new();
         for layout in Layout::ALL {
             for (i, e) in entries().iter().enumerate() {
-                if e.fits(layout) {
-                    m.insert((layout, e.scope, e.local(layout)), i);
-                }
+                m.insert((layout, e.scope, e.local(layout)), i);
             }
         }
         m
@@ -695,6 +786,12 @@ fn local_maps() -> &'static LocalMaps {
 /// when the name is not a WAN parameter of that layout. Block indices must be written in
 /// canonical decimal (no sign, no leading zero).
 pub fn parse_stored(layout: Layout, name: &str) -> Option<(&'static NameRow, Position)> {
+    parse_any(layout, name).filter(|(e, _)| e.fits(layout))
+}
+
+/// [`parse_stored`] without asking whether `layout` can hold the row: a canonical name
+/// names every row, including those no diffusers file holds.
+fn parse_any(layout: Layout, name: &str) -> Option<(&'static NameRow, Position)> {
     let name = match layout {
         Layout::Wan => strip_wan_prefix(name),
         _ => name,
@@ -748,7 +845,7 @@ pub fn first_of(part: WanPart) -> Option<&'static NameRow> {
 
 /// Splits a canonical (diffusers) parameter name into its row and block index.
 pub fn parse_canonical(name: &str) -> Option<(&'static NameRow, Option<usize>)> {
-    match parse_stored(Layout::Diffusers, name)? {
+    match parse_any(Layout::Diffusers, name)? {
         (e, Position::Top) => Some((e, None)),
         (e, Position::Block(b)) => Some((e, Some(b))),
         (_, Position::Stacked) => None,
