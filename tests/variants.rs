@@ -346,21 +346,23 @@ fn skyreels_restacks_between_diffusers_and_original_bit_for_bit() {
 #[test]
 fn layouts_without_the_variant_refuse_and_write_nothing() {
     let t = tmp();
+    // The reason, in words any rewording keeps: the MaxDiffusion model that lacks the part,
+    // and the part (the keys are listed after it).
     for (src, to, why) in [
         (
             g("vace/models/vace"),
             "nnx-scanned",
-            "MaxDiffusion's WanVACEModel has no scanned form (scan_layers raises NotImplementedError)",
+            &["MaxDiffusion", "WanVACEModel", "scan"][..],
         ),
         (
             g("skyreels/models/skyreels_df"),
             "nnx",
-            "MaxDiffusion has no model with them (SkyReels-V2's frame-rate conditioning)",
+            &["MaxDiffusion", "SkyReels-V2", "frame-rate conditioning"][..],
         ),
         (
             g("skyreels/models/skyreels_df"),
             "nnx-scanned",
-            "SkyReels-V2's frame-rate conditioning",
+            &["MaxDiffusion", "SkyReels-V2", "frame-rate conditioning"][..],
         ),
     ] {
         let (code, out, err) = parts(&run(
@@ -369,7 +371,8 @@ fn layouts_without_the_variant_refuse_and_write_nothing() {
         ));
         assert_ne!(code, 0, "{to}: {out}{err}");
         assert!(err.contains(&format!("`{to}` layout cannot hold")), "{err}");
-        assert!(err.contains(why), "{to}: {err}");
+        assert!(why.iter().all(|w| err.contains(w)), "{to}: {err}");
+        assert!(err.contains("\n  vace_blocks.0.") || err.contains("\n  fps_embedding.weight"));
         assert!(tree(t.path()).is_empty(), "{to}: {:?}", tree(t.path()));
     }
 }
@@ -817,7 +820,8 @@ fn a_vace_14b_skeleton_is_recognised_and_a_vace_lora_plans_on_it() {
             assert_eq!(code, 1, "{stdout}{err}");
             assert!(
                 err.contains("`nnx-scanned` layout cannot hold")
-                    && err.contains("WanVACEModel has no scanned form"),
+                    && err.contains("WanVACEModel")
+                    && err.contains("scan"),
                 "{err}"
             );
         }
