@@ -638,6 +638,25 @@ fn want_tensor(w: &serde_json::Value) -> (String, Vec<usize>, String) {
     )
 }
 
+/// The quantized file still reads as its variant: `inspect --json` derives the VACE / SkyReels
+/// config from it (names and shapes survive quantization).
+fn assert_quantized_variant(dir: &Path, model: &str, file: &Path) {
+    let v = json(&ok(run(dir, &["inspect", s(file), "--json"])));
+    let f = if v[0]["fingerprint"].is_object() {
+        v[0]["fingerprint"].clone()
+    } else {
+        v[0]["components"][0]["fingerprint"].clone()
+    };
+    let d = &f["derived"];
+    match model {
+        "vace" => {
+            assert_eq!(d["vace_layers"], serde_json::json!([0, 2]), "{file:?}: {f}");
+            assert_eq!(d["vace_in_channels"], 6, "{file:?}: {f}");
+        }
+        _ => assert_eq!(d["inject_sample_info"], true, "{file:?}: {f}"),
+    }
+}
+
 #[test]
 fn fp8_scaled_variants_match_torch_on_every_linear() {
     let golden = quant_golden();
@@ -687,6 +706,7 @@ fn fp8_scaled_variants_match_torch_on_every_linear() {
             "{model}: the Linear weights and the marker"
         );
         ok(run(t.path(), &["verify", s(&out)]));
+        assert_quantized_variant(t.path(), model, &out.join("model_fp8_scaled.safetensors"));
     }
 }
 
@@ -743,6 +763,7 @@ fn gguf_variants_are_byte_identical_to_gguf_py() {
                 "{model} {fmt}: every tensor matches, the file does not"
             );
             ok(run(t.path(), &["verify", s(&out)]));
+            assert_quantized_variant(t.path(), model, &file);
         }
     }
 }
