@@ -409,6 +409,10 @@ struct Model {
     name: &'static str,
     diffusers: PathBuf,
     original: PathBuf,
+    /// More bases of the same weights: (name, path, whether its tensors are transposed
+    /// (NNX), so the output is restacked to diffusers names before the comparison).
+    more_bases: Vec<(&'static str, PathBuf, bool)>,
+    config: PathBuf,
     adapters: Vec<(&'static str, PathBuf)>,
     reference: PathBuf,
     reference_half: PathBuf,
@@ -420,6 +424,11 @@ fn vace_model() -> Model {
         name: "vace",
         diffusers: g("vace/models/vace"),
         original: g("vace/models/vace_original.safetensors"),
+        more_bases: vec![
+            ("comfy", g("vace/models/vace_comfy.safetensors"), false),
+            ("nnx", g("vace/models/vace_nnx.safetensors"), true),
+        ],
+        config: g("vace/models/vace/config.json"),
         adapters: vec![
             ("peft", g("vace/adapters/vace_peft")),
             ("diffsynth", g("vace/adapters/vace_diffsynth.safetensors")),
@@ -438,6 +447,8 @@ fn skyreels_model() -> Model {
         name: "skyreels",
         diffusers: g("skyreels/models/skyreels_df"),
         original: g("skyreels/models/skyreels_df_original.safetensors"),
+        more_bases: vec![],
+        config: g("skyreels/models/skyreels_df/config.json"),
         adapters: vec![
             ("peft", a("peft")),
             ("diffsynth", a("diffsynth.safetensors")),
@@ -514,27 +525,43 @@ type NameMap = dyn Fn(&str) -> String;
 
 fn merges_match_peft(m: &Model) {
     let t = tmp();
-    let to_diffusers = by_value(&m.original, &m.diffusers);
-    let bases: [(&str, &Path, Box<NameMap>); 2] = [
-        ("diffusers", &m.diffusers, Box::new(|n: &str| n.to_string())),
-        (
-            "original",
-            &m.original,
-            Box::new(move |n: &str| to_diffusers[n].clone()),
-        ),
-    ];
+    let identity = |n: &str| n.to_string();
+    // (name, base, restack the output to diffusers first, output name -> diffusers name)
+    let mut bases: Vec<(&str, &Path, bool, Box<NameMap>)> =
+        vec![("diffusers", &m.diffusers, false, Box::new(identity))];
+    for (name, path, restacked) in [("original", &m.original, false)]
+        .into_iter()
+        .chain(m.more_bases.iter().map(|(n, p, r)| (*n, p, *r)))
+    {
+        if restacked {
+            bases.push((name, path, true, Box::new(identity)));
+        } else {
+            let map = by_value(path, &m.diffusers);
+            bases.push((name, path, false, Box::new(move |n: &str| map[n].clone())));
+        }
+    }
     let refs = [
         (1.0, values(&m.reference)),
         (0.5, values(&m.reference_half)),
     ];
     assert_eq!(refs[0].1.len(), m.changed);
-    for (bname, base, names) in &bases {
-        let base_values = values(base);
+    let diffusers_values = values(&m.diffusers);
+    for (bname, base, restacked, names) in &bases {
+        let base_values = if *restacked {
+            diffusers_values.clone()
+        } else {
+            values(base)
+        };
         for (conv, adapter) in &m.adapters {
             for (strength, reference) in &refs {
                 let case = format!("{} {conv} on {bname} at {strength}", m.name);
                 let spec = format!("{}:{strength}", s(adapter));
-                let out = merge(t.path(), base, &spec, &format!("{bname}-{conv}-{strength}"));
+                let stem = format!("{bname}-{conv}-{strength}");
+                let mut out = merge(t.path(), base, &spec, &stem);
+                if *restacked {
+                    let d = format!("{stem}-diffusers");
+                    out = restack(t.path(), &out, "diffusers", Some(&m.config), &d);
+                }
                 check_merge(&case, &values(&out), &base_values, reference, names);
             }
             // strength 0: the base, bit for bit
@@ -552,6 +579,7 @@ fn merges_match_peft(m: &Model) {
             );
         }
     }
+    assert_eq!(bases.len(), 2 + m.more_bases.len());
 }
 
 #[test]
