@@ -227,6 +227,90 @@ def main() -> None:
     print(f"wrote {path}")
 
 
+# ---- WAN variants (issue #31): small VACE and SkyReels-V2 models (`variants` mode) --------
+#
+#   python3 golden/kquant_wan_golden.py variants
+#
+# The small WAN above (dim 256, ffn 512, every Linear row whole 256-blocks) with the parameters
+# only VACE or SkyReels-V2 have, under original names (golden/variants/vace/FACTS.md §1.1, §2):
+# - `vace`: 4 main blocks and 2 VACE blocks (`vace_blocks.{0,1}`: a main block's tensors plus
+#   `after_proj` (D,D) + bias, and `before_proj` on block 0), `vace_patch_embedding`
+#   (D, 8, 1, 2, 2) + bias (5-D: F32 by fix_5d_tensors.py);
+# - `skyreels`: 3 main blocks and `fps_embedding.weight` (2, D), `fps_projection.0` (D, D),
+#   `fps_projection.2` (6D, D), each + bias.
+# Values: SplitMix64 from SEED in sorted name order, as `model()` draws them. The same rules
+# and oracle as `expect()` (city96's types, ggml's bytes, gguf-py's container); the VACE
+# blocks' `self_attn.v` / `cross_attn.v` count among llama-quantize's v projections and their
+# `ffn.2` is an ffn-down, by the same name rules as the main blocks'. The output,
+# golden/variants/quant/kquant_variants.json, records each model's tensor list (so
+# tests/variants.rs rebuilds it) and per case the file's sha256 and every tensor's type and
+# data sha256.
+VARIANT_MIXES = ("q2_k", "q3_k_m", "q4_k_m")
+
+
+def variant_shapes(model: str) -> dict[str, tuple[int, ...]]:
+    global LAYERS
+    saved = LAYERS
+    LAYERS = 4 if model == "vace" else 3
+    try:
+        s = shapes()
+    finally:
+        LAYERS = saved
+    if model == "vace":
+        main = {k: v for k, v in s.items() if k.startswith("blocks.0.")}
+        for n in range(2):
+            for k, v in main.items():
+                s["vace_" + k.replace("blocks.0.", f"blocks.{n}.", 1)] = v
+            s[f"vace_blocks.{n}.after_proj.weight"] = (DIM, DIM)
+            s[f"vace_blocks.{n}.after_proj.bias"] = (DIM,)
+        s["vace_blocks.0.before_proj.weight"] = (DIM, DIM)
+        s["vace_blocks.0.before_proj.bias"] = (DIM,)
+        s["vace_patch_embedding.weight"] = (DIM, 8, 1, 2, 2)
+        s["vace_patch_embedding.bias"] = (DIM,)
+    else:
+        s["fps_embedding.weight"] = (2, DIM)
+        s["fps_projection.0.weight"] = (DIM, DIM)
+        s["fps_projection.0.bias"] = (DIM,)
+        s["fps_projection.2.weight"] = (6 * DIM, DIM)
+        s["fps_projection.2.bias"] = (6 * DIM,)
+    return s
+
+
+def variant_model(model: str) -> dict:
+    rng = splitmix64(SEED)
+    out = {}
+    for name, shape in sorted(variant_shapes(model).items()):
+        n = int(np.prod(shape))
+        u = np.fromiter((next(rng) >> 40 for _ in range(n)), dtype=np.uint64, count=n)
+        x = (u.astype(np.float32) / np.float32(1 << 23) - np.float32(1.0)) * np.float32(0.125)
+        out[name] = x.reshape(shape)
+    return out
+
+
+def variants() -> None:
+    g = kq.Ggml()
+    models = {}
+    for model in ("vace", "skyreels"):
+        sd = variant_model(model)
+        cases = {f"gguf:{fmt}": expect(g, sd, fmt, False, "f16") for fmt in VARIANT_MIXES}
+        first = sorted(sd.items())[0]
+        models[model] = {
+            "shapes": [[k, list(v.shape)] for k, v in sorted(sd.items())],
+            "seed": SEED, "scale": 0.125,
+            "first_tensor": {first[0]: [float(x) for x in first[1].ravel()[:4]]},
+            "cases": cases}
+        for k, v in cases.items():
+            print(f"{model} {k}: {v['bytes']} bytes {v['sha256'][:12]}")
+    meta = {"generator": "golden/kquant_wan_golden.py variants",
+            "oracle": "types: convert.py + lcpp.patch re-implemented here; bytes: "
+                      f"ggml_quantize_chunk of {kq.LLAMA_CPP_PYTHON}'s libggml-base; "
+                      "container: gguf 0.19.0 GGUFWriter",
+            "models": models}
+    path = kq.ROOT / "variants" / "quant" / "kquant_variants.json"
+    path.write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {path}")
+
+
 # ---- ComfyUI-GGUF's own loader on wanbake's K-quant files (`comfy-loader` mode) -----------
 #
 #   python golden/kquant_wan_golden.py comfy-loader target/release/wanbake /path/to/ComfyUI-GGUF
@@ -283,9 +367,66 @@ def comfy_loader(wanbake: str, checkout: Path) -> None:
     print(f"wrote {path}")
 
 
+
+# `comfy-loader-variants` mode: ComfyUI-GGUF's loader on wanbake's files of the small VACE and
+# SkyReels-V2 models above (`variant_model`), as `comfy_loader` does for the small WAN:
+#
+#   python golden/kquant_wan_golden.py comfy-loader-variants target/release/wanbake /path/to/ComfyUI-GGUF
+#
+# (same environment as `comfy-loader`). Writes golden/variants/quant/comfy_loader_variants.json.
+COMFY_VARIANT_FORMATS = ("q8_0", "q4_k_m")
+
+
+def comfy_loader_variants(wanbake: str, checkout: Path) -> None:
+    import subprocess
+
+    import torch
+    from safetensors.numpy import save_file
+
+    import quant_golden as qg
+    loader, dequant = qg.import_comfy_gguf(checkout)
+    files = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for model in ("vace", "skyreels"):
+            src = Path(tmp) / f"{model}.safetensors"
+            save_file(variant_model(model), str(src))
+            for fmt in COMFY_VARIANT_FORMATS:
+                out = Path(tmp) / f"{model}-{fmt}"
+                subprocess.run([wanbake, "-q", "convert", str(src), "--to", f"gguf:{fmt}", "--out",
+                                str(out)], check=True)
+                path = out / f"model-{fmt}.gguf"
+                ref = gguf_py_dequantized(path)
+                sd, arch = loader.gguf_sd_loader(str(path), return_arch=True)
+                info = {"arch": arch, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+                        "tensors": {}}
+                for name, t in sd.items():
+                    y = dequant.dequantize_tensor(t, torch.float32, "target").contiguous().numpy()
+                    want = np.ascontiguousarray(ref[name], dtype="<f4").reshape(y.shape)
+                    info["tensors"][name] = {
+                        "type": t.tensor_type.name, "shape": [int(d) for d in t.tensor_shape],
+                        "f32_sha256": sha256_f32(y), "same_as_gguf_py": bool(
+                            np.array_equal(y.view(np.uint32), want.view(np.uint32)))}
+                files[f"{model} gguf:{fmt}"] = info
+                kinds = sorted({v["type"] for v in info["tensors"].values()})
+                same = all(v["same_as_gguf_py"] for v in info["tensors"].values())
+                print(f"{model} {fmt}: {len(sd)} tensors {kinds}, bit-equal to gguf-py: {same}")
+    meta = {"oracle": "city96/ComfyUI-GGUF @ 795e451 loader.gguf_sd_loader + "
+                      "dequant.dequantize_tensor(float32, 'target'), torch "
+                      f"{torch.__version__}; gguf 0.19.0 quants.dequantize",
+            "inputs": "variant_model('vace' | 'skyreels') of golden/kquant_wan_golden.py "
+                      "(golden/variants/quant/kquant_variants.json lists their tensors)",
+            "files": files}
+    path = kq.ROOT / "variants" / "quant" / "comfy_loader_variants.json"
+    path.write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {path}")
+
+
 if __name__ == "__main__" and sys.argv[1:2] == ["comfy-loader"]:
     import numpy as np
     comfy_loader(sys.argv[2], Path(sys.argv[3]))
+elif __name__ == "__main__" and sys.argv[1:2] == ["comfy-loader-variants"]:
+    import numpy as np
+    comfy_loader_variants(sys.argv[2], Path(sys.argv[3]))
 elif __name__ == "__main__":
     if not kq.in_venv():
         py = kq.VENV / "bin" / "python"
@@ -295,4 +436,7 @@ elif __name__ == "__main__":
         os.execv(str(py), [str(py), __file__, *sys.argv[1:]])
     import numpy as np
     kq.np = np  # kquant_golden imports numpy inside its venv's main block
-    main()
+    if sys.argv[1:] == ["variants"]:
+        variants()
+    else:
+        main()

@@ -29,6 +29,8 @@ Writes golden/quant/:
 - `gguf_written.gguf`: a file written by gguf-py's GGUFWriter (arch "wan", Q8_0, F16, F32 and a
   3-D and a 5-D tensor) and `gguf_written.json`: what GGUFReader reads back from it.
 
+- `variants/quant/quant_variants.json` (mode `variants`, see below): per-tensor digests of the
+  fp8-scaled, Q8_0 and Q4_0 files of the tiny VACE and SkyReels-V2 goldens.
 - `comfy_loader_{q8_0,q4_0}.{safetensors,json}` (mode `comfy-loader`, see below): what
   city96/ComfyUI-GGUF's own loader reads and dequantizes from wanbake's GGUF output.
 
@@ -381,8 +383,125 @@ def comfy_loader(wanbake: str, checkout: Path) -> None:
             (OUT / f"comfy_loader_{fmt}.json").write_text(json.dumps(info, indent=1, sort_keys=True) + "\n")
 
 
+# ---- WAN variants (issue #31): the tiny VACE and SkyReels-V2 goldens (`variants` mode) -----
+#
+# What `wanbake convert golden/variants/<model>/models/<folder> --to fp8-scaled | gguf:<fmt>`
+# must write, from the same weights under original names (`<model>_original.safetensors`),
+# recorded per tensor (dtype or GGML type, shape, sha256 of the bytes) and, for GGUF, the whole
+# file's sha256, in golden/variants/quant/quant_variants.json (tests/variants.rs). The GGUF
+# rules and bytes are the ones above (`city96_type`, gguf-py). The fp8 set is NOT the hand list
+# `is_fp8_linear`: it is every `nn.Linear` weight of the diffusers model itself
+# (`named_modules()` of WanVACETransformer3DModel / SkyReelsV2Transformer3DModel, diffusers
+# 0.42.1), mapped to original names by value (the golden's tensors are distinct random draws);
+# on the plain tiny T2V the same derivation gives exactly `is_fp8_linear`'s set (checked).
+# Needs diffusers (the golden/requirements.txt venv has torch, gguf 0.19.0 and diffusers):
+#   /tmp/d42-venv/bin/python golden/quant_golden.py variants
+VARIANTS = ROOT / "variants"
+VARIANT_MODELS = {
+    # name: (diffusers class, diffusers folder, original file)
+    "vace": ("WanVACETransformer3DModel", "vace/models/vace", "vace/models/vace_original.safetensors"),
+    "skyreels": ("SkyReelsV2Transformer3DModel", "skyreels/models/skyreels_df",
+                 "skyreels/models/skyreels_df_original.safetensors"),
+}
+VARIANT_GGUF = ("q8_0", "q4_0")
+
+
+def linear_weights(cls_name: str, folder: Path, original: Path) -> list[str]:
+    """Original names of the weights of every nn.Linear of the diffusers model in `folder`."""
+    import diffusers
+    model = getattr(diffusers, cls_name).from_pretrained(folder, torch_dtype=torch.float32)
+    sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    linear = {f"{n}.weight" for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    orig = load_file(str(original))
+    by_bytes = {v.tobytes(): k for k, v in orig.items()}
+    assert len(by_bytes) == len(orig) == len(sd), "distinct tensors, one original per diffusers"
+    return sorted(by_bytes[sd[n].tobytes()] for n in linear)
+
+
+def gguf_digest(path: Path) -> dict:
+    import hashlib
+    r = gguf.GGUFReader(str(path))
+    b = path.read_bytes()
+    return {"bytes": len(b), "sha256": hashlib.sha256(b).hexdigest(), "tensors": {
+        t.name: {"type": t.tensor_type.name, "ne": [int(x) for x in t.shape],
+                 "sha256": hashlib.sha256(np.asarray(t.data).view(np.uint8).tobytes()).hexdigest()}
+        for t in r.tensors}}
+
+
+def variant_gguf(sd: dict, fmt: str, path: Path) -> dict:
+    w = gguf.GGUFWriter(str(path), arch="wan")
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    w.add_file_type(FILE_TYPE[fmt])
+    for name in sorted(sd):
+        arr = sd[name].astype(np.float32)
+        t, _ = city96_type(name, arr, fmt)
+        data = quantize(arr, t)
+        w.add_tensor(name, data, raw_shape=data.shape if t in (T.F32, T.F16) else None, raw_dtype=t)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return gguf_digest(path)
+
+
+def variant_fp8(sd: dict, linear: list[str]) -> dict:
+    import hashlib
+    out = {"scaled_fp8": {"dtype": "F8_E4M3", "shape": [0], "sha256": hashlib.sha256(b"").hexdigest()}}
+    for name in sorted(sd):
+        arr = sd[name].astype(np.float32)
+        if name in linear:
+            codes, scale = fp8_scaled(arr)
+            out[name] = {"dtype": "F8_E4M3", "shape": list(arr.shape),
+                         "sha256": hashlib.sha256(codes.tobytes()).hexdigest()}
+            out[name[: -len(".weight")] + ".scale_weight"] = {
+                "dtype": "F32", "shape": [], "sha256": hashlib.sha256(scale.tobytes()).hexdigest()}
+        else:
+            f16 = torch.from_numpy(arr).to(torch.float16).numpy()
+            out[name] = {"dtype": "F16", "shape": list(arr.shape),
+                         "sha256": hashlib.sha256(f16.tobytes()).hexdigest()}
+    return out
+
+
+def variants() -> None:
+    import tempfile
+    import diffusers
+    # the derivation agrees with the hand list on the plain T2V
+    t2v = linear_weights("WanTransformer3DModel", ROOT / "models" / "t2v",
+                         ROOT / "models" / "t2v_original.safetensors")
+    orig = load_file(str(ROOT / "models" / "t2v_original.safetensors"))
+    assert t2v == sorted(n for n, v in orig.items() if is_fp8_linear(n, v)), "Linear set vs is_fp8_linear"
+    models = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, (cls_name, folder, original) in VARIANT_MODELS.items():
+            sd = load_file(str(VARIANTS / original))
+            linear = linear_weights(cls_name, VARIANTS / folder, VARIANTS / original)
+            cases = {"fp8-scaled": {"tensors": variant_fp8(sd, linear)}}
+            for fmt in VARIANT_GGUF:
+                cases[f"gguf:{fmt}"] = variant_gguf(sd, fmt, Path(tmp) / f"{name}_{fmt}.gguf")
+            models[name] = {"input": f"golden/variants/{folder}", "source": f"golden/variants/{original}",
+                            "linear_weights": linear, "cases": cases}
+    meta = {"generator": "golden/quant_golden.py variants",
+            "versions": {"torch": torch.__version__, "gguf": "0.19.0", "numpy": np.__version__,
+                         "diffusers": diffusers.__version__},
+            "fp8_rule": "every nn.Linear weight of the diffusers model (named_modules) -> F8_E4M3 "
+                        "codes of W / (amax/448) (torch cast) + F32 scale_weight; everything else F16; "
+                        "plus the empty scaled_fp8 marker",
+            "gguf_rule": "city96_type (convert.py + llama-quantize patch + fix_5d_tensors.py, spec "
+                         "quant_formats.md), gguf-py quantize, GGUFWriter arch wan, sorted names",
+            "models": models}
+    out = VARIANTS / "quant"
+    out.mkdir(exist_ok=True)
+    (out / "quant_variants.json").write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
+    for name, m in models.items():
+        print(name, len(m["linear_weights"]), "Linear weights;",
+              {k: v.get("sha256", "")[:12] for k, v in m["cases"].items()})
+
+
 def main() -> None:
     import sys
+    if sys.argv[1:] == ["variants"]:
+        variants()
+        return
     if len(sys.argv) == 4 and sys.argv[1] == "comfy-loader":
         comfy_loader(sys.argv[2], Path(sys.argv[3]))
         return
