@@ -113,7 +113,7 @@ pub fn parse_config(text: &str, path: &Path) -> Result<WanConfig, RunError> {
 
 /// A parsed config.json: a diffusers config, or the head count of an original one.
 enum ConfigFile {
-    Diffusers(WanConfig),
+    Diffusers(Box<WanConfig>),
     Original(Option<usize>),
 }
 
@@ -125,7 +125,9 @@ fn classify_config(path: &Path, text: &str) -> Result<ConfigFile, RunError> {
     let json: serde_json::Value =
         serde_json::from_str(text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
     match json.get("_class_name").and_then(serde_json::Value::as_str) {
-        class if WanConfig::is_class(class) => parse_config(text, path).map(ConfigFile::Diffusers),
+        class if WanConfig::is_class(class) => {
+            parse_config(text, path).map(|c| ConfigFile::Diffusers(Box::new(c)))
+        }
         Some("WanModel") => Ok(ConfigFile::Original(
             json.get("num_heads")
                 .and_then(serde_json::Value::as_u64)
@@ -169,7 +171,7 @@ impl CheckpointWeights {
         };
         let layout = resolve_layout(layout, json.as_ref(), &names).map_err(plan_error)?;
         let given = match &file {
-            Some((_, ConfigFile::Diffusers(c))) => Some(c),
+            Some((_, ConfigFile::Diffusers(c))) => Some(c.as_ref()),
             _ => None,
         };
         let mut plan = ReadPlan::new(layout, &stored, given).map_err(plan_error)?;
