@@ -123,18 +123,20 @@ pub fn image_embedding(
     Ok(out)
 }
 
-/// The Conv3d patch embedding (kernel = stride = patch) as a matmul: every token's patch is
-/// gathered in (c, a, β, γ) order (γ fastest), the flattening of the Conv3d weight
-/// (D, C_in, pt, ph, pw). `x` is (B, C_in, F, H, W); returns (B·S, D) with tokens in
-/// (f, h, w) row-major order.
+/// A Conv3d patch embedding (kernel = stride = patch) by diffusers prefix (`patch_embedding`,
+/// or a VACE model's `vace_patch_embedding`) as a matmul: every token's patch is gathered in
+/// (c, a, β, γ) order (γ fastest), the flattening of the Conv3d weight (D, C_in, pt, ph, pw).
+/// `x` is (B, C_in, F, H, W); returns (B·S, D) with tokens in (f, h, w) row-major order.
 pub fn patch_embedding(
     w: &dyn WeightSource,
+    prefix: &str,
+    c_in: usize,
     x: &[f32],
     batch: usize,
     frames_hw: [usize; 3],
 ) -> Result<Vec<f32>, RunError> {
     let cfg = w.config();
-    let (c_in, d) = (cfg.in_channels, cfg.inner_dim());
+    let d = cfg.inner_dim();
     let [pt, ph, pw] = cfg.patch_size;
     let [fl, hl, wl] = frames_hw;
     let (f, h, wd) = (fl / pt, hl / ph, wl / pw);
@@ -156,7 +158,7 @@ pub fn patch_embedding(
             }
         }
     }
-    apply_linear(w, "patch_embedding", &cols, batch * tokens, patch, d)
+    apply_linear(w, prefix, &cols, batch * tokens, patch, d)
 }
 
 #[cfg(test)]

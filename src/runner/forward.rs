@@ -1,20 +1,24 @@
 //! The forward pass of diffusers' `WanTransformer3DModel` in f32 (spec wan.md §2): input
 //! checks, patch embedding, condition embedding (per item or per token), the blocks, the
-//! output head modulated by the pre-projection time embedding, and unpatchify.
+//! output head modulated by the pre-projection time embedding, and unpatchify; for a VACE
+//! model (`WanVACETransformer3DModel`) the hints of `runner::vace` are added after the
+//! listed blocks.
 //!
 //! Owns: `WanTransformer` (a weight source plus its RoPE tables), `ForwardInputs`, and the
 //! shape rules an input must satisfy. Does not own: sampling (`runner::sampler`) or files
 //! (`runner::inputs`).
 
-use super::block::{BlockInputs, CrossKv, cross_kv, modulated_norm, run_block};
+use super::block::{BlockId, BlockInputs, CrossKv, cross_kv, modulated_norm, run_block};
 use super::embed::{
     apply_linear, image_embedding, patch_embedding, text_embedding, time_embedding,
 };
 use super::error::RunError;
 use super::rope::{Rope, axis_split};
 use super::tensor::Tensor;
+use super::vace::{Control, Hints, check_control, check_vace_config};
 use super::weights::WeightSource;
 use crate::model::wan::WanConfig;
+use crate::model::wan_names::Scope;
 
 /// Text tokens diffusers assumes when it splits an I2V context into image and text
 /// (`image_context_length = encoder_hidden_states.shape[1] - 512`).
@@ -31,6 +35,8 @@ pub struct ForwardInputs<'a> {
     pub encoder_hidden_states: &'a Tensor,
     /// (B, n, image_dim), or (2B, n, image_dim) with 2n = pos_embed_seq_len for FLF2V.
     pub encoder_hidden_states_image: Option<&'a Tensor>,
+    /// The control latents (and scales) of a VACE model; required exactly for one.
+    pub control: Option<Control<'a>>,
 }
 
 /// Sizes derived from checked inputs.
@@ -66,6 +72,8 @@ pub struct Context {
     pub image_shape: Option<Vec<usize>>,
     /// Per block.
     pub blocks: Vec<CrossKv>,
+    /// Per VACE context block (empty for other models).
+    pub vace_blocks: Vec<CrossKv>,
 }
 
 /// A WAN transformer ready to run: its weights and RoPE tables.
@@ -111,7 +119,7 @@ pub fn check_config(cfg: &WanConfig, name: &str) -> Result<(), RunError> {
             "pos_embed_seq_len {p} needs image_dim and an even length (two images of P/2 tokens)"
         )));
     }
-    Ok(())
+    check_vace_config(cfg).map_err(bad)
 }
 
 impl<'w> WanTransformer<'w> {
@@ -147,15 +155,21 @@ impl<'w> WanTransformer<'w> {
             inputs.encoder_hidden_states,
             inputs.encoder_hidden_states_image,
         )?;
-        self.forward_with(inputs.hidden_states, inputs.timestep, &context)
+        self.forward_with(
+            inputs.hidden_states,
+            inputs.timestep,
+            inputs.control.as_ref(),
+            &context,
+        )
     }
 
-    /// The forward for a prepared context (see [`Context`]); `hidden_states` and `timestep`
-    /// must have the context's batch size.
+    /// The forward for a prepared context (see [`Context`]); `hidden_states`, `timestep`
+    /// (and a VACE model's `control`) must have the context's batch size.
     pub fn forward_with(
         &self,
         hidden_states: &Tensor,
         timestep: &Tensor,
+        control: Option<&Control<'_>>,
         context: &Context,
     ) -> Result<Tensor, RunError> {
         let g = check_shapes(
@@ -165,18 +179,32 @@ impl<'w> WanTransformer<'w> {
             &context.text_shape,
             context.image_shape.as_deref(),
         )?;
+        let control_geometry = check_control(self.config(), control, &g)?;
         let w = self.weights;
         let cfg = w.config();
-        if context.weights != w.name() || context.blocks.len() != cfg.num_layers {
+        let vace_blocks = cfg.blocks_of(Scope::VaceBlock);
+        if context.weights != w.name()
+            || context.blocks.len() != cfg.num_layers
+            || context.vace_blocks.len() != vace_blocks
+        {
             return Err(RunError::Options(format!(
-                "a cross-attention context built for {} ({} blocks) cannot run on {} ({} blocks)",
+                "a cross-attention context built for {} ({} + {} VACE blocks) cannot run on {} ({} + {} VACE blocks)",
                 context.weights,
                 context.blocks.len(),
+                context.vace_blocks.len(),
                 w.name(),
-                cfg.num_layers
+                cfg.num_layers,
+                vace_blocks
             )));
         }
-        let mut x = patch_embedding(w, &hidden_states.data, g.batch, g.latent)?;
+        let mut x = patch_embedding(
+            w,
+            "patch_embedding",
+            cfg.in_channels,
+            &hidden_states.data,
+            g.batch,
+            g.latent,
+        )?;
         let (temb, timestep_proj) = time_embedding(w, &timestep.data)?;
         let (rope_cos, rope_sin) = self.rope.token_tables(g.grid);
         let block_inputs = BlockInputs {
@@ -187,8 +215,22 @@ impl<'w> WanTransformer<'w> {
             rope_cos: &rope_cos,
             rope_sin: &rope_sin,
         };
+        let mut hints = match (control, control_geometry) {
+            (Some(c), Some(cg)) => Some(Hints::new(
+                w,
+                &x,
+                c,
+                &cg,
+                &block_inputs,
+                &context.vace_blocks,
+            )?),
+            _ => None,
+        };
         for (i, kv) in context.blocks.iter().enumerate() {
-            run_block(w, i, &mut x, &block_inputs, kv)?;
+            run_block(w, BlockId::Main(i), &mut x, &block_inputs, kv)?;
+            if let Some(h) = &mut hints {
+                h.add_after(i, &mut x);
+            }
         }
         self.head(x, &temb, &block_inputs, &g)
     }
@@ -228,14 +270,20 @@ impl<'w> WanTransformer<'w> {
             txt_part.extend_from_slice(&item[split * d..]);
         }
         let image_branch = cfg.added_kv_proj_dim.map(|_| (img_part.as_slice(), split));
+        let text = (txt_part.as_slice(), total - split);
+        let kv = |id| cross_kv(w, id, batch, text, image_branch);
         let blocks = (0..cfg.num_layers)
-            .map(|i| cross_kv(w, i, batch, (&txt_part, total - split), image_branch))
+            .map(|i| kv(BlockId::Main(i)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let vace_blocks = (0..cfg.blocks_of(Scope::VaceBlock))
+            .map(|n| kv(BlockId::Vace(n)))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Context {
             weights: w.name().to_string(),
             text_shape: encoder_hidden_states.shape.clone(),
             image_shape: image.map(|t| t.shape.clone()),
             blocks,
+            vace_blocks,
         })
     }
 
@@ -310,12 +358,12 @@ fn shape_error(tensor: &str, expected: String, found: &[usize]) -> RunError {
     )
 }
 
-/// The shape rules of spec wan.md §2.0 against `cfg`.
+/// The shape rules of spec wan.md §2.0 against `cfg`, and a VACE model's control inputs.
 pub fn check_inputs(
     cfg: &WanConfig,
     inputs: &ForwardInputs<'_>,
 ) -> Result<TokenGeometry, RunError> {
-    check_shapes(
+    let g = check_shapes(
         cfg,
         &inputs.hidden_states.shape,
         &inputs.timestep.shape,
@@ -323,7 +371,9 @@ pub fn check_inputs(
         inputs
             .encoder_hidden_states_image
             .map(|t| t.shape.as_slice()),
-    )
+    )?;
+    check_control(cfg, inputs.control.as_ref(), &g)?;
+    Ok(g)
 }
 
 /// [`check_inputs`] on shapes: hidden_states, timestep, encoder_hidden_states and the

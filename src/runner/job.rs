@@ -72,6 +72,7 @@ pub fn run_models(
                 timestep: &inputs.timestep,
                 encoder_hidden_states: &inputs.encoder_hidden_states,
                 encoder_hidden_states_image: inputs.encoder_hidden_states_image.as_ref(),
+                control: inputs.control(),
             })
             .map_err(|e| with_origin(e, inputs_path))?;
         steps.push(StepReport {
@@ -83,6 +84,16 @@ pub fn run_models(
         });
         ("noise_pred", out)
     } else {
+        if inputs.control_hidden_states.is_some() {
+            return Err(with_origin(
+                RunError::input(
+                    "control_hidden_states",
+                    "VACE control latents are read by a single forward only (--steps 0); \
+                     the runner does not sample with VACE",
+                ),
+                inputs_path,
+            ));
+        }
         let opts = SampleOptions {
             steps: s.steps,
             shift: s.shift,
