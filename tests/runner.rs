@@ -876,3 +876,150 @@ fn bad_vace_inputs_are_refused_with_expected_and_found() {
         &["VACE", "single forward"],
     );
 }
+
+// ---- SkyReels-V2 DF (golden/variants/skyreels, made by golden/variants_vace_golden.py from
+// diffusers 0.42.1 `SkyReelsV2Transformer3DModel` forwards, fps index 1) ----
+
+fn sky(rel: &str) -> PathBuf {
+    golden(&format!("variants/skyreels/{rel}"))
+}
+
+fn check_sky(got: &Tensor, golden_file: &str) {
+    let want = read(&sky(&format!("runner/{golden_file}")), "noise_pred");
+    let err = max_abs_err(got, &want);
+    eprintln!(
+        "{golden_file}: max abs error {err:e} (max |ref| {})",
+        max_abs(&want)
+    );
+    assert!(
+        err <= FORWARD_TOL,
+        "{golden_file}: max abs error {err} > {FORWARD_TOL}"
+    );
+}
+
+#[test]
+fn skyreels_fps_forward_matches_diffusers_in_every_layout() {
+    let dir = tmp();
+    let d = dir.path();
+    let diffusers = sky("models/skyreels_df");
+    let config = diffusers.join("config.json");
+    let wan = d.join("wan");
+    restack(&diffusers, "wan", &wan);
+    let cases: [(&Path, Vec<&str>); 3] = [
+        (&diffusers, vec![]),
+        (
+            &sky("models/skyreels_df_original.safetensors"),
+            vec!["--config", path_str(&config)],
+        ),
+        (&wan, vec![]),
+    ];
+    let inputs = sky("runner/skyreels_df__inputs.safetensors");
+    let mut outs = Vec::new();
+    for (i, (model, extra)) in cases.iter().enumerate() {
+        let sub = d.join(format!("run{i}"));
+        std::fs::create_dir(&sub).unwrap();
+        let (out, _) = run_model(&sub, model, &inputs, extra);
+        outs.push(read(&out, "noise_pred"));
+    }
+    check_sky(&outs[0], "skyreels_df__forward.safetensors");
+    assert!(outs.iter().all(|o| o == &outs[0]), "layouts differ");
+}
+
+#[test]
+fn skyreels_diffusion_forcing_gives_each_frame_its_timestep() {
+    // The golden's per-latent-frame timestep (1, 3) with the fps inputs of the plain forward.
+    let s = RunInputs::read(&sky("runner/skyreels_df__inputs.safetensors")).unwrap();
+    let df_golden = sky("runner/skyreels_df__forward_df.safetensors");
+    let timestep = read(&df_golden, "timestep");
+    assert_eq!(timestep.shape, vec![1, 3]);
+    let dir = tmp();
+    let p = inputs_file(
+        dir.path(),
+        &[
+            ("hidden_states", &s.hidden_states),
+            ("timestep", &timestep),
+            ("encoder_hidden_states", &s.encoder_hidden_states),
+            ("fps", s.fps.as_ref().unwrap()),
+        ],
+    );
+    let (out, _) = run_model(dir.path(), &sky("models/skyreels_df"), &p, &[]);
+    check_sky(
+        &read(&out, "noise_pred"),
+        "skyreels_df__forward_df.safetensors",
+    );
+}
+
+#[test]
+fn bad_skyreels_inputs_are_refused() {
+    let s = RunInputs::read(&sky("runner/skyreels_df__inputs.safetensors")).unwrap();
+    let base = [
+        ("hidden_states", &s.hidden_states),
+        ("timestep", &s.timestep),
+        ("encoder_hidden_states", &s.encoder_hidden_states),
+    ];
+    let case = |extra: &[(&str, &Tensor)], model: &Path, args: &[&str], needles: &[&str]| {
+        let dir = tmp();
+        let mut tensors = base.to_vec();
+        tensors.extend_from_slice(extra);
+        let p = inputs_file(dir.path(), &tensors);
+        expect_failure(dir.path(), model, &p, args, needles);
+    };
+    let model = sky("models/skyreels_df");
+    case(&[], &model, &[], &["fps", "missing", "inject_sample_info"]);
+    let two = Tensor::new(vec![1], vec![2.0]);
+    case(&[("fps", &two)], &model, &[], &["fps", "0 or 1", "found 2"]);
+    let wide = Tensor::new(vec![2], vec![1.0, 1.0]);
+    case(
+        &[("fps", &wide)],
+        &model,
+        &[],
+        &["fps", "expected shape (1)", "[2]"],
+    );
+    let fps = s.fps.as_ref().unwrap();
+    case(
+        &[("fps", fps)],
+        &golden("models/t2v"),
+        &[],
+        &["fps", "no fps embedding"],
+    );
+    case(
+        &[("fps", fps)],
+        &model,
+        &["--steps", "2", "--guidance", "1"],
+        &["fps", "single forward"],
+    );
+    case(
+        &[],
+        &model,
+        &["--steps", "2", "--guidance", "1"],
+        &["SkyReels-V2", "single forward"],
+    );
+    // Causal block attention is not implemented: such a config is refused.
+    let dir = tmp();
+    let folder = dir.path().join("model");
+    std::fs::create_dir(&folder).unwrap();
+    let weights = "diffusion_pytorch_model.safetensors";
+    std::fs::copy(model.join(weights), folder.join(weights)).unwrap();
+    let cfg = std::fs::read_to_string(model.join("config.json")).unwrap();
+    let cfg = cfg.replace("\"num_frame_per_block\": 1", "\"num_frame_per_block\": 3");
+    assert!(
+        cfg.contains("\"num_frame_per_block\": 3"),
+        "config edit did not apply"
+    );
+    std::fs::write(folder.join("config.json"), cfg).unwrap();
+    let p = inputs_file(
+        dir.path(),
+        &[("fps", fps)]
+            .iter()
+            .chain(&base)
+            .copied()
+            .collect::<Vec<_>>(),
+    );
+    expect_failure(
+        dir.path(),
+        &folder,
+        &p,
+        &[],
+        &["num_frame_per_block = 3", "causal"],
+    );
+}

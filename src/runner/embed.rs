@@ -51,15 +51,54 @@ pub fn timestep_sinusoid(timesteps: &[f32], dim: usize) -> Vec<f32> {
     out
 }
 
+/// SkyReels-V2's sinusoid (`SkyReelsV2Timesteps`, diffusers'
+/// `get_1d_sincos_pos_embed_from_grid` with flip_sin_to_cos): ω_k = 1 / 10000^(k / (dim/2))
+/// and t·ω_k in f64, `[cos …, sin …]` rounded to f32. Returns (N, dim); dim must be even.
+pub fn sincos_f64(timesteps: &[f32], dim: usize) -> Vec<f32> {
+    let half = dim / 2;
+    let omega: Vec<f64> = (0..half)
+        .map(|k| 1.0 / 10000f64.powf(k as f64 / (dim as f64 / 2.0)))
+        .collect();
+    let mut out = vec![0f32; timesteps.len() * dim];
+    for (row, &t) in out.chunks_mut(dim).zip(timesteps) {
+        for (k, &w) in omega.iter().enumerate() {
+            let arg = t as f64 * w;
+            row[k] = arg.cos() as f32;
+            row[half + k] = arg.sin() as f32;
+        }
+    }
+    out
+}
+
+/// SkyReels-V2's frame-rate condition: `fps_projection(fps_embedding(fps))`, i.e.
+/// `net.2(SiLU(net.0.proj(E[fps])))`, one (6D) row per item; `fps` holds embedding indices.
+pub fn fps_projection(w: &dyn WeightSource, fps: &[f32]) -> Result<Vec<f32>, RunError> {
+    let d = w.config().inner_dim();
+    let table = w.tensor("fps_embedding.weight")?;
+    let mut emb = Vec::with_capacity(fps.len() * d);
+    for &i in fps {
+        let i = i as usize;
+        emb.extend_from_slice(&table[i * d..(i + 1) * d]);
+    }
+    let mut h = apply_linear(w, "fps_projection.net.0.proj", &emb, fps.len(), d, d)?;
+    map_inplace(&mut h, silu);
+    apply_linear(w, "fps_projection.net.2", &h, fps.len(), d, 6 * d)
+}
+
 /// The time path: `temb = linear_2(SiLU(linear_1(sinusoid(t))))` (N, D) and
-/// `timestep_proj = time_proj(SiLU(temb))` (N, 6D).
+/// `timestep_proj = time_proj(SiLU(temb))` (N, 6D). A model with `inject_sample_info`
+/// (`SkyReelsV2Transformer3DModel`) uses its own sinusoid ([`sincos_f64`]).
 pub fn time_embedding(
     w: &dyn WeightSource,
     timesteps: &[f32],
 ) -> Result<(Vec<f32>, Vec<f32>), RunError> {
     let cfg = w.config();
     let (d, fq, n) = (cfg.inner_dim(), cfg.freq_dim, timesteps.len());
-    let sinusoid = timestep_sinusoid(timesteps, fq);
+    let sinusoid = if cfg.inject_sample_info {
+        sincos_f64(timesteps, fq)
+    } else {
+        timestep_sinusoid(timesteps, fq)
+    };
     let te = "condition_embedder.time_embedder";
     let mut h = apply_linear(w, &format!("{te}.linear_1"), &sinusoid, n, fq, d)?;
     map_inplace(&mut h, silu);

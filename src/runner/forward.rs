@@ -2,7 +2,9 @@
 //! checks, patch embedding, condition embedding (per item or per token), the blocks, the
 //! output head modulated by the pre-projection time embedding, and unpatchify; for a VACE
 //! model (`WanVACETransformer3DModel`) the hints of `runner::vace` are added after the
-//! listed blocks.
+//! listed blocks; for SkyReels-V2 (`SkyReelsV2Transformer3DModel`) the fps condition is added
+//! to the timestep projection, and a timestep per latent frame (diffusion forcing) is given
+//! to every token of its frame.
 //!
 //! Owns: `WanTransformer` (a weight source plus its RoPE tables), `ForwardInputs`, and the
 //! shape rules an input must satisfy. Does not own: sampling (`runner::sampler`) or files
@@ -10,7 +12,7 @@
 
 use super::block::{BlockId, BlockInputs, CrossKv, cross_kv, modulated_norm, run_block};
 use super::embed::{
-    apply_linear, image_embedding, patch_embedding, text_embedding, time_embedding,
+    apply_linear, fps_projection, image_embedding, patch_embedding, text_embedding, time_embedding,
 };
 use super::error::RunError;
 use super::rope::{Rope, axis_split};
@@ -37,6 +39,9 @@ pub struct ForwardInputs<'a> {
     pub encoder_hidden_states_image: Option<&'a Tensor>,
     /// The control latents (and scales) of a VACE model; required exactly for one.
     pub control: Option<Control<'a>>,
+    /// (B) `fps_embedding` indices of a SkyReels-V2 model with `inject_sample_info`;
+    /// required exactly for one.
+    pub fps: Option<&'a Tensor>,
 }
 
 /// Sizes derived from checked inputs.
@@ -50,8 +55,11 @@ pub struct TokenGeometry {
     pub grid: [usize; 3],
     /// Tokens per item S = f·h·w.
     pub tokens: usize,
-    /// Whether the timestep is per token.
+    /// Whether the timestep is per token (or per latent frame, see `frame_timesteps`).
     pub per_token: bool,
+    /// Whether the timestep is (B, f), one per token-grid frame (SkyReels-V2 diffusion
+    /// forcing); it is given to every token of its frame.
+    pub frame_timesteps: bool,
     /// Text tokens per item.
     pub text_len: usize,
     /// Image tokens per item after the FLF2V reshape (0 without image).
@@ -158,18 +166,19 @@ impl<'w> WanTransformer<'w> {
         self.forward_with(
             inputs.hidden_states,
             inputs.timestep,
-            inputs.control.as_ref(),
+            (inputs.control.as_ref(), inputs.fps),
             &context,
         )
     }
 
     /// The forward for a prepared context (see [`Context`]); `hidden_states`, `timestep`
-    /// (and a VACE model's `control`) must have the context's batch size.
+    /// and the model-specific inputs (a VACE model's control, SkyReels-V2's fps) must have
+    /// the context's batch size.
     pub fn forward_with(
         &self,
         hidden_states: &Tensor,
         timestep: &Tensor,
-        control: Option<&Control<'_>>,
+        (control, fps): (Option<&Control<'_>>, Option<&Tensor>),
         context: &Context,
     ) -> Result<Tensor, RunError> {
         let g = check_shapes(
@@ -180,6 +189,7 @@ impl<'w> WanTransformer<'w> {
             context.image_shape.as_deref(),
         )?;
         let control_geometry = check_control(self.config(), control, &g)?;
+        check_fps(self.config(), fps, g.batch)?;
         let w = self.weights;
         let cfg = w.config();
         let vace_blocks = cfg.blocks_of(Scope::VaceBlock);
@@ -205,7 +215,7 @@ impl<'w> WanTransformer<'w> {
             g.batch,
             g.latent,
         )?;
-        let (temb, timestep_proj) = time_embedding(w, &timestep.data)?;
+        let (temb, timestep_proj) = self.time(timestep, fps, &g)?;
         let (rope_cos, rope_sin) = self.rope.token_tables(g.grid);
         let block_inputs = BlockInputs {
             batch: g.batch,
@@ -285,6 +295,38 @@ impl<'w> WanTransformer<'w> {
             blocks,
             vace_blocks,
         })
+    }
+
+    /// `temb` and `timestep_proj` per item or per token (a timestep per frame given to each
+    /// token of the frame), plus SkyReels-V2's fps projection on every row of its item.
+    fn time(
+        &self,
+        timestep: &Tensor,
+        fps: Option<&Tensor>,
+        g: &TokenGeometry,
+    ) -> Result<(Vec<f32>, Vec<f32>), RunError> {
+        let w = self.weights;
+        let d = w.config().inner_dim();
+        let per_frame = g.tokens / g.grid[0];
+        let steps: Vec<f32> = if g.frame_timesteps {
+            let repeat = |&t: &f32| std::iter::repeat_n(t, per_frame);
+            timestep.data.iter().flat_map(repeat).collect()
+        } else {
+            timestep.data.clone()
+        };
+        let (temb, mut proj) = time_embedding(w, &steps)?;
+        if let Some(fps) = fps {
+            let add = fps_projection(w, &fps.data)?;
+            let rows = if g.per_token { g.tokens } else { 1 };
+            for (item, f) in proj.chunks_mut(rows * 6 * d).zip(add.chunks(6 * d)) {
+                for row in item.chunks_mut(6 * d) {
+                    for (p, a) in row.iter_mut().zip(f) {
+                        *p += a;
+                    }
+                }
+            }
+        }
+        Ok((temb, proj))
     }
 
     /// norm_out modulated by (table + temb), proj_out, unpatchify.
@@ -373,7 +415,37 @@ pub fn check_inputs(
             .map(|t| t.shape.as_slice()),
     )?;
     check_control(cfg, inputs.control.as_ref(), &g)?;
+    check_fps(cfg, inputs.fps, g.batch)?;
     Ok(g)
+}
+
+/// SkyReels-V2's `fps`: required exactly when the model has `inject_sample_info`, one
+/// index into its two-row `fps_embedding` per item.
+fn check_fps(cfg: &WanConfig, fps: Option<&Tensor>, batch: usize) -> Result<(), RunError> {
+    match (cfg.inject_sample_info, fps) {
+        (false, None) => Ok(()),
+        (false, Some(_)) => Err(RunError::input(
+            "fps",
+            "given, but the model has no fps embedding (inject_sample_info is false)",
+        )),
+        (true, None) => Err(RunError::input(
+            "fps",
+            format!(
+                "missing: this SkyReels-V2 model (inject_sample_info) needs ({batch}) fps_embedding \
+                 indices (diffusers' pipeline passes 0 for 16 fps, else 1)"
+            ),
+        )),
+        (true, Some(f)) if f.shape != [batch] => {
+            Err(shape_error("fps", format!("({batch})"), &f.shape))
+        }
+        (true, Some(f)) => match f.data.iter().find(|&&v| v != 0.0 && v != 1.0) {
+            Some(v) => Err(RunError::input(
+                "fps",
+                format!("expected fps_embedding indices 0 or 1, found {v}"),
+            )),
+            None => Ok(()),
+        },
+    }
 }
 
 /// [`check_inputs`] on shapes: hidden_states, timestep, encoder_hidden_states and the
@@ -423,13 +495,17 @@ pub fn check_shapes(
         ));
     }
     let tokens = grid.iter().product();
-    let per_token = match ts {
-        [b] if *b == batch => false,
-        [b, s] if *b == batch && *s == tokens => true,
+    let (per_token, frame_timesteps) = match ts {
+        [b] if *b == batch => (false, false),
+        [b, s] if *b == batch && *s == tokens => (true, false),
+        [b, f] if *b == batch && *f == grid[0] => (true, true),
         _ => {
             return Err(shape_error(
                 "timestep",
-                format!("({batch}) or ({batch}, {tokens}) for a {grid:?} token grid"),
+                format!(
+                    "({batch}), ({batch}, {tokens}) per token or ({batch}, {}) per frame for a {grid:?} token grid",
+                    grid[0]
+                ),
                 ts,
             ));
         }
@@ -451,6 +527,7 @@ pub fn check_shapes(
         grid,
         tokens,
         per_token,
+        frame_timesteps,
         text_len,
         image_len,
     })

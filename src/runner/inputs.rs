@@ -14,7 +14,7 @@ use super::weights::widen;
 use crate::io::{DType, SafetensorsFile};
 
 /// Tensor names an inputs file may hold.
-pub const INPUT_NAMES: [&str; 7] = [
+pub const INPUT_NAMES: [&str; 8] = [
     "hidden_states",
     "timestep",
     "encoder_hidden_states",
@@ -22,6 +22,7 @@ pub const INPUT_NAMES: [&str; 7] = [
     "encoder_hidden_states_image",
     "control_hidden_states",
     "control_hidden_states_scale",
+    "fps",
 ];
 
 /// The tensors of an inputs file.
@@ -42,6 +43,8 @@ pub struct RunInputs {
     /// A VACE model's per-block hint scales (N); absent: ones. Only with
     /// `control_hidden_states`.
     pub control_hidden_states_scale: Option<Tensor>,
+    /// SkyReels-V2's (B) `fps_embedding` indices (integer or float).
+    pub fps: Option<Tensor>,
 }
 
 impl RunInputs {
@@ -81,7 +84,7 @@ impl RunInputs {
                 | DType::U16
                 | DType::U32
                 | DType::U64
-                    if name == "timestep" =>
+                    if name == "timestep" || name == "fps" =>
                 {
                     integers_as_f32(view.dtype, view.bytes)
                 }
@@ -102,6 +105,7 @@ impl RunInputs {
             encoder_hidden_states_image: get("encoder_hidden_states_image")?,
             control_hidden_states: get("control_hidden_states")?,
             control_hidden_states_scale: get("control_hidden_states_scale")?,
+            fps: get("fps")?,
         };
         if inputs.control_hidden_states.is_none() && inputs.control_hidden_states_scale.is_some() {
             return Err(err(

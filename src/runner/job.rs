@@ -73,6 +73,7 @@ pub fn run_models(
                 encoder_hidden_states: &inputs.encoder_hidden_states,
                 encoder_hidden_states_image: inputs.encoder_hidden_states_image.as_ref(),
                 control: inputs.control(),
+                fps: inputs.fps.as_ref(),
             })
             .map_err(|e| with_origin(e, inputs_path))?;
         steps.push(StepReport {
@@ -84,12 +85,19 @@ pub fn run_models(
         });
         ("noise_pred", out)
     } else {
-        if inputs.control_hidden_states.is_some() {
+        let forward_only = [
+            (
+                "control_hidden_states",
+                inputs.control_hidden_states.is_some(),
+            ),
+            ("fps", inputs.fps.is_some()),
+        ];
+        if let Some((name, _)) = forward_only.iter().find(|(_, given)| *given) {
             return Err(with_origin(
                 RunError::input(
-                    "control_hidden_states",
-                    "VACE control latents are read by a single forward only (--steps 0); \
-                     the runner does not sample with VACE",
+                    name,
+                    "read by a single forward only (--steps 0); the runner does not sample \
+                     with VACE control or SkyReels-V2 fps",
                 ),
                 inputs_path,
             ));
