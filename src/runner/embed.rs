@@ -217,4 +217,25 @@ mod tests {
         // t = 0 gives [1, 1, 0, 0].
         assert_eq!(timestep_sinusoid(&[0.0], 4), vec![1.0, 1.0, 0.0, 0.0]);
     }
+
+    #[test]
+    fn skyreels_sinusoid_is_diffusers_f64_grid_embedding() {
+        // diffusers 0.42.1 `get_1d_sincos_pos_embed_from_grid(8, tensor([999., 500.]),
+        // flip_sin_to_cos=True).float()`, as f32 bits.
+        let want: [u32; 16] = [
+            0x3f7fe90e, 0x3f4eb59c, 0xbf582f2b, 0x3f0a8861, 0xbcd8c438, 0xbf170545, 0xbf091d4d,
+            0x3f574735, 0xbf6243f2, 0x3f770803, 0x3e913c2c, 0x3f60a940, 0xbeef7fc9, 0xbe8655ff,
+            0xbf757c10, 0x3ef57744,
+        ];
+        let got: Vec<u32> = sincos_f64(&[999.0, 500.0], 8)
+            .iter()
+            .map(|v| v.to_bits())
+            .collect();
+        assert_eq!(got, want);
+        // WAN's f32 sinusoid differs in 10 of these 16 values (by up to 5e-6).
+        assert_ne!(
+            timestep_sinusoid(&[999.0, 500.0], 8),
+            sincos_f64(&[999.0, 500.0], 8)
+        );
+    }
 }
