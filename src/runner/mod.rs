@@ -1,7 +1,8 @@
 //! A minimal but exact WAN transformer on CPU: diffusers' `WanTransformer3DModel` forward
 //! in f32 for every released config (T2V, Wan2.1 I2V/FLF2V with the CLIP image branch,
 //! Wan2.2 TI2V with per-token timesteps, Wan2.2 A14B experts), the single forward of
-//! `WanVACETransformer3DModel` (VACE), and the flow-matching Euler
+//! `WanVACETransformer3DModel` (VACE) and of `SkyReelsV2Transformer3DModel` (fps condition,
+//! per-frame diffusion-forcing timesteps), and the flow-matching Euler
 //! sampler with batched classifier-free guidance. It exists to check baked checkpoints
 //! against golden outputs of the reference implementation.
 //!
