@@ -656,3 +656,370 @@ fn original_file_without_config_is_refused_with_a_hint() {
         &["no config.json", "head count", "--config"],
     );
 }
+
+// ---- VACE (golden/variants/vace, made by golden/variants_vace_golden.py from diffusers
+// 0.42.1 `WanVACETransformer3DModel` forwards) ----
+
+fn vace(rel: &str) -> PathBuf {
+    golden(&format!("variants/vace/{rel}"))
+}
+
+/// Runs the tiny VACE model (any layout, `extra` args) on `inputs`; returns `noise_pred`.
+fn run_vace(dir: &Path, model: &Path, inputs: &Path, extra: &[&str]) -> Tensor {
+    let (out, _) = run_model(dir, model, inputs, extra);
+    read(&out, "noise_pred")
+}
+
+fn check_vace_forward(case: &str) {
+    let dir = tmp();
+    let inputs = vace(&format!("runner/{case}_inputs.safetensors"));
+    let got = run_vace(dir.path(), &vace("models/vace"), &inputs, &[]);
+    let want = read(
+        &vace(&format!("runner/{case}_forward.safetensors")),
+        "noise_pred",
+    );
+    let err = max_abs_err(&got, &want);
+    eprintln!(
+        "{case} forward: max abs error {err:e} (max |ref| {})",
+        max_abs(&want)
+    );
+    assert!(
+        err <= FORWARD_TOL,
+        "{case}: max abs error {err} > {FORWARD_TOL}"
+    );
+}
+
+#[test]
+fn vace_forward_matches_diffusers() {
+    // control_hidden_states_scale [0.7, 1.3], hints after blocks 0 and 2 of 4.
+    check_vace_forward("vace_");
+}
+
+#[test]
+fn vace_short_control_is_zero_padded_after_the_patch_embedding() {
+    // 12 control tokens for an 18-token video.
+    let inputs = RunInputs::read(&vace("runner/vace__short_control_inputs.safetensors")).unwrap();
+    assert_eq!(
+        inputs.control_hidden_states.as_ref().unwrap().shape,
+        vec![1, 6, 2, 4, 6]
+    );
+    check_vace_forward("vace__short_control");
+}
+
+#[test]
+fn every_layout_of_vace_gives_bit_identical_outputs() {
+    let dir = tmp();
+    let d = dir.path();
+    let diffusers = vace("models/vace");
+    let config = diffusers.join("config.json");
+    let config_arg = vec!["--config", path_str(&config)];
+    let mut cases: Vec<(String, PathBuf, Vec<&str>)> =
+        vec![("diffusers".into(), diffusers.clone(), vec![])];
+    for file in [
+        "vace_original.safetensors",
+        "vace_comfy.safetensors",
+        "vace_nnx.safetensors",
+    ] {
+        cases.push((
+            file.into(),
+            vace(&format!("models/{file}")),
+            config_arg.clone(),
+        ));
+    }
+    // MaxDiffusion's WanVACEModel has no scanned form, so neither has wanbake.
+    for layout in ["wan", "nnx"] {
+        let dest = d.join(layout);
+        restack(&diffusers, layout, &dest);
+        cases.push((format!("restacked {layout}"), dest, vec![]));
+    }
+    let inputs = vace("runner/vace__inputs.safetensors");
+    let mut reference: Option<Vec<u8>> = None;
+    for (i, (label, path, extra)) in cases.iter().enumerate() {
+        let sub = d.join(format!("run{i}"));
+        std::fs::create_dir(&sub).unwrap();
+        let (out, _) = run_model(&sub, path, &inputs, extra);
+        let bytes = raw(&out, "noise_pred");
+        match &reference {
+            None => reference = Some(bytes),
+            Some(r) => assert!(r == &bytes, "vace: {label} gives different bits"),
+        }
+    }
+}
+
+#[test]
+fn vace_scale_defaults_to_ones() {
+    let v = RunInputs::read(&vace("runner/vace__inputs.safetensors")).unwrap();
+    let control = v.control_hidden_states.as_ref().unwrap();
+    let ones = Tensor::new(vec![2], vec![1.0, 1.0]);
+    let model = vace("models/vace");
+    let mut outs = Vec::new();
+    for scale in [None, Some(&ones)] {
+        let dir = tmp();
+        let mut tensors = vec![
+            ("hidden_states", &v.hidden_states),
+            ("timestep", &v.timestep),
+            ("encoder_hidden_states", &v.encoder_hidden_states),
+            ("control_hidden_states", control),
+        ];
+        tensors.extend(scale.map(|s| ("control_hidden_states_scale", s)));
+        let p = inputs_file(dir.path(), &tensors);
+        outs.push(run_vace(dir.path(), &model, &p, &[]));
+    }
+    assert_eq!(outs[0], outs[1], "no scale differs from scale ones");
+    // And the golden's scale [0.7, 1.3] gives another output: the scale is applied.
+    let want = read(&vace("runner/vace__forward.safetensors"), "noise_pred");
+    assert!(max_abs_err(&outs[0], &want) > 1e-3);
+}
+
+#[test]
+fn bad_vace_inputs_are_refused_with_expected_and_found() {
+    let v = RunInputs::read(&vace("runner/vace__inputs.safetensors")).unwrap();
+    let model = vace("models/vace");
+    let (hs, ts, ehs) = (&v.hidden_states, &v.timestep, &v.encoder_hidden_states);
+    let control = v.control_hidden_states.as_ref().unwrap();
+    let scale = v.control_hidden_states_scale.as_ref().unwrap();
+    let base = [
+        ("hidden_states", hs),
+        ("timestep", ts),
+        ("encoder_hidden_states", ehs),
+    ];
+    let case = |extra: &[(&str, &Tensor)], model: &Path, args: &[&str], needles: &[&str]| {
+        let dir = tmp();
+        let mut tensors = base.to_vec();
+        tensors.extend_from_slice(extra);
+        let p = inputs_file(dir.path(), &tensors);
+        expect_failure(dir.path(), model, &p, args, needles);
+    };
+    // A VACE model without control latents.
+    case(
+        &[],
+        &model,
+        &[],
+        &[
+            "control_hidden_states",
+            "missing",
+            "VACE",
+            "(1, vace_in_channels = 6, F, H, W)",
+        ],
+    );
+    // A plain T2V model with control latents (the t2v golden has the same dims).
+    let t2v = RunInputs::read(&golden("runner/t2v__inputs.safetensors")).unwrap();
+    let dir = tmp();
+    let p = inputs_file(
+        dir.path(),
+        &[
+            ("hidden_states", &t2v.hidden_states),
+            ("timestep", &t2v.timestep),
+            ("encoder_hidden_states", &t2v.encoder_hidden_states),
+            ("control_hidden_states", control),
+        ],
+    );
+    expect_failure(
+        dir.path(),
+        &golden("models/t2v"),
+        &p,
+        &[],
+        &["control_hidden_states", "not a VACE model"],
+    );
+    // Wrong channel count.
+    let wrong = Tensor::zeros(vec![1, 5, 3, 4, 6]);
+    case(
+        &[("control_hidden_states", &wrong)],
+        &model,
+        &[],
+        &[
+            "control_hidden_states",
+            "vace_in_channels = 6",
+            "[1, 5, 3, 4, 6]",
+        ],
+    );
+    // More control tokens than video tokens (diffusers fails on a negative padding).
+    let longer = Tensor::zeros(vec![1, 6, 6, 4, 6]);
+    case(
+        &[("control_hidden_states", &longer)],
+        &model,
+        &[],
+        &["control_hidden_states", "36 control tokens", "18 tokens"],
+    );
+    // A scale of the wrong length.
+    let three = Tensor::zeros(vec![3]);
+    case(
+        &[
+            ("control_hidden_states", control),
+            ("control_hidden_states_scale", &three),
+        ],
+        &model,
+        &[],
+        &["control_hidden_states_scale", "expected shape (2)", "[3]"],
+    );
+    // A scale without control latents.
+    case(
+        &[("control_hidden_states_scale", scale)],
+        &model,
+        &[],
+        &[
+            "control_hidden_states_scale",
+            "without control_hidden_states",
+        ],
+    );
+    // Sampling: the runner runs VACE as a single forward only.
+    case(
+        &[("control_hidden_states", control)],
+        &model,
+        &["--steps", "2", "--guidance", "1"],
+        &["control_hidden_states", "single forward"],
+    );
+    case(
+        &[],
+        &model,
+        &["--steps", "2", "--guidance", "1"],
+        &["VACE", "single forward"],
+    );
+}
+
+// ---- SkyReels-V2 DF (golden/variants/skyreels, made by golden/variants_vace_golden.py from
+// diffusers 0.42.1 `SkyReelsV2Transformer3DModel` forwards, fps index 1) ----
+
+fn sky(rel: &str) -> PathBuf {
+    golden(&format!("variants/skyreels/{rel}"))
+}
+
+fn check_sky(got: &Tensor, golden_file: &str) {
+    let want = read(&sky(&format!("runner/{golden_file}")), "noise_pred");
+    let err = max_abs_err(got, &want);
+    eprintln!(
+        "{golden_file}: max abs error {err:e} (max |ref| {})",
+        max_abs(&want)
+    );
+    assert!(
+        err <= FORWARD_TOL,
+        "{golden_file}: max abs error {err} > {FORWARD_TOL}"
+    );
+}
+
+#[test]
+fn skyreels_fps_forward_matches_diffusers_in_every_layout() {
+    let dir = tmp();
+    let d = dir.path();
+    let diffusers = sky("models/skyreels_df");
+    let config = diffusers.join("config.json");
+    let wan = d.join("wan");
+    restack(&diffusers, "wan", &wan);
+    let cases: [(&Path, Vec<&str>); 3] = [
+        (&diffusers, vec![]),
+        (
+            &sky("models/skyreels_df_original.safetensors"),
+            vec!["--config", path_str(&config)],
+        ),
+        (&wan, vec![]),
+    ];
+    let inputs = sky("runner/skyreels_df__inputs.safetensors");
+    let mut outs = Vec::new();
+    for (i, (model, extra)) in cases.iter().enumerate() {
+        let sub = d.join(format!("run{i}"));
+        std::fs::create_dir(&sub).unwrap();
+        let (out, _) = run_model(&sub, model, &inputs, extra);
+        outs.push(read(&out, "noise_pred"));
+    }
+    check_sky(&outs[0], "skyreels_df__forward.safetensors");
+    assert!(outs.iter().all(|o| o == &outs[0]), "layouts differ");
+}
+
+#[test]
+fn skyreels_diffusion_forcing_gives_each_frame_its_timestep() {
+    // The golden's per-latent-frame timestep (1, 3) with the fps inputs of the plain forward.
+    let s = RunInputs::read(&sky("runner/skyreels_df__inputs.safetensors")).unwrap();
+    let df_golden = sky("runner/skyreels_df__forward_df.safetensors");
+    let timestep = read(&df_golden, "timestep");
+    assert_eq!(timestep.shape, vec![1, 3]);
+    let dir = tmp();
+    let p = inputs_file(
+        dir.path(),
+        &[
+            ("hidden_states", &s.hidden_states),
+            ("timestep", &timestep),
+            ("encoder_hidden_states", &s.encoder_hidden_states),
+            ("fps", s.fps.as_ref().unwrap()),
+        ],
+    );
+    let (out, _) = run_model(dir.path(), &sky("models/skyreels_df"), &p, &[]);
+    check_sky(
+        &read(&out, "noise_pred"),
+        "skyreels_df__forward_df.safetensors",
+    );
+}
+
+#[test]
+fn bad_skyreels_inputs_are_refused() {
+    let s = RunInputs::read(&sky("runner/skyreels_df__inputs.safetensors")).unwrap();
+    let base = [
+        ("hidden_states", &s.hidden_states),
+        ("timestep", &s.timestep),
+        ("encoder_hidden_states", &s.encoder_hidden_states),
+    ];
+    let case = |extra: &[(&str, &Tensor)], model: &Path, args: &[&str], needles: &[&str]| {
+        let dir = tmp();
+        let mut tensors = base.to_vec();
+        tensors.extend_from_slice(extra);
+        let p = inputs_file(dir.path(), &tensors);
+        expect_failure(dir.path(), model, &p, args, needles);
+    };
+    let model = sky("models/skyreels_df");
+    case(&[], &model, &[], &["fps", "missing", "inject_sample_info"]);
+    let two = Tensor::new(vec![1], vec![2.0]);
+    case(&[("fps", &two)], &model, &[], &["fps", "0 or 1", "found 2"]);
+    let wide = Tensor::new(vec![2], vec![1.0, 1.0]);
+    case(
+        &[("fps", &wide)],
+        &model,
+        &[],
+        &["fps", "expected shape (1)", "[2]"],
+    );
+    let fps = s.fps.as_ref().unwrap();
+    case(
+        &[("fps", fps)],
+        &golden("models/t2v"),
+        &[],
+        &["fps", "no fps embedding"],
+    );
+    case(
+        &[("fps", fps)],
+        &model,
+        &["--steps", "2", "--guidance", "1"],
+        &["fps", "single forward"],
+    );
+    case(
+        &[],
+        &model,
+        &["--steps", "2", "--guidance", "1"],
+        &["SkyReels-V2", "single forward"],
+    );
+    // Causal block attention is not implemented: such a config is refused.
+    let dir = tmp();
+    let folder = dir.path().join("model");
+    std::fs::create_dir(&folder).unwrap();
+    let weights = "diffusion_pytorch_model.safetensors";
+    std::fs::copy(model.join(weights), folder.join(weights)).unwrap();
+    let cfg = std::fs::read_to_string(model.join("config.json")).unwrap();
+    let cfg = cfg.replace("\"num_frame_per_block\": 1", "\"num_frame_per_block\": 3");
+    assert!(
+        cfg.contains("\"num_frame_per_block\": 3"),
+        "config edit did not apply"
+    );
+    std::fs::write(folder.join("config.json"), cfg).unwrap();
+    let p = inputs_file(
+        dir.path(),
+        &[("fps", fps)]
+            .iter()
+            .chain(&base)
+            .copied()
+            .collect::<Vec<_>>(),
+    );
+    expect_failure(
+        dir.path(),
+        &folder,
+        &p,
+        &[],
+        &["num_frame_per_block = 3", "causal"],
+    );
+}

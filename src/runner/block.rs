@@ -1,6 +1,8 @@
 //! One `WanTransformerBlock` (spec wan.md §2.4): modulated self-attention with q/k RMSNorm
 //! over the full width and 3D RoPE, un-gated cross-attention to the text (and, for Wan2.1
-//! I2V/FLF2V, the image tokens through add_k/add_v), and the modulated GELU(tanh) FFN.
+//! I2V/FLF2V, the image tokens through add_k/add_v), and the modulated GELU(tanh) FFN. A VACE
+//! context block (`vace_blocks.n`) is the same block under another prefix (`BlockId`); its
+//! two extra projections belong to `runner::vace`.
 //!
 //! Owns: the block's arithmetic, the modulation lookup (per item, or per token for
 //! Wan2.2 TI2V), and `CrossKv`, the cross-attention keys and values that depend only on the
@@ -20,6 +22,26 @@ use super::weights::WeightSource;
 /// Rows of the FFN hidden layer computed at a time (a multiple of the matmul row tile, so
 /// chunking does not change any value).
 pub const FFN_ROWS: usize = 16 * ROW_TILE;
+
+/// Which block: one of the main stack (`blocks.i`) or a VACE context block
+/// (`vace_blocks.n`, the same submodules under another prefix).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockId {
+    /// `blocks.i`.
+    Main(usize),
+    /// `vace_blocks.n`.
+    Vace(usize),
+}
+
+impl BlockId {
+    /// The diffusers parameter prefix, without a trailing dot.
+    pub fn prefix(self) -> String {
+        match self {
+            BlockId::Main(i) => format!("blocks.{i}"),
+            BlockId::Vace(n) => format!("vace_blocks.{n}"),
+        }
+    }
+}
 
 /// What every block of one forward shares.
 #[derive(Clone, Copy, Debug)]
@@ -59,18 +81,18 @@ pub struct CrossKv {
     pub image: Option<KeyValues>,
 }
 
-/// Block `index`'s cross-attention keys and values for a text context (B, Lt, D) and, for
+/// Block `id`'s cross-attention keys and values for a text context (B, Lt, D) and, for
 /// a model with add_k_proj, an image context (B, Li, D).
 pub fn cross_kv(
     w: &dyn WeightSource,
-    index: usize,
+    id: BlockId,
     batch: usize,
     text: (&[f32], usize),
     image: Option<(&[f32], usize)>,
 ) -> Result<CrossKv, RunError> {
     let cfg = w.config();
     let (d, eps) = (cfg.inner_dim(), cfg.eps as f32);
-    let a = format!("blocks.{index}.attn2");
+    let a = format!("{}.attn2", id.prefix());
     let branch = |ctx: &[f32], len: usize, k_name: &str, norm: &str, v_name: &str, k_in: usize| {
         let rows = batch * len;
         let mut k = apply_linear(w, &format!("{a}.{k_name}"), ctx, rows, k_in, d)?;
@@ -103,11 +125,11 @@ impl BlockInputs<'_> {
     }
 }
 
-/// Runs block `index` on x (B·S, D) in place, with that block's cross-attention keys and
+/// Runs block `id` on x (B·S, D) in place, with that block's cross-attention keys and
 /// values.
 pub fn run_block(
     w: &dyn WeightSource,
-    index: usize,
+    id: BlockId,
     x: &mut [f32],
     inp: &BlockInputs<'_>,
     kv: &CrossKv,
@@ -115,7 +137,7 @@ pub fn run_block(
     let cfg = w.config();
     let d = cfg.inner_dim();
     let eps = cfg.eps as f32;
-    let pre = format!("blocks.{index}");
+    let pre = id.prefix();
     let table = w.tensor(&format!("{pre}.scale_shift_table"))?;
     // Modulation m_k = table[k] + timestep_proj[k], k = 0 shift, 1 scale, 2 gate (self-attn),
     // 3 shift, 4 scale, 5 gate (FFN).

@@ -51,15 +51,54 @@ pub fn timestep_sinusoid(timesteps: &[f32], dim: usize) -> Vec<f32> {
     out
 }
 
+/// SkyReels-V2's sinusoid (`SkyReelsV2Timesteps`, diffusers'
+/// `get_1d_sincos_pos_embed_from_grid` with flip_sin_to_cos): ω_k = 1 / 10000^(k / (dim/2))
+/// and t·ω_k in f64, `[cos …, sin …]` rounded to f32. Returns (N, dim); dim must be even.
+pub fn sincos_f64(timesteps: &[f32], dim: usize) -> Vec<f32> {
+    let half = dim / 2;
+    let omega: Vec<f64> = (0..half)
+        .map(|k| 1.0 / 10000f64.powf(k as f64 / (dim as f64 / 2.0)))
+        .collect();
+    let mut out = vec![0f32; timesteps.len() * dim];
+    for (row, &t) in out.chunks_mut(dim).zip(timesteps) {
+        for (k, &w) in omega.iter().enumerate() {
+            let arg = t as f64 * w;
+            row[k] = arg.cos() as f32;
+            row[half + k] = arg.sin() as f32;
+        }
+    }
+    out
+}
+
+/// SkyReels-V2's frame-rate condition: `fps_projection(fps_embedding(fps))`, i.e.
+/// `net.2(SiLU(net.0.proj(E[fps])))`, one (6D) row per item; `fps` holds embedding indices.
+pub fn fps_projection(w: &dyn WeightSource, fps: &[f32]) -> Result<Vec<f32>, RunError> {
+    let d = w.config().inner_dim();
+    let table = w.tensor("fps_embedding.weight")?;
+    let mut emb = Vec::with_capacity(fps.len() * d);
+    for &i in fps {
+        let i = i as usize;
+        emb.extend_from_slice(&table[i * d..(i + 1) * d]);
+    }
+    let mut h = apply_linear(w, "fps_projection.net.0.proj", &emb, fps.len(), d, d)?;
+    map_inplace(&mut h, silu);
+    apply_linear(w, "fps_projection.net.2", &h, fps.len(), d, 6 * d)
+}
+
 /// The time path: `temb = linear_2(SiLU(linear_1(sinusoid(t))))` (N, D) and
-/// `timestep_proj = time_proj(SiLU(temb))` (N, 6D).
+/// `timestep_proj = time_proj(SiLU(temb))` (N, 6D). A model with `inject_sample_info`
+/// (`SkyReelsV2Transformer3DModel`) uses its own sinusoid ([`sincos_f64`]).
 pub fn time_embedding(
     w: &dyn WeightSource,
     timesteps: &[f32],
 ) -> Result<(Vec<f32>, Vec<f32>), RunError> {
     let cfg = w.config();
     let (d, fq, n) = (cfg.inner_dim(), cfg.freq_dim, timesteps.len());
-    let sinusoid = timestep_sinusoid(timesteps, fq);
+    let sinusoid = if cfg.inject_sample_info {
+        sincos_f64(timesteps, fq)
+    } else {
+        timestep_sinusoid(timesteps, fq)
+    };
     let te = "condition_embedder.time_embedder";
     let mut h = apply_linear(w, &format!("{te}.linear_1"), &sinusoid, n, fq, d)?;
     map_inplace(&mut h, silu);
@@ -123,18 +162,20 @@ pub fn image_embedding(
     Ok(out)
 }
 
-/// The Conv3d patch embedding (kernel = stride = patch) as a matmul: every token's patch is
-/// gathered in (c, a, β, γ) order (γ fastest), the flattening of the Conv3d weight
-/// (D, C_in, pt, ph, pw). `x` is (B, C_in, F, H, W); returns (B·S, D) with tokens in
-/// (f, h, w) row-major order.
+/// A Conv3d patch embedding (kernel = stride = patch) by diffusers prefix (`patch_embedding`,
+/// or a VACE model's `vace_patch_embedding`) as a matmul: every token's patch is gathered in
+/// (c, a, β, γ) order (γ fastest), the flattening of the Conv3d weight (D, C_in, pt, ph, pw).
+/// `x` is (B, C_in, F, H, W); returns (B·S, D) with tokens in (f, h, w) row-major order.
 pub fn patch_embedding(
     w: &dyn WeightSource,
+    prefix: &str,
+    c_in: usize,
     x: &[f32],
     batch: usize,
     frames_hw: [usize; 3],
 ) -> Result<Vec<f32>, RunError> {
     let cfg = w.config();
-    let (c_in, d) = (cfg.in_channels, cfg.inner_dim());
+    let d = cfg.inner_dim();
     let [pt, ph, pw] = cfg.patch_size;
     let [fl, hl, wl] = frames_hw;
     let (f, h, wd) = (fl / pt, hl / ph, wl / pw);
@@ -156,7 +197,7 @@ pub fn patch_embedding(
             }
         }
     }
-    apply_linear(w, "patch_embedding", &cols, batch * tokens, patch, d)
+    apply_linear(w, prefix, &cols, batch * tokens, patch, d)
 }
 
 #[cfg(test)]
@@ -175,5 +216,26 @@ mod tests {
         assert!((w1 - 0.01).abs() < 1e-9);
         // t = 0 gives [1, 1, 0, 0].
         assert_eq!(timestep_sinusoid(&[0.0], 4), vec![1.0, 1.0, 0.0, 0.0]);
+    }
+
+    #[test]
+    fn skyreels_sinusoid_is_diffusers_f64_grid_embedding() {
+        // diffusers 0.42.1 `get_1d_sincos_pos_embed_from_grid(8, tensor([999., 500.]),
+        // flip_sin_to_cos=True).float()`, as f32 bits.
+        let want: [u32; 16] = [
+            0x3f7fe90e, 0x3f4eb59c, 0xbf582f2b, 0x3f0a8861, 0xbcd8c438, 0xbf170545, 0xbf091d4d,
+            0x3f574735, 0xbf6243f2, 0x3f770803, 0x3e913c2c, 0x3f60a940, 0xbeef7fc9, 0xbe8655ff,
+            0xbf757c10, 0x3ef57744,
+        ];
+        let got: Vec<u32> = sincos_f64(&[999.0, 500.0], 8)
+            .iter()
+            .map(|v| v.to_bits())
+            .collect();
+        assert_eq!(got, want);
+        // WAN's f32 sinusoid differs in 10 of these 16 values (by up to 5e-6).
+        assert_ne!(
+            timestep_sinusoid(&[999.0, 500.0], 8),
+            sincos_f64(&[999.0, 500.0], 8)
+        );
     }
 }

@@ -1,20 +1,26 @@
 //! The forward pass of diffusers' `WanTransformer3DModel` in f32 (spec wan.md §2): input
 //! checks, patch embedding, condition embedding (per item or per token), the blocks, the
-//! output head modulated by the pre-projection time embedding, and unpatchify.
+//! output head modulated by the pre-projection time embedding, and unpatchify; for a VACE
+//! model (`WanVACETransformer3DModel`) the hints of `runner::vace` are added after the
+//! listed blocks; for SkyReels-V2 (`SkyReelsV2Transformer3DModel`) the fps condition is added
+//! to the timestep projection, and a timestep per latent frame (diffusion forcing) is given
+//! to every token of its frame.
 //!
 //! Owns: `WanTransformer` (a weight source plus its RoPE tables), `ForwardInputs`, and the
 //! shape rules an input must satisfy. Does not own: sampling (`runner::sampler`) or files
 //! (`runner::inputs`).
 
-use super::block::{BlockInputs, CrossKv, cross_kv, modulated_norm, run_block};
+use super::block::{BlockId, BlockInputs, CrossKv, cross_kv, modulated_norm, run_block};
 use super::embed::{
-    apply_linear, image_embedding, patch_embedding, text_embedding, time_embedding,
+    apply_linear, fps_projection, image_embedding, patch_embedding, text_embedding, time_embedding,
 };
 use super::error::RunError;
 use super::rope::{Rope, axis_split};
 use super::tensor::Tensor;
+use super::vace::{Control, Hints, check_control, check_vace_config};
 use super::weights::WeightSource;
 use crate::model::wan::WanConfig;
+use crate::model::wan_names::Scope;
 
 /// Text tokens diffusers assumes when it splits an I2V context into image and text
 /// (`image_context_length = encoder_hidden_states.shape[1] - 512`).
@@ -31,6 +37,11 @@ pub struct ForwardInputs<'a> {
     pub encoder_hidden_states: &'a Tensor,
     /// (B, n, image_dim), or (2B, n, image_dim) with 2n = pos_embed_seq_len for FLF2V.
     pub encoder_hidden_states_image: Option<&'a Tensor>,
+    /// The control latents (and scales) of a VACE model; required exactly for one.
+    pub control: Option<Control<'a>>,
+    /// (B) `fps_embedding` indices of a SkyReels-V2 model with `inject_sample_info`;
+    /// required exactly for one.
+    pub fps: Option<&'a Tensor>,
 }
 
 /// Sizes derived from checked inputs.
@@ -44,8 +55,11 @@ pub struct TokenGeometry {
     pub grid: [usize; 3],
     /// Tokens per item S = f·h·w.
     pub tokens: usize,
-    /// Whether the timestep is per token.
+    /// Whether the timestep is per token (or per latent frame, see `frame_timesteps`).
     pub per_token: bool,
+    /// Whether the timestep is (B, f), one per token-grid frame (SkyReels-V2 diffusion
+    /// forcing); it is given to every token of its frame.
+    pub frame_timesteps: bool,
     /// Text tokens per item.
     pub text_len: usize,
     /// Image tokens per item after the FLF2V reshape (0 without image).
@@ -66,6 +80,8 @@ pub struct Context {
     pub image_shape: Option<Vec<usize>>,
     /// Per block.
     pub blocks: Vec<CrossKv>,
+    /// Per VACE context block (empty for other models).
+    pub vace_blocks: Vec<CrossKv>,
 }
 
 /// A WAN transformer ready to run: its weights and RoPE tables.
@@ -111,7 +127,7 @@ pub fn check_config(cfg: &WanConfig, name: &str) -> Result<(), RunError> {
             "pos_embed_seq_len {p} needs image_dim and an even length (two images of P/2 tokens)"
         )));
     }
-    Ok(())
+    check_vace_config(cfg).map_err(bad)
 }
 
 impl<'w> WanTransformer<'w> {
@@ -147,15 +163,22 @@ impl<'w> WanTransformer<'w> {
             inputs.encoder_hidden_states,
             inputs.encoder_hidden_states_image,
         )?;
-        self.forward_with(inputs.hidden_states, inputs.timestep, &context)
+        self.forward_with(
+            inputs.hidden_states,
+            inputs.timestep,
+            (inputs.control.as_ref(), inputs.fps),
+            &context,
+        )
     }
 
-    /// The forward for a prepared context (see [`Context`]); `hidden_states` and `timestep`
-    /// must have the context's batch size.
+    /// The forward for a prepared context (see [`Context`]); `hidden_states`, `timestep`
+    /// and the model-specific inputs (a VACE model's control, SkyReels-V2's fps) must have
+    /// the context's batch size.
     pub fn forward_with(
         &self,
         hidden_states: &Tensor,
         timestep: &Tensor,
+        (control, fps): (Option<&Control<'_>>, Option<&Tensor>),
         context: &Context,
     ) -> Result<Tensor, RunError> {
         let g = check_shapes(
@@ -165,19 +188,34 @@ impl<'w> WanTransformer<'w> {
             &context.text_shape,
             context.image_shape.as_deref(),
         )?;
+        let control_geometry = check_control(self.config(), control, &g)?;
+        check_fps(self.config(), fps, g.batch)?;
         let w = self.weights;
         let cfg = w.config();
-        if context.weights != w.name() || context.blocks.len() != cfg.num_layers {
+        let vace_blocks = cfg.blocks_of(Scope::VaceBlock);
+        if context.weights != w.name()
+            || context.blocks.len() != cfg.num_layers
+            || context.vace_blocks.len() != vace_blocks
+        {
             return Err(RunError::Options(format!(
-                "a cross-attention context built for {} ({} blocks) cannot run on {} ({} blocks)",
+                "a cross-attention context built for {} ({} + {} VACE blocks) cannot run on {} ({} + {} VACE blocks)",
                 context.weights,
                 context.blocks.len(),
+                context.vace_blocks.len(),
                 w.name(),
-                cfg.num_layers
+                cfg.num_layers,
+                vace_blocks
             )));
         }
-        let mut x = patch_embedding(w, &hidden_states.data, g.batch, g.latent)?;
-        let (temb, timestep_proj) = time_embedding(w, &timestep.data)?;
+        let mut x = patch_embedding(
+            w,
+            "patch_embedding",
+            cfg.in_channels,
+            &hidden_states.data,
+            g.batch,
+            g.latent,
+        )?;
+        let (temb, timestep_proj) = self.time(timestep, fps, &g)?;
         let (rope_cos, rope_sin) = self.rope.token_tables(g.grid);
         let block_inputs = BlockInputs {
             batch: g.batch,
@@ -187,8 +225,22 @@ impl<'w> WanTransformer<'w> {
             rope_cos: &rope_cos,
             rope_sin: &rope_sin,
         };
+        let mut hints = match (control, control_geometry) {
+            (Some(c), Some(cg)) => Some(Hints::new(
+                w,
+                &x,
+                c,
+                &cg,
+                &block_inputs,
+                &context.vace_blocks,
+            )?),
+            _ => None,
+        };
         for (i, kv) in context.blocks.iter().enumerate() {
-            run_block(w, i, &mut x, &block_inputs, kv)?;
+            run_block(w, BlockId::Main(i), &mut x, &block_inputs, kv)?;
+            if let Some(h) = &mut hints {
+                h.add_after(i, &mut x);
+            }
         }
         self.head(x, &temb, &block_inputs, &g)
     }
@@ -228,15 +280,53 @@ impl<'w> WanTransformer<'w> {
             txt_part.extend_from_slice(&item[split * d..]);
         }
         let image_branch = cfg.added_kv_proj_dim.map(|_| (img_part.as_slice(), split));
+        let text = (txt_part.as_slice(), total - split);
+        let kv = |id| cross_kv(w, id, batch, text, image_branch);
         let blocks = (0..cfg.num_layers)
-            .map(|i| cross_kv(w, i, batch, (&txt_part, total - split), image_branch))
+            .map(|i| kv(BlockId::Main(i)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let vace_blocks = (0..cfg.blocks_of(Scope::VaceBlock))
+            .map(|n| kv(BlockId::Vace(n)))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Context {
             weights: w.name().to_string(),
             text_shape: encoder_hidden_states.shape.clone(),
             image_shape: image.map(|t| t.shape.clone()),
             blocks,
+            vace_blocks,
         })
+    }
+
+    /// `temb` and `timestep_proj` per item or per token (a timestep per frame given to each
+    /// token of the frame), plus SkyReels-V2's fps projection on every row of its item.
+    fn time(
+        &self,
+        timestep: &Tensor,
+        fps: Option<&Tensor>,
+        g: &TokenGeometry,
+    ) -> Result<(Vec<f32>, Vec<f32>), RunError> {
+        let w = self.weights;
+        let d = w.config().inner_dim();
+        let per_frame = g.tokens / g.grid[0];
+        let steps: Vec<f32> = if g.frame_timesteps {
+            let repeat = |&t: &f32| std::iter::repeat_n(t, per_frame);
+            timestep.data.iter().flat_map(repeat).collect()
+        } else {
+            timestep.data.clone()
+        };
+        let (temb, mut proj) = time_embedding(w, &steps)?;
+        if let Some(fps) = fps {
+            let add = fps_projection(w, &fps.data)?;
+            let rows = if g.per_token { g.tokens } else { 1 };
+            for (item, f) in proj.chunks_mut(rows * 6 * d).zip(add.chunks(6 * d)) {
+                for row in item.chunks_mut(6 * d) {
+                    for (p, a) in row.iter_mut().zip(f) {
+                        *p += a;
+                    }
+                }
+            }
+        }
+        Ok((temb, proj))
     }
 
     /// norm_out modulated by (table + temb), proj_out, unpatchify.
@@ -310,12 +400,12 @@ fn shape_error(tensor: &str, expected: String, found: &[usize]) -> RunError {
     )
 }
 
-/// The shape rules of spec wan.md §2.0 against `cfg`.
+/// The shape rules of spec wan.md §2.0 against `cfg`, and a VACE model's control inputs.
 pub fn check_inputs(
     cfg: &WanConfig,
     inputs: &ForwardInputs<'_>,
 ) -> Result<TokenGeometry, RunError> {
-    check_shapes(
+    let g = check_shapes(
         cfg,
         &inputs.hidden_states.shape,
         &inputs.timestep.shape,
@@ -323,7 +413,39 @@ pub fn check_inputs(
         inputs
             .encoder_hidden_states_image
             .map(|t| t.shape.as_slice()),
-    )
+    )?;
+    check_control(cfg, inputs.control.as_ref(), &g)?;
+    check_fps(cfg, inputs.fps, g.batch)?;
+    Ok(g)
+}
+
+/// SkyReels-V2's `fps`: required exactly when the model has `inject_sample_info`, one
+/// index into its two-row `fps_embedding` per item.
+fn check_fps(cfg: &WanConfig, fps: Option<&Tensor>, batch: usize) -> Result<(), RunError> {
+    match (cfg.inject_sample_info, fps) {
+        (false, None) => Ok(()),
+        (false, Some(_)) => Err(RunError::input(
+            "fps",
+            "given, but the model has no fps embedding (inject_sample_info is false)",
+        )),
+        (true, None) => Err(RunError::input(
+            "fps",
+            format!(
+                "missing: this SkyReels-V2 model (inject_sample_info) needs ({batch}) fps_embedding \
+                 indices (diffusers' pipeline passes 0 for 16 fps, else 1)"
+            ),
+        )),
+        (true, Some(f)) if f.shape != [batch] => {
+            Err(shape_error("fps", format!("({batch})"), &f.shape))
+        }
+        (true, Some(f)) => match f.data.iter().find(|&&v| v != 0.0 && v != 1.0) {
+            Some(v) => Err(RunError::input(
+                "fps",
+                format!("expected fps_embedding indices 0 or 1, found {v}"),
+            )),
+            None => Ok(()),
+        },
+    }
 }
 
 /// [`check_inputs`] on shapes: hidden_states, timestep, encoder_hidden_states and the
@@ -373,13 +495,17 @@ pub fn check_shapes(
         ));
     }
     let tokens = grid.iter().product();
-    let per_token = match ts {
-        [b] if *b == batch => false,
-        [b, s] if *b == batch && *s == tokens => true,
+    let (per_token, frame_timesteps) = match ts {
+        [b] if *b == batch => (false, false),
+        [b, s] if *b == batch && *s == tokens => (true, false),
+        [b, f] if *b == batch && *f == grid[0] => (true, true),
         _ => {
             return Err(shape_error(
                 "timestep",
-                format!("({batch}) or ({batch}, {tokens}) for a {grid:?} token grid"),
+                format!(
+                    "({batch}), ({batch}, {tokens}) per token or ({batch}, {}) per frame for a {grid:?} token grid",
+                    grid[0]
+                ),
                 ts,
             ));
         }
@@ -401,6 +527,7 @@ pub fn check_shapes(
         grid,
         tokens,
         per_token,
+        frame_timesteps,
         text_len,
         image_len,
     })

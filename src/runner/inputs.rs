@@ -9,16 +9,20 @@ use std::path::Path;
 
 use super::error::RunError;
 use super::tensor::Tensor;
+use super::vace::Control;
 use super::weights::widen;
 use crate::io::{DType, SafetensorsFile};
 
 /// Tensor names an inputs file may hold.
-pub const INPUT_NAMES: [&str; 5] = [
+pub const INPUT_NAMES: [&str; 8] = [
     "hidden_states",
     "timestep",
     "encoder_hidden_states",
     "negative_encoder_hidden_states",
     "encoder_hidden_states_image",
+    "control_hidden_states",
+    "control_hidden_states_scale",
+    "fps",
 ];
 
 /// The tensors of an inputs file.
@@ -34,6 +38,13 @@ pub struct RunInputs {
     pub negative_encoder_hidden_states: Option<Tensor>,
     /// (B, n, I) or (2B, n, I).
     pub encoder_hidden_states_image: Option<Tensor>,
+    /// A VACE model's control latents (B, vace_in_channels, F', H', W').
+    pub control_hidden_states: Option<Tensor>,
+    /// A VACE model's per-block hint scales (N); absent: ones. Only with
+    /// `control_hidden_states`.
+    pub control_hidden_states_scale: Option<Tensor>,
+    /// SkyReels-V2's (B) `fps_embedding` indices (integer or float).
+    pub fps: Option<Tensor>,
 }
 
 impl RunInputs {
@@ -73,7 +84,7 @@ impl RunInputs {
                 | DType::U16
                 | DType::U32
                 | DType::U64
-                    if name == "timestep" =>
+                    if name == "timestep" || name == "fps" =>
                 {
                     integers_as_f32(view.dtype, view.bytes)
                 }
@@ -86,13 +97,33 @@ impl RunInputs {
         let required = |name: &str| -> Result<Tensor, RunError> {
             get(name)?.ok_or_else(|| err(name, "missing from the inputs file".into()))
         };
-        Ok(RunInputs {
+        let inputs = RunInputs {
             hidden_states: required("hidden_states")?,
             timestep: required("timestep")?,
             encoder_hidden_states: required("encoder_hidden_states")?,
             negative_encoder_hidden_states: get("negative_encoder_hidden_states")?,
             encoder_hidden_states_image: get("encoder_hidden_states_image")?,
-        })
+            control_hidden_states: get("control_hidden_states")?,
+            control_hidden_states_scale: get("control_hidden_states_scale")?,
+            fps: get("fps")?,
+        };
+        if inputs.control_hidden_states.is_none() && inputs.control_hidden_states_scale.is_some() {
+            return Err(err(
+                "control_hidden_states_scale",
+                "given without control_hidden_states (the VACE control latents it scales)".into(),
+            ));
+        }
+        Ok(inputs)
+    }
+
+    /// The VACE control inputs, when the file has them.
+    pub fn control(&self) -> Option<Control<'_>> {
+        self.control_hidden_states
+            .as_ref()
+            .map(|hidden_states| Control {
+                hidden_states,
+                scale: self.control_hidden_states_scale.as_ref(),
+            })
     }
 }
 

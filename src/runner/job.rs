@@ -72,6 +72,8 @@ pub fn run_models(
                 timestep: &inputs.timestep,
                 encoder_hidden_states: &inputs.encoder_hidden_states,
                 encoder_hidden_states_image: inputs.encoder_hidden_states_image.as_ref(),
+                control: inputs.control(),
+                fps: inputs.fps.as_ref(),
             })
             .map_err(|e| with_origin(e, inputs_path))?;
         steps.push(StepReport {
@@ -83,6 +85,23 @@ pub fn run_models(
         });
         ("noise_pred", out)
     } else {
+        let forward_only = [
+            (
+                "control_hidden_states",
+                inputs.control_hidden_states.is_some(),
+            ),
+            ("fps", inputs.fps.is_some()),
+        ];
+        if let Some((name, _)) = forward_only.iter().find(|(_, given)| *given) {
+            return Err(with_origin(
+                RunError::input(
+                    name,
+                    "read by a single forward only (--steps 0); the runner does not sample \
+                     with VACE control or SkyReels-V2 fps",
+                ),
+                inputs_path,
+            ));
+        }
         let opts = SampleOptions {
             steps: s.steps,
             shift: s.shift,

@@ -1,12 +1,14 @@
 //! A minimal but exact WAN transformer on CPU: diffusers' `WanTransformer3DModel` forward
 //! in f32 for every released config (T2V, Wan2.1 I2V/FLF2V with the CLIP image branch,
-//! Wan2.2 TI2V with per-token timesteps, Wan2.2 A14B experts), and the flow-matching Euler
+//! Wan2.2 TI2V with per-token timesteps, Wan2.2 A14B experts), the single forward of
+//! `WanVACETransformer3DModel` (VACE) and of `SkyReelsV2Transformer3DModel` (fps condition,
+//! per-frame diffusion-forcing timesteps), and the flow-matching Euler
 //! sampler with batched classifier-free guidance. It exists to check baked checkpoints
 //! against golden outputs of the reference implementation.
 //!
 //! Module map: `tensor` (the activation type), `ops` (matmul and elementwise kernels),
 //! `rope`, `embed` (patch, time, text and image embeddings), `attention`, `block`,
-//! `forward` (the model), `job` (one run: a forward or a sampling loop), `scheduler` (FlowMatchEulerDiscreteScheduler), `sampler` (CFG
+//! `forward` (the model), `vace` (the VACE context blocks and their hints), `job` (one run: a forward or a sampling loop), `scheduler` (FlowMatchEulerDiscreteScheduler), `sampler` (CFG
 //! loop and expert switch), `weights` (the `WeightSource` trait, checkpoints of any layout
 //! through `model::read_plan::ReadPlan`, in-memory weights),
 //! `quant_weights` (GGUF and scaled-fp8 checkpoints, dequantized per tensor),
@@ -41,6 +43,7 @@ pub mod rope;
 pub mod sampler;
 pub mod scheduler;
 pub mod tensor;
+pub mod vace;
 pub mod weights;
 
 pub use error::RunError;
@@ -51,4 +54,5 @@ pub use model_dir::ModelSet;
 pub use sampler::{Experts, SampleInputs, SampleOptions, StepReport, sample};
 pub use scheduler::FlowMatchEuler;
 pub use tensor::Tensor;
+pub use vace::Control;
 pub use weights::{CheckpointWeights, ConfigSource, MemoryWeights, WeightSource};

@@ -13,8 +13,8 @@
 //! fixed condition, concatenated after the latents at every step (as
 //! `WanImageToVideoPipeline` does); the result has C_out channels. When the inputs'
 //! timestep is per token (B, S), every token gets t_i (Wan2.2 TI2V text-to-video with
-//! `expand_timesteps`, whose mask is all ones). Does not own: the forward
-//! (`runner::forward`).
+//! `expand_timesteps`, whose mask is all ones). VACE and fps-conditioned SkyReels-V2 models
+//! are refused here: the runner checks them by a single forward only. Does not own: the forward (`runner::forward`).
 
 use std::time::Instant;
 
@@ -155,7 +155,7 @@ pub fn sample(
             empty => empty.insert(model.context(&run.text, run.image.as_ref())?),
         };
         let (hidden, timestep) = run.model_inputs(&latents, t);
-        let v = model.forward_with(&hidden, &timestep, context)?;
+        let v = model.forward_with(&hidden, &timestep, (None, None), context)?;
         let velocity = run.guide(v.data, g);
         schedule.step(i, &mut latents, &velocity);
         on_step(&StepReport {
@@ -201,6 +201,17 @@ impl Batched {
                 "guidance_2 is only used with a second expert (transformer_2 and a boundary ratio)"
                     .into(),
             ));
+        }
+        let models = std::iter::once(&experts.transformer).chain(&experts.transformer_2);
+        for c in models.map(|t| t.config()) {
+            let model = match (&c.vace_layers, c.inject_sample_info) {
+                (Some(l), _) => format!("a VACE model (vace_layers {l:?})"),
+                (None, true) => "a SkyReels-V2 model with fps conditioning".to_string(),
+                (None, false) => continue,
+            };
+            return Err(RunError::Options(format!(
+                "{model} runs a single forward only (--steps 0); the runner does not sample with it"
+            )));
         }
         let cfg = experts.transformer.config();
         let (c_in, c_out) = (cfg.in_channels, cfg.out_channels());

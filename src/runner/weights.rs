@@ -124,6 +124,17 @@ fn classify_config(path: &Path, text: &str) -> Result<ConfigFile, RunError> {
     };
     let json: serde_json::Value =
         serde_json::from_str(text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
+    // SkyReels-V2's causal block attention (diffusion forcing with blocks of frames) is not
+    // implemented; 1 (every released config) is plain attention.
+    if let Some(n) = json
+        .get("num_frame_per_block")
+        .and_then(serde_json::Value::as_u64)
+        && n > 1
+    {
+        return Err(bad(format!(
+            "num_frame_per_block = {n}: the runner has no causal block attention (only 1)"
+        )));
+    }
     match json.get("_class_name").and_then(serde_json::Value::as_str) {
         class if WanConfig::is_class(class) => {
             parse_config(text, path).map(|c| ConfigFile::Diffusers(Box::new(c)))
@@ -171,7 +182,7 @@ impl CheckpointWeights {
         };
         let layout = resolve_layout(layout, json.as_ref(), &names).map_err(plan_error)?;
         let given = match &file {
-            Some((_, ConfigFile::Diffusers(c))) => Some(&**c),
+            Some((_, ConfigFile::Diffusers(c))) => Some(c.as_ref()),
             _ => None,
         };
         let mut plan = ReadPlan::new(layout, &stored, given).map_err(plan_error)?;
