@@ -10,8 +10,8 @@ use std::path::PathBuf;
 use super::device::DeviceArg;
 use super::output::{FloatDtypeArg, OutputDir, value_subset};
 use super::{Printer, Status, UsageError, output};
+use wanbake::adapter::bind_specs;
 use wanbake::adapter::{AdapterOptions, Convention};
-use wanbake::adapter::{AdapterSpec, bind_specs};
 use wanbake::extract::{
     ExtractError, ExtractOutcome, ExtractReport, ExtractRequest, FromAdapters, RankRule,
     ResizeRequest, extract, extract_from_adapters, resize,
@@ -159,11 +159,7 @@ pub fn execute_extract(args: ExtractArgs, p: &mut Printer) -> anyhow::Result<Sta
     let outcome = if args.adapters.is_empty() {
         extract(&req).map_err(usage_or)?
     } else {
-        let specs = args
-            .adapters
-            .iter()
-            .map(|a| AdapterSpec::parse(a).map_err(|e| UsageError(e.to_string())))
-            .collect::<Result<Vec<_>, _>>()?;
+        let specs = super::merge::adapter_specs(&args.adapters)?;
         req.check().map_err(usage_or)?;
         let merge = MergeOptions::default();
         let base = BaseModel::open(&args.base)?;

@@ -134,6 +134,18 @@ pub(super) fn flag_error(b: BadOption) -> UsageError {
     UsageError(format!("--{}: {}", b.field.replace('_', "-"), b.message))
 }
 
+/// The `--adapter` arguments parsed, each path resolved (`io::hub`: a Hugging Face cache
+/// reference or cache repo folder becomes its snapshot).
+pub(super) fn adapter_specs(args: &[String]) -> anyhow::Result<Vec<AdapterSpec>> {
+    args.iter()
+        .map(|a| {
+            let mut spec = AdapterSpec::parse(a).map_err(|e| UsageError(e.to_string()))?;
+            spec.path = wanbake::io::hub::resolve(&spec.path)?;
+            Ok(spec)
+        })
+        .collect()
+}
+
 /// Runs `merge`.
 pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
     let output = output_options(&args)?;
@@ -141,11 +153,7 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
         dora_strength: args.dora_strength,
         allow_unmatched: args.allow_unmatched,
     };
-    let specs = args
-        .adapters
-        .iter()
-        .map(|a| AdapterSpec::parse(a).map_err(|e| UsageError(e.to_string())))
-        .collect::<Result<Vec<_>, _>>()?;
+    let specs = adapter_specs(&args.adapters)?;
     let cache = args
         .svd_cache
         .as_deref()
