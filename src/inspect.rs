@@ -4,7 +4,9 @@
 //! metadata, model fingerprint, ignored files) built from a `Checkpoint`; a component is an
 //! adapter when `adapter::detect::is_adapter` says so (the suffixes the parsers read).
 //! Adapter-specific details (convention, kinds, ranks, scales, binding against a base) are
-//! added by the `adapter` module through `InspectReport::adapter`. Printing is the CLI's job.
+//! added by the `adapter` module through `InspectReport::adapter`. Also owns the key listing
+//! of `inspect --keys` (`KeyRow`, `keys`, `render_keys`) and its `*`/`?` glob. Printing is the
+//! CLI's job.
 
 use std::collections::BTreeMap;
 
@@ -462,5 +464,123 @@ fn render_orbax(s: &mut String, o: &OrbaxReport) {
             f.path,
             f.sha256.as_deref().unwrap_or("")
         );
+    }
+}
+
+/// One tensor as `inspect --keys` lists it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct KeyRow {
+    /// The pipeline component holding it (`transformer`, ...); empty for a single model.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub component: String,
+    /// The tensor's name as stored.
+    pub name: String,
+    /// Its element type (`F32`, `BF16`, ...; a ggml type name such as `Q4_K` in a GGUF).
+    pub dtype: String,
+    /// Its shape, in PyTorch order (a GGUF's `ne` reversed).
+    pub shape: Vec<usize>,
+}
+
+/// The tensors of `ckpt` whose name matches `glob` (see [`glob_matches`]), by component,
+/// then name.
+pub fn keys(ckpt: &Checkpoint, glob: &str) -> Vec<KeyRow> {
+    ckpt.components
+        .iter()
+        .flat_map(|c| {
+            c.tensors
+                .names()
+                .filter(|name| glob_matches(glob, name))
+                .filter_map(|name| {
+                    let t = c.tensors.get(name)?;
+                    Some(KeyRow {
+                        component: c.name.clone(),
+                        name: name.to_string(),
+                        dtype: t.view.dtype.to_string(),
+                        shape: t.view.shape.to_vec(),
+                    })
+                })
+        })
+        .collect()
+}
+
+/// Does `name` match `pattern`, where `*` stands for any run of characters (none included)
+/// and `?` for exactly one, and every other character for itself?
+pub fn glob_matches(pattern: &str, name: &str) -> bool {
+    let (p, n): (Vec<char>, Vec<char>) = (pattern.chars().collect(), name.chars().collect());
+    // The classic two-pointer match: on a mismatch, let the last `*` swallow one more char.
+    let (mut i, mut j) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while j < n.len() {
+        match p.get(i) {
+            Some('*') => {
+                star = Some((i, j));
+                i += 1;
+            }
+            Some(&c) if c == '?' || c == n[j] => {
+                i += 1;
+                j += 1;
+            }
+            _ => match star {
+                Some((si, sj)) => {
+                    star = Some((si, sj + 1));
+                    i = si + 1;
+                    j = sj + 1;
+                }
+                None => return false,
+            },
+        }
+    }
+    p[i.min(p.len())..].iter().all(|&c| c == '*')
+}
+
+/// One line per tensor, `NAME  DTYPE  [SHAPE]` in aligned columns; a pipeline's names are
+/// spelled `component/name`.
+pub fn render_keys(rows: &[KeyRow]) -> String {
+    use std::fmt::Write;
+    let full = |r: &KeyRow| match r.component.is_empty() {
+        true => r.name.clone(),
+        false => format!("{}/{}", r.component, r.name),
+    };
+    let width = rows
+        .iter()
+        .map(|r| full(r).chars().count())
+        .max()
+        .unwrap_or(0);
+    let dwidth = rows.iter().map(|r| r.dtype.len()).max().unwrap_or(0);
+    let mut s = String::new();
+    for r in rows {
+        let shape: Vec<String> = r.shape.iter().map(usize::to_string).collect();
+        let _ = writeln!(
+            s,
+            "{:width$}  {:dwidth$}  [{}]",
+            full(r),
+            r.dtype,
+            shape.join(", ")
+        );
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::glob_matches;
+
+    #[test]
+    fn globs_match_like_the_shell() {
+        for (p, n, want) in [
+            ("*", "", true),
+            ("*", "blocks.0.ffn.weight", true),
+            ("blocks.*.weight", "blocks.0.ffn.weight", true),
+            ("blocks.?.ffn.*", "blocks.0.ffn.bias", true),
+            ("blocks.?.ffn.*", "blocks.10.ffn.bias", false),
+            ("*.bias", "blocks.0.ffn.weight", false),
+            ("*a*b*", "xaxxbx", true),
+            ("*a*b", "xaxxbx", false),
+            ("exact", "exact", true),
+            ("exact", "exactly", false),
+            ("", "x", false),
+        ] {
+            assert_eq!(glob_matches(p, n), want, "{p} on {n}");
+        }
     }
 }

@@ -4,7 +4,8 @@
 //! Owns: recognising a scaled-fp8 state dict (the `scaled_fp8` marker) and checking it the
 //! way ComfyUI loads it (every `scale_weight` belongs to an fp8 weight, shapes 0-d), the
 //! shape view that fingerprints it without its scale tensors, and the whole GGUF report
-//! (metadata, types, torch shapes, fingerprint, optional sha256). Does not own: the
+//! (metadata, types, torch shapes, fingerprint, optional sha256) and its `--keys` listing.
+//! Does not own: the
 //! safetensors report (`inspect`), the GGUF parser (`io::gguf`) or fingerprints
 //! (`model::fingerprint`).
 
@@ -220,4 +221,21 @@ pub fn render_gguf(r: &serde_json::Value) -> String {
         let _ = writeln!(s, "    sha256:     {h}");
     }
     s
+}
+
+/// The tensors of one GGUF file whose name matches `glob`, in file order, as
+/// `inspect --keys` lists them (a ggml type name for the dtype, the PyTorch shape).
+pub fn gguf_keys(path: &Path, glob: &str) -> Result<Vec<crate::inspect::KeyRow>, ReadError> {
+    let f = GgufFile::open(path)?;
+    Ok(f.header()
+        .tensors
+        .iter()
+        .filter(|t| crate::inspect::glob_matches(glob, &t.name))
+        .map(|t| crate::inspect::KeyRow {
+            component: String::new(),
+            name: t.name.clone(),
+            dtype: t.ty.name().to_string(),
+            shape: torch_shape(&t.ne),
+        })
+        .collect())
 }
