@@ -155,7 +155,7 @@ fn r_issue_28_unmatched_entries_hint_in_the_front_ends_spelling() {
     let (code, err) = refused(d, &merge);
     assert_eq!(code, 1, "{err}");
     assert!(
-        err.contains("1 entr(y/ies) bind to no tensor of the base"),
+        err.contains("1 entry binds to no tensor of the base"),
         "{err}"
     );
     assert!(
@@ -169,7 +169,7 @@ fn r_issue_28_unmatched_entries_hint_in_the_front_ends_spelling() {
     );
     assert_eq!(code, 1, "{err}");
     assert!(
-        err.contains("bind to no tensor") && !err.contains("hint:"),
+        err.contains("binds to no tensor") && !err.contains("hint:"),
         "{err}"
     );
 
@@ -177,7 +177,7 @@ fn r_issue_28_unmatched_entries_hint_in_the_front_ends_spelling() {
     for dry in [&[][..], &["--dry-run"]] {
         let (code, err) = refused(d, &[&["bake", r.to_str().unwrap()][..], dry].concat());
         assert_eq!(code, 1, "{err}");
-        assert!(err.contains("bind to no tensor of the base"), "{err}");
+        assert!(err.contains("binds to no tensor of the base"), "{err}");
         assert!(
             err.ends_with(
                 "\nhint: set `allow_unmatched = true` in [merge] to skip them knowingly\n"
@@ -313,4 +313,105 @@ fn r_issue_28_an_a14b_component_hint_in_the_front_ends_spelling() {
     assert_eq!(tree(d), ["r.toml"], "something was written");
     recipe(d, &base, &high, "expert = \"transformer\"", "", "");
     common::ok(run(d, &["bake", r.to_str().unwrap(), "--dry-run"]));
+}
+
+/// An adapter made for another model (issue 33): the verdict (which model its shapes
+/// imply) comes first, then the count and the first 8 entries that do not fit with a count
+/// of the rest; `--json` carries every one. Which entries do not fit is read here from the
+/// two files with the reference `safetensors` reader: a LoRA's B rows or A columns that
+/// differ from its target's.
+#[test]
+fn r_issue_33_an_adapter_for_another_model_says_its_verdict_first_and_lists_eight() {
+    let t = tmp();
+    let d = t.path();
+    let adapter = repo().join("golden/adapters/peft_plain");
+    let base = repo().join("golden/models/ti2v");
+    let read = |p: PathBuf| {
+        let bytes = std::fs::read(p).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        st.tensors()
+            .into_iter()
+            .map(|(n, v)| (n, v.shape().to_vec()))
+            .collect::<std::collections::BTreeMap<_, _>>()
+    };
+    let a = read(adapter.join("adapter_model.safetensors"));
+    let b = read(base.join("diffusion_pytorch_model.safetensors"));
+    let misfits: Vec<String> = a
+        .iter()
+        .filter_map(|(k, shape_b)| {
+            let module = k.strip_suffix(".lora_B.weight")?;
+            let shape_a = &a[&format!("{module}.lora_A.weight")];
+            // (The base has two blocks: block 2's entries are unmatched, a later error.)
+            let w = b.get(&format!(
+                "{}.weight",
+                module.strip_prefix("base_model.model.")?
+            ))?;
+            (shape_b[0] != w[0] || shape_a[1] != w[1]).then(|| module.to_string())
+        })
+        .collect();
+    assert_eq!(misfits.len(), 22);
+    let args = [
+        "merge",
+        "--base",
+        base.to_str().unwrap(),
+        "--adapter",
+        adapter.to_str().unwrap(),
+        "--out",
+        "out",
+    ];
+    let (code, err) = refused(d, &args);
+    assert_eq!(code, 1, "{err}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert!(
+        lines[0].starts_with(&format!(
+            "error: {}: the adapter's shapes imply",
+            adapter.display()
+        )) && lines[0].contains("matches no released model"),
+        "{err}"
+    );
+    assert_eq!(
+        lines[1],
+        format!("22 entries do not fit the base {}:", base.display())
+    );
+    let listed: Vec<&str> = lines[2..10]
+        .iter()
+        .map(|l| l.trim_start().split(' ').next().unwrap())
+        .collect();
+    assert_eq!(listed, misfits[..8]);
+    assert_eq!(lines[10], "  … and 14 more (all of them with --json)");
+    assert_eq!(lines.len(), 11, "{err}");
+    // --json: every entry, and the verdict on its own.
+    let (code, out, _) = parts(&run(d, &[&args[..], &["--json"]].concat()));
+    assert_eq!(code, 1);
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let all: Vec<&str> = doc["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["module"].as_str().unwrap())
+        .collect();
+    assert_eq!(all, misfits);
+    assert!(
+        doc["verdict"]
+            .as_str()
+            .unwrap()
+            .starts_with("the adapter's shapes imply"),
+        "{doc}"
+    );
+    assert!(doc["error"].as_str().unwrap().contains("… and 14 more"));
+    // One entry reads as one (golden/adapters/comfy_lora's patch embedding on the I2V base).
+    let one = [
+        "merge",
+        "--base",
+        repo().join("golden/models/i2v").to_str().unwrap(),
+        "--adapter",
+        repo().join("golden/adapters/comfy_lora").to_str().unwrap(),
+        "--out",
+        "out",
+    ]
+    .map(str::to_string);
+    let (_, err) = refused(d, &one.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(err.contains("\n1 entry does not fit the base"), "{err}");
+    assert!(!err.contains("entr("), "{err}");
+    assert!(!d.join("out").exists());
 }

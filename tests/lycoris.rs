@@ -427,7 +427,7 @@ fn ia3_and_boft_shapes_fit_exactly_where_lycoris_lora_computes_them() {
         for n in [
             module.as_str(),
             &format!("{stored:?}"),
-            "do not fit the base",
+            "not fit the base",
         ] {
             assert!(err.contains(n), "{case}: `{n}` not in:\n{err}");
         }

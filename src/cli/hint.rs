@@ -96,6 +96,24 @@ impl FlagError {
     }
 }
 
+/// What `--json` prints when a command fails: `{"error": TEXT}` (the chain `main` prints),
+/// with every key or entry of an adapter error whose message lists only the first few, and
+/// its verdict (`AdapterError::listed`).
+pub fn error_document(e: &anyhow::Error) -> serde_json::Value {
+    let mut doc = serde_json::json!({
+        "error": wanbake::error_text::Chain(e.as_ref()).to_string(),
+    });
+    let adapter = links(e)
+        .into_iter()
+        .find_map(|l| l.downcast_ref::<AdapterError>());
+    if let (Some(serde_json::Value::Object(listed)), Some(d)) =
+        (adapter.and_then(AdapterError::listed), doc.as_object_mut())
+    {
+        d.extend(listed);
+    }
+    doc
+}
+
 /// The hint for `e` as `front` spells it: the first link of the chain that has one.
 pub fn hint(e: &anyhow::Error, front: FrontEnd) -> Option<String> {
     links(e).into_iter().find_map(|link| hint_for(link, front))

@@ -219,10 +219,15 @@ fn shown<A>(
 ) -> anyhow::Result<Status> {
     let mut p = Printer::new(json, quiet);
     let human = p.is_human();
-    progress::watching(human, |screen| {
+    let result = progress::watching(human, |screen| {
         p.show_progress_on(screen);
         execute(args, &mut p)
-    })
+    });
+    if let Err(e) = &result {
+        // The document a script reads instead of the lines on stderr (`main` prints those).
+        p.json(&hint::error_document(e));
+    }
+    result
 }
 
 /// An error in how the command was invoked, found after parsing (exit code 2).
