@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use crate::human::{grouped, plural, size};
 use crate::io::checkpoint::{Checkpoint, Component, SourceKind};
 use crate::io::{DType, ReadError, digest};
 use crate::model::fingerprint::{Fingerprint, fingerprint};
@@ -267,7 +268,14 @@ fn pipeline_verdict(ckpt: &Checkpoint, comps: &[ComponentReport]) -> Option<Stri
         [Some("wan2.2-i2v-a14b"), Some("wan2.2-i2v-a14b")] if two => {
             "Wan2.2-I2V-A14B (high-noise + low-noise experts)".into()
         }
-        _ => format!("pipeline with {} transformer component(s)", comps.len()),
+        _ => format!(
+            "pipeline with {}",
+            plural(
+                comps.len(),
+                "transformer component",
+                "transformer components"
+            )
+        ),
     })
 }
 
@@ -275,7 +283,7 @@ fn pipeline_verdict(ckpt: &Checkpoint, comps: &[ComponentReport]) -> Option<Stri
 pub fn render_text(r: &InspectReport) -> String {
     use std::fmt::Write;
     let mut s = String::new();
-    let _ = writeln!(s, "{} ({:?})", r.path, r.kind);
+    let _ = writeln!(s, "{} ({})", r.path, r.kind.describe());
     if let Some(o) = &r.orbax {
         render_orbax(&mut s, o);
     }
@@ -302,19 +310,19 @@ pub fn render_text(r: &InspectReport) -> String {
         }
         let _ = writeln!(
             s,
-            "    tensors:    {} ({} parameters, {} bytes)",
-            c.tensor_count,
-            group_digits(c.parameter_count),
-            group_digits(c.data_bytes)
+            "    tensors:    {} ({} parameters, {})",
+            grouped(c.tensor_count as u64),
+            grouped(c.parameter_count),
+            size(c.data_bytes)
         );
         let hist: Vec<String> = c
             .dtypes
             .iter()
             .map(|(d, st)| {
                 format!(
-                    "{d}: {} tensors / {} params",
-                    st.tensors,
-                    group_digits(st.parameters)
+                    "{d}: {} / {} params",
+                    plural(st.tensors, "tensor", "tensors"),
+                    grouped(st.parameters)
                 )
             })
             .collect();
@@ -322,9 +330,17 @@ pub fn render_text(r: &InspectReport) -> String {
         if let Some(q) = &c.quantization {
             let _ = writeln!(
                 s,
-                "    quantized:  ComfyUI scaled fp8, {} fp8 layers, {} problems",
-                q["fp8_layers"],
-                q["problems"].as_array().map_or(0, |a| a.len())
+                "    quantized:  ComfyUI scaled fp8, {}, {}",
+                plural(
+                    q["fp8_layers"].as_u64().unwrap_or(0) as usize,
+                    "fp8 layer",
+                    "fp8 layers"
+                ),
+                plural(
+                    q["problems"].as_array().map_or(0, |a| a.len()),
+                    "problem",
+                    "problems"
+                )
             );
             for p in q["problems"].as_array().into_iter().flatten() {
                 let _ = writeln!(s, "                {}", p.as_str().unwrap_or(""));
@@ -338,10 +354,10 @@ pub fn render_text(r: &InspectReport) -> String {
                 .unwrap_or_default();
             let _ = writeln!(
                 s,
-                "    file:       {} ({} bytes, {} tensors){sha}",
+                "    file:       {} ({}, {}){sha}",
                 f.path,
-                group_digits(f.bytes),
-                f.tensors
+                size(f.bytes),
+                plural(f.tensors, "tensor", "tensors")
             );
         }
         if let Some(i) = &c.index {
@@ -372,18 +388,6 @@ pub fn render_text(r: &InspectReport) -> String {
         let _ = writeln!(s, "  ignored:    {i}");
     }
     s
-}
-
-fn group_digits(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, ch) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(ch);
-    }
-    out
 }
 
 fn orbax_report(
@@ -453,9 +457,9 @@ fn render_orbax(s: &mut String, o: &OrbaxReport) {
     let bytes: u64 = o.files.iter().map(|f| f.bytes).sum();
     let _ = writeln!(
         s,
-        "    files:    {} ({} bytes)",
-        o.files.len(),
-        group_digits(bytes)
+        "    files:    {} ({})",
+        grouped(o.files.len() as u64),
+        size(bytes)
     );
     for f in o.files.iter().filter(|f| f.sha256.is_some()) {
         let _ = writeln!(

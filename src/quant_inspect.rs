@@ -14,6 +14,7 @@ use std::path::Path;
 
 use serde_json::json;
 
+use crate::human::{grouped, plural, size};
 use crate::io::gguf::{GgufFile, Value, torch_shape};
 use crate::io::{DType, ReadError, TensorSet, digest};
 use crate::model::fingerprint::{Fingerprint, ShapeSource, fingerprint};
@@ -207,14 +208,26 @@ pub fn render_gguf(r: &serde_json::Value) -> String {
     }
     let _ = writeln!(
         s,
-        "    tensors:    {} ({} parameters, {} bytes)",
-        r["tensor_count"], r["parameter_count"], r["bytes"]
+        "    tensors:    {} ({} parameters, {})",
+        grouped(r["tensor_count"].as_u64().unwrap_or(0)),
+        grouped(r["parameter_count"].as_u64().unwrap_or(0)),
+        size(r["bytes"].as_u64().unwrap_or(0))
     );
     let types: Vec<String> = r["types"]
         .as_object()
         .into_iter()
         .flatten()
-        .map(|(k, v)| format!("{k}: {} tensors / {} params", v["tensors"], v["parameters"]))
+        .map(|(k, v)| {
+            format!(
+                "{k}: {} / {} params",
+                plural(
+                    v["tensors"].as_u64().unwrap_or(0) as usize,
+                    "tensor",
+                    "tensors"
+                ),
+                grouped(v["parameters"].as_u64().unwrap_or(0))
+            )
+        })
         .collect();
     let _ = writeln!(s, "    types:      {}", types.join(", "));
     if let Some(h) = r["sha256"].as_str() {

@@ -294,6 +294,19 @@ pub enum RecipeError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// A value that is not one of the names its field takes (`output.dtype = "fp9"`): the
+    /// same mistake as a bad value of the command line's flag, and a usage error like it.
+    #[error("{}: {field}: {message}", path.display())]
+    UnknownValue {
+        /// The recipe.
+        path: PathBuf,
+        /// The field.
+        field: String,
+        /// The value as written.
+        value: String,
+        /// The value and the names the field takes.
+        message: String,
+    },
     /// A value is out of range or inconsistent.
     #[error("{}: {field}: {message}", path.display())]
     Invalid {
@@ -550,7 +563,12 @@ where
 {
     text.map(str::parse)
         .transpose()
-        .map_err(|e: T::Err| r.invalid(name, e.to_string()))
+        .map_err(|e: T::Err| RecipeError::UnknownValue {
+            path: r.file.clone(),
+            field: name.into(),
+            value: text.unwrap_or_default().into(),
+            message: e.to_string(),
+        })
 }
 
 fn check_sha_spec(s: Option<&Sha256Spec>) -> Result<(), String> {

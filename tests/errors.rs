@@ -84,7 +84,7 @@ fn r_issue_28_a_nested_io_error_reads_as_before() {
         (code, err.as_str()),
         (1, &*format!("error: missing.toml: {e}\n"))
     );
-    // Four links, each said once; the hint that was a parenthesis at the end is a line.
+    // Four links, each said once.
     let (code, err) = refused(
         d,
         &[
@@ -94,17 +94,19 @@ fn r_issue_28_a_nested_io_error_reads_as_before() {
                 "--out",
                 "o",
                 "--svd-cache",
-                "/nonexistent",
+                // Created when missing (issue 33), so one that cannot be: under a file.
+                "r.toml/cache",
             ],
         ]
         .concat(),
     );
     assert_eq!(code, 2, "{err}");
+    let enotdir = std::io::Error::from_raw_os_error(20).to_string();
     assert_eq!(
         err,
         format!(
-            "error: --svd-cache: SVD cache: /nonexistent: failed to query resolved metadata \
-             `/nonexistent`: {e}\nhint: create the directory first\n"
+            "error: --svd-cache: SVD cache: r.toml/cache: failed to create directory \
+             `r.toml/cache`: {enotdir}\n"
         )
     );
     assert_eq!(tree(d), ["r.toml"], "something was written");
@@ -414,4 +416,98 @@ fn r_issue_33_an_adapter_for_another_model_says_its_verdict_first_and_lists_eigh
     assert!(err.contains("\n1 entry does not fit the base"), "{err}");
     assert!(!err.contains("entr("), "{err}");
     assert!(!d.join("out").exists());
+}
+
+/// Consistency of the command line and recipes (issue 33): a value that is not one of its
+/// field's names exits 2 in a recipe as on the command line; `--dtype fp8` (and
+/// `dtype = "fp8"`) points at `--to fp8-scaled` where the command has it; `--svd-cache`
+/// creates its folder as `[merge] svd_cache` does; summaries count with agreeing nouns and
+/// say sizes in decimal units.
+#[test]
+fn r_issue_33_values_caches_plurals_and_sizes_read_alike_everywhere() {
+    let t = tmp();
+    let d = t.path();
+    let base = t2v();
+    let lora = lora();
+    let lora_s = lora.to_str().unwrap();
+    for (field, value) in [
+        ("dtype", "fp9"),
+        ("layout", "sideways"),
+        ("to", "gguf:q9_9"),
+    ] {
+        let r = recipe(d, &base, &lora, "", &format!("{field} = \"{value}\""), "");
+        let (code, err) = refused(d, &["bake", r.to_str().unwrap(), "--dry-run"]);
+        assert_eq!(code, 2, "{err}");
+        assert!(
+            err.contains(&format!("output.{field}")) && err.contains(value),
+            "{err}"
+        );
+        let args = ["merge", "--base", base.to_str().unwrap(), "--adapter"];
+        let flag = format!("--{field}");
+        let cli = [&args[..], &[lora_s, "--out", "o", &flag, value]].concat();
+        let (code, err) = refused(d, &cli);
+        assert_eq!(code, 2, "{err}");
+    }
+    // Out of range (not a name): still a refusal of the recipe's value, exit 1.
+    let r = recipe(d, &base, &lora, "strength = inf", "", "");
+    assert_eq!(refused(d, &["bake", r.to_str().unwrap(), "--dry-run"]).0, 1);
+
+    // fp8 is --to's.
+    let hint = "hint: fp8 is an encoding, not a dtype: --to fp8-scaled writes";
+    for command in ["merge", "convert"] {
+        let mut args = vec![command, "--dtype", "fp8", "--out", "o"];
+        args.extend(match command {
+            "merge" => vec!["--base", "b", "--adapter", "a"],
+            _ => vec!["in"],
+        });
+        let (code, err) = refused(d, &args);
+        assert_eq!(code, 2, "{err}");
+        assert!(err.contains(hint), "{command}: {err}");
+    }
+    let (code, err) = refused(
+        d,
+        &["synth", "--dtype", "fp8", "--out", "o", "--model", "x"],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(!err.contains("hint:"), "synth has no --to: {err}");
+    let r = recipe(d, &base, &lora, "", "dtype = \"fp8\"", "");
+    let (code, err) = refused(d, &["bake", r.to_str().unwrap(), "--dry-run"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("set `to = \"fp8-scaled\"` in [output]"),
+        "{err}"
+    );
+
+    // --svd-cache: created when missing.
+    let cache = d.join("caches/svd");
+    let out = d.join("merged");
+    let args = [
+        "merge",
+        "--base",
+        base.to_str().unwrap(),
+        "--adapter",
+        lora_s,
+        "--out",
+        out.to_str().unwrap(),
+        "--svd-cache",
+        cache.to_str().unwrap(),
+    ];
+    let (code, said, err) = parts(&run(d, &args));
+    assert_eq!(code, 0, "{err}");
+    assert!(cache.is_dir());
+    // One adapter, its entries and the files: nouns agree, the size is decimal.
+    let written: u64 = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .sum::<u64>()
+        - std::fs::metadata(out.join("wanbake.manifest.json"))
+            .unwrap()
+            .len();
+    let size = format!("{:.2} kB", written as f64 / 1000.0);
+    assert!(said.contains("merged 1 adapter into "), "{said}");
+    assert!(
+        said.contains(&format!("(2 files, {size}, 96 tensors)")),
+        "{said}"
+    );
+    assert!(!said.contains("(s)") && !said.contains("bytes"), "{said}");
 }

@@ -164,3 +164,56 @@ fn keys_of_a_gguf_are_what_gguf_py_reads() {
     assert_eq!(blocks.len(), 3);
     assert_eq!(rows(&doc[0]), blocks);
 }
+
+/// `inspect`'s text (issue 33): the kind in words (no Rust type name), counts with
+/// thousands separators and agreeing nouns, sizes in the one decimal unit style, for
+/// safetensors and GGUF alike. The counts are computed here from the files with the
+/// reference `safetensors` reader (the GGUF is the same tiny T2V, quantized by gguf-py).
+#[test]
+fn the_text_reads_as_words_with_grouped_counts_and_decimal_sizes() {
+    let file = repo().join("golden/models/t2v/diffusion_pytorch_model.safetensors");
+    let bytes = std::fs::read(&file).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let params: usize = st
+        .tensors()
+        .iter()
+        .map(|(_, t)| t.shape().iter().product::<usize>())
+        .sum();
+    assert_eq!(params, 53_632);
+    let text = ok(run(&repo(), &["inspect", "golden/models/t2v"]));
+    assert!(
+        text.starts_with("golden/models/t2v (diffusers model folder)\n"),
+        "{text}"
+    );
+    // 223,264 bytes on disk: 223.26 kB; 96 F32 tensors of data: 4 × 53,632 = 214.53 kB.
+    assert_eq!(bytes.len(), 223_264);
+    for line in [
+        "    tensors:    96 (53,632 parameters, 214.53 kB)",
+        "    dtypes:     F32: 96 tensors / 53,632 params",
+        "diffusion_pytorch_model.safetensors (223.26 kB, 96 tensors)",
+    ] {
+        assert!(text.contains(line), "`{line}` not in\n{text}");
+    }
+    let kinds = [
+        ("golden/models/t2v_original.safetensors", "safetensors file"),
+        ("golden/adapters/peft_plain", "PEFT adapter folder"),
+        ("golden/models/a14b", "pipeline folder"),
+    ];
+    for (path, kind) in kinds {
+        let text = ok(run(&repo(), &["inspect", path]));
+        assert!(text.starts_with(&format!("{path} ({kind})\n")), "{text}");
+    }
+    let text = ok(run(
+        &repo(),
+        &["inspect", "golden/quant/expect_t2v_q8_0.gguf"],
+    ));
+    let gguf_len = std::fs::metadata(repo().join("golden/quant/expect_t2v_q8_0.gguf"))
+        .unwrap()
+        .len();
+    let kb = format!("{:.2} kB", gguf_len as f64 / 1000.0);
+    assert!(
+        text.contains(&format!("    tensors:    96 (53,632 parameters, {kb})")),
+        "{text}"
+    );
+    assert!(!text.contains("(s)") && !text.contains("bytes"), "{text}");
+}

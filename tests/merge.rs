@@ -1885,7 +1885,8 @@ fn cli_refusals_write_nothing() {
             "--adapter",
             &peft,
             "--svd-cache",
-            "/nonexistent/cache",
+            // Created when missing, so one that cannot be: under a regular file.
+            &format!("{}/cache", s(&repo("golden/models/t2v/config.json"))),
         ],
         2,
         &["--svd-cache"],

@@ -16,6 +16,7 @@ use wanbake::extract::{
     ExtractError, ExtractOutcome, ExtractReport, ExtractRequest, FromAdapters, RankRule,
     ResizeRequest, extract, extract_from_adapters, resize,
 };
+use wanbake::human::{plural, size};
 use wanbake::linalg::TruncMethod;
 use wanbake::merge::{MergeOptions, Merger};
 use wanbake::model::base_model::BaseModel;
@@ -207,11 +208,16 @@ fn show(p: &mut Printer, o: &ExtractOutcome) {
     let r: &ExtractReport = &o.report;
     let low_rank = r.modules.iter().filter(|m| m.rank.is_some()).count();
     p.line(format!(
-        "wrote {} ({}: {low_rank} low-rank modules, {} full differences, {} bytes of tensors)",
+        "wrote {} ({}: {}, {}, {} of tensors)",
         o.dir.display(),
         r.to,
-        r.modules.len() - low_rank,
-        r.tensor_bytes
+        plural(low_rank, "low-rank module", "low-rank modules"),
+        plural(
+            r.modules.len() - low_rank,
+            "full difference",
+            "full differences"
+        ),
+        size(r.tensor_bytes)
     ));
     for m in &r.modules {
         match (m.rank, m.energy, m.rel_error) {
