@@ -4,12 +4,15 @@
 //! metadata, model fingerprint, ignored files) built from a `Checkpoint`; a component is an
 //! adapter when `adapter::detect::is_adapter` says so (the suffixes the parsers read).
 //! Adapter-specific details (convention, kinds, ranks, scales, binding against a base) are
-//! added by the `adapter` module through `InspectReport::adapter`. Printing is the CLI's job.
+//! added by the `adapter` module through `InspectReport::adapter`. Also owns the key listing
+//! of `inspect --keys` (`KeyRow`, `keys`, `render_keys`) and its `*`/`?` glob. Printing is the
+//! CLI's job.
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use crate::human::{grouped, plural, size};
 use crate::io::checkpoint::{Checkpoint, Component, SourceKind};
 use crate::io::{DType, ReadError, digest};
 use crate::model::fingerprint::{Fingerprint, fingerprint};
@@ -265,7 +268,14 @@ fn pipeline_verdict(ckpt: &Checkpoint, comps: &[ComponentReport]) -> Option<Stri
         [Some("wan2.2-i2v-a14b"), Some("wan2.2-i2v-a14b")] if two => {
             "Wan2.2-I2V-A14B (high-noise + low-noise experts)".into()
         }
-        _ => format!("pipeline with {} transformer component(s)", comps.len()),
+        _ => format!(
+            "pipeline with {}",
+            plural(
+                comps.len(),
+                "transformer component",
+                "transformer components"
+            )
+        ),
     })
 }
 
@@ -273,7 +283,7 @@ fn pipeline_verdict(ckpt: &Checkpoint, comps: &[ComponentReport]) -> Option<Stri
 pub fn render_text(r: &InspectReport) -> String {
     use std::fmt::Write;
     let mut s = String::new();
-    let _ = writeln!(s, "{} ({:?})", r.path, r.kind);
+    let _ = writeln!(s, "{} ({})", r.path, r.kind.describe());
     if let Some(o) = &r.orbax {
         render_orbax(&mut s, o);
     }
@@ -300,19 +310,19 @@ pub fn render_text(r: &InspectReport) -> String {
         }
         let _ = writeln!(
             s,
-            "    tensors:    {} ({} parameters, {} bytes)",
-            c.tensor_count,
-            group_digits(c.parameter_count),
-            group_digits(c.data_bytes)
+            "    tensors:    {} ({} parameters, {})",
+            grouped(c.tensor_count as u64),
+            grouped(c.parameter_count),
+            size(c.data_bytes)
         );
         let hist: Vec<String> = c
             .dtypes
             .iter()
             .map(|(d, st)| {
                 format!(
-                    "{d}: {} tensors / {} params",
-                    st.tensors,
-                    group_digits(st.parameters)
+                    "{d}: {} / {} params",
+                    plural(st.tensors, "tensor", "tensors"),
+                    grouped(st.parameters)
                 )
             })
             .collect();
@@ -320,9 +330,17 @@ pub fn render_text(r: &InspectReport) -> String {
         if let Some(q) = &c.quantization {
             let _ = writeln!(
                 s,
-                "    quantized:  ComfyUI scaled fp8, {} fp8 layers, {} problems",
-                q["fp8_layers"],
-                q["problems"].as_array().map_or(0, |a| a.len())
+                "    quantized:  ComfyUI scaled fp8, {}, {}",
+                plural(
+                    q["fp8_layers"].as_u64().unwrap_or(0) as usize,
+                    "fp8 layer",
+                    "fp8 layers"
+                ),
+                plural(
+                    q["problems"].as_array().map_or(0, |a| a.len()),
+                    "problem",
+                    "problems"
+                )
             );
             for p in q["problems"].as_array().into_iter().flatten() {
                 let _ = writeln!(s, "                {}", p.as_str().unwrap_or(""));
@@ -336,10 +354,10 @@ pub fn render_text(r: &InspectReport) -> String {
                 .unwrap_or_default();
             let _ = writeln!(
                 s,
-                "    file:       {} ({} bytes, {} tensors){sha}",
+                "    file:       {} ({}, {}){sha}",
                 f.path,
-                group_digits(f.bytes),
-                f.tensors
+                size(f.bytes),
+                plural(f.tensors, "tensor", "tensors")
             );
         }
         if let Some(i) = &c.index {
@@ -370,18 +388,6 @@ pub fn render_text(r: &InspectReport) -> String {
         let _ = writeln!(s, "  ignored:    {i}");
     }
     s
-}
-
-fn group_digits(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, ch) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(ch);
-    }
-    out
 }
 
 fn orbax_report(
@@ -451,9 +457,9 @@ fn render_orbax(s: &mut String, o: &OrbaxReport) {
     let bytes: u64 = o.files.iter().map(|f| f.bytes).sum();
     let _ = writeln!(
         s,
-        "    files:    {} ({} bytes)",
-        o.files.len(),
-        group_digits(bytes)
+        "    files:    {} ({})",
+        grouped(o.files.len() as u64),
+        size(bytes)
     );
     for f in o.files.iter().filter(|f| f.sha256.is_some()) {
         let _ = writeln!(
@@ -462,5 +468,123 @@ fn render_orbax(s: &mut String, o: &OrbaxReport) {
             f.path,
             f.sha256.as_deref().unwrap_or("")
         );
+    }
+}
+
+/// One tensor as `inspect --keys` lists it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct KeyRow {
+    /// The pipeline component holding it (`transformer`, ...); empty for a single model.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub component: String,
+    /// The tensor's name as stored.
+    pub name: String,
+    /// Its element type (`F32`, `BF16`, ...; a ggml type name such as `Q4_K` in a GGUF).
+    pub dtype: String,
+    /// Its shape, in PyTorch order (a GGUF's `ne` reversed).
+    pub shape: Vec<usize>,
+}
+
+/// The tensors of `ckpt` whose name matches `glob` (see [`glob_matches`]), by component,
+/// then name.
+pub fn keys(ckpt: &Checkpoint, glob: &str) -> Vec<KeyRow> {
+    ckpt.components
+        .iter()
+        .flat_map(|c| {
+            c.tensors
+                .names()
+                .filter(|name| glob_matches(glob, name))
+                .filter_map(|name| {
+                    let t = c.tensors.get(name)?;
+                    Some(KeyRow {
+                        component: c.name.clone(),
+                        name: name.to_string(),
+                        dtype: t.view.dtype.to_string(),
+                        shape: t.view.shape.to_vec(),
+                    })
+                })
+        })
+        .collect()
+}
+
+/// Does `name` match `pattern`, where `*` stands for any run of characters (none included)
+/// and `?` for exactly one, and every other character for itself?
+pub fn glob_matches(pattern: &str, name: &str) -> bool {
+    let (p, n): (Vec<char>, Vec<char>) = (pattern.chars().collect(), name.chars().collect());
+    // The classic two-pointer match: on a mismatch, let the last `*` swallow one more char.
+    let (mut i, mut j) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while j < n.len() {
+        match p.get(i) {
+            Some('*') => {
+                star = Some((i, j));
+                i += 1;
+            }
+            Some(&c) if c == '?' || c == n[j] => {
+                i += 1;
+                j += 1;
+            }
+            _ => match star {
+                Some((si, sj)) => {
+                    star = Some((si, sj + 1));
+                    i = si + 1;
+                    j = sj + 1;
+                }
+                None => return false,
+            },
+        }
+    }
+    p[i.min(p.len())..].iter().all(|&c| c == '*')
+}
+
+/// One line per tensor, `NAME  DTYPE  [SHAPE]` in aligned columns; a pipeline's names are
+/// spelled `component/name`.
+pub fn render_keys(rows: &[KeyRow]) -> String {
+    use std::fmt::Write;
+    let full = |r: &KeyRow| match r.component.is_empty() {
+        true => r.name.clone(),
+        false => format!("{}/{}", r.component, r.name),
+    };
+    let width = rows
+        .iter()
+        .map(|r| full(r).chars().count())
+        .max()
+        .unwrap_or(0);
+    let dwidth = rows.iter().map(|r| r.dtype.len()).max().unwrap_or(0);
+    let mut s = String::new();
+    for r in rows {
+        let shape: Vec<String> = r.shape.iter().map(usize::to_string).collect();
+        let _ = writeln!(
+            s,
+            "{:width$}  {:dwidth$}  [{}]",
+            full(r),
+            r.dtype,
+            shape.join(", ")
+        );
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::glob_matches;
+
+    #[test]
+    fn globs_match_like_the_shell() {
+        for (p, n, want) in [
+            ("*", "", true),
+            ("*", "blocks.0.ffn.weight", true),
+            ("blocks.*.weight", "blocks.0.ffn.weight", true),
+            ("blocks.?.ffn.*", "blocks.0.ffn.bias", true),
+            ("blocks.?.ffn.*", "blocks.10.ffn.bias", false),
+            ("*.bias", "blocks.0.ffn.weight", false),
+            ("*a*b*", "xaxxbx", true),
+            ("*a*b", "xaxxbx", false),
+            ("exact", "exact", true),
+            ("exact", "exactly", false),
+            ("", "x", false),
+        ] {
+            assert_eq!(glob_matches(p, n), want, "{p} on {n}");
+        }
     }
 }

@@ -15,6 +15,7 @@ pub mod convert;
 pub mod error_text;
 pub mod extract;
 pub mod gpu;
+pub mod human;
 pub mod inspect;
 pub mod io;
 pub mod layout;

@@ -23,6 +23,13 @@ fn main() -> ExitCode {
             // `Error::print` returns write errors (a closed pipe included) rather than
             // panicking; they change nothing: the status stays help's or the usage error's.
             let _ = e.print();
+            let args: Vec<String> = std::env::args_os()
+                .skip(1)
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect();
+            if let Some(hint) = cli::hint::parse_hint(&e, &args) {
+                cli::stdio::line(cli::stdio::Stream::Stderr, format_args!("hint: {hint}"));
+            }
             return match e.kind() {
                 clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
                     ExitCode::SUCCESS

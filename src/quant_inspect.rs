@@ -4,7 +4,8 @@
 //! Owns: recognising a scaled-fp8 state dict (the `scaled_fp8` marker) and checking it the
 //! way ComfyUI loads it (every `scale_weight` belongs to an fp8 weight, shapes 0-d), the
 //! shape view that fingerprints it without its scale tensors, and the whole GGUF report
-//! (metadata, types, torch shapes, fingerprint, optional sha256). Does not own: the
+//! (metadata, types, torch shapes, fingerprint, optional sha256) and its `--keys` listing.
+//! Does not own: the
 //! safetensors report (`inspect`), the GGUF parser (`io::gguf`) or fingerprints
 //! (`model::fingerprint`).
 
@@ -13,6 +14,7 @@ use std::path::Path;
 
 use serde_json::json;
 
+use crate::human::{grouped, plural, size};
 use crate::io::gguf::{GgufFile, Value, torch_shape};
 use crate::io::{DType, ReadError, TensorSet, digest};
 use crate::model::fingerprint::{Fingerprint, ShapeSource, fingerprint};
@@ -206,18 +208,47 @@ pub fn render_gguf(r: &serde_json::Value) -> String {
     }
     let _ = writeln!(
         s,
-        "    tensors:    {} ({} parameters, {} bytes)",
-        r["tensor_count"], r["parameter_count"], r["bytes"]
+        "    tensors:    {} ({} parameters, {})",
+        grouped(r["tensor_count"].as_u64().unwrap_or(0)),
+        grouped(r["parameter_count"].as_u64().unwrap_or(0)),
+        size(r["bytes"].as_u64().unwrap_or(0))
     );
     let types: Vec<String> = r["types"]
         .as_object()
         .into_iter()
         .flatten()
-        .map(|(k, v)| format!("{k}: {} tensors / {} params", v["tensors"], v["parameters"]))
+        .map(|(k, v)| {
+            format!(
+                "{k}: {} / {} params",
+                plural(
+                    v["tensors"].as_u64().unwrap_or(0) as usize,
+                    "tensor",
+                    "tensors"
+                ),
+                grouped(v["parameters"].as_u64().unwrap_or(0))
+            )
+        })
         .collect();
     let _ = writeln!(s, "    types:      {}", types.join(", "));
     if let Some(h) = r["sha256"].as_str() {
         let _ = writeln!(s, "    sha256:     {h}");
     }
     s
+}
+
+/// The tensors of one GGUF file whose name matches `glob`, in file order, as
+/// `inspect --keys` lists them (a ggml type name for the dtype, the PyTorch shape).
+pub fn gguf_keys(path: &Path, glob: &str) -> Result<Vec<crate::inspect::KeyRow>, ReadError> {
+    let f = GgufFile::open(path)?;
+    Ok(f.header()
+        .tensors
+        .iter()
+        .filter(|t| crate::inspect::glob_matches(glob, &t.name))
+        .map(|t| crate::inspect::KeyRow {
+            component: String::new(),
+            name: t.name.clone(),
+            dtype: t.ty.name().to_string(),
+            shape: torch_shape(&t.ne),
+        })
+        .collect())
 }

@@ -2,7 +2,7 @@
 //!
 //! Owns: the recipe schema (`Recipe`, every field documented in README.md), strict parsing
 //! (unknown fields are errors, naming the field and the file), resolution of relative paths
-//! against the recipe's folder, reading `[merge]` into merge options and `[output]` into
+//! against the recipe's folder (and of Hugging Face cache references, `io::hub`), reading `[merge]` into merge options and `[output]` into
 //! output options (`Recipe::merge_options`, `Recipe::output_options`: each field through its
 //! type's `FromStr`, then the builder the command line uses, `OutputOptions::new`; errors
 //! name the recipe field), and the normalised
@@ -294,6 +294,19 @@ pub enum RecipeError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// A value that is not one of the names its field takes (`output.dtype = "fp9"`): the
+    /// same mistake as a bad value of the command line's flag, and a usage error like it.
+    #[error("{}: {field}: {message}", path.display())]
+    UnknownValue {
+        /// The recipe.
+        path: PathBuf,
+        /// The field.
+        field: String,
+        /// The value as written.
+        value: String,
+        /// The value and the names the field takes.
+        message: String,
+    },
     /// A value is out of range or inconsistent.
     #[error("{}: {field}: {message}", path.display())]
     Invalid {
@@ -335,21 +348,37 @@ impl Recipe {
                 root.join(p)
             }
         };
+        // A model or adapter: a Hugging Face cache reference or cache repo folder is read
+        // from its snapshot (`io::hub`).
+        let input = |field: String, p: &Path| {
+            let joined = match crate::io::hub::is_reference(p) {
+                true => p.to_path_buf(),
+                false => resolve(p),
+            };
+            crate::io::hub::resolve(&joined).map_err(|e| RecipeError::Unusable {
+                path: path.to_path_buf(),
+                field,
+                source: Box::new(e),
+            })
+        };
         let mut r = Recipe {
             file: path.to_path_buf(),
             root: root.clone(),
             base: BaseSpec {
-                path: resolve(&raw.base.path),
+                path: input("base.path".into(), &raw.base.path)?,
                 sha256: raw.base.sha256,
             },
             adapters: raw
                 .adapters
                 .into_iter()
-                .map(|a| RecipeAdapter {
-                    path: resolve(&a.path),
-                    ..a
+                .enumerate()
+                .map(|(i, a)| {
+                    Ok(RecipeAdapter {
+                        path: input(format!("adapter[{i}].path"), &a.path)?,
+                        ..a
+                    })
                 })
-                .collect(),
+                .collect::<Result<_, RecipeError>>()?,
             output: OutputSpec {
                 dir: resolve(&raw.output.dir),
                 ..raw.output
@@ -534,7 +563,12 @@ where
 {
     text.map(str::parse)
         .transpose()
-        .map_err(|e: T::Err| r.invalid(name, e.to_string()))
+        .map_err(|e: T::Err| RecipeError::UnknownValue {
+            path: r.file.clone(),
+            field: name.into(),
+            value: text.unwrap_or_default().into(),
+            message: e.to_string(),
+        })
 }
 
 fn check_sha_spec(s: Option<&Sha256Spec>) -> Result<(), String> {

@@ -424,11 +424,7 @@ fn ia3_and_boft_shapes_fit_exactly_where_lycoris_lora_computes_them() {
         );
         let (code, _, err) = parts(&o);
         assert_eq!(code, 1, "{case}: {err}");
-        for n in [
-            module.as_str(),
-            &format!("{stored:?}"),
-            "do not fit the base",
-        ] {
+        for n in [module.as_str(), &format!("{stored:?}"), "not fit the base"] {
             assert!(err.contains(n), "{case}: `{n}` not in:\n{err}");
         }
         assert_eq!(

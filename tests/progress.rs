@@ -179,9 +179,10 @@ fn bars_leave_nothing_on_the_screen_and_never_touch_the_summary() {
         .collect();
     assert_eq!(
         screen(&tty, WIDTH),
+        // (In decimal units, as the bar counted them: one size style everywhere.)
         [format!(
-            "wrote big (2 files, {} bytes)",
-            sizes.iter().sum::<u64>()
+            "wrote big (2 files, {:.2} GB)",
+            sizes.iter().sum::<u64>() as f64 / 1e9
         )],
         "{text:?}"
     );

@@ -578,7 +578,7 @@ fn verify_json_has_one_result_a_script_can_test() {
         let v = json(&args, 3);
         assert_eq!(v["result"], "failed", "{v}");
         let reasons = v["reasons"].to_string();
-        assert!(reasons.contains("mismatch(es) with the manifest"), "{v}");
+        assert!(reasons.contains("2 mismatches with the manifest"), "{v}");
         assert_eq!(
             v["manifest"]["status"], "ok",
             "the manifest's own record stays: {v}"

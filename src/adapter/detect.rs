@@ -79,7 +79,10 @@ pub fn detect(
             path: path.to_path_buf(),
             summary: by
                 .iter()
-                .map(|(c, (n, ex))| format!("{n} {c} key(s), e.g. `{ex}`"))
+                .map(|(c, (n, ex))| {
+                    let keys = crate::human::plural(*n, &format!("{c} key"), &format!("{c} keys"));
+                    format!("{keys}, e.g. `{ex}`")
+                })
                 .collect::<Vec<_>>()
                 .join("; "),
         }),

@@ -10,10 +10,12 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use super::Convention;
+use crate::human::plural;
 use crate::io::ReadError;
 
-/// How many items an error message lists before it counts the rest.
-pub const LISTED: usize = 200;
+/// How many items an error message lists before it counts the rest (a front end's JSON
+/// document carries them all: [`AdapterError::listed`]).
+pub const LISTED: usize = 8;
 
 /// One adapter key that no entry consumed.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
@@ -113,8 +115,8 @@ pub enum AdapterError {
     },
     /// Keys that no entry consumed (unknown, unsupported or malformed).
     #[error(
-        "{}: {} key(s) are not part of any adapter entry wanbake can apply (every key must be consumed):{}",
-        path.display(), problems.len(), list_keys(problems)
+        "{}: {} {} not part of any adapter entry wanbake can apply (every key must be consumed):{}",
+        path.display(), plural(problems.len(), "key", "keys"), are(problems.len()), list_keys(problems)
     )]
     Keys {
         /// The adapter.
@@ -148,8 +150,9 @@ pub enum AdapterError {
     },
     /// Entries whose module names no base tensor.
     #[error(
-        "{}: {}{} entr(y/ies) bind to no tensor of the base {}:{}",
-        adapter.display(), hint_first(hint), entries.len(), base.display(), list_entries(entries)
+        "{}: {}{} {} to no tensor of the base {}:{}",
+        adapter.display(), hint_first(hint), plural(entries.len(), "entry", "entries"),
+        if entries.len() == 1 { "binds" } else { "bind" }, base.display(), list_entries(entries)
     )]
     Unmatched {
         /// The adapter.
@@ -163,9 +166,10 @@ pub enum AdapterError {
     },
     /// Entries whose tensors do not fit the base tensor they name.
     #[error(
-        "{}: {}{} entr(y/ies) do not fit the base {}:{}{}",
-        adapter.display(), hint_first(explained), entries.len(), base.display(),
-        list_entries(entries), hint_line(hint)
+        "{}: {}{}{} {} not fit the base {}:{}",
+        adapter.display(), hint_first(explained), hint_first(hint),
+        plural(entries.len(), "entry", "entries"), if entries.len() == 1 { "does" } else { "do" },
+        base.display(), list_entries(entries)
     )]
     Shapes {
         /// The adapter.
@@ -177,7 +181,8 @@ pub enum AdapterError {
         /// Which other WAN variant the entries were made for, in model terms, when their
         /// names or shapes say it (said first).
         explained: Option<String>,
-        /// The base variant the entries not explained in model terms appear to target.
+        /// The base variant the entries not explained in model terms appear to target (said
+        /// first too: the verdict comes before the list).
         hint: Option<String>,
     },
     /// Not one entry binds to the base.
@@ -197,8 +202,8 @@ pub enum AdapterError {
     },
     /// Module names that no convention's name table resolves (translation without a base).
     #[error(
-        "{}: {} module name(s) cannot be resolved without a base:{}",
-        path.display(), entries.len(), list_entries(entries)
+        "{}: {} cannot be resolved without a base:{}",
+        path.display(), plural(entries.len(), "module name", "module names"), list_entries(entries)
     )]
     Names {
         /// The adapter.
@@ -208,8 +213,8 @@ pub enum AdapterError {
     },
     /// Entries the target convention cannot express exactly.
     #[error(
-        "{}: {} entr(y/ies) cannot be expressed in the {} convention, so nothing was written:{}",
-        path.display(), entries.len(), to.as_str(), list_entries(entries)
+        "{}: {} cannot be expressed in the {} convention, so nothing was written:{}",
+        path.display(), plural(entries.len(), "entry", "entries"), to.as_str(), list_entries(entries)
     )]
     Inexpressible {
         /// The adapter.
@@ -222,6 +227,36 @@ pub enum AdapterError {
 }
 
 impl AdapterError {
+    /// Every key or entry the message lists (it shows the first [`LISTED`]), for a front
+    /// end's JSON document: `{"keys": [..]}` or `{"entries": [..]}`, with `verdict`, what the
+    /// message says first (which model the adapter was made for), when it says one.
+    pub fn listed(&self) -> Option<serde_json::Value> {
+        let (name, all) = match self {
+            AdapterError::Keys { problems, .. } => ("keys", serde_json::json!(problems)),
+            AdapterError::Unmatched { entries, .. }
+            | AdapterError::Shapes { entries, .. }
+            | AdapterError::Names { entries, .. }
+            | AdapterError::Inexpressible { entries, .. } => {
+                ("entries", serde_json::json!(entries))
+            }
+            AdapterError::NoBinding {
+                explained: Some(x), ..
+            } => ("entries", serde_json::json!(x.entries)),
+            _ => return None,
+        };
+        let verdict = match self {
+            AdapterError::Shapes {
+                explained, hint, ..
+            } => explained.as_deref().or(hint.as_deref()),
+            _ => self.model_terms(),
+        };
+        let mut doc = serde_json::json!({ name: all });
+        if let Some(v) = verdict {
+            doc["verdict"] = v.into();
+        }
+        Some(doc)
+    }
+
     /// The explanation in model terms of a binding error, when it has one ("this adapter
     /// targets the image cross-attention of a Wan 2.1 I2V/FLF2V model, …").
     pub fn model_terms(&self) -> Option<&str> {
@@ -242,7 +277,11 @@ fn list_keys(problems: &[KeyProblem]) -> String {
         let _ = write!(s, "\n  {}: {}", p.key, p.reason);
     }
     if problems.len() > LISTED {
-        let _ = write!(s, "\n  … and {} more", problems.len() - LISTED);
+        let _ = write!(
+            s,
+            "\n  … and {} more (all of them with --json)",
+            problems.len() - LISTED
+        );
     }
     s
 }
@@ -260,7 +299,11 @@ fn list_entries(entries: &[EntryProblem]) -> String {
         );
     }
     if entries.len() > LISTED {
-        let _ = write!(s, "\n  … and {} more", entries.len() - LISTED);
+        let _ = write!(
+            s,
+            "\n  … and {} more (all of them with --json)",
+            entries.len() - LISTED
+        );
     }
     s
 }
@@ -276,10 +319,10 @@ fn no_binding(
 ) -> String {
     match explained {
         Some(x) => format!(
-            "{}: {}.\nnone of its {} entr(y/ies) binds to any of the {base_tensors} tensors of the base {}:{}",
+            "{}: {}.\nnone of its {} binds to any of the {base_tensors} tensors of the base {}:{}",
             adapter.display(),
             x.line,
-            x.entries.len(),
+            plural(x.entries.len(), "entry", "entries"),
             base.display(),
             list_entries(&x.entries)
         ),
@@ -298,8 +341,6 @@ fn hint_first(hint: &Option<String>) -> String {
         .unwrap_or_default()
 }
 
-fn hint_line(hint: &Option<String>) -> String {
-    hint.as_deref()
-        .map(|h| format!("\n{h}"))
-        .unwrap_or_default()
+fn are(n: usize) -> &'static str {
+    if n == 1 { "is" } else { "are" }
 }

@@ -316,8 +316,8 @@ impl AdapterSet {
             return Err(AdapterError::Refused {
                 path: path.to_path_buf(),
                 reason: format!(
-                    "no adapter entries found when read as {convention} ({} key(s) not consumed)",
-                    parsed.unparsed.len()
+                    "no adapter entries found when read as {convention} ({} not consumed)",
+                    crate::human::plural(parsed.unparsed.len(), "key", "keys")
                 ),
             });
         }

@@ -159,9 +159,9 @@ pub fn check_against_config(
     let dora = parsed.entries.iter().find(|e| e.kind == Kind::PeftDora);
     if cfg.use_dora && !plain.is_empty() {
         return Err(err(format!(
-            "use_dora is true but {} module(s) have no lora_magnitude_vector (e.g. `{}`); PEFT \
+            "use_dora is true but {} no lora_magnitude_vector (e.g. `{}`); PEFT \
              would initialise their magnitude from the base weight",
-            plain.len(),
+            crate::human::plural(plain.len(), "module has", "modules have"),
             plain[0]
         )));
     }

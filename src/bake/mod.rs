@@ -157,8 +157,7 @@ fn open_cache(recipe: &crate::recipe::Recipe) -> Result<Option<SvdCache>, BakeEr
     let Some(dir) = &recipe.merge.svd_cache else {
         return Ok(None);
     };
-    std::fs::create_dir_all(dir).map_err(|e| crate::io::ReadError::io(dir, e))?;
-    SvdCache::open(dir)
+    SvdCache::create(dir)
         .map(Some)
         .map_err(|e| BakeError::unusable(recipe, "merge.svd_cache", e))
 }

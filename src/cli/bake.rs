@@ -11,9 +11,9 @@ use std::time::Instant;
 use serde_json::json;
 
 use super::device::{DeviceArg, device_json};
-use super::progress::human_bytes;
 use super::{Printer, Status};
 use wanbake::bake::{self, BakeOutcome, Planned};
+use wanbake::human::{plural, size};
 use wanbake::recipe::Recipe;
 
 /// Arguments of `bake`.
@@ -60,8 +60,8 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
             p.warn(format!(
                 "the output would not fit: {} needs {}, {} free (a bake would stop here)",
                 plan.space.dir.display(),
-                human_bytes(plan.space.needed),
-                human_bytes(plan.space.available.unwrap_or(0))
+                size(plan.space.needed),
+                size(plan.space.available.unwrap_or(0))
             ));
         }
         p.line("dry run: nothing written");
@@ -140,24 +140,21 @@ fn describe_plan(plan: &Planned<'_>, p: &mut Printer) -> serde_json::Value {
     match &plan.ready.orbax {
         // Its chunk files and their sizes are known only once compressed.
         Some(orbax) => p.line(format!(
-            "  output   {}: {}, {} arrays",
+            "  output   {}: {}, {}",
             r.relative(&o.dir),
             encoding,
-            orbax.array_count()
+            plural(orbax.array_count(), "array", "arrays")
         )),
         None => p.line(format!(
-            "  output   {}: {}, {} files, {} tensors, {}",
+            "  output   {}: {}, {}, {}, {}",
             r.relative(&o.dir),
             encoding,
-            out.files.len() + out.aux.len() + 1,
-            out.tensor_count(),
-            human_bytes(out.total_bytes())
+            plural(out.files.len() + out.aux.len() + 1, "file", "files"),
+            plural(out.tensor_count(), "tensor", "tensors"),
+            size(out.total_bytes())
         )),
     }
-    let free = plan
-        .space
-        .available
-        .map_or("unknown".to_string(), human_bytes);
+    let free = plan.space.available.map_or("unknown".to_string(), size);
     p.line(format!(
         "  space    {} free at {}{}",
         free,
@@ -205,11 +202,11 @@ fn describe_outcome(o: &BakeOutcome, seconds: f64, p: &mut Printer) -> serde_jso
     let files = &o.release.manifest.files;
     let bytes: u64 = files.iter().map(|f| f.bytes).sum();
     p.line(format!(
-        "wrote {} ({} files, {}) in {seconds:.1} s; merged {} tensors",
+        "wrote {} ({}, {}) in {seconds:.1} s; merged {}",
         o.release.dir.display(),
-        files.len() + 1,
-        human_bytes(bytes),
-        o.report.targets_merged
+        plural(files.len() + 1, "file", "files"),
+        size(bytes),
+        plural(o.report.targets_merged, "tensor", "tensors")
     ));
     // A safetensors or GGUF release has a few files; an Orbax one has one per chunk (hundreds):
     // the manifest lists them all, the summary the first few.

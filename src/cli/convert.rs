@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use super::output::{FloatDtypeArg, OutputDir, ShardArg};
 use super::{Printer, Status, UsageError};
 use wanbake::convert::{ConvertSpec, convert_release, encoded_release};
+use wanbake::human::{plural, size};
 use wanbake::model::wan_layout::Layout;
 use wanbake::pipeline::{OutputChoices, OutputFormat, OutputOptions};
 use wanbake::release::Hooks;
@@ -76,10 +77,10 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
     let r = convert_release(&spec, Hooks::default())?;
     let bytes: u64 = r.manifest.files.iter().map(|f| f.bytes).sum();
     p.line(format!(
-        "wrote {} ({} files, {} bytes)",
+        "wrote {} ({}, {})",
         r.dir.display(),
-        r.manifest.files.len(),
-        bytes
+        plural(r.manifest.files.len(), "file", "files"),
+        size(bytes)
     ));
     p.json(&serde_json::json!({"dir": r.dir, "report": r.manifest.report, "bytes": bytes}));
     Ok(Status::Ok)
@@ -118,10 +119,10 @@ fn execute_encoded(to: OutputFormat, args: &Args, p: &mut Printer) -> anyhow::Re
         ),
     };
     p.line(format!(
-        "wrote {} ({what}: {} files, {} bytes)",
+        "wrote {} ({what}: {}, {})",
         r.dir.display(),
-        r.manifest.files.len(),
-        bytes
+        plural(r.manifest.files.len(), "file", "files"),
+        size(bytes)
     ));
     if options.quantize.is_some() {
         super::merge::print_quantization(p, &r.manifest.report, "  ");

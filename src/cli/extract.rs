@@ -10,12 +10,13 @@ use std::path::PathBuf;
 use super::device::DeviceArg;
 use super::output::{FloatDtypeArg, OutputDir, value_subset};
 use super::{Printer, Status, UsageError, output};
+use wanbake::adapter::bind_specs;
 use wanbake::adapter::{AdapterOptions, Convention};
-use wanbake::adapter::{AdapterSpec, bind_specs};
 use wanbake::extract::{
     ExtractError, ExtractOutcome, ExtractReport, ExtractRequest, FromAdapters, RankRule,
     ResizeRequest, extract, extract_from_adapters, resize,
 };
+use wanbake::human::{plural, size};
 use wanbake::linalg::TruncMethod;
 use wanbake::merge::{MergeOptions, Merger};
 use wanbake::model::base_model::BaseModel;
@@ -159,11 +160,7 @@ pub fn execute_extract(args: ExtractArgs, p: &mut Printer) -> anyhow::Result<Sta
     let outcome = if args.adapters.is_empty() {
         extract(&req).map_err(usage_or)?
     } else {
-        let specs = args
-            .adapters
-            .iter()
-            .map(|a| AdapterSpec::parse(a).map_err(|e| UsageError(e.to_string())))
-            .collect::<Result<Vec<_>, _>>()?;
+        let specs = super::merge::adapter_specs(&args.adapters)?;
         req.check().map_err(usage_or)?;
         let merge = MergeOptions::default();
         let base = BaseModel::open(&args.base)?;
@@ -211,11 +208,16 @@ fn show(p: &mut Printer, o: &ExtractOutcome) {
     let r: &ExtractReport = &o.report;
     let low_rank = r.modules.iter().filter(|m| m.rank.is_some()).count();
     p.line(format!(
-        "wrote {} ({}: {low_rank} low-rank modules, {} full differences, {} bytes of tensors)",
+        "wrote {} ({}: {}, {}, {} of tensors)",
         o.dir.display(),
         r.to,
-        r.modules.len() - low_rank,
-        r.tensor_bytes
+        plural(low_rank, "low-rank module", "low-rank modules"),
+        plural(
+            r.modules.len() - low_rank,
+            "full difference",
+            "full differences"
+        ),
+        size(r.tensor_bytes)
     ));
     for m in &r.modules {
         match (m.rank, m.energy, m.rel_error) {

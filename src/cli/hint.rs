@@ -18,12 +18,12 @@ use wanbake::bake::BakeError;
 use wanbake::extract::ExtractError;
 use wanbake::io::WriteError;
 use wanbake::layout::restack::RestackError;
-use wanbake::linalg::CacheError;
 use wanbake::merge::{MergeError, MergeFailure};
 use wanbake::model::plan_error::{PlanError, animate_note};
 use wanbake::model::wan_layout::LAYOUT_FIELD;
 use wanbake::pipeline::PipelineError;
 use wanbake::quantize::QuantError;
+use wanbake::recipe::RecipeError;
 use wanbake::release::ReleaseError;
 use wanbake::runner::RunError;
 use wanbake::signing::SignError;
@@ -61,18 +61,22 @@ impl FrontEnd {
 
     /// Does this front end take `--long` (accepting `value`, when one is given)?
     fn has_flag(self, long: &str, value: Option<&str>) -> bool {
-        let FrontEnd::Flags(name) = self else {
-            return false;
-        };
-        let cli = Cli::command();
-        let Some(command) = cli.find_subcommand(name) else {
-            return false;
-        };
-        command.get_arguments().any(|a| {
-            a.get_long() == Some(long)
-                && value.is_none_or(|v| a.get_possible_values().iter().any(|p| p.matches(v, false)))
-        })
+        match self {
+            FrontEnd::Flags(name) => command_has_flag(&Cli::command(), name, long, value),
+            FrontEnd::Recipe => false,
+        }
     }
+}
+
+/// Does subcommand `name` of `cli` take `--long` (accepting `value`, when one is given)?
+fn command_has_flag(cli: &clap::Command, name: &str, long: &str, value: Option<&str>) -> bool {
+    let Some(command) = cli.find_subcommand(name) else {
+        return false;
+    };
+    command.get_arguments().any(|a| {
+        a.get_long() == Some(long)
+            && value.is_none_or(|v| a.get_possible_values().iter().any(|p| p.matches(v, false)))
+    })
 }
 
 /// A flag's value that cannot be used, and why (exit code 2): `--svd-cache: <cause>`.
@@ -96,6 +100,60 @@ impl FlagError {
     }
 }
 
+/// What `--json` prints when a command fails: `{"error": TEXT}` (the chain `main` prints),
+/// with every key or entry of an adapter error whose message lists only the first few, and
+/// its verdict (`AdapterError::listed`).
+pub fn error_document(e: &anyhow::Error) -> serde_json::Value {
+    let mut doc = serde_json::json!({
+        "error": wanbake::error_text::Chain(e.as_ref()).to_string(),
+    });
+    let adapter = links(e)
+        .into_iter()
+        .find_map(|l| l.downcast_ref::<AdapterError>());
+    if let (Some(serde_json::Value::Object(listed)), Some(d)) =
+        (adapter.and_then(AdapterError::listed), doc.as_object_mut())
+    {
+        d.extend(listed);
+    }
+    doc
+}
+
+/// What `--to fp8-scaled` writes, for the hints that point at it.
+const FP8_SCALED: &str = "ComfyUI's scaled fp8 (the dtype then names the tensors that stay \
+    high precision)";
+
+/// Does a dtype value ask for fp8 (`fp8`, `float8_e4m3fn`, `f8_e4m3`, ...)?
+fn is_fp8(value: &str) -> bool {
+    let v = value.to_ascii_lowercase();
+    v.starts_with("fp8") || v.starts_with("float8") || v.starts_with("f8")
+}
+
+/// The hint for a command line clap refused, when there is one: `--dtype fp8` asks for
+/// what `--to fp8-scaled` writes (said to a command that has it). `args` is the command
+/// line without the program name.
+pub fn parse_hint(e: &clap::Error, args: &[String]) -> Option<String> {
+    use clap::error::{ContextKind, ContextValue};
+    if e.kind() != clap::error::ErrorKind::InvalidValue {
+        return None;
+    }
+    let arg = match e.get(ContextKind::InvalidArg) {
+        Some(ContextValue::String(s)) => s.as_str(),
+        _ => return None,
+    };
+    let value = match e.get(ContextKind::InvalidValue) {
+        Some(ContextValue::String(s)) => s.as_str(),
+        _ => return None,
+    };
+    let cli = Cli::command();
+    // The subcommand: the first argument that names one.
+    let command = args
+        .iter()
+        .find(|a| cli.find_subcommand(a.as_str()).is_some())?;
+    let has_fp8 = command_has_flag(&cli, command, "to", Some("fp8-scaled"));
+    (arg.starts_with("--dtype") && is_fp8(value) && has_fp8)
+        .then(|| format!("fp8 is an encoding, not a dtype: --to fp8-scaled writes {FP8_SCALED}"))
+}
+
 /// The hint for `e` as `front` spells it: the first link of the chain that has one.
 pub fn hint(e: &anyhow::Error, front: FrontEnd) -> Option<String> {
     links(e).into_iter().find_map(|link| hint_for(link, front))
@@ -105,11 +163,16 @@ pub fn hint(e: &anyhow::Error, front: FrontEnd) -> Option<String> {
 /// values that cannot be used always are; so are, for a command with flags, the binding
 /// and planning refusals its flags resolve (which transformer an adapter is for, an
 /// integer tensor an adapter targets). In a recipe they are refusals of its values
-/// (exit code 1, as every other recipe error).
+/// (exit code 1, as every other recipe error), except a value that is not one of the
+/// names its field takes: that is a usage error in both front ends.
 pub fn is_usage(e: &anyhow::Error, front: FrontEnd) -> bool {
     links(e).into_iter().any(|link| {
         link.is::<UsageError>()
             || link.is::<FlagError>()
+            || matches!(
+                link.downcast_ref::<RecipeError>(),
+                Some(RecipeError::UnknownValue { .. })
+            )
             || (matches!(front, FrontEnd::Flags(_))
                 && (matches!(
                     link.downcast_ref::<AdapterError>(),
@@ -269,18 +332,18 @@ fn hint_for(e: &(dyn Error + 'static), front: FrontEnd) -> Option<String> {
     if let Some(e) = e.downcast_ref::<RunError>() {
         return run_hint(e, front);
     }
+    if let Some(RecipeError::UnknownValue { field, value, .. }) = e.downcast_ref::<RecipeError>()
+        && field == "output.dtype"
+        && is_fp8(value)
+    {
+        return Some(format!(
+            "fp8 is an encoding, not a dtype: set `to = \"fp8-scaled\"` in [output] for {FP8_SCALED}"
+        ));
+    }
     if let Some(ExtractError::Device { .. }) = e.downcast_ref::<ExtractError>() {
         return front
             .has_flag("device", Some("cpu"))
             .then(|| "--device cpu runs the SVDs on the CPU".into());
-    }
-    if let Some(FlagError { flag, source }) = e.downcast_ref::<FlagError>() {
-        return match source.downcast_ref::<CacheError>() {
-            Some(CacheError::Io { .. }) if *flag == "svd-cache" => {
-                Some("create the directory first".into())
-            }
-            _ => None,
-        };
     }
     None
 }

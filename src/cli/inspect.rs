@@ -1,15 +1,16 @@
 //! `wanbake inspect PATH... [--json] [--hash] [--base BASE]`: every path is reported,
 //! problems included; the exit code is 1 if any path could not be read. Adapters get their
 //! convention, kinds, ranks, scales and targets; with `--base`, what each entry binds to
-//! (unused keys, unbound entries and binding errors also make the exit code 1).
+//! (unused keys, unbound entries and binding errors also make the exit code 1). With
+//! `--keys[=GLOB]`, only the tensors: name, dtype and shape, one per line.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use super::{Printer, Status};
 use wanbake::adapter::report::describe_path;
 use wanbake::error_text::chain;
-use wanbake::inspect::{InspectReport, inspect, render_text};
-use wanbake::io::Checkpoint;
+use wanbake::inspect::{InspectReport, KeyRow, inspect, keys, render_keys, render_text};
+use wanbake::io::{Checkpoint, ReadError};
 use wanbake::model::base_model::BaseModel;
 
 /// Arguments of `inspect`.
@@ -27,6 +28,19 @@ pub struct Args {
     /// Bind adapters against this base checkpoint: targets, shape checks, variant verdict.
     #[arg(long)]
     pub base: Option<PathBuf>,
+    /// List the tensors instead, one per line: name, dtype and shape (with --json, one
+    /// object per tensor). `--keys=GLOB` keeps the names GLOB matches (`*` any run of
+    /// characters, `?` one; quote it from the shell); a pipeline's names are listed as
+    /// component/name. Exit code 1 when a path has no matching tensor.
+    #[arg(
+        long,
+        value_name = "GLOB",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "*",
+        conflicts_with_all = ["hash", "base"]
+    )]
+    pub keys: Option<String>,
 }
 
 /// Fills the adapter details of an adapter's report; returns the problems found.
@@ -48,8 +62,51 @@ fn add_adapter_details(
     }
 }
 
+/// The tensors of one path matching `glob`, a GGUF file's or any checkpoint's.
+fn path_keys(path: &Path, glob: &str) -> Result<Vec<KeyRow>, ReadError> {
+    match wanbake::io::gguf::single_gguf_in(path) {
+        Some(gguf) => wanbake::quant_inspect::gguf_keys(&gguf, glob),
+        None => Checkpoint::open(path).map(|c| keys(&c, glob)),
+    }
+}
+
+/// Runs `inspect --keys[=GLOB]`.
+fn execute_keys(paths: &[PathBuf], glob: &str, p: &mut Printer) -> Status {
+    let mut status = Status::Ok;
+    let mut docs = Vec::new();
+    for path in paths {
+        let problem = match path_keys(path, glob) {
+            Ok(rows) if rows.is_empty() => {
+                format!("{}: no tensor name matches `{glob}`", path.display())
+            }
+            Ok(rows) => {
+                if paths.len() > 1 {
+                    p.line(format!("{}:", path.display()));
+                }
+                p.line(render_keys(&rows).trim_end());
+                docs.push(serde_json::json!({"path": path.display().to_string(), "tensors": rows}));
+                continue;
+            }
+            Err(e)
+                if !path.exists() && glob == "*" && path.to_string_lossy().contains(['*', '?']) =>
+            {
+                format!("{} (a glob is written --keys=GLOB)", chain(&e))
+            }
+            Err(e) => chain(&e),
+        };
+        p.error_line(format!("error: {problem}"));
+        docs.push(serde_json::json!({"path": path.display().to_string(), "error": problem}));
+        status = Status::Failed;
+    }
+    p.json(&serde_json::Value::Array(docs));
+    status
+}
+
 /// Runs `inspect`.
 pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
+    if let Some(glob) = &args.keys {
+        return Ok(execute_keys(&args.paths, glob, p));
+    }
     let mut status = Status::Ok;
     let mut docs = Vec::new();
     let base = match &args.base {

@@ -15,6 +15,7 @@ use super::device::{DeviceArg, device_json};
 use super::output::{DtypeArgs, OutputDir, ShardArg};
 use super::{Printer, Status, UsageError};
 use wanbake::adapter::{AdapterSpec, bind_specs};
+use wanbake::human::{plural, size};
 use wanbake::linalg::SvdCache;
 use wanbake::merge::{DoraStrength, MergeOptions, MergeReport, Merging, merge_release};
 use wanbake::model::base_model::BaseModel;
@@ -90,7 +91,8 @@ pub struct Args {
     /// Merge around adapter keys that match nothing (they are listed in the report).
     #[arg(long)]
     pub allow_unmatched: bool,
-    /// Directory of cached LoRA-XS SVD bases (must exist); a second bake reads them.
+    /// Directory of cached LoRA-XS SVD bases (created when missing); a second bake reads
+    /// them.
     #[arg(long, value_name = "DIR")]
     pub svd_cache: Option<PathBuf>,
     /// `--shard-size`.
@@ -134,6 +136,18 @@ pub(super) fn flag_error(b: BadOption) -> UsageError {
     UsageError(format!("--{}: {}", b.field.replace('_', "-"), b.message))
 }
 
+/// The `--adapter` arguments parsed, each path resolved (`io::hub`: a Hugging Face cache
+/// reference or cache repo folder becomes its snapshot).
+pub(super) fn adapter_specs(args: &[String]) -> anyhow::Result<Vec<AdapterSpec>> {
+    args.iter()
+        .map(|a| {
+            let mut spec = AdapterSpec::parse(a).map_err(|e| UsageError(e.to_string()))?;
+            spec.path = wanbake::io::hub::resolve(&spec.path)?;
+            Ok(spec)
+        })
+        .collect()
+}
+
 /// Runs `merge`.
 pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
     let output = output_options(&args)?;
@@ -141,15 +155,11 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
         dora_strength: args.dora_strength,
         allow_unmatched: args.allow_unmatched,
     };
-    let specs = args
-        .adapters
-        .iter()
-        .map(|a| AdapterSpec::parse(a).map_err(|e| UsageError(e.to_string())))
-        .collect::<Result<Vec<_>, _>>()?;
+    let specs = adapter_specs(&args.adapters)?;
     let cache = args
         .svd_cache
         .as_deref()
-        .map(SvdCache::open)
+        .map(SvdCache::create)
         .transpose()
         .map_err(|e| super::hint::FlagError::new("svd-cache", e))?;
     let (compute, device) = args.device.select()?;
@@ -203,11 +213,13 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
 
 fn print_summary(p: &mut Printer, r: &MergeReport, dir: &Path, files: usize, bytes: u64) {
     p.line(format!(
-        "merged {} adapter(s) into {} tensor(s); wrote {} ({files} files, {bytes} bytes, {} tensors)",
-        r.adapters.len(),
-        r.targets_merged,
+        "merged {} into {}; wrote {} ({}, {}, {})",
+        plural(r.adapters.len(), "adapter", "adapters"),
+        plural(r.targets_merged, "tensor", "tensors"),
         dir.display(),
-        r.tensors
+        plural(files, "file", "files"),
+        size(bytes),
+        plural(r.tensors, "tensor", "tensors")
     ));
     for a in &r.adapters {
         let component = if a.component.is_empty() {
@@ -218,17 +230,20 @@ fn print_summary(p: &mut Printer, r: &MergeReport, dir: &Path, files: usize, byt
         let state = if a.skipped {
             "skipped (strength 0)".to_string()
         } else {
-            format!("{} targets", a.targets_merged)
+            plural(a.targets_merged, "target", "targets")
         };
         p.line(format!(
-            "  {}{component}: {}, strength {}, {} entries, {state}",
-            a.adapter, a.convention, a.strength, a.entries
+            "  {}{component}: {}, strength {}, {}, {state}",
+            a.adapter,
+            a.convention,
+            a.strength,
+            plural(a.entries, "entry", "entries")
         ));
         if !a.unmatched_allowed.is_empty() {
             p.warn(format!(
-                "{}: {} unmatched key(s) left out (--allow-unmatched), listed in the manifest",
+                "{}: {} left out (--allow-unmatched), listed in the manifest",
                 a.adapter,
-                a.unmatched_allowed.len()
+                plural(a.unmatched_allowed.len(), "unmatched key", "unmatched keys")
             ));
         }
     }

@@ -147,8 +147,9 @@ pub enum Command {
 }
 
 /// Runs the parsed command line.
-pub fn execute(cli: Cli) -> anyhow::Result<Status> {
+pub fn execute(mut cli: Cli) -> anyhow::Result<Status> {
     let quiet = cli.quiet;
+    resolve_inputs(&mut cli.command)?;
     wanbake::io::input_hash::configure_cache(if cli.no_hash_cache {
         wanbake::io::input_hash::HashCache::Off
     } else {
@@ -179,6 +180,35 @@ pub fn execute(cli: Cli) -> anyhow::Result<Status> {
     }
 }
 
+/// Resolves every model and adapter path of `command` in place (`io::hub`: Hugging Face
+/// cache references and cache repo folders become their snapshot folder), before it runs,
+/// so the command, its messages and its manifest see the folder that is read. `--adapter`
+/// arguments are resolved as they are parsed (`merge::adapter_specs`); recipes resolve
+/// their own paths (`Recipe::parse`).
+fn resolve_inputs(command: &mut Command) -> Result<(), wanbake::io::hub::HubError> {
+    fn one(p: &mut std::path::PathBuf) -> Result<(), wanbake::io::hub::HubError> {
+        *p = wanbake::io::hub::resolve(p)?;
+        Ok(())
+    }
+    let (required, optional) = match command {
+        Command::Inspect(a) => (a.paths.iter_mut().collect(), a.base.as_mut()),
+        Command::Convert(a) => (vec![&mut a.input], None),
+        Command::Translate(a) => (vec![&mut a.adapter], a.base.as_mut()),
+        Command::Merge(a) => (vec![&mut a.base], None),
+        Command::Restack(a) => (vec![&mut a.input], None),
+        Command::Run(a) => (vec![&mut a.model], None),
+        Command::Extract(a) => (vec![&mut a.base], a.tuned.as_mut()),
+        Command::Resize(a) => (vec![&mut a.adapter], a.base.as_mut()),
+        Command::Verify(_) | Command::Synth(_) | Command::Bake(_) | Command::Sign(_) => {
+            (Vec::new(), None)
+        }
+    };
+    for p in required.into_iter().chain(optional) {
+        one(p)?;
+    }
+    Ok(())
+}
+
 /// Runs one subcommand with its printer, showing the progress of every phase it runs
 /// (`progress::watching`).
 fn shown<A>(
@@ -189,10 +219,15 @@ fn shown<A>(
 ) -> anyhow::Result<Status> {
     let mut p = Printer::new(json, quiet);
     let human = p.is_human();
-    progress::watching(human, |screen| {
+    let result = progress::watching(human, |screen| {
         p.show_progress_on(screen);
         execute(args, &mut p)
-    })
+    });
+    if let Err(e) = &result {
+        // The document a script reads instead of the lines on stderr (`main` prints those).
+        p.json(&hint::error_document(e));
+    }
+    result
 }
 
 /// An error in how the command was invoked, found after parsing (exit code 2).

@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+use wanbake::human::size;
 
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget};
 use wanbake::progress::{self, Phase, Snapshot};
@@ -169,7 +170,8 @@ fn new_bar(multi: &MultiProgress, phase: &Phase) -> ProgressBar {
     let (len, template) = if snap.total_bytes > 0 {
         (
             snap.total_bytes,
-            "{prefix:>15} {bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta} {msg}",
+            // Decimal units, as every size wanbake prints (`wanbake::human::size`).
+            "{prefix:>15} {bar:40} {decimal_bytes}/{decimal_total_bytes} {decimal_bytes_per_sec} ETA {eta} {msg}",
         )
     } else {
         (
@@ -248,27 +250,11 @@ fn line(name: &str, s: &Snapshot, elapsed: Duration) -> String {
     };
     format!(
         "{name}: {} of {} ({:.0}%){items}, {}/s",
-        human_bytes(s.bytes),
-        human_bytes(s.total_bytes),
+        size(s.bytes),
+        size(s.total_bytes),
         100.0 * s.bytes as f64 / s.total_bytes.max(1) as f64,
-        human_bytes(rate as u64)
+        size(rate as u64)
     )
-}
-
-/// Bytes in decimal units, as disks are sold.
-pub fn human_bytes(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "kB", "MB", "GB", "TB"];
-    let mut v = b as f64;
-    let mut u = 0;
-    while v >= 1000.0 && u + 1 < UNITS.len() {
-        v /= 1000.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.2} {}", UNITS[u])
-    }
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@
 
 use super::output::{FloatDtypeArg, OutputDir, ShardArg};
 use super::{Printer, Status, UsageError};
+use wanbake::human::{plural, size};
 use wanbake::io::DType;
 use wanbake::synth::{Fill, SynthModel, SynthSpec, synth_release, write_skeleton};
 
@@ -82,10 +83,10 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
     )?;
     let bytes: u64 = r.manifest.files.iter().map(|f| f.bytes).sum();
     p.line(format!(
-        "wrote {} ({} files, {} bytes)",
+        "wrote {} ({}, {})",
         r.dir.display(),
-        r.manifest.files.len(),
-        bytes
+        plural(r.manifest.files.len(), "file", "files"),
+        size(bytes)
     ));
     p.json(&serde_json::json!({"dir": r.dir, "files": r.manifest.files.len(), "bytes": bytes}));
     Ok(Status::Ok)

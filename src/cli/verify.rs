@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use super::{Printer, Status};
+use wanbake::human::plural;
 use wanbake::manifest::{VerifyReport, verify_dir};
 use wanbake::signing::SignatureReport;
 
@@ -56,9 +57,9 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
         p.error_line(format!("mismatch: {}{t}: {}", m.path, m.what));
     }
     p.error_line(format!(
-        "error: {}: verification failed ({} mismatch(es))",
+        "error: {}: verification failed ({})",
         args.dir.display(),
-        report.mismatches.len()
+        plural(report.mismatches.len(), "mismatch", "mismatches")
     ));
     Ok(Status::VerifyFailed)
 }
@@ -75,8 +76,8 @@ pub(super) fn verify_json(
     if let Some(m) = manifest {
         if !m.ok() {
             reasons.push(format!(
-                "{} mismatch(es) with the manifest",
-                m.mismatches.len()
+                "{} with the manifest",
+                plural(m.mismatches.len(), "mismatch", "mismatches")
             ));
         } else if m.status != "ok" {
             reasons.push(format!("the manifest records status `{}`", m.status));

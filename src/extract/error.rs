@@ -32,8 +32,8 @@ pub enum ExtractError {
     Release(#[from] ReleaseError),
     /// Base and tuned are not the same model.
     #[error(
-        "{} and {} are not the same model ({total} mismatch(es)); first: {}\nhint: extract compares a fine-tune with the base it was tuned from (same parameters and shapes; layout and dtype may differ)",
-        base.display(), tuned.display(), first.join("; ")
+        "{} and {} are not the same model ({}); first: {}\nhint: extract compares a fine-tune with the base it was tuned from (same parameters and shapes; layout and dtype may differ)",
+        base.display(), tuned.display(), crate::human::plural(*total, "mismatch", "mismatches"), first.join("; ")
     )]
     Mismatch {
         /// The base.
@@ -86,8 +86,8 @@ pub enum ExtractError {
     },
     /// The target convention cannot express what differs.
     #[error(
-        "--to {to} cannot express {} full-tensor difference(s) (PEFT stores low-rank factors of Linear weights only): {}\nhint: use the default --to comfy (diff/diff_b keys), or pass --linear-only to extract the Linear weights and leave these out (the report lists them)",
-        tensors.len(), tensors.join(", ")
+        "--to {to} cannot express {} (PEFT stores low-rank factors of Linear weights only): {}\nhint: use the default --to comfy (diff/diff_b keys), or pass --linear-only to extract the Linear weights and leave these out (the report lists them)",
+        crate::human::plural(tensors.len(), "full-tensor difference", "full-tensor differences"), tensors.join(", ")
     )]
     Inexpressible {
         /// The target convention.
@@ -97,8 +97,8 @@ pub enum ExtractError {
     },
     /// The adapter holds entries resize does not reduce.
     #[error(
-        "{}: resize reduces plain LoRA modules and keeps diffs; {} entr(ies) are other kinds: {}\nhint: `wanbake extract --base BASE --adapter {} --rank R` turns any adapter stack into a plain LoRA",
-        path.display(), entries.len(), entries.join(", "), path.display()
+        "{}: resize reduces plain LoRA modules and keeps diffs; {} of other kinds: {}\nhint: `wanbake extract --base BASE --adapter {} --rank R` turns any adapter stack into a plain LoRA",
+        path.display(), crate::human::plural(entries.len(), "entry is", "entries are"), entries.join(", "), path.display()
     )]
     ResizeKinds {
         /// The adapter.

@@ -254,7 +254,8 @@ fn probe_device(ordinal: usize) -> Result<DeviceInfo, BackendError> {
     let index = i32::try_from(ordinal).unwrap_or(i32::MAX);
     if count <= index {
         return Err(BackendError::unavailable(format!(
-            "no CUDA device {ordinal} (the driver reports {count} device(s))"
+            "no CUDA device {ordinal} (the driver reports {})",
+            crate::human::plural(usize::try_from(count).unwrap_or(0), "device", "devices")
         )));
     }
     let dev = driver::device::get(index)

@@ -295,6 +295,21 @@ pub enum SourceKind {
     Orbax,
 }
 
+impl SourceKind {
+    /// What it is, in words (`inspect`'s text; the JSON has the snake_case name).
+    pub fn describe(self) -> &'static str {
+        match self {
+            SourceKind::File => "safetensors file",
+            SourceKind::Sharded => "sharded safetensors (index and shards)",
+            SourceKind::ModelFolder => "diffusers model folder",
+            SourceKind::Pipeline => "pipeline folder",
+            SourceKind::PeftFolder => "PEFT adapter folder",
+            SourceKind::Folder => "folder with one weights file",
+            SourceKind::Orbax => "Orbax checkpoint",
+        }
+    }
+}
+
 /// A small JSON sidecar read along with the weights (config.json, adapter_config.json).
 #[derive(Clone, Debug)]
 pub struct Sidecar {

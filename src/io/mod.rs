@@ -7,8 +7,9 @@
 //! of outputs (`digest`) and of inputs, with their cache (`input_hash`), what an output will
 //! contain (`writer`), the atomic, durable writing of it (`staging`) through an ordered
 //! window that hashes and writes each byte once (`ordered`), the GGUF container
-//! (`gguf`) and the quantized encodings (`quant`: scaled fp8, ggml block types). Does not
-//! own: what tensors mean (`model`, `adapter`) or how they are computed (`merge`).
+//! (`gguf`), the quantized encodings (`quant`: scaled fp8, ggml block types) and where a
+//! Hugging Face cache reference points (`hub`). Does not own: what tensors mean (`model`,
+//! `adapter`) or how they are computed (`merge`).
 
 pub mod checkpoint;
 pub mod digest;
@@ -17,6 +18,7 @@ pub mod file;
 pub mod gguf;
 pub mod header;
 pub mod header_layout;
+pub mod hub;
 pub mod input_hash;
 pub mod mmap;
 pub mod orbax;

@@ -213,8 +213,14 @@ pub struct SvdCache {
 }
 
 impl SvdCache {
-    /// Uses `dir`, which must exist and be a directory (it is not created: a mistyped path
-    /// should fail, not silently start an empty cache).
+    /// Uses `dir`, created (with its parents) when missing: what `--svd-cache` and a
+    /// recipe's `[merge] svd_cache` name. A path that exists and is not a directory fails.
+    pub fn create(dir: &Path) -> Result<SvdCache, CacheError> {
+        fs_err::create_dir_all(dir).map_err(|e| io_error(dir, e))?;
+        SvdCache::open(dir)
+    }
+
+    /// Uses `dir`, which must exist and be a directory.
     pub fn open(dir: &Path) -> Result<SvdCache, CacheError> {
         let meta = fs_err::metadata(dir).map_err(|e| io_error(dir, e))?;
         if !meta.is_dir() {
