@@ -1002,3 +1002,220 @@ fn comfyui_gguf_loads_the_variants_as_wanbake_dequantizes_them() {
     }
     assert_eq!(files, 4);
 }
+
+// ---------------------------------------------------------------------------------------
+// Wan Fun: ref_conv is merged, quantized and refused outside the original names
+
+/// The tiny I2V golden (original names) with a Fun V1.1 Control `ref_conv` (Conv2d 16 -> D,
+/// kernel 2x2, VideoX-Fun wan_transformer3d.py) added, and a ComfyUI LoRA on it.
+fn fun_fixture(dir: &Path) -> (PathBuf, PathBuf, usize) {
+    let d = 32;
+    let mut rng = Rng::new(31);
+    let mut draws = |n: usize| -> Vec<f32> { (0..n).map(|_| 0.1 * rng.signed_f32()).collect() };
+    let file = Checkpoint::open(&repo().join("golden/models/i2v_original.safetensors")).unwrap();
+    let mut tensors: Vec<(String, Vec<usize>, Vec<f32>)> = file.components[0]
+        .tensors
+        .tensors()
+        .map(|t| {
+            (
+                t.view.name.to_string(),
+                t.view.shape.to_vec(),
+                t.view.to_f32().unwrap(),
+            )
+        })
+        .collect();
+    tensors.push(("ref_conv.weight".into(), vec![d, 16, 2, 2], draws(d * 64)));
+    tensors.push(("ref_conv.bias".into(), vec![d], draws(d)));
+    let model = dir.join("fun.safetensors");
+    let borrowed: Vec<(&str, Vec<usize>, Vec<f32>)> = tensors
+        .iter()
+        .map(|(n, s, v)| (n.as_str(), s.clone(), v.clone()))
+        .collect();
+    write_f32(&model, &borrowed);
+    let lora = dir.join("fun_lora.safetensors");
+    write_f32(
+        &lora,
+        &[
+            (
+                "diffusion_model.ref_conv.lora_down.weight",
+                vec![4, 16, 2, 2],
+                draws(4 * 64),
+            ),
+            (
+                "diffusion_model.ref_conv.lora_up.weight",
+                vec![d, 4, 1, 1],
+                draws(d * 4),
+            ),
+            ("diffusion_model.ref_conv.alpha", vec![], vec![8.0]),
+        ],
+    );
+    (model, lora, d)
+}
+
+#[test]
+fn a_fun_ref_conv_lora_merges_by_hand_math_and_other_layouts_refuse_it() {
+    let root = tmp();
+    let dir = root.path();
+    let (model, lora, d) = fun_fixture(dir);
+    let out = merge(dir, &model, s(&lora), "fun_merged");
+    let merged = values(
+        &std::fs::read_dir(&out)
+            .unwrap()
+            .find_map(|e| {
+                let p = e.unwrap().path();
+                (p.extension()? == "safetensors").then_some(p)
+            })
+            .unwrap(),
+    );
+    let (base, l) = (values(&model), values(&lora));
+    let (down, up) = (
+        &l["diffusion_model.ref_conv.lora_down.weight"],
+        &l["diffusion_model.ref_conv.lora_up.weight"],
+    );
+    // W + alpha/r · up @ down, in f64, the Conv2d weight as (D, 64) (hand-derived).
+    for o in 0..d {
+        for i in 0..64 {
+            let delta: f64 = (0..4)
+                .map(|k| f64::from(up[o * 4 + k]) * f64::from(down[k * 64 + i]))
+                .sum::<f64>()
+                * 2.0;
+            let want = f64::from(base["ref_conv.weight"][o * 64 + i]) + delta;
+            let got = f64::from(merged["ref_conv.weight"][o * 64 + i]);
+            assert!((got - want).abs() < 1e-6, "[{o}, {i}]: {got} vs {want}");
+        }
+    }
+    for (name, v) in &base {
+        if name != "ref_conv.weight" {
+            assert_eq!(&merged[name], v, "{name} changed");
+        }
+    }
+    // diffusers and MaxDiffusion have no Fun class: refused, nothing written.
+    for to in ["diffusers", "nnx"] {
+        let o = run(dir, &["restack", s(&model), "--to", to, "--out", to]);
+        let (code, _, err) = parts(&o);
+        assert_ne!(code, 0, "{to}");
+        assert!(
+            err.contains("no Wan Fun class") && err.contains("ref_conv.weight"),
+            "{err}"
+        );
+        assert!(!dir.join(to).exists(), "{to} written");
+    }
+    // fp8-scaled: ref_conv is a convolution, not an nn.Linear: it stays high precision.
+    ok(run(
+        dir,
+        &["convert", s(&model), "--to", "fp8-scaled", "--out", "f8"],
+    ));
+    let f8 = std::fs::read_dir(dir.join("f8"))
+        .unwrap()
+        .find_map(|e| {
+            let p = e.unwrap().path();
+            (p.extension()? == "safetensors").then_some(p)
+        })
+        .unwrap();
+    let file = Checkpoint::open(&f8).unwrap();
+    let dtype = |n: &str| {
+        (file.components[0].tensors.tensors())
+            .find(|t| t.view.name == n)
+            .map(|t| t.view.dtype)
+    };
+    assert_eq!(dtype("ref_conv.weight"), Some(DType::F16));
+    assert_eq!(dtype("blocks.0.self_attn.q.weight"), Some(DType::F8_E4M3));
+}
+
+// ---------------------------------------------------------------------------------------
+// Wan2.2-Animate: named, merged in the naming it is in, refused where not converted
+
+/// The weights of a model folder or file (every shard).
+fn model_values(path: &Path) -> BTreeMap<String, Vec<f32>> {
+    let c = Checkpoint::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    (c.components[0].tensors.tensors())
+        .map(|t| (t.view.name.to_string(), t.view.to_f32().unwrap()))
+        .collect()
+}
+
+#[test]
+fn animate_is_named_and_its_loras_merge_like_peft_in_its_own_naming() {
+    let root = tmp();
+    let dir = root.path();
+    // The released file lists (meta-device diffusers model, and its original names proved
+    // against DiffSynth's hash of the real file) are Wan2.2-Animate-14B in both namings.
+    let shapes = read_shapes(&g("animate/shapes/animate_14b.json"));
+    for naming in ["original", "diffusers"] {
+        let list: Vec<(String, Vec<usize>)> = shapes[naming]["tensors"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (k.clone(), serde_json::from_value(v.clone()).unwrap()))
+            .collect();
+        let file = dir.join(format!("animate_{naming}.safetensors"));
+        header_only(&file, &list);
+        let (fp, _) = inspect_fingerprint(dir, &file);
+        assert_eq!(fp["variant"], "wan2.2-animate-14b", "{naming}: {fp}");
+    }
+    let a = |f: &str| g(&format!("animate/adapters/{f}"));
+    let r = |f: &str| model_values(&g(&format!("animate/references/{f}.safetensors")));
+    let cases = [
+        ("models/animate", a("peft_animate"), "peft_animate"),
+        (
+            "models/animate",
+            a("diffusers_animate/pytorch_lora_weights.safetensors"),
+            "peft_animate",
+        ),
+        (
+            "models/animate_original.safetensors",
+            a("comfy_animate/comfy_animate.safetensors"),
+            "peft_animate__original",
+        ),
+        (
+            "models/animate_original.safetensors",
+            a("kohya_animate/kohya_animate.safetensors"),
+            "peft_animate__original",
+        ),
+        (
+            "models/animate_original.safetensors",
+            a("diffsynth_animate/diffsynth_animate.safetensors"),
+            "peft_animate__original",
+        ),
+    ];
+    let identity = |n: &str| n.to_string();
+    for (i, (base, adapter, reference)) in cases.iter().enumerate() {
+        let base = g(&format!("animate/{base}"));
+        let before = model_values(&base);
+        for (strength, suffix) in [("1", ""), ("0.5", "__s0.5")] {
+            let spec = format!("{}:{strength}", s(adapter));
+            let out = merge(dir, &base, &spec, &format!("m{i}_{strength}"));
+            let got = model_values(&out);
+            let want = r(&format!("{reference}{suffix}"));
+            check_merge(
+                &format!("{reference} {strength}"),
+                &got,
+                &before,
+                &want,
+                &identity,
+            );
+        }
+    }
+    // Restack and quantized outputs do not convert the Animate modules: refused, saying so.
+    let original = g("animate/models/animate_original.safetensors");
+    for args in [
+        vec![
+            "restack",
+            s(&original),
+            "--to",
+            "diffusers",
+            "--from",
+            "wan",
+            "--out",
+            "r",
+        ],
+        vec!["convert", s(&original), "--to", "fp8-scaled", "--out", "q"],
+    ] {
+        let (code, _, err) = parts(&run(dir, &args));
+        assert_ne!(code, 0, "{args:?}");
+        assert!(
+            err.contains("Wan2.2-Animate's own modules"),
+            "{args:?}: {err}"
+        );
+    }
+    assert!(!dir.join("r").exists() && !dir.join("q").exists());
+}

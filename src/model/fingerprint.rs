@@ -85,6 +85,9 @@ pub fn fingerprint_found(
     if animate::is_animate(names) {
         return fingerprint_animate(src, names);
     }
+    if let Some(f) = fingerprint_vace_module(src, names) {
+        return f;
+    }
     if let Some(f) = fingerprint_wan(src, names, layout) {
         return f;
     }
@@ -211,6 +214,59 @@ fn fingerprint_wan(
         derived,
         notes,
         wan: Some(cfg),
+    })
+}
+
+/// A VACE "module" file (Kijai's `Wan2_1-VACE_module_*.safetensors`, read by
+/// ComfyUI-WanVideoWrapper beside a Wan T2V model): only `vace_patch_embedding` and
+/// `vace_blocks.*`, original names. Its width says which released VACE model it is the
+/// VACE part of (diffusers' single-file detection reads the same width).
+fn fingerprint_vace_module(src: &dyn ShapeSource, names: &[String]) -> Option<Fingerprint> {
+    let all_vace = !names.is_empty()
+        && names
+            .iter()
+            .all(|n| super::wan_names::strip_wan_prefix(n).starts_with("vace_"));
+    if !all_vace {
+        return None;
+    }
+    let embed = names
+        .iter()
+        .find(|n| super::wan_names::strip_wan_prefix(n) == "vace_patch_embedding.weight")
+        .and_then(|n| src.shape(n));
+    let blocks = indexed_count(names, "vace_blocks.");
+    let (width, channels) = match embed.as_deref() {
+        Some([d, c, ..]) => (*d, *c),
+        _ => (0, 0),
+    };
+    let released = [WanVariant::Vace1_3B, WanVariant::Vace14B]
+        .into_iter()
+        .find(|v| {
+            let c = v.config();
+            c.inner_dim() == width
+                && c.vace_in_channels == Some(channels)
+                && c.blocks_of(super::wan_names::Scope::VaceBlock) == blocks
+        });
+    let description = match released {
+        Some(v) => format!("VACE module of {} (its VACE blocks only)", v.name()),
+        None => "VACE module (VACE blocks only) of an unreleased shape".into(),
+    };
+    Some(Fingerprint {
+        family: "wan".into(),
+        variant: released.map(|v| format!("{}-module", v.id())),
+        description,
+        naming: Some("wan".into()),
+        derived: serde_json::json!({
+            "inner_dim": width,
+            "vace_in_channels": channels,
+            "vace_blocks": blocks,
+        }),
+        notes: vec![
+            "a VACE module is loaded beside a Wan T2V model of the same width (ComfyUI-\
+             WanVideoWrapper's VACE model input); it is not a model on its own, so commands \
+             that read a whole model refuse it"
+                .into(),
+        ],
+        wan: None,
     })
 }
 
@@ -388,6 +444,30 @@ mod tests {
                 let f = fingerprint(&Shapes(tensors));
                 assert_eq!(f.variant.as_deref(), Some(v.id()), "{layout} {f:?}");
             }
+        }
+    }
+
+    #[test]
+    fn a_vace_module_file_is_named_by_the_model_it_belongs_to() {
+        use crate::model::wan_layout::Layout;
+        use crate::model::wan_names::parse_canonical;
+        for (v, id) in [
+            (WanVariant::Vace14B, "wan2.1-vace-14b-module"),
+            (WanVariant::Vace1_3B, "wan2.1-vace-1.3b-module"),
+        ] {
+            // Kijai's module files: the VACE tensors only, original names, no prefix.
+            let tensors = v
+                .config()
+                .diffusers_params()
+                .into_iter()
+                .filter(|p| p.name.starts_with("vace_"))
+                .map(|p| {
+                    let (row, block) = parse_canonical(&p.name).unwrap();
+                    (row.stored_name(Layout::Wan, block.unwrap_or(0)).0, p.shape)
+                })
+                .collect();
+            let f = fingerprint(&Shapes(tensors));
+            assert_eq!(f.variant.as_deref(), Some(id), "{f:?}");
         }
     }
 
