@@ -217,17 +217,22 @@ pub struct StackCounts {
 fn count_layers(
     parsed: &[(&StoredTensor, &'static NameRow, Position)],
 ) -> Result<StackCounts, PlanError> {
-    let vace = parsed
+    let blocks = count_blocks(parsed)?;
+    let vace = unscanned_count(parsed, Scope::VaceBlock);
+    Ok(StackCounts { blocks, vace })
+}
+
+/// One more than the largest unscanned block index of `scope`'s stack (0 without one).
+fn unscanned_count(parsed: &[(&StoredTensor, &'static NameRow, Position)], scope: Scope) -> usize {
+    parsed
         .iter()
-        .filter(|(_, e, _)| e.scope == Scope::VaceBlock)
+        .filter(|(_, e, _)| e.scope == scope)
         .filter_map(|(_, _, p)| match p {
             Position::Block(b) => Some(b + 1),
             _ => None,
         })
         .max()
-        .unwrap_or(0);
-    let blocks = count_blocks(parsed)?;
-    Ok(StackCounts { blocks, vace })
+        .unwrap_or(0)
 }
 
 /// L: see [`count_layers`].
@@ -251,15 +256,7 @@ fn count_blocks(
                 expected: 0,
             });
     }
-    Ok(parsed
-        .iter()
-        .filter(|(_, e, _)| e.scope == Scope::Block)
-        .filter_map(|(_, _, p)| match p {
-            Position::Block(b) => Some(b + 1),
-            _ => None,
-        })
-        .max()
-        .unwrap_or(0))
+    Ok(unscanned_count(parsed, Scope::Block))
 }
 
 /// Resolves every parsed key to its canonical parameter(s) with PyTorch shapes; stacked
