@@ -107,3 +107,45 @@ fn the_summary_names_what_each_command_does() {
     let translate = line("translate");
     assert!(translate.contains("LyCORIS"), "{translate}");
 }
+
+#[test]
+fn completion_scripts_name_every_command_and_survive_a_closed_pipe() {
+    let d = tmp();
+    let commands = [
+        "inspect",
+        "verify",
+        "synth",
+        "convert",
+        "translate",
+        "merge",
+        "restack",
+        "run",
+        "bake",
+        "sign",
+        "extract",
+        "resize",
+    ];
+    for (shell, header) in [
+        ("bash", "_wanbake()"),
+        ("zsh", "#compdef wanbake"),
+        ("fish", "complete -c wanbake"),
+    ] {
+        let script = ok(run(d.path(), &["completions", shell]));
+        assert!(script.contains(header), "{shell}: {script}");
+        for c in commands {
+            assert!(script.contains(c), "{shell}: no `{c}`");
+        }
+        // A flag of one command, with its values: merge's --to lists fp8-scaled.
+        assert!(script.contains("fp8-scaled"), "{shell}");
+    }
+    let bad = run(d.path(), &["completions", "tcsh"]);
+    assert_eq!(parts(&bad).0, 2);
+    // `wanbake completions bash | head -1`: the reader goes away, the command still exits 0.
+    let mut child = std::process::Command::new(bin())
+        .args(["completions", "bash"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    assert!(child.wait().unwrap().success());
+}

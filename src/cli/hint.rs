@@ -56,6 +56,7 @@ impl FrontEnd {
             Command::Sign(_) => FrontEnd::Flags("sign"),
             Command::Extract(_) => FrontEnd::Flags("extract"),
             Command::Resize(_) => FrontEnd::Flags("resize"),
+            Command::Completions(_) => FrontEnd::Flags("completions"),
         }
     }
 

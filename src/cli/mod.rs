@@ -17,6 +17,7 @@
 use clap::{Parser, Subcommand};
 
 pub mod bake;
+pub mod completions;
 pub mod convert;
 pub mod device;
 pub mod extract;
@@ -144,6 +145,8 @@ pub enum Command {
     /// Reduce a LoRA's ranks (best rank-R approximation of σ·B·A), in its own convention.
     #[command(mut_arg("dtype", |a| a.help(RESIZE_DTYPE)))]
     Resize(extract::ResizeArgs),
+    /// Print the shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions(completions::Args),
 }
 
 /// Runs the parsed command line.
@@ -177,6 +180,7 @@ pub fn execute(mut cli: Cli) -> anyhow::Result<Status> {
         Command::Sign(a) => shown(a.json, quiet, a, sign::execute),
         Command::Extract(a) => shown(a.json, quiet, a, extract::execute_extract),
         Command::Resize(a) => shown(a.json, quiet, a, extract::execute_resize),
+        Command::Completions(a) => completions::execute(a),
     }
 }
 
@@ -199,9 +203,11 @@ fn resolve_inputs(command: &mut Command) -> Result<(), wanbake::io::hub::HubErro
         Command::Run(a) => (vec![&mut a.model], None),
         Command::Extract(a) => (vec![&mut a.base], a.tuned.as_mut()),
         Command::Resize(a) => (vec![&mut a.adapter], a.base.as_mut()),
-        Command::Verify(_) | Command::Synth(_) | Command::Bake(_) | Command::Sign(_) => {
-            (Vec::new(), None)
-        }
+        Command::Verify(_)
+        | Command::Synth(_)
+        | Command::Bake(_)
+        | Command::Sign(_)
+        | Command::Completions(_) => (Vec::new(), None),
     };
     for p in required.into_iter().chain(optional) {
         one(p)?;
