@@ -16,6 +16,8 @@ use crate::io::writer::{ComponentOutput, OutputPlan};
 use crate::io::{DType, dtype};
 use crate::model::sa3::{Sa3Variant, sa3_params};
 use crate::model::wan::{ParamSpec, WanConfig, WanVariant};
+use crate::model::wan_layout::{LAYOUT_FIELD, Layout};
+use crate::model::wan_names::parse_canonical;
 use crate::release::{Hooks, Release, ReleaseError, ReleaseRequest, write_release};
 use crate::rng::SplitMix64;
 
@@ -131,20 +133,54 @@ fn wan_component(
     dtype: DType,
     shard: Option<u64>,
 ) -> ComponentOutput {
+    let (layout, params) = synth_names(cfg);
     let mut config = serde_json::to_value(cfg).expect("config serialises");
     if let serde_json::Value::Object(m) = &mut config {
         m.insert("_class_name".into(), cfg.class_name().into());
+        if layout != Layout::Diffusers {
+            m.insert(LAYOUT_FIELD.into(), layout.as_str().into());
+        }
     }
     let mut cbytes = serde_json::to_vec_pretty(&config).expect("config serialises");
     cbytes.push(b'\n');
     ComponentOutput {
         rel_dir: rel_dir.into(),
         stem: "diffusion_pytorch_model".into(),
-        tensors: planned(&cfg.diffusers_params(), dtype),
+        tensors: planned(&params, dtype),
         metadata: BTreeMap::from([("format".to_string(), "pt".to_string())]),
         sidecars: vec![("config.json".into(), cbytes)],
         max_shard_bytes: shard,
     }
+}
+
+/// `cfg` cut to its first `layers` blocks, with the VACE blocks that follow one of them.
+fn with_layers(mut cfg: WanConfig, layers: Option<usize>) -> WanConfig {
+    if let Some(l) = layers {
+        cfg.num_layers = l;
+        if let Some(v) = &mut cfg.vace_layers {
+            v.retain(|&b| b < l);
+        }
+    }
+    cfg
+}
+
+/// The names a synthetic model is written in: diffusers', or the original Wan names for a
+/// model part diffusers has no class for (Wan Fun's `ref_conv` and `control_adapter`, which
+/// the released Fun files hold in original names).
+fn synth_names(cfg: &WanConfig) -> (Layout, Vec<ParamSpec>) {
+    let params = cfg.diffusers_params();
+    let rows = || params.iter().filter_map(|p| parse_canonical(&p.name));
+    if rows().all(|(row, _)| row.fits(Layout::Diffusers)) {
+        return (Layout::Diffusers, params);
+    }
+    let wan = rows()
+        .zip(&params)
+        .map(|((row, block), p)| ParamSpec {
+            name: row.stored_name(Layout::Wan, block.unwrap_or(0)).0,
+            shape: p.shape.clone(),
+        })
+        .collect();
+    (Layout::Wan, wan)
 }
 
 fn planned(params: &[ParamSpec], dtype: DType) -> Vec<PlannedTensor> {
@@ -160,12 +196,7 @@ fn planned(params: &[ParamSpec], dtype: DType) -> Vec<PlannedTensor> {
 
 /// The output plan of a synthetic checkpoint.
 pub fn synth_plan(spec: &SynthSpec) -> Result<OutputPlan, crate::io::header_layout::LayoutError> {
-    let wan = |mut cfg: WanConfig| {
-        if let Some(l) = spec.layers {
-            cfg.num_layers = l;
-        }
-        cfg
-    };
+    let wan = |cfg: WanConfig| with_layers(cfg, spec.layers);
     let (components, root) = match &spec.model {
         SynthModel::Wan(v) => (
             vec![wan_component(
@@ -348,4 +379,23 @@ pub fn write_skeleton(spec: &SynthSpec, dest: &Path) -> Result<OutputPlan, Relea
     let staging = Staging::begin(dest, plan.clone(), &[], Replace::Never, Allocation::Sparse)?;
     staging.commit_unsealed()?;
     Ok(plan)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fun_extras_are_written_in_original_names_and_vace_layers_follow_the_blocks_kept() {
+        let (layout, params) = synth_names(&WanVariant::FunV11Control1_3B.config());
+        assert_eq!(layout, Layout::Wan);
+        let names: Vec<&str> = params.iter().map(|p| p.name.as_str()).collect();
+        assert!(names.contains(&"ref_conv.weight") && names.contains(&"head.head.weight"));
+        assert_eq!(
+            synth_names(&WanVariant::Vace14B.config()).0,
+            Layout::Diffusers
+        );
+        let cut = with_layers(WanVariant::Vace14B.config(), Some(6));
+        assert_eq!(cut.vace_layers, Some(vec![0, 5]));
+    }
 }
