@@ -267,7 +267,9 @@ fn snapshot_of(repo: &Path, revision: &str) -> Result<PathBuf, HubError> {
         })?;
         let commit = commit.trim().to_string();
         let snapshot = repo.join("snapshots").join(&commit);
-        if commit.is_empty() || commit.contains(['/', '\\']) || !snapshot.is_dir() {
+        let component =
+            !matches!(commit.as_str(), "" | "." | "..") && !commit.contains(['/', '\\']);
+        if !component || !snapshot.is_dir() {
             return Err(HubError::MissingSnapshot {
                 reference,
                 commit,
@@ -290,6 +292,19 @@ fn snapshot_of(repo: &Path, revision: &str) -> Result<PathBuf, HubError> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_ref_naming_a_parent_folder_is_no_snapshot() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = dir.path().join("models--o--n");
+        std::fs::create_dir_all(repo.join("refs")).unwrap();
+        std::fs::create_dir_all(repo.join("snapshots")).unwrap();
+        for commit in ["..", ".", "../../x", ""] {
+            std::fs::write(repo.join("refs/main"), commit).unwrap();
+            let e = snapshot_of(&repo, "main").unwrap_err();
+            assert!(matches!(e, HubError::MissingSnapshot { .. }), "{commit:?}: {e}");
+        }
+    }
+
     use super::*;
 
     #[test]
