@@ -301,7 +301,10 @@ mod tests {
         for commit in ["..", ".", "../../x", ""] {
             std::fs::write(repo.join("refs/main"), commit).unwrap();
             let e = snapshot_of(&repo, "main").unwrap_err();
-            assert!(matches!(e, HubError::MissingSnapshot { .. }), "{commit:?}: {e}");
+            assert!(
+                matches!(e, HubError::MissingSnapshot { .. }),
+                "{commit:?}: {e}"
+            );
         }
     }
 
