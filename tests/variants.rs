@@ -1219,3 +1219,52 @@ fn animate_is_named_and_its_loras_merge_like_peft_in_its_own_naming() {
     }
     assert!(!dir.join("r").exists() && !dir.join("q").exists());
 }
+
+#[test]
+fn released_fun_files_are_recognised_as_their_variants() {
+    use WanVariant::*;
+    // The original-named tensor lists of the released files (golden/variants/fun/shapes,
+    // each equal to DiffSynth-Studio's md5 of the real file's names and shapes, or inferred
+    // from the entry DiffSynth loads it through; see fun/FACTS.md).
+    let cases = [
+        ("Wan2.1-Fun-1.3B-InP", SkyReelsI2V1_3B),
+        ("Wan2.1-Fun-V1.1-1.3B-InP", SkyReelsI2V1_3B),
+        ("Wan2.1-Fun-14B-InP", I2V14B),
+        ("Wan2.1-Fun-V1.1-14B-InP", I2V14B),
+        ("Wan2.1-Fun-1.3B-Control", FunControl1_3B),
+        ("Wan2.1-Fun-14B-Control", FunControl14B),
+        ("Wan2.1-Fun-V1.1-1.3B-Control", FunV11Control1_3B),
+        ("Wan2.1-Fun-V1.1-14B-Control", FunV11Control14B),
+        ("Wan2.1-Fun-V1.1-1.3B-Control-Camera", FunV11Camera1_3B),
+        ("Wan2.1-Fun-V1.1-14B-Control-Camera", FunV11Camera14B),
+        ("Wan2.2-Fun-A14B-InP", I2VA14B),
+        ("Wan2.2-Fun-A14B-Control", Fun22Control),
+        ("Wan2.2-Fun-A14B-Control-Camera", Fun22Camera),
+        ("Wan2.2-VACE-Fun-A14B", Vace14B),
+    ];
+    let t = tmp();
+    for (model, variant) in cases {
+        let j = read_shapes(&g(&format!("fun/shapes/{model}.json")));
+        let list: Vec<(String, Vec<usize>)> = j["original"]["tensors"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (k.clone(), serde_json::from_value(v.clone()).unwrap()))
+            .collect();
+        let file = t.path().join(format!("{model}.safetensors"));
+        header_only(&file, &list);
+        let (f, c) = inspect_fingerprint(t.path(), &file);
+        assert_eq!(f["variant"].as_str(), Some(variant.id()), "{model}: {f}");
+        assert_eq!(f["naming"], "wan", "{model}");
+        assert_eq!(
+            c["parameter_count"], j["original"]["num_parameters"],
+            "{model}"
+        );
+        assert_eq!(
+            variant.expected_params(),
+            j["original"]["num_parameters"],
+            "{model}"
+        );
+        std::fs::remove_file(&file).unwrap();
+    }
+}

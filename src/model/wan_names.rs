@@ -582,59 +582,50 @@ fn build_entries() -> Vec<NameRow> {
 /// MaxDiffusion have no Fun class, so these names are the same in every naming and no NNX
 /// or diffusers layout holds them ([`NameRow::unfit`]).
 fn fun_rows(e: &mut Vec<NameRow>) {
-    let conv2d = |d: &'static str, w: &'static str, input: Dim, k: [Dim; 2]| {
-        [
-            NameRow {
-                scope: Scope::Top,
-                diffusers: d,
-                wan: d,
-                nnx: "",
-                to_nnx: Transform::Identity,
-                shape: match (input, k) {
-                    (Dim::RefConvIn, _) => &[Dim::Inner, Dim::RefConvIn, Dim::PatchH, Dim::PatchW],
-                    (Dim::ControlIn, _) => &[Dim::Inner, Dim::ControlIn, Dim::PatchH, Dim::PatchW],
-                    _ => &[Dim::Inner, Dim::Inner, Dim::Three, Dim::Three],
-                },
-                part: WanPart::Core,
-            },
-            NameRow {
-                scope: Scope::Top,
-                diffusers: w,
-                wan: w,
-                nnx: "",
-                to_nnx: Transform::Identity,
-                shape: &[Dim::Inner],
-                part: WanPart::Core,
-            },
-        ]
+    // A Conv2d: the weight of `shape` (O, I, kH, kW) and its bias (O).
+    let conv2d = |weight: &'static str, bias: &'static str, shape: &'static [Dim]| {
+        let row = |name, shape| NameRow {
+            scope: Scope::Top,
+            diffusers: name,
+            wan: name,
+            nnx: "",
+            to_nnx: Transform::Identity,
+            shape,
+            part: WanPart::Core,
+        };
+        [row(weight, shape), row(bias, &[Dim::Inner])]
     };
-    let patch = [Dim::PatchH, Dim::PatchW];
-    let three = [Dim::Three, Dim::Three];
+    use Dim::{ControlIn, Inner, PatchH, PatchW, RefConvIn, Three};
     e.extend(only_in(
         WanPart::RefConv,
-        conv2d("ref_conv.weight", "ref_conv.bias", Dim::RefConvIn, patch),
+        conv2d(
+            "ref_conv.weight",
+            "ref_conv.bias",
+            &[Inner, RefConvIn, PatchH, PatchW],
+        ),
     ));
-    for (d, w, input, k) in [
+    let adapter: [(&str, &str, &[Dim]); 3] = [
         (
             "control_adapter.conv.weight",
             "control_adapter.conv.bias",
-            Dim::ControlIn,
-            patch,
+            &[Inner, ControlIn, PatchH, PatchW],
         ),
         (
             "control_adapter.residual_blocks.0.conv1.weight",
             "control_adapter.residual_blocks.0.conv1.bias",
-            Dim::Inner,
-            three,
+            &[Inner, Inner, Three, Three],
         ),
         (
             "control_adapter.residual_blocks.0.conv2.weight",
             "control_adapter.residual_blocks.0.conv2.bias",
-            Dim::Inner,
-            three,
+            &[Inner, Inner, Three, Three],
         ),
-    ] {
-        e.extend(only_in(WanPart::ControlAdapter, conv2d(d, w, input, k)));
+    ];
+    for (weight, bias, shape) in adapter {
+        e.extend(only_in(
+            WanPart::ControlAdapter,
+            conv2d(weight, bias, shape),
+        ));
     }
 }
 
