@@ -192,7 +192,14 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
     )?;
     let files = &outcome.release.manifest.files;
     let bytes: u64 = files.iter().map(|f| f.bytes).sum();
-    print_summary(p, &outcome.report, &outcome.release.dir, files.len(), bytes);
+    let quantized = output.quantize.is_some();
+    print_summary(
+        p,
+        &outcome.report,
+        &outcome.release.dir,
+        (files.len(), bytes),
+        quantized,
+    );
     let report = match &output.quantize {
         None => serde_json::to_value(&outcome.report)?,
         Some(q) => {
@@ -211,7 +218,15 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
     Ok(Status::Ok)
 }
 
-fn print_summary(p: &mut Printer, r: &MergeReport, dir: &Path, files: usize, bytes: u64) {
+/// The summary lines; `quantized`: the quantization report follows and decides every
+/// tensor's encoding, so the dtype, layout and keep-f32 options are not printed.
+fn print_summary(
+    p: &mut Printer,
+    r: &MergeReport,
+    dir: &Path,
+    (files, bytes): (usize, u64),
+    quantized: bool,
+) {
     p.line(format!(
         "merged {} into {}; wrote {} ({}, {}, {})",
         plural(r.adapters.len(), "adapter", "adapters"),
@@ -254,13 +269,17 @@ fn print_summary(p: &mut Printer, r: &MergeReport, dir: &Path, files: usize, byt
             s.computed, s.hits, s.misses, s.replaced
         ));
     }
-    p.line(format!(
-        "  dtype {}, layout {}, keep-f32 {}, DoRA strength {}",
-        r.dtype,
-        r.layout,
-        r.keep_f32,
-        r.dora_strength.as_str()
-    ));
+    if quantized {
+        p.line(format!("  DoRA strength {}", r.dora_strength.as_str()));
+    } else {
+        p.line(format!(
+            "  dtype {}, layout {}, keep-f32 {}, DoRA strength {}",
+            r.dtype,
+            r.layout,
+            r.keep_f32,
+            r.dora_strength.as_str()
+        ));
+    }
 }
 
 /// `--out x.gguf` is refused: a quantized output is a release directory.
