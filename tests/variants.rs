@@ -1268,3 +1268,33 @@ fn released_fun_files_are_recognised_as_their_variants() {
         std::fs::remove_file(&file).unwrap();
     }
 }
+
+#[test]
+fn a_kijai_vace_module_file_is_named_as_one_and_refused_as_a_whole_model() {
+    // The golden module file holds only vace_blocks.* and vace_patch_embedding.* of the tiny
+    // VACE model (original names, no prefix: kijai/ComfyUI-WanVideoWrapper@3317577), whose
+    // config is D = 2 heads x 16, vace_in_channels 6, vace_layers [0, 2] (manifest.json).
+    let t = tmp();
+    let module = g("vace/models/vace_module.safetensors");
+    let (f, _) = inspect_fingerprint(t.path(), &module);
+    assert!(
+        f["description"]
+            .as_str()
+            .unwrap()
+            .starts_with("VACE module"),
+        "{f}"
+    );
+    assert_eq!(f["variant"], serde_json::Value::Null, "{f}");
+    let d = &f["derived"];
+    assert_eq!(
+        (d["inner_dim"].as_u64(), d["vace_in_channels"].as_u64()),
+        (Some(32), Some(6))
+    );
+    assert_eq!(d["vace_blocks"].as_u64(), Some(2), "{d}");
+    let o = run(
+        t.path(),
+        &["restack", s(&module), "--to", "diffusers", "--out", "r"],
+    );
+    assert_ne!(parts(&o).0, 0);
+    assert!(!t.path().join("r").exists());
+}

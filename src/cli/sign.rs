@@ -127,11 +127,9 @@ pub fn verify_signed(
         }
         if m.ok() {
             p.line(format!(
-                "{}: manifest OK ({} files, {} tensors verified; status {})",
+                "{}: manifest OK ({})",
                 dir.display(),
-                m.files_checked,
-                m.tensors_checked,
-                m.status
+                super::verify::verified(m)
             ));
             if m.status != "ok" {
                 p.warn(format!("the manifest records status `{}`", m.status));

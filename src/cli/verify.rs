@@ -36,11 +36,9 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
     p.json(&verify_json(&args.dir, Some(&report), None));
     if report.ok() {
         p.line(format!(
-            "{}: OK ({} files, {} tensors verified; status {})",
+            "{}: OK ({})",
             args.dir.display(),
-            report.files_checked,
-            report.tensors_checked,
-            report.status
+            verified(&report)
         ));
         if report.status != "ok" {
             p.warn(format!("the manifest records status `{}`", report.status));
@@ -122,4 +120,14 @@ fn check_release_folder(dir: &Path, with_key: bool) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// What a verification that passed checked: `2 files, 42 tensors verified; status ok`.
+pub(super) fn verified(report: &VerifyReport) -> String {
+    format!(
+        "{}, {} verified; status {}",
+        plural(report.files_checked, "file", "files"),
+        plural(report.tensors_checked, "tensor", "tensors"),
+        report.status
+    )
 }

@@ -144,6 +144,16 @@ pub enum PlanError {
         /// The value found (JSON).
         value: String,
     },
+    /// Only the VACE part of a VACE model (a Kijai "VACE module" file): no transformer.
+    #[error(
+        "only the VACE part of a VACE model ({blocks} VACE blocks and vace_patch_embedding, no \
+         transformer blocks): a VACE module file is loaded beside a Wan T2V model of its width, \
+         not on its own; wanbake reads it only with `inspect`"
+    )]
+    VaceModuleOnly {
+        /// How many VACE blocks it holds.
+        blocks: usize,
+    },
     /// The config cannot be inferred from the shapes.
     #[error(
         "cannot infer the config from the tensor shapes: {0}\nhint: put the model's config.json next to the weights"

@@ -443,6 +443,11 @@ pub fn infer_config(
     counts: StackCounts,
 ) -> Result<WanConfig, PlanError> {
     let num_layers = counts.blocks;
+    if num_layers == 0 && counts.vace > 0 && read_dim(shapes, Dim::InChannels)?.is_none() {
+        return Err(PlanError::VaceModuleOnly {
+            blocks: counts.vace,
+        });
+    }
     let get = |dim: Dim| required_dim(shapes, dim);
     let optional = |dim: Dim| read_dim(shapes, dim);
     let (d, in_channels) = (get(Dim::Inner)?, get(Dim::InChannels)?);
