@@ -1870,7 +1870,8 @@ fn device_fault_child() {
         Ok(())
     });
     match result {
-        Ok(Err(e)) => println!("FAULT: {e}"),
+        // The whole chain, as the CLI prints it (each error prints its own cause once).
+        Ok(Err(e)) => println!("FAULT: {}", wanbake::error_text::chain(&e)),
         other => println!("UNEXPECTED: {other:?}"),
     }
     println!("LEAKED: {}", lanes.leaked());

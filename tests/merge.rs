@@ -1564,6 +1564,10 @@ fn cli_svd_cache_is_hit_on_the_second_bake_and_corrupt_entries_are_recomputed() 
                 "--svd-cache",
                 &cache_s,
                 "--json",
+                // The band route's engine (faer): `auto` picks cuda where a device is found,
+                // and its entries are cuSOLVER's (a device run showed this test assuming faer).
+                "--device",
+                "cpu",
             ],
         );
         assert_eq!(code, 0, "{err}");
@@ -2403,4 +2407,60 @@ fn an_i2v_adapter_on_a_t2v_base_is_explained_in_model_terms_first() {
             "{out}"
         );
     }
+}
+
+/// The whole-tensor route computes -xs bases on a lane before the target's merge takes one,
+/// and writes each merged tensor while holding its lane; that hung on an H200 (`--device
+/// cuda`, SA3-small, 28 -xs targets) and on the CPU reference lanes at the same size under
+/// a one-chunk window, until a worker waiting for a lane no longer counted as one a write
+/// may wait for (`pipeline::compute`'s unit test provokes it deterministically; the golden
+/// model here is too small to). Here: the reference route with 8 workers through a
+/// one-chunk window completes and writes the default window's bytes.
+#[test]
+fn xs_bases_on_lanes_complete_through_a_one_chunk_window() {
+    let tmp = common::tmp();
+    let run = |name: &str, geometry: Option<wanbake::io::ordered::Geometry>| {
+        let dest = tmp.path().join(name);
+        let to = dest.clone();
+        let (done, result) = std::sync::mpsc::channel();
+        // A thread of its own, so that a hang fails the test instead of hanging it.
+        std::thread::spawn(move || {
+            let base = BaseModel::open(&sa3_base()).unwrap();
+            let sets = vec![
+                bound(sa3_set("bora-xs", &same), 0.9),
+                bound(sa3_set("lora-xs", &same), -0.4),
+            ];
+            let adapters = bind_all(&base, sets, false).unwrap();
+            let o = options(OutputDType::BF16);
+            let merging = Merging {
+                options: o.merge,
+                compute: &Compute::Reference,
+                svd_cache: None,
+            };
+            let merge = || {
+                merge_release(&base, &adapters, &o.output, &merging, &to, Replace::Never)
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            };
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(8).build();
+            let r = pool.unwrap().install(|| match geometry {
+                Some(g) => wanbake::io::ordered::with_geometry(g, merge),
+                None => merge(),
+            });
+            let _ = done.send(r);
+        });
+        let r = result
+            .recv_timeout(std::time::Duration::from_secs(120))
+            .unwrap_or_else(|e| panic!("{name}: the merge hung ({e})"));
+        r.unwrap_or_else(|e| panic!("{name}: {e}"));
+        output_tensors(&dest, "")
+    };
+    let tight = wanbake::io::ordered::Geometry {
+        chunk: 4096,
+        window: 1,
+        small: 0,
+    };
+    let windowed = run("tight", Some(tight));
+    let default = run("default", None);
+    assert!(windowed == default, "a one-chunk window changed the output");
 }

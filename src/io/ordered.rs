@@ -32,7 +32,8 @@
 //! complete chunks and its queues, which the tensor hasher and the disk writer drain
 //! without waiting for anyone), or another registered producer
 //! ([`OrderedFiles::producers`]) is not itself blocked (running an item, or waiting for a
-//! chunk the front has since brought into the window) and runs an item that starts in or
+//! chunk the front has since brought into the window; not waiting for anything else, which a
+//! producer declares with [`waiting_elsewhere`]) and runs an item that starts in or
 //! before the front chunk, so its writes may be what the front lacks. Otherwise the write
 //! goes on at once, and a chunk it completes beyond the window is spilled. A write decides and
 //! records that it waits in one step under the register's lock, so of any set of producers
@@ -58,7 +59,7 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
 
 use memmap2::MmapMut;
@@ -247,6 +248,9 @@ struct ProducerSlot {
     item: Option<(usize, u64)>,
     /// (file, chunk) its write is waiting for, while it waits.
     waiting: Option<(usize, u64)>,
+    /// Waits of its thread for something outside this module ([`waiting_elsewhere`]) now
+    /// in progress: while any is, it is blocked as far as the writes of others can tell.
+    elsewhere: usize,
 }
 
 /// Outputs are told apart by a number of their own (a thread's producer slot names one).
@@ -255,6 +259,42 @@ static NEXT_OUTPUT: AtomicU64 = AtomicU64::new(0);
 thread_local! {
     /// (output, slot) of the producer this thread is, while it runs an item.
     static PRODUCING: std::cell::Cell<Option<(u64, usize)>> = const { std::cell::Cell::new(None) };
+    /// The output and slot of the producer this thread is, for [`waiting_elsewhere`].
+    static PRODUCER_OF: std::cell::RefCell<Option<(Weak<Shared>, usize)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `wait`, a wait of the calling thread for something this module does not see (an
+/// idle device lane, `pipeline::Lanes`), with the thread's producer, if it is one, counted
+/// as blocked meanwhile. A write of another thread may wait for the front only on a producer
+/// that keeps writing (the module doc's invariant); a producer that waits for a lane held by
+/// that very write would break it, and with every lane so held the output would hang (a
+/// CUDA -xs merge did, its bases computed on a lane before the target's merge took one).
+/// Entering wakes the waiting writes to check again; leaving needs no wake-up (a producer
+/// that runs again only lets others wait).
+pub fn waiting_elsewhere<R>(wait: impl FnOnce() -> R) -> R {
+    struct Leave(Option<(Arc<Shared>, usize)>);
+    impl Drop for Leave {
+        fn drop(&mut self) {
+            if let Some((shared, slot)) = &self.0
+                && let Some(s) = lock(&shared.producers).slots.get_mut(*slot)
+            {
+                s.elsewhere = s.elsewhere.saturating_sub(1);
+            }
+        }
+    }
+    let me = PRODUCER_OF.with(|p| {
+        let p = p.borrow();
+        let (weak, slot) = p.as_ref()?;
+        Some((weak.upgrade()?, *slot))
+    });
+    let _leave = Leave(me.inspect(|(shared, slot)| {
+        if let Some(s) = lock(&shared.producers).slots.get_mut(*slot) {
+            s.elsewhere += 1;
+        }
+        shared.wake_all();
+    }));
+    wait()
 }
 
 /// A chunk on its way through the threads; its buffer returns to the pool when the last
@@ -603,6 +643,7 @@ impl OrderedFiles {
         (first..first + n)
             .map(|slot| Producer {
                 shared: &self.shared,
+                weak: Arc::downgrade(&self.shared),
                 slot,
             })
             .collect()
@@ -636,6 +677,7 @@ impl OrderedFiles {
 /// register and wakes every waiting write to check again whether it may go on waiting.
 pub struct Producer<'a> {
     shared: &'a Shared,
+    weak: Weak<Shared>,
     slot: usize,
 }
 
@@ -645,6 +687,7 @@ impl Producer<'_> {
     /// waited for this producer's previous item may have to go on instead.
     pub fn start_item(&self, file: usize, at: u64) {
         PRODUCING.with(|p| p.set(Some((self.shared.id, self.slot))));
+        PRODUCER_OF.with(|p| *p.borrow_mut() = Some((self.weak.clone(), self.slot)));
         if let Some(s) = lock(&self.shared.producers).slots.get_mut(self.slot) {
             s.item = Some((file, at));
         }
@@ -657,6 +700,7 @@ impl Drop for Producer<'_> {
         PRODUCING.with(|p| {
             if p.get() == Some((self.shared.id, self.slot)) {
                 p.set(None);
+                PRODUCER_OF.with(|p| *p.borrow_mut() = None);
             }
         });
         if let Some(s) = lock(&self.shared.producers).slots.get_mut(self.slot) {
@@ -828,6 +872,7 @@ impl Shared {
             s.live
                 && Some(slot) != me
                 && !blocked(s.waiting)
+                && s.elsewhere == 0
                 && s.item
                     .is_some_and(|(file, at)| file < fi || (file == fi && at < front_end))
         })

@@ -224,7 +224,10 @@ impl<B: Backend> Lanes<B> {
                     self.returned.notify_one();
                 });
             }
-            pool = self.returned.wait(pool).unwrap_or_else(|e| e.into_inner());
+            // A producer of an ordered output waiting here is blocked for the writes of
+            // others: the lanes it waits for may be held by those very writes.
+            pool = crate::io::ordered::waiting_elsewhere(|| self.returned.wait(pool))
+                .unwrap_or_else(|e| e.into_inner());
         }
     }
 }
@@ -383,5 +386,78 @@ mod tests {
         let inner = lanes.with(|_| lanes.with(|b| b.zeros(1, 1).map(|m| m.len())));
         assert_eq!(inner.unwrap().unwrap().unwrap(), 1);
         assert_eq!(lanes.lock().made, 2);
+    }
+
+    /// A producer of an ordered output that waits for a lane is blocked for the writes of
+    /// others (`io::ordered::waiting_elsewhere`): here the one lane is held by a write far
+    /// ahead of the front, which may wait only on producers that keep writing, and the
+    /// producer of the front waits for that lane. Before the fix this hung (a CUDA -xs merge
+    /// of SA3-small on an H200: bases computed on a lane while lanes were held by writes).
+    #[test]
+    fn a_producer_waiting_for_a_lane_does_not_hold_up_a_write_that_holds_one() {
+        use crate::io::ordered::{Geometry, NewFile, OrderedFiles};
+        use std::sync::mpsc::channel;
+        const C: usize = 4096;
+        let bytes: Vec<u8> = (0..3 * C).map(|i| (i * 7 + i / C) as u8).collect();
+        let (done, result) = channel();
+        let want = bytes.clone();
+        std::thread::spawn(move || {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("f");
+            let files = vec![NewFile {
+                path: path.clone(),
+                len: want.len() as u64,
+                tensors: None,
+                gaps: Vec::new(),
+            }];
+            let geometry = Geometry {
+                chunk: C,
+                window: 1,
+                small: 0,
+            };
+            let (out, _) =
+                OrderedFiles::create_with(files, false, |f, l| f.set_len(l), geometry).unwrap();
+            let lanes = Lanes::new(1, || Ok(CpuBackend::new(Par::Seq)));
+            let mut producers = out.producers(2).into_iter();
+            let (front, ahead) = (producers.next().unwrap(), producers.next().unwrap());
+            drop(producers);
+            let (held_tx, held) = channel();
+            let (started_tx, started) = channel();
+            std::thread::scope(|s| {
+                let (out, lanes, want) = (&out, &lanes, &want);
+                s.spawn(move || {
+                    ahead.start_item(0, 2 * C as u64);
+                    started.recv().unwrap();
+                    lanes
+                        .with(|_| {
+                            held_tx.send(()).unwrap();
+                            out.write(0, 2 * C as u64, &want[2 * C..]).unwrap();
+                            Ok::<(), BackendError>(())
+                        })
+                        .unwrap()
+                        .unwrap();
+                    drop(ahead);
+                });
+                s.spawn(move || {
+                    front.start_item(0, 0);
+                    started_tx.send(()).unwrap();
+                    held.recv().unwrap();
+                    lanes
+                        .with(|_| {
+                            out.write(0, 0, &want[..2 * C]).unwrap();
+                            Ok::<(), BackendError>(())
+                        })
+                        .unwrap()
+                        .unwrap();
+                    drop(front);
+                });
+            });
+            out.finish(false, None).unwrap();
+            let _ = done.send(std::fs::read(&path).unwrap());
+        });
+        match result.recv_timeout(std::time::Duration::from_secs(30)) {
+            Ok(written) => assert!(written == bytes, "the file holds other bytes"),
+            Err(e) => panic!("the merge's writes hung or failed: {e}"),
+        }
     }
 }
