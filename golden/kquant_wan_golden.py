@@ -246,6 +246,7 @@ def main() -> None:
 # tests/variants.rs rebuilds it) and per case the file's sha256 and every tensor's type and
 # data sha256.
 VARIANT_MIXES = ("q2_k", "q3_k_m", "q4_k_m")
+VARIANT_MODELS = ("vace", "skyreels", "fun-control", "fun-camera")
 
 
 def variant_shapes(model: str) -> dict[str, tuple[int, ...]]:
@@ -267,6 +268,19 @@ def variant_shapes(model: str) -> dict[str, tuple[int, ...]]:
         s["vace_blocks.0.before_proj.bias"] = (DIM,)
         s["vace_patch_embedding.weight"] = (DIM, 8, 1, 2, 2)
         s["vace_patch_embedding.bias"] = (DIM,)
+    elif model == "fun-control":
+        # Wan Fun V1.1 / 2.2 Control's reference-image conv: nn.Conv2d(in_dim_ref_conv=16, dim,
+        # kernel 2, stride 2) (golden/variants/fun/FACTS.md, VideoX-Fun wan_transformer3d.py).
+        s["ref_conv.weight"] = (DIM, 16, 2, 2)
+        s["ref_conv.bias"] = (DIM,)
+    elif model == "fun-camera":
+        # Wan Fun Control-Camera's SimpleAdapter: conv (dim, 24*64, 2, 2) after an 8x pixel
+        # unshuffle of the 24-channel camera embedding, one ResidualBlock of 3x3 convs (FACTS.md).
+        s["control_adapter.conv.weight"] = (DIM, 24 * 64, 2, 2)
+        s["control_adapter.conv.bias"] = (DIM,)
+        for c in ("conv1", "conv2"):
+            s[f"control_adapter.residual_blocks.0.{c}.weight"] = (DIM, DIM, 3, 3)
+            s[f"control_adapter.residual_blocks.0.{c}.bias"] = (DIM,)
     else:
         s["fps_embedding.weight"] = (2, DIM)
         s["fps_projection.0.weight"] = (DIM, DIM)
@@ -290,7 +304,7 @@ def variant_model(model: str) -> dict:
 def variants() -> None:
     g = kq.Ggml()
     models = {}
-    for model in ("vace", "skyreels"):
+    for model in VARIANT_MODELS:
         sd = variant_model(model)
         cases = {f"gguf:{fmt}": expect(g, sd, fmt, False, "f16") for fmt in VARIANT_MIXES}
         first = sorted(sd.items())[0]
@@ -368,8 +382,8 @@ def comfy_loader(wanbake: str, checkout: Path) -> None:
 
 
 
-# `comfy-loader-variants` mode: ComfyUI-GGUF's loader on wanbake's files of the small VACE and
-# SkyReels-V2 models above (`variant_model`), as `comfy_loader` does for the small WAN:
+# `comfy-loader-variants` mode: ComfyUI-GGUF's loader on wanbake's files of the small VACE,
+# SkyReels-V2 and Fun (Control's ref_conv, Control-Camera's control_adapter) models above (`variant_model`), as `comfy_loader` does for the small WAN:
 #
 #   python golden/kquant_wan_golden.py comfy-loader-variants target/release/wanbake /path/to/ComfyUI-GGUF
 #
@@ -387,7 +401,7 @@ def comfy_loader_variants(wanbake: str, checkout: Path) -> None:
     loader, dequant = qg.import_comfy_gguf(checkout)
     files = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for model in ("vace", "skyreels"):
+        for model in VARIANT_MODELS:
             src = Path(tmp) / f"{model}.safetensors"
             save_file(variant_model(model), str(src))
             for fmt in COMFY_VARIANT_FORMATS:
@@ -413,7 +427,8 @@ def comfy_loader_variants(wanbake: str, checkout: Path) -> None:
     meta = {"oracle": "city96/ComfyUI-GGUF @ 795e451 loader.gguf_sd_loader + "
                       "dequant.dequantize_tensor(float32, 'target'), torch "
                       f"{torch.__version__}; gguf 0.19.0 quants.dequantize",
-            "inputs": "variant_model('vace' | 'skyreels') of golden/kquant_wan_golden.py "
+            "inputs": "variant_model('vace' | 'skyreels' | 'fun-control' | 'fun-camera') of "
+                      "golden/kquant_wan_golden.py "
                       "(golden/variants/quant/kquant_variants.json lists their tensors)",
             "files": files}
     path = kq.ROOT / "variants" / "quant" / "comfy_loader_variants.json"

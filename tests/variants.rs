@@ -911,7 +911,7 @@ fn write_small_model(path: &Path, model: &serde_json::Value) {
 }
 
 #[test]
-fn k_mixes_of_vace_and_skyreels_are_byte_identical_to_ggml_and_city96s_rules() {
+fn k_mixes_of_vace_skyreels_and_fun_are_byte_identical_to_ggml_and_city96s_rules() {
     use wanbake::io::gguf::GgufFile;
     let golden = json(&std::fs::read_to_string(g("quant/kquant_variants.json")).unwrap());
     let t = tmp();
@@ -946,7 +946,7 @@ fn k_mixes_of_vace_and_skyreels_are_byte_identical_to_ggml_and_city96s_rules() {
             files += 1;
         }
     }
-    assert_eq!(files, 6);
+    assert_eq!(files, 12);
 }
 
 fn sha256_f32(y: &[f32]) -> String {
@@ -955,7 +955,8 @@ fn sha256_f32(y: &[f32]) -> String {
 }
 
 /// city96/ComfyUI-GGUF's own loader (795e451) loaded wanbake's Q8_0 and Q4_K_M files of the
-/// small VACE and SkyReels-V2 models (golden/kquant_wan_golden.py `comfy-loader-variants`):
+/// small VACE, SkyReels-V2 and Fun (Control's `ref_conv`, Control-Camera's `control_adapter`)
+/// models (golden/kquant_wan_golden.py `comfy-loader-variants`):
 /// the same files today, every tensor (the 5-D context embedding included) in the loader's
 /// shape, and wanbake's dequantization bit-equal to what ComfyUI computes with.
 #[test]
@@ -1000,7 +1001,7 @@ fn comfyui_gguf_loads_the_variants_as_wanbake_dequantizes_them() {
         }
         files += 1;
     }
-    assert_eq!(files, 4);
+    assert_eq!(files, 8);
 }
 
 // ---------------------------------------------------------------------------------------
