@@ -253,15 +253,21 @@ struct ProducerSlot {
     elsewhere: usize,
 }
 
-/// Outputs are told apart by a number of their own (a thread's producer slot names one).
-static NEXT_OUTPUT: AtomicU64 = AtomicU64::new(0);
-
 thread_local! {
-    /// (output, slot) of the producer this thread is, while it runs an item.
-    static PRODUCING: std::cell::Cell<Option<(u64, usize)>> = const { std::cell::Cell::new(None) };
-    /// The output and slot of the producer this thread is, for [`waiting_elsewhere`].
-    static PRODUCER_OF: std::cell::RefCell<Option<(Weak<Shared>, usize)>> =
+    /// (output, slot) of the producer this thread is, once it runs an item. The weak
+    /// reference names the output (its allocation outlives the reference, so no other output
+    /// has its address meanwhile) and reaches it from [`waiting_elsewhere`].
+    static PRODUCING: std::cell::RefCell<Option<(Weak<Shared>, usize)>> =
         const { std::cell::RefCell::new(None) };
+}
+
+/// This thread's producer slot if it is one of `shared`'s producers.
+fn producer_slot(shared: &Shared) -> Option<usize> {
+    PRODUCING.with(|p| {
+        let p = p.borrow();
+        let (weak, slot) = p.as_ref()?;
+        std::ptr::eq(weak.as_ptr(), shared).then_some(*slot)
+    })
 }
 
 /// Runs `wait`, a wait of the calling thread for something this module does not see (an
@@ -283,7 +289,7 @@ pub fn waiting_elsewhere<R>(wait: impl FnOnce() -> R) -> R {
             }
         }
     }
-    let me = PRODUCER_OF.with(|p| {
+    let me = PRODUCING.with(|p| {
         let p = p.borrow();
         let (weak, slot) = p.as_ref()?;
         Some((weak.upgrade()?, *slot))
@@ -365,8 +371,6 @@ struct Shared {
     hashing: AtomicBool,
     sealing: Mutex<Option<Arc<PhaseGuard>>>,
     producers: Mutex<ProducerRegister>,
-    /// This output's number (`NEXT_OUTPUT`).
-    id: u64,
     /// Bytes of spilled chunks (read back by the front thread).
     spilled: AtomicU64,
     /// Times a write waited for the front.
@@ -487,7 +491,6 @@ impl OrderedFiles {
             hashing: AtomicBool::new(true),
             sealing: Mutex::new(None),
             producers: Mutex::default(),
-            id: NEXT_OUTPUT.fetch_add(1, Ordering::Relaxed),
             spilled: AtomicU64::new(0),
             waits: AtomicU64::new(0),
             whole: Mutex::new(vec![None; n]),
@@ -686,8 +689,7 @@ impl Producer<'_> {
     /// file `file` (items are taken in file order). Wakes the waiting writes: one that
     /// waited for this producer's previous item may have to go on instead.
     pub fn start_item(&self, file: usize, at: u64) {
-        PRODUCING.with(|p| p.set(Some((self.shared.id, self.slot))));
-        PRODUCER_OF.with(|p| *p.borrow_mut() = Some((self.weak.clone(), self.slot)));
+        PRODUCING.with(|p| *p.borrow_mut() = Some((self.weak.clone(), self.slot)));
         if let Some(s) = lock(&self.shared.producers).slots.get_mut(self.slot) {
             s.item = Some((file, at));
         }
@@ -697,12 +699,9 @@ impl Producer<'_> {
 
 impl Drop for Producer<'_> {
     fn drop(&mut self) {
-        PRODUCING.with(|p| {
-            if p.get() == Some((self.shared.id, self.slot)) {
-                p.set(None);
-                PRODUCER_OF.with(|p| *p.borrow_mut() = None);
-            }
-        });
+        if producer_slot(self.shared) == Some(self.slot) {
+            PRODUCING.with(|p| *p.borrow_mut() = None);
+        }
         if let Some(s) = lock(&self.shared.producers).slots.get_mut(self.slot) {
             *s = ProducerSlot::default();
         }
@@ -778,10 +777,7 @@ impl Shared {
     /// ahead of the front and waiting is certain to end (`may_wait`).
     fn chunk(&self, fi: usize, index: u64, wait: bool) -> Result<Arc<Mutex<Chunk>>, OrderedError> {
         let f = &self.files[fi];
-        // This thread's producer slot, if it is one of this output's producers.
-        let me = (PRODUCING.with(|p| p.get()))
-            .filter(|&(output, _)| output == self.id)
-            .map(|(_, slot)| slot);
+        let me = producer_slot(self);
         let mut w = lock(&f.window);
         loop {
             if self.stopped() {
