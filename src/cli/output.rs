@@ -7,7 +7,8 @@
 //!   as recipes): merge, restack, convert, synth;
 //! - [`DtypeArgs`] (`--dtype keep|bf16|f16|f32` and `--keep-f32 POLICY`): merge, restack;
 //! - [`FloatDtypeArg`] (`--dtype f32|f16|bf16`, no keep, no policy): convert, synth,
-//!   extract, resize.
+//!   extract, resize;
+//! - [`print_carried`]: the summary line of the files a pipeline's output carried over.
 //!
 //! Enumerated values are the library types' own `clap::ValueEnum`s (one spelling table per
 //! type, `wanbake::names`), so clap checks them, lists them in `--help` and hands the command
@@ -16,6 +17,8 @@
 
 use std::path::PathBuf;
 
+use wanbake::human::plural;
+use wanbake::io::carry::Carried;
 use wanbake::io::staging::Replace;
 use wanbake::layout::{KeepF32, OutputDType};
 
@@ -113,4 +116,27 @@ pub struct FloatDtypeArg {
     // (Each command says its default and what else it means there: `cli::Command`.)
     #[arg(long, value_name = "DTYPE")]
     pub dtype: Option<FloatDType>,
+}
+
+/// The summary line of the files an output carried over unchanged from its input (a
+/// pipeline's VAE, text encoder, tokenizer, scheduler, model card): how many, how large, and
+/// whether they are hard links (sharing the input's bytes) or copies. Nothing when none.
+pub fn print_carried(p: &mut super::Printer, c: &Carried) {
+    if c.files() == 0 {
+        return;
+    }
+    let how = match (c.linked, c.copied) {
+        (_, 0) => "hard links to the input's files (same file system; no space used)".to_string(),
+        (0, _) => "copies (the input is on another file system, or refuses hard links)".to_string(),
+        (l, k) => format!(
+            "{} and {} (the others were refused)",
+            plural(l, "hard link", "hard links"),
+            plural(k, "copy", "copies")
+        ),
+    };
+    p.line(format!(
+        "  carried {} unchanged from the input ({}): {how}",
+        plural(c.files(), "file", "files"),
+        wanbake::human::size(c.bytes)
+    ));
 }

@@ -327,8 +327,10 @@ pub fn plan_output(base: &BaseModel, options: &OutputOptions) -> Result<OutputSi
         dropped.extend(c.dropped);
     }
     let aux = base.root_aux_files();
-    let output = OutputPlan::build(&outputs, &aux)
+    let mut output = OutputPlan::build(&outputs, &aux)
         .map_err(|e| PipelineError::Plan(format!("the output cannot be laid out: {e}")))?;
+    // A pipeline in gives a pipeline out: its other components travel unchanged.
+    output.carried = base.carried.clone();
     resolve_slots(&output, &mut jobs)?;
     policies.dedup();
     Ok(OutputSide {
