@@ -55,6 +55,8 @@ pub struct Release {
     /// How the files carried over unchanged from the input reached it (hard links or
     /// copies; `io::carry`).
     pub carried: Carried,
+    /// Files of a pipeline input this output's format has no place for (`OutputPlan::left_out`).
+    pub left_out: Vec<PathBuf>,
 }
 
 /// Why a release could not be written.
@@ -196,6 +198,7 @@ pub fn write_release<E: std::error::Error + Send + Sync + 'static>(
         before_commit(staging.tmp_dir()).map_err(ReleaseError::Produce)?;
     }
     let carried = staging.carried();
+    let left_out = staging.plan().left_out.clone();
     let dir = staging.commit(&bytes)?;
     let manifest = Manifest::from_bytes(&bytes).map_err(|e| {
         ReleaseError::Produce(format!("the manifest just written does not parse: {e}").into())
@@ -204,6 +207,7 @@ pub fn write_release<E: std::error::Error + Send + Sync + 'static>(
         dir,
         manifest,
         carried,
+        left_out,
     })
 }
 

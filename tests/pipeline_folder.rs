@@ -404,3 +404,24 @@ fn gated_convert() {
         Ok(())
     });
 }
+
+#[test]
+fn a_quantized_or_orbax_output_of_a_pipeline_names_the_components_it_leaves_out() {
+    let t = tmp();
+    copy_pipeline(&t.path().join("base"));
+    for (out, to) in [("fp8", "fp8-scaled"), ("orbax", "orbax")] {
+        let (code, _, err) = parts(&run(
+            t.path(),
+            &["convert", "base", "--to", to, "--out", out],
+        ));
+        assert_eq!(code, 0, "{err}");
+        assert!(
+            err.contains(
+                "not carried to the output: 8 files of the input pipeline \
+                 (README.md, scheduler, text_encoder, tokenizer, vae)"
+            ),
+            "{to}: {err}"
+        );
+        assert!(!t.path().join(out).join("vae").exists());
+    }
+}

@@ -200,7 +200,7 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
         (files.len(), bytes),
         quantized,
     );
-    print_carried(p, &outcome.release.carried);
+    print_carried(p, &outcome.release);
     let report = match &output.quantize {
         None => serde_json::to_value(&outcome.report)?,
         Some(q) => {

@@ -18,9 +18,9 @@
 use std::path::PathBuf;
 
 use wanbake::human::plural;
-use wanbake::io::carry::Carried;
 use wanbake::io::staging::Replace;
 use wanbake::layout::{KeepF32, OutputDType};
+use wanbake::release::Release;
 
 /// `--shard-size`: decimal (KB, MB, GB) or binary (KiB, MiB, GiB) units, or bytes.
 pub fn size(s: &str) -> Result<u64, String> {
@@ -121,7 +121,11 @@ pub struct FloatDtypeArg {
 /// The summary line of the files an output carried over unchanged from its input (a
 /// pipeline's VAE, text encoder, tokenizer, scheduler, model card): how many, how large, and
 /// whether they are hard links (sharing the input's bytes) or copies. Nothing when none.
-pub fn print_carried(p: &mut super::Printer, c: &Carried) {
+/// A pipeline input's files the output has no place for are named, by top folder, as a
+/// warning.
+pub fn print_carried(p: &mut super::Printer, release: &Release) {
+    warn_left_out(p, &release.left_out);
+    let c = &release.carried;
     if c.files() == 0 {
         return;
     }
@@ -138,5 +142,22 @@ pub fn print_carried(p: &mut super::Printer, c: &Carried) {
         "  carried {} unchanged from the input ({}): {how}",
         plural(c.files(), "file", "files"),
         wanbake::human::size(c.bytes)
+    ));
+}
+
+fn warn_left_out(p: &mut super::Printer, left_out: &[std::path::PathBuf]) {
+    if left_out.is_empty() {
+        return;
+    }
+    let mut tops: Vec<String> = (left_out.iter())
+        .filter_map(|f| f.components().next())
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    tops.dedup();
+    p.warn(format!(
+        "not carried to the output: {} of the input pipeline ({}); this format holds the \
+         transformers only, load the other components from the input",
+        plural(left_out.len(), "file", "files"),
+        tops.join(", ")
     ));
 }

@@ -119,6 +119,9 @@ pub struct OutputPlan {
     /// Files carried over unchanged from the input (not counted in `total_bytes`: a hard
     /// link takes no space; `io::staging` checks the space a copy needs).
     pub carried: Vec<CarriedFile>,
+    /// Files of a pipeline input that this output's format has no place for (a quantized
+    /// file, an Orbax cache: transformers only), relative to the input, for the summary.
+    pub left_out: Vec<PathBuf>,
     slots: BTreeMap<(usize, String), Slot>,
 }
 

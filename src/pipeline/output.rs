@@ -297,11 +297,18 @@ struct ComponentJobs {
 
 /// Plans every output component of `base` under `options`.
 pub fn plan_output(base: &BaseModel, options: &OutputOptions) -> Result<OutputSide, PipelineError> {
+    // A quantized file and an Orbax cache hold transformers only: a pipeline's other
+    // components are named as left out (the summary says so), never dropped unsaid.
+    let left_out = || base.carried.iter().map(|f| f.rel_path.clone()).collect();
     if let Some(q) = options.quantize {
-        return quantized(base, q);
+        let mut side = quantized(base, q)?;
+        side.output.left_out = left_out();
+        return Ok(side);
     }
     if options.container == Container::Orbax {
-        return orbax_output(base, options);
+        let mut side = orbax_output(base, options)?;
+        side.output.left_out = left_out();
+        return Ok(side);
     }
     let mut outputs = Vec::new();
     let mut jobs = Vec::new();
