@@ -28,6 +28,20 @@ Two steps (pinned versions: golden/requirements.txt; diffusers 0.42.1):
         |difference| recorded), the converted one the input's transformer cast to bf16 by
         torch. The outcome is written to golden/pipeline/manifest.json (a record of this run;
         CI never runs Python: tests/pipeline_folder.rs checks the output folder itself).
+
+    ... check --wanbake target/release/wanbake --wan-repo CHECKOUT
+        Also checks that the `wan` and `nnx` layouts' outputs say what they are (issue 33), with
+        original Wan's own model code from a checkout of Wan-Video/Wan2.1 (not vendored:
+        `git clone https://github.com/Wan-Video/Wan2.1 && git -C Wan2.1 checkout 9737cba`):
+          restack golden/models/t2v --to wan: `WanModel.load_config(OUT)` is the config, a
+              `WanModel` built from it (with text_dim 24: `text_dim` is one of WanModel's
+              `ignore_for_config` arguments, 4096 in every released model) loads
+              OUT/diffusion_pytorch_model.safetensors with strict=True, and its state dict
+              equals golden/models/t2v_original.safetensors (the original names, proved
+              against diffusers' own converter by wan_golden.py); diffusers'
+              `WanTransformer3DModel.from_pretrained(OUT)` fails;
+          restack golden/models/t2v --to nnx-scanned: `WanTransformer3DModel.from_pretrained`
+              and `DiffusionPipeline.load_config`-based loaders find no diffusers model there.
 """
 
 from __future__ import annotations
@@ -175,7 +189,69 @@ def wanbake(binary: Path, *args: str) -> None:
     subprocess.run(cmd, check=True, cwd=REPO)
 
 
-def check(binary: Path) -> None:
+def original_wan_model(wan_repo: Path):
+    """`WanModel` of a Wan-Video/Wan2.1 checkout, imported as a package of its own."""
+    import importlib.util
+    import types
+
+    modules = wan_repo / "wan" / "modules"
+    pkg = types.ModuleType("wan21_modules")
+    pkg.__path__ = [str(modules)]
+    sys.modules["wan21_modules"] = pkg
+    spec = importlib.util.spec_from_file_location("wan21_modules.model", modules / "model.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["wan21_modules.model"] = module
+    spec.loader.exec_module(module)
+    return module.WanModel
+
+
+def diffusers_refuses(path: Path) -> str:
+    try:
+        WanTransformer3DModel.from_pretrained(path)
+    except Exception as e:  # noqa: BLE001 - any refusal is the expected outcome
+        said = str(e).splitlines()[0].replace(str(path), "OUT")
+        return f"{type(e).__name__}: {said[:160]}"
+    raise AssertionError(f"diffusers loaded {path}")
+
+
+def check_layouts(binary: Path, wan_repo: Path) -> dict:
+    WanModel = original_wan_model(wan_repo)
+    commit = subprocess.run(
+        ["git", "-C", str(wan_repo), "rev-parse", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        wan = Path(tmp) / "wan"
+        wanbake(binary, "restack", str(TRANSFORMER), "--to", "wan", "--out", str(wan))
+        config = WanModel.load_config(wan)
+        init = {k: v for k, v in config.items() if not k.startswith("_")}
+        model = WanModel(**init, text_dim=24)
+        stored = safetensors.torch.load_file(wan / "diffusion_pytorch_model.safetensors")
+        model.load_state_dict(stored, strict=True)
+        ref = safetensors.torch.load_file(GOLDEN / "models" / "t2v_original.safetensors")
+        state = model.state_dict()
+        same = state.keys() == ref.keys() and all(torch.equal(state[k], ref[k]) for k in ref)
+        assert same, "WanModel's state dict is not the original-named weights"
+        out["wan"] = {
+            "command": "wanbake restack golden/models/t2v --to wan --out OUT",
+            "wan_repo": f"Wan-Video/Wan2.1@{commit}",
+            "config": dict(config),
+            "loads": "WanModel(**WanModel.load_config(OUT), text_dim=24).load_state_dict(strict=True)",
+            "state_dict_equals_t2v_original": same,
+            "diffusers_WanTransformer3DModel_from_pretrained": diffusers_refuses(wan),
+        }
+        nnx = Path(tmp) / "nnx"
+        wanbake(binary, "restack", str(TRANSFORMER), "--to", "nnx-scanned", "--out", str(nnx))
+        out["nnx_scanned"] = {
+            "command": "wanbake restack golden/models/t2v --to nnx-scanned --out OUT",
+            "files": sorted(p.name for p in nnx.iterdir()),
+            "config_class_name": json.loads((nnx / "config.json").read_text()).get("_class_name"),
+            "diffusers_WanTransformer3DModel_from_pretrained": diffusers_refuses(nnx),
+        }
+    return out
+
+
+def check(binary: Path, wan_repo: Path | None = None) -> None:
     inp = load(PIPELINE)
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -215,6 +291,8 @@ def check(binary: Path) -> None:
             "untouched_components_equal": untouched_components(inp, out),
             "transformer_equals_input_cast_to_bf16": same,
         }
+    if wan_repo is not None:
+        results["layouts"] = check_layouts(binary, wan_repo)
     files = sorted(str(p.relative_to(PIPELINE)) for p in PIPELINE.rglob("*") if p.is_file())
     record = {"versions": VERSIONS, "pipeline": "golden/pipeline/wan_t2v", "files": files, "runs": results}
     MANIFEST.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
@@ -227,12 +305,13 @@ def main() -> None:
     sub.add_parser("build")
     c = sub.add_parser("check")
     c.add_argument("--wanbake", type=Path, required=True)
+    c.add_argument("--wan-repo", type=Path, help="a Wan-Video/Wan2.1 checkout (the layout checks)")
     a = ap.parse_args()
     torch.set_num_threads(1)
     if a.step == "build":
         build()
     else:
-        check(a.wanbake.resolve())
+        check(a.wanbake.resolve(), a.wan_repo.resolve() if a.wan_repo else None)
 
 
 if __name__ == "__main__":

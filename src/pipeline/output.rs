@@ -604,8 +604,10 @@ fn converted(
         .map(|s| format!("{}{}: {}", prefix(comp), s.name, s.reason))
         .collect();
     let sidecars = config_sidecar(comp, Some(to));
+    let mut output = component_output(comp, conv.planned_tensors(), sidecars);
+    output.stem = to.weights_stem(&comp.weights_stem);
     Ok(ComponentJobs {
-        output: component_output(comp, conv.planned_tensors(), sidecars),
+        output,
         jobs,
         dropped,
     })
