@@ -17,7 +17,7 @@ use sha2::Digest;
 
 use super::digest;
 use super::file::ReadError;
-use super::input_hash::{NO_PACE, sha256_input};
+use super::input_hash::{NO_PACE, remember_unchanged, sha256_input};
 use super::mmap::{FileStamp, describe_change};
 use super::writer::CarriedFile;
 use crate::progress::Progress;
@@ -131,12 +131,15 @@ fn link_one(
     if std::fs::hard_link(&f.source, dest).is_err() {
         return Ok(None);
     }
-    // The link changed the change time, and only that.
+    // The link changed the change time, and only that; the cache learns the new identity,
+    // so the next run's link finds the hash there (the input's and the output's inode).
+    let linked = stamp(dest)?;
     let after = FileStamp {
         ctime_ns: before.ctime_ns,
-        ..stamp(dest)?
+        ..linked
     };
     changed(&f.source, &before, &after)?;
+    remember_unchanged(&linked, &sha);
     Ok(Some((bytes, sha)))
 }
 
