@@ -425,3 +425,21 @@ fn a_quantized_or_orbax_output_of_a_pipeline_names_the_components_it_leaves_out(
         assert!(!t.path().join(out).join("vae").exists());
     }
 }
+
+#[test]
+fn a_pipeline_restacked_to_another_layout_says_it_is_no_diffusers_pipeline() {
+    let t = tmp();
+    copy_pipeline(&t.path().join("base"));
+    for (to, warns) in [("wan", true), ("nnx", true), ("diffusers", false)] {
+        let (code, _, err) = parts(&run(
+            t.path(),
+            &["restack", "base", "--to", to, "--out", to],
+        ));
+        assert_eq!(code, 0, "{err}");
+        let said =
+            format!("is not a diffusers pipeline: its transformers are in the `{to}` layout");
+        assert_eq!(err.contains(&said), warns, "{to}: {err}");
+        // The other components travel all the same.
+        assert_carried(&t.path().join("base"), &t.path().join(to), t.path());
+    }
+}

@@ -82,7 +82,7 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
         plural(r.manifest.files.len(), "file", "files"),
         size(bytes)
     ));
-    print_carried(p, &r);
+    print_carried(p, &r, None);
     p.json(&serde_json::json!({"dir": r.dir, "report": r.manifest.report, "bytes": bytes, "carried": r.carried}));
     Ok(Status::Ok)
 }
@@ -128,7 +128,7 @@ fn execute_encoded(to: OutputFormat, args: &Args, p: &mut Printer) -> anyhow::Re
     if options.quantize.is_some() {
         super::merge::print_quantization(p, &r.manifest.report, "  ");
     }
-    print_carried(p, &r);
+    print_carried(p, &r, None);
     p.json(&serde_json::json!({"dir": r.dir, "report": r.manifest.report, "bytes": bytes, "left_out": r.left_out}));
     Ok(Status::Ok)
 }

@@ -200,7 +200,7 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
         (files.len(), bytes),
         quantized,
     );
-    print_carried(p, &outcome.release);
+    print_carried(p, &outcome.release, output.layout);
     let report = match &output.quantize {
         None => serde_json::to_value(&outcome.report)?,
         Some(q) => {

@@ -20,6 +20,7 @@ use std::path::PathBuf;
 use wanbake::human::plural;
 use wanbake::io::staging::Replace;
 use wanbake::layout::{KeepF32, OutputDType};
+use wanbake::model::wan_layout::Layout;
 use wanbake::release::Release;
 
 /// `--shard-size`: decimal (KB, MB, GB) or binary (KiB, MiB, GiB) units, or bytes.
@@ -122,9 +123,19 @@ pub struct FloatDtypeArg {
 /// pipeline's VAE, text encoder, tokenizer, scheduler, model card): how many, how large, and
 /// whether they are hard links (sharing the input's bytes) or copies. Nothing when none.
 /// A pipeline input's files the output has no place for are named, by top folder, as a
-/// warning.
-pub fn print_carried(p: &mut super::Printer, release: &Release) {
+/// warning; so is a pipeline output whose transformers are not in the diffusers layout
+/// (`layout`), which its model_index.json, carried unchanged, does not say.
+pub fn print_carried(p: &mut super::Printer, release: &Release, layout: Option<Layout>) {
     warn_left_out(p, &release.left_out);
+    let pipeline = (release.manifest.files.iter()).any(|f| f.path == "model_index.json");
+    if let Some(l) = layout.filter(|&l| pipeline && l != Layout::Diffusers) {
+        p.warn(format!(
+            "{} is not a diffusers pipeline: its transformers are in the `{l}` layout, while its \
+             model_index.json (the input's) names diffusers' classes; README's \
+             \"Where each output loads\" says who reads `{l}`",
+            release.dir.display()
+        ));
+    }
     let c = &release.carried;
     if c.files() == 0 {
         return;

@@ -112,7 +112,7 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
         ));
     }
     p.line(format!("wrote {}", outcome.release.dir.display()));
-    print_carried(p, &outcome.release);
+    print_carried(p, &outcome.release, Some(options.to));
     p.json(&serde_json::json!({
         "dir": outcome.release.dir,
         "carried": outcome.release.carried,
