@@ -242,9 +242,11 @@ fn to_original_config(config: &mut Map<String, Value>) {
     let Ok(c) = super::wan::WanConfig::from_value(Value::Object(config.clone())) else {
         return;
     };
-    // WanModel's `model_type`: the image branch says i2v (flf2v with its position
-    // embedding); Wan 2.2's I2V-A14B has no image branch but 36 input channels, and TI2V-5B
-    // 48 (Wan-Video/Wan2.2 `wan/configs`).
+    // WanModel's `model_type`: Wan 2.1's builds the image branch for i2v and flf2v (flf2v
+    // with its position embedding; Wan-Video/Wan2.1@9737cba `wan/modules/model.py`); Wan
+    // 2.2's takes t2v, i2v, ti2v, s2v and has no image branch, i2v requiring the conditioning
+    // latents (the I2V-A14B's 36 input channels), ti2v the 5B's 48 channels
+    // (Wan-Video/Wan2.2@4ef5a99 `wan/modules/model.py`).
     let model_type = match (c.image_dim, c.pos_embed_seq_len, c.in_channels) {
         (Some(_), Some(_), _) => "flf2v",
         (Some(_), None, _) | (None, _, 36) => "i2v",
