@@ -71,11 +71,12 @@ pub fn convert_release(spec: &ConvertSpec, hooks: Hooks<'_>) -> Result<Release, 
         .collect();
     let root = ck.root_aux_files();
     let jobs = mirror_jobs(&ck, &components);
-    let output = OutputPlan::build(&components, &root).map_err(|e| {
+    let mut output = OutputPlan::build(&components, &root).map_err(|e| {
         ReleaseError::produce(PipelineError::Plan(format!(
             "the output cannot be laid out: {e}"
         )))
     })?;
+    output.carried = ck.carried.clone();
     let described = OutputOptions {
         dtype: spec.dtype,
         keep_f32: Some(KeepF32::None),

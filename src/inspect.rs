@@ -235,11 +235,19 @@ fn check_param_total(f: &mut Fingerprint, count: u64) {
     }
 }
 
-/// Compares a diffusers config.json with what the weights imply.
+/// Compares a diffusers config.json, or an original `WanModel` one (its keys only), with what
+/// the weights imply.
 fn check_config(f: &mut Fingerprint, c: &Component) {
     let (Some(shapes), Some(side)) = (&f.wan, c.sidecar("config.json")) else {
         return;
     };
+    let class = side.json.get("_class_name").and_then(|c| c.as_str());
+    if class == Some(crate::model::wan_layout::ORIGINAL_CLASS) {
+        let said = original_config_as_said(&side.json, shapes);
+        let notes = crate::model::fingerprint::config_disagreements(&said, shapes);
+        f.notes.extend(notes);
+        return;
+    }
     match crate::model::wan::WanConfig::from_json(&side.text) {
         Ok(cfg) => f
             .notes
@@ -250,6 +258,39 @@ fn check_config(f: &mut Fingerprint, c: &Component) {
             .notes
             .push(format!("{}: not a WAN config: {e}", side.path.display())),
     }
+}
+
+/// The weights' config with what an original `WanModel` config.json says put in (`dim`,
+/// `num_layers`, `ffn_dim`, `in_dim`, `out_dim`, `freq_dim`; it has no other size).
+fn original_config_as_said(
+    json: &serde_json::Value,
+    shapes: &crate::model::wan::WanConfig,
+) -> crate::model::wan::WanConfig {
+    let get = |k: &str| json.get(k).and_then(|v| v.as_u64()).map(|v| v as usize);
+    let mut c = shapes.clone();
+    if let Some(dim) = get("dim") {
+        // The head count is not a size the weights reveal: keep theirs, scale the head dim.
+        c.attention_head_dim = dim / c.num_attention_heads.max(1);
+        if c.inner_dim() != dim {
+            c.num_attention_heads = 1;
+            c.attention_head_dim = dim;
+        }
+    }
+    let fields: [(&str, &mut usize); 4] = [
+        ("num_layers", &mut c.num_layers),
+        ("ffn_dim", &mut c.ffn_dim),
+        ("in_dim", &mut c.in_channels),
+        ("freq_dim", &mut c.freq_dim),
+    ];
+    for (k, slot) in fields {
+        if let Some(v) = get(k) {
+            *slot = v;
+        }
+    }
+    if let Some(out) = get("out_dim") {
+        c.out_channels = Some(out);
+    }
+    c
 }
 
 fn pipeline_verdict(ckpt: &Checkpoint, comps: &[ComponentReport]) -> Option<String> {

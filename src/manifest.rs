@@ -527,6 +527,14 @@ mod tests {
         assert_eq!((s.items, s.bytes), (3, 8));
     }
 
+    /// A pipeline folder that is a release carries neither its manifest nor its signature
+    /// into an output made from it (`io::checkpoint` spells the signature's name itself).
+    #[test]
+    fn a_releases_own_files_are_not_carried() {
+        let not = crate::io::checkpoint::NOT_CARRIED_AT_ROOT;
+        assert!(not.contains(&SIGNATURE_NAME) && not.contains(&MANIFEST_NAME));
+    }
+
     #[test]
     fn canonical_bytes_are_sorted_stable_and_self_checking() {
         let m = sample();

@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use crate::io::ReadError;
+use crate::io::carry::Carried;
 use crate::io::staging::{Allocation, MANIFEST_NAME, Replace, Staging, WriteError, write_durable};
 use crate::io::writer::OutputPlan;
 use crate::manifest::{InputFile, InputRecord, Manifest, record_inputs_here};
@@ -51,6 +52,11 @@ pub struct Release {
     pub dir: PathBuf,
     /// The manifest as written.
     pub manifest: Manifest,
+    /// How the files carried over unchanged from the input reached it (hard links or
+    /// copies; `io::carry`).
+    pub carried: Carried,
+    /// Files of a pipeline input this output's format has no place for (`OutputPlan::left_out`).
+    pub left_out: Vec<PathBuf>,
 }
 
 /// Why a release could not be written.
@@ -191,11 +197,18 @@ pub fn write_release<E: std::error::Error + Send + Sync + 'static>(
     if let Some(before_commit) = hooks.before_commit {
         before_commit(staging.tmp_dir()).map_err(ReleaseError::Produce)?;
     }
+    let carried = staging.carried();
+    let left_out = staging.plan().left_out.clone();
     let dir = staging.commit(&bytes)?;
     let manifest = Manifest::from_bytes(&bytes).map_err(|e| {
         ReleaseError::Produce(format!("the manifest just written does not parse: {e}").into())
     })?;
-    Ok(Release { dir, manifest })
+    Ok(Release {
+        dir,
+        manifest,
+        carried,
+        left_out,
+    })
 }
 
 /// How far the input hasher may read ahead of the producer's progress through the inputs

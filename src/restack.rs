@@ -44,7 +44,8 @@ pub fn restack_release(
         path: out.to_path_buf(),
         source,
     };
-    let output = OutputPlan::build(&components, &root).map_err(|e| output_err(Box::new(e)))?;
+    let mut output = OutputPlan::build(&components, &root).map_err(|e| output_err(Box::new(e)))?;
+    output.carried = checkpoint.carried.clone();
     let jobs = plans
         .iter()
         .enumerate()

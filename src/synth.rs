@@ -16,7 +16,7 @@ use crate::io::writer::{ComponentOutput, OutputPlan};
 use crate::io::{DType, dtype};
 use crate::model::sa3::{Sa3Variant, sa3_params};
 use crate::model::wan::{ParamSpec, WanConfig, WanVariant};
-use crate::model::wan_layout::{LAYOUT_FIELD, Layout};
+use crate::model::wan_layout::{Layout, stamp_config};
 use crate::model::wan_names::parse_canonical;
 use crate::release::{Hooks, Release, ReleaseError, ReleaseRequest, write_release};
 use crate::rng::SplitMix64;
@@ -138,14 +138,15 @@ fn wan_component(
     if let serde_json::Value::Object(m) = &mut config {
         m.insert("_class_name".into(), cfg.class_name().into());
         if layout != Layout::Diffusers {
-            m.insert(LAYOUT_FIELD.into(), layout.as_str().into());
+            // The config and file name say the layout, as every output's do.
+            stamp_config(m, layout);
         }
     }
     let mut cbytes = serde_json::to_vec_pretty(&config).expect("config serialises");
     cbytes.push(b'\n');
     ComponentOutput {
         rel_dir: rel_dir.into(),
-        stem: "diffusion_pytorch_model".into(),
+        stem: layout.weights_stem("diffusion_pytorch_model"),
         tensors: planned(&params, dtype),
         metadata: BTreeMap::from([("format".to_string(), "pt".to_string())]),
         sidecars: vec![("config.json".into(), cbytes)],

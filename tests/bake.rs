@@ -52,15 +52,15 @@ fn demo_bakes_passes_its_checks_verifies_and_is_byte_identical_twice() {
         "{stdout}"
     );
     let first = std::fs::read(out.join("wanbake.manifest.json")).unwrap();
-    let weights = std::fs::read(out.join("diffusion_pytorch_model.safetensors")).unwrap();
+    let weights = std::fs::read(out.join("wanbake_nnx_scanned.safetensors")).unwrap();
     // Nothing but the release: no reference model, no temporaries.
     assert_eq!(
         tree(t.path()),
         [
             "demo-out",
             "demo-out/config.json",
-            "demo-out/diffusion_pytorch_model.safetensors",
             "demo-out/wanbake.manifest.json",
+            "demo-out/wanbake_nnx_scanned.safetensors",
             "demo.toml"
         ]
     );
@@ -80,8 +80,8 @@ fn demo_bakes_passes_its_checks_verifies_and_is_byte_identical_twice() {
         "{roles:?}"
     );
     // The weights carry how they were made.
-    let f = wanbake::io::SafetensorsFile::open(&out.join("diffusion_pytorch_model.safetensors"))
-        .unwrap();
+    let f =
+        wanbake::io::SafetensorsFile::open(&out.join("wanbake_nnx_scanned.safetensors")).unwrap();
     let recipe_meta: serde_json::Value =
         serde_json::from_str(&f.metadata()["wanbake.recipe"]).unwrap();
     assert_eq!(recipe_meta, m["options"]["recipe"]);
@@ -94,7 +94,7 @@ fn demo_bakes_passes_its_checks_verifies_and_is_byte_identical_twice() {
     ok(run(t.path(), &["verify", out.to_str().unwrap()]));
     ok(bake(t.path(), &recipe, &["--quiet"]));
     assert!(std::fs::read(out.join("wanbake.manifest.json")).unwrap() == first);
-    assert!(std::fs::read(out.join("diffusion_pytorch_model.safetensors")).unwrap() == weights);
+    assert!(std::fs::read(out.join("wanbake_nnx_scanned.safetensors")).unwrap() == weights);
 }
 
 #[test]
@@ -116,7 +116,7 @@ fn demo_is_identical_on_one_thread_and_with_json() {
     assert_eq!(j["result"]["status"], "ok");
     assert_eq!(j["plan"]["base_hashed"], true);
     // The output folder is part of the recipe, so manifests differ; the weights do not.
-    for f in ["diffusion_pytorch_model.safetensors", "config.json"] {
+    for f in ["wanbake_nnx_scanned.safetensors", "config.json"] {
         let (x, y) = (
             std::fs::read(a.join(f)).unwrap(),
             std::fs::read(b.join(f)).unwrap(),
@@ -524,7 +524,7 @@ fn wan21_14b_lightx2v_recipe_plans_on_the_real_shapes() {
     // stacked into one (40, ...) tensor, plus 15 outside the blocks. The byte total (files as
     // laid out, headers included) is this program's plan, pinned so the comment stays true.
     assert_eq!(plan["output"]["tensors"], 27 + 15);
-    assert_eq!(plan["output"]["bytes"], 29_046_025_179u64);
+    assert_eq!(plan["output"]["bytes"], 29_046_025_019u64);
     assert_eq!(plan["output"]["files"].as_array().unwrap().len(), 8);
     assert_eq!(plan["base_hashed"], false);
     assert!(!t.path().join("out").exists());

@@ -1732,3 +1732,74 @@ fn bench_executor_1_3b_f32_to_nnx_scanned_bf16() {
         peak_rss_kib() / 1024
     );
 }
+
+/// An output says the layout it is in (issue 33). `wan`: the config.json is original Wan's
+/// `WanModel` config, exactly the one `golden/pipeline_folder_golden.py check --wan-repo`
+/// recorded after Wan2.1's own `WanModel` loaded that folder (strict) into the original-named
+/// weights (`golden/pipeline/manifest.json`, `runs.layouts.wan`), beside
+/// `diffusion_pytorch_model.safetensors` as Wan-AI's repos ship it. `nnx-scanned`: wanbake's
+/// own file name and a config naming no diffusers class (the recorded file list); restacked
+/// back to diffusers, the folder is the input's again, name and class restored.
+#[test]
+fn wan_and_nnx_outputs_say_their_layout_and_come_back_to_diffusers() {
+    use common::{ok, repo, run, tmp, tree};
+    let t = tmp();
+    let g = repo().join("golden");
+    let t2v = g.join("models/t2v").display().to_string();
+    let record: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(g.join("pipeline/manifest.json")).unwrap())
+            .unwrap();
+    let recorded = &record["runs"]["layouts"];
+    ok(run(
+        t.path(),
+        &["restack", &t2v, "--to", "wan", "--out", "wan"],
+    ));
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(t.path().join("wan/config.json")).unwrap())
+            .unwrap();
+    assert_eq!(config, recorded["wan"]["config"]);
+    assert!(
+        t.path()
+            .join("wan/diffusion_pytorch_model.safetensors")
+            .is_file()
+    );
+    ok(run(
+        t.path(),
+        &["restack", &t2v, "--to", "nnx-scanned", "--out", "nnx"],
+    ));
+    let files: Vec<String> = tree(&t.path().join("nnx"));
+    assert_eq!(
+        serde_json::json!(files),
+        recorded["nnx_scanned"]["files"],
+        "the nnx output's files"
+    );
+    let nnx: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(t.path().join("nnx/config.json")).unwrap())
+            .unwrap();
+    assert!(nnx.get("_class_name").is_none(), "{nnx}");
+    assert_eq!(nnx["_wanbake_layout"], "nnx-scanned");
+    for (from, out) in [("nnx", "back_nnx"), ("wan", "back_wan")] {
+        ok(run(
+            t.path(),
+            &["restack", from, "--to", "diffusers", "--out", out],
+        ));
+        let back = t.path().join(out);
+        assert_eq!(
+            std::fs::read(back.join("diffusion_pytorch_model.safetensors")).unwrap(),
+            std::fs::read(g.join("models/t2v/diffusion_pytorch_model.safetensors")).unwrap(),
+            "{from}"
+        );
+        let mut c: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(back.join("config.json")).unwrap())
+                .unwrap();
+        assert_eq!(c["_class_name"], "WanTransformer3DModel", "{from}");
+        let input: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(g.join("models/t2v/config.json")).unwrap(),
+        )
+        .unwrap();
+        if from == "nnx" {
+            c.as_object_mut().unwrap().remove("_wanbake_layout");
+            assert_eq!(c, input, "the nnx round trip restores the config");
+        }
+    }
+}

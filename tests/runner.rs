@@ -541,7 +541,9 @@ fn restack(src: &Path, layout: &str, dest: &Path) {
         Hooks::default(),
     )
     .unwrap();
-    let out = SafetensorsFile::open(&dest.join("diffusion_pytorch_model.safetensors")).unwrap();
+    // An nnx output is named as wanbake's own (`Layout::weights_stem`).
+    let file = format!("{}.safetensors", to.weights_stem("diffusion_pytorch_model"));
+    let out = SafetensorsFile::open(&dest.join(file)).unwrap();
     assert!(
         out.view("proj_out.weight").is_none(),
         "{layout}: the conversion kept diffusers names"

@@ -208,6 +208,7 @@ fn describe_outcome(o: &BakeOutcome, seconds: f64, p: &mut Printer) -> serde_jso
         size(bytes),
         plural(o.report.targets_merged, "tensor", "tensors")
     ));
+    super::output::print_carried(p, &o.release, None);
     // A safetensors or GGUF release has a few files; an Orbax one has one per chunk (hundreds):
     // the manifest lists them all, the summary the first few.
     const SHOWN: usize = 8;
@@ -252,6 +253,7 @@ fn describe_outcome(o: &BakeOutcome, seconds: f64, p: &mut Printer) -> serde_jso
         "status": o.release.manifest.status,
         "seconds": seconds,
         "files": files,
+        "carried": o.release.carried,
         "manifest_sha256": o.release.manifest.manifest_sha256,
         "report": o.report,
         "checks": o.checks,

@@ -7,7 +7,7 @@
 
 use std::path::PathBuf;
 
-use super::output::{FloatDtypeArg, OutputDir, ShardArg};
+use super::output::{FloatDtypeArg, OutputDir, ShardArg, print_carried};
 use super::{Printer, Status, UsageError};
 use wanbake::convert::{ConvertSpec, convert_release, encoded_release};
 use wanbake::human::{plural, size};
@@ -82,7 +82,8 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
         plural(r.manifest.files.len(), "file", "files"),
         size(bytes)
     ));
-    p.json(&serde_json::json!({"dir": r.dir, "report": r.manifest.report, "bytes": bytes}));
+    print_carried(p, &r, None);
+    p.json(&serde_json::json!({"dir": r.dir, "report": r.manifest.report, "bytes": bytes, "carried": r.carried}));
     Ok(Status::Ok)
 }
 
@@ -127,6 +128,7 @@ fn execute_encoded(to: OutputFormat, args: &Args, p: &mut Printer) -> anyhow::Re
     if options.quantize.is_some() {
         super::merge::print_quantization(p, &r.manifest.report, "  ");
     }
-    p.json(&serde_json::json!({"dir": r.dir, "report": r.manifest.report, "bytes": bytes}));
+    print_carried(p, &r, None);
+    p.json(&serde_json::json!({"dir": r.dir, "report": r.manifest.report, "bytes": bytes, "left_out": r.left_out}));
     Ok(Status::Ok)
 }

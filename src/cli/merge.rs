@@ -12,7 +12,7 @@
 use std::path::{Path, PathBuf};
 
 use super::device::{DeviceArg, device_json};
-use super::output::{DtypeArgs, OutputDir, ShardArg};
+use super::output::{DtypeArgs, OutputDir, ShardArg, print_carried};
 use super::{Printer, Status, UsageError};
 use wanbake::adapter::{AdapterSpec, bind_specs};
 use wanbake::human::{plural, size};
@@ -200,6 +200,7 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
         (files.len(), bytes),
         quantized,
     );
+    print_carried(p, &outcome.release, output.layout);
     let report = match &output.quantize {
         None => serde_json::to_value(&outcome.report)?,
         Some(q) => {
@@ -212,6 +213,7 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
         "dir": outcome.release.dir,
         "files": files.len(),
         "bytes": bytes,
+        "carried": outcome.release.carried,
         "report": report,
         "device": device_json(&device),
     }));

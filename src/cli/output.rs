@@ -7,7 +7,8 @@
 //!   as recipes): merge, restack, convert, synth;
 //! - [`DtypeArgs`] (`--dtype keep|bf16|f16|f32` and `--keep-f32 POLICY`): merge, restack;
 //! - [`FloatDtypeArg`] (`--dtype f32|f16|bf16`, no keep, no policy): convert, synth,
-//!   extract, resize.
+//!   extract, resize;
+//! - [`print_carried`]: the summary line of the files a pipeline's output carried over.
 //!
 //! Enumerated values are the library types' own `clap::ValueEnum`s (one spelling table per
 //! type, `wanbake::names`), so clap checks them, lists them in `--help` and hands the command
@@ -16,8 +17,11 @@
 
 use std::path::PathBuf;
 
+use wanbake::human::plural;
 use wanbake::io::staging::Replace;
 use wanbake::layout::{KeepF32, OutputDType};
+use wanbake::model::wan_layout::Layout;
+use wanbake::release::Release;
 
 /// `--shard-size`: decimal (KB, MB, GB) or binary (KiB, MiB, GiB) units, or bytes.
 pub fn size(s: &str) -> Result<u64, String> {
@@ -113,4 +117,58 @@ pub struct FloatDtypeArg {
     // (Each command says its default and what else it means there: `cli::Command`.)
     #[arg(long, value_name = "DTYPE")]
     pub dtype: Option<FloatDType>,
+}
+
+/// The summary line of the files an output carried over unchanged from its input (a
+/// pipeline's VAE, text encoder, tokenizer, scheduler, model card): how many, how large, and
+/// whether they are hard links (sharing the input's bytes) or copies. Nothing when none.
+/// A pipeline input's files the output has no place for are named, by top folder, as a
+/// warning; so is a pipeline output whose transformers are not in the diffusers layout
+/// (`layout`), which its model_index.json, carried unchanged, does not say.
+pub fn print_carried(p: &mut super::Printer, release: &Release, layout: Option<Layout>) {
+    warn_left_out(p, &release.left_out);
+    let pipeline = (release.manifest.files.iter()).any(|f| f.path == "model_index.json");
+    if let Some(l) = layout.filter(|&l| pipeline && l != Layout::Diffusers) {
+        p.warn(format!(
+            "{} is not a diffusers pipeline: its transformers are in the `{l}` layout, while its \
+             model_index.json (the input's) names diffusers' classes; README's \
+             \"Where each output loads\" says who reads `{l}`",
+            release.dir.display()
+        ));
+    }
+    let c = &release.carried;
+    if c.files() == 0 {
+        return;
+    }
+    let how = match (c.linked, c.copied) {
+        (_, 0) => "hard links to the input's files (same file system; no space used)".to_string(),
+        (0, _) => "copies (the input is on another file system, or refuses hard links)".to_string(),
+        (l, k) => format!(
+            "{} and {} (the others were refused)",
+            plural(l, "hard link", "hard links"),
+            plural(k, "copy", "copies")
+        ),
+    };
+    p.line(format!(
+        "  carried {} unchanged from the input ({}): {how}",
+        plural(c.files(), "file", "files"),
+        wanbake::human::size(c.bytes)
+    ));
+}
+
+fn warn_left_out(p: &mut super::Printer, left_out: &[std::path::PathBuf]) {
+    if left_out.is_empty() {
+        return;
+    }
+    let mut tops: Vec<String> = (left_out.iter())
+        .filter_map(|f| f.components().next())
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    tops.dedup();
+    p.warn(format!(
+        "not carried to the output: {} of the input pipeline ({}); this format holds the \
+         transformers only, load the other components from the input",
+        plural(left_out.len(), "file", "files"),
+        tops.join(", ")
+    ));
 }

@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 
 use super::device::DeviceArg;
-use super::output::{DtypeArgs, OutputDir, ShardArg};
+use super::output::{DtypeArgs, OutputDir, ShardArg, print_carried};
 use super::{Printer, Status};
 use wanbake::layout::restack::RestackOptions;
 use wanbake::model::wan_layout::Layout;
@@ -112,8 +112,10 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
         ));
     }
     p.line(format!("wrote {}", outcome.release.dir.display()));
+    print_carried(p, &outcome.release, Some(options.to));
     p.json(&serde_json::json!({
         "dir": outcome.release.dir,
+        "carried": outcome.release.carried,
         "report": outcome.report,
     }));
     Ok(Status::Ok)

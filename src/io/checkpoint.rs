@@ -4,7 +4,9 @@
 //! the sharded-index cross-checks) and `Checkpoint` (what a path on disk is: a single file, a
 //! `*.safetensors.index.json`, a diffusers model folder, a pipeline folder with
 //! `transformer/` and `transformer_2/` (Wan 2.2 A14B), a PEFT adapter folder, or a folder
-//! with one weights file, or an Orbax checkpoint, decoded by `orbax::source`). Does not own:
+//! with one weights file, or an Orbax checkpoint, decoded by `orbax::source`), and which files
+//! of a pipeline folder an output carries over unchanged (`Checkpoint::carried`: every file
+//! but the transformers' and wanbake's own release files, symlinks followed). Does not own:
 //! what the tensors mean (`model`, `adapter`).
 
 use std::collections::BTreeMap;
@@ -12,6 +14,7 @@ use std::path::{Component as PathComponent, Path, PathBuf};
 
 use super::file::{ReadError, SafetensorsFile, TensorView, refuse_by_name};
 use super::orbax::{self, source::OrbaxInput};
+use super::writer::CarriedFile;
 
 /// Suffix of HF shard index files.
 pub const INDEX_SUFFIX: &str = ".safetensors.index.json";
@@ -366,8 +369,15 @@ pub struct Checkpoint {
     pub components: Vec<Component>,
     /// Other files at the root that travel with a pipeline (model_index.json).
     pub root_files: Vec<Sidecar>,
-    /// Things present but not read (other pipeline components, stray files), for reports.
+    /// Things present but neither read nor carried (stray shards, hidden folders), for
+    /// reports.
     pub ignored: Vec<PathBuf>,
+    /// A pipeline folder's files an output holds unchanged: every component but the
+    /// transformers (VAE, text encoders, tokenizers, scheduler, image encoder, ...) and every
+    /// file at the root (a model card, `.gitattributes`) but `model_index.json` (a root file
+    /// above) and a release's own manifest and signature. Sorted by path; empty for anything
+    /// but a pipeline folder.
+    pub carried: Vec<CarriedFile>,
     /// For an Orbax input: its step, items and files (the tensors are decoded copies).
     pub orbax: Option<OrbaxInput>,
 }
@@ -398,6 +408,7 @@ impl Checkpoint {
                 }],
                 root_files: Vec::new(),
                 ignored,
+                carried: Vec::new(),
                 orbax: None,
             });
         }
@@ -421,6 +432,7 @@ impl Checkpoint {
             }],
             root_files: Vec::new(),
             ignored: Vec::new(),
+            carried: Vec::new(),
             orbax: None,
         })
     }
@@ -611,6 +623,7 @@ fn open_dir(dir: &Path) -> Result<Checkpoint, ReadError> {
             }],
             root_files: Vec::new(),
             ignored: Vec::new(),
+            carried: Vec::new(),
             orbax: None,
         });
     }
@@ -634,6 +647,7 @@ fn open_dir(dir: &Path) -> Result<Checkpoint, ReadError> {
             }],
             root_files: Vec::new(),
             ignored,
+            carried: Vec::new(),
             orbax: None,
         });
     }
@@ -650,7 +664,6 @@ fn open_pipeline(dir: &Path) -> Result<Checkpoint, ReadError> {
             .unwrap_or("")
             .to_string();
         if !TRANSFORMER_COMPONENTS.contains(&name.as_str()) {
-            ignored.push(sub);
             continue;
         }
         let Some((tensors, stem)) = folder_weights(&sub)? else {
@@ -687,14 +700,84 @@ fn open_pipeline(dir: &Path) -> Result<Checkpoint, ReadError> {
     if mi.is_file() {
         root_files.push(read_sidecar(&mi, "model_index.json")?);
     }
+    let read: Vec<&Path> = components.iter().map(|c| c.rel_dir.as_path()).collect();
+    let mut carried = Vec::new();
+    carried_files(dir, Path::new(""), &read, &mut carried, &mut ignored)?;
+    carried.sort_by(|a, b| a.rel_path.cmp(&b.rel_path));
     Ok(Checkpoint {
         path: dir.to_path_buf(),
         kind: SourceKind::Pipeline,
         components,
         root_files,
         ignored,
+        carried,
         orbax: None,
     })
+}
+
+/// Files at a pipeline folder's root that an output does not carry: `model_index.json` travels
+/// as a root file, and a release's manifest and signature (`manifest::SIGNATURE_NAME`) describe
+/// that release, not the output made from it.
+pub const NOT_CARRIED_AT_ROOT: [&str; 3] = [
+    "model_index.json",
+    super::staging::MANIFEST_NAME,
+    "model.sig",
+];
+
+/// How deep a pipeline folder's components may nest (a symlink loop ends here).
+const MAX_CARRIED_DEPTH: usize = 16;
+
+/// Collects the files under `root/rel` an output carries (`Checkpoint::carried`), following
+/// symlinks: every file but those of the folders in `read` (the transformers, rewritten) and
+/// [`NOT_CARRIED_AT_ROOT`]. A hidden folder (`.cache/` of a Hugging Face download, `.git/`)
+/// is a tool's state, not part of the model: skipped and reported in `ignored`. An entry that
+/// cannot be read (a dangling link: a cache snapshot whose blob is missing) is an error, not
+/// a component quietly left out.
+fn carried_files(
+    root: &Path,
+    rel: &Path,
+    read: &[&Path],
+    out: &mut Vec<CarriedFile>,
+    ignored: &mut Vec<PathBuf>,
+) -> Result<(), ReadError> {
+    let dir = root.join(rel);
+    if rel.components().count() > MAX_CARRIED_DEPTH {
+        return Err(ReadError::Unsupported {
+            path: dir,
+            reason: format!("nested more than {MAX_CARRIED_DEPTH} folders deep (a symlink loop?)"),
+        });
+    }
+    for path in list_dir(&dir) {
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        let rel_path = rel.join(name);
+        if read.contains(&rel_path.as_path())
+            || (rel.as_os_str().is_empty() && NOT_CARRIED_AT_ROOT.contains(&name))
+        {
+            continue;
+        }
+        let meta = std::fs::metadata(&path).map_err(|e| ReadError::io(&path, e))?;
+        if meta.is_dir() {
+            match name.starts_with('.') {
+                true => ignored.push(path),
+                false => carried_files(root, &rel_path, read, out, ignored)?,
+            }
+            continue;
+        }
+        if !meta.is_file() {
+            return Err(ReadError::Unsupported {
+                path,
+                reason: "is neither a file nor a folder; a pipeline folder's components hold files"
+                    .into(),
+            });
+        }
+        let source = std::fs::canonicalize(&path).map_err(|e| ReadError::io(&path, e))?;
+        out.push(CarriedFile {
+            rel_path,
+            source,
+            bytes: meta.len(),
+        });
+    }
+    Ok(())
 }
 
 /// An Orbax checkpoint: each chosen item decoded once (`orbax::source`); a Wan 2.2 A14B pair
@@ -717,6 +800,7 @@ fn open_orbax(dir: &Path) -> Result<Checkpoint, ReadError> {
         components,
         root_files: Vec::new(),
         ignored: Vec::new(),
+        carried: Vec::new(),
         orbax: Some(input),
     })
 }

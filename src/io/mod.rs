@@ -5,12 +5,13 @@
 //! and the guard against inputs changing under them (`mmap`, the only `unsafe` of this
 //! layer), single files (`file`), multi-file checkpoints and folders (`checkpoint`), hashing
 //! of outputs (`digest`) and of inputs, with their cache (`input_hash`), what an output will
-//! contain (`writer`), the atomic, durable writing of it (`staging`) through an ordered
+//! contain (`writer`), the files it carries over unchanged from its input (`carry`), the atomic, durable writing of it (`staging`) through an ordered
 //! window that hashes and writes each byte once (`ordered`), the GGUF container
 //! (`gguf`), the quantized encodings (`quant`: scaled fp8, ggml block types) and where a
 //! Hugging Face cache reference points (`hub`). Does not own: what tensors mean (`model`,
 //! `adapter`) or how they are computed (`merge`).
 
+pub mod carry;
 pub mod checkpoint;
 pub mod digest;
 pub mod dtype;

@@ -17,6 +17,11 @@
 //! bytes pass, fsynced when finished and then named, by the caller or by its own sha256
 //! (so names do not depend on which thread finished first); the seal lists them with the
 //! aux files. They are not pre-sized, so the free-space check does not cover them.
+//!
+//! The plan's carried files (`writer::CarriedFile`) are put into the temporary directory by
+//! `begin`, hard-linked or copied (`carry`; a copy's bytes are checked against the free space
+//! first), and the seal lists them with the aux files too: an interrupted or failed run
+//! removes them with the rest, and an input's own link count is restored.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -24,6 +29,7 @@ use std::path::{Path, PathBuf};
 
 use std::sync::Arc;
 
+use super::carry::{self, Carried};
 use super::digest::{self, SafetensorsDigest};
 use super::file::ReadError;
 use super::header::Header;
@@ -73,6 +79,9 @@ pub enum WriteError {
         #[source]
         source: std::io::Error,
     },
+    /// A file carried over unchanged from the input could not be (`carry`).
+    #[error(transparent)]
+    Carry(#[from] super::carry::CarryError),
     /// Re-reading a written file failed (disk or filesystem trouble).
     #[error("re-reading the written output failed")]
     Reread(#[from] ReadError),
@@ -302,6 +311,8 @@ pub struct Staging {
     late_started: std::sync::atomic::AtomicU64,
     /// Bytes written to late files (progress and the input hasher's pace only).
     late_bytes: std::sync::atomic::AtomicU64,
+    /// How the plan's carried files reached the output.
+    carried: Carried,
 }
 
 impl std::fmt::Debug for Staging {
@@ -384,9 +395,41 @@ impl Staging {
             late: Default::default(),
             late_started: Default::default(),
             late_bytes: Default::default(),
+            carried: Carried::default(),
         };
         staging.create_files(allocation)?;
+        staging.carry()?;
         Ok(staging)
+    }
+
+    /// Puts the plan's carried files into the temporary directory (module doc): links first,
+    /// then, after checking the free space for them, copies of the files that could not be
+    /// linked. Their digests join the late files'.
+    fn carry(&mut self) -> Result<(), WriteError> {
+        let files = &self.plan.carried;
+        if files.is_empty() {
+            return Ok(());
+        }
+        let bytes = files.iter().map(|f| f.bytes).sum();
+        let phase = progress::begin("carrying unchanged files", bytes, files.len() as u64);
+        let mut digests = carry::CarriedDigests::new();
+        let unlinked = carry::link_all(&self.tmp, files, &phase, &mut digests)?;
+        if !unlinked.is_empty() {
+            check_space(&self.tmp, unlinked.iter().map(|f| f.bytes).sum())?;
+        }
+        carry::copy_all(&self.tmp, &unlinked, &phase, &mut digests)?;
+        self.carried = Carried {
+            linked: files.len() - unlinked.len(),
+            copied: unlinked.len(),
+            bytes,
+        };
+        lock(&self.late).extend(digests);
+        Ok(())
+    }
+
+    /// How the plan's carried files reached the output (all zero without any).
+    pub fn carried(&self) -> Carried {
+        self.carried
     }
 
     fn create_files(&mut self, allocation: Allocation) -> Result<(), WriteError> {

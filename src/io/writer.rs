@@ -2,8 +2,9 @@
 //!
 //! Owns: `OutputPlan` (every output file with its complete canonical header, HF-style
 //! sharding and `*.safetensors.index.json`, JSON sidecars such as config.json), and the
-//! lookup from (component, tensor name) to the file and slot a producer writes into.
-//! Does not own: the bytes on disk (`staging`).
+//! lookup from (component, tensor name) to the file and slot a producer writes into, and the
+//! files carried over unchanged from the input ([`CarriedFile`]: a pipeline's VAE, text
+//! encoder, tokenizer, scheduler, model card). Does not own: the bytes on disk (`staging`).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -80,6 +81,20 @@ pub struct AuxFile {
     pub bytes: Vec<u8>,
 }
 
+/// A file of the input that the output holds unchanged, byte for byte (a pipeline's
+/// components other than the transformers wanbake writes: `io::checkpoint`). `io::staging`
+/// hard-links it into the output where the file system allows, and copies it otherwise.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CarriedFile {
+    /// Path relative to the output root (the same as relative to the input root).
+    pub rel_path: PathBuf,
+    /// The file read: the input's path with every symlink resolved (a Hugging Face cache
+    /// snapshot's links lead to its blobs).
+    pub source: PathBuf,
+    /// Its size when the input was opened.
+    pub bytes: u64,
+}
+
 /// Where a tensor goes: file index and tensor index inside that file's layout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Slot {
@@ -101,6 +116,12 @@ pub struct OutputPlan {
     /// does not grow by more than a few bytes per block), for the free-space check and
     /// progress.
     pub late_bytes: u64,
+    /// Files carried over unchanged from the input (not counted in `total_bytes`: a hard
+    /// link takes no space; `io::staging` checks the space a copy needs).
+    pub carried: Vec<CarriedFile>,
+    /// Files of a pipeline input that this output's format has no place for (a quantized
+    /// file, an Orbax cache: transformers only), relative to the input, for the summary.
+    pub left_out: Vec<PathBuf>,
     slots: BTreeMap<(usize, String), Slot>,
 }
 

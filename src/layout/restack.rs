@@ -163,7 +163,7 @@ fn plan_component(
     let config_bytes = output_config(input.carried(options.to), &conversion, options.to);
     let output = ComponentOutput {
         rel_dir: c.rel_dir.clone(),
-        stem: c.weights_stem.clone(),
+        stem: options.to.weights_stem(&c.weights_stem),
         tensors: conversion.planned_tensors(),
         metadata: output_metadata(&c.tensors, options.to),
         sidecars: vec![("config.json".into(), config_bytes)],

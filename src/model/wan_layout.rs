@@ -89,6 +89,29 @@ impl FromStr for Layout {
 
 crate::names::value_enum!(Layout);
 
+impl Layout {
+    /// The stem of an output's weight files in this layout, from the base's `stem`: an nnx
+    /// output is wanbake's own (`wanbake_nnx`, `wanbake_nnx_scanned`), so that no loader
+    /// takes it for diffusers' `diffusion_pytorch_model*.safetensors`; the others keep the
+    /// base's (original Wan's `WanModel` saves `diffusion_pytorch_model*.safetensors` too),
+    /// but for an nnx base's, which becomes `diffusion_pytorch_model`.
+    pub fn weights_stem(self, stem: &str) -> String {
+        let nnx = |l: Layout| format!("wanbake_{}", l.as_str().replace('-', "_"));
+        match self {
+            Layout::Nnx | Layout::NnxScanned => nnx(self),
+            Layout::Diffusers | Layout::Wan => {
+                match [Layout::Nnx, Layout::NnxScanned]
+                    .iter()
+                    .any(|&l| nnx(l) == stem)
+                {
+                    true => "diffusion_pytorch_model".into(),
+                    false => stem.to_string(),
+                }
+            }
+        }
+    }
+}
+
 /// The config.json field that records a checkpoint's layout.
 pub const LAYOUT_FIELD: &str = "_wanbake_layout";
 
@@ -169,12 +192,83 @@ pub fn layout_from_config(config: &Value) -> Result<Option<Layout>, PlanError> {
     }
 }
 
-/// Records `layout` in a config.json object.
+/// Records `layout` in a config.json object, and makes the object say the layout truthfully
+/// (an output must not claim a format it is not in):
+/// - `wan`: a diffusers `WanTransformer3DModel` config becomes the config original Wan's
+///   `WanModel` saves (Wan-Video/Wan2.1@aa843f59 `wan/modules/model.py`: a diffusers
+///   `ModelMixin` + `ConfigMixin` whose `ignore_for_config` leaves out `patch_size`,
+///   `cross_attn_norm`, `qk_norm`, `text_dim`, `window_size`; what Wan-AI/Wan2.1-T2V-14B's
+///   config.json holds), so `WanModel.from_pretrained` reads the folder and no diffusers
+///   loader takes it for its own. An original config stays; a variant's diffusers config
+///   (VACE, SkyReels-V2) stays too: its original class takes more keys than these;
+/// - `nnx`, `nnx-scanned` (read by wanbake alone): the diffusers class and version move to
+///   private fields (`_wanbake_class_name`, `_wanbake_diffusers_version`), so the config names
+///   no diffusers class; the model's sizes stay in diffusers' keys, which wanbake reads;
+/// - `diffusers`: a class moved away by an nnx output comes back.
 pub fn stamp_config(config: &mut Map<String, Value>, layout: Layout) {
+    const MOVED: [(&str, &str); 2] = [
+        ("_class_name", "_wanbake_class_name"),
+        ("_diffusers_version", "_wanbake_diffusers_version"),
+    ];
+    let moves: Vec<(&str, &str)> = match layout {
+        Layout::Diffusers => MOVED.iter().map(|&(a, b)| (b, a)).collect(),
+        Layout::Nnx | Layout::NnxScanned => MOVED.to_vec(),
+        Layout::Wan => {
+            to_original_config(config);
+            Vec::new()
+        }
+    };
+    for (from, to) in moves {
+        if let Some(v) = config.remove(from) {
+            config.entry(to).or_insert(v);
+        }
+    }
     config.insert(
         LAYOUT_FIELD.to_string(),
         Value::String(layout.as_str().into()),
     );
+}
+
+/// The class original Wan's transformer config.json names.
+pub const ORIGINAL_CLASS: &str = "WanModel";
+
+/// Replaces a diffusers `WanTransformer3DModel` config (or one without a class) by the
+/// `WanModel` config of the same model (`stamp_config`); anything else is left as it is.
+fn to_original_config(config: &mut Map<String, Value>) {
+    let class = config.get("_class_name").and_then(Value::as_str);
+    if class.is_some_and(|c| c != "WanTransformer3DModel") {
+        return;
+    }
+    let Ok(c) = super::wan::WanConfig::from_value(Value::Object(config.clone())) else {
+        return;
+    };
+    // WanModel's `model_type`: Wan 2.1's builds the image branch for i2v and flf2v (flf2v
+    // with its position embedding; Wan-Video/Wan2.1@9737cba `wan/modules/model.py`); Wan
+    // 2.2's takes t2v, i2v, ti2v, s2v and has no image branch, i2v requiring the conditioning
+    // latents (the I2V-A14B's 36 input channels), ti2v the 5B's 48 channels
+    // (Wan-Video/Wan2.2@4ef5a99 `wan/modules/model.py`).
+    let model_type = match (c.image_dim, c.pos_embed_seq_len, c.in_channels) {
+        (Some(_), Some(_), _) => "flf2v",
+        (Some(_), None, _) | (None, _, 36) => "i2v",
+        (None, _, 48) => "ti2v",
+        _ => "t2v",
+    };
+    let original = serde_json::json!({
+        "_class_name": ORIGINAL_CLASS,
+        "model_type": model_type,
+        "text_len": 512,
+        "in_dim": c.in_channels,
+        "dim": c.inner_dim(),
+        "ffn_dim": c.ffn_dim,
+        "freq_dim": c.freq_dim,
+        "out_dim": c.out_channels(),
+        "num_heads": c.num_attention_heads,
+        "num_layers": c.num_layers,
+        "eps": c.eps,
+    });
+    if let Value::Object(m) = original {
+        *config = m;
+    }
 }
 
 /// An explicit choice wins, then the config.json field, then detection from the keys.
@@ -297,5 +391,57 @@ mod tests {
             layout_from_config(&Value::Object(m)).unwrap(),
             Some(Layout::NnxScanned)
         );
+    }
+
+    /// A diffusers config stamped `wan` is the `WanModel` config of the same model (the keys
+    /// of Wan-AI/Wan2.1-T2V-1.3B's config.json, its values for the 1.3B); stamped `nnx`, it
+    /// names no diffusers class, and stamped back `diffusers` it is the config it was.
+    #[test]
+    fn a_stamped_config_says_its_layout() {
+        let diffusers = serde_json::json!({
+            "_class_name": "WanTransformer3DModel", "_diffusers_version": "0.33.0",
+            "patch_size": [1, 2, 2], "num_attention_heads": 12, "attention_head_dim": 128,
+            "in_channels": 16, "out_channels": 16, "text_dim": 4096, "freq_dim": 256,
+            "ffn_dim": 8960, "num_layers": 30, "cross_attn_norm": true,
+            "qk_norm": "rms_norm_across_heads", "eps": 1e-6, "image_dim": null,
+            "added_kv_proj_dim": null, "rope_max_seq_len": 1024
+        });
+        let Value::Object(d) = diffusers else {
+            unreachable!()
+        };
+        let mut wan = d.clone();
+        stamp_config(&mut wan, Layout::Wan);
+        let want = serde_json::json!({
+            "_class_name": "WanModel", "model_type": "t2v", "text_len": 512, "in_dim": 16,
+            "dim": 1536, "ffn_dim": 8960, "freq_dim": 256, "out_dim": 16, "num_heads": 12,
+            "num_layers": 30, "eps": 1e-6, "_wanbake_layout": "wan"
+        });
+        assert_eq!(Value::Object(wan.clone()), want);
+        // An original config stays one.
+        let mut again = wan.clone();
+        stamp_config(&mut again, Layout::Wan);
+        assert_eq!(again, wan);
+        let mut nnx = d.clone();
+        stamp_config(&mut nnx, Layout::Nnx);
+        assert!(!nnx.contains_key("_class_name") && !nnx.contains_key("_diffusers_version"));
+        assert_eq!(nnx["_wanbake_class_name"], "WanTransformer3DModel");
+        let mut back = nnx.clone();
+        stamp_config(&mut back, Layout::Diffusers);
+        let mut want = d.clone();
+        want.insert(LAYOUT_FIELD.into(), "diffusers".into());
+        assert_eq!(back, want);
+        assert_eq!(
+            Layout::NnxScanned.weights_stem("diffusion_pytorch_model"),
+            "wanbake_nnx_scanned"
+        );
+        assert_eq!(
+            Layout::Wan.weights_stem("diffusion_pytorch_model"),
+            "diffusion_pytorch_model"
+        );
+        assert_eq!(
+            Layout::Diffusers.weights_stem("wanbake_nnx"),
+            "diffusion_pytorch_model"
+        );
+        assert_eq!(Layout::Wan.weights_stem("t2v_original"), "t2v_original");
     }
 }

@@ -297,11 +297,18 @@ struct ComponentJobs {
 
 /// Plans every output component of `base` under `options`.
 pub fn plan_output(base: &BaseModel, options: &OutputOptions) -> Result<OutputSide, PipelineError> {
+    // A quantized file and an Orbax cache hold transformers only: a pipeline's other
+    // components are named as left out (the summary says so), never dropped unsaid.
+    let left_out = || base.carried.iter().map(|f| f.rel_path.clone()).collect();
     if let Some(q) = options.quantize {
-        return quantized(base, q);
+        let mut side = quantized(base, q)?;
+        side.output.left_out = left_out();
+        return Ok(side);
     }
     if options.container == Container::Orbax {
-        return orbax_output(base, options);
+        let mut side = orbax_output(base, options)?;
+        side.output.left_out = left_out();
+        return Ok(side);
     }
     let mut outputs = Vec::new();
     let mut jobs = Vec::new();
@@ -327,8 +334,10 @@ pub fn plan_output(base: &BaseModel, options: &OutputOptions) -> Result<OutputSi
         dropped.extend(c.dropped);
     }
     let aux = base.root_aux_files();
-    let output = OutputPlan::build(&outputs, &aux)
+    let mut output = OutputPlan::build(&outputs, &aux)
         .map_err(|e| PipelineError::Plan(format!("the output cannot be laid out: {e}")))?;
+    // A pipeline in gives a pipeline out: its other components travel unchanged.
+    output.carried = base.carried.clone();
     resolve_slots(&output, &mut jobs)?;
     policies.dedup();
     Ok(OutputSide {
@@ -595,8 +604,10 @@ fn converted(
         .map(|s| format!("{}{}: {}", prefix(comp), s.name, s.reason))
         .collect();
     let sidecars = config_sidecar(comp, Some(to));
+    let mut output = component_output(comp, conv.planned_tensors(), sidecars);
+    output.stem = to.weights_stem(&comp.weights_stem);
     Ok(ComponentJobs {
-        output: component_output(comp, conv.planned_tensors(), sidecars),
+        output,
         jobs,
         dropped,
     })
