@@ -182,7 +182,7 @@ fn the_text_reads_as_words_with_grouped_counts_and_decimal_sizes() {
     assert_eq!(params, 53_632);
     let text = ok(run(&repo(), &["inspect", "golden/models/t2v"]));
     assert!(
-        text.starts_with("golden/models/t2v (diffusers model folder)\n"),
+        text.starts_with("golden/models/t2v (model folder: config.json and weights)\n"),
         "{text}"
     );
     // 223,264 bytes on disk: 223.26 kB; 96 F32 tensors of data: 4 × 53,632 = 214.53 kB.

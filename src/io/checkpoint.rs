@@ -304,7 +304,7 @@ impl SourceKind {
         match self {
             SourceKind::File => "safetensors file",
             SourceKind::Sharded => "sharded safetensors (index and shards)",
-            SourceKind::ModelFolder => "diffusers model folder",
+            SourceKind::ModelFolder => "model folder: config.json and weights",
             SourceKind::Pipeline => "pipeline folder",
             SourceKind::PeftFolder => "PEFT adapter folder",
             SourceKind::Folder => "folder with one weights file",
