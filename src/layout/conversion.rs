@@ -46,7 +46,7 @@ pub fn convert_piece<E>(
     kernel_err: impl Fn(KernelError) -> E,
 ) -> Result<(), E> {
     let band_bytes = band_bytes.max(1);
-    if transform == Transform::Identity && src.dtype == dtype {
+    if transform.keeps_order() && src.dtype == dtype {
         for (i, chunk) in src.bytes.chunks(band_bytes).enumerate() {
             write(i * band_bytes, chunk)?;
         }
@@ -54,12 +54,15 @@ pub fn convert_piece<E>(
     }
     let numel: usize = src.shape.iter().product();
     let flat = [numel, 1];
-    let src = match transform {
-        Transform::Identity => SrcTensor {
-            shape: &flat,
-            ..src
-        },
-        _ => src,
+    let (transform, src) = match transform.keeps_order() {
+        true => (
+            Transform::Identity,
+            SrcTensor {
+                shape: &flat,
+                ..src
+            },
+        ),
+        false => (transform, src),
     };
     let dst_size = dtype
         .size()
@@ -139,7 +142,7 @@ impl Conversion {
             };
             let transform = src
                 .to_canonical
-                .then(piece.from_canonical, src.shape.len())
+                .then(piece.from_canonical, src.stored_shape.len())
                 .map_err(|e| PlanError::Rank {
                     key: src.stored.clone(),
                     reason: e.to_string(),
