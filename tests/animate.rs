@@ -215,3 +215,150 @@ fn nnx_outputs_equal_maxdiffusion_leaf_by_leaf_and_convert_back() {
         assert_same(&format!("{layout} -> wan"), &digests(&back), &original);
     }
 }
+
+#[test]
+fn synth_writes_the_released_14b_list_and_bake_plans_it_in_every_layout() {
+    let t = tmp();
+    let dir = t.path();
+    let args = [
+        "synth",
+        "--model",
+        "wan2.2-animate-14b",
+        "--out",
+        "sk",
+        "--fill",
+        "zero",
+        "--skeleton",
+    ];
+    ok(run(dir, &args));
+    // The diffusers list of the released model (WanAnimateTransformer3DModel of the released
+    // config on torch's meta device), name for name and shape for shape.
+    let shapes: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(g("shapes/animate_14b.json")).unwrap())
+            .unwrap();
+    let want: BTreeMap<String, Vec<usize>> =
+        serde_json::from_value(shapes["diffusers"]["tensors"].clone()).unwrap();
+    let c = Checkpoint::open(&dir.join("sk")).unwrap();
+    let got: BTreeMap<String, Vec<usize>> = (c.components[0].tensors.tensors())
+        .map(|t| (t.view.name.to_string(), t.view.shape.to_vec()))
+        .collect();
+    assert_eq!(got, want);
+    let v: serde_json::Value =
+        serde_json::from_str(&ok(run(dir, &["inspect", "sk", "--json"]))).unwrap();
+    let comp = &v[0]["components"][0];
+    assert_eq!(
+        comp["fingerprint"]["variant"], "wan2.2-animate-14b",
+        "{comp}"
+    );
+    assert_eq!(comp["parameter_count"], 17_274_816_884u64, "{comp}");
+    // Every layout plans: the original names hold 1441 tensors of which the 14 blur
+    // kernels are not written (constants); MaxDiffusion's scanned tree stacks only the
+    // blocks (40 x 32 block tensors -> 32), never the Animate lists.
+    for (layout, tensors) in [
+        ("diffusers", 1443),
+        ("wan", 1441 - 14),
+        ("nnx", 1443),
+        ("nnx-scanned", 1443 - 40 * 32 + 32),
+    ] {
+        let recipe = dir.join(format!("{layout}.toml"));
+        std::fs::write(
+            &recipe,
+            format!(
+                "[base]\npath = \"sk\"\n\n[output]\ndir = \"out\"\ndtype = \"bf16\"\n\
+                 layout = \"{layout}\"\n"
+            ),
+        )
+        .unwrap();
+        let o = run(dir, &["bake", s(&recipe), "--dry-run", "--json"]);
+        let (code, stdout, err) = parts(&o);
+        assert_eq!(code, 0, "{layout}: {err}");
+        let plan: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        assert_eq!(plan["plan"]["output"]["tensors"], tensors, "{layout}");
+        assert!(!dir.join("out").exists());
+    }
+}
+
+/// The weights of a model folder or file, by name without a ComfyUI prefix.
+fn values(path: &Path) -> BTreeMap<String, Vec<f32>> {
+    let c = Checkpoint::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    (c.components[0].tensors.tensors())
+        .map(|t| {
+            let name = t.view.name.strip_prefix("model.diffusion_model.");
+            let name = name.unwrap_or(t.view.name).to_string();
+            (name, t.view.to_f32().unwrap())
+        })
+        .collect()
+}
+
+#[test]
+fn loras_bind_across_namings_where_one_module_maps_to_one_module() {
+    let t = tmp();
+    let dir = t.path();
+    // (base, adapter, PEFT reference in the base's names, the base's fused names whose
+    // LoRA pieces do not bind there and are skipped)
+    let fused = |n: usize| format!("face_adapter.fuser_blocks.{n}.linear1_kv.weight");
+    let cases = [
+        (
+            g("models/animate_original.safetensors"),
+            g("adapters/peft_animate"),
+            g("references/peft_animate__original.safetensors"),
+            vec![fused(0), fused(1)],
+        ),
+        (
+            g("models/animate"),
+            g("adapters/comfy_animate/comfy_animate.safetensors"),
+            g("references/peft_animate.safetensors"),
+            ["0.to_k", "0.to_v", "1.to_k", "1.to_v"]
+                .map(|m| format!("face_adapter.{m}.weight"))
+                .to_vec(),
+        ),
+    ];
+    for (i, (base, adapter, reference, unbound)) in cases.iter().enumerate() {
+        let out = dir.join(format!("m{i}"));
+        let o = run(
+            dir,
+            &[
+                "merge",
+                "--base",
+                s(base),
+                "--adapter",
+                s(adapter),
+                "--dtype",
+                "f32",
+                "--out",
+                s(&out),
+                "--device",
+                "cpu",
+                "--allow-unmatched",
+            ],
+        );
+        let (code, _, err) = parts(&o);
+        assert_eq!(code, 0, "{err}");
+        let (got, before, want) = (values(&out), values(base), values(reference));
+        assert_eq!(got.len(), before.len());
+        let mut merged = 0;
+        for (name, x) in &got {
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            match want.get(name).filter(|_| !unbound.contains(name)) {
+                Some(w) => {
+                    let m = w.iter().fold(0f32, |m, v| m.max(v.abs()));
+                    let worst = x
+                        .iter()
+                        .zip(w)
+                        .map(|(a, b)| (a - b).abs())
+                        .fold(0f32, f32::max);
+                    assert!(worst <= 1e-5 * m, "{i}: {name}: {worst} > 1e-5 * {m}");
+                    assert_ne!(bits(x), bits(&before[name]), "{i}: {name} unchanged");
+                    merged += 1;
+                }
+                None => assert_eq!(bits(x), bits(&before[name]), "{i}: {name} changed"),
+            }
+        }
+        // Every changed tensor of the reference but the unbound fused pieces: the pose
+        // embedding, the face encoder's Conv1d and projection, linear1_q/to_q, linear2/
+        // to_out and the trunk's blocks.
+        let expected = want.keys().filter(|k| !unbound.contains(k)).count();
+        assert_eq!(merged, expected, "{i}");
+        assert!(merged >= 8, "{i}: {merged}");
+    }
+}
