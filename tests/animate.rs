@@ -66,28 +66,15 @@ fn restack(dir: &Path, input: &Path, to: &str, out: &str, extra: &[&str]) -> Pat
     dir.join(out)
 }
 
-fn is_blur_kernel(name: &str) -> bool {
-    name.ends_with(".0.kernel") && name.starts_with("motion_encoder.enc.net_app.convs.")
-}
-
-/// The original file's tensors without its 14 blur-kernel buffers (constants the diffusers
-/// model does not store).
-fn original_without_kernels() -> Digests {
-    let mut d = digests(&g("models/animate_original.safetensors"));
-    let before = d.len();
-    d.retain(|k, _| !is_blur_kernel(k));
-    assert_eq!(before - d.len(), 14);
-    d
-}
-
 #[test]
 fn diffusers_and_original_namings_convert_into_each_other_bit_for_bit() {
     let t = tmp();
     let dir = t.path();
     let diffusers = digests(&g("models/animate"));
-    let original = original_without_kernels();
+    let original = digests(&g("models/animate_original.safetensors"));
     // diffusers -> original: every parameter in the original names and shapes (the (1, C,
-    // 1, 1) activation biases, the fused linear1_kv, conv_out as convs.8).
+    // 1, 1) activation biases, the fused linear1_kv, conv_out as convs.8), and the 14
+    // blur-kernel buffers the diffusers model does not store, written as their constant.
     let w = restack(dir, &g("models/animate"), "wan", "w", &[]);
     assert_same("diffusers -> wan", &digests(&w), &original);
     // original (plain and ComfyUI-prefixed) -> diffusers: the diffusers model exactly; the
@@ -182,7 +169,7 @@ fn nnx_outputs_equal_maxdiffusion_leaf_by_leaf_and_convert_back() {
     let t = tmp();
     let dir = t.path();
     let diffusers = digests(&g("models/animate"));
-    let original = original_without_kernels();
+    let original = digests(&g("models/animate_original.safetensors"));
     for (layout, tree) in [
         ("nnx", "maxdiffusion_animate_unscanned.json"),
         ("nnx-scanned", "maxdiffusion_animate_scanned.json"),
@@ -251,12 +238,12 @@ fn synth_writes_the_released_14b_list_and_bake_plans_it_in_every_layout() {
         "{comp}"
     );
     assert_eq!(comp["parameter_count"], 17_274_816_884u64, "{comp}");
-    // Every layout plans: the original names hold 1441 tensors of which the 14 blur
-    // kernels are not written (constants); MaxDiffusion's scanned tree stacks only the
+    // Every layout plans: the original names hold 1441 tensors (the 14 blur kernels
+    // included, as DiffSynth's hash of the real file says); MaxDiffusion's scanned tree stacks only the
     // blocks (40 x 32 block tensors -> 32), never the Animate lists.
     for (layout, tensors) in [
         ("diffusers", 1443),
-        ("wan", 1441 - 14),
+        ("wan", 1441),
         ("nnx", 1443),
         ("nnx-scanned", 1443 - 40 * 32 + 32),
     ] {

@@ -18,6 +18,7 @@ use super::dtype_policy::{KeepF32, OutputDType, decide_dtypes};
 use super::write::WritePlan;
 use crate::io::DType;
 use crate::io::header_layout::PlannedTensor;
+use crate::model::animate::Constant;
 use crate::model::plan_error::PlanError;
 use crate::model::read_plan::ReadPlan;
 use crate::model::transform::{self, KernelError, SrcTensor, Transform};
@@ -102,6 +103,8 @@ pub struct RestackJob {
     pub transform: Transform,
     /// Byte offset of the piece inside the output tensor.
     pub dst_offset: usize,
+    /// A constant written instead of a stored tensor (`stored` is then empty).
+    pub constant: Option<Constant>,
 }
 
 /// A fully planned conversion.
@@ -160,7 +163,23 @@ impl Conversion {
                 src_dtype: src.dtype,
                 transform,
                 dst_offset: piece.offset * size,
+                constant: None,
             });
+        }
+        for (output, t) in write.tensors.iter().enumerate() {
+            if let Some(c) = t.constant {
+                jobs.push(RestackJob {
+                    output,
+                    canonical: t.name.clone(),
+                    stored: String::new(),
+                    layer: None,
+                    stored_shape: t.shape.clone(),
+                    src_dtype: DType::F32,
+                    transform: Transform::Identity,
+                    dst_offset: 0,
+                    constant: Some(c),
+                });
+            }
         }
         let mut first_use: HashMap<String, usize> = HashMap::new();
         for (i, j) in jobs.iter().enumerate() {

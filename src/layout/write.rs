@@ -10,6 +10,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::model::animate::{self, Constant};
 use crate::model::plan_error::PlanError;
 use crate::model::transform::Transform;
 use crate::model::wan::ParamSpec;
@@ -38,6 +39,9 @@ pub struct OutputTensor {
     pub shape: Vec<usize>,
     /// The pieces that fill it, in offset order, covering it exactly.
     pub pieces: Vec<Piece>,
+    /// A constant no parameter carries (no pieces): the original Animate names' blur
+    /// kernels, which diffusers and NNX layouts do not store.
+    pub constant: Option<Constant>,
 }
 
 impl OutputTensor {
@@ -112,12 +116,29 @@ impl WritePlan {
                 .collect::<Result<_, _>>()?;
             join_fused(singles)
         };
+        let mut tensors = tensors;
+        if layout == Layout::Wan {
+            tensors.extend(
+                animate::blur_kernel_names(res)
+                    .into_iter()
+                    .map(|name| OutputTensor {
+                        name,
+                        shape: Constant::BlurKernel.shape(),
+                        pieces: Vec::new(),
+                        constant: Some(Constant::BlurKernel),
+                    }),
+            );
+        }
         Ok(WritePlan { layout, tensors })
     }
 
-    /// Total number of elements written.
+    /// Total number of parameter elements written (constants, which are no parameter,
+    /// not counted).
     pub fn numel(&self) -> u64 {
-        self.tensors.iter().map(|t| t.numel() as u64).sum()
+        (self.tensors.iter())
+            .filter(|t| t.constant.is_none())
+            .map(|t| t.numel() as u64)
+            .sum()
     }
 }
 
@@ -153,6 +174,7 @@ fn single(
             offset: index * numel,
             numel,
         }],
+        constant: None,
     })
 }
 
@@ -247,6 +269,7 @@ fn stack(
         name,
         shape,
         pieces,
+        constant: None,
     })
 }
 

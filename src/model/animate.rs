@@ -16,7 +16,7 @@
 //! `Transform::ChannelTo1C11`); the face adapter's fused `linear1_kv` is the row blocks
 //! `to_k`, `to_v` (a fused tensor of two pieces, `NameRow::wan_piece`); and the 14 blur
 //! kernels of the original are constant buffers diffusers recomputes (skipped on reading,
-//! [`is_blur_kernel`]).
+//! [`is_blur_kernel`]; written to an original-named output as their [`Constant`] values).
 
 use std::collections::BTreeMap;
 
@@ -230,6 +230,39 @@ pub fn is_blur_kernel(name: &str) -> bool {
         return false;
     };
     index.bytes().all(|b| b.is_ascii_digit()) && matches!(local, "conv2.0.kernel" | "skip.0.kernel")
+}
+
+/// A tensor a layout stores that no parameter carries: written from its known values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Constant {
+    /// The original motion encoder's 4×4 blur kernel ([`blur_kernel_values`]).
+    BlurKernel,
+}
+
+impl Constant {
+    /// Its values, row-major.
+    pub fn values(self) -> Vec<f32> {
+        match self {
+            Constant::BlurKernel => blur_kernel_values().to_vec(),
+        }
+    }
+
+    /// Its shape.
+    pub fn shape(self) -> Vec<usize> {
+        match self {
+            Constant::BlurKernel => vec![4, 4],
+        }
+    }
+}
+
+/// The blur kernels of an original-named motion encoder of `res` residual blocks: two per
+/// block (`conv2.0` before conv2, `skip.0` before the skip convolution), in block order.
+pub fn blur_kernel_names(res: usize) -> Vec<String> {
+    (1..=res)
+        .flat_map(|c| {
+            ["conv2", "skip"].map(|m| format!("motion_encoder.enc.net_app.convs.{c}.{m}.0.kernel"))
+        })
+        .collect()
 }
 
 /// Why reading skips a blur kernel.
