@@ -1,11 +1,10 @@
-//! Wan2.2-Animate-14B: its config, which tensors are its Animate modules, and how to tell
-//! an Animate checkpoint.
+//! Wan2.2-Animate-14B: its config, which tensors are its Animate modules, and the original
+//! names' blur-kernel constants.
 //!
 //! Owns: `AnimateConfig` (the Animate keys of diffusers' `WanAnimateTransformer3DModel`
 //! config.json) and the sizes it gives the Animate modules (the motion encoder's channel
 //! table, its residual block count, the face adapter count), reading that config back from
-//! shapes, the Animate-only module prefixes, the keys that mark an Animate checkpoint, and
-//! the motion encoder's blur-kernel buffers (golden/variants/animate/FACTS.md §3-§4). Does
+//! shapes, the Animate-only module prefixes, and the motion encoder's blur-kernel buffers (golden/variants/animate/FACTS.md §3-§4). Does
 //! not own: the names of the Animate parameters in each naming, which are rows of the one
 //! name table (`model::wan_names`, scopes `FaceAdapter`, `MotionRes`, `MotionFc`,
 //! `MotionOut`), or the trunk (a Wan 2.1 I2V-14B model, `model::wan`).
@@ -32,15 +31,6 @@ pub const ANIMATE_PREFIXES: [&str; 4] = [
     "motion_encoder.",
     "face_encoder.",
     "face_adapter.",
-];
-
-/// Keys that only an Animate checkpoint has: ComfyUI's detection key (original names,
-/// comfy/model_detection.py) and diffusers' single-file detection key, and the diffusers
-/// name of the same motion direction parameter.
-const MARKERS: [&str; 3] = [
-    "face_adapter.fuser_blocks.0.k_norm.weight",
-    "motion_encoder.dec.direction.weight",
-    "motion_encoder.motion_synthesis_weight",
 ];
 
 /// The Animate keys of a diffusers `WanAnimateTransformer3DModel` config.json (diffusers
@@ -288,37 +278,42 @@ pub fn is_animate_module(name: &str) -> bool {
     ANIMATE_PREFIXES.iter().any(|p| name.starts_with(p))
 }
 
-/// True when the keys are an Animate checkpoint's.
-pub fn is_animate(names: &[String]) -> bool {
-    names.iter().any(|n| MARKERS.contains(&strip_wan_prefix(n)))
-}
-
-/// The keys of the WAN trunk and of the Animate modules, in the order given.
-pub fn split(names: &[String]) -> (Vec<String>, Vec<String>) {
-    names.iter().cloned().partition(|n| !is_animate_module(n))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn animate_modules_are_told_in_both_namings() {
-        let names: Vec<String> = [
-            "model.diffusion_model.face_adapter.fuser_blocks.0.k_norm.weight",
-            "model.diffusion_model.blocks.0.self_attn.q.weight",
-            "pose_patch_embedding.weight",
-            "patch_embedding.weight",
-        ]
-        .map(String::from)
-        .to_vec();
-        assert!(is_animate(&names));
-        let (trunk, animate) = split(&names);
-        assert_eq!(trunk.len(), 2);
-        assert_eq!(animate.len(), 2);
-        assert!(!is_animate(&trunk));
-        assert!(is_animate(&[
-            "motion_encoder.motion_synthesis_weight".to_string()
-        ]));
+    fn animate_modules_and_blur_kernels_are_told_in_both_namings() {
+        assert!(is_animate_module(
+            "model.diffusion_model.face_adapter.fuser_blocks.0.k_norm.weight"
+        ));
+        assert!(is_animate_module("pose_patch_embedding.weight"));
+        assert!(!is_animate_module("patch_embedding.weight"));
+        assert!(is_blur_kernel(
+            "model.diffusion_model.motion_encoder.enc.net_app.convs.7.skip.0.kernel"
+        ));
+        assert!(!is_blur_kernel(
+            "motion_encoder.enc.net_app.convs.7.skip.1.weight"
+        ));
+        assert_eq!(blur_kernel_names(7).len(), 14);
+        let k = blur_kernel_values();
+        assert_eq!(
+            (k[0], k[5], k.iter().sum::<f32>()),
+            (1.0 / 64.0, 9.0 / 64.0, 1.0)
+        );
+    }
+
+    #[test]
+    fn the_released_config_sizes_the_motion_encoder_like_diffusers() {
+        let a = AnimateConfig::released();
+        assert_eq!(a.res_blocks(), 7);
+        assert_eq!(a.stem(), Some(32));
+        let outs: Vec<Option<usize>> = (0..7).map(|i| a.res_out(i)).collect();
+        let want = [64, 128, 256, 512, 512, 512, 512].map(Some);
+        assert_eq!(outs, want);
+        assert_eq!(
+            (a.fc_out(3), a.fc_out(4), a.face_adapters(40)),
+            (512, 20, 8)
+        );
     }
 }
