@@ -186,6 +186,7 @@ fn mirror_jobs(ck: &Checkpoint, output: &[ComponentOutput]) -> Vec<Job> {
                 stored_shape: t.view.shape.to_vec(),
                 target: None,
                 encoding: None,
+                constant: None,
             });
         }
     }

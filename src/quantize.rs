@@ -31,7 +31,7 @@ use crate::io::writer::{ComponentOutput, GgufParts, OutputPlan};
 use crate::io::{DType, ReadError, dtype};
 use crate::model::animate::is_animate_module;
 use crate::model::base_model::{BaseModel, ComponentModel};
-use crate::model::plan_error::{ANIMATE_UNCONVERTED, PlanError};
+use crate::model::plan_error::{ANIMATE_NOT_QUANTIZED, ANIMATE_UNKNOWN, PlanError};
 use crate::model::quant_rules::{self, GgufMix, QuantFormat, Why};
 use crate::model::wan_layout::Layout;
 use crate::model::wan_names::{self, Position};
@@ -73,12 +73,18 @@ pub enum QuantError {
         layout: Layout,
     },
     /// A key that is not a WAN transformer parameter.
-    #[error("{key}: not a WAN transformer parameter of the {layout} layout{}", if is_animate_module(key) { ANIMATE_UNCONVERTED } else { "" })]
+    #[error("{key}: not a WAN transformer parameter of the {layout} layout{}", if is_animate_module(key) { ANIMATE_UNKNOWN } else { "" })]
     UnknownKey {
         /// The stored key.
         key: String,
         /// The layout it was read in.
         layout: Layout,
+    },
+    /// A Wan2.2-Animate module, which no quantized output holds yet.
+    #[error("{key}: not quantized{ANIMATE_NOT_QUANTIZED}")]
+    Animate {
+        /// The stored key.
+        key: String,
     },
     /// A high-precision type a GGUF file cannot hold unquantized.
     #[error("{dtype} is not a type GGUF keeps unquantized tensors in (f32, f16 or bf16)")]
@@ -248,6 +254,9 @@ pub fn plan(
         if name.contains(wan_names::SKIPPED_MARKER) {
             skipped.push(name.clone());
             continue;
+        }
+        if is_animate_module(name) {
+            return Err(QuantError::Animate { key: name.clone() });
         }
         let Some((entry, pos)) = wan_names::parse_stored(layout, name) else {
             return Err(QuantError::UnknownKey {

@@ -758,7 +758,10 @@ fn check_nnx_element(nnx: &MemTensor, layer: Option<usize>, src: &MemTensor, t: 
             Transform::Identity => idx.clone(),
             Transform::Transpose => vec![idx[1], idx[0]],
             Transform::OidhwToDhwio => vec![idx[4], idx[3], idx[0], idx[1], idx[2]],
-            Transform::DhwioToOidhw => unreachable!(),
+            Transform::Reverse3 => vec![idx[2], idx[1], idx[0]],
+            Transform::DhwioToOidhw | Transform::ChannelTo1C11 | Transform::Channel1C11ToC => {
+                unreachable!()
+            }
         };
         assert_eq!(
             f32_at(nnx, base + flat(&slice_shape, &idx)),

@@ -140,8 +140,12 @@ impl BaseIndex {
         let mut ix = BaseIndex::empty(Path::new("<WAN name table>"));
         for m in wan_modules() {
             match m.scope {
-                Scope::Top => ix.module_for(m.id(None)),
-                Scope::Block | Scope::VaceBlock => {
+                Scope::Top | Scope::MotionOut => ix.module_for(m.id(None)),
+                Scope::Block
+                | Scope::VaceBlock
+                | Scope::FaceAdapter
+                | Scope::MotionRes
+                | Scope::MotionFc => {
                     for b in 0..blocks {
                         ix.module_for(m.id(Some(b)));
                     }
@@ -179,7 +183,13 @@ impl BaseIndex {
         name: &str,
         shape: &[usize],
     ) {
-        let Some((mi, role)) = row_index(row).and_then(wan_module_of_row) else {
+        // A fused tensor of the original names (Wan-Animate's `linear1_kv`) is changed
+        // whole, as ComfyUI does; its pieces are no module of their own there.
+        let fused = row.pieces(layout).len() > 1;
+        let Some((mi, role)) = row_index(row)
+            .and_then(wan_module_of_row)
+            .filter(|_| !fused)
+        else {
             return self.add_generic(name, shape);
         };
         let module: &WanModule = &wan_modules()[mi];

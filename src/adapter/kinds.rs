@@ -397,11 +397,14 @@ mod transform_name {
     use crate::model::transform::Transform;
     use serde::{Deserialize, Deserializer, Serializer};
 
-    const NAMES: [(Transform, &str); 4] = [
+    const NAMES: [(Transform, &str); 7] = [
         (Transform::Identity, "identity"),
         (Transform::Transpose, "transpose"),
         (Transform::OidhwToDhwio, "oidhw_to_dhwio"),
         (Transform::DhwioToOidhw, "dhwio_to_oidhw"),
+        (Transform::Reverse3, "reverse3"),
+        (Transform::ChannelTo1C11, "channel_to_1c11"),
+        (Transform::Channel1C11ToC, "channel_1c11_to_c"),
     ];
 
     pub fn serialize<S: Serializer>(t: &Transform, s: S) -> Result<S::Ok, S::Error> {

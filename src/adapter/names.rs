@@ -17,6 +17,7 @@ use std::sync::OnceLock;
 use serde::Serialize;
 
 use super::Convention;
+use crate::model::wan_layout::Layout;
 use crate::model::wan_names::{self, Scope};
 
 /// The name family a module spelling belongs to.
@@ -227,11 +228,11 @@ pub struct WanModule {
 impl WanModule {
     /// The module's id for block `block` (ignored for top-level modules).
     pub fn id(&self, block: Option<usize>) -> ModuleId {
-        let full = |local: &str| self.scope.full(local, block);
+        let full = |layout, local: &str| self.scope.full_in(layout, local, block);
         ModuleId::Wan {
-            diffusers: full(&self.diffusers),
-            wan: full(&self.wan),
-            nnx: full(&self.nnx),
+            diffusers: full(Layout::Diffusers, &self.diffusers),
+            wan: full(Layout::Wan, &self.wan),
+            nnx: full(Layout::Nnx, &self.nnx),
         }
     }
 

@@ -18,6 +18,7 @@ use super::dtype_policy::{KeepF32, OutputDType, decide_dtypes};
 use super::write::WritePlan;
 use crate::io::DType;
 use crate::io::header_layout::PlannedTensor;
+use crate::model::animate::Constant;
 use crate::model::plan_error::PlanError;
 use crate::model::read_plan::ReadPlan;
 use crate::model::transform::{self, KernelError, SrcTensor, Transform};
@@ -46,7 +47,7 @@ pub fn convert_piece<E>(
     kernel_err: impl Fn(KernelError) -> E,
 ) -> Result<(), E> {
     let band_bytes = band_bytes.max(1);
-    if transform == Transform::Identity && src.dtype == dtype {
+    if transform.keeps_order() && src.dtype == dtype {
         for (i, chunk) in src.bytes.chunks(band_bytes).enumerate() {
             write(i * band_bytes, chunk)?;
         }
@@ -54,12 +55,15 @@ pub fn convert_piece<E>(
     }
     let numel: usize = src.shape.iter().product();
     let flat = [numel, 1];
-    let src = match transform {
-        Transform::Identity => SrcTensor {
-            shape: &flat,
-            ..src
-        },
-        _ => src,
+    let (transform, src) = match transform.keeps_order() {
+        true => (
+            Transform::Identity,
+            SrcTensor {
+                shape: &flat,
+                ..src
+            },
+        ),
+        false => (transform, src),
     };
     let dst_size = dtype
         .size()
@@ -99,6 +103,8 @@ pub struct RestackJob {
     pub transform: Transform,
     /// Byte offset of the piece inside the output tensor.
     pub dst_offset: usize,
+    /// A constant written instead of a stored tensor (`stored` is then empty).
+    pub constant: Option<Constant>,
 }
 
 /// A fully planned conversion.
@@ -139,7 +145,7 @@ impl Conversion {
             };
             let transform = src
                 .to_canonical
-                .then(piece.from_canonical, src.shape.len())
+                .then(piece.from_canonical, src.stored_shape.len())
                 .map_err(|e| PlanError::Rank {
                     key: src.stored.clone(),
                     reason: e.to_string(),
@@ -157,7 +163,23 @@ impl Conversion {
                 src_dtype: src.dtype,
                 transform,
                 dst_offset: piece.offset * size,
+                constant: None,
             });
+        }
+        for (output, t) in write.tensors.iter().enumerate() {
+            if let Some(c) = t.constant {
+                jobs.push(RestackJob {
+                    output,
+                    canonical: t.name.clone(),
+                    stored: String::new(),
+                    layer: None,
+                    stored_shape: t.shape.clone(),
+                    src_dtype: DType::F32,
+                    transform: Transform::Identity,
+                    dst_offset: 0,
+                    constant: Some(c),
+                });
+            }
         }
         let mut first_use: HashMap<String, usize> = HashMap::new();
         for (i, j) in jobs.iter().enumerate() {

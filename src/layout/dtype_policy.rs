@@ -233,6 +233,10 @@ pub fn decide_dtypes(
                 OutputDType::BF16 => DType::BF16,
                 OutputDType::F16 => DType::F16,
                 OutputDType::F32 => return Ok(DType::F32),
+                // A constant (exact in every float dtype) keeps the input's first dtype.
+                OutputDType::Keep if t.constant.is_some() => {
+                    return Ok(read.params.first().map_or(DType::F32, |p| p.dtype));
+                }
                 OutputDType::Keep => return kept_dtype(t, read),
             };
             // Every piece of a stacked tensor is the same parameter kind, so one answers

@@ -10,11 +10,12 @@
 
 use std::collections::BTreeMap;
 
+use crate::model::animate::{self, Constant};
 use crate::model::plan_error::PlanError;
 use crate::model::transform::Transform;
 use crate::model::wan::ParamSpec;
 use crate::model::wan_layout::Layout;
-use crate::model::wan_names::{self, NameRow};
+use crate::model::wan_names::{self, NameRow, Scope};
 
 /// One canonical parameter's contribution to an output tensor.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -38,6 +39,9 @@ pub struct OutputTensor {
     pub shape: Vec<usize>,
     /// The pieces that fill it, in offset order, covering it exactly.
     pub pieces: Vec<Piece>,
+    /// A constant no parameter carries (no pieces): the original Animate names' blur
+    /// kernels, which diffusers and NNX layouts do not store.
+    pub constant: Option<Constant>,
 }
 
 impl OutputTensor {
@@ -82,20 +86,59 @@ impl WritePlan {
                 why,
             });
         }
+        // The original motion encoder's conv_out is named after the residual block count.
+        let res = resolved
+            .iter()
+            .filter(|(_, e, _)| e.scope == Scope::MotionRes)
+            .filter_map(|&(_, _, b)| b.map(|b| b + 1))
+            .max()
+            .unwrap_or(0);
+        let resolved: Vec<_> = resolved
+            .into_iter()
+            .map(|(p, e, b)| {
+                (
+                    p,
+                    e,
+                    if e.scope == Scope::MotionOut {
+                        Some(res)
+                    } else {
+                        b
+                    },
+                )
+            })
+            .collect();
         let tensors = if layout == Layout::NnxScanned {
             stacked_tensors(&resolved)?
         } else {
-            resolved
+            let singles = resolved
                 .iter()
                 .map(|&(p, e, block)| single(layout, p, e, block))
-                .collect::<Result<_, _>>()?
+                .collect::<Result<_, _>>()?;
+            join_fused(singles)
         };
+        let mut tensors = tensors;
+        if layout == Layout::Wan {
+            tensors.extend(
+                animate::blur_kernel_names(res)
+                    .into_iter()
+                    .map(|name| OutputTensor {
+                        name,
+                        shape: Constant::BlurKernel.shape(),
+                        pieces: Vec::new(),
+                        constant: Some(Constant::BlurKernel),
+                    }),
+            );
+        }
         Ok(WritePlan { layout, tensors })
     }
 
-    /// Total number of elements written.
+    /// Total number of parameter elements written (constants, which are no parameter,
+    /// not counted).
     pub fn numel(&self) -> u64 {
-        self.tensors.iter().map(|t| t.numel() as u64).sum()
+        (self.tensors.iter())
+            .filter(|t| t.constant.is_none())
+            .map(|t| t.numel() as u64)
+            .sum()
     }
 }
 
@@ -109,21 +152,50 @@ fn transformed(key: &str, t: Transform, shape: &[usize]) -> Result<Vec<usize>, P
 fn single(
     layout: Layout,
     p: &ParamSpec,
-    e: &NameRow,
+    e: &'static NameRow,
     block: Option<usize>,
 ) -> Result<OutputTensor, PlanError> {
     let t = e.from_canonical(layout);
     let (name, _) = e.stored_name(layout, block.unwrap_or(0));
+    let mut shape = transformed(&p.name, t, &p.shape)?;
+    let numel = p.numel() as usize;
+    // A piece of a fused tensor: its row block of the whole (`NameRow::pieces`).
+    let pieces = e.pieces(layout);
+    let index = pieces.iter().position(|x| std::ptr::eq(*x, e)).unwrap_or(0);
+    if let Some(rows) = shape.first_mut() {
+        *rows *= pieces.len();
+    }
     Ok(OutputTensor {
-        shape: transformed(&p.name, t, &p.shape)?,
+        shape,
         name,
         pieces: vec![Piece {
             canonical: p.name.clone(),
             from_canonical: t,
-            offset: 0,
-            numel: p.numel() as usize,
+            offset: index * numel,
+            numel,
         }],
+        constant: None,
     })
+}
+
+/// Merges the tensors of one name (the pieces of a fused tensor) into the first, pieces
+/// in offset order.
+fn join_fused(tensors: Vec<OutputTensor>) -> Vec<OutputTensor> {
+    let mut out: Vec<OutputTensor> = Vec::with_capacity(tensors.len());
+    let mut at: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    for t in tensors {
+        match at.get(&t.name) {
+            Some(&i) => {
+                out[i].pieces.extend(t.pieces);
+                out[i].pieces.sort_by_key(|p| p.offset);
+            }
+            None => {
+                at.insert(t.name.clone(), out.len());
+                out.push(t);
+            }
+        }
+    }
+    out
 }
 
 /// `nnx-scanned`: top-level parameters one each; every block parameter stacked over
@@ -136,8 +208,8 @@ fn stacked_tensors(
     let mut by_local: BTreeMap<&'static str, Vec<(usize, &ParamSpec, &'static NameRow)>> =
         BTreeMap::new();
     for &(p, e, block) in resolved {
-        match block {
-            None => out.push(single(Layout::NnxScanned, p, e, None)?),
+        match block.filter(|_| e.scope == Scope::Block) {
+            None => out.push(single(Layout::NnxScanned, p, e, block)?),
             Some(b) => {
                 let group = by_local.entry(e.nnx).or_default();
                 if group.is_empty() {
@@ -197,6 +269,7 @@ fn stack(
         name,
         shape,
         pieces,
+        constant: None,
     })
 }
 

@@ -9,7 +9,7 @@
 //! where each canonical parameter lives in a checkpoint of any layout, and the config its
 //! shapes imply (`read_plan`), with why such a plan fails (`plan_error`); the tensor
 //! transforms between PyTorch and Flax layouts and their conversion kernels (`transform`);
-//! SA3 sizes and shapes (`sa3`); which tensors are Wan2.2-Animate's own modules (`animate`); recognising a released model from tensor names and shapes
+//! SA3 sizes and shapes (`sa3`); Wan2.2-Animate's config, module prefixes and blur-kernel constants (`animate`); recognising a released model from tensor names and shapes
 //! (`fingerprint`); and which encoding each tensor gets in a quantized output
 //! (`quant_rules`). Does not own: writing a checkpoint in another layout (`layout`), or
 //! adapter naming (`adapter`).

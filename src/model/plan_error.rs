@@ -14,11 +14,18 @@ use super::animate::is_animate_module;
 use super::wan_layout::Layout;
 use crate::io::DType;
 
-/// Why a command refuses Wan2.2-Animate's own modules (`model::animate`).
-pub const ANIMATE_UNCONVERTED: &str = "\nhint: these are Wan2.2-Animate's own modules \
-    (pose_patch_embedding, motion_encoder, face_encoder, face_adapter); wanbake merges and \
-    converts the dtype of an Animate checkpoint in the naming it is in, but does not yet \
-    restack or quantize them (their diffusers <-> original conversion is not only renames)";
+/// Why keys of Wan2.2-Animate's own modules fit no layout: the name table has every
+/// Animate parameter of diffusers' `WanAnimateTransformer3DModel`, the original Wan-Animate
+/// model, ComfyUI and MaxDiffusion (`model::wan_names`), so such keys are of another build.
+pub const ANIMATE_UNKNOWN: &str = "\nhint: these are Wan2.2-Animate module names (pose_patch_embedding, \
+    motion_encoder, face_encoder, face_adapter), but not ones of the released architecture in \
+    the diffusers, original-Wan/ComfyUI or MaxDiffusion naming";
+
+/// Why quantized outputs refuse Wan2.2-Animate's own modules.
+pub const ANIMATE_NOT_QUANTIZED: &str = "\nhint: these are Wan2.2-Animate's own modules \
+    (pose_patch_embedding, motion_encoder, face_encoder, face_adapter); wanbake restacks, \
+    merges and converts the dtype of an Animate checkpoint, but does not yet quantize it \
+    (which of its tensors ComfyUI's fp8-scaled and GGUF loaders quantize is not yet checked)";
 
 /// How many keys an error message lists before it counts the rest.
 pub const LISTED_KEYS: usize = 40;
@@ -237,10 +244,10 @@ fn join_layouts(l: &[Layout]) -> String {
     l.iter().map(|l| l.as_str()).collect::<Vec<_>>().join(", ")
 }
 
-/// [`ANIMATE_UNCONVERTED`] when `keys` hold an Animate module, else nothing.
+/// [`ANIMATE_UNKNOWN`] when `keys` hold an Animate module, else nothing.
 pub fn animate_note(keys: &[String]) -> &'static str {
     if keys.iter().any(|k| is_animate_module(k)) {
-        ANIMATE_UNCONVERTED
+        ANIMATE_UNKNOWN
     } else {
         ""
     }
@@ -248,7 +255,7 @@ pub fn animate_note(keys: &[String]) -> &'static str {
 
 fn hint_unknown(layout: Layout, keys: &[String]) -> impl fmt::Display {
     if !animate_note(keys).is_empty() {
-        return ANIMATE_UNCONVERTED.to_string();
+        return ANIMATE_UNKNOWN.to_string();
     }
     let other = match layout {
         Layout::Diffusers => "wan, nnx or nnx-scanned",

@@ -12,6 +12,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+use super::animate::{self, AnimateConfig};
 use super::plan_error::{PlanError, StoredShapeMismatch};
 use super::transform::Transform;
 use super::wan::{CONTROL_UNSHUFFLE, ParamSpec, WanConfig};
@@ -122,11 +123,11 @@ impl ReadPlan {
         let mut parsed = Vec::new();
         let mut unknown = Vec::new();
         for t in tensors {
-            if t.name.contains(SKIPPED_MARKER) {
+            if let Some(reason) = skip_reason(layout, &t.name) {
                 skipped.push(SkippedKey {
                     name: t.name.clone(),
                     shape: t.shape.clone(),
-                    reason: SKIP_REASON,
+                    reason,
                 });
             } else if let Some((entry, pos)) = wan_names::parse_stored(layout, &t.name) {
                 parsed.push((t, entry, pos));
@@ -151,10 +152,13 @@ impl ReadPlan {
             Some(c) => StackCounts {
                 blocks: c.num_layers,
                 vace: c.blocks_of(Scope::VaceBlock),
+                motion_res: c.blocks_of(Scope::MotionRes),
+                faces: c.blocks_of(Scope::FaceAdapter),
             },
             None => count_layers(&parsed)?,
         };
         let found = expand(layout, &parsed, counts.blocks)?;
+        check_motion_out(layout, &found, counts.motion_res)?;
         let (config, config_inferred) = match config {
             Some(c) => (c.clone(), false),
             None => {
@@ -202,6 +206,35 @@ fn name_of(f: &Found<'_>) -> String {
     f.entry.canonical(f.block)
 }
 
+/// Why reading skips the stored key `name` of `layout`, if it does.
+fn skip_reason(layout: Layout, name: &str) -> Option<&'static str> {
+    if name.contains(SKIPPED_MARKER) {
+        Some(SKIP_REASON)
+    } else if layout == Layout::Wan && animate::is_blur_kernel(name) {
+        Some(animate::BLUR_KERNEL_REASON)
+    } else {
+        None
+    }
+}
+
+/// The original motion encoder's last convolution sits right after the residual blocks
+/// (`convs.(R+1)`): any other index is not a parameter of the model.
+fn check_motion_out(layout: Layout, found: &[Found<'_>], res: usize) -> Result<(), PlanError> {
+    let misplaced: Vec<String> = found
+        .iter()
+        .filter(|f| f.entry.scope == Scope::MotionOut && layout == Layout::Wan)
+        .filter(|f| f.block != Some(res))
+        .map(|f| f.stored.name.clone())
+        .collect();
+    if misplaced.is_empty() {
+        return Ok(());
+    }
+    Err(PlanError::UnexpectedKeys {
+        layout,
+        keys: misplaced,
+    })
+}
+
 /// The number of blocks in each stack.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StackCounts {
@@ -209,6 +242,10 @@ pub struct StackCounts {
     pub blocks: usize,
     /// The VACE context blocks (0 for every other model).
     pub vace: usize,
+    /// The Animate motion encoder's residual blocks (0 for every other model).
+    pub motion_res: usize,
+    /// The Animate face adapters (0 for every other model).
+    pub faces: usize,
 }
 
 /// The stack sizes from the keys alone: one more than the largest block index of each
@@ -218,8 +255,12 @@ fn count_layers(
     parsed: &[(&StoredTensor, &'static NameRow, Position)],
 ) -> Result<StackCounts, PlanError> {
     let blocks = count_blocks(parsed)?;
-    let vace = unscanned_count(parsed, Scope::VaceBlock);
-    Ok(StackCounts { blocks, vace })
+    Ok(StackCounts {
+        blocks,
+        vace: unscanned_count(parsed, Scope::VaceBlock),
+        motion_res: unscanned_count(parsed, Scope::MotionRes),
+        faces: unscanned_count(parsed, Scope::FaceAdapter),
+    })
 }
 
 /// One more than the largest unscanned block index of `scope`'s stack (0 without one).
@@ -293,6 +334,11 @@ fn expand<'a>(
             Position::Block(b) => vec![(Some(b), None)],
             Position::Stacked => (0..num_layers).map(|i| (Some(i), Some(i))).collect(),
         };
+        let pieces = entry.pieces(layout);
+        if pieces.len() > 1 {
+            found.extend(fused_pieces(t, &pieces, blocks[0].0)?);
+            continue;
+        }
         for (block, layer) in blocks {
             found.push(Found {
                 stored: t,
@@ -305,6 +351,41 @@ fn expand<'a>(
         }
     }
     Ok(found)
+}
+
+/// The parameters of a fused tensor (`NameRow::pieces`): piece k is the k-th of its equal
+/// row blocks, read as layer k of the tensor seen as (pieces, rows / pieces, ...).
+fn fused_pieces<'a>(
+    t: &'a StoredTensor,
+    pieces: &[&'static NameRow],
+    block: Option<usize>,
+) -> Result<Vec<Found<'a>>, PlanError> {
+    let n = pieces.len();
+    let mut slice = t.shape.clone();
+    match slice.first_mut() {
+        Some(rows) if *rows % n == 0 => *rows /= n,
+        _ => {
+            return Err(PlanError::Rank {
+                key: t.name.clone(),
+                reason: format!(
+                    "a fused tensor of {n} equal row blocks, got shape {:?}",
+                    t.shape
+                ),
+            });
+        }
+    }
+    Ok(pieces
+        .iter()
+        .enumerate()
+        .map(|(k, &entry)| Found {
+            stored: t,
+            entry,
+            block,
+            layer: Some(k),
+            stored_shape: slice.clone(),
+            shape: slice.clone(),
+        })
+        .collect())
 }
 
 /// Matches the resolved keys against the config's parameter list: every parameter present
@@ -408,7 +489,12 @@ fn shape_mismatch(
         .from_canonical(layout)
         .apply_shape(&p.shape)
         .unwrap_or_else(|_| p.shape.clone());
-    if f.layer.is_some() {
+    let pieces = f.entry.pieces(layout).len();
+    if pieces > 1 {
+        if let Some(rows) = want.first_mut() {
+            *rows *= pieces;
+        }
+    } else if f.layer.is_some() {
         want.insert(0, config.num_layers);
     }
     StoredShapeMismatch {
@@ -463,7 +549,11 @@ pub fn infer_config(
             locate(Dim::OutPatch)?.0
         )));
     }
-    let (num_attention_heads, attention_head_dim) = if d % INFERRED_HEAD_DIM == 0 {
+    // Wan-Animate's face adapter norms are one head wide: the split is read, not guessed.
+    let read_head = optional(Dim::HeadDim)?.filter(|&h| h > 0 && d % h == 0);
+    let (num_attention_heads, attention_head_dim) = if let Some(h) = read_head {
+        (d / h, h)
+    } else if d % INFERRED_HEAD_DIM == 0 {
         (d / INFERRED_HEAD_DIM, INFERRED_HEAD_DIM)
     } else {
         (1, d)
@@ -505,6 +595,18 @@ pub fn infer_config(
         in_dim_control_adapter: optional(Dim::ControlIn)?
             .map(unshuffled_channels)
             .transpose()?,
+        animate: match has(WanPart::Animate) {
+            true => Some(
+                AnimateConfig::infer(
+                    |n| shapes.get(n).cloned(),
+                    counts.motion_res,
+                    counts.faces,
+                    num_layers,
+                )
+                .map_err(PlanError::Infer)?,
+            ),
+            false => None,
+        },
         ..WanConfig::default()
     })
 }
@@ -527,7 +629,7 @@ fn unshuffled_channels(channels: usize) -> Result<usize, PlanError> {
 /// configs; ComfyUI's `VaceWanModel` assumes the same spacing), so that is the guess; any
 /// other count needs a config.json saying `vace_layers`.
 fn infer_vace_layers(counts: StackCounts) -> Result<Vec<usize>, PlanError> {
-    let StackCounts { blocks, vace } = counts;
+    let StackCounts { blocks, vace, .. } = counts;
     if vace == 0 || !blocks.is_multiple_of(vace) {
         return Err(PlanError::Infer(format!(
             "{vace} VACE blocks for {blocks} transformer blocks: which blocks they follow is \
@@ -579,6 +681,8 @@ mod tests {
         StackCounts {
             blocks: c.num_layers,
             vace: c.blocks_of(Scope::VaceBlock),
+            motion_res: c.blocks_of(Scope::MotionRes),
+            faces: c.blocks_of(Scope::FaceAdapter),
         }
     }
 

@@ -1,7 +1,8 @@
 //! Tensor layout transforms and their fused, streaming conversion kernels.
 //!
-//! Owns: `Transform` (identity, 2-D transpose, Conv3d OIDHW→DHWIO and its inverse), how a
-//! transform maps shapes, how two transforms compose, and `convert_rows`, the kernel that
+//! Owns: `Transform` (identity, 2-D transpose, Conv3d OIDHW→DHWIO and its inverse, the
+//! Conv1d OIK↔KIO reversal, and the (C) ↔ (1, C, 1, 1) reshape of a bias, which moves no
+//! element), how a transform maps shapes, how two transforms compose, and `convert_rows`, the kernel that
 //! writes any band of destination rows straight into a caller-provided byte slice, fused
 //! with the dtype conversion (source widened to `f32`, output rounded once with
 //! round-to-nearest-even by `io::dtype`). Does not own: which tensor gets which transform
@@ -28,6 +29,13 @@ pub enum Transform {
     OidhwToDhwio,
     /// Conv3d weight Flax (D, H, W, I, O) → PyTorch (O, I, D, H, W): axes (4, 3, 0, 1, 2).
     DhwioToOidhw,
+    /// Conv1d weight PyTorch (O, I, K) ↔ Flax (K, I, O): axes (2, 1, 0), its own inverse.
+    Reverse3,
+    /// A per-channel vector (C) viewed as (1, C, 1, 1) (the original Wan-Animate
+    /// FusedLeakyReLU bias): a reshape, the bytes unchanged.
+    ChannelTo1C11,
+    /// (1, C, 1, 1) viewed as (C): the inverse of [`Transform::ChannelTo1C11`].
+    Channel1C11ToC,
 }
 
 /// A transform was applied to a tensor of the wrong rank, or two transforms compose to a
@@ -64,7 +72,18 @@ impl Transform {
             Transform::Transpose => Transform::Transpose,
             Transform::OidhwToDhwio => Transform::DhwioToOidhw,
             Transform::DhwioToOidhw => Transform::OidhwToDhwio,
+            Transform::Reverse3 => Transform::Reverse3,
+            Transform::ChannelTo1C11 => Transform::Channel1C11ToC,
+            Transform::Channel1C11ToC => Transform::ChannelTo1C11,
         }
+    }
+
+    /// True when the transform is a reshape or the identity: element order unchanged.
+    pub fn keeps_order(self) -> bool {
+        matches!(
+            self,
+            Transform::Identity | Transform::ChannelTo1C11 | Transform::Channel1C11ToC
+        )
     }
 
     /// The rank this transform needs, or `None` for the identity (any rank).
@@ -73,18 +92,24 @@ impl Transform {
             Transform::Identity => None,
             Transform::Transpose => Some(2),
             Transform::OidhwToDhwio | Transform::DhwioToOidhw => Some(5),
+            Transform::Reverse3 => Some(3),
+            Transform::ChannelTo1C11 => Some(1),
+            Transform::Channel1C11ToC => Some(4),
         }
     }
 
-    /// numpy-style axes: output axis `k` is input axis `axes[k]`.
-    pub fn axes(self, ndim: usize) -> Result<Vec<usize>, TransformError> {
+    /// numpy-style axes: output axis `k` is input axis `axes[k]`; `None` for a reshape,
+    /// which is no permutation.
+    pub fn axes(self, ndim: usize) -> Result<Option<Vec<usize>>, TransformError> {
         self.check_rank(ndim, &[])?;
-        Ok(match self {
+        Ok(Some(match self {
             Transform::Identity => (0..ndim).collect(),
             Transform::Transpose => vec![1, 0],
             Transform::OidhwToDhwio => vec![2, 3, 4, 1, 0],
             Transform::DhwioToOidhw => vec![4, 3, 0, 1, 2],
-        })
+            Transform::Reverse3 => vec![2, 1, 0],
+            Transform::ChannelTo1C11 | Transform::Channel1C11ToC => return Ok(None),
+        }))
     }
 
     fn check_rank(self, ndim: usize, shape: &[usize]) -> Result<(), TransformError> {
@@ -101,8 +126,16 @@ impl Transform {
     /// The shape of the transformed tensor.
     pub fn apply_shape(self, shape: &[usize]) -> Result<Vec<usize>, TransformError> {
         self.check_rank(shape.len(), shape)?;
-        let axes = self.axes(shape.len())?;
-        Ok(axes.iter().map(|&a| shape[a]).collect())
+        match (self, self.axes(shape.len())?) {
+            (_, Some(axes)) => Ok(axes.iter().map(|&a| shape[a]).collect()),
+            (Transform::ChannelTo1C11, None) => Ok(vec![1, shape[0], 1, 1]),
+            _ if shape[0] == 1 && shape[2] == 1 && shape[3] == 1 => Ok(vec![shape[1]]),
+            _ => Err(TransformError::Rank {
+                transform: self,
+                needs: 4,
+                shape: shape.to_vec(),
+            }),
+        }
     }
 
     /// `self` followed by `next`, as one transform, for a tensor of rank `ndim`.
@@ -113,16 +146,30 @@ impl Transform {
             ndim,
         };
         let first = self.axes(ndim).map_err(|_| composition.clone())?;
-        let second = next.axes(ndim).map_err(|_| composition.clone())?;
+        // A reshape composes only with the identity or its inverse.
+        let reshape = |t: Transform| match (self, next) {
+            (Transform::Identity, _) | (_, Transform::Identity) => Ok(t),
+            _ if next == self.inverse() => Ok(Transform::Identity),
+            _ => Err(composition.clone()),
+        };
+        let Some(first) = first else {
+            return reshape(self);
+        };
+        let out_ndim = self.apply_shape(&vec![1; ndim]).map_or(ndim, |s| s.len());
+        let second = next.axes(out_ndim).map_err(|_| composition.clone())?;
+        let Some(second) = second else {
+            return reshape(next);
+        };
         let axes: Vec<usize> = second.iter().map(|&k| first[k]).collect();
         [
             Transform::Identity,
             Transform::Transpose,
             Transform::OidhwToDhwio,
             Transform::DhwioToOidhw,
+            Transform::Reverse3,
         ]
         .into_iter()
-        .find(|t| t.axes(ndim).is_ok_and(|a| a == axes))
+        .find(|t| t.axes(ndim).is_ok_and(|a| a == Some(axes.clone())))
         .ok_or(composition)
     }
 
@@ -140,6 +187,8 @@ impl Transform {
             Transform::Transpose => (src_shape[1], src_shape[0]),
             Transform::OidhwToDhwio => (numel / src_shape[0], src_shape[0]),
             Transform::DhwioToOidhw => (src_shape[4], numel / src_shape[4]),
+            Transform::Reverse3 => (numel / src_shape[0], src_shape[0]),
+            Transform::ChannelTo1C11 | Transform::Channel1C11ToC => (numel, 1),
         })
     }
 }
@@ -281,12 +330,22 @@ impl Geometry {
             rows,
             row_len,
             src_cols: rows,
-            permuted: transform != Transform::Identity,
+            permuted: !transform.keeps_order(),
             col_of: SplitSwap::IDENTITY,
             row_of: SplitSwap::IDENTITY,
         };
         match transform {
-            Transform::Identity | Transform::Transpose => {}
+            Transform::Identity
+            | Transform::Transpose
+            | Transform::ChannelTo1C11
+            | Transform::Channel1C11ToC => {}
+            Transform::Reverse3 => {
+                // src (A, B·C); dst row (c, b) reads src column (b, c).
+                g.col_of = SplitSwap {
+                    a: shape[2],
+                    b: shape[1],
+                };
+            }
             Transform::OidhwToDhwio => {
                 // src (O, I·S) with S = D·H·W; dst row (s, i) reads src column (i, s).
                 let (i, s) = (shape[1], shape[2] * shape[3] * shape[4]);
@@ -492,7 +551,7 @@ mod tests {
     #[test]
     fn axes_match_the_spec_permutations() {
         assert_eq!(
-            Transform::OidhwToDhwio.axes(5).unwrap(),
+            Transform::OidhwToDhwio.axes(5).unwrap().unwrap(),
             vec![2, 3, 4, 1, 0]
         );
         assert_eq!(
@@ -519,23 +578,33 @@ mod tests {
         assert_eq!(DhwioToOidhw.then(Identity, 5).unwrap(), DhwioToOidhw);
         assert!(OidhwToDhwio.then(OidhwToDhwio, 5).is_err());
         assert!(Transpose.then(OidhwToDhwio, 2).is_err());
+        // The bias reshape: no permutation, undone by its inverse, composed with nothing else.
+        assert_eq!(ChannelTo1C11.apply_shape(&[5]).unwrap(), vec![1, 5, 1, 1]);
+        assert_eq!(Channel1C11ToC.apply_shape(&[1, 5, 1, 1]).unwrap(), vec![5]);
+        assert!(Channel1C11ToC.apply_shape(&[2, 5, 1, 1]).is_err());
+        assert_eq!(Channel1C11ToC.then(ChannelTo1C11, 4).unwrap(), Identity);
+        assert_eq!(Identity.then(ChannelTo1C11, 1).unwrap(), ChannelTo1C11);
+        assert!(ChannelTo1C11.then(Transpose, 1).is_err());
+        assert_eq!(Reverse3.then(Reverse3, 3).unwrap(), Identity);
     }
 
     #[test]
     fn every_transform_matches_the_reference_permutation_in_every_band() {
-        let cases: [(Transform, Vec<usize>); 5] = [
+        let cases: [(Transform, Vec<usize>); 7] = [
             (Transform::Identity, vec![7, 3]),
             (Transform::Transpose, vec![131, 67]),
             (Transform::Transpose, vec![1, 200]),
             (Transform::OidhwToDhwio, vec![70, 3, 1, 2, 3]),
             (Transform::DhwioToOidhw, vec![2, 1, 3, 5, 70]),
+            (Transform::Reverse3, vec![70, 3, 5]),
+            (Transform::Reverse3, vec![3, 7, 66]),
         ];
         for (t, shape) in cases {
             let n: usize = shape.iter().product();
             let data: Vec<u32> = (0..n as u32).map(|x| x.wrapping_mul(2654435761)).collect();
             let expect = bytes_of(&reference_permute(
                 &shape,
-                &t.axes(shape.len()).unwrap(),
+                &t.axes(shape.len()).unwrap().unwrap(),
                 &data,
             ));
             let src = bytes_of(&data);

@@ -9,6 +9,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::animate::{AnimateConfig, MOTION_FC_LAYERS};
 use super::wan_layout::Layout;
 use super::wan_names::{Dim, NameRow, Scope, WanPart, entries};
 
@@ -68,6 +69,10 @@ pub struct WanConfig {
     /// (`control_adapter`; VideoX-Fun's config key, 24 in every release).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub in_dim_control_adapter: Option<usize>,
+    /// Wan2.2-Animate's modules (`WanAnimateTransformer3DModel`); absent for every other
+    /// model.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub animate: Option<AnimateConfig>,
 }
 
 impl Default for WanConfig {
@@ -95,6 +100,7 @@ impl Default for WanConfig {
             inject_sample_info: false,
             in_dim_ref_conv: None,
             in_dim_control_adapter: None,
+            animate: None,
         }
     }
 }
@@ -152,11 +158,13 @@ pub enum WanVariant {
     Fun22Control,
     /// Wan2.2-Fun-A14B-Control-Camera, one expert.
     Fun22Camera,
+    /// Wan2.2-Animate-14B (a Wan 2.1 I2V-14B trunk with the Animate modules).
+    Animate14B,
 }
 
 impl WanVariant {
     /// Every released variant.
-    pub const ALL: [WanVariant; 18] = [
+    pub const ALL: [WanVariant; 19] = [
         WanVariant::T2V1_3B,
         WanVariant::T2V14B,
         WanVariant::I2V14B,
@@ -175,6 +183,7 @@ impl WanVariant {
         WanVariant::FunV11Camera14B,
         WanVariant::Fun22Control,
         WanVariant::Fun22Camera,
+        WanVariant::Animate14B,
     ];
 
     /// A human name.
@@ -202,6 +211,7 @@ impl WanVariant {
             WanVariant::FunV11Camera14B => "Wan2.1-Fun-V1.1-14B-Control-Camera",
             WanVariant::Fun22Control => "Wan2.2-Fun-A14B-Control expert",
             WanVariant::Fun22Camera => "Wan2.2-Fun-A14B-Control-Camera expert",
+            WanVariant::Animate14B => "Wan2.2-Animate-14B",
         }
     }
 
@@ -226,6 +236,7 @@ impl WanVariant {
             WanVariant::FunV11Camera14B => "wan2.1-fun-v1.1-14b-control-camera",
             WanVariant::Fun22Control => "wan2.2-fun-a14b-control",
             WanVariant::Fun22Camera => "wan2.2-fun-a14b-control-camera",
+            WanVariant::Animate14B => "wan2.2-animate-14b",
         }
     }
 
@@ -322,6 +333,12 @@ impl WanVariant {
                 in_dim_control_adapter: Some(24),
                 ..base
             },
+            // golden/variants/animate/FACTS.md §2 (diffusers' get_transformer_config).
+            WanVariant::Animate14B => WanConfig {
+                in_channels: 36,
+                animate: Some(AnimateConfig::released()),
+                ..image_branch(base)
+            },
         }
     }
 
@@ -355,6 +372,9 @@ impl WanVariant {
             WanVariant::FunV11Camera14B => 16_898_128_704,
             WanVariant::Fun22Control => 14_289_561_664,
             WanVariant::Fun22Camera => 14_792_233_024,
+            // diffusers 0.42.1's WanAnimateTransformer3DModel of the released config on
+            // torch's meta device (golden/variants/animate/shapes/animate_14b.json).
+            WanVariant::Animate14B => 17_274_816_884,
         }
     }
 }
@@ -397,10 +417,11 @@ impl WanConfig {
     }
 
     /// The diffusers classes whose config.json is a `WanConfig`.
-    pub const CLASS_NAMES: [&'static str; 3] = [
+    pub const CLASS_NAMES: [&'static str; 4] = [
         "WanTransformer3DModel",
         "WanVACETransformer3DModel",
         "SkyReelsV2Transformer3DModel",
+        "WanAnimateTransformer3DModel",
     ];
 
     /// True when a config.json's `_class_name` (absent: `None`) describes a `WanConfig`.
@@ -435,23 +456,36 @@ impl WanConfig {
                 .filter_map(|e| self.param_of_row(e, 0))
         };
         let mut p: Vec<ParamSpec> = top(false).collect();
-        for scope in [Scope::Block, Scope::VaceBlock] {
+        for scope in [
+            Scope::Block,
+            Scope::VaceBlock,
+            Scope::MotionRes,
+            Scope::MotionFc,
+            Scope::FaceAdapter,
+        ] {
             for b in 0..self.blocks_of(scope) {
                 let block = entries().iter().filter(|e| e.scope == scope);
                 p.extend(block.filter_map(|e| self.param_of_row(e, b)));
             }
         }
+        let res = self.blocks_of(Scope::MotionRes);
+        let out = entries().iter().filter(|e| e.scope == Scope::MotionOut);
+        p.extend(out.filter_map(|e| self.param_of_row(e, res)));
         p.extend(top(true));
         p
     }
 
-    /// The number of blocks in `scope`'s stack (L, or one VACE block per `vace_layers`
-    /// entry); 1 for the top level.
+    /// The number of blocks in `scope`'s stack (L, one VACE block per `vace_layers` entry,
+    /// the Animate lists); 1 for the top level.
     pub fn blocks_of(&self, scope: Scope) -> usize {
+        let animate = |f: &dyn Fn(&AnimateConfig) -> usize| self.animate.as_ref().map_or(0, f);
         match scope {
-            Scope::Top => 1,
+            Scope::Top | Scope::MotionOut => 1,
             Scope::Block => self.num_layers,
             Scope::VaceBlock => self.vace_layers.as_ref().map_or(0, Vec::len),
+            Scope::FaceAdapter => animate(&|a| a.face_adapters(self.num_layers)),
+            Scope::MotionRes => animate(&AnimateConfig::res_blocks),
+            Scope::MotionFc => animate(&|_| MOTION_FC_LAYERS),
         }
     }
 
@@ -459,6 +493,8 @@ impl WanConfig {
     pub fn class_name(&self) -> &'static str {
         if self.vace_layers.is_some() {
             "WanVACETransformer3DModel"
+        } else if self.animate.is_some() {
+            "WanAnimateTransformer3DModel"
         } else if self.inject_sample_info {
             "SkyReelsV2Transformer3DModel"
         } else {
@@ -479,7 +515,7 @@ impl WanConfig {
         let shape = e
             .shape
             .iter()
-            .map(|&d| self.dim(d))
+            .map(|&d| self.dim_at(d, block))
             .collect::<Option<_>>()?;
         Some(ParamSpec {
             name: e.stored_name(Layout::Diffusers, block).0,
@@ -499,6 +535,19 @@ impl WanConfig {
             WanPart::FpsEmbed => self.inject_sample_info,
             WanPart::RefConv => self.in_dim_ref_conv.is_some(),
             WanPart::ControlAdapter => self.in_dim_control_adapter.is_some(),
+            WanPart::Animate => self.animate.is_some(),
+        }
+    }
+
+    /// [`WanConfig::dim`] in block `block` of a row's scope: the Animate motion encoder's
+    /// channels differ per residual block and per fully connected layer.
+    pub fn dim_at(&self, dim: Dim, block: usize) -> Option<usize> {
+        let a = self.animate.as_ref();
+        match dim {
+            Dim::ResIn => a?.res_in(block),
+            Dim::ResOut => a?.res_out(block),
+            Dim::MotionFcOut => Some(a?.fc_out(block)),
+            _ => self.dim(dim),
         }
     }
 
@@ -526,6 +575,24 @@ impl WanConfig {
             Dim::RefConvIn => self.in_dim_ref_conv?,
             Dim::ControlIn => self.in_dim_control_adapter? * CONTROL_UNSHUFFLE,
             Dim::OutPatch => self.out_channels() * self.patch_volume(),
+            Dim::Four => 4,
+            Dim::HeadDim => self.attention_head_dim,
+            Dim::Latent => self.animate.as_ref()?.latent_channels,
+            Dim::MotionStem => self.animate.as_ref()?.stem()?,
+            Dim::ResIn | Dim::ResOut => self.dim_at(dim, 0)?,
+            Dim::ResLast => {
+                let a = self.animate.as_ref()?;
+                a.res_out(a.res_blocks().checked_sub(1)?)?
+            }
+            Dim::MotionStyle => self.animate.as_ref()?.motion_style_dim,
+            Dim::MotionFcOut => self.dim_at(dim, 0)?,
+            Dim::MotionDim => self.animate.as_ref()?.motion_dim,
+            Dim::MotionEnc => self.animate.as_ref()?.motion_encoder_dim,
+            Dim::FaceWide => {
+                let a = self.animate.as_ref()?;
+                a.face_encoder_hidden_dim * a.face_encoder_num_heads
+            }
+            Dim::FaceHidden => self.animate.as_ref()?.face_encoder_hidden_dim,
         })
     }
 
@@ -588,7 +655,10 @@ mod tests {
                 .unwrap_or_else(|| panic!("{}: in_channels {}", v.name(), v.config().in_channels));
             let kind = match v {
                 WanVariant::T2V1_3B | WanVariant::T2V14B => "T2V",
-                WanVariant::I2V14B | WanVariant::FLF2V14B | WanVariant::I2VA14B => "I2V/FLF2V",
+                WanVariant::I2V14B
+                | WanVariant::FLF2V14B
+                | WanVariant::I2VA14B
+                | WanVariant::Animate14B => "I2V/FLF2V",
                 WanVariant::TI2V5B => "TI2V-5B",
                 WanVariant::Vace1_3B | WanVariant::Vace14B | WanVariant::SkyReelsDf1_3B => "T2V",
                 WanVariant::SkyReelsI2V1_3B | WanVariant::Fun22Camera => "I2V/FLF2V",
@@ -664,6 +734,17 @@ pub const VARIANT_ONLY_PARTS: &[VariantOnlyPart] = &[
         fragments: &["pos_embed", "emb_pos"],
         part: "the first-last-frame position embedding",
         models: "a Wan 2.1 FLF2V model",
+    },
+    VariantOnlyPart {
+        rows: WanPart::Animate,
+        fragments: &[
+            "pose_patch_embedding",
+            "motion_encoder",
+            "face_encoder",
+            "face_adapter",
+        ],
+        part: "the pose embedding, motion encoder, face encoder and face adapters",
+        models: "a Wan2.2-Animate model",
     },
     VariantOnlyPart {
         rows: WanPart::ImageEmbedder,

@@ -137,7 +137,10 @@ pub fn find_layout<S: AsRef<str>>(names: &[S]) -> LayoutFinding {
         .collect();
     let explained = |layout: Layout| {
         keys.iter()
-            .filter(|k| wan_names::parse_stored(layout, k).is_some())
+            .filter(|k| {
+                wan_names::parse_stored(layout, k).is_some()
+                    || (layout == Layout::Wan && super::animate::is_blur_kernel(k))
+            })
             .count()
     };
     let counts: Vec<(Layout, usize)> = Layout::ALL.iter().map(|&l| (l, explained(l))).collect();
@@ -158,7 +161,12 @@ pub fn find_layout<S: AsRef<str>>(names: &[S]) -> LayoutFinding {
         [] => {
             let mut unknown: Vec<String> = keys
                 .iter()
-                .filter(|k| closest.is_none_or(|l| wan_names::parse_stored(l, k).is_none()))
+                .filter(|k| {
+                    closest.is_none_or(|l| {
+                        wan_names::parse_stored(l, k).is_none()
+                            && !(l == Layout::Wan && super::animate::is_blur_kernel(k))
+                    })
+                })
                 .map(|k| k.to_string())
                 .collect();
             unknown.sort();

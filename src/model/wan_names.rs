@@ -30,24 +30,65 @@ pub enum Scope {
     /// Once per VACE context block (`vace_blocks.N.`, one per entry of the config's
     /// `vace_layers`; never stacked: MaxDiffusion's `WanVACEModel` has no scanned layout).
     VaceBlock,
+    /// Once per Wan-Animate face adapter (diffusers `face_adapter.N.`, original
+    /// `face_adapter.fuser_blocks.N.`; an nnx.List in MaxDiffusion, never stacked).
+    FaceAdapter,
+    /// Once per residual block of the Wan-Animate motion encoder (diffusers
+    /// `motion_encoder.res_blocks.i.`, original `motion_encoder.enc.net_app.convs.(i+1).`).
+    MotionRes,
+    /// Once per fully connected layer of the motion encoder (diffusers
+    /// `motion_encoder.motion_network.j.`, original `motion_encoder.enc.fc.j.`).
+    MotionFc,
+    /// The motion encoder's last convolution: top level in diffusers and NNX
+    /// (`motion_encoder.conv_out`), the entry after the residual blocks in the original
+    /// `convs` list (`convs.8` at size 512), so its original index is the residual block
+    /// count plus one, never a constant.
+    MotionOut,
 }
 
 impl Scope {
-    /// The stored name prefix of this scope's indexed stack (`blocks`, `vace_blocks`);
-    /// `None` for top-level parameters.
-    pub fn stack(self) -> Option<&'static str> {
+    /// The stored name prefix of this scope's indexed stack in `layout` (`blocks`,
+    /// `vace_blocks`, ...); `None` for top-level parameters.
+    pub fn stack_in(self, layout: Layout) -> Option<&'static str> {
+        let wan = layout == Layout::Wan;
         match self {
             Scope::Top => None,
             Scope::Block => Some("blocks"),
             Scope::VaceBlock => Some("vace_blocks"),
+            Scope::FaceAdapter if wan => Some("face_adapter.fuser_blocks"),
+            Scope::FaceAdapter => Some("face_adapter"),
+            Scope::MotionRes | Scope::MotionOut if wan => Some("motion_encoder.enc.net_app.convs"),
+            Scope::MotionRes => Some("motion_encoder.res_blocks"),
+            Scope::MotionOut => None,
+            Scope::MotionFc if wan => Some("motion_encoder.enc.fc"),
+            Scope::MotionFc => Some("motion_encoder.motion_network"),
         }
     }
 
-    /// The full name of `local` in block `block` of this scope (`local` itself for a
-    /// top-level parameter or without a block).
+    /// Stored index minus block index: 1 for the original motion encoder's `convs`, whose
+    /// entry 0 is conv_in.
+    fn index_offset(self, layout: Layout) -> usize {
+        match self {
+            Scope::MotionRes | Scope::MotionOut if layout == Layout::Wan => 1,
+            _ => 0,
+        }
+    }
+
+    /// The canonical (diffusers) stack prefix.
+    pub fn stack(self) -> Option<&'static str> {
+        self.stack_in(Layout::Diffusers)
+    }
+
+    /// The full canonical name of `local` in block `block` of this scope (`local` itself
+    /// for a top-level parameter or without a block).
     pub fn full(self, local: &str, block: Option<usize>) -> String {
-        match (self.stack(), block) {
-            (Some(stack), Some(b)) => format!("{stack}.{b}.{local}"),
+        self.full_in(Layout::Diffusers, local, block)
+    }
+
+    /// [`Scope::full`] in the names of `layout` (unscanned).
+    pub fn full_in(self, layout: Layout, local: &str, block: Option<usize>) -> String {
+        match (self.stack_in(layout), block) {
+            (Some(stack), Some(b)) => format!("{stack}.{}.{local}", b + self.index_offset(layout)),
             _ => local.to_string(),
         }
     }
@@ -98,6 +139,32 @@ pub enum Dim {
     ControlIn,
     /// C_out · pt · ph · pw.
     OutPatch,
+    /// 4 (the motion encoder's conv_out kernel).
+    Four,
+    /// Dh, the attention head width.
+    HeadDim,
+    /// Wan-Animate `latent_channels` (the pose patch embedding's input channels).
+    Latent,
+    /// The motion encoder's conv_in output channels.
+    MotionStem,
+    /// Input channels of the residual block (per block).
+    ResIn,
+    /// Output channels of the residual block (per block).
+    ResOut,
+    /// Output channels of the last residual block (conv_out's input).
+    ResLast,
+    /// `motion_style_dim`.
+    MotionStyle,
+    /// Output width of the motion_network layer (per layer).
+    MotionFcOut,
+    /// `motion_dim`.
+    MotionDim,
+    /// `motion_encoder_dim`.
+    MotionEnc,
+    /// The face encoder's hidden width · heads.
+    FaceWide,
+    /// The face encoder's hidden width.
+    FaceHidden,
 }
 
 /// The part of the model a parameter belongs to, which decides whether a config has it
@@ -129,6 +196,9 @@ pub enum WanPart {
     /// The camera control adapter of Wan Fun Control-Camera (`control_adapter`,
     /// VideoX-Fun's `SimpleAdapter`).
     ControlAdapter,
+    /// Wan2.2-Animate's pose embedding, motion encoder, face encoder and face adapters
+    /// (`model::animate`).
+    Animate,
 }
 
 /// One parameter kind in every layout. Block names are relative to `blocks.N.`.
@@ -149,6 +219,12 @@ pub struct NameRow {
     pub shape: &'static [Dim],
     /// The part of the model it belongs to.
     pub part: WanPart,
+    /// PyTorch layout → original Wan layout (`Identity` except the Animate FusedLeakyReLU
+    /// biases, (C) → (1, C, 1, 1)).
+    pub to_wan: Transform,
+    /// In the original names, this parameter is piece `index` of `count` equal row blocks
+    /// of one fused tensor (Wan-Animate's `linear1_kv` = [to_k; to_v]); `None` otherwise.
+    pub wan_piece: Option<(usize, usize)>,
 }
 
 macro_rules! row {
@@ -161,6 +237,8 @@ macro_rules! row {
             to_nnx: Transform::$t,
             shape: &[$(Dim::$dim),+],
             part: WanPart::Core,
+            to_wan: Transform::Identity,
+            wan_piece: None,
         }
     };
 }
@@ -573,7 +651,212 @@ fn build_entries() -> Vec<NameRow> {
     ));
     fun_rows(&mut e);
     vace_block_rows(&mut e);
+    animate_rows(&mut e);
     e
+}
+
+/// Wan2.2-Animate's own modules (golden/variants/animate/FACTS.md §3: diffusers 0.42.1
+/// transformer_wan_animate.py, Wan-Video/Wan2.2@42bf4cfa wan/modules/animate, diffusers'
+/// convert_wan_to_diffusers.py; NNX paths from MaxDiffusion@7cfb8801 wan_utils.py, checked
+/// leaf by leaf against its own tree in golden/variants/animate/nnx/). MaxDiffusion keeps the
+/// motion encoder's tensors in the PyTorch layout under their diffusers names (`weight`).
+fn animate_rows(e: &mut Vec<NameRow>) {
+    use Dim::*;
+    let bias_4d = |r: NameRow| NameRow {
+        to_wan: Transform::ChannelTo1C11,
+        ..r
+    };
+    let mut rows = vec![
+        row!(
+            Top,
+            "pose_patch_embedding.weight",
+            "pose_patch_embedding.weight",
+            "pose_patch_embedding.kernel",
+            OidhwToDhwio,
+            [Inner, Latent, PatchT, PatchH, PatchW]
+        ),
+        row!(
+            Top,
+            "pose_patch_embedding.bias",
+            "pose_patch_embedding.bias",
+            "pose_patch_embedding.bias",
+            Identity,
+            [Inner]
+        ),
+        row!(
+            Top,
+            "motion_encoder.conv_in.weight",
+            "motion_encoder.enc.net_app.convs.0.0.weight",
+            "motion_encoder.conv_in.weight",
+            Identity,
+            [MotionStem, Three, One, One]
+        ),
+        bias_4d(row!(
+            Top,
+            "motion_encoder.conv_in.act_fn.bias",
+            "motion_encoder.enc.net_app.convs.0.1.bias",
+            "motion_encoder.conv_in.act_fn.bias",
+            Identity,
+            [MotionStem]
+        )),
+        row!(
+            MotionOut,
+            "motion_encoder.conv_out.weight",
+            "weight",
+            "motion_encoder.conv_out.weight",
+            Identity,
+            [MotionStyle, ResLast, Four, Four]
+        ),
+        row!(
+            Top,
+            "motion_encoder.motion_synthesis_weight",
+            "motion_encoder.dec.direction.weight",
+            "motion_encoder.motion_synthesis_weight",
+            Identity,
+            [MotionEnc, MotionDim]
+        ),
+        row!(
+            MotionRes,
+            "conv1.weight",
+            "conv1.0.weight",
+            "conv1.weight",
+            Identity,
+            [ResIn, ResIn, Three, Three]
+        ),
+        bias_4d(row!(
+            MotionRes,
+            "conv1.act_fn.bias",
+            "conv1.1.bias",
+            "conv1.act_fn.bias",
+            Identity,
+            [ResIn]
+        )),
+        row!(
+            MotionRes,
+            "conv2.weight",
+            "conv2.1.weight",
+            "conv2.weight",
+            Identity,
+            [ResOut, ResIn, Three, Three]
+        ),
+        bias_4d(row!(
+            MotionRes,
+            "conv2.act_fn.bias",
+            "conv2.2.bias",
+            "conv2.act_fn.bias",
+            Identity,
+            [ResOut]
+        )),
+        row!(
+            MotionRes,
+            "conv_skip.weight",
+            "skip.1.weight",
+            "conv_skip.weight",
+            Identity,
+            [ResOut, ResIn, One, One]
+        ),
+        row!(
+            MotionFc,
+            "weight",
+            "weight",
+            "weight",
+            Identity,
+            [MotionFcOut, MotionStyle]
+        ),
+        row!(MotionFc, "bias", "bias", "bias", Identity, [MotionFcOut]),
+    ];
+    for (d, w, n, wide) in [
+        ("conv1_local", "conv1_local.conv", "conv1_local", FaceWide),
+        ("conv2", "conv2.conv", "conv2", FaceHidden),
+        ("conv3", "conv3.conv", "conv3", FaceHidden),
+    ] {
+        let input = if d == "conv1_local" {
+            MotionEnc
+        } else {
+            FaceHidden
+        };
+        let name = |s: &str, suffix: &str| -> &'static str {
+            Box::leak(format!("face_encoder.{s}.{suffix}").into_boxed_str())
+        };
+        rows.push(NameRow {
+            shape: Box::leak(vec![wide, input, Three].into_boxed_slice()),
+            ..row!(
+                Top,
+                name(d, "weight"),
+                name(w, "weight"),
+                name(n, "kernel"),
+                Reverse3,
+                [One]
+            )
+        });
+        rows.push(NameRow {
+            shape: Box::leak(vec![wide].into_boxed_slice()),
+            ..row!(
+                Top,
+                name(d, "bias"),
+                name(w, "bias"),
+                name(n, "bias"),
+                Identity,
+                [One]
+            )
+        });
+    }
+    rows.extend(linear!(
+        Top,
+        "face_encoder.out_proj",
+        "face_encoder.out_proj",
+        "face_encoder.out_proj",
+        Inner,
+        FaceHidden
+    ));
+    rows.push(row!(
+        Top,
+        "face_encoder.padding_tokens",
+        "face_encoder.padding_tokens",
+        "face_encoder.padding_tokens",
+        Identity,
+        [One, One, One, Inner]
+    ));
+    rows.extend(linear!(
+        FaceAdapter,
+        "to_q",
+        "linear1_q",
+        "to_q",
+        Inner,
+        Inner
+    ));
+    for (k, d) in ["to_k", "to_v"].into_iter().enumerate() {
+        let fused = linear!(FaceAdapter, "x", "linear1_kv", "x", Inner, Inner);
+        let [w, b] = fused;
+        for (r, suffix, nnx) in [(w, "weight", "kernel"), (b, "bias", "bias")] {
+            rows.push(NameRow {
+                diffusers: Box::leak(format!("{d}.{suffix}").into_boxed_str()),
+                nnx: Box::leak(format!("{d}.{nnx}").into_boxed_str()),
+                wan_piece: Some((k, 2)),
+                ..r
+            });
+        }
+    }
+    rows.extend(linear!(
+        FaceAdapter,
+        "to_out",
+        "linear2",
+        "to_out",
+        Inner,
+        Inner
+    ));
+    for (d, w) in [("norm_q", "q_norm"), ("norm_k", "k_norm")] {
+        rows.push(NameRow {
+            diffusers: Box::leak(format!("{d}.weight").into_boxed_str()),
+            wan: Box::leak(format!("{w}.weight").into_boxed_str()),
+            nnx: Box::leak(format!("{d}.scale").into_boxed_str()),
+            ..row!(FaceAdapter, "", "", "", Identity, [HeadDim])
+        });
+    }
+    e.extend(rows.into_iter().map(|r| NameRow {
+        part: WanPart::Animate,
+        ..r
+    }));
 }
 
 /// Wan Fun's extra convolutions (aigc-apps/VideoX-Fun@804a4258 wan_transformer3d.py and
@@ -592,6 +875,8 @@ fn fun_rows(e: &mut Vec<NameRow>) {
             to_nnx: Transform::Identity,
             shape,
             part: WanPart::Core,
+            to_wan: Transform::Identity,
+            wan_piece: None,
         };
         [row(weight, shape), row(bias, &[Dim::Inner])]
     };
@@ -708,19 +993,37 @@ impl NameRow {
     /// Transform from the PyTorch layout to `layout`.
     pub fn from_canonical(&self, layout: Layout) -> Transform {
         match layout {
-            Layout::Diffusers | Layout::Wan => Transform::Identity,
+            Layout::Diffusers => Transform::Identity,
+            Layout::Wan => self.to_wan,
             Layout::Nnx | Layout::NnxScanned => self.to_nnx,
         }
     }
 
-    /// The stored tensor name in `layout` for block `block` (ignored for top-level rows),
-    /// and the layer index when the layout stacks blocks.
+    /// The stored tensor name in `layout` for block `block` (ignored for top-level rows;
+    /// for `MotionOut`, the residual block count), and the layer index when the layout
+    /// stacks blocks.
     pub fn stored_name(&self, layout: Layout, block: usize) -> (String, Option<usize>) {
         let local = self.local(layout);
         match (self.scope, layout) {
             (Scope::Top, _) => (local.to_string(), None),
             (Scope::Block, Layout::NnxScanned) => (format!("blocks.{local}"), Some(block)),
-            (scope, _) => (scope.full(local, Some(block)), None),
+            (scope, _) => (scope.full_in(layout, local, Some(block)), None),
+        }
+    }
+
+    /// The rows stored as the pieces of this row's fused tensor in `layout`, in piece
+    /// order (this row alone when it is not fused there).
+    pub fn pieces(&'static self, layout: Layout) -> Vec<&'static NameRow> {
+        match (layout, self.wan_piece) {
+            (Layout::Wan, Some(_)) => {
+                let mut v: Vec<&'static NameRow> = entries()
+                    .iter()
+                    .filter(|e| e.scope == self.scope && e.wan == self.wan)
+                    .collect();
+                v.sort_by_key(|e| e.wan_piece);
+                v
+            }
+            _ => vec![self],
         }
     }
 
@@ -766,7 +1069,11 @@ fn local_maps() -> &'static LocalMaps {
         let mut m = HashMap::new();
         for layout in Layout::ALL {
             for (i, e) in entries().iter().enumerate() {
-                m.insert((layout, e.scope, e.local(layout)), i);
+                // A fused tensor is parsed as its first piece (`NameRow::pieces`).
+                let later_piece = layout == Layout::Wan && e.wan_piece.is_some_and(|p| p.0 > 0);
+                if !later_piece {
+                    m.insert((layout, e.scope, e.local(layout)), i);
+                }
             }
         }
         m
@@ -789,9 +1096,10 @@ fn parse_any(layout: Layout, name: &str) -> Option<(&'static NameRow, Position)>
     };
     let maps = local_maps();
     let lookup = |scope, local: &str| maps.get(&(layout, scope, local)).map(|&i| &entries()[i]);
-    for scope in [Scope::Block, Scope::VaceBlock] {
+    for scope in STACKED_SCOPES {
+        let offset = scope.index_offset(layout);
         let Some(rest) = scope
-            .stack()
+            .stack_in(layout)
             .and_then(|s| name.strip_prefix(s)?.strip_prefix('.'))
         else {
             continue;
@@ -799,12 +1107,31 @@ fn parse_any(layout: Layout, name: &str) -> Option<(&'static NameRow, Position)>
         if layout == Layout::NnxScanned && scope == Scope::Block {
             return lookup(scope, rest).map(|e| (e, Position::Stacked));
         }
-        let (index, local) = rest.split_once('.')?;
-        let block = parse_index(index)?;
-        return lookup(scope, local).map(|e| (e, Position::Block(block)));
+        let Some((index, local)) = rest.split_once('.') else {
+            continue;
+        };
+        let block = parse_index(index).and_then(|b| b.checked_sub(offset));
+        if let (Some(block), Some(e)) = (block, lookup(scope, local)) {
+            return Some((e, Position::Block(block)));
+        }
     }
-    lookup(Scope::Top, name).map(|e| (e, Position::Top))
+    let unindexed = |scope: Scope| scope.stack_in(layout).is_none();
+    [Scope::Top, Scope::MotionOut]
+        .into_iter()
+        .filter(|&s| unindexed(s))
+        .find_map(|s| lookup(s, name))
+        .map(|e| (e, Position::Top))
 }
+
+/// The scopes whose names carry an index (`MotionOut` only in the original names).
+const STACKED_SCOPES: [Scope; 6] = [
+    Scope::Block,
+    Scope::VaceBlock,
+    Scope::FaceAdapter,
+    Scope::MotionRes,
+    Scope::MotionOut,
+    Scope::MotionFc,
+];
 
 /// Removes one accepted `wan` prefix, if present.
 pub fn strip_wan_prefix(name: &str) -> &str {
@@ -852,6 +1179,10 @@ mod tests {
         for layout in Layout::ALL {
             let mut seen = std::collections::HashSet::new();
             for e in entries().iter().filter(|e| e.fits(layout)) {
+                // The pieces of a fused tensor share its name (`NameRow::pieces`).
+                if !std::ptr::eq(e, e.pieces(layout)[0]) {
+                    continue;
+                }
                 assert!(
                     seen.insert((e.scope, e.local(layout))),
                     "{layout}: duplicate {}",
@@ -867,9 +1198,10 @@ mod tests {
             for e in entries().iter().filter(|e| e.fits(layout)) {
                 let (name, layer) = e.stored_name(layout, 7);
                 let (back, pos) = parse_stored(layout, &name).unwrap();
-                assert_eq!(back, e);
+                assert_eq!(back, e.pieces(layout)[0]);
                 let expect = match (e.scope, layer) {
                     (Scope::Top, _) => Position::Top,
+                    (Scope::MotionOut, _) if layout != Layout::Wan => Position::Top,
                     (_, Some(_)) => Position::Stacked,
                     (_, None) => Position::Block(7),
                 };
@@ -888,6 +1220,51 @@ mod tests {
         assert!(parse_stored(Layout::Diffusers, "blocks.03.attn1.to_q.weight").is_none());
         assert!(parse_stored(Layout::Diffusers, "blocks.+3.attn1.to_q.weight").is_none());
         assert!(parse_stored(Layout::Diffusers, "blocks.3.attn2.norm_added_q.weight").is_none());
+    }
+
+    #[test]
+    fn animate_lists_have_their_own_stacks_and_offsets() {
+        let (e, pos) = parse_stored(
+            Layout::Wan,
+            "model.diffusion_model.motion_encoder.enc.net_app.convs.8.weight",
+        )
+        .unwrap();
+        assert_eq!(
+            (e.canonical(Some(7)).as_str(), pos),
+            ("motion_encoder.conv_out.weight", Position::Block(7))
+        );
+        assert_eq!(
+            e.stored_name(Layout::Wan, 3).0,
+            "motion_encoder.enc.net_app.convs.4.weight"
+        );
+        let (e, pos) = parse_stored(
+            Layout::Wan,
+            "motion_encoder.enc.net_app.convs.1.conv2.2.bias",
+        )
+        .unwrap();
+        assert_eq!(
+            e.canonical(Some(0)),
+            "motion_encoder.res_blocks.0.conv2.act_fn.bias"
+        );
+        assert_eq!(
+            (e.from_canonical(Layout::Wan), pos),
+            (Transform::ChannelTo1C11, Position::Block(0))
+        );
+        let (e, _) =
+            parse_stored(Layout::Wan, "face_adapter.fuser_blocks.1.linear1_kv.bias").unwrap();
+        let pieces: Vec<String> = e
+            .pieces(Layout::Wan)
+            .iter()
+            .map(|p| p.canonical(Some(1)))
+            .collect();
+        assert_eq!(
+            pieces,
+            ["face_adapter.1.to_k.bias", "face_adapter.1.to_v.bias"]
+        );
+        assert_eq!(e.pieces(Layout::Diffusers).len(), 1);
+        let (e, pos) = parse_stored(Layout::NnxScanned, "face_adapter.0.to_v.kernel").unwrap();
+        assert_eq!((e.diffusers, pos), ("to_v.weight", Position::Block(0)));
+        assert!(parse_stored(Layout::Wan, "motion_encoder.enc.net_app.convs.0.weight").is_none());
     }
 
     #[test]

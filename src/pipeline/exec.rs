@@ -32,9 +32,11 @@ use super::error::PipelineError;
 use super::job::{Job, Target};
 use super::orbax::ChunkWriter;
 use super::plan::Plan;
+use crate::io::dtype::narrow_from_f32;
 use crate::io::dtype::widen_to_f32;
 use crate::io::{Staging, TensorRef};
 use crate::layout::conversion::{PIECE_BAND_BYTES, convert_piece};
+use crate::model::animate::Constant;
 use crate::model::transform::{SrcTensor, Transform};
 use crate::quantize::{self, Encoding, ErrorStats, ErrorSum};
 
@@ -207,6 +209,9 @@ impl<'a> Exec<'a> {
                 .fetch_add(1, Ordering::Relaxed);
         }
         let run_one = |worker: &mut T::Worker, job: &Job| {
+            if let Some(constant) = job.constant {
+                return Ok(self.write_constant(job, constant)?);
+            }
             let src = stored(self.plan, job)?;
             if let Some(c) = &self.chunks {
                 c.start(job)?;
@@ -235,6 +240,25 @@ impl<'a> Exec<'a> {
             || targets.worker(),
             run_one,
         )
+    }
+
+    /// A constant no input tensor carries (`Job::constant`), written in the job's dtype.
+    fn write_constant(&self, job: &Job, constant: Constant) -> Result<(), PipelineError> {
+        let values = constant.values();
+        let size = job.dtype.size().unwrap_or(4);
+        let mut bytes = vec![0u8; values.len() * size];
+        narrow_from_f32(job.dtype, &values, &mut bytes).map_err(|e| PipelineError::Convert {
+            tensor: job.output.clone(),
+            reason: e.to_string(),
+        })?;
+        if let Some(c) = &self.chunks {
+            c.start(job)?;
+        }
+        self.write(job, 0, &bytes)?;
+        if let Some(c) = &self.chunks {
+            c.end(job)?;
+        }
+        Ok(())
     }
 
     /// Writes `bytes` at byte `offset` of `job`'s slot.

@@ -9,6 +9,7 @@
 
 use crate::adapter::Kind;
 use crate::io::{DType, Slot};
+use crate::model::animate::Constant;
 use crate::model::transform::Transform;
 use crate::quantize::Encoding;
 
@@ -92,4 +93,6 @@ pub struct Job {
     /// A quantized output's encoding of the tensor (`dtype` is then F32, the values the
     /// encoder reads); `None`: `dtype` is the output.
     pub encoding: Option<Encoding>,
+    /// A constant written from its known values instead of reading `stored` (empty then).
+    pub constant: Option<Constant>,
 }

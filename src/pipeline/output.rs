@@ -450,6 +450,7 @@ fn quantized(base: &BaseModel, q: QuantOptions) -> Result<OutputSide, PipelineEr
                 stored_shape: t.shape.clone(),
                 target: None,
                 encoding: Some(t.encoding),
+                constant: None,
             })
         })
         .collect::<Result<Vec<_>, PipelineError>>()?;
@@ -543,6 +544,7 @@ fn same_layout(
             stored_shape: stored_shape.to_vec(),
             target: None,
             encoding: None,
+            constant: None,
         };
         let stacked = layout == Some(Layout::NnxScanned)
             && matches!(
@@ -630,6 +632,7 @@ pub fn conversion_jobs(ci: usize, conv: &Conversion) -> Vec<Job> {
             stored_shape: j.stored_shape.clone(),
             target: None,
             encoding: None,
+            constant: j.constant,
         })
         .collect()
 }
