@@ -1644,7 +1644,7 @@ mod restack_cli {
         );
         let err = String::from_utf8_lossy(&run.stderr);
         assert!(
-            err.contains("skipped `blocks.0.attn2.norm_added_q.weight`"),
+            err.contains("skipped 1 key (`blocks.0.attn2.norm_added_q.weight`): norm_added_q"),
             "{err}"
         );
         let manifest: serde_json::Value =

@@ -93,12 +93,14 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
             c["parameters"],
             c["config"].as_str().unwrap_or("?"),
         ));
-        for s in c["skipped"].as_array().into_iter().flatten() {
-            p.warn(format!(
-                "skipped `{}`: {}",
+        let skipped = c["skipped"].as_array().into_iter().flatten().map(|s| {
+            (
                 s["key"].as_str().unwrap_or("?"),
-                s["reason"].as_str().unwrap_or("?")
-            ));
+                s["reason"].as_str().unwrap_or("?"),
+            )
+        });
+        for line in wanbake::model::read_plan::skipped_lines(skipped) {
+            p.warn(line);
         }
     }
     for path in outcome.report["not_carried"]

@@ -146,12 +146,16 @@ impl AnimateConfig {
     /// same key shape every Animate parameter alike; the channel table's unused levels do
     /// not count).
     pub fn shape_key(&self, num_layers: usize) -> String {
-        let res: Vec<Option<usize>> = (0..self.res_blocks()).map(|i| self.res_out(i)).collect();
+        let width = |w: Option<usize>| w.map_or_else(|| "unknown".to_string(), |w| w.to_string());
+        let res: Vec<String> = (0..self.res_blocks())
+            .map(|i| width(self.res_out(i)))
+            .collect();
         format!(
-            "latent {}, motion stem {:?}, residual outputs {res:?}, style {}, motion {}, \
+            "latent {}, motion stem {}, residual outputs [{}], style {}, motion {}, \
              encoder {}, face {}x{}, {} face adapters",
             self.latent_channels,
-            self.stem(),
+            width(self.stem()),
+            res.join(", "),
             self.motion_style_dim,
             self.motion_dim,
             self.motion_encoder_dim,

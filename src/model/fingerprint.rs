@@ -160,11 +160,8 @@ fn fingerprint_wan(
         }
     };
     let naming = plan.layout.as_str();
-    let mut notes: Vec<String> = plan
-        .skipped
-        .iter()
-        .map(|k| format!("skipped `{}`: {}", k.name, k.reason))
-        .collect();
+    let mut notes =
+        super::read_plan::skipped_lines(plan.skipped.iter().map(|k| (k.name.as_str(), k.reason)));
     let cfg = plan.config;
     let mut derived = serde_json::json!({
         "inner_dim": cfg.inner_dim(),

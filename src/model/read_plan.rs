@@ -81,6 +81,32 @@ pub struct SkippedKey {
     pub reason: &'static str,
 }
 
+/// One line per reason for skipped keys (`(name, reason)` pairs, in order): the count, the
+/// reason and the first few names, so the 14 blur kernels of an original Animate file are
+/// one line, not fourteen.
+pub fn skipped_lines<'k>(keys: impl IntoIterator<Item = (&'k str, &'k str)>) -> Vec<String> {
+    const SHOWN: usize = 3;
+    let mut by_reason: Vec<(&str, Vec<&str>)> = Vec::new();
+    for (name, reason) in keys {
+        match by_reason.iter_mut().find(|(r, _)| *r == reason) {
+            Some((_, names)) => names.push(name),
+            None => by_reason.push((reason, vec![name])),
+        }
+    }
+    by_reason
+        .into_iter()
+        .map(|(reason, names)| {
+            let mut listed: Vec<String> =
+                names.iter().take(SHOWN).map(|n| format!("`{n}`")).collect();
+            if names.len() > SHOWN {
+                listed.push(format!("and {} more", names.len() - SHOWN));
+            }
+            let what = crate::human::plural(names.len(), "key", "keys");
+            format!("skipped {what} ({}): {reason}", listed.join(", "))
+        })
+        .collect()
+}
+
 /// For every canonical parameter, where it lives in the input.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ReadPlan {
@@ -675,6 +701,20 @@ fn required_dim(shapes: &HashMap<String, Vec<usize>>, dim: Dim) -> Result<usize,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn skipped_keys_are_one_line_per_reason_with_a_count() {
+        let keys = [("a.kernel", "blur"), ("n", "unused"), ("b.kernel", "blur")]
+            .into_iter()
+            .chain((0..4).map(|_| ("c.kernel", "blur")));
+        assert_eq!(
+            skipped_lines(keys),
+            [
+                "skipped 6 keys (`a.kernel`, `b.kernel`, `c.kernel`, and 3 more): blur",
+                "skipped 1 key (`n`): unused",
+            ]
+        );
+    }
     use crate::model::wan::WanVariant;
 
     fn counts_of(c: &WanConfig) -> StackCounts {
