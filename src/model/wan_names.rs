@@ -661,7 +661,6 @@ fn build_entries() -> Vec<NameRow> {
 /// leaf by leaf against its own tree in golden/variants/animate/nnx/). MaxDiffusion keeps the
 /// motion encoder's tensors in the PyTorch layout under their diffusers names (`weight`).
 fn animate_rows(e: &mut Vec<NameRow>) {
-    use Dim::*;
     let bias_4d = |r: NameRow| NameRow {
         to_wan: Transform::ChannelTo1C11,
         ..r
@@ -765,42 +764,33 @@ fn animate_rows(e: &mut Vec<NameRow>) {
         ),
         row!(MotionFc, "bias", "bias", "bias", Identity, [MotionFcOut]),
     ];
-    for (d, w, n, wide) in [
-        ("conv1_local", "conv1_local.conv", "conv1_local", FaceWide),
-        ("conv2", "conv2.conv", "conv2", FaceHidden),
-        ("conv3", "conv3.conv", "conv3", FaceHidden),
-    ] {
-        let input = if d == "conv1_local" {
-            MotionEnc
-        } else {
-            FaceHidden
+    // The face encoder's Conv1d layers: original names wrap each in `.conv`; NNX kernels
+    // are (K, in, out).
+    macro_rules! face_conv {
+        ($d:literal, $wide:ident, $input:ident) => {
+            [
+                row!(
+                    Top,
+                    concat!("face_encoder.", $d, ".weight"),
+                    concat!("face_encoder.", $d, ".conv.weight"),
+                    concat!("face_encoder.", $d, ".kernel"),
+                    Reverse3,
+                    [$wide, $input, Three]
+                ),
+                row!(
+                    Top,
+                    concat!("face_encoder.", $d, ".bias"),
+                    concat!("face_encoder.", $d, ".conv.bias"),
+                    concat!("face_encoder.", $d, ".bias"),
+                    Identity,
+                    [$wide]
+                ),
+            ]
         };
-        let name = |s: &str, suffix: &str| -> &'static str {
-            Box::leak(format!("face_encoder.{s}.{suffix}").into_boxed_str())
-        };
-        rows.push(NameRow {
-            shape: Box::leak(vec![wide, input, Three].into_boxed_slice()),
-            ..row!(
-                Top,
-                name(d, "weight"),
-                name(w, "weight"),
-                name(n, "kernel"),
-                Reverse3,
-                [One]
-            )
-        });
-        rows.push(NameRow {
-            shape: Box::leak(vec![wide].into_boxed_slice()),
-            ..row!(
-                Top,
-                name(d, "bias"),
-                name(w, "bias"),
-                name(n, "bias"),
-                Identity,
-                [One]
-            )
-        });
     }
+    rows.extend(face_conv!("conv1_local", FaceWide, MotionEnc));
+    rows.extend(face_conv!("conv2", FaceHidden, FaceHidden));
+    rows.extend(face_conv!("conv3", FaceHidden, FaceHidden));
     rows.extend(linear!(
         Top,
         "face_encoder.out_proj",
@@ -825,17 +815,16 @@ fn animate_rows(e: &mut Vec<NameRow>) {
         Inner,
         Inner
     ));
-    for (k, d) in ["to_k", "to_v"].into_iter().enumerate() {
-        let fused = linear!(FaceAdapter, "x", "linear1_kv", "x", Inner, Inner);
-        let [w, b] = fused;
-        for (r, suffix, nnx) in [(w, "weight", "kernel"), (b, "bias", "bias")] {
-            rows.push(NameRow {
-                diffusers: Box::leak(format!("{d}.{suffix}").into_boxed_str()),
-                nnx: Box::leak(format!("{d}.{nnx}").into_boxed_str()),
-                wan_piece: Some((k, 2)),
-                ..r
-            });
-        }
+    // diffusers' to_k / to_v are the two row halves of the original fused `linear1_kv`.
+    let halves = [
+        linear!(FaceAdapter, "to_k", "linear1_kv", "to_k", Inner, Inner),
+        linear!(FaceAdapter, "to_v", "linear1_kv", "to_v", Inner, Inner),
+    ];
+    for (k, pair) in halves.into_iter().enumerate() {
+        rows.extend(pair.map(|r| NameRow {
+            wan_piece: Some((k, 2)),
+            ..r
+        }));
     }
     rows.extend(linear!(
         FaceAdapter,
@@ -845,14 +834,22 @@ fn animate_rows(e: &mut Vec<NameRow>) {
         Inner,
         Inner
     ));
-    for (d, w) in [("norm_q", "q_norm"), ("norm_k", "k_norm")] {
-        rows.push(NameRow {
-            diffusers: Box::leak(format!("{d}.weight").into_boxed_str()),
-            wan: Box::leak(format!("{w}.weight").into_boxed_str()),
-            nnx: Box::leak(format!("{d}.scale").into_boxed_str()),
-            ..row!(FaceAdapter, "", "", "", Identity, [HeadDim])
-        });
-    }
+    rows.push(row!(
+        FaceAdapter,
+        "norm_q.weight",
+        "q_norm.weight",
+        "norm_q.scale",
+        Identity,
+        [HeadDim]
+    ));
+    rows.push(row!(
+        FaceAdapter,
+        "norm_k.weight",
+        "k_norm.weight",
+        "norm_k.scale",
+        Identity,
+        [HeadDim]
+    ));
     e.extend(rows.into_iter().map(|r| NameRow {
         part: WanPart::Animate,
         ..r
