@@ -246,13 +246,13 @@ def main() -> None:
 # tests/variants.rs rebuilds it) and per case the file's sha256 and every tensor's type and
 # data sha256.
 VARIANT_MIXES = ("q2_k", "q3_k_m", "q4_k_m")
-VARIANT_MODELS = ("vace", "skyreels", "fun-control", "fun-camera")
+VARIANT_MODELS = ("vace", "skyreels", "fun-control", "fun-camera", "animate")
 
 
 def variant_shapes(model: str) -> dict[str, tuple[int, ...]]:
     global LAYERS
     saved = LAYERS
-    LAYERS = 4 if model == "vace" else 3
+    LAYERS = {"vace": 4, "animate": 5}.get(model, 3)
     try:
         s = shapes()
     finally:
@@ -281,6 +281,8 @@ def variant_shapes(model: str) -> dict[str, tuple[int, ...]]:
         for c in ("conv1", "conv2"):
             s[f"control_adapter.residual_blocks.0.{c}.weight"] = (DIM, DIM, 3, 3)
             s[f"control_adapter.residual_blocks.0.{c}.bias"] = (DIM,)
+    elif model == "animate":
+        animate_shapes(s)
     else:
         s["fps_embedding.weight"] = (2, DIM)
         s["fps_projection.0.weight"] = (DIM, DIM)
@@ -288,6 +290,54 @@ def variant_shapes(model: str) -> dict[str, tuple[int, ...]]:
         s["fps_projection.2.weight"] = (6 * DIM, DIM)
         s["fps_projection.2.bias"] = (6 * DIM,)
     return s
+
+
+def animate_shapes(s: dict) -> None:
+    """Wan2.2-Animate-14B in ComfyUI's (= the original) names at small size
+    (golden/variants/animate/FACTS.md §2, §3, §6): the I2V trunk (CLIP branch, in_channels
+    2*4+4), `pose_patch_embedding` (5-D), one face adapter (5 layers // 5) of 2 heads of 128
+    with the fused `linear1_kv` (2D, D), a face encoder of hidden 256 x 2 heads (Conv1d, 3-D)
+    whose `out_proj` is (D, 256), and the motion encoder of the animate fixture
+    (models/animate_original.safetensors: channels 4 -> 5, 6, 4, ..., style 6, motion_dim 3,
+    `dec.direction.weight` (7, 3)) with its 14 (4, 4) blur-kernel buffers."""
+    s["patch_embedding.weight"] = (DIM, 12, 1, 2, 2)
+    s["pose_patch_embedding.weight"] = (DIM, 4, 1, 2, 2)
+    s["pose_patch_embedding.bias"] = (DIM,)
+    s["img_emb.proj.0.weight"] = s["img_emb.proj.0.bias"] = (DIM,)
+    s["img_emb.proj.1.weight"], s["img_emb.proj.1.bias"] = (DIM, DIM), (DIM,)
+    s["img_emb.proj.3.weight"], s["img_emb.proj.3.bias"] = (DIM, DIM), (DIM,)
+    s["img_emb.proj.4.weight"] = s["img_emb.proj.4.bias"] = (DIM,)
+    for b in range(LAYERS):
+        p = f"blocks.{b}.cross_attn."
+        for m in ("k_img", "v_img"):
+            s[f"{p}{m}.weight"], s[f"{p}{m}.bias"] = (DIM, DIM), (DIM,)
+        s[f"{p}norm_k_img.weight"] = (DIM,)
+    f = "face_adapter.fuser_blocks.0."
+    s[f + "linear1_kv.weight"], s[f + "linear1_kv.bias"] = (2 * DIM, DIM), (2 * DIM,)
+    for m in ("linear1_q", "linear2"):
+        s[f"{f}{m}.weight"], s[f"{f}{m}.bias"] = (DIM, DIM), (DIM,)
+    s[f + "q_norm.weight"] = s[f + "k_norm.weight"] = (128,)
+    hidden, motion_enc = 256, 7
+    for c, cout, cin in (("conv1_local", 2 * hidden, motion_enc), ("conv2", hidden, hidden),
+                         ("conv3", hidden, hidden)):
+        s[f"face_encoder.{c}.conv.weight"], s[f"face_encoder.{c}.conv.bias"] = (cout, cin, 3), (cout,)
+    s["face_encoder.out_proj.weight"], s["face_encoder.out_proj.bias"] = (DIM, hidden), (DIM,)
+    s["face_encoder.padding_tokens"] = (1, 1, 1, DIM)
+    m = "motion_encoder."
+    s[m + "dec.direction.weight"] = (motion_enc, 3)
+    for j in range(5):
+        s[f"{m}enc.fc.{j}.weight"] = (3 if j == 4 else 6, 6)
+        s[f"{m}enc.fc.{j}.bias"] = (3 if j == 4 else 6,)
+    c = m + "enc.net_app.convs."
+    s[c + "0.0.weight"], s[c + "0.1.bias"] = (4, 3, 1, 1), (1, 4, 1, 1)
+    sizes = [4, 5, 6, 4, 5, 6, 4, 5]
+    for r in range(1, 8):
+        i, o = sizes[r - 1], sizes[r]
+        s[f"{c}{r}.conv1.0.weight"], s[f"{c}{r}.conv1.1.bias"] = (i, i, 3, 3), (1, i, 1, 1)
+        s[f"{c}{r}.conv2.1.weight"], s[f"{c}{r}.conv2.2.bias"] = (o, i, 3, 3), (1, o, 1, 1)
+        s[f"{c}{r}.skip.1.weight"] = (o, i, 1, 1)
+        s[f"{c}{r}.conv2.0.kernel"] = s[f"{c}{r}.skip.0.kernel"] = (4, 4)
+    s[c + "8.weight"] = (6, 5, 4, 4)
 
 
 def variant_model(model: str) -> dict:
@@ -427,7 +477,7 @@ def comfy_loader_variants(wanbake: str, checkout: Path) -> None:
     meta = {"oracle": "city96/ComfyUI-GGUF @ 795e451 loader.gguf_sd_loader + "
                       "dequant.dequantize_tensor(float32, 'target'), torch "
                       f"{torch.__version__}; gguf 0.19.0 quants.dequantize",
-            "inputs": "variant_model('vace' | 'skyreels' | 'fun-control' | 'fun-camera') of "
+            "inputs": "variant_model('vace' | 'skyreels' | 'fun-control' | 'fun-camera' | 'animate') of "
                       "golden/kquant_wan_golden.py "
                       "(golden/variants/quant/kquant_variants.json lists their tensors)",
             "files": files}

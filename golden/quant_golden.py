@@ -418,6 +418,48 @@ def linear_weights(cls_name: str, folder: Path, original: Path) -> list[str]:
     return sorted(by_bytes[sd[n].tobytes()] for n in linear)
 
 
+# Wan2.2-Animate (issue #31): the input is the ORIGINAL-named tiny model (ComfyUI's names;
+# quantized outputs are read from the original layout, where `linear1_kv` is one tensor). Its
+# fp8 set is derived twice and the two must agree:
+# 1. the nn.Linear modules of diffusers' WanAnimateTransformer3DModel (0.42.1), mapped to
+#    original names by value, `face_adapter.N.to_k`/`to_v` by the halves of `linear1_kv`
+#    (MotionLinear is not an nn.Linear, FACTS.md §5);
+# 2. ComfyUI's loader: fp8-scaled only applies to layers made with comfy ops, and
+#    comfyanonymous/ComfyUI@4cdaa373:comfy/ldm/wan/model_animate.py builds with
+#    `operations.Linear` exactly FaceEncoder.out_proj and FaceBlock.linear1_kv / linear1_q /
+#    linear2 (plus the WanModel trunk's Linears); the motion encoder's EqualLinear /
+#    EqualConv2d / Direction are plain torch.nn.Modules with their own Parameters, the face
+#    encoder's convs are operations.Conv1d and pose_patch_embedding operations.Conv3d (not
+#    Linear, kept high precision like the trunk's patch_embedding).
+ANIMATE_COMFY_LINEAR = ("face_encoder.out_proj.weight",)
+ANIMATE_COMFY_ADAPTER_LINEAR = ("linear1_kv.weight", "linear1_q.weight", "linear2.weight")
+
+
+def animate_linear_weights(folder: Path, original: Path) -> list[str]:
+    import diffusers
+    model = diffusers.WanAnimateTransformer3DModel.from_pretrained(folder, torch_dtype=torch.float32)
+    sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    linear = {f"{n}.weight" for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    orig = load_file(str(original))
+    by_bytes = {v.tobytes(): k for k, v in orig.items() if not k.endswith(".kernel")}
+    out = set()
+    for n in linear:
+        if n in sd and sd[n].tobytes() in by_bytes:
+            out.add(by_bytes[sd[n].tobytes()])
+            continue
+        parts = n.split(".")  # face_adapter.N.to_k.weight / to_v.weight: halves of linear1_kv
+        assert parts[0] == "face_adapter" and parts[2] in ("to_k", "to_v"), n
+        kv = f"face_adapter.fuser_blocks.{parts[1]}.linear1_kv.weight"
+        half = np.split(orig[kv], 2, axis=0)[0 if parts[2] == "to_k" else 1]
+        assert np.array_equal(half, sd[n]), n
+        out.add(kv)
+    comfy = {n for n, v in orig.items() if is_fp8_linear(n, v)} | set(ANIMATE_COMFY_LINEAR) | {
+        n for n in orig if n.startswith("face_adapter.fuser_blocks.")
+        and n.split(".", 3)[3] in ANIMATE_COMFY_ADAPTER_LINEAR}
+    assert out == comfy, f"diffusers nn.Linear set vs ComfyUI ops set: {sorted(out ^ comfy)}"
+    return sorted(out)
+
+
 def gguf_digest(path: Path) -> dict:
     import hashlib
     r = gguf.GGUFReader(str(path))
@@ -480,10 +522,19 @@ def variants() -> None:
                 cases[f"gguf:{fmt}"] = variant_gguf(sd, fmt, Path(tmp) / f"{name}_{fmt}.gguf")
             models[name] = {"input": f"golden/variants/{folder}", "source": f"golden/variants/{original}",
                             "linear_weights": linear, "cases": cases}
+        original = "animate/models/animate_original.safetensors"
+        sd = load_file(str(VARIANTS / original))
+        linear = animate_linear_weights(VARIANTS / "animate/models/animate", VARIANTS / original)
+        cases = {"fp8-scaled": {"tensors": variant_fp8(sd, linear)}}
+        for fmt in VARIANT_GGUF:
+            cases[f"gguf:{fmt}"] = variant_gguf(sd, fmt, Path(tmp) / f"animate_{fmt}.gguf")
+        models["animate"] = {"input": f"golden/variants/{original}", "source": f"golden/variants/{original}",
+                             "linear_weights": linear, "cases": cases}
     meta = {"generator": "golden/quant_golden.py variants",
             "versions": {"torch": torch.__version__, "gguf": "0.19.0", "numpy": np.__version__,
                          "diffusers": diffusers.__version__},
-            "fp8_rule": "every nn.Linear weight of the diffusers model (named_modules) -> F8_E4M3 "
+            "fp8_rule": "every nn.Linear weight of the diffusers model (named_modules; for animate "
+                        "also equal to ComfyUI's operations.Linear set) -> F8_E4M3 "
                         "codes of W / (amax/448) (torch cast) + F32 scale_weight; everything else F16; "
                         "plus the empty scaled_fp8 marker",
             "gguf_rule": "city96_type (convert.py + llama-quantize patch + fix_5d_tensors.py, spec "

@@ -29,7 +29,7 @@ use crate::io::quant::fp8;
 use crate::io::quant::ggml::{self, GgmlType};
 use crate::io::writer::{ComponentOutput, GgufParts, OutputPlan};
 use crate::io::{DType, ReadError, dtype};
-use crate::model::animate::is_animate_module;
+use crate::model::animate::{is_animate_module, is_blur_kernel};
 use crate::model::base_model::{BaseModel, ComponentModel};
 use crate::model::plan_error::{ANIMATE_NOT_QUANTIZED, ANIMATE_UNKNOWN, PlanError};
 use crate::model::quant_rules::{self, GgufMix, QuantFormat, Why};
@@ -80,8 +80,9 @@ pub enum QuantError {
         /// The layout it was read in.
         layout: Layout,
     },
-    /// A Wan2.2-Animate module, which no quantized output holds yet.
-    #[error("{key}: not quantized{ANIMATE_NOT_QUANTIZED}")]
+    /// A Wan2.2-Animate module stored under diffusers names (a fused or reshaped tensor in
+    /// the original names that a quantized output, read tensor by tensor, cannot build).
+    #[error("{key}: not quantized from the diffusers layout{ANIMATE_NOT_QUANTIZED}")]
     Animate {
         /// The stored key.
         key: String,
@@ -255,8 +256,14 @@ pub fn plan(
             skipped.push(name.clone());
             continue;
         }
-        if is_animate_module(name) {
+        if is_animate_module(name) && layout != Layout::Wan {
             return Err(QuantError::Animate { key: name.clone() });
+        }
+        if layout == Layout::Wan && is_blur_kernel(name) {
+            // ComfyUI's persistent Blur buffer: kept under its own name, as stored.
+            let wan = wan_names::strip_wan_prefix(name).to_string();
+            tensors.push((wan, name, shape, *dt));
+            continue;
         }
         let Some((entry, pos)) = wan_names::parse_stored(layout, name) else {
             return Err(QuantError::UnknownKey {

@@ -681,6 +681,10 @@ fn assert_quantized_variant(dir: &Path, model: &str, file: &Path) {
             assert_eq!(d["vace_layers"], serde_json::json!([0, 2]), "{file:?}: {f}");
             assert_eq!(d["vace_in_channels"], 6, "{file:?}: {f}");
         }
+        "animate" => {
+            assert_eq!(d["animate"]["motion_dim"], 3, "{file:?}: {f}");
+            assert_eq!(d["animate"]["face_encoder_num_heads"], 2, "{file:?}: {f}");
+        }
         _ => assert_eq!(d["inject_sample_info"], true, "{file:?}: {f}"),
     }
 }
@@ -793,6 +797,85 @@ fn gguf_variants_are_byte_identical_to_gguf_py() {
             ok(run(t.path(), &["verify", s(&out)]));
             assert_quantized_variant(t.path(), model, &file);
         }
+    }
+}
+
+/// Wan2.2-Animate's fp8-scaled output holds as F8_E4M3 exactly the Linear layers ComfyUI
+/// builds with its ops (comfyanonymous/ComfyUI@4cdaa373 comfy/ldm/wan/model_animate.py:
+/// `face_encoder.out_proj`, `face_adapter.fuser_blocks.N.{linear1_kv,linear1_q,linear2}`, the
+/// trunk's Linears); the motion encoder's EqualLinear / EqualConv2d / Direction weights are
+/// plain Parameters there and stay F16, as do the Conv1d / Conv3d weights, and the blur
+/// kernels stay under their names. A diffusers-named Animate model is refused with the way
+/// out (restack to the original names), and that way out gives the golden file.
+#[test]
+fn animate_fp8_scaled_quantizes_comfyuis_linear_layers_only() {
+    let golden = quant_golden();
+    let m = &golden["models"]["animate"];
+    let want = m["cases"]["fp8-scaled"]["tensors"].as_object().unwrap();
+    let dtype = |n: &str| want[n]["dtype"].as_str().unwrap().to_string();
+    for n in [
+        "face_encoder.out_proj.weight",
+        "face_adapter.fuser_blocks.0.linear1_kv.weight",
+        "face_adapter.fuser_blocks.1.linear1_q.weight",
+        "face_adapter.fuser_blocks.1.linear2.weight",
+        "blocks.0.cross_attn.k_img.weight",
+    ] {
+        assert_eq!(dtype(n), "F8_E4M3", "{n}");
+        assert!(
+            want.contains_key(&n.replace(".weight", ".scale_weight")),
+            "{n}"
+        );
+    }
+    for n in [
+        "motion_encoder.enc.fc.0.weight",
+        "motion_encoder.dec.direction.weight",
+        "motion_encoder.enc.net_app.convs.8.weight",
+        "motion_encoder.enc.net_app.convs.1.conv2.0.kernel",
+        "face_encoder.conv2.conv.weight",
+        "face_encoder.padding_tokens",
+        "pose_patch_embedding.weight",
+        "face_adapter.fuser_blocks.0.linear1_kv.bias",
+        "face_adapter.fuser_blocks.0.q_norm.weight",
+    ] {
+        assert_eq!(dtype(n), "F16", "{n}");
+    }
+    let t = tmp();
+    let diffusers = g("animate/models/animate");
+    let out = t.path().join("refused");
+    let o = run(
+        t.path(),
+        &[
+            "convert",
+            s(&diffusers),
+            "--to",
+            "fp8-scaled",
+            "--out",
+            s(&out),
+        ],
+    );
+    let (code, _, err) = parts(&o);
+    assert_ne!(code, 0, "{err}");
+    assert!(
+        err.contains("not quantized from the diffusers layout"),
+        "{err}"
+    );
+    assert!(err.contains("wanbake restack --to wan"), "{err}");
+    assert!(!out.exists(), "a refused quantization writes nothing");
+    let wan = restack(t.path(), &diffusers, "wan", None, "animate-wan");
+    let fp8 = t.path().join("fp8");
+    ok(run(
+        t.path(),
+        &["convert", s(&wan), "--to", "fp8-scaled", "--out", s(&fp8)],
+    ));
+    let got = digests(&fp8.join("model_fp8_scaled.safetensors"));
+    assert_eq!(got.len(), want.len());
+    for (name, w) in want {
+        let (d, shape, sha) = &got[name];
+        assert_eq!(
+            (format!("{d:?}"), shape.clone(), sha.clone()),
+            want_tensor(w),
+            "{name}"
+        );
     }
 }
 
@@ -911,7 +994,7 @@ fn write_small_model(path: &Path, model: &serde_json::Value) {
 }
 
 #[test]
-fn k_mixes_of_vace_skyreels_and_fun_are_byte_identical_to_ggml_and_city96s_rules() {
+fn k_mixes_of_vace_skyreels_fun_and_animate_are_byte_identical_to_ggml_and_city96s_rules() {
     use wanbake::io::gguf::GgufFile;
     let golden = json(&std::fs::read_to_string(g("quant/kquant_variants.json")).unwrap());
     let t = tmp();
@@ -946,7 +1029,7 @@ fn k_mixes_of_vace_skyreels_and_fun_are_byte_identical_to_ggml_and_city96s_rules
             files += 1;
         }
     }
-    assert_eq!(files, 12);
+    assert_eq!(files, 15);
 }
 
 fn sha256_f32(y: &[f32]) -> String {
@@ -955,8 +1038,8 @@ fn sha256_f32(y: &[f32]) -> String {
 }
 
 /// city96/ComfyUI-GGUF's own loader (795e451) loaded wanbake's Q8_0 and Q4_K_M files of the
-/// small VACE, SkyReels-V2 and Fun (Control's `ref_conv`, Control-Camera's `control_adapter`)
-/// models (golden/kquant_wan_golden.py `comfy-loader-variants`):
+/// small VACE, SkyReels-V2, Fun (Control's `ref_conv`, Control-Camera's `control_adapter`)
+/// and Wan2.2-Animate models (golden/kquant_wan_golden.py `comfy-loader-variants`):
 /// the same files today, every tensor (the 5-D context embedding included) in the loader's
 /// shape, and wanbake's dequantization bit-equal to what ComfyUI computes with.
 #[test]
@@ -1001,7 +1084,7 @@ fn comfyui_gguf_loads_the_variants_as_wanbake_dequantizes_them() {
         }
         files += 1;
     }
-    assert_eq!(files, 8);
+    assert_eq!(files, 10);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1124,7 +1207,7 @@ fn a_fun_ref_conv_lora_merges_by_hand_math_and_other_layouts_refuse_it() {
 }
 
 // ---------------------------------------------------------------------------------------
-// Wan2.2-Animate: named, merged in the naming it is in, refused where not quantized
+// Wan2.2-Animate: named, merged in the naming it is in, quantized from the original names
 
 /// The weights of a model folder or file (every shard).
 fn model_values(path: &Path) -> BTreeMap<String, Vec<f32>> {
@@ -1196,19 +1279,8 @@ fn animate_is_named_and_its_loras_merge_like_peft_in_its_own_naming() {
             );
         }
     }
-    // Quantized outputs do not hold the Animate modules yet: refused, saying so (restack
-    // between the namings: tests/animate.rs).
-    let original = g("animate/models/animate_original.safetensors");
-    for input in [original, g("animate/models/animate")] {
-        let args = ["convert", s(&input), "--to", "fp8-scaled", "--out", "q"];
-        let (code, _, err) = parts(&run(dir, &args));
-        assert_ne!(code, 0, "{args:?}");
-        assert!(
-            err.contains("Wan2.2-Animate's own modules") && err.contains("not yet quantize"),
-            "{args:?}: {err}"
-        );
-    }
-    assert!(!dir.join("q").exists());
+    // Quantized outputs: animate_fp8_scaled_quantizes_comfyuis_linear_layers_only and the
+    // `animate` entries of the variant loops above.
 }
 
 #[test]

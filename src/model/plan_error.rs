@@ -21,11 +21,11 @@ pub const ANIMATE_UNKNOWN: &str = "\nhint: these are Wan2.2-Animate module names
     motion_encoder, face_encoder, face_adapter), but not ones of the released architecture in \
     the diffusers, original-Wan/ComfyUI or MaxDiffusion naming";
 
-/// Why quantized outputs refuse Wan2.2-Animate's own modules.
-pub const ANIMATE_NOT_QUANTIZED: &str = "\nhint: these are Wan2.2-Animate's own modules \
-    (pose_patch_embedding, motion_encoder, face_encoder, face_adapter); wanbake restacks, \
-    merges and converts the dtype of an Animate checkpoint, but does not yet quantize it \
-    (which of its tensors ComfyUI's fp8-scaled and GGUF loaders quantize is not yet checked)";
+/// Why quantized outputs refuse Wan2.2-Animate's own modules in the diffusers layout.
+pub const ANIMATE_NOT_QUANTIZED: &str = "\nhint: these are Wan2.2-Animate's own modules; a \
+    quantized output names them as ComfyUI does (original names), where `linear1_kv` fuses \
+    diffusers' `to_k`/`to_v` and the motion encoder's biases are (1,C,1,1): run `wanbake restack --to wan` \
+    first, then quantize its output";
 
 /// How many keys an error message lists before it counts the rest.
 pub const LISTED_KEYS: usize = 40;

@@ -462,7 +462,12 @@ fn quantizable(name: &str, shape: &[usize]) -> bool {
 /// table, the rows whose NNX form is a transposed kernel. That is block attention q/k/v/o
 /// (and k_img/v_img), ffn.0/ffn.2, text/time embeddings, time projection, head and
 /// img_emb.proj.{1,3}; in a VACE model the same modules of every VACE block plus
-/// before_proj/after_proj; in SkyReels-V2 fps_projection.{0,2}.
+/// before_proj/after_proj; in SkyReels-V2 fps_projection.{0,2}; in Wan2.2-Animate
+/// `face_encoder.out_proj` and `face_adapter.fuser_blocks.N.{linear1_kv,linear1_q,linear2}`,
+/// the layers comfyanonymous/ComfyUI@4cdaa373 comfy/ldm/wan/model_animate.py builds with
+/// `operations.Linear` (scaled fp8 reaches only comfy-ops layers). Its motion encoder's
+/// EqualLinear / EqualConv2d / Direction hold plain Parameters there (stored as-is in the NNX
+/// form too, so not transposed kernels) and stay high precision.
 pub fn is_fp8_linear(name: &str, shape: &[usize]) -> bool {
     shape.len() == 2
         && wan_names::parse_stored(Layout::Wan, name).is_some_and(|(row, _)| {
@@ -549,6 +554,57 @@ mod tests {
         assert_eq!(c.ty, G::BF16, "a bf16 source keeps BF16 where f32 gets F16");
     }
 
+    /// Wan2.2-Animate-14B's own tensors (golden/variants/animate/FACTS.md §3) under city96's
+    /// name/shape rules: nothing Animate-specific, so the motion encoder's EqualLinear weights
+    /// quantize like any 2-D weight, its (512, 20) direction falls back to F16 (rows of 20),
+    /// convolutions and the padding tokens are F16, the small 4-D biases and kernels F32.
+    #[test]
+    fn gguf_rules_on_animate_shapes() {
+        use GgmlType as G;
+        let d = 5120;
+        let fa = "face_adapter.fuser_blocks.0.";
+        assert_eq!(
+            ty(GgufQ8_0, &format!("{fa}linear1_kv.weight"), &[2 * d, d]),
+            (G::Q8_0, Why::Quantized)
+        );
+        assert_eq!(
+            ty(GgufQ8_0, "face_encoder.out_proj.weight", &[d, 1024]),
+            (G::Q8_0, Why::Quantized)
+        );
+        assert_eq!(
+            ty(GgufQ8_0, "motion_encoder.enc.fc.0.weight", &[512, 512]),
+            (G::Q8_0, Why::Quantized)
+        );
+        assert_eq!(
+            ty(GgufQ8_0, "motion_encoder.dec.direction.weight", &[512, 20]),
+            (G::F16, Why::PartialBlocks)
+        );
+        assert_eq!(
+            ty(
+                GgufQ8_0,
+                "face_encoder.conv1_local.conv.weight",
+                &[4096, 512, 3]
+            ),
+            (G::F16, Why::NotA2dWeight)
+        );
+        assert_eq!(
+            ty(GgufQ8_0, "face_encoder.padding_tokens", &[1, 1, 1, d]),
+            (G::F16, Why::NotA2dWeight)
+        );
+        assert_eq!(
+            ty(GgufQ8_0, "pose_patch_embedding.weight", &[d, 16, 1, 2, 2]),
+            (G::F32, Why::FiveD)
+        );
+        let bias = "motion_encoder.enc.net_app.convs.4.conv1.1.bias";
+        assert_eq!(ty(GgufQ8_0, bias, &[1, 512, 1, 1]), (G::F32, Why::Small));
+        let kernel = "motion_encoder.enc.net_app.convs.4.skip.0.kernel";
+        assert_eq!(ty(GgufQ4KM, kernel, &[4, 4]), (G::F32, Why::Small));
+        assert_eq!(
+            ty(GgufQ4_0, &format!("{fa}q_norm.weight"), &[128]),
+            (G::F32, Why::OneD)
+        );
+    }
+
     /// Toy shapes: small 2-D weights still quantize (step 2 ignores step 1's F32), rows that
     /// are not whole blocks fall back to F16.
     #[test]
@@ -591,6 +647,10 @@ mod tests {
             "time_projection.1.weight",
             "head.head.weight",
             "img_emb.proj.3.weight",
+            "face_encoder.out_proj.weight",
+            "face_adapter.fuser_blocks.0.linear1_kv.weight",
+            "face_adapter.fuser_blocks.7.linear1_q.weight",
+            "model.diffusion_model.face_adapter.fuser_blocks.3.linear2.weight",
         ] {
             assert!(is_fp8_linear(n, &[8, 8]), "{n}");
         }
@@ -603,6 +663,11 @@ mod tests {
             "patch_embedding.weight",
             "img_emb.proj.0.weight",
             "blocks.x.ffn.0.weight",
+            "motion_encoder.enc.fc.0.weight",
+            "motion_encoder.dec.direction.weight",
+            "motion_encoder.enc.net_app.convs.1.conv2.0.kernel",
+            "face_encoder.padding_tokens",
+            "face_adapter.fuser_blocks.0.q_norm.weight",
         ] {
             assert!(!is_fp8_linear(n, &[8, 8]), "{n}");
         }
