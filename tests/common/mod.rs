@@ -2,8 +2,11 @@
 //! safetensors files by hand, and read results back.
 #![allow(dead_code)]
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+
+use wanbake::io::{Checkpoint, DType};
 
 /// The built `wanbake` binary.
 pub fn bin() -> PathBuf {
@@ -188,4 +191,39 @@ pub fn gated_child(
             std::process::exit(1);
         }
     }
+}
+
+/// (dtype, shape, sha256 of the bytes) of every tensor of a checkpoint, by name.
+pub type Digests = BTreeMap<String, (DType, Vec<usize>, String)>;
+
+/// [`Digests`] of a one-component checkpoint (file or folder), by stored name.
+pub fn digests(path: &Path) -> Digests {
+    let c = Checkpoint::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(c.components.len(), 1, "{}", path.display());
+    (c.components[0].tensors.tensors())
+        .map(|t| {
+            let v = t.view;
+            let sha = wanbake::io::digest::sha256_hex(v.bytes);
+            (v.name.to_string(), (v.dtype, v.shape.to_vec(), sha))
+        })
+        .collect()
+}
+
+/// Asserts two digest maps are equal, naming the differences; `want` has more than
+/// `at_least` tensors (a fixture that lost its tensors cannot pass by comparing nothing).
+#[track_caller]
+pub fn assert_same_digests(case: &str, got: &Digests, want: &Digests, at_least: usize) {
+    let missing: Vec<&String> = want.keys().filter(|k| !got.contains_key(*k)).collect();
+    let extra: Vec<&String> = got.keys().filter(|k| !want.contains_key(*k)).collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "{case}: missing {missing:?}, unexpected {extra:?}"
+    );
+    let differ: Vec<&String> = want.keys().filter(|k| got[*k] != want[*k]).collect();
+    assert!(
+        differ.is_empty(),
+        "{case}: {} differ: {differ:?}",
+        differ.len()
+    );
+    assert!(want.len() > at_least, "{case}: {} tensors", want.len());
 }
