@@ -390,6 +390,28 @@ def variants() -> None:
 COMFY_MIXES = ("q2_k", "q3_k_s", "q4_k_s", "q5_k_s", "q6_k")  # Q2_K, Q3_K, Q4_K, Q5_K, Q6_K
 
 
+def loaded_by_comfy(loader, dequant, path: Path, label: str) -> dict:
+    """ComfyUI-GGUF's loader on one of wanbake's files: the file's sha256 and, per tensor, the
+    loader's type and shape, the f32 sha256 of `dequantize_tensor(t, float32, "target")` and
+    whether gguf-py's dequantization has the same bits."""
+    import torch
+
+    ref = gguf_py_dequantized(path)
+    sd, arch = loader.gguf_sd_loader(str(path), return_arch=True)
+    info = {"arch": arch, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "tensors": {}}
+    for name, t in sd.items():
+        y = dequant.dequantize_tensor(t, torch.float32, "target").contiguous().numpy()
+        want = np.ascontiguousarray(ref[name], dtype="<f4").reshape(y.shape)
+        info["tensors"][name] = {
+            "type": t.tensor_type.name, "shape": [int(d) for d in t.tensor_shape],
+            "f32_sha256": sha256_f32(y), "same_as_gguf_py": bool(
+                np.array_equal(y.view(np.uint32), want.view(np.uint32)))}
+    kinds = sorted({v["type"] for v in info["tensors"].values()})
+    same = all(v["same_as_gguf_py"] for v in info["tensors"].values())
+    print(f"{label}: {len(sd)} tensors {kinds}, bit-equal to gguf-py: {same}")
+    return info
+
+
 def comfy_loader(wanbake: str, checkout: Path) -> None:
     import subprocess
 
@@ -406,22 +428,7 @@ def comfy_loader(wanbake: str, checkout: Path) -> None:
             out = Path(tmp) / mix
             subprocess.run([wanbake, "-q", "convert", str(src), "--to", f"gguf:{mix}", "--out",
                             str(out)], check=True)
-            path = out / f"model-{mix}.gguf"
-            ref = gguf_py_dequantized(path)
-            sd, arch = loader.gguf_sd_loader(str(path), return_arch=True)
-            info = {"arch": arch, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
-                    "tensors": {}}
-            for name, t in sd.items():
-                y = dequant.dequantize_tensor(t, torch.float32, "target").contiguous().numpy()
-                want = np.ascontiguousarray(ref[name], dtype="<f4").reshape(y.shape)
-                info["tensors"][name] = {
-                    "type": t.tensor_type.name, "shape": [int(d) for d in t.tensor_shape],
-                    "f32_sha256": sha256_f32(y), "same_as_gguf_py": bool(
-                        np.array_equal(y.view(np.uint32), want.view(np.uint32)))}
-            files[f"gguf:{mix}"] = info
-            kinds = sorted({v["type"] for v in info["tensors"].values()})
-            same = all(v["same_as_gguf_py"] for v in info["tensors"].values())
-            print(f"{mix}: {len(sd)} tensors {kinds}, bit-equal to gguf-py: {same}")
+            files[f"gguf:{mix}"] = loaded_by_comfy(loader, dequant, out / f"model-{mix}.gguf", mix)
     meta = {"oracle": "city96/ComfyUI-GGUF @ 795e451 loader.gguf_sd_loader + "
                       "dequant.dequantize_tensor(float32, 'target'), torch "
                       f"{torch.__version__}; gguf 0.19.0 quants.dequantize",
@@ -458,22 +465,8 @@ def comfy_loader_variants(wanbake: str, checkout: Path) -> None:
                 out = Path(tmp) / f"{model}-{fmt}"
                 subprocess.run([wanbake, "-q", "convert", str(src), "--to", f"gguf:{fmt}", "--out",
                                 str(out)], check=True)
-                path = out / f"model-{fmt}.gguf"
-                ref = gguf_py_dequantized(path)
-                sd, arch = loader.gguf_sd_loader(str(path), return_arch=True)
-                info = {"arch": arch, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
-                        "tensors": {}}
-                for name, t in sd.items():
-                    y = dequant.dequantize_tensor(t, torch.float32, "target").contiguous().numpy()
-                    want = np.ascontiguousarray(ref[name], dtype="<f4").reshape(y.shape)
-                    info["tensors"][name] = {
-                        "type": t.tensor_type.name, "shape": [int(d) for d in t.tensor_shape],
-                        "f32_sha256": sha256_f32(y), "same_as_gguf_py": bool(
-                            np.array_equal(y.view(np.uint32), want.view(np.uint32)))}
-                files[f"{model} gguf:{fmt}"] = info
-                kinds = sorted({v["type"] for v in info["tensors"].values()})
-                same = all(v["same_as_gguf_py"] for v in info["tensors"].values())
-                print(f"{model} {fmt}: {len(sd)} tensors {kinds}, bit-equal to gguf-py: {same}")
+                files[f"{model} gguf:{fmt}"] = loaded_by_comfy(
+                    loader, dequant, out / f"model-{fmt}.gguf", f"{model} {fmt}")
     meta = {"oracle": "city96/ComfyUI-GGUF @ 795e451 loader.gguf_sd_loader + "
                       "dequant.dequantize_tensor(float32, 'target'), torch "
                       f"{torch.__version__}; gguf 0.19.0 quants.dequantize",
