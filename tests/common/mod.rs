@@ -227,3 +227,26 @@ pub fn assert_same_digests(case: &str, got: &Digests, want: &Digests, at_least: 
     );
     assert!(want.len() > at_least, "{case}: {} tensors", want.len());
 }
+
+/// Writes seeded f32 tensors (name, shape, values) into `path`, after checking the first
+/// values of each tensor `first` names (a JSON object: name -> numbers) against the ones the
+/// golden script recorded: its generator and the test's must agree.
+pub fn write_seeded_f32(
+    path: &Path,
+    tensors: &[(String, Vec<usize>, Vec<f32>)],
+    first: &serde_json::Value,
+) {
+    for (name, want) in first.as_object().expect("first_tensor is an object") {
+        let t = tensors
+            .iter()
+            .find(|t| &t.0 == name)
+            .expect("a recorded tensor");
+        for (got, want) in t.2.iter().zip(want.as_array().expect("a list of numbers")) {
+            assert_eq!(f64::from(*got), want.as_f64().unwrap(), "{name}");
+        }
+    }
+    let refs: Vec<(&str, Vec<usize>, Vec<f32>)> = (tensors.iter())
+        .map(|(n, s, v)| (n.as_str(), s.clone(), v.clone()))
+        .collect();
+    write_f32(path, &refs);
+}
