@@ -18,7 +18,6 @@ use crate::io::header_layout::PlannedTensor;
 use crate::io::staging::Replace;
 use crate::io::writer::{ComponentOutput, OutputPlan, Slot};
 use crate::layout::{KeepF32, OutputDType};
-use crate::model::base_model::BaseModel;
 use crate::model::transform::Transform;
 use crate::pipeline::{CopyOnly, Job, OutputOptions, PipelineError, Plan, Writing, write};
 use crate::release::{Hooks, Release, ReleaseError};
@@ -41,7 +40,7 @@ pub struct ConvertSpec {
 
 /// Converts a whole checkpoint into a new release.
 pub fn convert_release(spec: &ConvertSpec, hooks: Hooks<'_>) -> Result<Release, ReleaseError> {
-    let ck = Checkpoint::open(&spec.input).map_err(ReleaseError::Input)?;
+    let ck = crate::quant::base::open_checkpoint(&spec.input).map_err(ReleaseError::Input)?;
     let components: Vec<ComponentOutput> = ck
         .components
         .iter()
@@ -136,7 +135,7 @@ pub fn encoded_release(
             "convert --to: neither a quantized nor an Orbax output was asked for".into(),
         )));
     }
-    let base = BaseModel::open(input)?;
+    let base = crate::quant::base::open(input)?;
     let plan = Plan::new(&base, &[], options)
         .map_err(ReleaseError::produce)?
         .hash_base_while_writing("input");

@@ -192,7 +192,10 @@ fn component_report(c: &Component, hash: bool) -> Result<ComponentReport, ReadEr
     } else {
         "model"
     };
-    let fp8 = crate::quant_inspect::scaled_fp8_summary(&c.tensors);
+    let fp8 = match role {
+        "model" => crate::quant_inspect::quantization_summary(&c.tensors),
+        _ => None,
+    };
     let mut fp = (role == "model").then(|| match &fp8 {
         Some((_, f)) => f.clone(),
         None => fingerprint(&c.tensors),
@@ -369,14 +372,18 @@ pub fn render_text(r: &InspectReport) -> String {
             .collect();
         let _ = writeln!(s, "    dtypes:     {}", hist.join(", "));
         if let Some(q) = &c.quantization {
+            let what = match q["fp8_layers"].as_u64() {
+                Some(n) => plural(n as usize, "fp8 layer", "fp8 layers"),
+                None => plural(
+                    q["side_tensors"].as_u64().unwrap_or(0) as usize,
+                    "side tensor",
+                    "side tensors",
+                ),
+            };
             let _ = writeln!(
                 s,
-                "    quantized:  ComfyUI scaled fp8, {}, {}",
-                plural(
-                    q["fp8_layers"].as_u64().unwrap_or(0) as usize,
-                    "fp8 layer",
-                    "fp8 layers"
-                ),
+                "    quantized:  {}, {what}, {}",
+                q["format"].as_str().unwrap_or("?"),
                 plural(
                     q["problems"].as_array().map_or(0, |a| a.len()),
                     "problem",

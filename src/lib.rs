@@ -26,6 +26,7 @@ pub mod model;
 pub mod names;
 pub mod pipeline;
 pub mod progress;
+pub mod quant;
 pub mod quant_inspect;
 pub mod quantize;
 pub mod recipe;

@@ -19,47 +19,65 @@ use crate::io::gguf::{GgufFile, Value, torch_shape};
 use crate::io::{DType, ReadError, TensorSet, digest};
 use crate::model::fingerprint::{Fingerprint, ShapeSource, fingerprint};
 use crate::model::quant_rules::QuantFormat;
-
-/// True when a tensor name is one of scaled fp8's extras, not a model parameter.
-fn is_fp8_extra(name: &str) -> bool {
-    name == "scaled_fp8"
-        || name.ends_with(".scaled_fp8")
-        || name.ends_with(".scale_weight")
-        || name.ends_with(".scale_input")
-}
+use crate::quant::convention;
 
 /// A tensor set seen without scaled fp8's marker and scale tensors (for fingerprints).
 pub struct WithoutFp8Extras<'a>(pub &'a TensorSet);
 
 impl ShapeSource for WithoutFp8Extras<'_> {
     fn shape(&self, name: &str) -> Option<Vec<usize>> {
-        (!is_fp8_extra(name))
+        (!convention::is_side_tensor(name))
             .then(|| self.0.get(name).map(|t| t.view.shape.to_vec()))
             .flatten()
     }
     fn names(&self) -> Vec<String> {
         self.0
             .names()
-            .filter(|n| !is_fp8_extra(n))
+            .filter(|n| !convention::is_side_tensor(n))
             .map(str::to_string)
             .collect()
     }
 }
 
+/// The quantization summary of a state dict, `None` for plain floats: the scaled-fp8 one
+/// below, or the format `quant::convention` recognises with its side-tensor count (or, for
+/// a marked state dict that no known format explains, the tensor and the reason as its
+/// problem), and the fingerprint of the state dict without its side tensors.
+pub fn quantization_summary(set: &TensorSet) -> Option<(serde_json::Value, Fingerprint)> {
+    if let Some(s) = scaled_fp8_summary(set) {
+        return Some(s);
+    }
+    let (format, problems) = match convention::recognise(set, &set.metadata()) {
+        Ok(convention::Format::Plain) => return None,
+        Ok(f) => (f.name(), Vec::new()),
+        Err(u) => (u.format, vec![format!("{}: {}", u.tensor, u.reason)]),
+    };
+    let side = set
+        .names()
+        .filter(|n| convention::is_side_tensor(n))
+        .count();
+    let summary = json!({
+        "format": format,
+        "side_tensors": side,
+        "problems": problems,
+    });
+    Some((summary, fingerprint(&WithoutFp8Extras(set))))
+}
+
 /// The scaled-fp8 summary of a state dict, `None` without a `scaled_fp8` marker: the
 /// marker, the fp8 layers, and every problem a ComfyUI load would hit (a `scale_weight` on
 /// a weight that is not fp8, or not 0-d F32; an fp8 weight without one).
-pub fn scaled_fp8_summary(set: &TensorSet) -> Option<(serde_json::Value, Fingerprint)> {
-    let marker = set
-        .names()
-        .find(|n| *n == "scaled_fp8" || n.ends_with(".scaled_fp8"))?;
+fn scaled_fp8_summary(set: &TensorSet) -> Option<(serde_json::Value, Fingerprint)> {
+    let marker = convention::scaled_fp8_marker(set)?;
     let m = set.get(marker)?;
-    let prefix = marker.strip_suffix("scaled_fp8").unwrap_or("");
+    let prefix = marker
+        .strip_suffix(convention::SCALED_FP8_MARKER)
+        .unwrap_or("");
     let mut problems = Vec::new();
     let mut layers = 0usize;
     let mut scale_input = 0usize;
     for name in set.names() {
-        if let Some(layer) = name.strip_suffix(".scale_weight") {
+        if let Some(layer) = name.strip_suffix(convention::SCALE_WEIGHT) {
             let s = set.get(name)?;
             if s.view.dtype != DType::F32 || !s.view.shape.is_empty() {
                 problems.push(format!(
@@ -76,12 +94,13 @@ pub fn scaled_fp8_summary(set: &TensorSet) -> Option<(serde_json::Value, Fingerp
                 )),
                 None => problems.push(format!("{name}: no {layer}.weight")),
             }
-        } else if name.ends_with(".scale_input") {
+        } else if name.ends_with(convention::SCALE_INPUT) {
             scale_input += 1;
         } else if name.ends_with(".weight") {
             let w = set.get(name)?;
             let layer = name.strip_suffix(".weight").unwrap_or(name);
-            if w.view.dtype == DType::F8_E4M3 && !set.contains(&format!("{layer}.scale_weight")) {
+            let scale = format!("{layer}{}", convention::SCALE_WEIGHT);
+            if w.view.dtype == DType::F8_E4M3 && !set.contains(&scale) {
                 problems.push(format!("{name}: F8_E4M3 weight without a scale_weight"));
             }
         }

@@ -37,7 +37,7 @@ use crate::model::wan_layout::Layout;
 use crate::model::wan_names::{self, Position};
 
 /// The name of the fp8 marker tensor.
-pub const FP8_MARKER: &str = "scaled_fp8";
+pub const FP8_MARKER: &str = crate::quant::convention::SCALED_FP8_MARKER;
 
 /// Why a quantized output cannot be made of a base, or a tensor cannot be encoded. Planning
 /// refusals name the key (the caller adds the base's path); encoding errors name the file
@@ -320,7 +320,7 @@ pub fn plan(
     }
     let clash = tensors
         .iter()
-        .find(|t| t.name == FP8_MARKER || t.name.ends_with(".scale_weight"));
+        .find(|t| crate::quant::convention::is_side_tensor(&t.name));
     if let (QuantFormat::Fp8Scaled, Some(t)) = (options.format, clash) {
         return Err(QuantError::Fp8Name {
             key: t.source.clone(),
@@ -444,8 +444,9 @@ impl QuantPlan {
 /// `L.weight` → `L.scale_weight`.
 pub fn scale_name(weight: &str) -> String {
     format!(
-        "{}.scale_weight",
-        weight.strip_suffix(".weight").unwrap_or(weight)
+        "{}{}",
+        weight.strip_suffix(".weight").unwrap_or(weight),
+        crate::quant::convention::SCALE_WEIGHT
     )
 }
 

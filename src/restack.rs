@@ -13,7 +13,6 @@ use serde_json::Value;
 
 use crate::io::writer::{ComponentOutput, OutputPlan};
 use crate::layout::restack::{RestackError, RestackOptions, plan_restack, restack_report};
-use crate::model::base_model::BaseModel;
 use crate::pipeline::output::conversion_jobs;
 use crate::pipeline::{CopyOnly, ExecOptions, OutputOptions, Plan, Writing, write};
 use crate::release::{Hooks, Release};
@@ -36,7 +35,7 @@ pub fn restack_release(
     exec: &ExecOptions,
     hooks: Hooks<'_>,
 ) -> Result<RestackOutcome, RestackError> {
-    let checkpoint = BaseModel::open(input)?;
+    let checkpoint = crate::quant::base::open(input)?;
     let plans = plan_restack(&checkpoint, options)?;
     let components: Vec<ComponentOutput> = plans.iter().map(|p| p.output.clone()).collect();
     let root = checkpoint.root_aux_files();

@@ -17,7 +17,6 @@ use wanbake::adapter::{
     AdapterError, AdapterOptions, AdapterSet, Convention, Entry, Kind, ParamRole, ScaleSource,
 };
 use wanbake::io::{Checkpoint, DType, SafetensorsFile};
-use wanbake::model::base_model::BaseModel;
 use wanbake::model::transform::Transform;
 
 // ---------------------------------------------------------------------------------------
@@ -397,7 +396,7 @@ fn open(path: &Path, scale: Option<f64>) -> AdapterSet {
 }
 
 fn base_index(base: &Path) -> BaseIndex {
-    let ck = BaseModel::open(base).unwrap();
+    let ck = wanbake::quant::base::open(base).unwrap();
     let (comp, model) = ck.single_part().unwrap();
     BaseIndex::new(base, &comp.tensors, model)
 }
@@ -964,7 +963,7 @@ fn every_wan_layout_binds_every_convention_to_the_same_targets() {
             );
             // The stored base tensor, sliced and transformed back, is the diffusers tensor.
             let stored = read_all(
-                Checkpoint::open(base)
+                Checkpoint::open_stored(base)
                     .unwrap()
                     .single()
                     .unwrap()

@@ -205,7 +205,7 @@ fn synth_writes_the_released_14b_list_and_bake_plans_it_in_every_layout() {
             .unwrap();
     let want: BTreeMap<String, Vec<usize>> =
         serde_json::from_value(shapes["diffusers"]["tensors"].clone()).unwrap();
-    let c = Checkpoint::open(&dir.join("sk")).unwrap();
+    let c = Checkpoint::open_stored(&dir.join("sk")).unwrap();
     let got: BTreeMap<String, Vec<usize>> = (c.components[0].tensors.tensors())
         .map(|t| (t.view.name.to_string(), t.view.shape.to_vec()))
         .collect();
@@ -247,7 +247,7 @@ fn synth_writes_the_released_14b_list_and_bake_plans_it_in_every_layout() {
 
 /// The weights of a model folder or file, by name without a ComfyUI prefix.
 fn values(path: &Path) -> BTreeMap<String, Vec<f32>> {
-    let c = Checkpoint::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let c = Checkpoint::open_stored(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     (c.components[0].tensors.tensors())
         .map(|t| {
             let name = t.view.name.strip_prefix("model.diffusion_model.");

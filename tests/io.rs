@@ -403,7 +403,7 @@ fn round_trip_is_exact_and_output_bytes_do_not_depend_on_thread_count() {
         }
     }
     // Read back through the index: every planned tensor is present with its shape.
-    let ck = wanbake::io::Checkpoint::open(&one).unwrap();
+    let ck = wanbake::io::Checkpoint::open_stored(&one).unwrap();
     let c = ck.single().unwrap();
     let params = tiny_wan().diffusers_params();
     assert_eq!(c.tensors.len(), params.len());
@@ -735,8 +735,8 @@ fn convert_mirrors_naming_and_rounds_each_value_once() {
     };
     // Every tensor is exactly half as large, so the same greedy split at half the limit.
     assert_eq!(names("src"), names("dst"));
-    let a = wanbake::io::Checkpoint::open(&root.path().join("src")).unwrap();
-    let b = wanbake::io::Checkpoint::open(&root.path().join("dst")).unwrap();
+    let a = wanbake::io::Checkpoint::open_stored(&root.path().join("src")).unwrap();
+    let b = wanbake::io::Checkpoint::open_stored(&root.path().join("dst")).unwrap();
     let (a, b) = (a.single().unwrap(), b.single().unwrap());
     for t in a.tensors.tensors() {
         let src = t.view.to_f32().unwrap();
@@ -823,7 +823,7 @@ fn gated_command() {
                     ..OutputChoices::default()
                 })
                 .expect("valid options");
-                let model = wanbake::model::base_model::BaseModel::open(base)?;
+                let model = wanbake::quant::base::open(base)?;
                 let lora = repo().join("golden/adapters/peft_plain");
                 let spec = AdapterSpec::parse(lora.to_str().unwrap())?;
                 let adapters = bind_specs(&[spec], &model, false)?;

@@ -179,7 +179,7 @@ fn restack_options(to: Layout) -> RestackOptions {
 
 /// Every tensor of the one component at `path`.
 fn read_mem(path: &std::path::Path) -> Mem {
-    let ck = Checkpoint::open(path).unwrap();
+    let ck = Checkpoint::open_stored(path).unwrap();
     assert_eq!(ck.components.len(), 1, "{}", path.display());
     Mem(ck.components[0]
         .tensors
@@ -1462,7 +1462,7 @@ mod restack_cli {
     type Tensors = Vec<(String, Vec<(String, DType, Vec<usize>, Vec<u8>)>)>;
 
     fn tensors(path: &Path) -> Tensors {
-        let c = Checkpoint::open(path).unwrap();
+        let c = Checkpoint::open_stored(path).unwrap();
         c.components
             .iter()
             .map(|comp| {

@@ -49,7 +49,7 @@ fn base() -> PathBuf {
 type Tensors = BTreeMap<String, (DType, Vec<usize>, Vec<u8>)>;
 
 fn tensors(path: &Path) -> Tensors {
-    let ck = Checkpoint::open(path).expect("open checkpoint");
+    let ck = Checkpoint::open_stored(path).expect("open checkpoint");
     let comp = ck.single().expect("one component");
     comp.tensors
         .tensors()

@@ -292,7 +292,7 @@ fn merge_on(
     compute: &Compute,
 ) -> Result<MergeOutcome, Failure> {
     let adapters = bind_all(
-        &BaseModel::open(base).unwrap(),
+        &wanbake::quant::base::open(base).unwrap(),
         adapters,
         options.merge.allow_unmatched,
     )?;
@@ -307,7 +307,7 @@ fn merge_bound(
     dest: &Path,
     compute: &Compute,
 ) -> Result<MergeOutcome, Failure> {
-    let base = BaseModel::open(base).unwrap();
+    let base = wanbake::quant::base::open(base).unwrap();
     let merging = Merging {
         options: options.merge,
         compute,
@@ -357,7 +357,7 @@ fn tensor_f64(file: &SafetensorsFile, name: &str) -> Vec<f64> {
 
 /// Every tensor of an output folder, by name (single-component outputs).
 fn output_tensors(dir: &Path, component: &str) -> BTreeMap<String, (DType, Vec<usize>, Vec<u8>)> {
-    let ck = Checkpoint::open(dir).unwrap();
+    let ck = Checkpoint::open_stored(dir).unwrap();
     let comp = ck
         .components
         .iter()
@@ -441,7 +441,7 @@ fn check_against_reference(
 ) -> f64 {
     let tmp = common::tmp();
     let reference = SafetensorsFile::open(reference).unwrap();
-    let base_ck = Checkpoint::open(base).unwrap();
+    let base_ck = Checkpoint::open_stored(base).unwrap();
     let base_comp = base_ck
         .components
         .iter()
@@ -1297,7 +1297,7 @@ fn cli_wan_case(case_name: &str, strength: &str, extra: &[&str]) -> f64 {
     let expected = expected_values(c, strength);
     assert!(!expected.is_empty(), "{case_name}: no expected values");
     let tmp = common::tmp();
-    let base_ck = Checkpoint::open(&base).unwrap();
+    let base_ck = Checkpoint::open_stored(&base).unwrap();
     let base_comp = base_ck.single().unwrap();
     let mut worst = 0.0f64;
     for dtype in ["f32", "bf16"] {
@@ -1672,7 +1672,7 @@ fn cli_strength_zero_writes_the_input_back_bit_for_bit() {
     );
     assert_eq!(code, 0, "{err}");
     assert!(stdout.contains("skipped (strength 0)"), "{stdout}");
-    let base = Checkpoint::open(&repo("golden/models/t2v")).unwrap();
+    let base = Checkpoint::open_stored(&repo("golden/models/t2v")).unwrap();
     let got = output_tensors(&out, "");
     for t in base.single().unwrap().tensors.tensors() {
         assert_eq!(
@@ -2284,7 +2284,7 @@ fn every_route_agrees_through_the_transposing_layouts_and_on_nnx_bases() {
             .map(|case| AdapterSpec::parse(&(case_adapter(&m["cases"][case]["adapter"]) + ":0.7")))
             .collect::<Result<_, _>>()
             .unwrap();
-        bind_specs(&specs, &BaseModel::open(base).unwrap(), false).unwrap()
+        bind_specs(&specs, &wanbake::quant::base::open(base).unwrap(), false).unwrap()
     };
     for (base, layout) in [
         (&golden_base, Layout::Nnx),
@@ -2316,7 +2316,7 @@ fn the_svd_cache_is_shared_between_routes() {
     let cache_dir = tmp.path().join("cache");
     std::fs::create_dir(&cache_dir).unwrap();
     let cache = wanbake::linalg::SvdCache::open(&cache_dir).unwrap();
-    let base = BaseModel::open(&sa3_base()).unwrap();
+    let base = wanbake::quant::base::open(&sa3_base()).unwrap();
     let mut outputs = Vec::new();
     let mut reports = Vec::new();
     let routes = [Compute::Reference, Compute::Cpu];
@@ -2425,7 +2425,7 @@ fn xs_bases_on_lanes_complete_through_a_one_chunk_window() {
         let (done, result) = std::sync::mpsc::channel();
         // A thread of its own, so that a hang fails the test instead of hanging it.
         std::thread::spawn(move || {
-            let base = BaseModel::open(&sa3_base()).unwrap();
+            let base = wanbake::quant::base::open(&sa3_base()).unwrap();
             let sets = vec![
                 bound(sa3_set("bora-xs", &same), 0.9),
                 bound(sa3_set("lora-xs", &same), -0.4),

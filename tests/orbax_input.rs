@@ -541,7 +541,8 @@ fn every_orbax_case_reads_back_bit_for_bit_against_numpy() {
             Some((d, _)) => (d, "transformer_2"),
             None => (case.as_str(), ""),
         };
-        let ck = wanbake::io::Checkpoint::open(&golden(&format!("orbax_input/{dir}"))).unwrap();
+        let ck =
+            wanbake::io::Checkpoint::open_stored(&golden(&format!("orbax_input/{dir}"))).unwrap();
         let comp = ck.component(component).unwrap();
         let leaves = leaves.as_object().unwrap();
         assert_eq!(comp.tensors.len(), leaves.len() - 1, "{case}");

@@ -1542,7 +1542,6 @@ fn every_encoding_and_layout_completes_through_a_one_chunk_window() {
     use wanbake::layout::dtype_policy::OutputDType;
     use wanbake::layout::restack::RestackOptions;
     use wanbake::merge::{MergeOptions, Merging, merge_release};
-    use wanbake::model::base_model::BaseModel;
     use wanbake::model::quant_rules::QuantFormat;
     use wanbake::model::wan_layout::Layout;
     use wanbake::pipeline::{Compute, ExecOptions, OutputChoices, OutputOptions};
@@ -1598,7 +1597,7 @@ fn every_encoding_and_layout_completes_through_a_one_chunk_window() {
             name,
             Arc::new(move |out| {
                 let output = OutputOptions::new(choices.clone()).unwrap();
-                let model = BaseModel::open(&b).unwrap();
+                let model = wanbake::quant::base::open(&b).unwrap();
                 let spec = AdapterSpec::parse(l.to_str().unwrap()).unwrap();
                 let adapters = bind_specs(&[spec], &model, false).unwrap();
                 let merging = Merging {

@@ -346,7 +346,7 @@ fn layouts_without_the_variant_refuse_and_write_nothing() {
 
 /// f32 values of every tensor of a checkpoint (file or folder), by name.
 fn values(path: &Path) -> BTreeMap<String, Vec<f32>> {
-    let c = Checkpoint::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let c = Checkpoint::open_stored(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     c.components[0]
         .tensors
         .tensors()
@@ -1051,7 +1051,8 @@ fn fun_fixture(dir: &Path) -> (PathBuf, PathBuf, usize) {
     let d = 32;
     let mut rng = Rng::new(31);
     let mut draws = |n: usize| -> Vec<f32> { (0..n).map(|_| 0.1 * rng.signed_f32()).collect() };
-    let file = Checkpoint::open(&repo().join("golden/models/i2v_original.safetensors")).unwrap();
+    let file =
+        Checkpoint::open_stored(&repo().join("golden/models/i2v_original.safetensors")).unwrap();
     let mut tensors: Vec<(String, Vec<usize>, Vec<f32>)> = file.components[0]
         .tensors
         .tensors()
@@ -1151,7 +1152,7 @@ fn a_fun_ref_conv_lora_merges_by_hand_math_and_other_layouts_refuse_it() {
             (p.extension()? == "safetensors").then_some(p)
         })
         .unwrap();
-    let file = Checkpoint::open(&f8).unwrap();
+    let file = Checkpoint::open_stored(&f8).unwrap();
     let dtype = |n: &str| {
         (file.components[0].tensors.tensors())
             .find(|t| t.view.name == n)
@@ -1166,7 +1167,7 @@ fn a_fun_ref_conv_lora_merges_by_hand_math_and_other_layouts_refuse_it() {
 
 /// The weights of a model folder or file (every shard).
 fn model_values(path: &Path) -> BTreeMap<String, Vec<f32>> {
-    let c = Checkpoint::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let c = Checkpoint::open_stored(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     (c.components[0].tensors.tensors())
         .map(|t| (t.view.name.to_string(), t.view.to_f32().unwrap()))
         .collect()

@@ -258,7 +258,7 @@ impl AdapterSet {
     /// file. Pickle formats are refused. Every key must be consumed by an entry unless
     /// `opts.allow_unmatched`.
     pub fn open(path: &Path, opts: &AdapterOptions) -> Result<AdapterSet, AdapterError> {
-        let mut ckpt = Checkpoint::open(path)?;
+        let mut ckpt = Checkpoint::open_stored(path)?;
         ckpt.single()?;
         let decoded_from = ckpt.orbax.as_ref().map(|o| o.files.clone());
         let comp = ckpt.components.remove(0);

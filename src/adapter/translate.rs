@@ -15,7 +15,6 @@ use super::bind::{BaseIndex, bound_ids, resolve_names};
 use super::names::ModuleId;
 use super::{AdapterError, AdapterSet, Convention, Entry, EntryProblem, ParamRole};
 use crate::io::{DType, ReadError};
-use crate::model::base_model::BaseModel;
 
 /// Where an output tensor's bytes come from.
 #[derive(Clone, Debug, PartialEq)]
@@ -291,7 +290,7 @@ pub fn module_ids(
     let Some(base) = base else {
         return resolve_names(set);
     };
-    let ckpt = BaseModel::open(base)?;
+    let ckpt = crate::quant::base::open(base)?;
     let (comp, model) = ckpt.single_part()?;
     let ix = BaseIndex::new(base, &comp.tensors, model);
     // A translated or resized adapter must hold every entry: unmatched ones are refused.

@@ -113,7 +113,7 @@ impl<'a> BakePlan<'a> {
 /// Opens and binds everything the recipe names, and checks everything that needs no
 /// hashing. Nothing is created on disk.
 pub fn open_bake(recipe: Recipe) -> Result<BakeInputs, BakeError> {
-    let base = BaseModel::open(&recipe.base.path)?;
+    let base = crate::quant::base::open(&recipe.base.path)?;
     let fingerprints = base
         .parts()
         .map(|(c, m)| (c.name.clone(), m.fingerprint.clone()))

@@ -13,7 +13,7 @@
 
 use std::borrow::Cow;
 
-use crate::io::{Checkpoint, DType};
+use crate::io::DType;
 use crate::merge::{MergeOptions, Merger};
 use crate::model::wan::WanConfig;
 use crate::pipeline::{Plan, TargetIndex, TargetValues};
@@ -144,5 +144,10 @@ pub fn reference_models<'a>(
             weights, plan, options, index,
         )))
     };
-    ModelSet::from_checkpoint(path, Checkpoint::open(path)?, None, &mut wrap)
+    ModelSet::from_checkpoint(
+        path,
+        crate::quant::base::open_checkpoint(path)?,
+        None,
+        &mut wrap,
+    )
 }

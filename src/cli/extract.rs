@@ -19,7 +19,6 @@ use wanbake::extract::{
 use wanbake::human::{plural, size};
 use wanbake::linalg::TruncMethod;
 use wanbake::merge::{MergeOptions, Merger};
-use wanbake::model::base_model::BaseModel;
 use wanbake::pipeline::{OutputOptions, Plan};
 
 value_subset!(
@@ -163,7 +162,7 @@ pub fn execute_extract(args: ExtractArgs, p: &mut Printer) -> anyhow::Result<Sta
         let specs = super::merge::adapter_specs(&args.adapters)?;
         req.check().map_err(usage_or)?;
         let merge = MergeOptions::default();
-        let base = BaseModel::open(&args.base)?;
+        let base = wanbake::quant::base::open(&args.base)?;
         let adapters = bind_specs(&specs, &base, merge.allow_unmatched)?;
         req.provenance = serde_json::json!({ "adapters": args.adapters });
         // The tuned model: the adapters merged in f32 in the base's own layout, each tensor

@@ -66,7 +66,7 @@ fn add_adapter_details(
 fn path_keys(path: &Path, glob: &str) -> Result<Vec<KeyRow>, ReadError> {
     match wanbake::io::gguf::single_gguf_in(path) {
         Some(gguf) => wanbake::quant_inspect::gguf_keys(&gguf, glob),
-        None => Checkpoint::open(path).map(|c| keys(&c, glob)),
+        None => Checkpoint::open_stored(path).map(|c| keys(&c, glob)),
     }
 }
 
@@ -110,7 +110,7 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
     let mut status = Status::Ok;
     let mut docs = Vec::new();
     let base = match &args.base {
-        Some(b) => Some((b.as_path(), BaseModel::open(b)?)),
+        Some(b) => Some((b.as_path(), wanbake::quant::base::open(b)?)),
         None => None,
     };
     for path in &args.paths {
@@ -130,7 +130,7 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
             }
             continue;
         }
-        let report = Checkpoint::open(path).and_then(|c| inspect(&c, args.hash));
+        let report = Checkpoint::open_stored(path).and_then(|c| inspect(&c, args.hash));
         match report {
             Ok(mut r) => {
                 let base = base.as_ref().map(|(p, c)| (*p, c));

@@ -16,9 +16,9 @@ use super::output::{DtypeArgs, OutputDir, ShardArg, print_carried};
 use super::{Printer, Status, UsageError};
 use wanbake::adapter::{AdapterSpec, bind_specs};
 use wanbake::human::{plural, size};
+use wanbake::io::Checkpoint;
 use wanbake::linalg::SvdCache;
 use wanbake::merge::{DoraStrength, MergeOptions, MergeReport, Merging, merge_release};
-use wanbake::model::base_model::BaseModel;
 use wanbake::model::wan_layout::Layout;
 use wanbake::pipeline::{BadOption, OutputChoices, OutputOptions};
 
@@ -167,7 +167,8 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
     if output.quantize.is_some() {
         refuse_gguf_out(&args.output.out)?;
     }
-    let base = BaseModel::open(&args.base)?;
+    let base = wanbake::quant::base::open(&args.base)?;
+    print_base_format(p, &base, output.quantize.is_some());
     let adapters = bind_specs(&specs, &base, options.allow_unmatched)?;
     if base.components.len() > 1 {
         for a in adapters.iter() {
@@ -218,6 +219,29 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
         "device": device_json(&device),
     }));
     Ok(Status::Ok)
+}
+
+/// What a quantized base was, and a warning when the output quantizes it again; nothing for
+/// a float base.
+pub(super) fn print_base_format(p: &mut Printer, base: &Checkpoint, requantized: bool) {
+    let Some(q) = &base.quantized else {
+        return;
+    };
+    p.line(format!(
+        "base: {} ({} decoded to f32 as its loader does)",
+        q.format,
+        plural(q.decoded, "tensor", "tensors")
+    ));
+    for d in &q.details {
+        p.line(format!("  {d}"));
+    }
+    if requantized {
+        p.warn(format!(
+            "the base was already quantized ({}); the output quantizes its decoded values \
+             again, so both errors add up",
+            q.format
+        ));
+    }
 }
 
 /// The summary lines; `quantized`: the quantization report follows and decides every

@@ -283,7 +283,7 @@ fn write(
     let mut input_paths: Vec<PathBuf> = set.input_files();
     input_paths.push(set.path.clone());
     if let Some(b) = &req.base {
-        let ck = crate::io::Checkpoint::open(b)?;
+        let ck = crate::quant::base::open_checkpoint(b)?;
         for p in ck.input_files() {
             inputs.push(("base".into(), p.clone(), p.display().to_string()));
             input_paths.push(p);

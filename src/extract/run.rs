@@ -129,8 +129,8 @@ pub(super) fn check_dtype(dtype: DType) -> Result<(), ExtractError> {
 pub fn extract(req: &ExtractRequest) -> Result<ExtractOutcome, ExtractError> {
     req.check()?;
     let models = Models {
-        base: BaseModel::open(&req.base)?,
-        tuned: BaseModel::open(&req.tuned)?,
+        base: crate::quant::base::open(&req.base)?,
+        tuned: crate::quant::base::open(&req.tuned)?,
     };
     let (bset, tset) = models.sets()?;
     let pairs = pair_models(&req.base, &models.base, &req.tuned, &models.tuned)?;

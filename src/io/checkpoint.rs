@@ -296,6 +296,8 @@ pub enum SourceKind {
     Folder,
     /// An Orbax checkpoint (CheckpointManager root, step or item folder).
     Orbax,
+    /// A GGUF file (ComfyUI-GGUF), decoded by `quant::base`.
+    Gguf,
 }
 
 impl SourceKind {
@@ -309,6 +311,7 @@ impl SourceKind {
             SourceKind::PeftFolder => "PEFT adapter folder",
             SourceKind::Folder => "folder with one weights file",
             SourceKind::Orbax => "Orbax checkpoint",
+            SourceKind::Gguf => "GGUF file",
         }
     }
 }
@@ -380,11 +383,33 @@ pub struct Checkpoint {
     pub carried: Vec<CarriedFile>,
     /// For an Orbax input: its step, items and files (the tensors are decoded copies).
     pub orbax: Option<OrbaxInput>,
+    /// For a quantized input (`quant::base`): what it was and the files read (the tensors
+    /// are decoded copies).
+    pub quantized: Option<QuantizedInput>,
+}
+
+/// What a quantized input was, for reports and the manifest; filled by `quant::base`, which
+/// owns the formats (this layer only carries the words).
+#[derive(Clone, Debug)]
+pub struct QuantizedInput {
+    /// The format's name (`comfyui-scaled-fp8`, `gguf`, ...).
+    pub format: String,
+    /// One line per fact worth reporting (types per tensor group, markers, flags).
+    pub details: Vec<String>,
+    /// Tensors decoded to f32.
+    pub decoded: usize,
+    /// Side tensors (scales, markers) consumed by the decoding and not passed on.
+    pub consumed: Vec<String>,
+    /// Every file of the input as given, sorted (hashed into the manifest).
+    pub files: Vec<PathBuf>,
 }
 
 impl Checkpoint {
-    /// Opens whatever `path` is; see the module doc for the recognised shapes.
-    pub fn open(path: &Path) -> Result<Checkpoint, ReadError> {
+    /// Opens whatever `path` is, as stored; see the module doc for the recognised shapes.
+    /// A quantized file's side tensors and codes come through as they are: a base is opened
+    /// with `quant::base::open`, which decodes them or refuses; this is for adapters and for
+    /// that decoder.
+    pub fn open_stored(path: &Path) -> Result<Checkpoint, ReadError> {
         let meta = std::fs::metadata(path).map_err(|e| ReadError::io(path, e))?;
         if meta.is_dir() {
             return open_dir(path);
@@ -410,6 +435,7 @@ impl Checkpoint {
                 ignored,
                 carried: Vec::new(),
                 orbax: None,
+                quantized: None,
             });
         }
         if !has_ext(path, "safetensors") {
@@ -434,6 +460,7 @@ impl Checkpoint {
             ignored: Vec::new(),
             carried: Vec::new(),
             orbax: None,
+            quantized: None,
         })
     }
 
@@ -486,6 +513,9 @@ impl Checkpoint {
     pub fn input_files(&self) -> Vec<PathBuf> {
         if let Some(o) = &self.orbax {
             return o.files.clone();
+        }
+        if let Some(q) = &self.quantized {
+            return q.files.clone();
         }
         let mut v = Vec::new();
         for c in &self.components {
@@ -625,6 +655,7 @@ fn open_dir(dir: &Path) -> Result<Checkpoint, ReadError> {
             ignored: Vec::new(),
             carried: Vec::new(),
             orbax: None,
+            quantized: None,
         });
     }
     if let Some((tensors, stem)) = folder_weights(dir)? {
@@ -649,6 +680,7 @@ fn open_dir(dir: &Path) -> Result<Checkpoint, ReadError> {
             ignored,
             carried: Vec::new(),
             orbax: None,
+            quantized: None,
         });
     }
     open_pipeline(dir)
@@ -712,6 +744,7 @@ fn open_pipeline(dir: &Path) -> Result<Checkpoint, ReadError> {
         ignored,
         carried,
         orbax: None,
+        quantized: None,
     })
 }
 
@@ -802,5 +835,6 @@ fn open_orbax(dir: &Path) -> Result<Checkpoint, ReadError> {
         ignored: Vec::new(),
         carried: Vec::new(),
         orbax: Some(input),
+        quantized: None,
     })
 }

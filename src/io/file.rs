@@ -80,6 +80,19 @@ pub enum ReadError {
     /// An Orbax checkpoint could not be read (the error names the file and the key).
     #[error(transparent)]
     Orbax(#[from] super::orbax::OrbaxError),
+    /// A tensor a quantized format marks that wanbake does not decode (or that breaks the
+    /// format): refused, never read as raw codes.
+    #[error("{}: tensor `{tensor}`: {format}: {reason}", path.display())]
+    Quantized {
+        /// The file.
+        path: PathBuf,
+        /// The tensor (or header key).
+        tensor: String,
+        /// The format, as far as it could be told.
+        format: String,
+        /// What was found.
+        reason: String,
+    },
     /// A tensor's data could not be converted.
     #[error("{}: tensor `{tensor}`: {reason}", path.display())]
     Tensor {

@@ -25,6 +25,7 @@ pub mod mmap;
 pub mod orbax;
 pub mod ordered;
 pub mod quant;
+pub mod scratch;
 pub mod staging;
 pub mod writer;
 

@@ -9,7 +9,6 @@
 //! `wan_names`, `fingerprint`).
 
 use std::ops::Deref;
-use std::path::Path;
 
 use serde_json::Value;
 
@@ -71,11 +70,6 @@ impl BaseModel {
             .map(ComponentModel::of)
             .collect();
         BaseModel { checkpoint, models }
-    }
-
-    /// Opens `path` (any shape `Checkpoint::open` reads) and reads its model facts.
-    pub fn open(path: &Path) -> Result<BaseModel, ReadError> {
-        Checkpoint::open(path).map(BaseModel::new)
     }
 
     /// The facts of component `index` (`Checkpoint::components`).

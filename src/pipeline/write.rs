@@ -99,18 +99,47 @@ where
         |staging| {
             let ran = Exec::new(plan, staging, exec).run(targets)?;
             let report = report()?;
-            match (&plan.quant, ran.orbax) {
+            let report = match (&plan.quant, ran.orbax) {
                 (Some(_), _) => {
-                    quantized_report(plan, report, &ran.quant_errors).map_err(T::Error::from)
+                    quantized_report(plan, report, &ran.quant_errors).map_err(T::Error::from)?
                 }
-                (None, Some(orbax)) => {
-                    Ok(serde_json::json!({ "orbax": orbax, "producer": report }))
-                }
-                (None, None) => Ok(report),
-            }
+                (None, Some(orbax)) => serde_json::json!({ "orbax": orbax, "producer": report }),
+                (None, None) => report,
+            };
+            Ok::<_, T::Error>(with_quantized_base(plan, report))
         },
         hooks,
     )
+}
+
+/// `report` with what a quantized base was (`base_quantized`: its format, the facts
+/// `quant::base` found, the tensors decoded and the side tensors consumed) and, when the
+/// output is quantized again, a warning that says so. Unchanged for any other base.
+fn with_quantized_base(plan: &Plan<'_>, report: serde_json::Value) -> serde_json::Value {
+    let Some(q) = &plan.base.quantized else {
+        return report;
+    };
+    let mut base = serde_json::json!({
+        "format": q.format,
+        "details": q.details,
+        "decoded_tensors": q.decoded,
+        "side_tensors_consumed": q.consumed.len(),
+    });
+    if plan.quant.is_some() {
+        base["warning"] = format!(
+            "the base was already quantized ({}); this output quantizes its decoded values \
+             again, so both errors add up",
+            q.format
+        )
+        .into();
+    }
+    match report {
+        serde_json::Value::Object(mut m) => {
+            m.insert("base_quantized".into(), base);
+            serde_json::Value::Object(m)
+        }
+        other => serde_json::json!({ "base_quantized": base, "producer": other }),
+    }
 }
 
 /// The report of a quantized output: `tensors`, `quantization` (`quantize::report_json`)

@@ -61,7 +61,12 @@ impl ModelSet<'static> {
         let mut plain = |_: &str,
                          w: CheckpointWeights|
          -> Result<Box<dyn WeightSource>, RunError> { Ok(Box::new(w)) };
-        ModelSet::from_checkpoint(path, Checkpoint::open(path)?, config, &mut plain)
+        ModelSet::from_checkpoint(
+            path,
+            crate::quant::base::open_checkpoint(path)?,
+            config,
+            &mut plain,
+        )
     }
 }
 

@@ -22,6 +22,7 @@ use crate::io::{DType, ReadError};
 use crate::model::read_plan::{ReadPlan, StoredTensor};
 use crate::model::wan::{WanConfig, WanVariant};
 use crate::model::wan_layout::Layout;
+use crate::quant::convention;
 
 enum Source {
     Gguf {
@@ -44,10 +45,6 @@ impl std::fmt::Debug for QuantWeights {
             .field("name", &self.name)
             .finish()
     }
-}
-
-fn is_fp8_extra(name: &str) -> bool {
-    name == "scaled_fp8" || name.ends_with(".scale_weight") || name.ends_with(".scale_input")
 }
 
 /// Opens `path` as a quantized checkpoint when it is one (a `.gguf` file, a folder with one
@@ -83,20 +80,20 @@ pub fn open_quantized(
             Source::Gguf { file, index },
         )
     } else {
-        let ck = match Checkpoint::open(path) {
+        let ck = match Checkpoint::open_stored(path) {
             Ok(c) => c,
             Err(_) => return Ok(None),
         };
         let [c] = ck.components.as_slice() else {
             return Ok(None);
         };
-        if !c.tensors.contains("scaled_fp8") {
+        if convention::scaled_fp8_marker(&c.tensors).is_none() {
             return Ok(None);
         }
         let stored: Vec<StoredTensor> = c
             .tensors
             .tensors()
-            .filter(|t| !is_fp8_extra(t.view.name))
+            .filter(|t| !convention::is_side_tensor(t.view.name))
             .map(|t| StoredTensor::from(&t.view))
             .collect();
         let set = ck.components.into_iter().next().map(|c| c.tensors);
@@ -178,7 +175,7 @@ impl QuantWeights {
         view: crate::io::TensorView<'_>,
     ) -> Result<Vec<f32>, RunError> {
         let layer = stored.strip_suffix(".weight").unwrap_or(stored);
-        let scale = set.get(&format!("{layer}.scale_weight"));
+        let scale = set.get(&format!("{layer}{}", convention::SCALE_WEIGHT));
         match (view.dtype, scale) {
             (DType::F8_E4M3, Some(s)) => {
                 let s = s

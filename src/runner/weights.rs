@@ -17,7 +17,7 @@ use rayon::prelude::*;
 
 use super::error::RunError;
 use crate::io::DType;
-use crate::io::checkpoint::{Checkpoint, Component, TensorSet};
+use crate::io::checkpoint::{Component, TensorSet};
 use crate::model::plan_error::PlanError;
 use crate::model::read_plan::{CanonicalSource, ReadPlan, StoredTensor};
 use crate::model::transform::{SrcTensor, Transform, convert};
@@ -227,7 +227,7 @@ impl CheckpointWeights {
     /// Opens a transformer checkpoint (model folder, file or shard index); see
     /// [`CheckpointWeights::from_component`].
     pub fn open_path(path: &Path, config: Option<&Path>) -> Result<CheckpointWeights, RunError> {
-        let mut ckpt = Checkpoint::open(path)?;
+        let mut ckpt = crate::quant::base::open_checkpoint(path)?;
         if ckpt.components.len() != 1 {
             return Err(RunError::ModelLayout {
                 path: path.to_path_buf(),

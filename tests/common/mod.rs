@@ -198,7 +198,7 @@ pub type Digests = BTreeMap<String, (DType, Vec<usize>, String)>;
 
 /// [`Digests`] of a one-component checkpoint (file or folder), by stored name.
 pub fn digests(path: &Path) -> Digests {
-    let c = Checkpoint::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let c = Checkpoint::open_stored(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     assert_eq!(c.components.len(), 1, "{}", path.display());
     (c.components[0].tensors.tensors())
         .map(|t| {
@@ -249,4 +249,61 @@ pub fn write_seeded_f32(
         .map(|(n, s, v)| (n.as_str(), s.clone(), v.clone()))
         .collect();
     write_f32(path, &refs);
+}
+
+// ---- the small WAN of golden/kquant_wan_golden.py (golden/quant/kquant_wan.json, "model")
+
+/// The small WAN of golden/kquant_wan_golden.py: original-Wan names and shapes.
+pub fn small_wan_shapes() -> Vec<(String, Vec<usize>)> {
+    let (dim, ffn, freq, text, cin, cout, layers) = (256, 512, 256, 256, 4, 4, 3);
+    let mut s: Vec<(String, Vec<usize>)> = vec![
+        ("patch_embedding.weight".into(), vec![dim, cin, 1, 2, 2]),
+        ("patch_embedding.bias".into(), vec![dim]),
+        ("text_embedding.0.weight".into(), vec![dim, text]),
+        ("text_embedding.0.bias".into(), vec![dim]),
+        ("text_embedding.2.weight".into(), vec![dim, dim]),
+        ("text_embedding.2.bias".into(), vec![dim]),
+        ("time_embedding.0.weight".into(), vec![dim, freq]),
+        ("time_embedding.0.bias".into(), vec![dim]),
+        ("time_embedding.2.weight".into(), vec![dim, dim]),
+        ("time_embedding.2.bias".into(), vec![dim]),
+        ("time_projection.1.weight".into(), vec![6 * dim, dim]),
+        ("time_projection.1.bias".into(), vec![6 * dim]),
+        ("head.head.weight".into(), vec![cout * 4, dim]),
+        ("head.head.bias".into(), vec![cout * 4]),
+        ("head.modulation".into(), vec![1, 2, dim]),
+    ];
+    for b in 0..layers {
+        let p = format!("blocks.{b}.");
+        for a in ["self_attn", "cross_attn"] {
+            for m in ["q", "k", "v", "o"] {
+                s.push((format!("{p}{a}.{m}.weight"), vec![dim, dim]));
+                s.push((format!("{p}{a}.{m}.bias"), vec![dim]));
+            }
+            s.push((format!("{p}{a}.norm_q.weight"), vec![dim]));
+            s.push((format!("{p}{a}.norm_k.weight"), vec![dim]));
+        }
+        s.push((format!("{p}ffn.0.weight"), vec![ffn, dim]));
+        s.push((format!("{p}ffn.0.bias"), vec![ffn]));
+        s.push((format!("{p}ffn.2.weight"), vec![dim, ffn]));
+        s.push((format!("{p}ffn.2.bias"), vec![dim]));
+        s.push((format!("{p}modulation"), vec![1, 6, dim]));
+        s.push((format!("{p}norm3.weight"), vec![dim]));
+        s.push((format!("{p}norm3.bias"), vec![dim]));
+    }
+    s.sort();
+    s
+}
+
+/// Writes the small WAN (one f32 file, original names) into `path`.
+pub fn write_small_wan(path: &std::path::Path, model: &serde_json::Value) {
+    let mut rng = Rng::new(model["seed"].as_u64().unwrap());
+    let tensors: Vec<(String, Vec<usize>, Vec<f32>)> = (small_wan_shapes().into_iter())
+        .map(|(name, shape)| {
+            let n = shape.iter().product();
+            let v = (0..n).map(|_| rng.signed_f32() * 0.125).collect();
+            (name, shape, v)
+        })
+        .collect();
+    write_seeded_f32(path, &tensors, &model["first_tensor"]);
 }

@@ -1,4 +1,4 @@
-//! Orbax checkpoints as inputs: what `Checkpoint::open` hands the rest of wanbake when it is
+//! Orbax checkpoints as inputs: what `Checkpoint::open_stored` hands the rest of wanbake when it is
 //! pointed at a CheckpointManager root (its latest step), a step folder or an item folder.
 //!
 //! Owns: choosing a step's items (MaxDiffusion's `wan_state`; the Wan 2.2 A14B pair, mapped as
@@ -19,7 +19,7 @@
 //! available), so nothing is left behind even when the process is killed; its pages belong to
 //! the map and go away with it. Cost: disk space in `$TMPDIR` equal to the decoded arrays (a
 //! 1.3B bf16 transformer about 2.8 GB, a 14B one about 28 GB), written once per process (a
-//! second `Checkpoint::open` of the same item maps the same file), at the speed of zstd
+//! second `Checkpoint::open_stored` of the same item maps the same file), at the speed of zstd
 //! decoding plus a sequential write (measured on the shared 2-core dev VM: 541 MB of bf16 in
 //! 1.6–2.2 s, peak RSS 19 MB; README "Orbax input").
 //!
@@ -27,9 +27,8 @@
 //! names mean (`model`, `adapter`).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 
 use serde_json::Value as Json;
 
@@ -38,7 +37,7 @@ use super::metadata::{Leaf, TreeMetadata};
 use super::zarr::{ArrayReader, MAX_CHUNK_BYTES};
 use crate::io::file::{ReadError, SafetensorsFile};
 use crate::io::header_layout::{HeaderLayout, PlannedTensor};
-use crate::io::mmap::FileStamp;
+use crate::io::scratch;
 
 /// MaxDiffusion's item of a single WAN transformer.
 pub const WAN_STATE: &str = "wan_state";
@@ -270,51 +269,36 @@ fn lora_file_metadata(lora: Option<&Json>) -> BTreeMap<String, String> {
     out
 }
 
-/// Which decoded item a scratch file holds: the item folder, its `_METADATA`'s identity (so a
-/// rewritten checkpoint is decoded again) and the LoRA metadata carried into the file.
-type DecodedKey = (PathBuf, FileStamp, String);
-
-/// Scratch files this process decoded, with the leaves each left out. A second
-/// `Checkpoint::open` of the same input (`bake` opens its base for the merge and again for
-/// its checks) maps the same file instead of decoding it again and holding a second copy on
-/// disk; the files live, unnamed, until the process exits.
-static DECODED: Mutex<Vec<(DecodedKey, std::fs::File, Vec<String>)>> = Mutex::new(Vec::new());
-
-/// The item decoded into a scratch file, once per process (see [`DECODED`]), and mapped.
+/// The item decoded into a scratch file, once per process (`io::scratch`: a second
+/// `Checkpoint::open_stored` of the same input, as `bake` makes for its checks, maps the same file),
+/// and mapped. The key is the item's `_METADATA` identity (a rewritten checkpoint is decoded
+/// again) and the LoRA metadata carried into the file.
 fn decoded_once(
     item: &Item,
     lora: Option<&Json>,
 ) -> Result<(SafetensorsFile, Vec<String>), ReadError> {
-    let meta = item.dir.join("_METADATA");
-    let stamp = FileStamp::at(&meta).map_err(|e| ReadError::io(&meta, e))?;
-    let dir = std::path::absolute(&item.dir).unwrap_or_else(|_| item.dir.clone());
-    let key = (dir, stamp, lora.map(Json::to_string).unwrap_or_default());
-    let label = scratch_label(&item.dir);
-    let mut cache = DECODED
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    if let Some((_, file, left_out)) = cache.iter().find(|(k, _, _)| *k == key) {
-        return Ok((SafetensorsFile::from_file(file, &label)?, left_out.clone()));
-    }
-    let (file, left_out) = decode_item(item, lora, &label)?;
-    let mapped = SafetensorsFile::from_file(&file, &label)?;
-    cache.push((key, file, left_out.clone()));
-    Ok((mapped, left_out))
+    let mut key = scratch::key_of(&item.dir.join("_METADATA"), "")?;
+    key.0 = std::path::absolute(&item.dir).unwrap_or_else(|_| item.dir.clone());
+    key.2 = lora.map(Json::to_string).unwrap_or_default();
+    let label = scratch::label("orbax", &item.dir);
+    let TreeNames {
+        tensors: names,
+        left_out,
+    } = tensor_names(&item.tree, &item.dir)?;
+    let file = scratch::decoded_once(key, || decode_item(item, &names, lora, &label))?;
+    Ok((SafetensorsFile::from_file(&file, &label)?, left_out))
 }
 
 /// Decodes one item into a scratch safetensors file (module doc).
 fn decode_item(
     item: &Item,
+    names: &[(String, String)],
     lora: Option<&Json>,
     label: &Path,
-) -> Result<(std::fs::File, Vec<String>), ReadError> {
-    let TreeNames {
-        tensors: names,
-        left_out,
-    } = tensor_names(&item.tree, &item.dir)?;
+) -> Result<std::fs::File, ReadError> {
     let mut readers = BTreeMap::new();
     let mut planned = Vec::with_capacity(names.len());
-    for (name, array) in &names {
+    for (name, array) in names {
         let reader = ArrayReader::open(&item.store, array)?;
         let shape = reader
             .meta()
@@ -344,55 +328,14 @@ fn decode_item(
         path: item.dir.clone(),
         reason: format!("cannot lay the tree out as tensors: {e}"),
     })?;
-    let file = write_scratch(&layout, &readers, label)?;
-    Ok((file, left_out))
-}
-
-/// The name a scratch file carries in messages and in the map registry (it has none on
-/// disk). Outside every input, so the inputs-unchanged check never looks for it, and free of
-/// process ids, so nothing derived from it varies between runs.
-fn scratch_label(item_dir: &Path) -> PathBuf {
-    let item = item_dir
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    std::env::temp_dir().join(format!("wanbake-orbax-scratch-{item}.safetensors"))
-}
-
-/// Writes the header and every array, row by row, into an unnamed file in `$TMPDIR`.
-fn write_scratch(
-    layout: &HeaderLayout,
-    readers: &BTreeMap<String, ArrayReader>,
-    label: &Path,
-) -> Result<std::fs::File, ReadError> {
-    let tmp = std::env::temp_dir();
-    let io = |e| ReadError::io(label, e);
-    let file = tempfile::tempfile_in(&tmp).map_err(|e| ReadError::io(&tmp, e))?;
-    let mut w = BufWriter::with_capacity(8 << 20, &file);
-    w.write_all(&layout.prefix).map_err(io)?;
-    for info in &layout.tensors {
-        let Some(reader) = readers.get(&info.name) else {
-            continue;
-        };
-        let written = write_array(reader, &mut w, label)?;
-        if written != (info.end - info.begin) as u64 {
-            return Err(ReadError::Tensor {
-                path: label.to_path_buf(),
-                tensor: reader.name().to_string(),
-                reason: format!(
-                    "decoded to {written} bytes, expected {}",
-                    info.end - info.begin
-                ),
-            });
-        }
-    }
-    w.flush().map_err(io)?;
-    drop(w);
-    Ok(file)
+    scratch::write(&layout, label, |info, w| match readers.get(&info.name) {
+        Some(reader) => write_array(reader, w, label),
+        None => Ok(0),
+    })
 }
 
 /// Streams one array (one row of its first axis at a time); returns the bytes written.
-fn write_array(reader: &ArrayReader, w: &mut impl Write, label: &Path) -> Result<u64, ReadError> {
+fn write_array(reader: &ArrayReader, w: &mut dyn Write, label: &Path) -> Result<u64, ReadError> {
     let io = |e| ReadError::io(label, e);
     let shape = &reader.meta().shape;
     let Some(&rows) = shape.first() else {
