@@ -12,18 +12,16 @@
 //!
 //! Facts used (checked on `H4` by the tests): `H4` is symmetric and `H4·H4 = 4·I`, so
 //! `H = H4^{⊗m}/2^m` is symmetric, orthogonal and its own inverse (`H·H = I`). Hence
-//! `_rotate_weight` (`· Hᵀ`) and its inverse (`· H`) are the same map, and the int8 forward
+//! `_rotate_weight` (`· Hᵀ`) and its inverse (`· H`) are the same map ([`transform`]), and the int8 forward
 //! `(x·H)·(W·Hᵀ)ᵀ = x·H·H·Wᵀ = x·Wᵀ`: the weight a ConvRot layer computes with is the
 //! un-rotated `W = W_rot·H`, which is what `dequantize_int8_convrot_weight` returns.
 //!
 //! Exactness: `√n = 2^m` is a power of two, so the only roundings are in the butterfly sums.
-//! Each output is a ±1 sum of the `n` inputs; in f64 every partial sum is exact when the
-//! inputs are integer multiples of one unit `u` and `n·max|x|/u < 2^53`, which holds for
-//! dequantized int8 rows (`f32(q·s)` is a multiple of `ulp(s)` below `2^8·|s|`), so
-//! [`unrotate_rows_f32`] of a dequantized row returns the correctly rounded f32 of the exact
-//! product. For arbitrary f32 inputs whose magnitudes in one group span more than about
-//! 2^20 the f64 sums may round once (the result is then within an f64 ulp of exact before the
-//! final f32 rounding).
+//! [`butterflies_i64`] sums integer codes exactly (what the ConvRot decoder uses: `s·(q·H)` is
+//! one f64 product of an exact integer sum, rounded once). [`transform`] sums in f64, exact when
+//! the inputs are integer multiples of one unit `u` with `n·max|x|/u < 2^53`; for arbitrary f32
+//! inputs whose magnitudes in one group span more than about 2^20 the f64 sums may round (the
+//! result is then within an f64 ulp of exact before the final f32 rounding).
 
 use super::CodecError;
 
@@ -39,8 +37,11 @@ pub fn log4(n: usize) -> Result<u32, CodecError> {
     }
 }
 
-/// One unnormalized butterfly pass over `v` (length `4^m`): `v ← H4^{⊗m} v`, ±1 sums only.
-fn butterflies(v: &mut [f64]) {
+/// One unnormalized pass over `v` (length `4^m`): `v ← H4^{⊗m} v`, ±1 sums only.
+fn butterflies<T>(v: &mut [T])
+where
+    T: Copy + std::ops::Add<Output = T> + std::ops::Sub<Output = T>,
+{
     let n = v.len();
     let mut stride = 1;
     while stride < n {
@@ -50,11 +51,19 @@ fn butterflies(v: &mut [f64]) {
                 v[k] = a + b + c - d;
                 v[k + stride] = a + b - c + d;
                 v[k + 2 * stride] = a - b + c + d;
-                v[k + 3 * stride] = -a + b + c + d;
+                v[k + 3 * stride] = b + c + d - a;
             }
         }
         stride *= 4;
     }
+}
+
+/// `v ← H4^{⊗m} v` in integers (unnormalized: divide by `2^m` for `H`). Exact while every
+/// `|v| · 4^m < 2^63` (int8 codes: any group below 2^55).
+pub fn butterflies_i64(v: &mut [i64]) -> Result<u32, CodecError> {
+    let m = log4(v.len())?;
+    butterflies(v);
+    Ok(m)
 }
 
 /// `v ← H v` for one group (`H = H4^{⊗m}/2^m`, `v.len() = 4^m`). Because `H` is symmetric this
@@ -95,17 +104,6 @@ pub fn rotate_rows_f32(w: &[f32], cols: usize, group: usize) -> Result<Vec<f32>,
     let mut tmp = vec![0f64; w.len()];
     rotate_groups(w, cols, group, &mut tmp)?;
     Ok(tmp.into_iter().map(|x| x as f32).collect())
-}
-
-/// The inverse rotation `W = W_rot·H` (the same map, `H` being symmetric and an involution),
-/// exactly in f64 and rounded once to f32, in place.
-pub fn unrotate_rows_f32(w: &mut [f32], cols: usize, group: usize) -> Result<(), CodecError> {
-    let mut tmp = vec![0f64; w.len()];
-    rotate_groups(w, cols, group, &mut tmp)?;
-    for (o, x) in w.iter_mut().zip(tmp) {
-        *o = x as f32;
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -168,6 +166,14 @@ mod tests {
             // An involution: applying it twice gives the input back exactly (integers here).
             transform(&mut v).unwrap();
             assert_eq!(v, x);
+            // The integer pass is the same sums, unnormalized.
+            let mut k: Vec<i64> = x.iter().map(|&a| a as i64).collect();
+            let m = butterflies_i64(&mut k).unwrap();
+            let mut again = x.clone();
+            transform(&mut again).unwrap();
+            for (a, b) in k.iter().zip(&again) {
+                assert_eq!(*a as f64 / f64::from(1u32 << m), *b);
+            }
         }
     }
 
@@ -198,8 +204,8 @@ mod tests {
             .map(|i| ((i as f32) * 0.37).sin() * 0.05)
             .collect();
         let r = rotate_rows_f32(&w, cols, 256).unwrap();
-        let mut back = r.clone();
-        unrotate_rows_f32(&mut back, cols, 256).unwrap();
+        // The inverse is the same map (H symmetric, H·H = I).
+        let back = rotate_rows_f32(&r, cols, 256).unwrap();
         for (a, b) in w.iter().zip(&back) {
             assert!((a - b).abs() <= 1e-8, "{a} {b}");
         }

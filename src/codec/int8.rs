@@ -12,9 +12,13 @@
 //!   `[N]` values and callers must only pass `[N, 1]` (or `[N]` they have checked) files.
 //! - `dequantize_int8_convrot_weight(q, scale, group)`: `_rotate_weight(q.float() * scale, H,
 //!   group)`, i.e. the dequantized `W_rot` times `Hᵀ` per group of `group` columns, which is
-//!   `W_rot·H` (H symmetric, see `hadamard`) = the un-rotated weight. comfy-kitchen does this
-//!   with an f32 `torch.matmul`; [`decode_convrot_into`] does it exactly (see `hadamard`), so
-//!   the two agree to the matmul's rounding, not bit for bit.
+//!   `W_rot·H` (H symmetric, see `hadamard`) = the un-rotated weight. comfy-kitchen rounds
+//!   `q·s` to f32 and then multiplies with an f32 `torch.matmul` (not reproducible: the BLAS
+//!   order decides the last bits). [`decode_convrot_into`] returns instead the exact
+//!   `s · (q·H)` rounded once to f32 — the weight the int8 forward (below) effectively applies,
+//!   since it scales only after the integer GEMM — which is golden/quant_base's `|exact`
+//!   oracle; it agrees with comfy-kitchen's dequantize to within its matmul rounding (measured
+//!   there: ≤ 2.4e-7 absolute, ≤ 1.2e-4 of the row scale).
 //! - `tensor/int8.py`, `TensorWiseINT8Layout.dequantize`: the ConvRot branch when
 //!   `params.convrot`, else the simple one; `quantize`: tensorwise, per-channel (`per_channel`),
 //!   or ConvRot (requires `per_channel`), each via the functions below.
@@ -117,8 +121,10 @@ pub fn decode(
 }
 
 /// Decodes a ConvRot INT8 weight (`comfy_quant` `"convrot": true`) into the un-rotated weight
-/// the layer computes with: [`decode_into`], then `· H` per group of `group` columns (the
-/// exact transform, rounded once to f32). `cols` must be a multiple of `group`, a power of 4.
+/// the layer computes with: per group of `group` columns, the integer sums `k = q·H4^{⊗m}`
+/// (exact), then `f32(s · k / 2^m)` with `s` the row's (or the tensor's) scale, one f64
+/// product (exact: 24-bit `s` times `|k| ≤ 128·group`) and one rounding. `cols` must be a
+/// multiple of `group`, a power of 4 (comfy-kitchen raises otherwise).
 pub fn decode_convrot_into(
     codes: &[u8],
     scale: Scale<'_>,
@@ -129,8 +135,33 @@ pub fn decode_convrot_into(
 ) -> Result<(), CodecError> {
     hadamard::log4(group)?;
     super::check_multiple("in_features (ConvRot group)", cols, group)?;
-    decode_into(codes, scale, rows, cols, out)?;
-    hadamard::unrotate_rows_f32(out, cols, group)
+    let n = check(codes, scale, rows, cols)?;
+    check_len("INT8 output", n, out.len())?;
+    if cols == 0 {
+        return Ok(());
+    }
+    let mut k = vec![0i64; group];
+    for (r, (orow, qrow)) in out
+        .chunks_exact_mut(cols)
+        .zip(codes.chunks_exact(cols))
+        .enumerate()
+    {
+        let s = f64::from(match scale {
+            Scale::Tensor(s) => s,
+            Scale::Rows(v) => v[r],
+        });
+        for (og, qg) in orow.chunks_exact_mut(group).zip(qrow.chunks_exact(group)) {
+            for (a, &q) in k.iter_mut().zip(qg) {
+                *a = i64::from(q as i8);
+            }
+            let m = hadamard::butterflies_i64(&mut k)?;
+            let inv = 0.5f64.powi(m as i32);
+            for (o, &a) in og.iter_mut().zip(&k) {
+                *o = (s * a as f64 * inv) as f32;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// [`decode_convrot_into`] into a new buffer.
@@ -289,19 +320,21 @@ mod tests {
             .collect();
         let scales = [0.013f32, 7.7e-5, 1.0];
         let d = decode_convrot(&codes, Scale::Rows(&scales), rows, cols, 256).unwrap();
-        let deq = decode(&codes, Scale::Rows(&scales), rows, cols).unwrap();
         for r in 0..rows {
             for g in 0..cols / 256 {
                 for j in 0..256 {
-                    // W[r, g*256 + j] = Σ_i W_rot[r, g*256 + i] · H[i][j], exact in f64 here.
-                    let exact: f64 = (0..256)
-                        .map(|i| f64::from(deq[r * cols + g * 256 + i]) * h256(i, j))
-                        .sum::<f64>()
-                        / 16.0;
+                    // W[r, g*256 + j] = s · Σ_i q[r, g*256 + i] · H[i][j], exact in f64 here.
+                    let k: f64 = (0..256)
+                        .map(|i| f64::from(codes[r * cols + g * 256 + i] as i8) * h256(i, j))
+                        .sum();
+                    let exact = f64::from(scales[r]) * k / 16.0;
                     assert_eq!(d[r * cols + g * 256 + j], exact as f32, "({r},{j})");
                 }
             }
         }
+        // A scalar scale is the same as the rows all carrying it.
+        let t = decode_convrot(&codes, Scale::Tensor(0.013), rows, cols, 256).unwrap();
+        assert_eq!(t[..cols], d[..cols]);
         assert!(matches!(
             decode_convrot(&codes, Scale::Rows(&scales), rows, cols, 128),
             Err(CodecError::GroupSize(128))
@@ -309,6 +342,10 @@ mod tests {
         assert!(matches!(
             decode_convrot(&codes[..3 * 500], Scale::Rows(&scales), rows, 500, 256),
             Err(CodecError::NotDivisible { .. })
+        ));
+        assert!(matches!(
+            decode_convrot(&codes[1..], Scale::Rows(&scales), rows, cols, 256),
+            Err(CodecError::Length { .. })
         ));
     }
 

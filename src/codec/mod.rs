@@ -129,3 +129,289 @@ pub(crate) fn check_finite(w: &[f32]) -> Result<(), CodecError> {
         }),
     }
 }
+
+/// The reference files of `golden/quant_base/` (made by comfy-kitchen 0.2.40, ComfyUI and
+/// LightX2V themselves; see its README): every quantized block Linear of every input this
+/// module decodes is decoded here and its f32 digest compared with `index.json`, and the
+/// sample layers of the `.expect.safetensors` files value for value. With
+/// `WANBAKE_QUANT_BASE_SOURCE` naming a folder holding the (uncommitted, regenerable)
+/// `source_f32_{small,convrot}.safetensors`, the encoders are also run on the f32 sources and
+/// compared byte for byte with the stored tensors. The folder is `golden/quant_base` of the
+/// repository, or `WANBAKE_QUANT_BASE`; when it is absent the test says so and passes.
+#[cfg(test)]
+mod golden {
+    use super::{int8, mxfp8, nvfp4};
+    use crate::io::{DType, SafetensorsFile};
+    use serde_json::Value;
+    use sha2::{Digest, Sha256};
+    use std::path::{Path, PathBuf};
+
+    fn dir() -> Option<PathBuf> {
+        let d = std::env::var_os("WANBAKE_QUANT_BASE")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("golden/quant_base"));
+        if d.join("index.json").is_file() {
+            Some(d)
+        } else {
+            eprintln!("golden/quant_base not present at {}: skipped", d.display());
+            None
+        }
+    }
+
+    fn sha(v: &[f32]) -> String {
+        let mut h = Sha256::new();
+        for x in v {
+            h.update(x.to_le_bytes());
+        }
+        h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    fn f32s(f: &SafetensorsFile, name: &str) -> Vec<f32> {
+        f.read_f32(name).unwrap_or_else(|e| panic!("{name}: {e}"))
+    }
+
+    fn bytes<'a>(f: &'a SafetensorsFile, name: &str, dtypes: &[DType]) -> (&'a [u8], Vec<usize>) {
+        let v = f.view(name).unwrap_or_else(|| panic!("{name}: missing"));
+        assert!(dtypes.contains(&v.dtype), "{name}: dtype {:?}", v.dtype);
+        (v.bytes, v.shape.to_vec())
+    }
+
+    /// The row scales or the scalar of an int8 / per-channel `weight_scale`.
+    fn scale_of(f: &SafetensorsFile, layer: &str, n: usize) -> Vec<f32> {
+        let name = format!("{layer}.weight_scale");
+        let v = f.view(&name).unwrap();
+        let s = f32s(f, &name);
+        assert!(
+            v.shape.is_empty() && s.len() == 1 || v.shape == [n, 1],
+            "{name}: shape {:?}",
+            v.shape
+        );
+        s
+    }
+
+    /// Decodes one quantized layer `<layer>.weight` of `file` with this module.
+    fn decode(file: &str, f: &SafetensorsFile, layer: &str, shape: [usize; 2]) -> Vec<f32> {
+        let [n, k] = shape;
+        let w = format!("{layer}.weight");
+        match file {
+            "comfy_nvfp4.safetensors" => {
+                let (q, qs) = bytes(f, &w, &[DType::U8]);
+                let (s, _) = bytes(f, &format!("{layer}.weight_scale"), &[DType::F8_E4M3]);
+                let ts = f32s(f, &format!("{layer}.weight_scale_2"));
+                nvfp4::decode(q, s, ts[0], [qs[0], qs[1] * 2], shape).unwrap()
+            }
+            "comfy_mxfp8.safetensors" | "comfy_mxfp8_e8m0.safetensors" => {
+                let (q, qs) = bytes(f, &w, &[DType::F8_E4M3]);
+                let (s, _) = bytes(
+                    f,
+                    &format!("{layer}.weight_scale"),
+                    &[DType::U8, DType::F8_E8M0],
+                );
+                mxfp8::decode(q, s, [qs[0], qs[1]], shape).unwrap()
+            }
+            "comfy_int8.safetensors"
+            | "comfy_int8_scalar.safetensors"
+            | "lightx2v_int8.safetensors" => {
+                let (q, _) = bytes(f, &w, &[DType::I8]);
+                let s = scale_of(f, layer, n);
+                let scale = if s.len() == 1 && n != 1 {
+                    int8::Scale::Tensor(s[0])
+                } else {
+                    int8::Scale::Rows(&s)
+                };
+                int8::decode(q, scale, n, k).unwrap()
+            }
+            "comfy_int8_convrot.safetensors" => {
+                let (q, _) = bytes(f, &w, &[DType::I8]);
+                let s = scale_of(f, layer, n);
+                int8::decode_convrot(q, int8::Scale::Rows(&s), n, k, 256).unwrap()
+            }
+            "lightx2v_fp8.safetensors" => {
+                let (q, _) = bytes(f, &w, &[DType::F8_E4M3]);
+                let s = scale_of(f, layer, n);
+                let mut out = vec![0f32; n * k];
+                mxfp8::decode_fp8_rowwise_into(q, &s, n, k, &mut out).unwrap();
+                out
+            }
+            other => unreachable!("{other}"),
+        }
+    }
+
+    const FILES: [&str; 8] = [
+        "comfy_nvfp4.safetensors",
+        "comfy_mxfp8.safetensors",
+        "comfy_mxfp8_e8m0.safetensors",
+        "comfy_int8.safetensors",
+        "comfy_int8_scalar.safetensors",
+        "comfy_int8_convrot.safetensors",
+        "lightx2v_int8.safetensors",
+        "lightx2v_fp8.safetensors",
+    ];
+
+    /// The quantized layers of one file: `(layer, [n, k])` for every tensor whose stored form
+    /// comes with a `weight_scale`.
+    fn layers(entry: &Value) -> Vec<(String, [usize; 2])> {
+        let mut out = Vec::new();
+        for (name, t) in entry["expect"]["tensors"].as_object().unwrap() {
+            let Some(layer) = name.strip_suffix(".weight") else {
+                continue;
+            };
+            let with = t["stored"]["with"]
+                .as_array()
+                .map_or(&[][..], |v| v.as_slice());
+            if with
+                .iter()
+                .any(|w| w == &Value::from(format!("{layer}.weight_scale")))
+            {
+                let s: Vec<usize> = t["shape"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|d| d.as_u64().unwrap() as usize)
+                    .collect();
+                out.push((layer.to_string(), [s[0], s[1]]));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn decoders_match_the_reference_runtimes() {
+        let Some(dir) = dir() else { return };
+        let index: Value =
+            serde_json::from_slice(&std::fs::read(dir.join("index.json")).unwrap()).unwrap();
+        for file in FILES {
+            let entry = &index["files"][file];
+            let f = SafetensorsFile::open(&dir.join(file)).unwrap();
+            let ex =
+                SafetensorsFile::open(&dir.join(format!("{file}.expect.safetensors"))).unwrap();
+            let ls = layers(entry);
+            assert_eq!(ls.len(), 10, "{file}: the 10 block Linears");
+            let convrot = file == "comfy_int8_convrot.safetensors";
+            for (layer, shape) in ls {
+                let t = &entry["expect"]["tensors"][format!("{layer}.weight")];
+                let got = decode(file, &f, &layer, shape);
+                let want = if convrot {
+                    &t["exact_f32_sha256"]
+                } else {
+                    &t["f32_sha256"]
+                };
+                assert_eq!(
+                    sha(&got),
+                    want.as_str().unwrap(),
+                    "{file}: {layer}.weight digest"
+                );
+                let name = format!("{layer}.weight");
+                if ex.view(&name).is_none() {
+                    continue;
+                }
+                let exact = if convrot {
+                    format!("{name}|exact")
+                } else {
+                    name.clone()
+                };
+                let e = f32s(&ex, &exact);
+                if let Some(i) = (0..e.len()).find(|&i| e[i].to_bits() != got[i].to_bits()) {
+                    panic!(
+                        "{file}: {exact}[{i}]: expected {:e}, decoded {:e}",
+                        e[i], got[i]
+                    );
+                }
+                if convrot {
+                    // comfy-kitchen's own f32 matmul dequantization, within 1e-5 of the max.
+                    let ck = f32s(&ex, &name);
+                    let max = ck.iter().fold(0f32, |m, x| m.max(x.abs()));
+                    let diff = ck
+                        .iter()
+                        .zip(&got)
+                        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+                    assert!(diff <= 1e-5 * max, "{file}: {name}: {diff} vs max {max}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn encoders_match_the_stored_bytes() {
+        let Some(dir) = dir() else { return };
+        let Some(src) = std::env::var_os("WANBAKE_QUANT_BASE_SOURCE").map(PathBuf::from) else {
+            eprintln!("WANBAKE_QUANT_BASE_SOURCE not set: encoder comparison skipped");
+            return;
+        };
+        let index: Value =
+            serde_json::from_slice(&std::fs::read(dir.join("index.json")).unwrap()).unwrap();
+        let raw = |f: &SafetensorsFile, name: &str| f.view(name).unwrap().bytes.to_vec();
+        for file in [
+            "comfy_nvfp4.safetensors",
+            "comfy_mxfp8.safetensors",
+            "comfy_int8.safetensors",
+            "comfy_int8_scalar.safetensors",
+            "comfy_int8_convrot.safetensors",
+        ] {
+            let entry = &index["files"][file];
+            let model = entry["model"].as_str().unwrap();
+            let source =
+                SafetensorsFile::open(&src.join(format!("source_f32_{model}.safetensors")))
+                    .unwrap();
+            let f = SafetensorsFile::open(&dir.join(file)).unwrap();
+            let (mut n_codes, mut n_diff) = (0usize, 0usize);
+            for (layer, [n, k]) in layers(entry) {
+                let name = format!("{layer}.weight");
+                let w = f32s(&source, &name);
+                let want = &index["source"][model]["tensors"][&name]["f32_sha256"];
+                assert_eq!(sha(&w), want.as_str().unwrap(), "source {model}: {name}");
+                let scale_bytes =
+                    |s: &[f32]| -> Vec<u8> { s.iter().flat_map(|x| x.to_le_bytes()).collect() };
+                match file {
+                    "comfy_nvfp4.safetensors" => {
+                        let e = nvfp4::encode(&w, n, k).unwrap();
+                        assert_eq!(e.weight, raw(&f, &name), "{file}: {name}");
+                        assert_eq!(
+                            e.block_scales,
+                            raw(&f, &format!("{layer}.weight_scale")),
+                            "{file}: {layer} scales"
+                        );
+                        assert_eq!(
+                            e.tensor_scale,
+                            f32s(&f, &format!("{layer}.weight_scale_2"))[0]
+                        );
+                    }
+                    "comfy_mxfp8.safetensors" => {
+                        let e = mxfp8::encode(&w, n, k).unwrap();
+                        assert_eq!(e.codes, raw(&f, &name), "{file}: {name}");
+                        assert_eq!(
+                            e.scales,
+                            raw(&f, &format!("{layer}.weight_scale")),
+                            "{file}: {layer} scales"
+                        );
+                    }
+                    "comfy_int8.safetensors" => {
+                        let (q, s) = int8::encode_rowwise(&w, n, k).unwrap();
+                        assert_eq!(q, raw(&f, &name), "{file}: {name}");
+                        assert_eq!(scale_bytes(&s), raw(&f, &format!("{layer}.weight_scale")));
+                    }
+                    "comfy_int8_scalar.safetensors" => {
+                        let (q, s) = int8::encode_tensorwise(&w).unwrap();
+                        assert_eq!(q, raw(&f, &name), "{file}: {name}");
+                        assert_eq!(scale_bytes(&[s]), raw(&f, &format!("{layer}.weight_scale")));
+                    }
+                    _ => {
+                        // comfy-kitchen rotated with an f32 BLAS matmul (not reproducible); ours
+                        // is exact, so a few codes next to a rounding boundary may differ.
+                        let (q, _) = int8::encode_convrot(&w, n, k, 256).unwrap();
+                        let stored = raw(&f, &name);
+                        n_codes += q.len();
+                        n_diff += q.iter().zip(&stored).filter(|(a, b)| a != b).count();
+                    }
+                }
+            }
+            if n_codes > 0 {
+                eprintln!("{file}: {n_diff} of {n_codes} codes differ from comfy-kitchen's");
+                assert!(
+                    n_diff * 1000 <= n_codes,
+                    "{file}: {n_diff} of {n_codes} codes differ"
+                );
+            }
+        }
+    }
+}
