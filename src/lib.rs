@@ -11,6 +11,7 @@
 pub mod adapter;
 pub mod backend;
 pub mod bake;
+pub mod codec;
 pub mod convert;
 pub mod error_text;
 pub mod extract;

@@ -446,6 +446,18 @@ pub fn parse(bytes: &[u8]) -> Result<Gguf, GgufError> {
             name: name.clone(),
             ty: tid,
         })?;
+        // Blocks never span rows: ggml (`gguf_init_from_file_impl`) and gguf-py
+        // (`quant_shape_to_byte_shape`) refuse a row (`ne[0]`) that is not whole blocks.
+        let bs = ty.block_size() as u64;
+        if !ne[0].is_multiple_of(bs) {
+            return Err(GgufError::Shape {
+                name,
+                what: format!(
+                    "{} elements per row (ne[0]) are not a whole number of {bs}-element {ty} blocks",
+                    ne[0]
+                ),
+            });
+        }
         let offset = c.u64(&what)?;
         if !names.insert(name.clone()) {
             return Err(GgufError::Duplicate {
@@ -887,5 +899,281 @@ mod tests {
         bad[pos..pos + 8].copy_from_slice(&4u64.to_le_bytes());
         assert!(parse(&bad).unwrap_err().to_string().contains("not aligned"));
         assert_eq!(g.alignment, 32);
+    }
+}
+
+/// One test per malformation of a GGUF file: each is built field by field and must come back
+/// as the right `Err`, never a panic or an accepted header.
+#[cfg(test)]
+mod hostile {
+    use super::*;
+
+    /// A GGUF file written field by field, so a test can break exactly one field.
+    #[derive(Clone, Default)]
+    struct W(Vec<u8>);
+
+    impl W {
+        fn header(n_tensors: u64, n_kv: u64) -> W {
+            W(Vec::new()).raw(MAGIC).u32(3).u64(n_tensors).u64(n_kv)
+        }
+        fn raw(mut self, b: &[u8]) -> W {
+            self.0.extend_from_slice(b);
+            self
+        }
+        fn u32(self, v: u32) -> W {
+            self.raw(&v.to_le_bytes())
+        }
+        fn u64(self, v: u64) -> W {
+            self.raw(&v.to_le_bytes())
+        }
+        fn str(self, s: &str) -> W {
+            self.u64(s.len() as u64).raw(s.as_bytes())
+        }
+        /// A metadata entry of type STRING.
+        fn kv_str(self, k: &str, v: &str) -> W {
+            self.str(k).u32(8).str(v)
+        }
+        /// A tensor info.
+        fn tensor(self, name: &str, ne: &[u64], ty: u32, offset: u64) -> W {
+            let mut w = self.str(name).u32(ne.len() as u32);
+            for &d in ne {
+                w = w.u64(d);
+            }
+            w.u32(ty).u64(offset)
+        }
+        /// Pads to the 32-byte alignment and appends `n` data bytes.
+        fn data(mut self, n: usize) -> Vec<u8> {
+            let start = self.0.len().next_multiple_of(32);
+            self.0.resize(start + n, 0);
+            self.0
+        }
+    }
+
+    const Q8_0: u32 = 8;
+    const F32: u32 = 0;
+
+    /// One Q8_0 tensor of 32 elements (34 bytes) and one string key.
+    fn valid() -> W {
+        W::header(1, 1)
+            .kv_str("general.architecture", "wan")
+            .tensor("t", &[32], Q8_0, 0)
+    }
+
+    fn err(b: &[u8]) -> GgufError {
+        match parse(b) {
+            Ok(g) => panic!("accepted: {g:?}"),
+            Err(e) => e,
+        }
+    }
+
+    #[test]
+    fn the_valid_file_parses() {
+        let g = parse(&valid().data(34)).unwrap();
+        assert_eq!(g.tensors[0].n_bytes(), Some(34));
+        assert_eq!(g.data_start % 32, 0);
+    }
+
+    #[test]
+    fn truncated_inside_each_field() {
+        let f = valid().data(34);
+        let g = parse(&f).unwrap();
+        let data_start = g.data_start as usize;
+        // (cut, what): inside the magic, version, both counts, the key length and text, the value
+        // type, the value's length and text, the tensor name, n_dims, ne, type, offset.
+        let header_cuts = [2, 6, 12, 20, 26, 40, 50, 54, 60, 65, 70, 75, 82, 88, 94];
+        for cut in header_cuts {
+            let e = err(&f[..cut]);
+            if cut < 4 {
+                assert!(matches!(e, GgufError::Magic { .. }), "{cut}: {e}");
+            } else {
+                assert!(matches!(e, GgufError::Truncated { .. }), "{cut}: {e}");
+            }
+        }
+        // The header is whole but the data is cut (before and inside the tensor).
+        for cut in [data_start - 1, data_start, data_start + 10, data_start + 33] {
+            let e = err(&f[..cut]);
+            assert!(
+                matches!(e, GgufError::Data { what, .. } if what.contains("past the end")),
+                "{cut}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn tensor_data_past_the_end() {
+        // One byte short.
+        let e = err(&valid().data(33));
+        assert!(e.to_string().contains("runs past the end"), "{e}");
+        // An offset (aligned) beyond the file.
+        let f = W::header(1, 0).tensor("t", &[32], Q8_0, 1 << 20).data(34);
+        assert!(err(&f).to_string().contains("runs past the end"));
+        // An offset so large that data_start + offset overflows.
+        let f = W::header(1, 0)
+            .tensor("t", &[32], Q8_0, u64::MAX - 31)
+            .data(34);
+        assert!(err(&f).to_string().contains("overflows"));
+    }
+
+    #[test]
+    fn block_tensor_whose_element_count_is_not_whole_blocks() {
+        for (ne, ty) in [(&[33u64][..], Q8_0), (&[255][..], 12), (&[31, 1][..], 2)] {
+            let f = W::header(1, 0).tensor("t", ne, ty, 0).data(4096);
+            let e = err(&f);
+            assert!(matches!(e, GgufError::Shape { .. }), "{ne:?}: {e}");
+        }
+    }
+
+    /// ggml (`gguf_init_from_file_impl`: "elements per row, not a multiple of block size") and
+    /// gguf-py (`quant_shape_to_byte_shape`) refuse a block type whose ROW (`ne[0]`) is not whole
+    /// blocks even when the element total is: blocks never span rows.
+    #[test]
+    fn block_tensor_whose_rows_are_not_whole_blocks() {
+        for (ne, ty) in [
+            (&[16u64, 2][..], Q8_0),
+            (&[128, 2][..], 12),
+            (&[1, 32][..], Q8_0),
+        ] {
+            let f = W::header(1, 0).tensor("t", ne, ty, 0).data(4096);
+            let e = err(&f);
+            assert!(matches!(e, GgufError::Shape { .. }), "{ne:?}: {e}");
+        }
+        // Element types (block size 1) have no such rule.
+        let f = W::header(1, 0).tensor("t", &[3, 5], F32, 0).data(60);
+        assert!(parse(&f).is_ok());
+    }
+
+    #[test]
+    fn unknown_ggml_type_id() {
+        // 99 and u32::MAX exist nowhere; 9 (Q8_1) and 16 (IQ2_XXS) are ggml types this reader
+        // does not decode.
+        for ty in [99, u32::MAX, 9, 16, 4, 5] {
+            let f = W::header(1, 0).tensor("t", &[256], ty, 0).data(4096);
+            let e = err(&f);
+            assert!(
+                matches!(e, GgufError::TensorType { ty: t, .. } if t == ty),
+                "{ty}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn absurd_counts() {
+        let too_large = |b: &[u8]| matches!(err(b), GgufError::TooLarge { .. });
+        let truncated = |b: &[u8]| matches!(err(b), GgufError::Truncated { .. });
+        // n_tensors / n_kv past the cap, and at the cap in a tiny file (no allocation up front).
+        assert!(too_large(&W::header(u64::MAX, 0).0));
+        assert!(too_large(&W::header(0, 1 << 40).0));
+        assert!(truncated(&W::header(MAX_COUNT, 0).0));
+        assert!(truncated(&W::header(0, MAX_COUNT).0));
+        // A key length, a string value length.
+        assert!(too_large(&W::header(0, 1).u64(1 << 40).0));
+        assert!(truncated(&W::header(0, 1).u64(1 << 31).raw(b"abc").0));
+        assert!(too_large(&W::header(0, 1).str("k").u32(8).u64(u64::MAX).0));
+        assert!(truncated(&W::header(0, 1).str("k").u32(8).u64(1 << 31).0));
+        // An array length: past the cap, and more elements than bytes left.
+        let arr = |n: u64| W::header(0, 1).str("k").u32(9).u32(4).u64(n).raw(&[0; 64]);
+        assert!(too_large(&arr(1 << 40).0));
+        assert!(truncated(&arr(1 << 31).0));
+        assert!(truncated(&arr(17).0), "17 u32 need 68 bytes, 64 are there");
+        assert!(parse(&arr(16).0).is_ok());
+        // A tensor name length.
+        assert!(too_large(&W::header(1, 0).u64(u64::MAX).0));
+        // n_dims: 0, MAX_DIMS + 1, u32::MAX.
+        for nd in [0u32, MAX_DIMS as u32 + 1, u32::MAX] {
+            let f = W::header(1, 0).str("t").u32(nd).raw(&[0; 128]);
+            assert!(matches!(err(&f.0), GgufError::Shape { .. }), "n_dims {nd}");
+        }
+    }
+
+    #[test]
+    fn overlapping_and_misaligned_offsets() {
+        let two = |o2: u64| {
+            W::header(2, 0)
+                .tensor("a", &[32], Q8_0, 0)
+                .tensor("b", &[32], Q8_0, o2)
+                .data(4096)
+        };
+        assert!(parse(&two(64)).is_ok());
+        for o2 in [0, 32] {
+            let e = err(&two(o2));
+            assert!(e.to_string().contains("overlaps"), "{o2}: {e}");
+        }
+        for o2 in [1, 31, 33, 63] {
+            let e = err(&two(o2));
+            assert!(e.to_string().contains("not aligned"), "{o2}: {e}");
+        }
+        // With general.alignment = 64, offset 32 is misaligned too.
+        let f = W::header(1, 1)
+            .str("general.alignment")
+            .u32(4)
+            .u32(64)
+            .tensor("a", &[32], Q8_0, 32)
+            .data(4096);
+        assert!(err(&f).to_string().contains("not aligned"));
+    }
+
+    #[test]
+    fn overflowing_ne_product() {
+        for ne in [
+            &[1u64 << 32, 1 << 32, 1 << 32][..],
+            &[u64::MAX, 2][..],
+            &[1 << 62][..], // numel fits, 4 bytes each does not
+            &[u64::MAX][..],
+        ] {
+            let f = W::header(1, 0).tensor("t", ne, F32, 0).data(64);
+            let e = err(&f);
+            assert!(matches!(e, GgufError::Shape { .. }), "{ne:?}: {e}");
+        }
+        // Data of 2^40 elements claimed in a small file: a size that fits, past the end.
+        let f = W::header(1, 0)
+            .tensor("t", &[1 << 20, 1 << 20], F32, 0)
+            .data(64);
+        assert!(err(&f).to_string().contains("past the end"));
+    }
+
+    #[test]
+    fn bad_alignment_values() {
+        let with = |ty: u32, v: &[u8]| {
+            W::header(1, 1)
+                .str("general.alignment")
+                .u32(ty)
+                .raw(v)
+                .tensor("a", &[32], Q8_0, 0)
+                .data(4096)
+        };
+        for (ty, v) in [
+            (4u32, &0u32.to_le_bytes()[..]),
+            (4, &48u32.to_le_bytes()[..]),
+        ] {
+            assert!(matches!(err(&with(ty, v)), GgufError::Alignment(_)));
+        }
+        // A string where a number belongs.
+        let f = W::header(0, 1)
+            .str("general.alignment")
+            .u32(8)
+            .str("32")
+            .data(0);
+        assert!(matches!(err(&f), GgufError::Alignment(0)));
+        // The largest power of two: the data would start past the file.
+        let f = with(10, &(1u64 << 63).to_le_bytes());
+        assert!(err(&f).to_string().contains("past the end"));
+    }
+
+    #[test]
+    fn bad_values_and_names() {
+        // Unknown value type, nested array, invalid UTF-8, duplicate key, duplicate tensor.
+        let f = W::header(0, 1).str("k").u32(13).raw(&[0; 8]);
+        assert!(matches!(err(&f.0), GgufError::ValueType { ty: 13, .. }));
+        let f = W::header(0, 1).str("k").u32(9).u32(9).u64(1).u32(4).u64(0);
+        assert!(matches!(err(&f.0), GgufError::ValueType { ty: 9, .. }));
+        let f = W::header(0, 1).u64(2).raw(&[0xC3, 0x28]).u32(4).u32(1);
+        assert!(matches!(err(&f.0), GgufError::Utf8 { .. }));
+        let f = W::header(0, 2).kv_str("k", "a").kv_str("k", "b");
+        assert!(matches!(err(&f.0), GgufError::Duplicate { .. }));
+        let f = W::header(2, 0)
+            .tensor("a", &[32], Q8_0, 0)
+            .tensor("a", &[32], Q8_0, 64)
+            .data(4096);
+        assert!(matches!(err(&f), GgufError::Duplicate { .. }));
     }
 }

@@ -1,0 +1,376 @@
+//! INT8 weights with a float scale: comfy-kitchen's `int8_tensorwise` (one scale, or one per
+//! row), its ConvRot variant (codes of the Hadamard-rotated weight), and LightX2V's per-channel
+//! int8, which decodes by the same formula.
+//!
+//! Owns: the decoders, the encoders (tensorwise, per-row, ConvRot) and the size facts. Does
+//! not own: the rotation itself (`hadamard`) or which scale shape a file carries (`quant/`).
+//!
+//! References (comfy-kitchen 0.2.40 wheel):
+//! - `backends/eager/quantization.py`, `dequantize_int8_simple(q, scale)`: `q.float() * scale`
+//!   (a scalar scale, or `[N, 1]` broadcasting along rows). A 1-D `[N]` scale would broadcast
+//!   along the *columns* there (an error unless `N == K`); this module takes row scales as
+//!   `[N]` values and callers must only pass `[N, 1]` (or `[N]` they have checked) files.
+//! - `dequantize_int8_convrot_weight(q, scale, group)`: `_rotate_weight(q.float() * scale, H,
+//!   group)`, i.e. the dequantized `W_rot` times `Hᵀ` per group of `group` columns, which is
+//!   `W_rot·H` (H symmetric, see `hadamard`) = the un-rotated weight. comfy-kitchen rounds
+//!   `q·s` to f32 and then multiplies with an f32 `torch.matmul` (not reproducible: the BLAS
+//!   order decides the last bits). [`decode_convrot_into`] returns instead the exact
+//!   `s · (q·H)` rounded once to f32 — the weight the int8 forward (below) effectively applies,
+//!   since it scales only after the integer GEMM — which is golden/quant_base's `|exact`
+//!   oracle; it agrees with comfy-kitchen's dequantize to within its matmul rounding (measured
+//!   there: ≤ 2.4e-7 absolute, ≤ 1.2e-4 of the row scale).
+//! - `tensor/int8.py`, `TensorWiseINT8Layout.dequantize`: the ConvRot branch when
+//!   `params.convrot`, else the simple one; `quantize`: tensorwise, per-channel (`per_channel`),
+//!   or ConvRot (requires `per_channel`), each via the functions below.
+//! - `quantize_int8_tensorwise(x)`: `scale = (amax|x| / 127).clamp(min=1e-30)`, `q =
+//!   round(x / scale).clamp(-128, 127)` (`_round_int8`: `torch.round`, half to even).
+//! - `quantize_int8_rowwise(x)`: the same per row, scale `[N, 1]`.
+//! - `quantize_int8_convrot_weight(w, group)`: `_rotate_weight(w, H, group)` then
+//!   `quantize_int8_rowwise`. [`encode_convrot`] rotates exactly and rounds the rotated weight
+//!   once to f32 before the same per-row quantization, so its bytes are comfy-kitchen's
+//!   whenever that matmul's f32 results are correctly rounded (a BLAS kernel may differ in
+//!   the last bit, so comfy-kitchen's own bytes are not reproducible across machines).
+//! - `backends/eager/quantization.py`, `int8_linear` (the forward): rotates the activation
+//!   `x·H` per group, quantizes it per row, multiplies by the stored codes transposed and
+//!   scales by `weight_scale · x_scale`; so the stored codes are the rotated weight and the
+//!   weight the layer computes with is `dequant(W_rot)·H`.
+//!
+//! LightX2V (ModelTC/LightX2V @f8aee98): `tools/convert/quant/quant.py` `QuantWeightINT8`
+//! writes `weight` I8 `[out, in]` and `weight_scale` `[out, 1]` (`clamp(rowabsmax, 1e-5) / 127`
+//! in the source weight's dtype); the loader's torch fallback
+//! (`lightx2v/common/ops/mm/mm_weight.py`, `MMWeightFp8IntelXpu.apply`, the one dequantizing
+//! path: `weight.to(dtype) * weight_scale.to(dtype)`) is [`decode_into`] with
+//! [`Scale::Rows`]; the int8 kernels (vllm, q8f, torchao, triton) compute with the same
+//! `code · row scale`.
+
+use super::hadamard;
+use super::{CodecError, check_finite, check_len, mul};
+
+/// The INT8 range comfy-kitchen clamps to.
+pub const QMIN: f32 = -128.0;
+/// See [`QMIN`].
+pub const QMAX: f32 = 127.0;
+/// The lower clamp of a computed scale (`clamp(min=1e-30)`).
+pub const MIN_SCALE: f32 = 1e-30;
+
+/// How an INT8 weight is scaled.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Scale<'a> {
+    /// One scale for the whole tensor (a scalar `weight_scale`).
+    Tensor(f32),
+    /// One scale per row (a `[N, 1]` `weight_scale`), widened to f32.
+    Rows(&'a [f32]),
+}
+
+/// Bytes of an INT8 `[n, k]` weight.
+pub fn storage_bytes(n: usize, k: usize) -> Option<usize> {
+    n.checked_mul(k)
+}
+
+fn check(codes: &[u8], scale: Scale<'_>, rows: usize, cols: usize) -> Result<usize, CodecError> {
+    let n = mul(rows, cols, "INT8 weight size")?;
+    check_len("INT8 weight", n, codes.len())?;
+    if let Scale::Rows(s) = scale {
+        check_len("INT8 row scales", rows, s.len())?;
+    }
+    Ok(n)
+}
+
+/// Decodes a row-major `[rows, cols]` INT8 weight into `out`: `code as f32 * scale`, one f32
+/// product per element (`dequantize_int8_simple`; also LightX2V's per-channel int8).
+/// `codes` are the I8 tensor's bytes.
+pub fn decode_into(
+    codes: &[u8],
+    scale: Scale<'_>,
+    rows: usize,
+    cols: usize,
+    out: &mut [f32],
+) -> Result<(), CodecError> {
+    let n = check(codes, scale, rows, cols)?;
+    check_len("INT8 output", n, out.len())?;
+    if cols == 0 {
+        return Ok(());
+    }
+    for (r, (orow, qrow)) in out
+        .chunks_exact_mut(cols)
+        .zip(codes.chunks_exact(cols))
+        .enumerate()
+    {
+        let s = match scale {
+            Scale::Tensor(s) => s,
+            Scale::Rows(v) => v[r],
+        };
+        for (o, &q) in orow.iter_mut().zip(qrow) {
+            *o = f32::from(q as i8) * s;
+        }
+    }
+    Ok(())
+}
+
+/// [`decode_into`] into a new buffer.
+pub fn decode(
+    codes: &[u8],
+    scale: Scale<'_>,
+    rows: usize,
+    cols: usize,
+) -> Result<Vec<f32>, CodecError> {
+    let n = check(codes, scale, rows, cols)?;
+    let mut out = vec![0f32; n];
+    decode_into(codes, scale, rows, cols, &mut out)?;
+    Ok(out)
+}
+
+/// Decodes a ConvRot INT8 weight (`comfy_quant` `"convrot": true`) into the un-rotated weight
+/// the layer computes with: per group of `group` columns, the integer sums `k = q·H4^{⊗m}`
+/// (exact), then `f32(s · k / 2^m)` with `s` the row's (or the tensor's) scale, one f64
+/// product (exact: 24-bit `s` times `|k| ≤ 128·group`) and one rounding. `cols` must be a
+/// multiple of `group`, a power of 4 (comfy-kitchen raises otherwise).
+pub fn decode_convrot_into(
+    codes: &[u8],
+    scale: Scale<'_>,
+    rows: usize,
+    cols: usize,
+    group: usize,
+    out: &mut [f32],
+) -> Result<(), CodecError> {
+    hadamard::log4(group)?;
+    super::check_multiple("in_features (ConvRot group)", cols, group)?;
+    let n = check(codes, scale, rows, cols)?;
+    check_len("INT8 output", n, out.len())?;
+    if cols == 0 {
+        return Ok(());
+    }
+    let mut k = vec![0i64; group];
+    for (r, (orow, qrow)) in out
+        .chunks_exact_mut(cols)
+        .zip(codes.chunks_exact(cols))
+        .enumerate()
+    {
+        let s = f64::from(match scale {
+            Scale::Tensor(s) => s,
+            Scale::Rows(v) => v[r],
+        });
+        for (og, qg) in orow.chunks_exact_mut(group).zip(qrow.chunks_exact(group)) {
+            for (a, &q) in k.iter_mut().zip(qg) {
+                *a = i64::from(q as i8);
+            }
+            let m = hadamard::butterflies_i64(&mut k)?;
+            let inv = 0.5f64.powi(m as i32);
+            for (o, &a) in og.iter_mut().zip(&k) {
+                *o = (s * a as f64 * inv) as f32;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// [`decode_convrot_into`] into a new buffer.
+pub fn decode_convrot(
+    codes: &[u8],
+    scale: Scale<'_>,
+    rows: usize,
+    cols: usize,
+    group: usize,
+) -> Result<Vec<f32>, CodecError> {
+    let n = check(codes, scale, rows, cols)?;
+    let mut out = vec![0f32; n];
+    decode_convrot_into(codes, scale, rows, cols, group, &mut out)?;
+    Ok(out)
+}
+
+/// `(amax / 127).clamp(min=1e-30)`, one f32 division.
+pub fn scale_for(amax: f32) -> f32 {
+    (amax / QMAX).max(MIN_SCALE)
+}
+
+/// The code of `x` at `scale`: `round_half_even(x / scale)` clamped to `[-128, 127]`.
+#[inline]
+pub fn quantize_one(x: f32, scale: f32) -> u8 {
+    (x / scale).round_ties_even().clamp(QMIN, QMAX) as i8 as u8
+}
+
+/// `quantize_int8_tensorwise(w)`: the codes and the one scale. Non-finite input is refused.
+pub fn encode_tensorwise(w: &[f32]) -> Result<(Vec<u8>, f32), CodecError> {
+    check_finite(w)?;
+    let s = scale_for(w.iter().fold(0f32, |m, x| m.max(x.abs())));
+    Ok((w.iter().map(|&x| quantize_one(x, s)).collect(), s))
+}
+
+/// `quantize_int8_rowwise(w)` of a row-major `[rows, cols]` weight: codes and `rows` scales
+/// (stored as `[rows, 1]`). Non-finite input is refused.
+pub fn encode_rowwise(
+    w: &[f32],
+    rows: usize,
+    cols: usize,
+) -> Result<(Vec<u8>, Vec<f32>), CodecError> {
+    check_len("INT8 input", mul(rows, cols, "INT8 input size")?, w.len())?;
+    check_finite(w)?;
+    let mut codes = vec![0u8; w.len()];
+    let mut scales = Vec::with_capacity(rows);
+    if cols == 0 {
+        scales.resize(rows, MIN_SCALE);
+        return Ok((codes, scales));
+    }
+    for (row, out) in w.chunks_exact(cols).zip(codes.chunks_exact_mut(cols)) {
+        let s = scale_for(row.iter().fold(0f32, |m, x| m.max(x.abs())));
+        for (o, &x) in out.iter_mut().zip(row) {
+            *o = quantize_one(x, s);
+        }
+        scales.push(s);
+    }
+    Ok((codes, scales))
+}
+
+/// `quantize_int8_convrot_weight(w, group)`: the rotated weight `W·Hᵀ` per group (exact,
+/// rounded once to f32), quantized per row. Returns the codes and the `rows` scales.
+pub fn encode_convrot(
+    w: &[f32],
+    rows: usize,
+    cols: usize,
+    group: usize,
+) -> Result<(Vec<u8>, Vec<f32>), CodecError> {
+    check_len("INT8 input", mul(rows, cols, "INT8 input size")?, w.len())?;
+    check_finite(w)?;
+    let rotated = hadamard::rotate_rows_f32(w, cols, group)?;
+    encode_rowwise(&rotated, rows, cols)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decode_hand_values() {
+        let codes = [0x00u8, 0x01, 0x7F, 0x80, 0xFF, 0xFE];
+        let out = decode(&codes, Scale::Tensor(0.5), 2, 3).unwrap();
+        assert_eq!(out, [0.0, 0.5, 63.5, -64.0, -0.5, -1.0]);
+        let out = decode(&codes, Scale::Rows(&[1.0, 0.25]), 2, 3).unwrap();
+        assert_eq!(out, [0.0, 1.0, 127.0, -32.0, -0.25, -0.5]);
+        assert!(matches!(
+            decode(&codes, Scale::Rows(&[1.0]), 2, 3),
+            Err(CodecError::Length { .. })
+        ));
+        assert!(matches!(
+            decode(&codes[1..], Scale::Tensor(1.0), 2, 3),
+            Err(CodecError::Length { .. })
+        ));
+        assert!(matches!(
+            decode(&codes, Scale::Tensor(1.0), usize::MAX, 3),
+            Err(CodecError::Overflow { .. })
+        ));
+        assert!(
+            decode(&[], Scale::Rows(&[1.0, 1.0]), 2, 0)
+                .unwrap()
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn encode_hand_values() {
+        // amax 127 -> scale 1; half-way values round to even.
+        let w = [127.0f32, 0.5, 1.5, 2.5, -0.5, -1.5, -127.0, 3.0];
+        let (q, s) = encode_tensorwise(&w).unwrap();
+        assert_eq!(s, 1.0);
+        let q: Vec<i8> = q.iter().map(|&b| b as i8).collect();
+        assert_eq!(q, [127, 0, 2, 2, 0, -2, -127, 3]);
+        let (q, s) = encode_tensorwise(&[0.0; 4]).unwrap();
+        assert_eq!((q, s), (vec![0; 4], 1e-30));
+        let (q, s) = encode_rowwise(&[2.54, -1.27, 0.0, 0.0], 2, 2).unwrap();
+        assert_eq!(s, [2.54f32 / 127.0, 1e-30]);
+        assert_eq!(q[0] as i8, 127);
+        assert_eq!(
+            q[1] as i8,
+            (-1.27f32 / (2.54f32 / 127.0)).round_ties_even() as i8
+        );
+        assert!(encode_rowwise(&[f32::NAN], 1, 1).is_err());
+    }
+
+    #[test]
+    fn rowwise_round_trip() {
+        let (rows, cols) = (7, 33);
+        let w: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i as f32) * 0.61).sin() * (1 + i % 5) as f32)
+            .collect();
+        let (q, s) = encode_rowwise(&w, rows, cols).unwrap();
+        let d = decode(&q, Scale::Rows(&s), rows, cols).unwrap();
+        for r in 0..rows {
+            for c in 0..cols {
+                assert!((w[r * cols + c] - d[r * cols + c]).abs() <= s[r] * 0.5 * (1.0 + 1e-6));
+            }
+        }
+        // Codes of decoded values are a fixed point.
+        let (q2, _) = encode_rowwise(&d, rows, cols).unwrap();
+        assert_eq!(q2, q);
+    }
+
+    /// The dense `H4^{⊗4}` entry `(i, j)` (unnormalized ±1).
+    fn h256(i: usize, j: usize) -> f64 {
+        let mut v = 1.0;
+        for d in 0..4 {
+            v *= f64::from(hadamard::H4[(i >> (2 * d)) & 3][(j >> (2 * d)) & 3]);
+        }
+        v
+    }
+
+    #[test]
+    fn convrot_decode_is_the_exact_product() {
+        let (rows, cols) = (3, 512);
+        let codes: Vec<u8> = (0..rows * cols)
+            .map(|i| ((i * 97 + 13) % 256) as u8)
+            .collect();
+        let scales = [0.013f32, 7.7e-5, 1.0];
+        let d = decode_convrot(&codes, Scale::Rows(&scales), rows, cols, 256).unwrap();
+        for r in 0..rows {
+            for g in 0..cols / 256 {
+                for j in 0..256 {
+                    // W[r, g*256 + j] = s · Σ_i q[r, g*256 + i] · H[i][j], exact in f64 here.
+                    let k: f64 = (0..256)
+                        .map(|i| f64::from(codes[r * cols + g * 256 + i] as i8) * h256(i, j))
+                        .sum();
+                    let exact = f64::from(scales[r]) * k / 16.0;
+                    assert_eq!(d[r * cols + g * 256 + j], exact as f32, "({r},{j})");
+                }
+            }
+        }
+        // A scalar scale is the same as the rows all carrying it.
+        let t = decode_convrot(&codes, Scale::Tensor(0.013), rows, cols, 256).unwrap();
+        assert_eq!(t[..cols], d[..cols]);
+        assert!(matches!(
+            decode_convrot(&codes, Scale::Rows(&scales), rows, cols, 128),
+            Err(CodecError::GroupSize(128))
+        ));
+        assert!(matches!(
+            decode_convrot(&codes[..3 * 500], Scale::Rows(&scales), rows, 500, 256),
+            Err(CodecError::NotDivisible { .. })
+        ));
+        assert!(matches!(
+            decode_convrot(&codes[1..], Scale::Rows(&scales), rows, cols, 256),
+            Err(CodecError::Length { .. })
+        ));
+    }
+
+    #[test]
+    fn convrot_round_trip() {
+        let (rows, cols) = (4, 512);
+        let w: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i as f32) * 0.173).sin() * 0.02 + if i % 97 == 0 { 0.3 } else { 0.0 })
+            .collect();
+        let (q, s) = encode_convrot(&w, rows, cols, 256).unwrap();
+        let d = decode_convrot(&q, Scale::Rows(&s), rows, cols, 256).unwrap();
+        // Orthogonal rotation: the per-element error of the rotated codes (<= s/2 each)
+        // spreads, but the row's 2-norm error stays <= s/2 · √cols.
+        for r in 0..rows {
+            let err: f64 = (0..cols)
+                .map(|c| f64::from(w[r * cols + c] - d[r * cols + c]).powi(2))
+                .sum::<f64>()
+                .sqrt();
+            assert!(
+                err <= f64::from(s[r]) * 0.5 * (cols as f64).sqrt(),
+                "row {r}: {err}"
+            );
+        }
+        // The rotated weight's codes are comfy-kitchen's per-row quantization of the rotation.
+        let rot = hadamard::rotate_rows_f32(&w, cols, 256).unwrap();
+        assert_eq!(encode_rowwise(&rot, rows, cols).unwrap(), (q, s));
+    }
+}

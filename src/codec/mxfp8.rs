@@ -1,0 +1,444 @@
+//! The 8-bit element codes E4M3 (`float8_e4m3fn`) and E8M0 (`float8_e8m0fnu`), comfy-kitchen's
+//! MXFP8 layout built from them, and LightX2V's per-channel fp8.
+//!
+//! Owns: both element codes in both directions (as torch's scalar casts and comfy-kitchen's
+//! helpers compute them), the MXFP8 decoder and encoder, their size facts, and the LightX2V
+//! per-channel fp8 decoder. Does not own: the swizzle (`blocked`), which tensors carry which
+//! part (`quant/`), or ComfyUI's legacy per-tensor scaled fp8 (`io::quant::fp8`, whose E4M3
+//! cast this module's [`f32_to_e4m3fn`] repeats; one should re-export the other once fp8
+//! moves into `codec/`).
+//!
+//! References (comfy-kitchen 0.2.40 wheel):
+//! - `backends/eager/quantization.py`, `dequantize_mxfp8`: `qx.to(float32)` per block of 32
+//!   along K, times `e8m0_to_f32(from_blocked(scales.view(uint8), rows, cols // 32))`, in that
+//!   order, then `.to(output_type)` (a no-op for float32). `rows, cols` are the *stored* shape.
+//! - `float_utils.py`, `e8m0_to_f32`: byte `e` → f32 bits `e << 23`, except byte 0 → 0.0.
+//!   So 1..=254 decode to `2^(e-127)`, 0 decodes to **zero** (not 2^-127), and 255 decodes to
+//!   **+inf** (not NaN as in the OCP MX spec).
+//! - `backends/eager/quantization.py`, `quantize_mxfp8` (called by
+//!   `tensor/mxfp8.py` `TensorCoreMXFP8Layout.quantize` with `pad_32x` when a dimension is not a
+//!   multiple of 32): pad rows and columns to multiples of 32 with zeros; per block
+//!   `max_abs / 448`, clamped below at `2^-127`, `exp = clamp(ceil(log2(·)) + 127, 0, 254)`;
+//!   divide by `e8m0_to_f32(exp)` (1.0 for an all-zero block, whose codes are forced to 0 and
+//!   whose byte is 0), clamp to ±448, cast to e4m3fn; store `to_blocked(exp bytes)`.
+//! - `tensor/mxfp8.py`, `get_padded_shape` / `get_logical_shape_from_storage`: storage keeps the
+//!   padded `[roundup(N,32), roundup(K,32)]`; the logical shape is not in the file (see
+//!   [`decode_into`]).
+//! - ComfyUI `comfy/ops.py`, `_load_quantized_module`: the scale is read with
+//!   `.view(float8_e8m0fnu)`, so U8 and F8_E8M0 storage are the same bytes.
+//!
+//! E4M3 facts (torch `c10/util/Float8_e4m3fn.h`): bias 7, no infinities, `0x7f`/`0xff` are NaN
+//! (decoded with bits `sign | 0x7ff00000`, as c10's `fp8e4m3fn_to_fp32_value` does), largest
+//! finite 448, subnormal step 2^-9. The encoder rounds to nearest even.
+
+use super::blocked::{blocked_len, from_blocked, to_blocked};
+use super::{CodecError, check_finite, check_len, check_multiple, mul, round_up};
+
+/// MXFP8 block size along K.
+pub const BLOCK: usize = 32;
+/// The largest finite e4m3fn value.
+pub const E4M3_MAX: f32 = 448.0;
+/// The E8M0 exponent bias.
+pub const E8M0_BIAS: i32 = 127;
+
+/// The f32 value of `float8_e4m3fn` bits, as torch's cast (`c10` `fp8e4m3fn_to_fp32_value`).
+#[inline]
+pub fn e4m3fn_to_f32(b: u8) -> f32 {
+    let sign = u32::from(b & 0x80) << 24;
+    let e = i32::from((b >> 3) & 0x0F);
+    let m = f32::from(b & 0x07);
+    if b & 0x7F == 0x7F {
+        return f32::from_bits(sign | 0x7FF0_0000);
+    }
+    let mag = if e == 0 {
+        m * (2f32).powi(-9)
+    } else {
+        (8.0 + m) * (2f32).powi(e - 10)
+    };
+    f32::from_bits(sign | mag.to_bits())
+}
+
+/// `float8_e4m3fn` bits of one f32, rounded to nearest even as torch's CPU cast does
+/// (`c10` `fp8e4m3fn_from_fp32_value`): subnormals down to 2^-9, `-0` kept, NaN → `0x7f` with
+/// its sign. Finite magnitudes above 448 saturate to 448 (every caller here clamps to ±448
+/// first, so the overflow rule, which differs between torch versions, never applies).
+#[inline]
+pub fn f32_to_e4m3fn(x: f32) -> u8 {
+    let bits = x.to_bits();
+    let sign = ((bits >> 24) & 0x80) as u8;
+    let abs = bits & 0x7FFF_FFFF;
+    if abs > 0x7F80_0000 {
+        return sign | 0x7F;
+    }
+    if abs < (121 << 23) {
+        // |x| < 2^-6: adding 2^14 puts the f32 ulp at 2^-9, so the hardware addition rounds
+        // to nearest even; the low bits are the code.
+        const MAGIC: u32 = 141 << 23;
+        let sum = f32::from_bits(abs) + f32::from_bits(MAGIC);
+        return sign | (sum.to_bits() - MAGIC) as u8;
+    }
+    if abs >= 0x43E8_0000 {
+        // >= 464: past the last tie with 448.
+        return sign | 0x7E;
+    }
+    let odd = (abs >> 20) & 1;
+    let r = abs
+        .wrapping_add((7u32.wrapping_sub(127)) << 23)
+        .wrapping_add(0x7FFFF + odd);
+    sign | ((r >> 20) as u8).min(0x7E)
+}
+
+/// comfy-kitchen's `e8m0_to_f32` of one scale byte: 0 → 0.0, 255 → +inf, else `2^(e-127)`.
+#[inline]
+pub fn e8m0_to_f32(e: u8) -> f32 {
+    if e == 0 {
+        0.0
+    } else {
+        f32::from_bits(u32::from(e) << 23)
+    }
+}
+
+/// The stored (padded) `[rows, cols]` of a logical `[n, k]` MXFP8 weight.
+pub fn stored_shape(n: usize, k: usize) -> Result<[usize; 2], CodecError> {
+    Ok([
+        round_up(n, BLOCK, "MXFP8 rows")?,
+        round_up(k, BLOCK, "MXFP8 columns")?,
+    ])
+}
+
+/// Bytes of the stored F8_E4M3 weight of a logical `[n, k]` weight (padded, one byte each).
+pub fn storage_bytes(n: usize, k: usize) -> Option<usize> {
+    let [r, c] = stored_shape(n, k).ok()?;
+    r.checked_mul(c)
+}
+
+/// Bytes of the swizzled E8M0 block scales of a logical `[n, k]` weight.
+pub fn scale_bytes(n: usize, k: usize) -> Option<usize> {
+    let [r, c] = stored_shape(n, k).ok()?;
+    blocked_len(r, c / BLOCK).ok()
+}
+
+fn check_shapes(
+    codes: &[u8],
+    scales: &[u8],
+    stored: [usize; 2],
+    logical: [usize; 2],
+) -> Result<usize, CodecError> {
+    let [rows, cols] = stored;
+    check_multiple("MXFP8 stored columns", cols, BLOCK)?;
+    check_len(
+        "MXFP8 weight",
+        mul(rows, cols, "MXFP8 weight size")?,
+        codes.len(),
+    )?;
+    check_len(
+        "MXFP8 block scales",
+        blocked_len(rows, cols / BLOCK)?,
+        scales.len(),
+    )?;
+    if logical[0] > rows || logical[1] > cols {
+        return Err(CodecError::Shape { logical, stored });
+    }
+    mul(logical[0], logical[1], "MXFP8 logical size")
+}
+
+/// Decodes an MXFP8 weight into `out` (row-major `logical`), as comfy-kitchen's
+/// `dequantize_mxfp8(qx, scales, float32)` followed by `QuantizedTensor.dequantize`'s crop to
+/// `orig_shape`.
+///
+/// `codes` is the stored F8_E4M3 weight of shape `stored = [rows, cols]` (`cols` a multiple of
+/// 32), `scales` the stored swizzled E8M0 bytes (`128·⌈rows/128⌉ · 4·⌈(cols/32)/4⌉` of them).
+/// `logical` is the layer's `[out_features, in_features]`: ComfyUI takes it from the model
+/// (`Linear._orig_shape`), never from the file, which holds only the padded storage; pass
+/// `logical = stored` when the model's shape is not known (for multiples of 32 they agree).
+pub fn decode_into(
+    codes: &[u8],
+    scales: &[u8],
+    stored: [usize; 2],
+    logical: [usize; 2],
+    out: &mut [f32],
+) -> Result<(), CodecError> {
+    let n = check_shapes(codes, scales, stored, logical)?;
+    check_len("MXFP8 output", n, out.len())?;
+    let [rows, cols] = stored;
+    let s = from_blocked(scales, rows, cols / BLOCK)?;
+    let nb = cols / BLOCK;
+    let [lr, lc] = logical;
+    for r in 0..lr {
+        let row = &codes[r * cols..r * cols + lc];
+        let srow = &s[r * nb..(r + 1) * nb];
+        for (c, (o, &q)) in out[r * lc..(r + 1) * lc].iter_mut().zip(row).enumerate() {
+            *o = e4m3fn_to_f32(q) * e8m0_to_f32(srow[c / BLOCK]);
+        }
+    }
+    Ok(())
+}
+
+/// [`decode_into`] into a new buffer.
+pub fn decode(
+    codes: &[u8],
+    scales: &[u8],
+    stored: [usize; 2],
+    logical: [usize; 2],
+) -> Result<Vec<f32>, CodecError> {
+    let n = check_shapes(codes, scales, stored, logical)?;
+    let mut out = vec![0f32; n];
+    decode_into(codes, scales, stored, logical, &mut out)?;
+    Ok(out)
+}
+
+/// An encoded MXFP8 weight: what comfy-kitchen stores as `weight` and `weight_scale`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Mxfp8 {
+    /// F8_E4M3 codes, row-major `stored`.
+    pub codes: Vec<u8>,
+    /// E8M0 block-scale bytes in the swizzled layout.
+    pub scales: Vec<u8>,
+    /// The stored (padded) `[rows, cols]`.
+    pub stored: [usize; 2],
+    /// The swizzled scale matrix's `[rows, cols]` (the `weight_scale` tensor's shape).
+    pub scale_shape: [usize; 2],
+}
+
+/// The E8M0 exponent byte `quantize_mxfp8` picks for a block whose `max|x|` is `max_abs`:
+/// `clamp(ceil(log2(max(max_abs / 448, 2^-127))) + 127, 0, 254)`, with the division in f32 and
+/// `log2` the correctly rounded f32 one (torch's vectorized `log2` is within an ulp of it; the
+/// two can differ only when `max_abs / 448` lies within an f32 ulp of `log2` of a power of two).
+pub fn exponent_for(max_abs: f32) -> u8 {
+    let needed = (max_abs / E4M3_MAX).max(f32::from_bits(0x0040_0000)); // 2^-127
+    let l = (f64::from(needed).log2() as f32).ceil();
+    (l as i32 + E8M0_BIAS).clamp(0, 254) as u8
+}
+
+/// Quantizes a row-major `[n, k]` f32 weight as comfy-kitchen's `TensorCoreMXFP8Layout.quantize`
+/// does (eager `quantize_mxfp8`, padding to 32 when needed).
+///
+/// Refused, where comfy-kitchen writes unusable codes: non-finite values, and a non-zero block
+/// whose `max|x| / 448 <= 2^-127` (its exponent byte is 0, which decodes to a zero scale, so
+/// the reference divides by zero and stores ±448 and NaN codes).
+pub fn encode(w: &[f32], n: usize, k: usize) -> Result<Mxfp8, CodecError> {
+    check_len("MXFP8 input", mul(n, k, "MXFP8 input size")?, w.len())?;
+    check_finite(w)?;
+    let [rows, cols] = stored_shape(n, k)?;
+    let nb = cols / BLOCK;
+    let mut codes = vec![0u8; mul(rows, cols, "MXFP8 weight size")?];
+    let mut exps = vec![0u8; mul(rows, nb, "MXFP8 scale size")?];
+    let mut block = [0f32; BLOCK];
+    for r in 0..rows {
+        for b in 0..nb {
+            for (j, x) in block.iter_mut().enumerate() {
+                let c = b * BLOCK + j;
+                *x = if r < n && c < k { w[r * k + c] } else { 0.0 };
+            }
+            let max_abs = block.iter().fold(0f32, |m, x| m.max(x.abs()));
+            if max_abs == 0.0 {
+                continue; // codes and byte stay 0
+            }
+            let e = exponent_for(max_abs);
+            if e == 0 {
+                return Err(CodecError::Unrepresentable(format!(
+                    "MXFP8 block (row {r}, block {b}): max |x| = {max_abs:e} is below 448·2^-127; \
+                     comfy-kitchen gives it a zero scale and divides by it"
+                )));
+            }
+            let s = e8m0_to_f32(e);
+            let out = &mut codes[r * cols + b * BLOCK..r * cols + (b + 1) * BLOCK];
+            for (o, &x) in out.iter_mut().zip(&block) {
+                *o = f32_to_e4m3fn((x / s).clamp(-E4M3_MAX, E4M3_MAX));
+            }
+            exps[r * nb + b] = e;
+        }
+    }
+    let scales = to_blocked(&exps, rows, nb)?;
+    let scale_shape = super::blocked::blocked_shape(rows, nb)?;
+    Ok(Mxfp8 {
+        codes,
+        scales,
+        stored: [rows, cols],
+        scale_shape,
+    })
+}
+
+/// LightX2V's per-channel fp8 (`dit_quant_scheme` `fp8-*`): `weight` F8_E4M3 `[out, in]` and
+/// `weight_scale` `[out, 1]`, decoded as the loader's torch fallback does
+/// (`lightx2v/common/ops/mm/mm_weight.py`, `MMWeightFp8IntelXpu.apply`:
+/// `weight.to(dtype) * weight_scale.to(dtype)`, here with dtype float32). `scale` holds the
+/// `out` row scales already widened to f32 (the converter writes them in the weight's dtype:
+/// f32, or bf16 for a bf16 source; widening is exact).
+pub fn decode_fp8_rowwise_into(
+    codes: &[u8],
+    scale: &[f32],
+    rows: usize,
+    cols: usize,
+    out: &mut [f32],
+) -> Result<(), CodecError> {
+    let n = mul(rows, cols, "fp8 weight size")?;
+    check_len("fp8 weight", n, codes.len())?;
+    check_len("fp8 row scales", rows, scale.len())?;
+    check_len("fp8 output", n, out.len())?;
+    if cols == 0 {
+        return Ok(());
+    }
+    for ((orow, qrow), &s) in out
+        .chunks_exact_mut(cols)
+        .zip(codes.chunks_exact(cols))
+        .zip(scale)
+    {
+        for (o, &q) in orow.iter_mut().zip(qrow) {
+            *o = e4m3fn_to_f32(q) * s;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn e4m3_hand_values() {
+        assert_eq!(e4m3fn_to_f32(0x00), 0.0);
+        assert_eq!(e4m3fn_to_f32(0x80).to_bits(), (-0.0f32).to_bits());
+        assert_eq!(e4m3fn_to_f32(0x01), 2f32.powi(-9));
+        assert_eq!(e4m3fn_to_f32(0x07), 7.0 * 2f32.powi(-9));
+        assert_eq!(e4m3fn_to_f32(0x08), 2f32.powi(-6));
+        assert_eq!(e4m3fn_to_f32(0x38), 1.0);
+        assert_eq!(e4m3fn_to_f32(0x39), 1.125);
+        assert_eq!(e4m3fn_to_f32(0x7E), 448.0);
+        assert_eq!(e4m3fn_to_f32(0xFE), -448.0);
+        assert_eq!(e4m3fn_to_f32(0x7F).to_bits(), 0x7FF0_0000);
+        assert_eq!(e4m3fn_to_f32(0xFF).to_bits(), 0xFFF0_0000);
+        // Every non-NaN code round-trips through the encoder.
+        for b in 0..=255u8 {
+            if b & 0x7F != 0x7F {
+                assert_eq!(f32_to_e4m3fn(e4m3fn_to_f32(b)), b, "{b:#x}");
+            }
+        }
+        // Ties to even: 1.0625 lies between 1.0 (even) and 1.125.
+        assert_eq!(f32_to_e4m3fn(1.0625), 0x38);
+        assert_eq!(f32_to_e4m3fn(1.1875), 0x3A);
+        assert_eq!(f32_to_e4m3fn(2f32.powi(-10)), 0x00);
+        assert_eq!(f32_to_e4m3fn(3.0 * 2f32.powi(-10)), 0x02);
+        assert_eq!(f32_to_e4m3fn(464.0), 0x7E);
+        assert_eq!(f32_to_e4m3fn(-1e9), 0xFE);
+        assert_eq!(f32_to_e4m3fn(f32::NAN), 0x7F);
+    }
+
+    #[test]
+    fn e8m0_hand_values() {
+        assert_eq!(e8m0_to_f32(127), 1.0);
+        assert_eq!(e8m0_to_f32(128), 2.0);
+        assert_eq!(e8m0_to_f32(120), 2f32.powi(-7));
+        assert_eq!(e8m0_to_f32(1), 2f32.powi(-126));
+        assert_eq!(e8m0_to_f32(254), 2f32.powi(127));
+        assert_eq!(
+            e8m0_to_f32(0),
+            0.0,
+            "comfy-kitchen: byte 0 is zero, not 2^-127"
+        );
+        assert_eq!(
+            e8m0_to_f32(255),
+            f32::INFINITY,
+            "comfy-kitchen: byte 255 is +inf"
+        );
+        assert_eq!(exponent_for(448.0), 127);
+        assert_eq!(exponent_for(449.0), 128);
+        assert_eq!(exponent_for(224.0), 126);
+        assert_eq!(exponent_for(1.0), 127 - 8); // 1/448 -> 2^-8.8 -> ceil -8
+        assert_eq!(exponent_for(f32::MAX), 247); // 2^128/448 -> 2^119.2
+        assert_eq!(exponent_for(1e-40), 0);
+    }
+
+    #[test]
+    fn decode_hand_example() {
+        // 1 x 64 stored, two blocks: scale bytes 127 (x1) and 129 (x4).
+        let mut codes = vec![0x38u8; 64]; // 1.0
+        codes[33] = 0xC0; // -2.0
+        let scales = to_blocked(&[127, 129], 1, 2).unwrap();
+        assert_eq!(scales.len(), 128 * 4);
+        let out = decode(&codes, &scales, [1, 64], [1, 64]).unwrap();
+        assert_eq!(out[0], 1.0);
+        assert_eq!(out[31], 1.0);
+        assert_eq!(out[32], 4.0);
+        assert_eq!(out[33], -8.0);
+        // A crop to the logical shape.
+        assert_eq!(decode(&codes, &scales, [1, 64], [1, 40]).unwrap().len(), 40);
+        assert!(matches!(
+            decode(&codes, &scales, [1, 64], [2, 64]),
+            Err(CodecError::Shape { .. })
+        ));
+        assert!(matches!(
+            decode(&codes[..63], &scales, [1, 63], [1, 63]),
+            Err(CodecError::NotDivisible { .. })
+        ));
+        assert!(matches!(
+            decode(&codes, &scales[1..], [1, 64], [1, 64]),
+            Err(CodecError::Length { .. })
+        ));
+        assert!(matches!(
+            decode(&codes, &scales, [usize::MAX, 64], [1, 64]),
+            Err(CodecError::Overflow { .. })
+        ));
+    }
+
+    #[test]
+    fn encode_round_trip_and_padding() {
+        let (n, k) = (33, 70);
+        let w: Vec<f32> = (0..n * k)
+            .map(|i| ((i as f32) * 0.731).sin() * (1.0 + (i % 13) as f32))
+            .collect();
+        let e = encode(&w, n, k).unwrap();
+        assert_eq!(e.stored, [64, 96]);
+        assert_eq!(e.scale_shape, [128, 4]);
+        assert_eq!(Some(e.codes.len()), storage_bytes(n, k));
+        assert_eq!(Some(e.scales.len()), scale_bytes(n, k));
+        let d = decode(&e.codes, &e.scales, e.stored, [n, k]).unwrap();
+        for (i, (&a, &b)) in w.iter().zip(&d).enumerate() {
+            // e4m3 has 3 mantissa bits: relative error <= 2^-4 of the block's scale range.
+            let blk = &w
+                [(i / k) * k + (i % k) / 32 * 32..((i / k) * k + ((i % k) / 32 * 32 + 32).min(k))];
+            let m = blk.iter().fold(0f32, |m, x| m.max(x.abs()));
+            assert!((a - b).abs() <= m / 16.0 + 1e-30, "{i}: {a} vs {b}");
+        }
+        // Padding: rows >= n and columns >= k decode to zero.
+        let full = decode(&e.codes, &e.scales, e.stored, e.stored).unwrap();
+        assert!(full[n * 96..].iter().all(|&x| x == 0.0));
+        assert!((0..n).all(|r| full[r * 96 + k..r * 96 + 96].iter().all(|&x| x == 0.0)));
+        // Re-encoding the decoded values keeps them (a block whose largest code rounded down
+        // to 224 may take the next smaller exponent, with doubled codes).
+        let again = encode(&d, n, k).unwrap();
+        assert_eq!(
+            decode(&again.codes, &again.scales, again.stored, [n, k]).unwrap(),
+            d
+        );
+    }
+
+    #[test]
+    fn encode_refusals() {
+        assert!(matches!(
+            encode(&[f32::NAN; 32], 1, 32),
+            Err(CodecError::NonFinite { index: 0, .. })
+        ));
+        let mut tiny = [0f32; 32];
+        tiny[3] = 1e-38;
+        assert!(matches!(
+            encode(&tiny, 1, 32),
+            Err(CodecError::Unrepresentable(_))
+        ));
+        let z = encode(&[0.0; 32], 1, 32).unwrap();
+        assert!(z.codes.iter().chain(&z.scales).all(|&b| b == 0));
+        assert!(matches!(
+            encode(&[0.0; 3], 2, 2),
+            Err(CodecError::Length { .. })
+        ));
+    }
+
+    #[test]
+    fn lightx2v_fp8_rows() {
+        let codes = [0x38u8, 0xC0, 0x7E, 0x00];
+        let mut out = [0f32; 4];
+        decode_fp8_rowwise_into(&codes, &[0.5, 2.0], 2, 2, &mut out).unwrap();
+        assert_eq!(out, [0.5, -1.0, 896.0, 0.0]);
+        assert!(decode_fp8_rowwise_into(&codes, &[0.5], 2, 2, &mut out).is_err());
+    }
+}
