@@ -390,6 +390,9 @@ pub fn render_text(r: &InspectReport) -> String {
                     "problems"
                 )
             );
+            for l in q["layers"].as_array().into_iter().flatten() {
+                let _ = writeln!(s, "                {}", l.as_str().unwrap_or(""));
+            }
             for p in q["problems"].as_array().into_iter().flatten() {
                 let _ = writeln!(s, "                {}", p.as_str().unwrap_or(""));
             }

@@ -19,16 +19,23 @@ use crate::io::gguf::{GgufFile, Value, torch_shape};
 use crate::io::{DType, ReadError, TensorSet, digest};
 use crate::model::fingerprint::{Fingerprint, ShapeSource, fingerprint};
 use crate::model::quant_rules::QuantFormat;
-use crate::quant::convention;
+use crate::quant::convention::{self, Format};
+use crate::quant::layers::{self, Decoding};
 
-/// A tensor set seen without scaled fp8's marker and scale tensors (for fingerprints).
-pub struct WithoutFp8Extras<'a>(pub &'a TensorSet);
+/// A tensor set seen as it decodes: without side tensors (markers, scales), each quantized
+/// weight with its decoded shape (for fingerprints).
+pub struct WithoutFp8Extras<'a>(pub &'a TensorSet, pub Option<&'a Decoding>);
 
 impl ShapeSource for WithoutFp8Extras<'_> {
     fn shape(&self, name: &str) -> Option<Vec<usize>> {
-        (!convention::is_side_tensor(name))
-            .then(|| self.0.get(name).map(|t| t.view.shape.to_vec()))
-            .flatten()
+        if convention::is_side_tensor(name) {
+            return None;
+        }
+        let stored = self.0.get(name)?.view.shape;
+        Some(match self.1.and_then(|d| d.layers.get(name)) {
+            Some(codec) => codec.decoded_shape(stored),
+            None => stored.to_vec(),
+        })
     }
     fn names(&self) -> Vec<String> {
         self.0
@@ -47,10 +54,21 @@ pub fn quantization_summary(set: &TensorSet) -> Option<(serde_json::Value, Finge
     if let Some(s) = scaled_fp8_summary(set) {
         return Some(s);
     }
-    let (format, problems) = match convention::recognise(set, &set.metadata()) {
-        Ok(convention::Format::Plain) => return None,
-        Ok(f) => (f.name(), Vec::new()),
-        Err(u) => (u.format, vec![format!("{}: {}", u.tensor, u.reason)]),
+    let metadata = set.metadata();
+    let (format, planned) = match convention::recognise(set, &metadata) {
+        Ok(Format::Plain) => return None,
+        Ok(f @ Format::ComfyMixed) => (f.name(), layers::mixed(set, &metadata).map(Some)),
+        Ok(f @ Format::LightX2v) => (f.name(), layers::lightx2v(set).map(Some)),
+        Ok(f) => (f.name(), Ok(None)),
+        Err(u) => {
+            let problem = format!("{}: {}", u.tensor, u.reason);
+            let summary = json!({"format": u.format, "problems": [problem]});
+            return Some((summary, fingerprint(&WithoutFp8Extras(set, None))));
+        }
+    };
+    let (decoding, problems) = match planned {
+        Ok(d) => (d, Vec::new()),
+        Err(e) => (None, vec![e.to_string()]),
     };
     let side = set
         .names()
@@ -59,9 +77,13 @@ pub fn quantization_summary(set: &TensorSet) -> Option<(serde_json::Value, Finge
     let summary = json!({
         "format": format,
         "side_tensors": side,
+        "layers": decoding.as_ref().map(|d| d.details.clone()),
         "problems": problems,
     });
-    Some((summary, fingerprint(&WithoutFp8Extras(set))))
+    Some((
+        summary,
+        fingerprint(&WithoutFp8Extras(set, decoding.as_ref())),
+    ))
 }
 
 /// The scaled-fp8 summary of a state dict, `None` without a `scaled_fp8` marker: the
@@ -113,7 +135,7 @@ fn scaled_fp8_summary(set: &TensorSet) -> Option<(serde_json::Value, Fingerprint
         "scale_input": scale_input,
         "problems": problems,
     });
-    Some((summary, fingerprint(&WithoutFp8Extras(set))))
+    Some((summary, fingerprint(&WithoutFp8Extras(set, None))))
 }
 
 struct GgufShapes<'a>(&'a GgufFile);

@@ -216,7 +216,7 @@ fn bad_inputs() -> Vec<Bad> {
             "no `scaled_fp8` marker",
         ),
         (
-            "a comfy_quant marker",
+            "an nvfp4 comfy_quant marker without its scales",
             vec![
                 (W, "U8", vec![2, 1], vec![0x12, 0x34]),
                 (
@@ -227,14 +227,16 @@ fn bad_inputs() -> Vec<Bad> {
                 ),
             ],
             None,
-            "blocks.0.self_attn.q.comfy_quant",
-            "comfyui-mixed-precision",
+            W,
+            "weight_scale` is missing",
         ),
         (
-            "a _quantization_metadata header",
-            vec![(W, "F8_E4M3", vec![2, 2], fp8.clone())],
-            Some(r#"{"_quantization_metadata":"{\"format_version\":\"1.0\",\"layers\":{}}"}"#),
-            "_quantization_metadata",
+            "a _quantization_metadata header naming a layer without its scales",
+            vec![(W, "U8", vec![2, 8], vec![0; 16])],
+            Some(
+                r#"{"_quantization_metadata":"{\"format_version\":\"1.0\",\"layers\":{\"blocks.0.self_attn.q\":{\"format\":\"nvfp4\"}}}"}"#,
+            ),
+            W,
             "comfyui-mixed-precision",
         ),
         (
@@ -410,4 +412,133 @@ fn gguf_5d_tensors_keep_their_torch_shape() {
     let name = "patch_embedding.weight";
     assert_eq!(f.view(name).unwrap().shape.len(), 5);
     assert_eq!(f.view(name).unwrap().bytes, src.view(name).unwrap().bytes);
+}
+
+// ---- the formats of golden/quant_base (comfy-kitchen, ComfyUI, LightX2V, torch, gguf-py) ----
+
+fn quant_base(name: &str) -> PathBuf {
+    repo().join("golden/quant_base").join(name)
+}
+
+fn quant_base_index() -> serde_json::Value {
+    let text = fs_err::read_to_string(quant_base("index.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+/// Every input of golden/quant_base, converted to f32, holds per tensor the bits of its
+/// runtime's decoding (index.json's `f32_sha256`; for ConvRot the exact un-rotation,
+/// `exact_f32_sha256`, which comfy-kitchen's BLAS-dependent f32 GEMM misses by at most
+/// 2.4e-7), under the names the file stores them.
+#[test]
+fn every_quantized_format_converts_to_its_runtimes_decoding() {
+    let index = quant_base_index();
+    let files = index["files"].as_object().unwrap();
+    assert_eq!(files.len(), 17);
+    for (file, entry) in files {
+        let d = tmp();
+        let got = convert_f32(d.path(), &quant_base(file), "c");
+        let f = SafetensorsFile::open(&got).unwrap();
+        let tensors = entry["expect"]["tensors"].as_object().unwrap();
+        assert_eq!(f.infos().len(), tensors.len(), "{file}: tensor count");
+        for (name, t) in tensors {
+            let key = t["stored"]["key"].as_str().unwrap();
+            let v = f
+                .view(key)
+                .unwrap_or_else(|| panic!("{file}: {key} missing"));
+            let shape: Vec<usize> = serde_json::from_value(t["shape"].clone()).unwrap();
+            assert_eq!(v.shape, shape.as_slice(), "{file}: {name}");
+            let want = t
+                .get("exact_f32_sha256")
+                .unwrap_or(&t["f32_sha256"])
+                .as_str()
+                .unwrap();
+            assert_eq!(sha256_f32(&v.to_f32().unwrap()), want, "{file}: {name}");
+        }
+    }
+}
+
+/// A ComfyUI-named LoRA on two block Linears of the small model (rank 2).
+fn small_lora(path: &Path) {
+    let mut rng = Rng::new(0x5EED_0040);
+    let mut t: Vec<(String, Vec<usize>, Vec<f32>)> = Vec::new();
+    for (m, out, inp) in [("self_attn.q", 64, 64), ("ffn.2", 64, 256)] {
+        let p = format!("diffusion_model.blocks.0.{m}");
+        let down = (0..2 * inp).map(|_| rng.signed_f32() * 0.1).collect();
+        let up = (0..out * 2).map(|_| rng.signed_f32() * 0.1).collect();
+        t.push((format!("{p}.lora_down.weight"), vec![2, inp], down));
+        t.push((format!("{p}.lora_up.weight"), vec![out, 2], up));
+    }
+    let refs: Vec<(&str, Vec<usize>, Vec<f32>)> = t
+        .iter()
+        .map(|(n, s, v)| (n.as_str(), s.clone(), v.clone()))
+        .collect();
+    write_f32(path, &refs);
+}
+
+/// A merge onto each format equals the same merge onto its decoded f32 values, byte for byte,
+/// and the report says what the base was.
+#[test]
+fn merge_onto_every_quantized_format_is_the_merge_onto_its_decoding() {
+    let d = tmp();
+    small_lora(&d.path().join("lora.safetensors"));
+    for file in [
+        "comfy_nvfp4.safetensors",
+        "comfy_mxfp8.safetensors",
+        "comfy_int8.safetensors",
+        "comfy_fp8_header.safetensors",
+        "lightx2v_fp8.safetensors",
+        "legacy_bf16_scale.safetensors",
+        "gguf_orig_shape.gguf",
+    ] {
+        let decoded = convert_f32(d.path(), &quant_base(file), &format!("dec_{file}"));
+        let merge = |b: &Path, out: &str| {
+            let stdout = ok(run(
+                d.path(),
+                &[
+                    "merge",
+                    "--base",
+                    b.to_str().unwrap(),
+                    "--adapter",
+                    "lora.safetensors",
+                    "--dtype",
+                    "f32",
+                    "--out",
+                    out,
+                    "--device",
+                    "cpu",
+                ],
+            ));
+            (weights_in(&d.path().join(out)), stdout)
+        };
+        let (got, stdout) = merge(&quant_base(file), &format!("q_{file}"));
+        let (want, _) = merge(&decoded, &format!("f_{file}"));
+        assert_same_tensors(&got, &want);
+        assert!(stdout.contains("base: "), "{file}: {stdout}");
+    }
+}
+
+/// The malformed inputs of golden/quant_base/bad (ComfyUI loads two of them without a check
+/// and fails later at dequantize): refused, naming the file and the format.
+#[test]
+fn malformed_quantized_inputs_are_refused() {
+    let index = quant_base_index();
+    for (file, entry) in index["bad"].as_object().unwrap() {
+        let d = tmp();
+        let input = quant_base(&format!("bad/{file}"));
+        let (code, out, err) = parts(&run(
+            d.path(),
+            &[
+                "convert",
+                input.to_str().unwrap(),
+                "--dtype",
+                "f32",
+                "--out",
+                "o",
+            ],
+        ));
+        assert_eq!(code, 1, "{file} ({}): {out}{err}", entry["problem"]);
+        assert!(err.contains(file.as_str()), "{file}: {err}");
+        assert!(err.contains("comfyui-mixed-precision"), "{file}: {err}");
+        assert!(!d.path().join("o").exists(), "{file}");
+    }
 }

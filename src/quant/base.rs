@@ -14,18 +14,26 @@
 //! - GGUF (city96's ComfyUI-GGUF): F32 / F16 / BF16 as stored, every block type decoded as
 //!   gguf-py's `dequantize` (`io::quant::ggml`), the torch shape from
 //!   `comfy.gguf.orig_shape.<name>` when the file has it, else `ne` reversed.
+//! - ComfyUI mixed precision and LightX2V: each layer as `quant::layers` plans it, decoded by
+//!   comfy-kitchen's layouts (`codec`: NVFP4, MXFP8, INT8 with ConvRot un-rotated exactly) or
+//!   LightX2V's per-row product.
 //!
 //! A decoded input becomes an unnamed scratch safetensors file (`io::scratch`), written one
 //! chunk at a time: memory stays per chunk, the disk holds the decoded tensors once per
-//! process. Formats recognised but not decoded yet are refused, never guessed.
+//! process. Anything the formats mark that the plan cannot account for is refused, never
+//! guessed.
 //!
 //! Does not own: the names and the recognition (`quant::convention`), the codecs
 //! (`io::quant`), the containers (`io::file`, `io::gguf`).
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use super::convention::{self, Format, SCALE_INPUT, SCALE_WEIGHT};
+use super::convention::{self, Format};
+use super::layers::{self, Decoding, LayerCodec};
+use crate::codec::int8::{self, Scale};
+use crate::codec::{mxfp8, nvfp4};
 use crate::io::checkpoint::{Checkpoint, Component, QuantizedInput, SourceKind, TensorSet};
 use crate::io::dtype::widen_to_f32;
 use crate::io::gguf::{GgufFile, Value, single_gguf_in, torch_shape};
@@ -79,253 +87,191 @@ fn refuse(file: &Path, tensor: &str, format: &str, reason: impl Into<String>) ->
     }
 }
 
-/// The file of a component that holds `name` (for messages); its first file for a header
-/// key.
-fn file_of(set: &TensorSet, name: &str) -> PathBuf {
-    match set.get(name) {
-        Some(t) => t.file.path().to_path_buf(),
-        None => set
-            .files()
-            .first()
-            .map(|f| f.path().to_path_buf())
-            .unwrap_or_default(),
-    }
-}
-
 /// Recognises a component's format and decodes it in place; `None` for plain floats.
 fn decode_component(
     comp: &mut Component,
     files: &[PathBuf],
 ) -> Result<Option<QuantizedInput>, ReadError> {
     let set = &comp.tensors;
-    let mut metadata = std::collections::BTreeMap::new();
+    let mut metadata = BTreeMap::new();
     for f in set.files() {
         metadata.extend(f.metadata().clone());
     }
-    let format = convention::recognise(set, &metadata)
-        .map_err(|u| refuse(&file_of(set, &u.tensor), &u.tensor, u.format, u.reason))?;
-    let input = |details, decoded, consumed| QuantizedInput {
-        format: format.name().to_string(),
-        details,
-        decoded,
-        consumed,
-        files: files.to_vec(),
-    };
-    match format {
-        Format::Plain => Ok(None),
+    let format = convention::recognise(set, &metadata).map_err(|u| ReadError::Quantized {
+        path: layers::file_of(set, &u.tensor).to_path_buf(),
+        tensor: u.tensor,
+        format: u.format.to_string(),
+        reason: u.reason,
+    })?;
+    let decoding = match format {
+        Format::Plain => return Ok(None),
         Format::PlainFp8 => {
             let n = set.tensors().filter(|t| is_fp8(t.view.dtype)).count();
-            let details = vec![format!("{n} fp8 tensors without scales, decoded by a cast")];
-            Ok(Some(input(details, n, Vec::new())))
+            return Ok(Some(QuantizedInput {
+                format: format.name().to_string(),
+                details: vec![format!("{n} fp8 tensors without scales, decoded by a cast")],
+                decoded: n,
+                consumed: Vec::new(),
+                files: files.to_vec(),
+            }));
         }
-        Format::ScaledFp8 => {
-            let plan = ScaledFp8Plan::new(set)?;
-            let details = plan.details();
-            let (decoded, consumed) = (plan.scales.len(), plan.consumed.clone());
-            comp.tensors = plan.decode(set, &metadata)?;
-            Ok(Some(input(details, decoded, consumed)))
-        }
-        Format::ComfyMixed | Format::LightX2v => {
-            let tensor = set
-                .names()
-                .find(|n| convention::is_side_tensor(n))
-                .unwrap_or(convention::QUANT_METADATA)
-                .to_string();
-            let file = file_of(set, &tensor);
-            Err(refuse(
-                &file,
-                &tensor,
-                format.name(),
-                "this format is recognised but wanbake does not decode it yet; nothing was \
-                 written",
-            ))
-        }
-    }
+        Format::ScaledFp8 => layers::legacy(set)?,
+        Format::ComfyMixed => layers::mixed(set, &metadata)?,
+        Format::LightX2v => layers::lightx2v(set)?,
+    };
+    metadata.remove(convention::QUANT_METADATA);
+    comp.tensors = decode(set, &metadata, &decoding)?;
+    Ok(Some(QuantizedInput {
+        format: format.name().to_string(),
+        details: decoding.details,
+        decoded: decoding.layers.len(),
+        consumed: decoding.consumed.into_iter().collect(),
+        files: files.to_vec(),
+    }))
 }
 
 fn is_fp8(d: DType) -> bool {
     matches!(d, DType::F8_E4M3 | DType::F8_E5M2)
 }
 
-/// What decoding a legacy scaled-fp8 state dict takes: the fp8 type its marker names, each
-/// scaled weight with its f32 scale, and the side tensors consumed.
-struct ScaledFp8Plan {
-    marker: String,
-    fp8: DType,
-    full_precision_mm: bool,
-    /// (weight name, scale as f32).
-    scales: Vec<(String, f32)>,
-    consumed: Vec<String>,
+/// Writes the decoded state dict into a scratch file: quantized weights as F32, side tensors
+/// dropped, everything else byte for byte.
+fn decode(
+    set: &TensorSet,
+    metadata: &BTreeMap<String, String>,
+    decoding: &Decoding,
+) -> Result<TensorSet, ReadError> {
+    let first = layers::file_of(set, "").to_path_buf();
+    let planned: Vec<PlannedTensor> = set
+        .tensors()
+        .filter(|t| !decoding.consumed.contains(t.view.name))
+        .map(|t| match decoding.layers.get(t.view.name) {
+            Some(codec) => PlannedTensor {
+                name: t.view.name.to_string(),
+                dtype: DType::F32,
+                shape: codec.decoded_shape(t.view.shape),
+            },
+            None => PlannedTensor {
+                name: t.view.name.to_string(),
+                dtype: t.view.dtype,
+                shape: t.view.shape.to_vec(),
+            },
+        })
+        .collect();
+    let label = scratch::label("quant", &first);
+    let layout = HeaderLayout::build(&planned, metadata).map_err(|e| ReadError::Unsupported {
+        path: first.clone(),
+        reason: format!("cannot lay the decoded tensors out: {e}"),
+    })?;
+    let mut extra = decoding.format.name().to_string();
+    for f in set.files().iter().skip(1) {
+        extra.push_str(&format!("|{}", f.path().display()));
+    }
+    let key = scratch::key_of(&first, &extra)?;
+    let file = scratch::decoded_once(key, || {
+        scratch::write(&layout, &label, |info, w| {
+            let Some(t) = set.get(&info.name) else {
+                return Ok(0);
+            };
+            let n = match decoding.layers.get(&info.name) {
+                Some(LayerCodec::Fp8 { scale }) => write_scaled(t.view, *scale, w, &label),
+                Some(codec) => {
+                    let values = decode_layer(set, t.view, codec, decoding.format)?;
+                    write_f32(&values, w, &label)
+                }
+                None => write_bytes(t.view.bytes, w, &label),
+            };
+            t.file.release(t.position);
+            n
+        })
+    })?;
+    Ok(TensorSet::from_opened(SafetensorsFile::from_file(
+        &file, &label,
+    )?))
 }
 
-impl ScaledFp8Plan {
-    /// Checks the state dict the way ComfyUI loads it and refuses what it would mis-load.
-    fn new(set: &TensorSet) -> Result<ScaledFp8Plan, ReadError> {
-        let format = Format::ScaledFp8.name();
-        let marker = convention::scaled_fp8_marker(set)
-            .unwrap_or_default()
-            .to_string();
-        let m = set.get(&marker).map(|t| t.view);
-        let Some(m) = m else {
-            return Err(refuse(Path::new(""), &marker, format, "marker vanished"));
-        };
-        let fp8 = match m.dtype {
-            DType::F8_E4M3 | DType::F32 => DType::F8_E4M3,
-            DType::F8_E5M2 => DType::F8_E5M2,
-            other => {
-                return Err(refuse(
-                    &file_of(set, &marker),
-                    &marker,
-                    format,
-                    format!("the marker's dtype names the fp8 type; {other} is none"),
-                ));
-            }
-        };
-        let mut plan = ScaledFp8Plan {
-            full_precision_mm: m.numel() == 2,
-            marker: marker.clone(),
-            fp8,
-            scales: Vec::new(),
-            consumed: vec![marker],
-        };
-        for t in set.tensors() {
-            plan.check(set, t.view)?;
-        }
-        Ok(plan)
-    }
+/// A side tensor's values widened to f32.
+fn side_f32(set: &TensorSet, name: &str, format: Format) -> Result<Vec<f32>, ReadError> {
+    let bad = |reason: String| ReadError::Quantized {
+        path: layers::file_of(set, name).to_path_buf(),
+        tensor: name.to_string(),
+        format: format.name().to_string(),
+        reason,
+    };
+    let v = set.get(name).ok_or_else(|| bad("missing".into()))?.view;
+    v.to_f32().map_err(|e| bad(e.to_string()))
+}
 
-    /// One tensor of the state dict: a scale is read, an activation scale consumed, any other
-    /// side tensor or coded weight refused.
-    fn check(&mut self, set: &TensorSet, v: TensorView<'_>) -> Result<(), ReadError> {
-        let format = Format::ScaledFp8.name();
-        let file = file_of(set, v.name);
-        let name = v.name;
-        if name == self.marker {
-            return Ok(());
+/// One quantized weight (other than the chunked fp8 case) decoded to f32 by its codec.
+fn decode_layer(
+    set: &TensorSet,
+    w: TensorView<'_>,
+    codec: &LayerCodec,
+    format: Format,
+) -> Result<Vec<f32>, ReadError> {
+    let side = |name: &str| set.get(name).map(|t| t.view.bytes).unwrap_or_default();
+    let [n, k] = match w.shape {
+        [n, k] => [*n, *k],
+        other => [other.first().copied().unwrap_or(0), 0],
+    };
+    let decoded = match codec {
+        LayerCodec::Fp8 { scale } => {
+            let mut out = vec![0f32; w.numel()];
+            scale_codes(w, w.bytes, *scale, &mut out).map(|()| out)
         }
-        if name.ends_with(SCALE_INPUT) {
-            self.consumed.push(name.to_string());
-            return Ok(());
+        LayerCodec::Nvfp4 {
+            block_scales,
+            tensor_scale,
+        } => nvfp4::decode(
+            w.bytes,
+            side(block_scales),
+            *tensor_scale,
+            [n, k * 2],
+            [n, k * 2],
+        ),
+        LayerCodec::Mxfp8 { block_scales } => {
+            mxfp8::decode(w.bytes, side(block_scales), [n, k], [n, k])
         }
-        if let Some(layer) = name.strip_suffix(SCALE_WEIGHT) {
-            let wname = format!("{layer}.weight");
-            let Some(w) = set.get(&wname).map(|t| t.view) else {
-                return Err(refuse(
-                    &file,
-                    name,
-                    format,
-                    format!("no `{wname}` beside it"),
-                ));
-            };
-            if w.dtype != self.fp8 {
-                return Err(refuse(
-                    &file,
-                    &wname,
-                    format,
-                    format!(
-                        "has a `{SCALE_WEIGHT}` but is stored as {}, not the marker's {} \
-                         (ComfyUI would cast it to fp8 unscaled and mis-load it)",
-                        w.dtype, self.fp8
-                    ),
-                ));
-            }
-            let values = match (v.dtype.is_float() && v.numel() == 1, v.to_f32()) {
-                (true, Ok(values)) => values,
-                _ => {
-                    return Err(refuse(
-                        &file,
-                        name,
-                        format,
-                        format!(
-                            "expected one float value (shape [] or [1]), found {} {:?}",
-                            v.dtype, v.shape
-                        ),
-                    ));
+        LayerCodec::Int8 { scale, convrot } => {
+            let rows;
+            let s = match scale {
+                Ok(s) => Scale::Tensor(*s),
+                Err(name) => {
+                    rows = side_f32(set, name, format)?;
+                    Scale::Rows(&rows)
                 }
             };
-            self.scales.push((wname, values[0]));
-            self.consumed.push(name.to_string());
-            return Ok(());
+            match convrot {
+                Some(group) => int8::decode_convrot(w.bytes, s, n, k, *group),
+                None => int8::decode(w.bytes, s, n, k),
+            }
         }
-        if convention::is_side_tensor(name) {
-            return Err(refuse(
-                &file,
-                name,
-                format,
-                "is a side tensor of another quantized format; a scaled-fp8 file holds only \
-                 `scale_weight` and `scale_input`",
-            ));
+        LayerCodec::Fp8Rows { scale } => {
+            let rows = side_f32(set, scale, format)?;
+            let mut out = vec![0f32; w.numel()];
+            mxfp8::decode_fp8_rowwise_into(w.bytes, &rows, n, k, &mut out).map(|()| out)
         }
-        if convention::is_coded(v.dtype) {
-            return Err(refuse(
-                &file,
-                name,
-                format,
-                format!(
-                    "is stored as {} codes, which scaled fp8 does not define",
-                    v.dtype
-                ),
-            ));
-        }
-        Ok(())
-    }
+    };
+    decoded.map_err(|e| ReadError::Quantized {
+        path: layers::file_of(set, w.name).to_path_buf(),
+        tensor: w.name.to_string(),
+        format: format.name().to_string(),
+        reason: e.to_string(),
+    })
+}
 
-    fn details(&self) -> Vec<String> {
-        let mut d = vec![format!(
-            "marker `{}` ({}), {} scaled fp8 weights",
-            self.marker,
-            self.fp8,
-            self.scales.len()
-        )];
-        if self.full_precision_mm {
-            d.push("2-element marker: ComfyUI runs these layers with full-precision matmul".into());
-        }
-        d
-    }
-
-    /// Writes the decoded state dict into a scratch file: scaled weights as F32, side
-    /// tensors dropped, everything else byte for byte.
-    fn decode(
-        &self,
-        set: &TensorSet,
-        metadata: &std::collections::BTreeMap<String, String>,
-    ) -> Result<TensorSet, ReadError> {
-        let first = file_of(set, "");
-        let scale_of = |name: &str| self.scales.iter().find(|(n, _)| n == name).map(|s| s.1);
-        let planned: Vec<PlannedTensor> = set
-            .tensors()
-            .filter(|t| !self.consumed.iter().any(|c| c == t.view.name))
-            .map(|t| PlannedTensor {
-                name: t.view.name.to_string(),
-                dtype: match scale_of(t.view.name) {
-                    Some(_) => DType::F32,
-                    None => t.view.dtype,
-                },
-                shape: t.view.shape.to_vec(),
-            })
-            .collect();
-        let label = scratch::label("fp8", &first);
-        let layout =
-            HeaderLayout::build(&planned, metadata).map_err(|e| ReadError::Unsupported {
-                path: first.clone(),
-                reason: format!("cannot lay the decoded tensors out: {e}"),
-            })?;
-        let key = scratch::key_of(&first, "scaled-fp8")?;
-        let file = scratch::decoded_once(key, || {
-            scratch::write(&layout, &label, |info, w| {
-                let Some(t) = set.get(&info.name) else {
-                    return Ok(0);
-                };
-                match scale_of(&info.name) {
-                    Some(s) => write_scaled(t.view, s, w, &label),
-                    None => write_bytes(t.view.bytes, w, &label),
-                }
-            })
-        })?;
-        Ok(TensorSet::from_opened(SafetensorsFile::from_file(
-            &file, &label,
-        )?))
-    }
+/// `q.to(f32) * scale` of `codes` (a run of `w`'s bytes) into `out`: the widening is exact,
+/// then one f32 product, as ComfyUI's fp8 layout dequantizes to f32.
+fn scale_codes(
+    w: TensorView<'_>,
+    codes: &[u8],
+    scale: f32,
+    out: &mut [f32],
+) -> Result<(), crate::codec::CodecError> {
+    widen_to_f32(w.dtype, codes, out)
+        .map_err(|e| crate::codec::CodecError::Unrepresentable(e.to_string()))?;
+    out.iter_mut().for_each(|x| *x *= scale);
+    Ok(())
 }
 
 /// `q.to(f32) * scale`, chunk by chunk, as little-endian f32.
@@ -339,14 +285,11 @@ fn write_scaled(
     let mut n = 0u64;
     for codes in v.bytes.chunks(CHUNK) {
         let out = &mut buf[..codes.len()];
-        widen_to_f32(v.dtype, codes, out).map_err(|e| ReadError::Tensor {
+        scale_codes(v, codes, scale, out).map_err(|e| ReadError::Tensor {
             path: label.to_path_buf(),
             tensor: v.name.to_string(),
             reason: e.to_string(),
         })?;
-        for x in out.iter_mut() {
-            *x *= scale;
-        }
         n += write_f32(out, w, label)?;
     }
     Ok(n)

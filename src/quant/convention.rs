@@ -187,11 +187,12 @@ fn lightx2v_or_unknown(set: &TensorSet) -> Result<Format, Unrecognised> {
                 ),
             ));
         }
-        if s.dtype != DType::F32 || s.shape != [w.shape[0], 1] {
+        let float = matches!(s.dtype, DType::F32 | DType::BF16 | DType::F16);
+        if !float || s.shape != [w.shape[0], 1] {
             return Err(bad(
                 name,
                 format!(
-                    "expected an F32 [{}, 1] per-row scale, found {} {:?}",
+                    "expected an F32 / BF16 [{}, 1] per-row scale, found {} {:?}",
                     w.shape[0], s.dtype, s.shape
                 ),
             ));

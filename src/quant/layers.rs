@@ -70,6 +70,16 @@ pub enum LayerCodec {
     },
 }
 
+impl LayerCodec {
+    /// The f32 shape a weight stored as `stored` decodes to (NVFP4 packs two codes a byte).
+    pub fn decoded_shape(&self, stored: &[usize]) -> Vec<usize> {
+        match (self, stored) {
+            (LayerCodec::Nvfp4 { .. }, [n, half]) => vec![*n, half * 2],
+            _ => stored.to_vec(),
+        }
+    }
+}
+
 /// What decoding a quantized state dict takes.
 #[derive(Debug)]
 pub struct Decoding {
@@ -87,7 +97,11 @@ pub struct Decoding {
 fn refuse(set: &TensorSet, tensor: &str, format: Format, reason: impl Into<String>) -> ReadError {
     let path = match set.get(tensor) {
         Some(t) => t.file.path().to_path_buf(),
-        None => set.files().first().map(|f| f.path().to_path_buf()).unwrap_or_default(),
+        None => set
+            .files()
+            .first()
+            .map(|f| f.path().to_path_buf())
+            .unwrap_or_default(),
     };
     ReadError::Quantized {
         path,
@@ -103,9 +117,14 @@ fn view<'a>(
     format: Format,
     owner: &str,
 ) -> Result<TensorView<'a>, ReadError> {
-    set.get(name)
-        .map(|t| t.view)
-        .ok_or_else(|| refuse(set, owner, format, format!("its side tensor `{name}` is missing")))
+    set.get(name).map(|t| t.view).ok_or_else(|| {
+        refuse(
+            set,
+            owner,
+            format,
+            format!("its side tensor `{name}` is missing"),
+        )
+    })
 }
 
 /// A side tensor that must hold one float value (shape `[]` or `[1]`), widened to f32.
@@ -210,7 +229,9 @@ impl Decoding {
 pub fn legacy(set: &TensorSet) -> Result<Decoding, ReadError> {
     let format = Format::ScaledFp8;
     let mut d = Decoding::new(format);
-    let marker = convention::scaled_fp8_marker(set).unwrap_or_default().to_string();
+    let marker = convention::scaled_fp8_marker(set)
+        .unwrap_or_default()
+        .to_string();
     let m = view(set, &marker, format, &marker)?;
     if !matches!(m.dtype, DType::F8_E4M3 | DType::F8_E5M2 | DType::F32) {
         return Err(refuse(
@@ -220,7 +241,8 @@ pub fn legacy(set: &TensorSet) -> Result<Decoding, ReadError> {
             format!("the marker's dtype names the fp8 type; {} is none", m.dtype),
         ));
     }
-    d.details.push(format!("marker `{marker}` ({} {:?})", m.dtype, m.shape));
+    d.details
+        .push(format!("marker `{marker}` ({} {:?})", m.dtype, m.shape));
     if m.numel() == 2 {
         d.details
             .push("2-element marker: ComfyUI runs these layers with full-precision matmul".into());
@@ -324,7 +346,8 @@ pub fn mixed(set: &TensorSet, metadata: &BTreeMap<String, String>) -> Result<Dec
         d.consumed.insert(name.to_string());
     }
     let types: Vec<String> = count.iter().map(|(f, n)| format!("{f} ×{n}")).collect();
-    d.details.push(format!("quantized layers: {}", types.join(", ")));
+    d.details
+        .push(format!("quantized layers: {}", types.join(", ")));
     d.check_rest(set)?;
     Ok(d)
 }
@@ -365,7 +388,10 @@ fn marker_json(set: &TensorSet, name: &str) -> Result<Json, ReadError> {
             set,
             name,
             format,
-            format!("expected a 1-D uint8 JSON marker, found {} {:?}", v.dtype, v.shape),
+            format!(
+                "expected a 1-D uint8 JSON marker, found {} {:?}",
+                v.dtype, v.shape
+            ),
         ));
     }
     if v.bytes.len() > MAX_MARKER_BYTES {
@@ -373,12 +399,20 @@ fn marker_json(set: &TensorSet, name: &str) -> Result<Json, ReadError> {
             set,
             name,
             format,
-            format!("{} bytes, more than a marker's {MAX_MARKER_BYTES}", v.bytes.len()),
+            format!(
+                "{} bytes, more than a marker's {MAX_MARKER_BYTES}",
+                v.bytes.len()
+            ),
         ));
     }
     match serde_json::from_slice::<Json>(v.bytes) {
         Ok(j) if j.is_object() => Ok(j),
-        Ok(j) => Err(refuse(set, name, format, format!("holds {j}, not an object"))),
+        Ok(j) => Err(refuse(
+            set,
+            name,
+            format,
+            format!("holds {j}, not an object"),
+        )),
         Err(e) => Err(refuse(set, name, format, format!("not JSON: {e}"))),
     }
 }
@@ -480,8 +514,7 @@ fn block_shape(
             format!("{k} columns are not whole blocks of {block}"),
         ));
     }
-    blocked_shape(n, k / block)
-        .map_err(|e| refuse(set, wname, Format::ComfyMixed, e.to_string()))
+    blocked_shape(n, k / block).map_err(|e| refuse(set, wname, Format::ComfyMixed, e.to_string()))
 }
 
 /// An `int8_tensorwise` layer: one-value or `[N, 1]` scale, optional ConvRot.
@@ -531,7 +564,7 @@ fn int8_layer(
 }
 
 /// The file named in messages about a layer of `set`.
-pub fn file_of(set: &TensorSet, name: &str) -> &Path {
+pub fn file_of<'a>(set: &'a TensorSet, name: &str) -> &'a Path {
     match set.get(name) {
         Some(t) => t.file.path(),
         None => set.files().first().map_or(Path::new(""), |f| f.path()),

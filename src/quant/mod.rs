@@ -9,3 +9,4 @@
 
 pub mod base;
 pub mod convention;
+pub mod layers;
