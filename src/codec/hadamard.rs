@@ -1,5 +1,6 @@
 //! The regular Hadamard transform that ConvRot rotates weights and activations with, computed
-//! exactly (a fast transform of ±1 butterflies in f64, then one power-of-two scale).
+//! exactly (a fast transform of ±1 butterflies in integers or f64, then one power-of-two
+//! scale).
 //!
 //! Owns: `H_n = H4^{⊗m} / √n` for `n = 4^m`, `H4 = [[1,1,1,-1],[1,1,-1,1],[1,-1,1,1],[-1,1,1,1]]`,
 //! applied group-wise along the rows of a matrix. Does not own: quantization (`int8`).
@@ -12,8 +13,8 @@
 //!
 //! Facts used (checked on `H4` by the tests): `H4` is symmetric and `H4·H4 = 4·I`, so
 //! `H = H4^{⊗m}/2^m` is symmetric, orthogonal and its own inverse (`H·H = I`). Hence
-//! `_rotate_weight` (`· Hᵀ`) and its inverse (`· H`) are the same map ([`transform`]), and the int8 forward
-//! `(x·H)·(W·Hᵀ)ᵀ = x·H·H·Wᵀ = x·Wᵀ`: the weight a ConvRot layer computes with is the
+//! `_rotate_weight` (`· Hᵀ`) and its inverse (`· H`) are the same map ([`transform`]), and
+//! the int8 forward `(x·H)·(W·Hᵀ)ᵀ = x·H·H·Wᵀ = x·Wᵀ`: the weight a ConvRot layer computes with is the
 //! un-rotated `W = W_rot·H`, which is what `dequantize_int8_convrot_weight` returns.
 //!
 //! Exactness: `√n = 2^m` is a power of two, so the only roundings are in the butterfly sums.
@@ -200,7 +201,7 @@ mod tests {
     }
 
     #[test]
-    fn rotate_then_unrotate_is_close_to_identity() {
+    fn rotating_twice_is_close_to_identity() {
         let cols = 512;
         let w: Vec<f32> = (0..2 * cols)
             .map(|i| ((i as f32) * 0.37).sin() * 0.05)
