@@ -72,7 +72,7 @@ pub struct ComponentReport {
     /// Adapter details, filled by the adapter module.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub adapter: Option<serde_json::Value>,
-    /// ComfyUI scaled-fp8 details (`quant_inspect`), when the `scaled_fp8` marker is present.
+    /// ComfyUI scaled-fp8 details (`quant::inspect`), when the `scaled_fp8` marker is present.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub quantization: Option<serde_json::Value>,
 }
@@ -193,7 +193,7 @@ fn component_report(c: &Component, hash: bool) -> Result<ComponentReport, ReadEr
         "model"
     };
     let fp8 = match role {
-        "model" => crate::quant_inspect::quantization_summary(&c.tensors),
+        "model" => crate::quant::inspect::quantization_summary(&c.tensors),
         _ => None,
     };
     let mut fp = (role == "model").then(|| match &fp8 {

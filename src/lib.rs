@@ -28,8 +28,6 @@ pub mod names;
 pub mod pipeline;
 pub mod progress;
 pub mod quant;
-pub mod quant_inspect;
-pub mod quantize;
 pub mod recipe;
 pub mod release;
 pub mod restack;

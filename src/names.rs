@@ -58,8 +58,8 @@ mod tests {
     use crate::layout::OutputDType;
     use crate::linalg::TruncMethod;
     use crate::merge::DoraStrength;
-    use crate::model::quant_rules::QuantFormat;
     use crate::model::wan_layout::Layout;
+    use crate::quant::rules::QuantFormat;
     use crate::synth::{Fill, SynthModel};
 
     /// Every value clap offers parses back to itself through clap, through `FromStr` (what

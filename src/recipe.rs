@@ -138,7 +138,7 @@ pub struct OutputSpec {
 
 impl OutputSpec {
     /// The `dtype` field as the merge options read it: the default `bf16` without `to`;
-    /// with `to`, only what the recipe says (`quantize` picks the default).
+    /// with `to`, only what the recipe says (`quant::encode` picks the default).
     pub fn dtype(&self) -> Option<&str> {
         match (&self.dtype_field, &self.to) {
             (Some(d), _) => Some(d),

@@ -4,7 +4,7 @@
 //!   `--device auto` falls back to the CPU and says why.
 //! * Every kernel file compiles with NVRTC (PTX, and a cubin for sm_90) and defines exactly the
 //!   expected `{op}_{dtype}` entry points. Skipped with a message when libnvrtc is absent.
-//! * The host reference of the kernels' arithmetic (`backend::arith`) equals `io::dtype` bit for
+//! * The host reference of the kernels' arithmetic (`backend::arith`) equals `codec::dtype` bit for
 //!   bit, and independent oracles (IEEE value formulas, an exact round-to-nearest-even search).
 //! * Every `Backend` op: one test body, expanded for the CPU backend (always) and the CUDA
 //!   backend (skipped with a message when no device is found). Expected values come from
@@ -19,11 +19,11 @@ use std::collections::BTreeSet;
 
 use faer::{MatRef, Par};
 use wanbake::backend::{Backend, BackendError, CpuBackend, MatShape, NonFinite, arith};
+use wanbake::codec::dtype::{narrow_from_f32, round_to_bf16, round_to_f16, widen_to_f32};
 use wanbake::gpu::device::Library;
 use wanbake::gpu::kernels::{CompileTarget, compile};
 use wanbake::gpu::{CudaDevice, CudaEngine, DeviceChoice, KernelFile, probe, select};
 use wanbake::io::DType;
-use wanbake::io::dtype::{narrow_from_f32, round_to_bf16, round_to_f16, widen_to_f32};
 use wanbake::linalg::{TopSingular, TruncMethod, top_singular, top_singular_on};
 
 type TestResult = Result<(), BackendError>;

@@ -464,7 +464,7 @@ fn written_values_read_back_identically() {
         );
         s.write(slot, 60, &w[60..])?;
         s.write(slot, 0, &w[..60])?;
-        let h = wanbake::io::dtype::from_f32_vec(DType::F16, &vals).unwrap();
+        let h = wanbake::codec::dtype::from_f32_vec(DType::F16, &vals).unwrap();
         s.write(p.slot(0, "h").unwrap(), 0, &h)?;
         Ok(serde_json::json!({}))
     };

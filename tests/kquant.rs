@@ -7,8 +7,8 @@ mod common;
 
 use common::*;
 use sha2::{Digest, Sha256};
+use wanbake::codec::ggml::{self, GgmlType};
 use wanbake::io::SafetensorsFile;
-use wanbake::io::quant::ggml::{self, GgmlType};
 
 const TYPES: [(&str, GgmlType); 5] = [
     ("q2_k", GgmlType::Q2_K),

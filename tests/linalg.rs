@@ -713,7 +713,7 @@ struct Base {
 impl Base {
     fn new(out: usize, inp: usize, seed: u64) -> Base {
         let W = Rng::new(seed).normal_f32s(out * inp, 0.02);
-        let bytes = wanbake::io::dtype::from_f32_vec(DType::BF16, &W).unwrap();
+        let bytes = wanbake::codec::dtype::from_f32_vec(DType::BF16, &W).unwrap();
         Base {
             shape: vec![out, inp],
             bytes,

@@ -156,7 +156,7 @@ fn check_named(what: &str, got: &Tensors, reference: &Path, dtype: DType, named_
                 let worst = g
                     .iter()
                     .zip(&want)
-                    .map(|(&x, &y)| bf16_ulps(x, wanbake::io::dtype::round_to_bf16(y)))
+                    .map(|(&x, &y)| bf16_ulps(x, wanbake::codec::dtype::round_to_bf16(y)))
                     .max()
                     .unwrap_or(0);
                 let limit = if refs.contains_key(name) { 1 } else { 0 };

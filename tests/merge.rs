@@ -392,7 +392,7 @@ fn bf16s(bytes: &[u8]) -> Vec<u16> {
 /// Round to nearest even bf16 of an f64 (exact: through the f64 bits).
 fn bf16_of(x: f64) -> u16 {
     let f = x as f32; // the references are f32 values, or f64 compared at bf16 precision
-    wanbake::io::dtype::round_to_bf16(f)
+    wanbake::codec::dtype::round_to_bf16(f)
 }
 
 /// Distance in bf16 units in the last place, across zero too.

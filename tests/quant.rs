@@ -5,9 +5,9 @@
 mod common;
 
 use common::*;
+use wanbake::codec::fp8;
+use wanbake::codec::ggml::{self, GgmlType};
 use wanbake::io::SafetensorsFile;
-use wanbake::io::quant::fp8;
-use wanbake::io::quant::ggml::{self, GgmlType};
 
 fn golden(name: &str) -> SafetensorsFile {
     SafetensorsFile::open(&repo().join("golden/quant").join(name)).expect("golden file")
@@ -1542,9 +1542,9 @@ fn every_encoding_and_layout_completes_through_a_one_chunk_window() {
     use wanbake::layout::dtype_policy::OutputDType;
     use wanbake::layout::restack::RestackOptions;
     use wanbake::merge::{MergeOptions, Merging, merge_release};
-    use wanbake::model::quant_rules::QuantFormat;
     use wanbake::model::wan_layout::Layout;
     use wanbake::pipeline::{Compute, ExecOptions, OutputChoices, OutputOptions};
+    use wanbake::quant::rules::QuantFormat;
     use wanbake::release::Hooks;
     use wanbake::restack::restack_release;
 

@@ -4,7 +4,7 @@
 //! same sequence of integer and IEEE operations, in the same order, and [`ColumnSums`], the
 //! column-sum loop of the column factors. The CPU backend ([`super::CpuBackend`]) and the
 //! band route (`merge::math`) compute with these, and the tests check the conversions bit
-//! for bit against `io::dtype` (over all 65 536 bf16/f16 patterns and a sweep of f32
+//! for bit against `codec::dtype` (over all 65 536 bf16/f16 patterns and a sweep of f32
 //! patterns: ties, subnormals, NaN, ±inf, max finite), so the kernels, this file and the I/O
 //! core agree by construction. Does not own: the reductions (`linalg::norms` is the
 //! reference for the norm kernels), the GEMMs, or which factors a form applies
@@ -56,7 +56,7 @@ pub fn widen_bits_f16(h: u16) -> u32 {
 /// and top payload bits and gains the quiet bit).
 #[inline(always)]
 pub fn narrow_bits_bf16(b: u32) -> u16 {
-    crate::io::dtype::round_to_bf16(f32::from_bits(b))
+    crate::codec::dtype::round_to_bf16(f32::from_bits(b))
 }
 
 /// f32 bits → IEEE half bits with round-to-nearest-even (`narrow_bits_f16`): subnormal
@@ -133,7 +133,7 @@ pub fn add_narrow_bf16(base: f32, delta: f32) -> u16 {
 /// `RNE_f16(base + delta)` (`add_narrow_f16`).
 #[inline(always)]
 pub fn add_narrow_f16(base: f32, delta: f32) -> u16 {
-    crate::io::dtype::round_to_f16(f32::from_bits(sum_bits(base, delta)))
+    crate::codec::dtype::round_to_f16(f32::from_bits(sum_bits(base, delta)))
 }
 
 /// `base + delta` as f32 bits (`add_narrow_f32`).

@@ -12,8 +12,8 @@ use super::arith;
 use super::{
     Backend, BackendError, BackendKind, MatShape, NonFinite, ScalesLen, check, output_size,
 };
+use crate::codec::dtype::{narrow_from_f32, round_to_bf16, round_to_f16, widen_to_f32};
 use crate::io::DType;
-use crate::io::dtype::{narrow_from_f32, round_to_bf16, round_to_f16, widen_to_f32};
 use crate::linalg::{self, XsBases};
 
 /// A row-major f32 matrix in host memory.
@@ -46,7 +46,7 @@ impl ScalesLen for HostScales {
     }
 }
 
-/// The CPU backend: `io::dtype` for conversions, `linalg` for GEMMs, norms and SVD, and
+/// The CPU backend: `codec::dtype` for conversions, `linalg` for GEMMs, norms and SVD, and
 /// [`arith`] for the element-wise steps. It is the reference the CUDA backend is compared to.
 #[derive(Clone, Copy, Debug)]
 pub struct CpuBackend {

@@ -6,7 +6,7 @@
 //! own message as text, so the error is `Clone` (a failed module load is cached and reported
 //! again on the next use).
 
-use crate::io::dtype::UnsupportedDType;
+use crate::codec::dtype::UnsupportedDType;
 use crate::linalg::LinalgError;
 
 /// Why a backend operation (or choosing the CUDA device at all) failed.

@@ -45,8 +45,8 @@ mod error;
 pub use cpu::{CpuBackend, HostMat, HostScales};
 pub use error::BackendError;
 
+use crate::codec::dtype::UnsupportedDType;
 use crate::io::DType;
-use crate::io::dtype::UnsupportedDType;
 use crate::linalg::XsBases;
 
 /// Which implementation a backend is (for labels in reports and test names).

@@ -22,7 +22,7 @@ use wanbake::merge::{MergeError, MergeFailure};
 use wanbake::model::plan_error::{PlanError, animate_note};
 use wanbake::model::wan_layout::LAYOUT_FIELD;
 use wanbake::pipeline::PipelineError;
-use wanbake::quantize::QuantError;
+use wanbake::quant::encode::QuantError;
 use wanbake::recipe::RecipeError;
 use wanbake::release::ReleaseError;
 use wanbake::runner::RunError;

@@ -65,7 +65,7 @@ fn add_adapter_details(
 /// The tensors of one path matching `glob`, a GGUF file's or any checkpoint's.
 fn path_keys(path: &Path, glob: &str) -> Result<Vec<KeyRow>, ReadError> {
     match wanbake::io::gguf::single_gguf_in(path) {
-        Some(gguf) => wanbake::quant_inspect::gguf_keys(&gguf, glob),
+        Some(gguf) => wanbake::quant::inspect::gguf_keys(&gguf, glob),
         None => Checkpoint::open_stored(path).map(|c| keys(&c, glob)),
     }
 }
@@ -115,9 +115,9 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
     };
     for path in &args.paths {
         if let Some(gguf) = wanbake::io::gguf::single_gguf_in(path) {
-            match wanbake::quant_inspect::inspect_gguf(&gguf, args.hash) {
+            match wanbake::quant::inspect::inspect_gguf(&gguf, args.hash) {
                 Ok(r) => {
-                    p.line(wanbake::quant_inspect::render_gguf(&r));
+                    p.line(wanbake::quant::inspect::render_gguf(&r));
                     docs.push(r);
                 }
                 Err(e) => {
@@ -138,7 +138,7 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
                     p.error_line(format!("error: {problem}"));
                     status = Status::Failed;
                 }
-                // scaled-fp8 files ComfyUI would load wrongly (`quant_inspect`)
+                // scaled-fp8 files ComfyUI would load wrongly (`quant::inspect`)
                 for c in &r.components {
                     for q in c
                         .quantization

@@ -20,7 +20,7 @@
 //!   oracle; it agrees with comfy-kitchen's dequantize to within its matmul rounding (measured
 //!   there: ≤ 2.4e-7 absolute, ≤ 1.2e-4 of the row scale).
 //! - `tensor/int8.py`, `TensorWiseINT8Layout.dequantize`: the ConvRot branch when
-//!   `params.convrot`, else the simple one; `quantize`: tensorwise, per-channel (`per_channel`),
+//!   `params.convrot`, else the simple one; `quant::encode`: tensorwise, per-channel (`per_channel`),
 //!   or ConvRot (requires `per_channel`), each via the functions below.
 //! - `quantize_int8_tensorwise(x)`: `scale = (amax|x| / 127).clamp(min=1e-30)`, `q =
 //!   round(x / scale).clamp(-128, 127)` (`_round_int8`: `torch.round`, half to even).

@@ -8,6 +8,9 @@
 //! holds which part (markers, scale names, the logical shape) is the caller's business
 //! (`quant/`), not this module's.
 //!
+//! - [`dtype`]: the safetensors element types, their storage sizes, widening and RNE rounding.
+//! - [`fp8`]: E4M3 (`float8_e4m3fn`) both ways as torch's cast, and ComfyUI's per-tensor scale.
+//! - [`ggml`], [`kquant`]: the ggml block types of GGUF files, bit-exact to gguf-py and ggml.
 //! - [`blocked`]: the cuBLAS block-scale swizzle (`to_blocked` / `from_blocked`).
 //! - [`nvfp4`]: the E2M1 element code and comfy-kitchen's NVFP4 layout.
 //! - [`mxfp8`]: the E4M3 and E8M0 element codes, comfy-kitchen's MXFP8 layout, and
@@ -20,8 +23,12 @@
 //! backend) and, for LightX2V, ModelTC/LightX2V @f8aee98; each module cites file and function.
 
 pub mod blocked;
+pub mod dtype;
+pub mod fp8;
+pub mod ggml;
 pub mod hadamard;
 pub mod int8;
+pub mod kquant;
 pub mod mxfp8;
 pub mod nvfp4;
 

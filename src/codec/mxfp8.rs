@@ -1,12 +1,10 @@
-//! The 8-bit element codes E4M3 (`float8_e4m3fn`) and E8M0 (`float8_e8m0fnu`), comfy-kitchen's
-//! MXFP8 layout built from them, and LightX2V's per-channel fp8.
+//! The E8M0 (`float8_e8m0fnu`) element code, comfy-kitchen's MXFP8 layout built from it and
+//! E4M3 (`codec::fp8`), and LightX2V's per-channel fp8.
 //!
-//! Owns: both element codes in both directions (as torch's scalar casts and comfy-kitchen's
-//! helpers compute them), the MXFP8 decoder and encoder, their size facts, and the LightX2V
-//! per-channel fp8 decoder. Does not own: the swizzle (`blocked`), which tensors carry which
-//! part (`quant/`), or ComfyUI's legacy per-tensor scaled fp8 (`io::quant::fp8`, whose E4M3
-//! cast this module's [`f32_to_e4m3fn`] repeats; one should re-export the other once fp8
-//! moves into `codec/`).
+//! Owns: E8M0 in both directions (as comfy-kitchen's helpers compute it), the MXFP8 decoder
+//! and encoder, their size facts, and the LightX2V per-channel fp8 decoder. Does not own: the
+//! E4M3 cast (`fp8`, the one copy), the swizzle (`blocked`), or which tensors carry which
+//! part (`quant/`).
 //!
 //! References (comfy-kitchen 0.2.40 wheel):
 //! - `backends/eager/quantization.py`, `dequantize_mxfp8`: `qx.to(float32)` per block of 32
@@ -32,61 +30,13 @@
 //! finite 448, subnormal step 2^-9. The encoder rounds to nearest even.
 
 use super::blocked::{blocked_len, from_blocked, to_blocked};
+use super::fp8::{E4M3_MAX, e4m3fn_to_f32, f32_to_e4m3fn};
 use super::{CodecError, check_finite, check_len, check_multiple, mul, round_up};
 
 /// MXFP8 block size along K.
 pub const BLOCK: usize = 32;
-/// The largest finite e4m3fn value.
-pub const E4M3_MAX: f32 = 448.0;
 /// The E8M0 exponent bias.
 pub const E8M0_BIAS: i32 = 127;
-
-/// The f32 value of `float8_e4m3fn` bits, as torch's cast (`c10` `fp8e4m3fn_to_fp32_value`).
-#[inline]
-pub fn e4m3fn_to_f32(b: u8) -> f32 {
-    let sign = u32::from(b & 0x80) << 24;
-    let e = i32::from((b >> 3) & 0x0F);
-    let m = f32::from(b & 0x07);
-    if b & 0x7F == 0x7F {
-        return f32::from_bits(sign | 0x7FF0_0000);
-    }
-    let mag = if e == 0 {
-        m * (2f32).powi(-9)
-    } else {
-        (8.0 + m) * (2f32).powi(e - 10)
-    };
-    f32::from_bits(sign | mag.to_bits())
-}
-
-/// `float8_e4m3fn` bits of one f32, rounded to nearest even as torch's CPU cast does
-/// (`c10` `fp8e4m3fn_from_fp32_value`): subnormals down to 2^-9, `-0` kept, NaN → `0x7f` with
-/// its sign. Finite magnitudes above 448 saturate to 448 (every caller here clamps to ±448
-/// first, so the overflow rule, which differs between torch versions, never applies).
-#[inline]
-pub fn f32_to_e4m3fn(x: f32) -> u8 {
-    let bits = x.to_bits();
-    let sign = ((bits >> 24) & 0x80) as u8;
-    let abs = bits & 0x7FFF_FFFF;
-    if abs > 0x7F80_0000 {
-        return sign | 0x7F;
-    }
-    if abs < (121 << 23) {
-        // |x| < 2^-6: adding 2^14 puts the f32 ulp at 2^-9, so the hardware addition rounds
-        // to nearest even; the low bits are the code.
-        const MAGIC: u32 = 141 << 23;
-        let sum = f32::from_bits(abs) + f32::from_bits(MAGIC);
-        return sign | (sum.to_bits() - MAGIC) as u8;
-    }
-    if abs >= 0x43E8_0000 {
-        // >= 464: past the last tie with 448.
-        return sign | 0x7E;
-    }
-    let odd = (abs >> 20) & 1;
-    let r = abs
-        .wrapping_add((7u32.wrapping_sub(127)) << 23)
-        .wrapping_add(0x7FFFF + odd);
-    sign | ((r >> 20) as u8).min(0x7E)
-}
 
 /// comfy-kitchen's `e8m0_to_f32` of one scale byte: 0 → 0.0, 255 → +inf, else `2^(e-127)`.
 #[inline]

@@ -16,7 +16,7 @@
 //! - `tensor/nvfp4.py`, `TensorCoreNVFP4Layout`: `Params._validate_tensor_fields` widens the
 //!   per-tensor scale to float32; `state_dict_tensors` writes `weight` (the packed codes),
 //!   `weight_scale` (the swizzled block scales) and `weight_scale_2` (the per-tensor scale);
-//!   `quantize` computes `scale = amax(|W|) / (448·6)` and calls `quantize_nvfp4` with
+//!   `quant::encode` computes `scale = amax(|W|) / (448·6)` and calls `quantize_nvfp4` with
 //!   `pad_16x` when a dimension is not a multiple of 16; `get_padded_shape` is
 //!   `(roundup(N,16), roundup(K,16))`, `get_storage_shape` `(roundup(N,16), roundup(K,16)/2)`.
 //!   The **padded** codes are stored; the logical shape is not in the file.
@@ -31,7 +31,7 @@
 //!   saturating), packed by `pack_uint4(hi_first=True)`; block scales `to_blocked(fp8)`.
 
 use super::blocked::{blocked_len, blocked_shape, from_blocked, to_blocked};
-use super::mxfp8::{e4m3fn_to_f32, f32_to_e4m3fn};
+use super::fp8::{e4m3fn_to_f32, f32_to_e4m3fn};
 use super::{CodecError, check_finite, check_len, check_multiple, mul, round_up};
 
 /// NVFP4 block size along K.

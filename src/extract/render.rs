@@ -83,7 +83,7 @@ impl OwnedOutput {
             if t.shape.is_empty() || t.dtype == to || !t.dtype.is_output_float() {
                 continue;
             }
-            t.bytes = crate::io::dtype::convert_bytes(t.dtype, to, &t.bytes)
+            t.bytes = crate::codec::dtype::convert_bytes(t.dtype, to, &t.bytes)
                 .map_err(|e| ExtractError::Usage(format!("--dtype {to}: `{}`: {e}", t.name)))?;
             t.dtype = to;
         }

@@ -54,8 +54,8 @@ use super::svd::{GesvdPlan, gesvd};
 use crate::backend::BackendError;
 use crate::backend::arith;
 use crate::backend::{Backend, BackendKind, MatShape, NonFinite, ScalesLen, check, output_size};
+use crate::codec::dtype::{UnsupportedDType, to_f32_vec};
 use crate::io::DType;
-use crate::io::dtype::{UnsupportedDType, to_f32_vec};
 use crate::linalg::{LinalgError, XsBases};
 
 /// Threads per block of every launch.

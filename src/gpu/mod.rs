@@ -20,7 +20,7 @@
 //! * Conversions (`widen`, `narrow`, `add_narrow`) and the DoRA/BoRA and diff accumulation
 //!   steps are bit-identical on both backends: the kernels are integer bit arithmetic or fixed
 //!   sequences of single IEEE operations (f64 where `merge::math` computes in f64), written
-//!   once in `backend::arith` (used by the CPU backend and checked against `io::dtype` by the tests)
+//!   once in `backend::arith` (used by the CPU backend and checked against `codec::dtype` by the tests)
 //!   and mirrored in `kernels/*.cu`.
 //! * Row/column norms and DoRA/BoRA scales are bit-identical: f64 accumulation in index order,
 //!   one thread per sum, exactly `linalg::norms` and `merge::math`.

@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 
 use super::dtype::DType;
 use super::file::{ReadError, SafetensorsFile};
-use super::quant::ggml::GgmlType;
+use crate::codec::ggml::GgmlType;
 
 /// Lower-case hex of a digest.
 pub fn hex(bytes: &[u8]) -> String {

@@ -15,13 +15,13 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use crate::codec::ggml::{self, GgmlType};
 use crate::io::DType;
 use crate::io::digest::{self, ElementType, SafetensorsDigest, TensorDigest};
 use crate::io::file::ReadError;
 use crate::io::header::TensorInfo;
 use crate::io::header_layout::HeaderLayout;
 use crate::io::mmap::{self, ReadOnlyMap};
-use crate::io::quant::ggml::{self, GgmlType};
 
 const MAGIC: &[u8; 4] = b"GGUF";
 /// The GGUF version written.

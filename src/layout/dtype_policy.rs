@@ -3,7 +3,7 @@
 //! Owns: `OutputDType` (`keep`, `bf16`, `f16`, `f32`, its one spelling table, with the PyTorch
 //! aliases of the float dtypes), `KeepF32` (the keep-f32 policies) and
 //! `decide_dtypes`, which gives every output tensor of a write plan its dtype. Does not own:
-//! the conversion itself (`io::dtype`, `model::transform`).
+//! the conversion itself (`codec::dtype`, `model::transform`).
 //!
 //! Policies (which parameters stay f32 when the output dtype is bf16 or f16):
 //! - `diffusers`: `_keep_in_fp32_modules = ["rope", "time_embedder", "scale_shift_table",

@@ -330,8 +330,8 @@ mod tests {
 
     use super::*;
     use crate::adapter::lycoris::{Factor, Param};
+    use crate::codec::dtype::{DType, to_f32_vec};
     use crate::io::checkpoint::TensorSet;
-    use crate::io::dtype::{DType, to_f32_vec};
 
     fn golden(rel: &str) -> TensorSet {
         let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -36,8 +36,8 @@ use crate::adapter::lycoris::{LycorisError, fitted};
 use crate::adapter::{Kind, ParamRole};
 use crate::backend::Backend;
 use crate::backend::CpuBackend;
+use crate::codec::dtype::{narrow_from_f32, vectorized};
 use crate::gpu::CudaBackend;
-use crate::io::dtype::{narrow_from_f32, vectorized};
 use crate::io::{DType, TensorRef};
 use crate::linalg::XsBases;
 use crate::linalg::{SvdCache, SvdEngine};
@@ -47,7 +47,7 @@ use crate::pipeline::compute::{MAX_LANES, reference_lanes};
 use crate::pipeline::exec::{Exec, band_rows, stored};
 use crate::pipeline::{Compute, TargetValues, TargetWriter};
 use crate::pipeline::{Contribution, Job, Lanes, PipelineError, Plan, Target};
-use crate::quantize::ErrorSum;
+use crate::quant::encode::ErrorSum;
 
 /// The merge engine of one plan: computes each target on the route `compute` names, its
 /// -xs bases through the SVD cache when one is given.

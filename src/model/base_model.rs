@@ -4,7 +4,7 @@
 //! keys score against the WAN layouts (`LayoutFinding`, found here once) and which released
 //! model it is (`Fingerprint`). Every later stage reads these facts from here and detects
 //! nothing again: binding (`adapter::BaseIndex`), the output plan and the quantized plan
-//! (`pipeline::output`, `quantize`), restack's planning (`layout::restack`), bake's report.
+//! (`pipeline::output`, `quant::encode`), restack's planning (`layout::restack`), bake's report.
 //! Does not own: opening files (`io`), the name tables and detection rules (`wan_layout`,
 //! `wan_names`, `fingerprint`).
 

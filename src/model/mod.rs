@@ -19,7 +19,6 @@ pub mod base_model;
 pub mod fingerprint;
 pub mod maxdiffusion;
 pub mod plan_error;
-pub mod quant_rules;
 pub mod read_plan;
 pub mod sa3;
 pub mod transform;

@@ -5,7 +5,7 @@
 //! element), how a transform maps shapes, how two transforms compose, and `convert_rows`, the kernel that
 //! writes any band of destination rows straight into a caller-provided byte slice, fused
 //! with the dtype conversion (source widened to `f32`, output rounded once with
-//! round-to-nearest-even by `io::dtype`). Does not own: which tensor gets which transform
+//! round-to-nearest-even by `codec::dtype`). Does not own: which tensor gets which transform
 //! (`model::wan_names`) or where its bytes go (`layout::conversion`).
 //!
 //! When the source and destination dtypes are equal the kernel moves raw element bytes, so
@@ -15,8 +15,8 @@
 
 use std::ops::Range;
 
+use crate::codec::dtype::{self, UnsupportedDType};
 use crate::io::DType;
-use crate::io::dtype::{self, UnsupportedDType};
 
 /// A permutation of a tensor's axes, named after the layouts it converts between.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -424,8 +424,8 @@ fn transpose_blocked<T: Copy>(
     }
 }
 
-/// Dtype-converting kernel: widen source runs to `f32` (`io::dtype`), narrow destination
-/// runs once with round-to-nearest-even (`io::dtype`).
+/// Dtype-converting kernel: widen source runs to `f32` (`codec::dtype`), narrow destination
+/// runs once with round-to-nearest-even (`codec::dtype`).
 fn convert_widening(
     g: &Geometry,
     src: SrcTensor<'_>,

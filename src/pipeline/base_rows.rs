@@ -9,7 +9,7 @@
 
 use super::error::PipelineError;
 use super::job::{Job, RowOrder, Target};
-use crate::io::dtype::widen_to_f32;
+use crate::codec::dtype::widen_to_f32;
 use crate::io::{DType, ReadError, TensorRef, TensorView};
 use crate::model::transform::{SrcTensor, Transform};
 

@@ -71,12 +71,12 @@ pub enum PipelineError {
         path: PathBuf,
         /// Why.
         #[source]
-        source: Box<crate::quantize::QuantError>,
+        source: Box<crate::quant::encode::QuantError>,
     },
     /// A tensor could not be encoded for a quantized output (a non-finite weight); the
     /// error names the file and key.
     #[error(transparent)]
-    Encode(Box<crate::quantize::QuantError>),
+    Encode(Box<crate::quant::encode::QuantError>),
     /// Writing the output failed.
     #[error("writing `{tensor}`")]
     Write {
@@ -97,8 +97,8 @@ pub enum PipelineError {
     },
 }
 
-impl From<crate::quantize::QuantError> for PipelineError {
-    fn from(e: crate::quantize::QuantError) -> PipelineError {
+impl From<crate::quant::encode::QuantError> for PipelineError {
+    fn from(e: crate::quant::encode::QuantError) -> PipelineError {
         PipelineError::Encode(Box::new(e))
     }
 }

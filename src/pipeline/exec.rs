@@ -11,7 +11,7 @@
 //! job (a stacked tensor's, layer by layer). Does not own: computing a target (`merge`), reading
 //! base rows (`pipeline::base_rows`), the copy-and-convert kernel
 //! (`layout::conversion::convert_piece`, over `model::transform`), the encodings
-//! (`quantize`), or the atomic output (`io::staging`).
+//! (`quant::encode`), or the atomic output (`io::staging`).
 //!
 //! Memory: a worker holds a band of at most [`BAND_ELEMS`] f32 values (an encoded tensor) or
 //! `ExecOptions::band_bytes` destination bytes (a converted one); what a target holds beyond
@@ -19,7 +19,7 @@
 //! is done, so the resident set does not grow with the model.
 //!
 //! Quantized outputs (`Job::encoding`): each band of widened f32 rows goes through
-//! `quantize::encode` into its slot (a band of whole rows is whole ggml blocks), with the
+//! `encode::encode` into its slot (a band of whole rows is whole ggml blocks), with the
 //! dequantized error summed in element order; an untouched scaled-fp8 weight is read twice
 //! in bands (its `max|W|`, then its codes).
 
@@ -32,13 +32,13 @@ use super::error::PipelineError;
 use super::job::{Job, Target};
 use super::orbax::ChunkWriter;
 use super::plan::Plan;
-use crate::io::dtype::narrow_from_f32;
-use crate::io::dtype::widen_to_f32;
+use crate::codec::dtype::narrow_from_f32;
+use crate::codec::dtype::widen_to_f32;
 use crate::io::{Staging, TensorRef};
 use crate::layout::conversion::{PIECE_BAND_BYTES, convert_piece};
 use crate::model::animate::Constant;
 use crate::model::transform::{SrcTensor, Transform};
-use crate::quantize::{self, Encoding, ErrorStats, ErrorSum};
+use crate::quant::encode::{self, Encoding, ErrorStats, ErrorSum};
 
 /// Largest band of a tensor a worker holds in one f32 buffer (1 MiB: a band, the base rows
 /// it widens and the bytes it is rounded to stay in a core's L2 cache between the passes
@@ -321,9 +321,9 @@ impl<'a> Exec<'a> {
             let mut amax = 0f32;
             for at in (0..n).step_by(band) {
                 read(at, &mut buf)?;
-                amax = amax.max(crate::io::quant::fp8::amax(&buf));
+                amax = amax.max(crate::codec::fp8::amax(&buf));
             }
-            fp8_scale = Some(crate::io::quant::fp8::scale_for(amax));
+            fp8_scale = Some(crate::codec::fp8::scale_for(amax));
         }
         let what = format!("{}: {}", src.file.path().display(), job.stored);
         let mut sum = ErrorSum::default();
@@ -357,13 +357,13 @@ impl<'a> Exec<'a> {
             .map(|q| q.options)
             .ok_or_else(|| internal("an encoded job in a plan without a quantized output"))?;
         let mut y = vec![0f32; w.len()];
-        let e = quantize::encode(&options, enc, w, &mut y, fp8_scale, what)?;
+        let e = encode::encode(&options, enc, w, &mut y, fp8_scale, what)?;
         let at = enc
             .byte_offset(first)
             .ok_or_else(|| internal("a band that does not start on a block boundary"))?;
         self.write(job, at, &e.bytes)?;
         if let (Some(scale), 0) = (e.scale, first) {
-            let name = quantize::scale_name(&job.output);
+            let name = encode::scale_name(&job.output);
             let staging = self.staging;
             let slot = staging
                 .plan()

@@ -11,7 +11,7 @@ use crate::adapter::Kind;
 use crate::io::{DType, Slot};
 use crate::model::animate::Constant;
 use crate::model::transform::Transform;
-use crate::quantize::Encoding;
+use crate::quant::encode::Encoding;
 
 /// How a row of a target's 2-D (out, in') view is stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -6,11 +6,11 @@
 //! component: the same names and layouts as the base, or another WAN layout through the read
 //! plan (`model::read_plan`) and the layout module's write plans; the keep-f32 policy and its
 //! defaults; config.json with the layout stamped; sharding like the base or as asked), and a
-//! quantized output (one fp8-scaled or GGUF file from `quantize`'s plan: one job per tensor
+//! quantized output (one fp8-scaled or GGUF file from `quant::encode`'s plan: one job per tensor
 //! carrying its encoding), and an Orbax output (`--to orbax`: the `nnx` / `nnx-scanned`
 //! conversion of each transformer as an item of MaxDiffusion's cache, `pipeline::orbax`). Does not own: which tensors change (`pipeline::plan`), the layouts
 //! and name tables themselves (`model`), the keep-f32 rules (`layout`), the quantization rules
-//! and encodings (`quantize`), laying out files (`io::writer`).
+//! and encodings (`quant::encode`), laying out files (`io::writer`).
 
 use std::collections::BTreeMap;
 
@@ -22,13 +22,13 @@ use crate::io::writer::{ComponentOutput, OutputPlan};
 use crate::io::{Component, DType, Slot};
 use crate::layout::{Conversion, KeepF32, OutputDType};
 use crate::model::base_model::{BaseModel, ComponentModel};
-use crate::model::quant_rules::QuantFormat;
 use crate::model::read_plan::{ReadPlan, StoredTensor};
 use crate::model::transform::Transform;
 use crate::model::wan::WanConfig;
 use crate::model::wan_layout::Layout;
 use crate::model::wan_layout::stamp_config;
-use crate::quantize::{self, QuantError, QuantOptions, QuantPlan};
+use crate::quant::encode::{self, QuantError, QuantOptions, QuantPlan};
+use crate::quant::rules::QuantFormat;
 
 /// How to write: the output's dtype, keep-f32 policy, layout, shards, or quantized encoding.
 #[derive(Clone, Debug)]
@@ -44,7 +44,7 @@ pub struct OutputOptions {
     /// base, shards no larger than the base's largest for a sharded one).
     pub shard_bytes: Option<u64>,
     /// A quantized output (`--to`, recipe `output.to`): one fp8-scaled or GGUF file with
-    /// original-Wan names, each tensor encoded from its f32 value (`quantize`); `dtype`,
+    /// original-Wan names, each tensor encoded from its f32 value (`quant::encode`); `dtype`,
     /// `keep_f32`, `layout` and `shard_bytes` are then unused.
     pub quantize: Option<QuantOptions>,
     /// The container the tensors go in (`--to orbax`: MaxDiffusion's pretrained cache,
@@ -425,11 +425,11 @@ fn quantized(base: &BaseModel, q: QuantOptions) -> Result<OutputSide, PipelineEr
         path: base.path.clone(),
         source: Box::new(source),
     };
-    let (comp, model) = quantize::single_transformer(base, q.format).map_err(refused)?;
+    let (comp, model) = encode::single_transformer(base, q.format).map_err(refused)?;
     let layout = model.layout.exact.clone().map_err(|e| refused(e.into()))?;
-    let qplan = quantize::plan(q, layout, &quantize::source_tensors(comp)).map_err(refused)?;
+    let qplan = encode::plan(q, layout, &encode::source_tensors(comp)).map_err(refused)?;
     let output = qplan
-        .output_plan(&quantize::output_stem(q.format), BTreeMap::new())
+        .output_plan(&encode::output_stem(q.format), BTreeMap::new())
         .map_err(|e| PipelineError::Plan(format!("the output cannot be laid out: {e}")))?;
     let jobs = qplan
         .tensors

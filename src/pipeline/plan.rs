@@ -27,7 +27,7 @@ use crate::manifest::{InputFile, InputRecord, record_inputs};
 use crate::model::base_model::BaseModel;
 use crate::model::sa3;
 use crate::model::transform::Transform;
-use crate::quantize::QuantPlan;
+use crate::quant::encode::QuantPlan;
 
 /// Everything a producing command will write, and from what.
 #[derive(Debug)]

@@ -13,7 +13,7 @@ use super::error::PipelineError;
 use super::exec::{Exec, ExecOptions, TargetWriter};
 use super::plan::{Plan, Ready};
 use crate::io::staging::{Allocation, Replace};
-use crate::quantize::ErrorStats;
+use crate::quant::encode::ErrorStats;
 use crate::release::{Hooks, Release, ReleaseError, ReleaseRequest, write_release};
 
 /// How a plan is written and recorded.
@@ -167,7 +167,7 @@ fn quantized_report(
     report.insert("tensors".into(), q.tensors.len().into());
     report.insert(
         "quantization".into(),
-        crate::quantize::report_json(q, &stats),
+        crate::quant::encode::report_json(q, &stats),
     );
     Ok(serde_json::Value::Object(report))
 }

@@ -24,7 +24,7 @@
 //! guessed.
 //!
 //! Does not own: the names and the recognition (`quant::convention`), the codecs
-//! (`io::quant`), the containers (`io::file`, `io::gguf`).
+//! (`codec`), the containers (`io::file`, `io::gguf`).
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -32,13 +32,13 @@ use std::path::{Path, PathBuf};
 
 use super::convention::{self, Format};
 use super::layers::{self, Decoding, LayerCodec};
+use crate::codec::dtype::widen_to_f32;
+use crate::codec::ggml::{self, GgmlType};
 use crate::codec::int8::{self, Scale};
 use crate::codec::{mxfp8, nvfp4};
 use crate::io::checkpoint::{Checkpoint, Component, QuantizedInput, SourceKind, TensorSet};
-use crate::io::dtype::widen_to_f32;
 use crate::io::gguf::{GgufFile, Value, single_gguf_in, torch_shape};
 use crate::io::header_layout::{HeaderLayout, PlannedTensor};
-use crate::io::quant::ggml::{self, GgmlType};
 use crate::io::{DType, ReadError, SafetensorsFile, TensorView, scratch};
 use crate::model::base_model::BaseModel;
 

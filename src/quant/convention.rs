@@ -10,7 +10,7 @@
 //! stable-diffusion.cpp reports in the wild.
 //!
 //! Owns: those names, [`Format`] and [`recognise`]. Does not own: decoding (`quant::base`),
-//! the numbers (`io::quant`).
+//! the numbers (`codec`).
 
 use std::collections::BTreeMap;
 

@@ -4,9 +4,12 @@
 //! does, or the input refused).
 //!
 //! Nothing outside this module spells a marker or a scale name. Does not own: the numeric
-//! codecs (fp8, ggml blocks, K-quants: `io::quant`), the containers (safetensors header,
+//! codecs (fp8, ggml blocks, K-quants: `codec`), the containers (safetensors header,
 //! GGUF: `io`), what the tensors mean (`model`).
 
 pub mod base;
 pub mod convention;
+pub mod encode;
+pub mod inspect;
 pub mod layers;
+pub mod rules;

@@ -6,7 +6,7 @@
 //! the diffusers table through `model::read_plan::ReadPlan`) and `open_quantized`, which
 //! says whether a `--model` path is one of them. Dequantization: scaled fp8 `W = q.to(f32) * scale_weight`
 //! (ComfyUI's legacy ops, f32 compute), GGUF as gguf-py's dequantizers (`d·q`, `d·q + m`,
-//! F16/BF16 widened). Does not own: the encodings (`io::quant`), the GGUF parser
+//! F16/BF16 widened). Does not own: the encodings (`codec`), the GGUF parser
 //! (`io::gguf`), or the layouts (`model`).
 
 use std::borrow::Cow;
@@ -15,9 +15,9 @@ use std::path::Path;
 
 use super::error::RunError;
 use super::weights::{WeightSource, read_config, widen};
+use crate::codec::fp8;
 use crate::io::checkpoint::{Checkpoint, TensorSet};
 use crate::io::gguf::{GgufFile, single_gguf_in, torch_shape};
-use crate::io::quant::fp8;
 use crate::io::{DType, ReadError};
 use crate::model::read_plan::{ReadPlan, StoredTensor};
 use crate::model::wan::{WanConfig, WanVariant};

@@ -371,7 +371,7 @@ pub fn widen(dtype: DType, bytes: &[u8]) -> Result<Cow<'_, [f32]>, String> {
     let mut out = vec![0f32; numel];
     out.par_chunks_mut(WIDEN_CHUNK)
         .zip(bytes.par_chunks(WIDEN_CHUNK * size))
-        .try_for_each(|(dst, src)| crate::io::dtype::widen_to_f32(dtype, src, dst))
+        .try_for_each(|(dst, src)| crate::codec::dtype::widen_to_f32(dtype, src, dst))
         .map_err(|e| e.to_string())?;
     Ok(Cow::Owned(out))
 }

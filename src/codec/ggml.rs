@@ -24,7 +24,7 @@ use half::f16;
 use crate::io::DType;
 
 use super::kquant::{self, QK_K};
-use crate::io::dtype::{round_to_bf16, round_to_f16};
+use crate::codec::dtype::{round_to_bf16, round_to_f16};
 
 /// Elements per block of the 32-wide block types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1).
 pub const QK: usize = 32;

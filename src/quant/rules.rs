@@ -5,16 +5,16 @@
 //!
 //! Owns: the quantized output formats (`QuantFormat`), their names on the command line, the
 //! GGUF `general.file_type` of each, and the per-tensor decision with its reason. Does not
-//! own: the encodings (`io::quant`), the GGUF container (`io::gguf`) or the name mapping from
+//! own: the encodings (`codec`), the GGUF container (`io::gguf`) or the name mapping from
 //! diffusers (`model::wan_names`).
 
 use std::fmt;
 
-use super::transform::Transform;
-use super::wan_layout::Layout;
-use super::wan_names;
+use crate::codec::ggml::GgmlType;
 use crate::io::DType;
-use crate::io::quant::ggml::GgmlType;
+use crate::model::transform::Transform;
+use crate::model::wan_layout::Layout;
+use crate::model::wan_names;
 
 /// A quantized output format.
 #[allow(non_camel_case_types)]

@@ -18,9 +18,9 @@ use crate::human::{grouped, plural, size};
 use crate::io::gguf::{GgufFile, Value, torch_shape};
 use crate::io::{DType, ReadError, TensorSet, digest};
 use crate::model::fingerprint::{Fingerprint, ShapeSource, fingerprint};
-use crate::model::quant_rules::QuantFormat;
 use crate::quant::convention::{self, Format};
 use crate::quant::layers::{self, Decoding};
+use crate::quant::rules::QuantFormat;
 
 /// A tensor set seen as it decodes: without side tensors (markers, scales), each quantized
 /// weight with its decoded shape (for fingerprints).

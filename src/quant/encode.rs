@@ -3,12 +3,12 @@
 //! one writer and job loop.
 //!
 //! Owns: `QuantPlan` (every output tensor under its original-Wan name with its encoding and
-//! the reason, from `model::quant_rules`), the output file plan of each format (one
+//! the reason, from `quant::rules`), the output file plan of each format (one
 //! `.safetensors` with the `scaled_fp8` marker and `scale_weight` tensors, or one `.gguf`
 //! laid out by `io::gguf`), [`encode`] (f32 values of a tensor, or of a band of its whole
 //! rows, to the bytes of its encoding, plus the values a loader dequantizes), the error
-//! sums and the quantization report. Does not own: the encodings themselves (`io::quant`),
-//! the rules (`model::quant_rules`), name tables (`model::wan_names`), the jobs that feed
+//! sums and the quantization report. Does not own: the encodings themselves (`codec`),
+//! the rules (`quant::rules`), name tables (`model::wan_names`), the jobs that feed
 //! [`encode`] (`pipeline::output`, `pipeline::exec`: `convert --to` is that pipeline with no
 //! adapters) or the atomic writer (`release`).
 //!
@@ -21,20 +21,20 @@ use std::path::PathBuf;
 
 use serde_json::json;
 
+use crate::codec::fp8;
+use crate::codec::ggml::{self, GgmlType};
 use crate::io::checkpoint::Component;
 use crate::io::gguf::{self, TensorPlan};
 use crate::io::header_layout::LayoutError;
 use crate::io::header_layout::PlannedTensor;
-use crate::io::quant::fp8;
-use crate::io::quant::ggml::{self, GgmlType};
 use crate::io::writer::{ComponentOutput, GgufParts, OutputPlan};
 use crate::io::{DType, ReadError, dtype};
 use crate::model::animate::{is_animate_module, is_blur_kernel};
 use crate::model::base_model::{BaseModel, ComponentModel};
 use crate::model::plan_error::{ANIMATE_NOT_QUANTIZED, ANIMATE_UNKNOWN, PlanError};
-use crate::model::quant_rules::{self, GgufMix, QuantFormat, Why};
 use crate::model::wan_layout::Layout;
 use crate::model::wan_names::{self, Position};
+use crate::quant::rules::{self, GgufMix, QuantFormat, Why};
 
 /// The name of the fp8 marker tensor.
 pub const FP8_MARKER: &str = crate::quant::convention::SCALED_FP8_MARKER;
@@ -341,7 +341,7 @@ fn decide(
     src: DType,
 ) -> (Encoding, Why) {
     if o.format == QuantFormat::Fp8Scaled {
-        return if quant_rules::is_fp8_linear(name, shape) {
+        return if rules::is_fp8_linear(name, shape) {
             (Encoding::Fp8, Why::Fp8Linear)
         } else {
             (Encoding::Plain(o.fp8_high_precision()), Why::HighPrecision)

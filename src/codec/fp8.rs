@@ -45,20 +45,23 @@ pub fn f32_to_e4m3fn(x: f32) -> u8 {
     sign | ((r >> 20) as u8).min(0x7E)
 }
 
-/// The value of `float8_e4m3fn` bits (0x7f / 0xff are NaN; there are no infinities).
+/// The value of `float8_e4m3fn` bits, as torch's cast (`c10` `fp8e4m3fn_to_fp32_value`):
+/// 0x7f / 0xff are NaN (with c10's payload, `0x7ff00000` and its sign); there are no
+/// infinities.
 #[inline]
 pub fn e4m3fn_to_f32(b: u8) -> f32 {
-    let sign = if b & 0x80 != 0 { -1.0f32 } else { 1.0 };
-    let e = ((b >> 3) & 0x0F) as i32;
-    let m = (b & 0x07) as f32;
-    if e == 15 && m == 7.0 {
-        return if b & 0x80 != 0 { -f32::NAN } else { f32::NAN };
+    let sign = u32::from(b & 0x80) << 24;
+    let e = i32::from((b >> 3) & 0x0F);
+    let m = f32::from(b & 0x07);
+    if b & 0x7F == 0x7F {
+        return f32::from_bits(sign | 0x7FF0_0000);
     }
-    if e == 0 {
-        sign * m * (2f32).powi(-9)
+    let mag = if e == 0 {
+        m * (2f32).powi(-9)
     } else {
-        sign * (1.0 + m / 8.0) * (2f32).powi(e - 7)
-    }
+        (8.0 + m) * (2f32).powi(e - 10)
+    };
+    f32::from_bits(sign | mag.to_bits())
 }
 
 /// `max|W|` over the tensor (NaN-free input; the caller refuses non-finite weights).
