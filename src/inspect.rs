@@ -616,6 +616,23 @@ pub fn render_keys(rows: &[KeyRow]) -> String {
     s
 }
 
+/// The tensors of one GGUF file whose name matches `glob`, in file order, as
+/// `inspect --keys` lists them (a ggml type name for the dtype, the PyTorch shape).
+pub fn gguf_keys(path: &std::path::Path, glob: &str) -> Result<Vec<KeyRow>, ReadError> {
+    let f = crate::io::gguf::GgufFile::open(path)?;
+    Ok(f.header()
+        .tensors
+        .iter()
+        .filter(|t| glob_matches(glob, &t.name))
+        .map(|t| KeyRow {
+            component: String::new(),
+            name: t.name.clone(),
+            dtype: t.ty.name().to_string(),
+            shape: crate::io::gguf::torch_shape(&t.ne),
+        })
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::glob_matches;

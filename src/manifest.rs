@@ -411,7 +411,7 @@ fn verify_file(dir: &Path, f: &FileRecord, phase: &Progress) -> (usize, Vec<Mism
         }
         return (0, out);
     };
-    let d = match digest::digest_weight_file(&path, &|n| phase.add_bytes(n)) {
+    let d = match crate::io::gguf::digest_weight_file(&path, &|n| phase.add_bytes(n)) {
         Ok(d) => d,
         Err(e) => return (0, vec![miss(crate::error_text::chain(&e))]),
     };

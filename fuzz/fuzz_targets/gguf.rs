@@ -6,7 +6,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use wanbake::io::gguf;
-use wanbake::io::quant::ggml;
+use wanbake::codec::ggml;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(g) = gguf::parse(data) {

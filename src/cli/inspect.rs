@@ -65,7 +65,7 @@ fn add_adapter_details(
 /// The tensors of one path matching `glob`, a GGUF file's or any checkpoint's.
 fn path_keys(path: &Path, glob: &str) -> Result<Vec<KeyRow>, ReadError> {
     match wanbake::io::gguf::single_gguf_in(path) {
-        Some(gguf) => wanbake::quant::inspect::gguf_keys(&gguf, glob),
+        Some(gguf) => wanbake::inspect::gguf_keys(&gguf, glob),
         None => Checkpoint::open_stored(path).map(|c| keys(&c, glob)),
     }
 }

@@ -220,7 +220,7 @@ pub fn quantize(ty: GgmlType, src: &[f32], dst: &mut [u8]) {
                 c.copy_from_slice(&round_to_bf16(x).to_le_bytes());
             }
         }
-        _ if ty.is_k_quant() => kquant::quantize_blocks(ty, src, dst),
+        _ if ty.is_k_quant() => quantize_k_blocks(ty, src, dst),
         _ => {
             let ts = ty.type_size();
             for (out, x) in dst.chunks_exact_mut(ts).zip(src.chunks_exact(QK)) {
@@ -360,7 +360,7 @@ pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
                 *d = f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16);
             }
         }
-        _ if ty.is_k_quant() => kquant::dequantize_blocks(ty, src, dst),
+        _ if ty.is_k_quant() => dequantize_k_blocks(ty, src, dst),
         _ => {
             for (y, b) in dst
                 .chunks_exact_mut(QK)
@@ -404,6 +404,64 @@ pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
             }
         }
     }
+}
+
+/// Encodes whole super-blocks of `src` into `dst` (`ty` one of Q2_K … Q6_K; lengths checked by
+/// the caller, `quantize`), compiled for the CPU's widest vector set that `pulp`
+/// dispatches to (AVX2 on x86-64 when present, detected at run time). The bytes are the scalar
+/// code's: only the instruction width changes, every operation stays one IEEE f32 rounding
+/// (Rust never contracts a multiply and an add).
+fn quantize_k_blocks(ty: GgmlType, src: &[f32], dst: &mut [u8]) {
+    struct Op<'a>(GgmlType, &'a [f32], &'a mut [u8]);
+    impl pulp::WithSimd for Op<'_> {
+        type Output = ();
+        #[inline(always)]
+        fn with_simd<S: pulp::Simd>(self, _: S) {
+            let Op(ty, src, dst) = self;
+            let blocks = dst
+                .chunks_exact_mut(ty.type_size())
+                .zip(src.chunks_exact(QK_K));
+            for (out, x) in blocks {
+                let x = x.try_into().expect("chunks_exact(QK_K)");
+                match ty {
+                    GgmlType::Q2_K => kquant::quantize_q2_k(x, out),
+                    GgmlType::Q3_K => kquant::quantize_q3_k(x, out),
+                    GgmlType::Q4_K => kquant::quantize_q4_k(x, out),
+                    GgmlType::Q5_K => kquant::quantize_q5_k(x, out),
+                    GgmlType::Q6_K => kquant::quantize_q6_k(x, out),
+                    _ => unreachable!("{ty} is not a K-quant"),
+                }
+            }
+        }
+    }
+    pulp::Arch::new().dispatch(Op(ty, src, dst));
+}
+
+/// Decodes whole super-blocks of `src` into `dst`, dispatched like [`quantize_k_blocks`].
+fn dequantize_k_blocks(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
+    struct Op<'a>(GgmlType, &'a [u8], &'a mut [f32]);
+    impl pulp::WithSimd for Op<'_> {
+        type Output = ();
+        #[inline(always)]
+        fn with_simd<S: pulp::Simd>(self, _: S) {
+            let Op(ty, src, dst) = self;
+            let blocks = dst
+                .chunks_exact_mut(QK_K)
+                .zip(src.chunks_exact(ty.type_size()));
+            for (y, b) in blocks {
+                let y = y.try_into().expect("chunks_exact_mut(QK_K)");
+                match ty {
+                    GgmlType::Q2_K => kquant::dequantize_q2_k(b, y),
+                    GgmlType::Q3_K => kquant::dequantize_q3_k(b, y),
+                    GgmlType::Q4_K => kquant::dequantize_q4_k(b, y),
+                    GgmlType::Q5_K => kquant::dequantize_q5_k(b, y),
+                    GgmlType::Q6_K => kquant::dequantize_q6_k(b, y),
+                    _ => unreachable!("{ty} is not a K-quant"),
+                }
+            }
+        }
+    }
+    pulp::Arch::new().dispatch(Op(ty, src, dst));
 }
 
 #[cfg(test)]

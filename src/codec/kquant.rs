@@ -40,13 +40,11 @@
 //! Speed without changing a bit: the trial-scale searches (`make_qkx2_quants`,
 //! `make_qx_quants`) evaluate several candidates side by side, one vector lane each, every
 //! lane summing in ggml's element order and the candidates compared in ggml's order (see those
-//! functions for why that gives ggml's choice), and [`quantize_blocks`] runs the block loop
+//! functions for why that gives ggml's choice), and `ggml::quantize` runs the block loop
 //! compiled for the CPU's widest vector set (`pulp`'s run-time dispatch). Everything per block
 //! lives on the stack.
 
 #![allow(non_snake_case)] // ggml's names: L, Laux
-
-use super::ggml::GgmlType;
 
 /// Elements per K-quant super-block (`QK_K`).
 pub const QK_K: usize = 256;
@@ -907,64 +905,6 @@ pub fn dequantize_q6_k(b: &[u8], y: &mut [f32; QK_K]) {
             y[l + 96] = d * (sc[is + 6] as i8) as f32 * q4 as f32;
         }
     }
-}
-
-/// Encodes whole super-blocks of `src` into `dst` (`ty` one of Q2_K … Q6_K; lengths checked by
-/// the caller, `ggml::quantize`), compiled for the CPU's widest vector set that `pulp`
-/// dispatches to (AVX2 on x86-64 when present, detected at run time). The bytes are the scalar
-/// code's: only the instruction width changes, every operation stays one IEEE f32 rounding
-/// (Rust never contracts a multiply and an add).
-pub fn quantize_blocks(ty: GgmlType, src: &[f32], dst: &mut [u8]) {
-    struct Op<'a>(GgmlType, &'a [f32], &'a mut [u8]);
-    impl pulp::WithSimd for Op<'_> {
-        type Output = ();
-        #[inline(always)]
-        fn with_simd<S: pulp::Simd>(self, _: S) {
-            let Op(ty, src, dst) = self;
-            let blocks = dst
-                .chunks_exact_mut(ty.type_size())
-                .zip(src.chunks_exact(QK_K));
-            for (out, x) in blocks {
-                let x = x.try_into().expect("chunks_exact(QK_K)");
-                match ty {
-                    GgmlType::Q2_K => quantize_q2_k(x, out),
-                    GgmlType::Q3_K => quantize_q3_k(x, out),
-                    GgmlType::Q4_K => quantize_q4_k(x, out),
-                    GgmlType::Q5_K => quantize_q5_k(x, out),
-                    GgmlType::Q6_K => quantize_q6_k(x, out),
-                    _ => unreachable!("{ty} is not a K-quant"),
-                }
-            }
-        }
-    }
-    pulp::Arch::new().dispatch(Op(ty, src, dst));
-}
-
-/// Decodes whole super-blocks of `src` into `dst`, dispatched like [`quantize_blocks`].
-pub fn dequantize_blocks(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
-    struct Op<'a>(GgmlType, &'a [u8], &'a mut [f32]);
-    impl pulp::WithSimd for Op<'_> {
-        type Output = ();
-        #[inline(always)]
-        fn with_simd<S: pulp::Simd>(self, _: S) {
-            let Op(ty, src, dst) = self;
-            let blocks = dst
-                .chunks_exact_mut(QK_K)
-                .zip(src.chunks_exact(ty.type_size()));
-            for (y, b) in blocks {
-                let y = y.try_into().expect("chunks_exact_mut(QK_K)");
-                match ty {
-                    GgmlType::Q2_K => dequantize_q2_k(b, y),
-                    GgmlType::Q3_K => dequantize_q3_k(b, y),
-                    GgmlType::Q4_K => dequantize_q4_k(b, y),
-                    GgmlType::Q5_K => dequantize_q5_k(b, y),
-                    GgmlType::Q6_K => dequantize_q6_k(b, y),
-                    _ => unreachable!("{ty} is not a K-quant"),
-                }
-            }
-        }
-    }
-    pulp::Arch::new().dispatch(Op(ty, src, dst));
 }
 
 #[cfg(test)]

@@ -156,21 +156,6 @@ pub fn digest_safetensors(
     })
 }
 
-/// Digest of a weight file wanbake writes: GGUF when the name ends in `.gguf`
-/// ([`super::gguf::digest_gguf`]), safetensors otherwise.
-pub fn digest_weight_file(
-    path: &Path,
-    on_bytes: &(dyn Fn(u64) + Sync),
-) -> Result<SafetensorsDigest, ReadError> {
-    if path.extension().is_some_and(|e| e == "gguf") {
-        let d = super::gguf::digest_gguf(path)?;
-        on_bytes(d.bytes);
-        Ok(d)
-    } else {
-        digest_safetensors(path, on_bytes)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

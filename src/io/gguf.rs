@@ -716,6 +716,21 @@ pub fn manifest_type_shape(t: &GgufTensor) -> (ElementType, Vec<usize>) {
     (ty, torch_shape(&t.ne))
 }
 
+/// Digest of a weight file wanbake writes: GGUF when the name ends in `.gguf`
+/// ([`digest_gguf`]), safetensors otherwise.
+pub fn digest_weight_file(
+    path: &Path,
+    on_bytes: &(dyn Fn(u64) + Sync),
+) -> Result<SafetensorsDigest, ReadError> {
+    if path.extension().is_some_and(|e| e == "gguf") {
+        let d = digest_gguf(path)?;
+        on_bytes(d.bytes);
+        Ok(d)
+    } else {
+        super::digest::digest_safetensors(path, on_bytes)
+    }
+}
+
 /// Validates and hashes a GGUF file and each tensor's data in one sequential pass, like
 /// [`digest::digest_safetensors`]: pages are released once hashed, so memory stays bounded.
 pub fn digest_gguf(path: &Path) -> Result<SafetensorsDigest, ReadError> {

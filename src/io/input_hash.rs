@@ -83,7 +83,7 @@ fn cached(s: &FileStamp) -> Option<String> {
 }
 
 /// Best effort: a cache that cannot be written only costs a later re-hash. Written by the
-/// one single-file writer (`staging::replace_file_durable`: temporary, fsync, rename).
+/// one single-file writer (`durable::replace_file`: temporary, fsync, rename).
 fn remember(s: &FileStamp, sha: &str) {
     let Some(dir) = cache_dir() else { return };
     let path = entry_path(dir, s);
@@ -91,7 +91,7 @@ fn remember(s: &FileStamp, sha: &str) {
     if std::fs::create_dir_all(parent).is_err() {
         return;
     }
-    let _ = super::staging::replace_file_durable(&path, sha.as_bytes());
+    let _ = super::durable::replace_file(&path, sha.as_bytes());
 }
 
 /// Asked before each read of an input being hashed, with the bytes read so far and the

@@ -16,6 +16,7 @@
 pub mod carry;
 pub mod checkpoint;
 pub mod digest;
+pub mod durable;
 pub mod file;
 pub mod gguf;
 pub mod header;

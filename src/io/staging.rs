@@ -31,6 +31,7 @@ use std::sync::Arc;
 
 use super::carry::{self, Carried};
 use super::digest::{self, SafetensorsDigest};
+use super::durable::{self, TMP_MARK, parent_dir};
 use super::file::ReadError;
 use super::header::Header;
 use super::header_layout::HeaderLayout;
@@ -40,8 +41,6 @@ use crate::progress::{self, PhaseGuard};
 
 /// Name of the manifest every output directory carries.
 pub const MANIFEST_NAME: &str = "wanbake.manifest.json";
-
-const TMP_MARK: &str = ".wanbake-tmp-";
 
 /// Why an output could not be written. Every variant names the path.
 #[derive(Debug, thiserror::Error)]
@@ -704,7 +703,7 @@ impl Staging {
             .zip(&self.plan.files)
             .map(|(d, p)| match d {
                 Some(d) => Ok(d),
-                None => Ok(digest::digest_weight_file(
+                None => Ok(crate::io::gguf::digest_weight_file(
                     &self.tmp.join(&p.rel_path),
                     &|n| sealing.add_bytes(n),
                 )?),
@@ -898,34 +897,24 @@ pub struct Sealed {
 
 /// Writes a file and fsyncs it.
 pub fn write_durable(path: &Path, bytes: &[u8]) -> Result<(), WriteError> {
-    use std::io::Write;
-    let mut f = File::create(path).map_err(io_err(path))?;
-    f.write_all(bytes).map_err(io_err(path))?;
-    f.sync_all().map_err(io_err(path))
+    durable::write_file(path, bytes).map_err(WriteError::from)
 }
 
-/// Replaces `path` atomically with `bytes` (temp file + fsync + rename + parent fsync); on
-/// failure the temporary is removed and `path` is untouched. Every single file wanbake
-/// writes outside a release folder (the runner's outputs, SVD cache entries, input-hash
-/// cache entries) goes through here.
+/// Replaces `path` atomically with `bytes` (`durable::replace_file`: temp file + fsync +
+/// rename + parent fsync); on failure the temporary is removed and `path` is untouched.
+/// Every single file wanbake writes outside a release folder (the runner's outputs, SVD
+/// cache entries, signatures) goes through here.
 pub fn replace_file_durable(path: &Path, bytes: &[u8]) -> Result<(), WriteError> {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
-    // Unique per process and call, so threads replacing the same file never share a temporary.
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let tmp = parent_dir(path).join(format!(".{name}{TMP_MARK}{}-{n}", std::process::id()));
-    let result = write_durable(&tmp, bytes)
-        .and_then(|()| std::fs::rename(&tmp, path).map_err(io_err(path)))
-        .and_then(|()| {
-            let parent = parent_dir(path);
-            File::open(&parent)
-                .and_then(|d| d.sync_all())
-                .map_err(io_err(&parent))
-        });
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
+    durable::replace_file(path, bytes).map_err(WriteError::from)
+}
+
+impl From<durable::DurableError> for WriteError {
+    fn from(e: durable::DurableError) -> WriteError {
+        WriteError::Io {
+            path: e.path,
+            source: e.source,
+        }
     }
-    result
 }
 
 fn sync_tree(dir: &Path) -> Result<(), WriteError> {
@@ -939,13 +928,6 @@ fn sync_tree(dir: &Path) -> Result<(), WriteError> {
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(io_err(dir))
-}
-
-fn parent_dir(p: &Path) -> PathBuf {
-    match p.parent() {
-        Some(x) if !x.as_os_str().is_empty() => x.to_path_buf(),
-        _ => PathBuf::from("."),
-    }
 }
 
 fn dest_name(dest: &Path) -> String {

@@ -231,7 +231,7 @@ impl OutputPlan {
     /// Adds a GGUF weight file (`io::gguf`, laid out as gguf-py does): its header is
     /// written at offset 0, each tensor's raw byte range becomes a slot of component
     /// `component`, and the bytes between them stay zero. The file is digested by its
-    /// extension (`digest::digest_weight_file`).
+    /// extension (`gguf::digest_weight_file`).
     pub fn add_gguf_file(&mut self, component: usize, rel_path: PathBuf, parts: GgufParts) {
         let file = self.files.len();
         let layout = parts.layout(&BTreeMap::new());

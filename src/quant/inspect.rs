@@ -276,20 +276,3 @@ pub fn render_gguf(r: &serde_json::Value) -> String {
     }
     s
 }
-
-/// The tensors of one GGUF file whose name matches `glob`, in file order, as
-/// `inspect --keys` lists them (a ggml type name for the dtype, the PyTorch shape).
-pub fn gguf_keys(path: &Path, glob: &str) -> Result<Vec<crate::inspect::KeyRow>, ReadError> {
-    let f = GgufFile::open(path)?;
-    Ok(f.header()
-        .tensors
-        .iter()
-        .filter(|t| crate::inspect::glob_matches(glob, &t.name))
-        .map(|t| crate::inspect::KeyRow {
-            component: String::new(),
-            name: t.name.clone(),
-            dtype: t.ty.name().to_string(),
-            shape: torch_shape(&t.ne),
-        })
-        .collect())
-}
