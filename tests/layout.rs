@@ -153,10 +153,12 @@ fn convert_with(
         path
     });
     let out = dir.path().join("out");
+    // Random bit patterns hold NaN payloads and infinities: written as they are.
     let restack = RestackOptions {
         from: Some(from),
         dtype,
         config,
+        nonfinite: wanbake::pipeline::NonFinite::Allow,
         ..restack_options(to)
     };
     restack_release(&input, &out, &restack, options, Hooks::default()).unwrap();
@@ -174,6 +176,7 @@ fn restack_options(to: Layout) -> RestackOptions {
         shard_bytes: None,
         replace: wanbake::io::staging::Replace::Never,
         config: None,
+        nonfinite: wanbake::pipeline::NonFinite::Refuse,
     }
 }
 

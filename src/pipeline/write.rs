@@ -3,7 +3,8 @@
 //! Owns: [`write`] (stamp the provenance into the output headers, hand the plan's output to
 //! the release writer, run the executor as its producer, and turn what ran into the
 //! manifest's report: the producer's own, for a quantized output the quantization report
-//! around it, for an Orbax output its chunks' value digests beside it (`orbax`, `producer`)) and [`Writing`], how a write is recorded. Does not own: the release writer's
+//! around it, for an Orbax output its chunks' value digests beside it (`orbax`, `producer`),
+//! and the values written that the output cannot hold, when allowed (`nonfinite`)) and [`Writing`], how a write is recorded. Does not own: the release writer's
 //! steps (`release`), the jobs (`pipeline::exec`), what a target is (`merge`).
 
 use std::collections::BTreeMap;
@@ -11,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use super::error::PipelineError;
 use super::exec::{Exec, ExecOptions, TargetWriter};
+use super::nonfinite::UnheldValues;
 use super::plan::{Plan, Ready};
 use crate::io::staging::{Allocation, Replace};
 use crate::quant::encode::ErrorStats;
@@ -106,7 +108,7 @@ where
                 (None, Some(orbax)) => serde_json::json!({ "orbax": orbax, "producer": report }),
                 (None, None) => report,
             };
-            Ok::<_, T::Error>(with_quantized_base(plan, report))
+            Ok::<_, T::Error>(with_unheld(with_quantized_base(plan, report), &ran.unheld))
         },
         hooks,
     )
@@ -139,6 +141,23 @@ fn with_quantized_base(plan: &Plan<'_>, report: serde_json::Value) -> serde_json
             serde_json::Value::Object(m)
         }
         other => serde_json::json!({ "base_quantized": base, "producer": other }),
+    }
+}
+
+/// The report with `nonfinite`: every tensor written with values its output cannot hold
+/// (allowed, `NonFinite::Allow`), in output order. A report without such values is
+/// returned as it is, so a valid input's manifest does not change.
+fn with_unheld(report: serde_json::Value, unheld: &[UnheldValues]) -> serde_json::Value {
+    if unheld.is_empty() {
+        return report;
+    }
+    let list: Vec<serde_json::Value> = unheld.iter().map(UnheldValues::to_json).collect();
+    match report {
+        serde_json::Value::Object(mut o) => {
+            o.insert("nonfinite".into(), list.into());
+            serde_json::Value::Object(o)
+        }
+        other => serde_json::json!({ "nonfinite": list, "producer": other }),
     }
 }
 
