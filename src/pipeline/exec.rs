@@ -465,7 +465,8 @@ impl<'a> Exec<'a> {
                 })?;
         }
         sum.add(w, &y);
-        Ok(unheld_encoded(w, &y, first))
+        let blocks = matches!(enc, Encoding::Ggml { ty, .. } if ty.is_block());
+        Ok(unheld_encoded(w, &y, first, blocks))
     }
 
     /// Records `sum` as the dequantized error of `job`'s output tensor.
@@ -502,24 +503,28 @@ impl<'a> Exec<'a> {
     }
 }
 
-/// The values of `w` (elements `first ..` of a tensor) that are not finite, or whose
-/// encoding `y` (as decoded) is not; `None` on the fast path, two vectorised scans.
-fn unheld_encoded(w: &[f32], y: &[f32], first: usize) -> Option<Unheld> {
-    if all_held(w, f32::INFINITY) && all_held(y, f32::INFINITY) {
+/// The values of `w` (elements `first ..` of a tensor) that are not finite, or else (a
+/// finite `w`) those whose encoding `y`, as decoded, is not: an overflow of the encoding.
+/// A non-finite value can spoil its neighbours' encoding too (an infinite fp8 scale, a
+/// NaN block scale), so only the values themselves are counted then. An overflow of a
+/// block type (`blocks`) spoils its whole block, every value of which is counted; the
+/// value named is then the largest of the first spoiled run (the one its scale could not
+/// hold), not the run's first. `None` on the fast path, two vectorised scans.
+fn unheld_encoded(w: &[f32], y: &[f32], first: usize, blocks: bool) -> Option<Unheld> {
+    let finite = all_held(w, f32::INFINITY);
+    if finite && all_held(y, f32::INFINITY) {
         return None;
     }
-    let mut found: Option<Unheld> = None;
-    for (i, (&x, &d)) in w.iter().zip(y).enumerate() {
-        if !(x.is_finite() && d.is_finite()) {
-            let one = Unheld {
-                first: first + i,
-                value: x,
-                count: 1,
-            };
-            Unheld::add(&mut found, Some(one));
-        }
+    let v = if finite { y } else { w };
+    let mut u = Unheld::scan(v, f32::INFINITY, first)?;
+    let mut at = u.first - first;
+    if finite && blocks {
+        let run = y[at..].iter().take_while(|d| !d.is_finite()).count();
+        let largest = (at..at + run).fold(at, |m, i| if w[i].abs() > w[m].abs() { i } else { m });
+        (u.first, at) = (first + largest, largest);
     }
-    found
+    u.value = w[at];
+    Some(u)
 }
 
 /// The stored base tensor `job` reads.

@@ -89,7 +89,8 @@ pub struct UnheldValues {
     pub dtype: Option<DType>,
     /// The values found.
     pub found: Unheld,
-    /// Row and column of the first in a merged target's (out, in') view.
+    /// Row and column of the first in a merged target's (out, in') view (`None`: a tensor
+    /// written untouched, `first` counted in its stored order).
     pub at: Option<(usize, usize)>,
     /// Where they came from.
     pub origin: Origin,
@@ -150,14 +151,11 @@ impl fmt::Display for UnheldValues {
         if let Some(o) = &self.output {
             write!(f, "(written as `{o}`) ")?;
         }
-        match self.origin {
-            Origin::Merge { .. } | Origin::Merged { .. } => write!(f, "merged ")?,
-            _ => {}
+        match self.at {
+            Some((row, col)) => write!(f, "merged element {first} (row {row}, column {col})")?,
+            None => write!(f, "element {first}")?,
         }
-        write!(f, "element {first} is {value}")?;
-        if let Some((row, col)) = self.at {
-            write!(f, " (row {row}, column {col})")?;
-        }
+        write!(f, " is {value}")?;
         if !value.is_finite() {
             write!(f, ", non-finite")?;
         } else {
