@@ -153,12 +153,10 @@ fn convert_with(
         path
     });
     let out = dir.path().join("out");
-    // Random bit patterns hold NaN payloads and infinities: written as they are.
     let restack = RestackOptions {
         from: Some(from),
         dtype,
         config,
-        nonfinite: wanbake::pipeline::NonFinite::Allow,
         ..restack_options(to)
     };
     restack_release(&input, &out, &restack, options, Hooks::default()).unwrap();
@@ -166,7 +164,7 @@ fn convert_with(
 }
 
 /// Restack options: detect the input layout, keep dtypes, default keep-f32, one file, no
-/// overwrite.
+/// overwrite, non-finite values allowed.
 fn restack_options(to: Layout) -> RestackOptions {
     RestackOptions {
         from: None,
@@ -176,7 +174,9 @@ fn restack_options(to: Layout) -> RestackOptions {
         shard_bytes: None,
         replace: wanbake::io::staging::Replace::Never,
         config: None,
-        nonfinite: wanbake::pipeline::NonFinite::Refuse,
+        // The random bit patterns of these tests hold NaN payloads and infinities, written
+        // as they are (issue 45: allowed, and listed in the report).
+        nonfinite: wanbake::pipeline::NonFinite::Allow,
     }
 }
 

@@ -388,12 +388,18 @@ pub fn largest_finite(dtype: DType) -> Option<f32> {
     }
 }
 
+/// Is `x` held by a dtype whose [`held_limit`] is `limit` (`|x| < limit`; NaN never)?
+#[inline(always)]
+pub fn held(x: f32, limit: f32) -> bool {
+    x.abs() < limit
+}
+
 /// True when every value is held by a dtype whose [`held_limit`] is `limit` (`|x| < limit`,
 /// NaN never). No branch per element, so the loop vectorises; the check every merged band
 /// and every converted tensor goes through before it is written.
 #[inline]
 pub fn all_held(values: &[f32], limit: f32) -> bool {
-    vectorized(|| values.iter().fold(true, |ok, x| ok & (x.abs() < limit)))
+    vectorized(|| values.iter().fold(true, |ok, &x| ok & held(x, limit)))
 }
 
 /// True when no element of the little-endian `bytes` of `dtype` is NaN or infinite (an
@@ -447,7 +453,7 @@ impl Unheld {
     pub fn scan(values: &[f32], limit: f32, offset: usize) -> Option<Unheld> {
         let mut found: Option<Unheld> = None;
         for (i, &x) in values.iter().enumerate() {
-            if !(x.abs() < limit) {
+            if !held(x, limit) {
                 match &mut found {
                     Some(u) => u.count += 1,
                     None => {

@@ -36,7 +36,7 @@ use crate::adapter::lycoris::{LycorisError, fitted};
 use crate::adapter::{Kind, ParamRole};
 use crate::backend::Backend;
 use crate::backend::CpuBackend;
-use crate::codec::dtype::{Unheld, all_finite_bytes, all_held, held_limit, narrow_from_f32};
+use crate::codec::dtype::{Unheld, all_finite_bytes, all_held, held, held_limit, narrow_from_f32};
 use crate::gpu::CudaBackend;
 use crate::io::{DType, TensorRef};
 use crate::linalg::XsBases;
@@ -189,13 +189,13 @@ impl<'a> Merger<'a> {
     ) -> Result<Origin, MergeError> {
         let mut D = vec![0f32; n * t.inp];
         rows.read(r0, n, &mut D)?;
-        if !(D[i].abs() < limit) {
+        if !held(D[i], limit) {
             return Ok(Origin::Base);
         }
         let W0 = D.clone();
         for (c, ((u, w), cs)) in (t.contributions.iter()).zip(updates.iter().zip(col_scales)) {
             add_contribution(u, *w, cs.as_deref(), &W0, r0, n, t.inp, &mut D, scratch);
-            if !(D[i].abs() < limit) {
+            if !held(D[i], limit) {
                 return Ok(Origin::Merge {
                     adapter: self.plan.adapters[c.adapter].set.path.clone(),
                     strength: c.strength,

@@ -171,7 +171,8 @@ impl fmt::Display for UnheldValues {
         let values = crate::human::plural(count, "value", "values");
         match self.origin {
             Origin::Adapter if self.dtype.is_none() => {
-                write!(f, "; {values} of this tensor are NaN or infinite; ")?
+                let are = if count == 1 { "is" } else { "are" };
+                write!(f, "; {values} of this tensor {are} NaN or infinite; ")?
             }
             _ => write!(
                 f,
