@@ -574,3 +574,128 @@ fn r_issue_45_resize_and_extract_check_what_they_write() {
     );
     ok(run(dir, &extract("bf16")));
 }
+
+/// The whole-tensor route (the CUDA program, here on the CPU reference backend, and on CUDA
+/// itself when a device opens) refuses what the band route refuses, names the same first
+/// value, count and origin, and with the values allowed writes the same bytes and report.
+#[test]
+fn r_issue_45_every_merge_route_finds_the_same_values() {
+    use wanbake::adapter::{AdapterSpec, bind_specs};
+    use wanbake::io::staging::Replace;
+    use wanbake::layout::OutputDType;
+    use wanbake::merge::{MergeOptions, Merging, merge_release};
+    use wanbake::pipeline::{Compute, NonFinite, OutputChoices, OutputOptions};
+
+    let d = tmp();
+    let dir = d.path();
+    let nan = base_with(dir, "nan", &[(Q, 33, f32::NAN), (Q, 40, f32::INFINITY)]);
+    let t2v = repo().join("golden/models/t2v");
+    let ones = lora(dir, "ones.safetensors", "blocks.0.self_attn.q", 1.0, 1.0);
+    let mut routes = vec![Compute::Cpu, Compute::Reference];
+    match wanbake::gpu::CudaDevice::open(0) {
+        Ok(device) => routes.push(Compute::Cuda(device)),
+        Err(e) => eprintln!("no CUDA route in this test: {e}"),
+    }
+    let cases = [
+        (
+            &nan,
+            "0.1",
+            OutputDType::BF16,
+            "merged element 33 (row 1, column 1) is NaN",
+        ),
+        (
+            &nan,
+            "0.1",
+            OutputDType::F32,
+            "merged element 33 (row 1, column 1) is NaN",
+        ),
+        (
+            &t2v,
+            "70000",
+            OutputDType::F16,
+            "at strength 70000, not from the base",
+        ),
+    ];
+    for (n, (base, strength, dtype, want)) in cases.into_iter().enumerate() {
+        let model = wanbake::quant::base::open(base).unwrap();
+        let spec = AdapterSpec::parse(&format!("{}:{strength}", s(&ones))).unwrap();
+        let adapters = bind_specs(&[spec], &model, false).unwrap();
+        for allow in [false, true] {
+            let output = OutputOptions::new(OutputChoices {
+                dtype,
+                nonfinite: NonFinite::allowed(allow),
+                ..OutputChoices::default()
+            })
+            .unwrap();
+            let mut written = Vec::new();
+            for compute in &routes {
+                let case = format!("{} {strength} {dtype:?} {}", compute.label(), allow);
+                let merging = Merging {
+                    options: MergeOptions::default(),
+                    compute,
+                    svd_cache: None,
+                };
+                let dest = dir.join(format!("out-{n}-{}-{allow}", compute.label()));
+                let r = merge_release(&model, &adapters, &output, &merging, &dest, Replace::Never);
+                match (allow, r) {
+                    (false, Err(e)) => {
+                        let msg = wanbake::error_text::Chain(&e).to_string();
+                        assert!(msg.contains(want), "{case}: {msg}");
+                        assert!(!dest.exists(), "{case}");
+                    }
+                    (true, Ok(_)) => {
+                        let bytes = std::fs::read(dest.join(WEIGHTS)).unwrap();
+                        written.push((case, bytes, report(&dest)["nonfinite"].clone()));
+                    }
+                    (_, other) => panic!("{case}: {other:?}"),
+                }
+            }
+            for w in written.windows(2) {
+                assert_eq!(
+                    w[0].1, w[1].1,
+                    "{} and {} wrote different bytes",
+                    w[0].0, w[1].0
+                );
+                assert_eq!(w[0].2, w[1].2, "{} and {}: reports differ", w[0].0, w[1].0);
+            }
+        }
+    }
+}
+
+/// The scans' rates on one thread, for BENCHMARKS.md ("Checking what an output holds");
+/// nothing is asserted. `all_held` is the merged band's check (it replaced an `is_finite`
+/// fold of the same shape, timed beside it), `all_finite_bytes` the check of every band
+/// copied or converted.
+#[test]
+#[ignore = "timing only: cargo test --release --test nonfinite -- --ignored --nocapture"]
+fn scan_rates() {
+    use std::hint::black_box;
+    use std::time::Instant;
+    use wanbake::io::DType;
+    use wanbake::io::dtype::{all_finite_bytes, all_held, held_limit, vectorized};
+    // 1 MiB bands (a merge band: 2^18 f32) and 8 MiB bands (a copy band), 2 GiB in all
+    let f32s: Vec<f32> = (0..1usize << 18).map(|i| (i as f32).sin()).collect();
+    let bytes: Vec<u8> = (0..8usize << 20).map(|i| (i % 251) as u8 & 0x3F).collect();
+    let rate = |what: &str, band: usize, f: &dyn Fn() -> bool| {
+        let reps = (2usize << 30) / band;
+        let t = Instant::now();
+        let mut ok = true;
+        for _ in 0..reps {
+            ok &= black_box(f());
+        }
+        let s = t.elapsed().as_secs_f64();
+        println!("{what}: {:.1} GB/s ({ok})", (reps * band) as f64 / s / 1e9);
+    };
+    let limit = held_limit(DType::BF16);
+    rate("all_held f32 band (merge)", 4 << 18, &|| {
+        all_held(black_box(&f32s), limit)
+    });
+    rate("is_finite fold f32 band (before)", 4 << 18, &|| {
+        let v = black_box(&f32s);
+        vectorized(|| v.iter().fold(true, |ok, x| ok & x.is_finite()))
+    });
+    for dt in [DType::BF16, DType::F16, DType::F32] {
+        let name = format!("all_finite_bytes {dt} 8 MiB band (copy)");
+        rate(&name, 8 << 20, &|| all_finite_bytes(dt, black_box(&bytes)));
+    }
+}
