@@ -156,6 +156,9 @@ pub struct ExecOutcome {
     /// The values the output could not hold, written as allowed (`NonFinite::Allow`), in
     /// output tensor order; empty when there were none (or they were refused).
     pub unheld: Vec<UnheldValues>,
+    /// Each scaled-fp8 output tensor's saturated values: `|W / scale| > 448`, written as
+    /// ±448, the clamp the format applies by design (not an error).
+    pub saturated: BTreeMap<String, usize>,
 }
 
 /// The executor of one plan writing into one staged output.
@@ -169,6 +172,8 @@ pub struct Exec<'a> {
     quant_errors: Mutex<BTreeMap<String, ErrorStats>>,
     /// Values the output cannot hold, written because the plan allows them.
     unheld: Mutex<Vec<UnheldValues>>,
+    /// Saturated values per scaled-fp8 output tensor.
+    saturated: Mutex<BTreeMap<String, usize>>,
     options: ExecOptions,
 }
 
@@ -181,6 +186,7 @@ impl<'a> Exec<'a> {
             chunks: (plan.orbax.as_ref()).map(|o| ChunkWriter::new(o, staging)),
             quant_errors: Mutex::default(),
             unheld: Mutex::default(),
+            saturated: Mutex::default(),
             options,
         }
     }
@@ -205,10 +211,13 @@ impl<'a> Exec<'a> {
             };
             key(a).cmp(&key(b))
         });
+        let saturated = (self.saturated.into_inner())
+            .map_err(|_| PipelineError::Internal("a worker panicked".into()))?;
         Ok(ExecOutcome {
             quant_errors,
             orbax,
             unheld,
+            saturated,
         })
     }
 
@@ -465,6 +474,13 @@ impl<'a> Exec<'a> {
                 })?;
         }
         sum.add(w, &y);
+        if let (Encoding::Fp8, Some(scale)) = (enc, e.scale) {
+            let limit = crate::codec::fp8::E4M3_MAX;
+            let n = w.iter().filter(|&&x| (x / scale).abs() > limit).count();
+            if let Ok(mut m) = self.saturated.lock() {
+                *m.entry(job.output.clone()).or_default() += n;
+            }
+        }
         let blocks = matches!(enc, Encoding::Ggml { ty, .. } if ty.is_block());
         Ok(unheld_encoded(w, &y, first, blocks))
     }

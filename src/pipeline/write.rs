@@ -15,7 +15,7 @@ use super::exec::{Exec, ExecOptions, TargetWriter};
 use super::nonfinite::UnheldValues;
 use super::plan::{Plan, Ready};
 use crate::io::staging::{Allocation, Replace};
-use crate::quant::encode::ErrorStats;
+use crate::quant::encode::{Encoding, ErrorStats};
 use crate::release::{Hooks, Release, ReleaseError, ReleaseRequest, write_release};
 
 /// How a plan is written and recorded.
@@ -102,9 +102,8 @@ where
             let ran = Exec::new(plan, staging, exec).run(targets)?;
             let report = report()?;
             let report = match (&plan.quant, ran.orbax) {
-                (Some(_), _) => {
-                    quantized_report(plan, report, &ran.quant_errors).map_err(T::Error::from)?
-                }
+                (Some(_), _) => quantized_report(plan, report, &ran.quant_errors, &ran.saturated)
+                    .map_err(T::Error::from)?,
                 (None, Some(orbax)) => serde_json::json!({ "orbax": orbax, "producer": report }),
                 (None, None) => report,
             };
@@ -161,12 +160,14 @@ fn with_unheld(report: serde_json::Value, unheld: &[UnheldValues]) -> serde_json
     }
 }
 
-/// The report of a quantized output: `tensors`, `quantization` (`quantize::report_json`)
-/// and, when adapters were merged, `merge` (the producer's report).
+/// The report of a quantized output: `tensors`, `quantization` (`quantize::report_json`,
+/// with each scaled-fp8 tensor's `saturated` count and their sum in the summary) and, when
+/// adapters were merged, `merge` (the producer's report).
 fn quantized_report(
     plan: &Plan<'_>,
     merged: serde_json::Value,
     errors: &BTreeMap<String, ErrorStats>,
+    saturated: &BTreeMap<String, usize>,
 ) -> Result<serde_json::Value, PipelineError> {
     let Some(q) = &plan.quant else {
         return Ok(merged);
@@ -184,9 +185,16 @@ fn quantized_report(
         report.insert("merge".into(), merged);
     }
     report.insert("tensors".into(), q.tensors.len().into());
-    report.insert(
-        "quantization".into(),
-        crate::quant::encode::report_json(q, &stats),
-    );
+    let mut quantization = crate::quant::encode::report_json(q, &stats);
+    let mut total = None;
+    for t in q.tensors.iter().filter(|t| t.encoding == Encoding::Fp8) {
+        let n = saturated.get(&t.name).copied().unwrap_or(0);
+        quantization["tensors"][&t.name]["saturated"] = n.into();
+        *total.get_or_insert(0) += n;
+    }
+    if let Some(total) = total {
+        quantization["summary"][Encoding::Fp8.name()]["saturated"] = total.into();
+    }
+    report.insert("quantization".into(), quantization);
     Ok(serde_json::Value::Object(report))
 }
