@@ -68,10 +68,8 @@ pub fn convert_piece<E>(
         let size = dtype.size().unwrap_or(1);
         let step = (band_bytes / size).max(1) * size;
         for (i, chunk) in src.bytes.chunks(step).enumerate() {
-            // Checked first: the scan brings the input's pages in, the copy then reads
-            // them from the cache.
-            held &= all_finite_bytes(dtype, chunk);
             write(i * step, chunk)?;
+            held &= all_finite_bytes(dtype, chunk);
         }
         return Ok(if held { None } else { find(src) });
     }
