@@ -1,9 +1,12 @@
 //! Element types of safetensors files and the conversions wanbake performs on them.
 //!
 //! Owns: the `DType` enum (every dtype the safetensors format defines), the widening of
-//! F64/F32/F16/BF16/F8 data to `f32`, and the narrowing of `f32` to BF16/F16/F32 with one
-//! round-to-nearest-even. Does not own: deciding *which* dtype a tensor gets (that is
-//! `layout::dtype_policy`).
+//! F64/F32/F16/BF16/F8 data to `f32`, the narrowing of `f32` to BF16/F16/F32 with one
+//! round-to-nearest-even, and what each dtype holds: the magnitude its rounding takes to
+//! infinity ([`held_limit`]), the branch-free checks of values ([`all_held`]) and stored
+//! bytes ([`all_finite_bytes`]), and a tensor's values it cannot hold ([`Unheld`]). Does
+//! not own: deciding *which* dtype a tensor gets (that is `layout::dtype_policy`), or what
+//! a producer does with values refused (`pipeline::nonfinite`).
 //!
 //! Widening loops have no per-element branch: BF16 is a shift, F16 goes through `half`'s
 //! table-free bit arithmetic (F16C when the CPU has it), F8 through a 256-entry table. The

@@ -2,7 +2,8 @@
 //!
 //! Owns: `Conversion` (a read plan, a write plan and the output dtypes fused into jobs, one
 //! per piece: stored tensor, layer, one composed transform, destination byte offset) and
-//! `convert_piece` (one piece, band by band, into positional writes). Does not own: the
+//! `convert_piece` (one piece, band by band, into positional writes, each band checked for
+//! values its dtype cannot hold). Does not own: the
 //! job loop that runs the pieces (`pipeline::exec`, the one executor of every producing
 //! command), files, headers, atomic commit (`io`).
 //!

@@ -1,6 +1,7 @@
 //! Computing one merged target: `W' = W0 + Σ w·(f(W0) − W0)`, in bands of rows on the CPU
-//! or whole on a backend lane (`--device cuda`, and the reference route), checked finite
-//! and rounded once into the job's slot.
+//! or whole on a backend lane (`--device cuda`, and the reference route), checked against
+//! what the output holds (NaN, ±inf, beyond its dtype: where the first such value came from
+//! is found, `Merger::attribute`) and rounded once into the job's slot.
 //!
 //! Owns: [`Merger`], the merge engine the executor plugs in (`pipeline::TargetWriter`: a
 //! target computed on the route `pipeline::Compute` names; `pipeline::TargetValues`: the

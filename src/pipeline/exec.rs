@@ -8,7 +8,10 @@
 //! `restack`), the writes into each job's slot ([`Exec::write`], [`Exec::encode_part`],
 //! [`Exec::convert_bands`]; an Orbax output's job writes its chunk's zstd stream instead,
 //! `pipeline::orbax::ChunkWriter`), and dropping a base tensor's mapped pages after its last
-//! job (a stacked tensor's, layer by layer). Does not own: computing a target (`merge`), reading
+//! job (a stacked tensor's, layer by layer), and what the written values hold: each band is
+//! checked as it is written, and a tensor's values its output cannot hold are refused or,
+//! allowed, recorded ([`Exec::found`], `pipeline::nonfinite`). Does not own: computing a
+//! target (`merge`), reading
 //! base rows (`pipeline::base_rows`), the copy-and-convert kernel
 //! (`layout::conversion::convert_piece`, over `model::transform`), the encodings
 //! (`quant::encode`), or the atomic output (`io::staging`).
