@@ -36,6 +36,8 @@ pub struct ConvertSpec {
     pub shard_bytes: Option<u64>,
     /// Replace an existing output.
     pub replace: Replace,
+    /// What to do with values the output dtype cannot hold (NaN, ±inf, an f16 overflow).
+    pub nonfinite: crate::pipeline::NonFinite,
 }
 
 /// Converts a whole checkpoint into a new release.
@@ -83,15 +85,17 @@ pub fn convert_release(spec: &ConvertSpec, hooks: Hooks<'_>) -> Result<Release, 
         shard_bytes: spec.shard_bytes,
         quantize: None,
         container: crate::pipeline::output::Container::Safetensors,
+        nonfinite: spec.nonfinite,
     };
     let plan = Plan::copy_only(&ck, output, jobs, "none".into(), described)
         .map_err(ReleaseError::produce)?
         .hash_base_while_writing("input");
-    let options = serde_json::json!({
+    let mut options = serde_json::json!({
         "input": spec.input.display().to_string(),
         "dtype": spec.dtype.float().map(|d| d.as_str()),
         "shard_bytes": spec.shard_bytes,
     });
+    spec.nonfinite.record(&mut options);
     let writing = Writing::new(&spec.out, spec.replace, "convert", options);
     let report = converted_report(&plan);
     write(&plan, writing, &CopyOnly, || Ok(report), hooks)
@@ -139,7 +143,7 @@ pub fn encoded_release(
     let plan = Plan::new(&base, &[], options)
         .map_err(ReleaseError::produce)?
         .hash_base_while_writing("input");
-    let (described, report) = match options.quantize {
+    let (mut described, report) = match options.quantize {
         Some(quantize) => (
             serde_json::json!({
                 "input": input.display().to_string(),
@@ -164,6 +168,7 @@ pub fn encoded_release(
             }),
         ),
     };
+    options.nonfinite.record(&mut described);
     let writing = Writing::new(dest, replace, "convert", described);
     write(&plan, writing, &CopyOnly, || Ok(report), hooks)
 }

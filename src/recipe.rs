@@ -134,6 +134,10 @@ pub struct OutputSpec {
     /// city96's two-step pipeline does (default false).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub city96_rounding: bool,
+    /// Write values the output cannot hold (NaN, ±inf, a finite value beyond its dtype or
+    /// format) and list them in the manifest's report, instead of refusing (default false).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_nonfinite: bool,
 }
 
 impl OutputSpec {
@@ -508,6 +512,7 @@ impl Recipe {
                 .map_err(|m| self.invalid("output.shard_size", m))?,
             to: recipe_field(self, "output.to", o.to.as_deref())?,
             city96_rounding: o.city96_rounding,
+            nonfinite: crate::pipeline::NonFinite::allowed(o.allow_nonfinite),
         };
         let options = OutputOptions::new(choices)
             .map_err(|b| self.invalid(format!("output.{}", b.field), b.message))?;

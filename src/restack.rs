@@ -58,6 +58,7 @@ pub fn restack_release(
         shard_bytes: options.shard_bytes,
         quantize: None,
         container: crate::pipeline::output::Container::Safetensors,
+        nonfinite: options.nonfinite,
     };
     let plan = Plan::copy_only(&checkpoint, output, jobs, keep_f32.join(", "), described)
         .map_err(|e| output_err(Box::new(e)))?

@@ -845,6 +845,7 @@ fn gated_command() {
                     shard_bytes: None,
                     replace: Replace::Never,
                     config: None,
+                    nonfinite: wanbake::pipeline::NonFinite::Refuse,
                 };
                 let exec = wanbake::pipeline::ExecOptions::default();
                 wanbake::restack::restack_release(base, out, &options, &exec, hooks)?;
@@ -856,6 +857,7 @@ fn gated_command() {
                     dtype: wanbake::layout::OutputDType::BF16,
                     shard_bytes: None,
                     replace: Replace::Never,
+                    nonfinite: wanbake::pipeline::NonFinite::Refuse,
                 };
                 wanbake::convert::convert_release(&spec, hooks)?;
             }

@@ -399,6 +399,7 @@ fn gated_convert() {
             dtype: wanbake::layout::OutputDType::BF16,
             shard_bytes: None,
             replace: wanbake::io::staging::Replace::Never,
+            nonfinite: wanbake::pipeline::NonFinite::Refuse,
         };
         wanbake::convert::convert_release(&spec, hooks)?;
         Ok(())

@@ -1620,6 +1620,7 @@ fn every_encoding_and_layout_completes_through_a_one_chunk_window() {
                     dtype,
                     shard_bytes: Some(64 << 10),
                     replace: Replace::Never,
+                    nonfinite: wanbake::pipeline::NonFinite::Refuse,
                 };
                 convert_release(&spec, Hooks::default()).unwrap();
             }),
@@ -1638,6 +1639,7 @@ fn every_encoding_and_layout_completes_through_a_one_chunk_window() {
                     shard_bytes: None,
                     replace: Replace::Never,
                     config: None,
+                    nonfinite: wanbake::pipeline::NonFinite::Refuse,
                 };
                 restack_release(&b, out, &options, &ExecOptions::default(), Hooks::default())
                     .unwrap();

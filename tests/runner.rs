@@ -529,6 +529,7 @@ fn restack(src: &Path, layout: &str, dest: &Path) {
         shard_bytes: None,
         replace: Replace::Never,
         config: None,
+        nonfinite: wanbake::pipeline::NonFinite::Refuse,
     };
     if let Some(parent) = dest.parent() {
         std::fs::create_dir_all(parent).unwrap();

@@ -1,4 +1,5 @@
-//! `wanbake convert IN --dtype f32|f16|bf16 --out DIR [--shard-size SIZE] [--overwrite]`:
+//! `wanbake convert IN --dtype f32|f16|bf16 --out DIR [--shard-size SIZE] [--allow-nonfinite]
+//! [--overwrite]`:
 //! converts every float tensor of any checkpoint, mirroring its naming, as a verified
 //! release. `wanbake convert IN --to FORMAT --out DIR [--dtype ..] [--city96-rounding]`: a
 //! WAN transformer as one quantized file with original-Wan names: the pipeline with no
@@ -7,7 +8,7 @@
 
 use std::path::PathBuf;
 
-use super::output::{FloatDtypeArg, OutputDir, ShardArg, print_carried};
+use super::output::{FloatDtypeArg, NonFiniteArg, OutputDir, ShardArg, print_carried};
 use super::{Printer, Status, UsageError};
 use wanbake::convert::{ConvertSpec, convert_release, encoded_release};
 use wanbake::human::{plural, size};
@@ -47,6 +48,9 @@ pub struct Args {
     /// Print a JSON summary.
     #[arg(long)]
     pub json: bool,
+    /// `--allow-nonfinite`.
+    #[command(flatten)]
+    pub nonfinite: NonFiniteArg,
 }
 
 /// Runs `convert`.
@@ -73,6 +77,7 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
         shard_bytes: args.shard.shard_size,
         replace: args.output.replace(),
         out: args.output.out,
+        nonfinite: args.nonfinite.policy(),
     };
     let r = convert_release(&spec, Hooks::default())?;
     let bytes: u64 = r.manifest.files.iter().map(|f| f.bytes).sum();
@@ -97,6 +102,7 @@ fn execute_encoded(to: OutputFormat, args: &Args, p: &mut Printer) -> anyhow::Re
         layout: args.layout,
         to: Some(to),
         city96_rounding: args.city96_rounding,
+        nonfinite: args.nonfinite.policy(),
         ..OutputChoices::default()
     })
     .map_err(super::merge::flag_error)?;

@@ -1,7 +1,8 @@
 //! `wanbake extract --base BASE (--tuned TUNED | --adapter PATH[:S]...) --out DIR
 //! (--rank R | --energy F | --budget SIZE) [--to ..] [--linear-only] [--svd ..] [--device ..]
-//! [--dtype ..] [--overwrite] [--json]` and `wanbake resize ADAPTER (--rank R | --energy F)
-//! --out DIR [--base BASE] [--dtype ..] [--overwrite] [--json]`: clap's typed values (`cli::output`'s shared flags,
+//! [--dtype ..] [--allow-nonfinite] [--overwrite] [--json]` and `wanbake resize ADAPTER
+//! (--rank R | --energy F) --out DIR [--base BASE] [--dtype ..] [--allow-nonfinite]
+//! [--overwrite] [--json]`: clap's typed values (`cli::output`'s shared flags,
 //! `TruncMethod`'s `ValueEnum`, the conventions extract writes) → `extract::ExtractRequest` /
 //! `extract::ResizeRequest`, then the per-module table.
 
@@ -97,6 +98,9 @@ pub struct ExtractArgs {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+    /// `--allow-nonfinite`.
+    #[command(flatten)]
+    pub nonfinite: output::NonFiniteArg,
 }
 
 /// Arguments of `resize`.
@@ -122,6 +126,9 @@ pub struct ResizeArgs {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+    /// `--allow-nonfinite`.
+    #[command(flatten)]
+    pub nonfinite: output::NonFiniteArg,
 }
 
 /// Library usage errors become exit code 2.
@@ -155,6 +162,7 @@ pub fn execute_extract(args: ExtractArgs, p: &mut Printer) -> anyhow::Result<Sta
         out: args.output.out.clone(),
         replace: args.output.replace(),
         provenance: serde_json::Value::Null,
+        nonfinite: args.nonfinite.policy(),
     };
     let outcome = if args.adapters.is_empty() {
         extract(&req).map_err(usage_or)?
@@ -197,6 +205,7 @@ pub fn execute_resize(args: ResizeArgs, p: &mut Printer) -> anyhow::Result<Statu
         dtype: args.dtype.given(),
         out: args.output.out.clone(),
         replace: args.output.replace(),
+        nonfinite: args.nonfinite.policy(),
     };
     let outcome = resize(&req).map_err(usage_or)?;
     show(p, &outcome);

@@ -21,7 +21,7 @@ use wanbake::layout::restack::RestackError;
 use wanbake::merge::{MergeError, MergeFailure};
 use wanbake::model::plan_error::{PlanError, animate_note};
 use wanbake::model::wan_layout::LAYOUT_FIELD;
-use wanbake::pipeline::PipelineError;
+use wanbake::pipeline::{Origin, PipelineError, UnheldValues};
 use wanbake::quant::encode::QuantError;
 use wanbake::recipe::RecipeError;
 use wanbake::release::ReleaseError;
@@ -248,6 +248,7 @@ fn transparent_inner<'a>(e: &'a (dyn Error + 'static)) -> Option<&'a (dyn Error 
         return match e {
             PipelineError::Read(x) => Some(x),
             PipelineError::Encode(x) => Some(&**x),
+            PipelineError::Unheld(x) => Some(&**x),
             _ => None,
         };
     }
@@ -261,6 +262,7 @@ fn transparent_inner<'a>(e: &'a (dyn Error + 'static)) -> Option<&'a (dyn Error 
     }
     if let Some(e) = e.downcast_ref::<ExtractError>() {
         return match e {
+            ExtractError::Unheld(x) => Some(&**x),
             ExtractError::Read(x) => Some(x),
             ExtractError::Adapter(x) => Some(x),
             ExtractError::Write(x) => Some(x),
@@ -309,6 +311,9 @@ fn transparent_inner<'a>(e: &'a (dyn Error + 'static)) -> Option<&'a (dyn Error 
 fn hint_for(e: &(dyn Error + 'static), front: FrontEnd) -> Option<String> {
     if let Some(e) = e.downcast_ref::<AdapterError>() {
         return adapter_hint(e, front);
+    }
+    if let Some(e) = e.downcast_ref::<UnheldValues>() {
+        return unheld_hint(e, front);
     }
     if let Some(e) = e.downcast_ref::<PipelineError>() {
         return match e {
@@ -450,6 +455,76 @@ fn adapter_hint(e: &AdapterError, front: FrontEnd) -> Option<String> {
             .then(|| "pass --base BASE so names are matched against the base's own keys".into()),
         _ => None,
     }
+}
+
+/// Values the output cannot hold: what removes the cause (a wider dtype or format for an
+/// overflow, a lower strength for a merge that made them, repairing the input that holds
+/// them), then the way to write them anyway (`--allow-nonfinite`, or `allow_nonfinite` in
+/// a recipe's [output]).
+fn unheld_hint(e: &UnheldValues, front: FrontEnd) -> Option<String> {
+    let recipe = front == FrontEnd::Recipe;
+    let mut ways = Vec::new();
+    if let Origin::Merge { adapter, strength } = &e.origin {
+        ways.push(if recipe {
+            format!(
+                "lower the strength of {} (now {strength})",
+                adapter.display()
+            )
+        } else {
+            format!(
+                "lower the strength of --adapter {} (now {strength})",
+                adapter.display()
+            )
+        });
+    }
+    if let Origin::Merged { .. } = e.origin {
+        ways.push("lower the adapters' strengths".to_string());
+    }
+    if e.overflow() {
+        let quantized = e.dtype.is_none() || e.into.starts_with("GGUF");
+        let wider = match e.dtype {
+            Some(wanbake::io::DType::F16) => Some("bf16"),
+            Some(wanbake::io::DType::BF16) => Some("f32"),
+            _ => None,
+        };
+        match (quantized, wider) {
+            (false, Some(d)) if recipe => {
+                ways.push(format!("set `dtype = \"{d}\"` in [output], which holds it"))
+            }
+            (false, Some(d)) if front.has_flag("dtype", Some(d)) => {
+                ways.push(format!("write --dtype {d}, which holds it"))
+            }
+            (true, _) if recipe => ways.push(
+                "set `to = \"fp8-scaled\"` (a per-tensor scale) or `to = \"gguf:bf16\"` in \
+                 [output], which hold it"
+                    .into(),
+            ),
+            (true, _) if front.has_flag("to", Some("fp8-scaled")) => ways.push(
+                "write --to fp8-scaled (a per-tensor scale) or --to gguf:bf16, which hold it"
+                    .into(),
+            ),
+            _ => {}
+        }
+    } else {
+        match e.origin {
+            Origin::Base => ways.push(format!(
+                "{} itself holds it: re-export or re-download it",
+                e.file.display()
+            )),
+            Origin::Adapter => ways.push(format!(
+                "{} itself holds it: re-export it, or leave the adapter out",
+                e.file.display()
+            )),
+            _ => {}
+        }
+    }
+    let allow = "to write them as the output rounds them, listed in the manifest's report";
+    if recipe {
+        ways.push(format!("set `allow_nonfinite = true` in [output] {allow}"));
+    } else if front.has_flag("allow-nonfinite", None) {
+        ways.push(format!("pass --allow-nonfinite {allow}"));
+    }
+    (!ways.is_empty()).then(|| ways.join("; or "))
 }
 
 /// A model the runner cannot configure: a boundary ratio to give (`--boundary-ratio`, or

@@ -1,7 +1,7 @@
 //! `wanbake merge --base BASE --adapter [COMPONENT=]PATH[:STRENGTH]... --out DIR [--dtype ..]
 //! [--keep-f32 ..] [--layout ..] [--dora-strength ..] [--allow-unmatched] [--svd-cache DIR]
-//! [--shard-size SIZE] [--to FORMAT [--city96-rounding]] [--device ..] [--overwrite]
-//! [--json]`: merge adapters into a base in one streaming pass and write a verified release.
+//! [--shard-size SIZE] [--to FORMAT [--city96-rounding]] [--device ..] [--allow-nonfinite]
+//! [--overwrite] [--json]`: merge adapters into a base in one streaming pass and write a verified release.
 //!
 //! This file only turns arguments into library values (clap hands it typed values: the
 //! shared flags of `cli::output`, the library types' `ValueEnum`s; `adapter::AdapterSpec`;
@@ -12,7 +12,7 @@
 use std::path::{Path, PathBuf};
 
 use super::device::{DeviceArg, device_json};
-use super::output::{DtypeArgs, OutputDir, ShardArg, print_carried};
+use super::output::{DtypeArgs, NonFiniteArg, OutputDir, ShardArg, print_carried};
 use super::{Printer, Status, UsageError};
 use wanbake::adapter::{AdapterSpec, bind_specs};
 use wanbake::human::{plural, size};
@@ -116,6 +116,9 @@ pub struct Args {
     /// otherwise), as city96's two-step pipeline does.
     #[arg(long)]
     pub city96_rounding: bool,
+    /// `--allow-nonfinite`.
+    #[command(flatten)]
+    pub nonfinite: NonFiniteArg,
 }
 
 /// The output options, checked by the builder recipes use too (`OutputOptions::new`).
@@ -127,6 +130,7 @@ fn output_options(args: &Args) -> Result<OutputOptions, UsageError> {
         shard_bytes: args.shard.shard_size,
         to: args.to,
         city96_rounding: args.city96_rounding,
+        nonfinite: args.nonfinite.policy(),
     })
     .map_err(flag_error)
 }

@@ -8,6 +8,7 @@
 //! - [`DtypeArgs`] (`--dtype keep|bf16|f16|f32` and `--keep-f32 POLICY`): merge, restack;
 //! - [`FloatDtypeArg`] (`--dtype f32|f16|bf16`, no keep, no policy): convert, synth,
 //!   extract, resize;
+//! - [`NonFiniteArg`] (`--allow-nonfinite`): merge, restack, convert, extract, resize;
 //! - [`print_carried`]: the summary line of the files a pipeline's output carried over.
 //!
 //! Enumerated values are the library types' own `clap::ValueEnum`s (one spelling table per
@@ -21,6 +22,7 @@ use wanbake::human::plural;
 use wanbake::io::staging::Replace;
 use wanbake::layout::{KeepF32, OutputDType};
 use wanbake::model::wan_layout::Layout;
+use wanbake::pipeline::NonFinite;
 use wanbake::release::Release;
 
 /// `--shard-size`: decimal (KB, MB, GB) or binary (KiB, MiB, GiB) units, or bytes.
@@ -117,6 +119,25 @@ pub struct FloatDtypeArg {
     // (Each command says its default and what else it means there: `cli::Command`.)
     #[arg(long, value_name = "DTYPE")]
     pub dtype: Option<FloatDType>,
+}
+
+/// `--allow-nonfinite` of every command that writes tensors (merge, restack, convert,
+/// extract, resize).
+#[derive(clap::Args, Debug, Clone, Copy)]
+pub struct NonFiniteArg {
+    /// Write values the output cannot hold (NaN, ±inf, a finite value beyond its dtype or
+    /// format: above 65504 in f16, a GGUF block whose f16 scale overflows) as its rounding
+    /// gives them, listed in the manifest's report (`nonfinite`), instead of refusing them
+    /// (exit code 1, nothing written, the first one named).
+    #[arg(long)]
+    pub allow_nonfinite: bool,
+}
+
+impl NonFiniteArg {
+    /// The policy given.
+    pub fn policy(self) -> NonFinite {
+        NonFinite::allowed(self.allow_nonfinite)
+    }
 }
 
 /// The summary line of the files an output carried over unchanged from its input (a

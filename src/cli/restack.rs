@@ -1,5 +1,5 @@
 //! `wanbake restack IN --to LAYOUT --out DIR [--from LAYOUT] [--dtype ..] [--keep-f32 POLICY]
-//! [--config FILE] [--shard-size SIZE] [--device ..] [--overwrite] [--json]`: converts a WAN
+//! [--config FILE] [--shard-size SIZE] [--device ..] [--allow-nonfinite] [--overwrite] [--json]`: converts a WAN
 //! transformer checkpoint between the diffusers, original-Wan, NNX and NNX-scanned layouts.
 //! The work is `restack` (planned by `layout::restack`); this file builds the
 //! `RestackOptions` from clap's typed values (the shared flags of `cli::output` and
@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 
 use super::device::DeviceArg;
-use super::output::{DtypeArgs, OutputDir, ShardArg, print_carried};
+use super::output::{DtypeArgs, NonFiniteArg, OutputDir, ShardArg, print_carried};
 use super::{Printer, Status};
 use wanbake::layout::restack::RestackOptions;
 use wanbake::model::wan_layout::Layout;
@@ -49,6 +49,9 @@ pub struct Args {
     /// and rounds dtypes (bit-identical anywhere, bound by the disk), so it runs on the CPU.
     #[command(flatten)]
     pub device: DeviceArg,
+    /// `--allow-nonfinite`.
+    #[command(flatten)]
+    pub nonfinite: NonFiniteArg,
 }
 
 /// Runs `restack`.
@@ -61,6 +64,7 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
         shard_bytes: args.shard.shard_size,
         config: args.config,
         replace: args.output.replace(),
+        nonfinite: args.nonfinite.policy(),
     };
     let (_, device) = args.device.select()?;
     if device.used != "cpu" {

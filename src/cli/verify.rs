@@ -64,7 +64,8 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
 
 /// `verify --json`'s one document, with or without `--public-key`: `result` (`verified` when
 /// the exit status is 0, else `failed`) and `reasons` for a script to test, then the
-/// manifest's report and the signature's (each `null` when not checked).
+/// manifest's report and the signature's (each `null` when not checked), and `values` when
+/// the manifest records saturated or non-finite values ([`recorded_values`]).
 pub(super) fn verify_json(
     dir: &Path,
     manifest: Option<&VerifyReport>,
@@ -89,13 +90,41 @@ pub(super) fn verify_json(
     } else {
         "failed"
     };
-    serde_json::json!({
+    let mut doc = serde_json::json!({
         "result": result,
         "reasons": reasons,
         "dir": dir.display().to_string(),
         "manifest": manifest,
         "signature": signature,
-    })
+    });
+    if let Some(values) = manifest.and(recorded_values(dir)) {
+        doc["values"] = values;
+    }
+    doc
+}
+
+/// What the manifest's report records about the values written, when it records any:
+/// `saturated` (each scaled-fp8 tensor's values clamped to ±448, by design) and `nonfinite`
+/// (the values written that the output cannot hold, `--allow-nonfinite`). `None` for a
+/// release with neither (or a manifest that cannot be read, which verify reports itself).
+fn recorded_values(dir: &Path) -> Option<serde_json::Value> {
+    let path = dir.join(wanbake::io::staging::MANIFEST_NAME);
+    let m: serde_json::Value = serde_json::from_slice(&fs_err::read(path).ok()?).ok()?;
+    let report = &m["report"];
+    let mut values = serde_json::Map::new();
+    let saturated: serde_json::Map<String, serde_json::Value> = (report["quantization"]["tensors"]
+        .as_object()
+        .into_iter()
+        .flatten())
+    .filter_map(|(name, t)| Some((name.clone(), t.get("saturated")?.clone())))
+    .collect();
+    if !saturated.is_empty() {
+        values.insert("saturated".into(), saturated.into());
+    }
+    if let Some(n) = report.get("nonfinite") {
+        values.insert("nonfinite".into(), n.clone());
+    }
+    (!values.is_empty()).then_some(serde_json::Value::Object(values))
 }
 
 /// A release is a folder: say so when `dir` is missing, is a file, or (without a key, which

@@ -1,9 +1,12 @@
 //! Element types of safetensors files and the conversions wanbake performs on them.
 //!
 //! Owns: the `DType` enum (every dtype the safetensors format defines), the widening of
-//! F64/F32/F16/BF16/F8 data to `f32`, and the narrowing of `f32` to BF16/F16/F32 with one
-//! round-to-nearest-even. Does not own: deciding *which* dtype a tensor gets (that is
-//! `layout::dtype_policy`).
+//! F64/F32/F16/BF16/F8 data to `f32`, the narrowing of `f32` to BF16/F16/F32 with one
+//! round-to-nearest-even, and what each dtype holds: the magnitude its rounding takes to
+//! infinity ([`held_limit`]), the branch-free checks of values ([`all_held`]) and stored
+//! bytes ([`all_finite_bytes`]), and a tensor's values it cannot hold ([`Unheld`]). Does
+//! not own: deciding *which* dtype a tensor gets (that is `layout::dtype_policy`), or what
+//! a producer does with values refused (`pipeline::nonfinite`).
 //!
 //! Widening loops have no per-element branch: BF16 is a shift, F16 goes through `half`'s
 //! table-free bit arithmetic (F16C when the CPU has it), F8 through a 256-entry table. The
@@ -364,6 +367,128 @@ pub fn convert_bytes(from: DType, to: DType, src: &[u8]) -> Result<Vec<u8>, Unsu
     from_f32_vec(to, &wide)
 }
 
+/// The smallest magnitude that `dtype` cannot hold once rounded to it: an `f32` `x` is
+/// written as a finite value of `dtype` exactly when `|x| < held_limit(dtype)` (NaN fails
+/// every comparison, so it is never held). BF16: `0x7F7F8000` (its largest finite value
+/// plus half an ulp, the tie that rounds to even, infinity); F16: 65520 (65504 plus half an
+/// ulp); F32, and any dtype wanbake does not narrow to: `+inf` (every finite value).
+pub fn held_limit(dtype: DType) -> f32 {
+    match dtype {
+        DType::BF16 => f32::from_bits(0x7F7F_8000),
+        DType::F16 => 65520.0,
+        _ => f32::INFINITY,
+    }
+}
+
+/// The largest finite value of `dtype` (what an error says it holds), for BF16, F16 and
+/// F32; `None` for the others.
+pub fn largest_finite(dtype: DType) -> Option<f32> {
+    match dtype {
+        DType::BF16 => Some(bf16::MAX.to_f32()),
+        DType::F16 => Some(f16::MAX.to_f32()),
+        DType::F32 => Some(f32::MAX),
+        _ => None,
+    }
+}
+
+/// Is `x` held by a dtype whose [`held_limit`] is `limit` (`|x| < limit`; NaN never)?
+#[inline(always)]
+pub fn held(x: f32, limit: f32) -> bool {
+    x.abs() < limit
+}
+
+/// True when every value is held by a dtype whose [`held_limit`] is `limit` (`|x| < limit`,
+/// NaN never). No branch per element, so the loop vectorises; the check every merged band
+/// and every converted tensor goes through before it is written.
+#[inline]
+pub fn all_held(values: &[f32], limit: f32) -> bool {
+    vectorized(|| values.iter().fold(true, |ok, &x| ok & held(x, limit)))
+}
+
+/// True when no element of the little-endian `bytes` of `dtype` is NaN or infinite (an
+/// exponent field of all ones; F8_E4M3: the S.1111.111 NaN). Dtypes without such values
+/// (integers, the sub-byte and fnuz float formats, E8M0 scales) are always true. Whole
+/// elements only: a trailing partial element is not looked at. No branch per element.
+pub fn all_finite_bytes(dtype: DType, bytes: &[u8]) -> bool {
+    match dtype {
+        DType::BF16 => vectorized(|| {
+            (bytes.as_chunks::<2>().0.iter()).fold(true, |ok, c| {
+                ok & (u16::from_le_bytes(*c) & 0x7FFF < 0x7F80)
+            })
+        }),
+        DType::F16 => vectorized(|| {
+            (bytes.as_chunks::<2>().0.iter()).fold(true, |ok, c| {
+                ok & (u16::from_le_bytes(*c) & 0x7FFF < 0x7C00)
+            })
+        }),
+        DType::F32 => vectorized(|| {
+            (bytes.as_chunks::<4>().0.iter()).fold(true, |ok, c| {
+                ok & (u32::from_le_bytes(*c) & 0x7FFF_FFFF < 0x7F80_0000)
+            })
+        }),
+        DType::F64 => bytes.as_chunks::<8>().0.iter().fold(true, |ok, c| {
+            ok & (u64::from_le_bytes(*c) & 0x7FFF_FFFF_FFFF_FFFF < 0x7FF0_0000_0000_0000)
+        }),
+        DType::F8_E4M3 => vectorized(|| bytes.iter().fold(true, |ok, b| ok & (b & 0x7F != 0x7F))),
+        DType::F8_E5M2 => vectorized(|| bytes.iter().fold(true, |ok, b| ok & (b & 0x7F < 0x7C))),
+        _ => true,
+    }
+}
+
+/// Values of one tensor that its output cannot hold (NaN, ±inf, or finite beyond the
+/// output's range): the first, where it is, and how many there are. Built band by band
+/// ([`Unheld::scan`], [`Unheld::add`]) on the slow path only, once a band failed
+/// [`all_held`] or [`all_finite_bytes`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Unheld {
+    /// Flat index of the first such value (in the order the caller scans: the output
+    /// tensor's, or the (out, in') view of a merged one).
+    pub first: usize,
+    /// Its value before rounding.
+    pub value: f32,
+    /// How many there are.
+    pub count: usize,
+}
+
+impl Unheld {
+    /// The values of `values` not below `limit` in magnitude (NaN included), the first at
+    /// `offset + i`; `None` when there is none.
+    pub fn scan(values: &[f32], limit: f32, offset: usize) -> Option<Unheld> {
+        let mut found: Option<Unheld> = None;
+        for (i, &x) in values.iter().enumerate() {
+            if !held(x, limit) {
+                match &mut found {
+                    Some(u) => u.count += 1,
+                    None => {
+                        found = Some(Unheld {
+                            first: offset + i,
+                            value: x,
+                            count: 1,
+                        })
+                    }
+                }
+            }
+        }
+        found
+    }
+
+    /// Adds `other`, found later in the same tensor (a later band), or earlier (out of
+    /// order, as a stacked tensor's layers may finish): the first stays the lowest index.
+    pub fn add(found: &mut Option<Unheld>, other: Option<Unheld>) {
+        match (found.as_mut(), other) {
+            (_, None) => {}
+            (None, Some(o)) => *found = Some(o),
+            (Some(f), Some(o)) => {
+                if o.first < f.first {
+                    f.first = o.first;
+                    f.value = o.value;
+                }
+                f.count += o.count;
+            }
+        }
+    }
+}
+
 /// Value of a bf16 bit pattern.
 pub fn bf16_to_f32(bits: u16) -> f32 {
     bf16::from_bits(bits).to_f32()
@@ -543,5 +668,71 @@ mod tests {
         assert_eq!(DType::F4.byte_len(3), None);
         assert_eq!(DType::F4.byte_len(4), Some(2));
         assert_eq!(DType::F32.byte_len(usize::MAX), None);
+    }
+
+    #[test]
+    fn held_limit_is_where_rounding_reaches_infinity() {
+        let below = |x: f32| f32::from_bits(x.to_bits() - 1);
+        for (dt, round, inf) in [
+            (DType::BF16, round_to_bf16 as fn(f32) -> u16, 0x7F80u16),
+            (DType::F16, round_to_f16 as fn(f32) -> u16, 0x7C00),
+        ] {
+            let l = held_limit(dt);
+            assert_eq!(round(l), inf, "{dt}: the limit rounds to inf");
+            assert_eq!(round(-l), inf | 0x8000, "{dt}: and its negative to -inf");
+            assert_ne!(
+                round(below(l)) & 0x7FFF,
+                inf,
+                "{dt}: just below it is finite"
+            );
+            assert!(all_held(&[below(l), -below(l), 0.0], l));
+            assert!(!all_held(&[0.0, l], l) && !all_held(&[f32::NAN], l));
+            assert_eq!(largest_finite(dt).map(|m| m < l), Some(true));
+        }
+        assert!(all_held(&[f32::MAX, f32::MIN], held_limit(DType::F32)));
+        assert!(!all_held(&[f32::INFINITY], held_limit(DType::F32)));
+    }
+
+    #[test]
+    fn all_finite_bytes_agrees_with_the_widened_values_for_every_pattern() {
+        let all: Vec<u8> = (0..=u16::MAX).flat_map(|v| v.to_le_bytes()).collect();
+        for dt in [DType::BF16, DType::F16, DType::F8_E4M3, DType::F8_E5M2] {
+            let size = dt.size().unwrap();
+            for (i, c) in all.chunks_exact(size).enumerate().take(1 << (8 * size)) {
+                let x = to_f32_vec(dt, c).unwrap()[0];
+                assert_eq!(all_finite_bytes(dt, c), x.is_finite(), "{dt} {i:#06x}");
+            }
+        }
+        for x in [0.0f32, f32::MAX, f32::INFINITY, f32::NAN, -f32::INFINITY] {
+            assert_eq!(
+                all_finite_bytes(DType::F32, &x.to_le_bytes()),
+                x.is_finite()
+            );
+            let d = x as f64;
+            assert_eq!(
+                all_finite_bytes(DType::F64, &d.to_le_bytes()),
+                d.is_finite()
+            );
+        }
+        assert!(all_finite_bytes(DType::I32, &f32::NAN.to_le_bytes()));
+    }
+
+    #[test]
+    fn unheld_counts_and_keeps_the_lowest_first() {
+        let v = [1.0, 70000.0, f32::NAN, -65520.0, 65519.0];
+        let u = Unheld::scan(&v, held_limit(DType::F16), 10).unwrap();
+        assert_eq!((u.first, u.value, u.count), (11, 70000.0, 3));
+        assert_eq!(Unheld::scan(&v[4..], held_limit(DType::F16), 0), None);
+        let mut found = None;
+        Unheld::add(&mut found, Some(u));
+        Unheld::add(&mut found, None);
+        let earlier = Unheld {
+            first: 2,
+            value: f32::INFINITY,
+            count: 2,
+        };
+        Unheld::add(&mut found, Some(earlier));
+        let f = found.unwrap();
+        assert_eq!((f.first, f.value, f.count), (2, f32::INFINITY, 5));
     }
 }

@@ -119,4 +119,7 @@ pub enum ExtractError {
     /// Bad options (also checked by the CLI).
     #[error("{0}")]
     Usage(String),
+    /// A tensor to write holds values its dtype cannot hold (NaN, ±inf, an f16 overflow).
+    #[error(transparent)]
+    Unheld(Box<crate::pipeline::UnheldValues>),
 }

@@ -18,9 +18,11 @@ use super::factor::LowRankFactors;
 use crate::adapter::Convention;
 use crate::adapter::names::{ModuleId, Role};
 use crate::adapter::peft_config::ConfigPlan;
+use crate::codec::dtype::{Unheld, all_held, held_limit};
 use crate::io::DType;
 use crate::io::header_layout::PlannedTensor;
 use crate::io::staging::Replace;
+use crate::pipeline::{NonFinite, Origin, UnheldValues};
 use crate::release::Release;
 
 use crate::translation::{AdapterFile, Provenance, write_adapter_file};
@@ -88,6 +90,53 @@ impl OwnedOutput {
             t.dtype = to;
         }
         Ok(())
+    }
+}
+
+impl OwnedOutput {
+    /// Checks every float tensor against what it will be written as (`to` for those
+    /// [`OwnedOutput::convert_floats`] rounds, its own dtype for the others): NaN, ±inf, or a
+    /// finite value `to` cannot hold (an f16 overflow). Refused unless `nonfinite` allows
+    /// them (`ExtractError::Unheld`, naming `file`, the key and `origin`); allowed ones are
+    /// returned as the report records them. Run before rounding, so a value is named as it
+    /// was computed.
+    pub fn check_values(
+        &self,
+        to: Option<DType>,
+        file: &Path,
+        origin: &Origin,
+        nonfinite: NonFinite,
+    ) -> Result<Vec<serde_json::Value>, ExtractError> {
+        let mut allowed = Vec::new();
+        for t in self.tensors.iter().filter(|t| t.dtype.is_float()) {
+            let into = match to {
+                Some(d) if !t.shape.is_empty() && t.dtype.is_output_float() => d,
+                _ => t.dtype,
+            };
+            let v = crate::codec::dtype::to_f32_vec(t.dtype, &t.bytes)
+                .map_err(|e| ExtractError::Usage(format!("internal: `{}`: {e}", t.name)))?;
+            if all_held(&v, held_limit(into)) {
+                continue;
+            }
+            let Some(found) = Unheld::scan(&v, held_limit(into), 0) else {
+                continue;
+            };
+            let u = UnheldValues {
+                file: file.to_path_buf(),
+                tensor: t.name.clone(),
+                output: None,
+                into: into.to_string(),
+                dtype: Some(into),
+                found,
+                at: None,
+                origin: origin.clone(),
+            };
+            if !nonfinite.allows() {
+                return Err(ExtractError::Unheld(Box::new(u)));
+            }
+            allowed.push(u.to_json());
+        }
+        Ok(allowed)
     }
 }
 

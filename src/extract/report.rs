@@ -63,4 +63,8 @@ pub struct ExtractReport {
     pub budget: Option<u64>,
     /// Bytes of tensor data written (headers and sidecars not counted).
     pub tensor_bytes: u64,
+    /// Tensors written with values their dtype cannot hold (NaN, ±inf, an f16 overflow),
+    /// as allowed (`--allow-nonfinite`); absent when there are none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub nonfinite: Vec<serde_json::Value>,
 }

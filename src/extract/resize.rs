@@ -26,6 +26,7 @@ use crate::adapter::{AdapterOptions, AdapterSet, Entry, Kind, ParamRole};
 use crate::io::DType;
 use crate::io::staging::Replace;
 use crate::linalg::factored_top_singular;
+use crate::pipeline::{NonFinite, Origin};
 use crate::translation::Provenance;
 
 /// A request to resize one adapter.
@@ -46,6 +47,8 @@ pub struct ResizeRequest {
     pub out: PathBuf,
     /// Replace an existing output.
     pub replace: Replace,
+    /// What to do with values the output cannot hold (NaN, ±inf, an f16 overflow).
+    pub nonfinite: NonFinite,
 }
 
 /// One resized module: its entry index, the rank before, and the new factors with their
@@ -94,10 +97,12 @@ pub fn resize(req: &ResizeRequest) -> Result<ExtractOutcome, ExtractError> {
     for t in &rendered.tensors {
         out.tensors.push(owned_tensor(&set, t, &new_factors)?);
     }
+    let found = out.check_values(req.dtype, &req.adapter, &Origin::Adapter, req.nonfinite)?;
     if let Some(d) = req.dtype {
         out.convert_floats(d)?;
     }
-    let report = resize_report(&set, &ids, &resized, &out);
+    let mut report = resize_report(&set, &ids, &resized, &out);
+    report.nonfinite = found;
     let dir = write(&out, &set, req, &report)?;
     Ok(ExtractOutcome { dir, report })
 }
@@ -289,7 +294,7 @@ fn write(
             input_paths.push(p);
         }
     }
-    let options = serde_json::json!({
+    let mut options = serde_json::json!({
         "adapter": req.adapter.display().to_string(),
         "base": req.base.as_ref().map(|b| b.display().to_string()),
         "rank": req.rule.rank,
@@ -297,6 +302,7 @@ fn write(
         "dtype": req.dtype.map(|d| d.as_str()),
         "convention": set.convention.as_str(),
     });
+    req.nonfinite.record(&mut options);
     let release = write_output(
         out,
         &req.out,

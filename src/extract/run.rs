@@ -27,7 +27,7 @@ use crate::io::{DType, TensorSet};
 use crate::linalg::TruncMethod;
 use crate::manifest::InputRecord;
 use crate::model::base_model::BaseModel;
-use crate::pipeline::{Compute, Ready, TargetValues};
+use crate::pipeline::{Compute, NonFinite, Origin, Ready, TargetValues};
 use crate::progress;
 use crate::translation::Provenance;
 
@@ -64,6 +64,8 @@ pub struct ExtractRequest {
     pub replace: Replace,
     /// Extra manifest options (the adapters a tuned model was built from).
     pub provenance: serde_json::Value,
+    /// What to do with values the output dtype cannot hold (an f16 overflow of a factor).
+    pub nonfinite: NonFinite,
 }
 
 impl ExtractRequest {
@@ -211,6 +213,9 @@ fn extract_pairs(
         Convention::Peft => render_peft(&items)?,
         _ => render_comfy(&items),
     };
+    // The values are the tuned model's differences from the base.
+    let tuned = PathBuf::from(&inputs.tuned);
+    report.nonfinite = out.check_values(Some(req.dtype), &tuned, &Origin::Base, req.nonfinite)?;
     out.convert_floats(req.dtype)?;
     report.tensor_bytes = out.tensors.iter().map(|t| t.bytes.len() as u64).sum();
     let release = write(&out, inputs, req, &report)?;
@@ -517,7 +522,7 @@ fn write(
     req: &ExtractRequest,
     report: &ExtractReport,
 ) -> Result<PathBuf, ExtractError> {
-    let options = serde_json::json!({
+    let mut options = serde_json::json!({
         "base": req.base.display().to_string(),
         "tuned": (!req.tuned.as_os_str().is_empty()).then(|| req.tuned.display().to_string()),
         "to": req.to.as_str(),
@@ -529,6 +534,7 @@ fn write(
         "dtype": req.dtype.as_str(),
         "built_from": req.provenance,
     });
+    req.nonfinite.record(&mut options);
     let release = write_output(
         out,
         &req.out,

@@ -2,7 +2,8 @@
 //!
 //! Owns: `Conversion` (a read plan, a write plan and the output dtypes fused into jobs, one
 //! per piece: stored tensor, layer, one composed transform, destination byte offset) and
-//! `convert_piece` (one piece, band by band, into positional writes). Does not own: the
+//! `convert_piece` (one piece, band by band, into positional writes, each band checked for
+//! values its dtype cannot hold). Does not own: the
 //! job loop that runs the pieces (`pipeline::exec`, the one executor of every producing
 //! command), files, headers, atomic commit (`io`).
 //!
@@ -16,6 +17,7 @@ use std::collections::HashMap;
 
 use super::dtype_policy::{KeepF32, OutputDType, decide_dtypes};
 use super::write::WritePlan;
+use crate::codec::dtype::{Unheld, all_finite_bytes, held_limit};
 use crate::io::DType;
 use crate::io::header_layout::PlannedTensor;
 use crate::model::animate::Constant;
@@ -37,6 +39,12 @@ pub const PIECE_BAND_BYTES: usize = 8 << 20;
 /// large 1-D tensor is banded too, and an identity copy in the same dtype (any dtype,
 /// packed sub-byte ones included) is written straight from `src` without `buf`. The output
 /// bytes do not depend on `band_bytes`.
+///
+/// Returns the values written as NaN or ±inf (non-finite in `src`, or finite ones beyond
+/// `dtype`'s range: `io::dtype::held_limit`), numbered in `src`'s own (stored) order, with
+/// their values before rounding. Each band is checked as it is written (a byte-for-byte
+/// copy too: a NaN stored in the input is still a NaN shipped), one vectorised scan of
+/// the bytes just produced; only when one fails is `src` widened again to find them.
 pub fn convert_piece<E>(
     transform: Transform,
     src: SrcTensor<'_>,
@@ -45,14 +53,28 @@ pub fn convert_piece<E>(
     buf: &mut Vec<u8>,
     mut write: impl FnMut(usize, &[u8]) -> Result<(), E>,
     kernel_err: impl Fn(KernelError) -> E,
-) -> Result<(), E> {
+) -> Result<Option<Unheld>, E> {
     let band_bytes = band_bytes.max(1);
-    if transform.keeps_order() && src.dtype == dtype {
-        for (i, chunk) in src.bytes.chunks(band_bytes).enumerate() {
-            write(i * band_bytes, chunk)?;
+    // The slow path, once a band failed its check: every value of `src`, in its order.
+    let find = |src: SrcTensor<'_>| match src.dtype.is_float() {
+        true => {
+            let wide = crate::codec::dtype::to_f32_vec(src.dtype, src.bytes).unwrap_or_default();
+            Unheld::scan(&wide, held_limit(dtype), 0)
         }
-        return Ok(());
+        false => None,
+    };
+    let mut held = true;
+    if transform.keeps_order() && src.dtype == dtype {
+        // Whole elements per band, so each band is checked on its own.
+        let size = dtype.size().unwrap_or(1);
+        let step = (band_bytes / size).max(1) * size;
+        for (i, chunk) in src.bytes.chunks(step).enumerate() {
+            write(i * step, chunk)?;
+            held &= all_finite_bytes(dtype, chunk);
+        }
+        return Ok(if held { None } else { find(src) });
     }
+    let stored = src;
     let numel: usize = src.shape.iter().product();
     let flat = [numel, 1];
     let (transform, src) = match transform.keeps_order() {
@@ -79,9 +101,10 @@ pub fn convert_piece<E>(
         buf.resize((r1 - r0) * row_len * dst_size, 0);
         transform::convert_rows(transform, src, dtype, r0..r1, buf).map_err(&kernel_err)?;
         write(r0 * row_len * dst_size, buf)?;
+        held &= all_finite_bytes(dtype, buf);
         r0 = r1;
     }
-    Ok(())
+    Ok(if held { None } else { find(stored) })
 }
 
 /// One piece of work: a stored tensor (or one layer of it) into its place in an output.

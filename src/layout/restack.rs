@@ -45,6 +45,8 @@ pub struct RestackOptions {
     /// A config.json to use instead of the one next to the weights (needed for a single
     /// original-format file, whose head count the shapes cannot tell).
     pub config: Option<PathBuf>,
+    /// What to do with values the output dtype cannot hold (NaN, ±inf, an overflow).
+    pub nonfinite: crate::pipeline::NonFinite,
 }
 
 /// Why a restack failed. Nothing is left at the destination.
@@ -329,13 +331,15 @@ fn output_config(input: Option<&Value>, conversion: &Conversion, to: Layout) -> 
 impl RestackOptions {
     /// The manifest's `options`.
     pub fn to_json(&self) -> Value {
-        json!({
+        let mut options = json!({
             "from": self.from.map(Layout::as_str),
             "to": self.to.as_str(),
             "dtype": self.dtype.as_str(),
             "keep_f32": self.keep_f32.as_ref().map(ToString::to_string),
             "shard_bytes": self.shard_bytes,
-        })
+        });
+        self.nonfinite.record(&mut options);
+        options
     }
 }
 

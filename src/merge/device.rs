@@ -269,14 +269,11 @@ mod tests {
             counter.fetch_add(1, Ordering::SeqCst);
             Ok(CpuBackend::new(Par::Seq))
         });
-        let non_finite = MergeError::NonFiniteResult {
+        let data_error = MergeError::Pipeline(crate::pipeline::PipelineError::Convert {
             tensor: "w".into(),
-            component: String::new(),
-            row: 0,
-            col: 0,
-            value: f32::NAN,
-        };
-        assert!(lanes.with(|_| Err::<(), _>(non_finite)).unwrap().is_err());
+            reason: "bad data".into(),
+        });
+        assert!(lanes.with(|_| Err::<(), _>(data_error)).unwrap().is_err());
         let bad_rank =
             BackendError::Linalg(crate::linalg::LinalgError::NoConvergence { out: 2, inp: 2 });
         assert!(lanes.with(|_| Err::<(), _>(bad_rank)).unwrap().is_err());

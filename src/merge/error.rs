@@ -1,10 +1,10 @@
 //! Why computing a merged target failed.
 //!
-//! Owns: `MergeError`: the executor's own errors (`PipelineError`, wrapped) and what only a
-//! merge can meet while writing: a non-finite merged value, a LyCORIS module whose delta
-//! cannot be computed, an -xs basis that cannot be computed or cached, a failed device. Each
-//! names the base tensor (or the adapter file) and what was found; the temporary output is
-//! then discarded. Does not own: planning refusals (`pipeline::PipelineError`) and binding
+//! Owns: `MergeError`: the executor's own errors (`PipelineError`, wrapped: among them a
+//! merged value the output cannot hold, `PipelineError::Unheld`) and what only a merge can
+//! meet while writing: a LyCORIS module whose delta cannot be computed, an -xs basis that
+//! cannot be computed or cached, a failed device. Each names the base tensor (or the
+//! adapter file) and what was found; the temporary output is then discarded. Does not own: planning refusals (`pipeline::PipelineError`) and binding
 //! refusals (`adapter::AdapterError`), which come before anything is written.
 
 use std::path::PathBuf;
@@ -24,24 +24,6 @@ pub enum MergeError {
         /// The module and why.
         #[source]
         source: crate::adapter::lycoris::LycorisError,
-    },
-    /// A merged weight came out NaN or ±inf (only known while writing).
-    #[error(
-        "merged tensor `{tensor}` is non-finite ({value}) at row {row}, column {col} of its \
-         (out, in') view; nothing was written. Lower the strength or check the adapter{}",
-        component_suffix(component)
-    )]
-    NonFiniteResult {
-        /// The base tensor.
-        tensor: String,
-        /// The component.
-        component: String,
-        /// Row.
-        row: usize,
-        /// Column.
-        col: usize,
-        /// The value.
-        value: f32,
     },
     /// The SVD bases of an -xs target could not be computed or cached.
     #[error(transparent)]
@@ -68,13 +50,5 @@ impl From<crate::linalg::CacheError> for MergeError {
 impl From<crate::io::ReadError> for MergeError {
     fn from(e: crate::io::ReadError) -> MergeError {
         MergeError::Pipeline(e.into())
-    }
-}
-
-fn component_suffix(component: &str) -> String {
-    if component.is_empty() {
-        String::new()
-    } else {
-        format!(" (component `{component}`)")
     }
 }

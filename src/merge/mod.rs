@@ -91,6 +91,7 @@ impl Merging<'_> {
                 }
             }
         }
+        o.nonfinite.record(&mut json);
         json
     }
 

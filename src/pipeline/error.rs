@@ -1,9 +1,10 @@
 //! Why a plan was refused or its executor failed.
 //!
 //! Owns: [`PipelineError`]. Every variant names the file (or the base tensor), the key, what
-//! was expected and what was found. `Convert`, `Encode` and `Write` are raised while writing
-//! (the temporary output is then discarded); every other variant while planning, before the
-//! output directory exists. Does not own: binding refusals (`adapter`), the errors of
+//! was expected and what was found. `Convert`, `Encode`, `Unheld` and `Write` are raised while
+//! writing
+//! (the temporary output is then discarded; `Unheld` also while planning, for an adapter's
+//! own tensor); every other variant while planning, before the output directory exists. Does not own: binding refusals (`adapter`), the errors of
 //! computing a merged target (`merge::MergeError`, which wraps this one).
 
 use std::path::PathBuf;
@@ -40,21 +41,11 @@ pub enum PipelineError {
     /// A bug: an invariant of the plan did not hold.
     #[error("internal error: {0}")]
     Internal(String),
-    /// NaN or ±inf in an adapter tensor.
-    #[error(
-        "{}: tensor `{key}` holds {value} at flat index {index}: refusing to merge non-finite values",
-        adapter.display()
-    )]
-    NonFinite {
-        /// The adapter.
-        adapter: PathBuf,
-        /// The tensor.
-        key: String,
-        /// Flat index of the first bad value.
-        index: usize,
-        /// The value.
-        value: f32,
-    },
+    /// Values the output cannot hold (NaN, ±inf, a finite value beyond the output dtype or
+    /// format), in a base tensor, an adapter tensor or a merged one, refused
+    /// (`pipeline::NonFinite::Refuse`).
+    #[error(transparent)]
+    Unheld(Box<super::nonfinite::UnheldValues>),
     /// A tensor could not be read, converted or laid out for the output.
     #[error("tensor `{tensor}`: {reason}")]
     Convert {
@@ -95,6 +86,12 @@ pub enum PipelineError {
         #[source]
         source: crate::io::orbax::encode::EncodeError,
     },
+}
+
+impl From<super::nonfinite::UnheldValues> for PipelineError {
+    fn from(u: super::nonfinite::UnheldValues) -> PipelineError {
+        PipelineError::Unheld(Box::new(u))
+    }
 }
 
 impl From<crate::quant::encode::QuantError> for PipelineError {

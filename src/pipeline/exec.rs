@@ -8,7 +8,10 @@
 //! `restack`), the writes into each job's slot ([`Exec::write`], [`Exec::encode_part`],
 //! [`Exec::convert_bands`]; an Orbax output's job writes its chunk's zstd stream instead,
 //! `pipeline::orbax::ChunkWriter`), and dropping a base tensor's mapped pages after its last
-//! job (a stacked tensor's, layer by layer). Does not own: computing a target (`merge`), reading
+//! job (a stacked tensor's, layer by layer), and what the written values hold: each band is
+//! checked as it is written, and a tensor's values its output cannot hold are refused or,
+//! allowed, recorded ([`Exec::found`], `pipeline::nonfinite`). Does not own: computing a
+//! target (`merge`), reading
 //! base rows (`pipeline::base_rows`), the copy-and-convert kernel
 //! (`layout::conversion::convert_piece`, over `model::transform`), the encodings
 //! (`quant::encode`), or the atomic output (`io::staging`).
@@ -30,10 +33,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use super::base_rows::layer_bytes;
 use super::error::PipelineError;
 use super::job::{Job, Target};
+use super::nonfinite::{Origin, UnheldValues};
 use super::orbax::ChunkWriter;
 use super::plan::Plan;
 use crate::codec::dtype::narrow_from_f32;
 use crate::codec::dtype::widen_to_f32;
+use crate::codec::dtype::{Unheld, all_held};
 use crate::io::{Staging, TensorRef};
 use crate::layout::conversion::{PIECE_BAND_BYTES, convert_piece};
 use crate::model::animate::Constant;
@@ -151,6 +156,12 @@ pub struct ExecOutcome {
     pub quant_errors: BTreeMap<String, ErrorStats>,
     /// An Orbax output's chunks' value digests (`pipeline::orbax::ChunkWriter::finish`).
     pub orbax: Option<serde_json::Value>,
+    /// The values the output could not hold, written as allowed (`NonFinite::Allow`), in
+    /// output tensor order; empty when there were none (or they were refused).
+    pub unheld: Vec<UnheldValues>,
+    /// Each scaled-fp8 output tensor's saturated values: `|W / scale| > 448`, written as
+    /// ±448, the clamp the format applies by design (not an error).
+    pub saturated: BTreeMap<String, usize>,
 }
 
 /// The executor of one plan writing into one staged output.
@@ -162,6 +173,10 @@ pub struct Exec<'a> {
     chunks: Option<ChunkWriter<'a>>,
     /// A quantized output's dequantized error per output tensor, filled as jobs finish.
     quant_errors: Mutex<BTreeMap<String, ErrorStats>>,
+    /// Values the output cannot hold, written because the plan allows them.
+    unheld: Mutex<Vec<UnheldValues>>,
+    /// Saturated values per scaled-fp8 output tensor.
+    saturated: Mutex<BTreeMap<String, usize>>,
     options: ExecOptions,
 }
 
@@ -173,6 +188,8 @@ impl<'a> Exec<'a> {
             staging,
             chunks: (plan.orbax.as_ref()).map(|o| ChunkWriter::new(o, staging)),
             quant_errors: Mutex::default(),
+            unheld: Mutex::default(),
+            saturated: Mutex::default(),
             options,
         }
     }
@@ -187,10 +204,82 @@ impl<'a> Exec<'a> {
         };
         let quant_errors = (self.quant_errors.into_inner())
             .map_err(|_| PipelineError::Internal("a worker panicked".into()))?;
+        let mut unheld = (self.unheld.into_inner())
+            .map_err(|_| PipelineError::Internal("a worker panicked".into()))?;
+        // The order jobs finished in depends on the threads; the report's does not.
+        unheld.sort_by(|a, b| {
+            let key = |u: &UnheldValues| {
+                let output = u.output.clone().unwrap_or_else(|| u.tensor.clone());
+                (output, u.found.first, u.tensor.clone())
+            };
+            key(a).cmp(&key(b))
+        });
+        let saturated = (self.saturated.into_inner())
+            .map_err(|_| PipelineError::Internal("a worker panicked".into()))?;
         Ok(ExecOutcome {
             quant_errors,
             orbax,
+            unheld,
+            saturated,
         })
+    }
+
+    /// Values `job`'s output cannot hold: refused (the error of the run) unless the plan
+    /// allows them, then recorded for the report and the run goes on.
+    pub fn found(&self, unheld: UnheldValues) -> Result<(), PipelineError> {
+        if !self.plan.options.nonfinite.allows() {
+            return Err(unheld.into());
+        }
+        match self.unheld.lock() {
+            Ok(mut v) => {
+                v.push(unheld);
+                Ok(())
+            }
+            Err(_) => Err(PipelineError::Internal("a worker panicked".into())),
+        }
+    }
+
+    /// What `job` writes its values as, for a finding: the encoding of a quantized output
+    /// (`gguf Q8_0`, `scaled F8_E4M3`) or the output dtype, and the plain dtype whose range
+    /// the message names.
+    pub fn written_as(job: &Job) -> (String, Option<crate::io::DType>) {
+        use crate::codec::ggml::GgmlType;
+        use crate::io::DType;
+        match job.encoding {
+            None => (job.dtype.to_string(), Some(job.dtype)),
+            Some(Encoding::Plain(d)) => (d.to_string(), Some(d)),
+            Some(Encoding::Fp8) => ("scaled F8_E4M3".into(), None),
+            Some(Encoding::Ggml { ty, .. }) => match ty {
+                GgmlType::F32 => ("GGUF F32".into(), Some(DType::F32)),
+                GgmlType::F16 => ("GGUF F16".into(), Some(DType::F16)),
+                GgmlType::BF16 => ("GGUF BF16".into(), Some(DType::BF16)),
+                _ => (format!("GGUF {} (its F16 block scale)", ty.name()), None),
+            },
+        }
+    }
+
+    /// A finding in a base tensor `job` reads from `src`, written untouched (copied,
+    /// converted or encoded); `found.first` counts from the start of the stored data the
+    /// job read (its layer of a stacked tensor), and is named in the whole stored tensor.
+    fn base_finding(&self, job: &Job, src: &TensorRef<'_>, found: Unheld) -> UnheldValues {
+        let (into, dtype) = Exec::written_as(job);
+        let before = match job.encoding {
+            None => job.layer.unwrap_or(0) * job.stored_shape.iter().product::<usize>(),
+            Some(_) => 0, // an encoded tensor is read whole
+        };
+        UnheldValues {
+            file: src.file.path().to_path_buf(),
+            tensor: job.stored.clone(),
+            output: (job.output != job.stored).then(|| job.output.clone()),
+            into,
+            dtype,
+            found: Unheld {
+                first: found.first + before,
+                ..found
+            },
+            at: None,
+            origin: Origin::Base,
+        }
     }
 
     /// The job loop: untouched tensors are copied, targets go to `targets`; a base tensor's
@@ -281,12 +370,15 @@ impl<'a> Exec<'a> {
         if let Some(enc) = job.encoding {
             return self.copy_encoded(job, enc, src);
         }
-        let src = SrcTensor {
+        let stored = SrcTensor {
             dtype: view.dtype,
             shape: &job.stored_shape,
             bytes: layer_bytes(&view, job.layer, &job.stored_shape)?,
         };
-        self.convert_bands(job, job.transform, src)
+        match self.convert_bands(job, job.transform, stored)? {
+            Some(found) => self.found(self.base_finding(job, src, found)),
+            None => Ok(()),
+        }
     }
     /// An untouched tensor of a quantized output: widened to f32 in bands of whole rows
     /// (innermost dimension) and encoded band by band; a scaled-fp8 weight first has its
@@ -327,17 +419,25 @@ impl<'a> Exec<'a> {
         }
         let what = format!("{}: {}", src.file.path().display(), job.stored);
         let mut sum = ErrorSum::default();
+        let mut found = None;
         // `n.max(1)`: an empty tensor is still encoded once (an fp8 scale is written)
         for at in (0..n.max(1)).step_by(band) {
             read(at, &mut buf)?;
-            self.encode_part(job, enc, at, &buf, fp8_scale, &what, &mut sum)?;
+            let part = self.encode_part(job, enc, at, &buf, fp8_scale, &what, &mut sum)?;
+            Unheld::add(&mut found, part);
         }
         self.record_error(job, &sum);
-        Ok(())
+        match found {
+            Some(found) => self.found(self.base_finding(job, src, found)),
+            None => Ok(()),
+        }
     }
 
     /// Encodes `w`, the f32 values of elements `first ..` of `job`'s tensor, into its slot
-    /// (and the fp8 scale into its own), adding the dequantized error to `sum`.
+    /// (and the fp8 scale into its own), adding the dequantized error to `sum`. Returns the
+    /// values the encoding cannot hold, for the caller to name their origin: a non-finite
+    /// `w`, or a finite one whose decoded value is not (an F16 overflow, a block whose F16
+    /// scale overflows); they are written as the encoder rounds them.
     #[allow(clippy::too_many_arguments)]
     pub fn encode_part(
         &self,
@@ -348,7 +448,7 @@ impl<'a> Exec<'a> {
         fp8_scale: Option<f32>,
         what: &str,
         sum: &mut ErrorSum,
-    ) -> Result<(), PipelineError> {
+    ) -> Result<Option<Unheld>, PipelineError> {
         let internal = |m: &str| PipelineError::Internal(format!("`{}`: {m}", job.output));
         let options = self
             .plan
@@ -377,7 +477,15 @@ impl<'a> Exec<'a> {
                 })?;
         }
         sum.add(w, &y);
-        Ok(())
+        if let (Encoding::Fp8, Some(scale)) = (enc, e.scale) {
+            let limit = crate::codec::fp8::E4M3_MAX;
+            let n = w.iter().filter(|&&x| (x / scale).abs() > limit).count();
+            if let Ok(mut m) = self.saturated.lock() {
+                *m.entry(job.output.clone()).or_default() += n;
+            }
+        }
+        let blocks = matches!(enc, Encoding::Ggml { ty, .. } if ty.is_block());
+        Ok(unheld_encoded(w, &y, first, blocks))
     }
 
     /// Records `sum` as the dequantized error of `job`'s output tensor.
@@ -387,13 +495,15 @@ impl<'a> Exec<'a> {
         }
     }
 
-    /// Writes `transform(src)` converted to the job's dtype (`layout::conversion::convert_piece`).
+    /// Writes `transform(src)` converted to the job's dtype (`layout::conversion::convert_piece`);
+    /// returns the values the output holds as NaN or ±inf (non-finite in `src`, or beyond
+    /// the job's dtype), counted in the piece's output order, for the caller to name.
     pub fn convert_bands(
         &self,
         job: &Job,
         transform: Transform,
         src: SrcTensor<'_>,
-    ) -> Result<(), PipelineError> {
+    ) -> Result<Option<Unheld>, PipelineError> {
         let err = |e: crate::model::transform::KernelError| PipelineError::Convert {
             tensor: job.stored.clone(),
             reason: e.to_string(),
@@ -410,6 +520,30 @@ impl<'a> Exec<'a> {
             err,
         )
     }
+}
+
+/// The values of `w` (elements `first ..` of a tensor) that are not finite, or else (a
+/// finite `w`) those whose encoding `y`, as decoded, is not: an overflow of the encoding.
+/// A non-finite value can spoil its neighbours' encoding too (an infinite fp8 scale, a
+/// NaN block scale), so only the values themselves are counted then. An overflow of a
+/// block type (`blocks`) spoils its whole block, every value of which is counted; the
+/// value named is then the largest of the first spoiled run (the one its scale could not
+/// hold), not the run's first. `None` on the fast path, two vectorised scans.
+fn unheld_encoded(w: &[f32], y: &[f32], first: usize, blocks: bool) -> Option<Unheld> {
+    let finite = all_held(w, f32::INFINITY);
+    if finite && all_held(y, f32::INFINITY) {
+        return None;
+    }
+    let v = if finite { y } else { w };
+    let mut u = Unheld::scan(v, f32::INFINITY, first)?;
+    let mut at = u.first - first;
+    if finite && blocks {
+        let run = y[at..].iter().take_while(|d| !d.is_finite()).count();
+        let largest = (at..at + run).fold(at, |m, i| if w[i].abs() > w[m].abs() { i } else { m });
+        (u.first, at) = (first + largest, largest);
+    }
+    u.value = w[at];
+    Some(u)
 }
 
 /// The stored base tensor `job` reads.

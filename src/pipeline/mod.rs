@@ -13,6 +13,10 @@
 //! 3. [`write`] (`write`): a [`Ready`] plan through the release writer (`release`); an
 //!    Orbax output's chunks stream through `orbax` and its databases are written last.
 //!
+//! Every value written is checked in the pass that writes it: what the output cannot hold
+//! (NaN, ±inf, an overflow of its dtype or format) is refused, or written and reported when
+//! the output allows it ([`NonFinite`], [`UnheldValues`], `nonfinite`).
+//!
 //! Does not own: how a merged target is computed (`merge`, plugged in through
 //! [`TargetWriter`] and [`TargetValues`]), binding (`adapter`), model facts and layouts
 //! (`model`, `layout`), the encodings (`quant::encode`, `codec`), the atomic output and its
@@ -24,6 +28,7 @@ pub mod compute;
 pub mod error;
 pub mod exec;
 pub mod job;
+pub mod nonfinite;
 pub mod orbax;
 pub mod output;
 pub mod plan;
@@ -33,6 +38,7 @@ pub use compute::{Compute, DeviceRecord, DeviceReport, Lanes};
 pub use error::PipelineError;
 pub use exec::{CopyOnly, Exec, ExecOptions, ExecOutcome, TargetValues, TargetWriter};
 pub use job::{Contribution, Job, RowOrder, Target};
+pub use nonfinite::{NonFinite, Origin, UnheldValues};
 pub use output::{BadOption, Container, OutputChoices, OutputFormat, OutputOptions};
 pub use plan::{AdapterReport, Plan, Ready, TargetIndex};
 pub use write::{Writing, write};

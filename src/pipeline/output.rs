@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 
 use super::error::PipelineError;
 use super::job::Job;
+use super::nonfinite::NonFinite;
 use super::orbax::{ItemInput, OrbaxPlan};
 use crate::io::header_layout::PlannedTensor;
 use crate::io::writer::{ComponentOutput, OutputPlan};
@@ -51,6 +52,9 @@ pub struct OutputOptions {
     /// `pipeline::orbax`; `layout` is then `nnx` or `nnx-scanned` and `keep_f32`
     /// MaxDiffusion's).
     pub container: Container,
+    /// What to do with values the output cannot hold (NaN, ±inf, an overflow of the output
+    /// dtype or format): refuse (the default) or write them and list them in the report.
+    pub nonfinite: NonFinite,
 }
 
 /// The container of an output that is not quantized.
@@ -137,6 +141,8 @@ pub struct OutputChoices {
     pub to: Option<OutputFormat>,
     /// With a GGUF block type: quantize the F16/BF16 rounding, as city96's pipeline does.
     pub city96_rounding: bool,
+    /// Write values the output cannot hold instead of refusing them.
+    pub nonfinite: NonFinite,
 }
 
 /// Options that cannot go together: which (`dtype`, `keep_f32`, `layout`, `shard_size`,
@@ -169,6 +175,7 @@ impl OutputOptions {
             shard_bytes: c.shard_bytes,
             quantize,
             container: Container::Safetensors,
+            nonfinite: c.nonfinite,
         })
     }
 
@@ -184,6 +191,7 @@ impl OutputOptions {
             shard_bytes: None,
             quantize: None,
             container: Container::Safetensors,
+            nonfinite: NonFinite::Refuse,
         }
     }
 }
@@ -225,6 +233,7 @@ fn orbax_options(c: OutputChoices) -> Result<OutputOptions, BadOption> {
         shard_bytes: None,
         quantize: None,
         container: Container::Orbax,
+        nonfinite: c.nonfinite,
     })
 }
 

@@ -19,8 +19,10 @@ use serde::Serialize;
 
 use super::error::PipelineError;
 use super::job::{Contribution, Job, RowOrder, Target};
+use super::nonfinite::{Origin, UnheldValues};
 use super::output::{OutputOptions, OutputSide, plan_output, resolve_slots};
 use crate::adapter::{BoundAdapter, Entry, view_2d};
+use crate::codec::dtype::Unheld;
 use crate::io::writer::OutputPlan;
 use crate::io::{Checkpoint, Component, ReadError, TensorView};
 use crate::manifest::{InputFile, InputRecord, record_inputs};
@@ -78,7 +80,9 @@ impl<'a> Plan<'a> {
             .map(|a| identity(a, &adapter_inputs))
             .collect();
         let (mut targets, adapter_reports) = bind_targets(base, adapters)?;
-        check_finite(adapters)?;
+        if !options.nonfinite.allows() {
+            check_finite(adapters)?;
+        }
         for t in &mut targets {
             t.contributions.sort_by(|a, b| {
                 contribution_key(adapters, &identities, a).cmp(&contribution_key(
@@ -374,8 +378,10 @@ fn row_order(comp: &Component, view: &TensorView<'_>) -> RowOrder {
 }
 
 /// Reads every tensor of every bound entry of the adapters that will be applied and
-/// refuses NaN/±inf. Runs in parallel; the error reported is the first in adapter, entry,
-/// role order, whatever the thread count.
+/// refuses NaN/±inf, naming the adapter's own key (unless the output allows them: the
+/// merge then finds what they make of the merged values, `merge::Merger`). Runs in
+/// parallel; the error reported is the first in adapter, entry, role order, whatever the
+/// thread count.
 fn check_finite(adapters: &[BoundAdapter]) -> Result<(), PipelineError> {
     let mut work = Vec::new();
     for ad in adapters.iter().filter(|a| a.strength != 0.0) {
@@ -387,15 +393,18 @@ fn check_finite(adapters: &[BoundAdapter]) -> Result<(), PipelineError> {
         .par_iter()
         .map(|&(ad, src)| match ad.set.load_released(src) {
             Err(e) => Some(PipelineError::Read(e)),
-            Ok(v) => v
-                .iter()
-                .position(|x| !x.is_finite())
-                .map(|index| PipelineError::NonFinite {
-                    adapter: ad.set.path.clone(),
-                    key: src.key.clone(),
-                    index,
-                    value: v[index],
-                }),
+            Ok(v) => Unheld::scan(&v, f32::INFINITY, 0).map(|found| {
+                PipelineError::from(UnheldValues {
+                    file: ad.set.path.clone(),
+                    tensor: src.key.clone(),
+                    output: None,
+                    into: "F32".into(),
+                    dtype: None,
+                    found,
+                    at: None,
+                    origin: Origin::Adapter,
+                })
+            }),
         })
         .collect();
     match found.into_iter().flatten().next() {

@@ -3,7 +3,8 @@
 //! Owns: [`write`] (stamp the provenance into the output headers, hand the plan's output to
 //! the release writer, run the executor as its producer, and turn what ran into the
 //! manifest's report: the producer's own, for a quantized output the quantization report
-//! around it, for an Orbax output its chunks' value digests beside it (`orbax`, `producer`)) and [`Writing`], how a write is recorded. Does not own: the release writer's
+//! around it, for an Orbax output its chunks' value digests beside it (`orbax`, `producer`),
+//! and the values written that the output cannot hold, when allowed (`nonfinite`)) and [`Writing`], how a write is recorded. Does not own: the release writer's
 //! steps (`release`), the jobs (`pipeline::exec`), what a target is (`merge`).
 
 use std::collections::BTreeMap;
@@ -11,9 +12,10 @@ use std::path::{Path, PathBuf};
 
 use super::error::PipelineError;
 use super::exec::{Exec, ExecOptions, TargetWriter};
+use super::nonfinite::UnheldValues;
 use super::plan::{Plan, Ready};
 use crate::io::staging::{Allocation, Replace};
-use crate::quant::encode::ErrorStats;
+use crate::quant::encode::{Encoding, ErrorStats};
 use crate::release::{Hooks, Release, ReleaseError, ReleaseRequest, write_release};
 
 /// How a plan is written and recorded.
@@ -100,13 +102,12 @@ where
             let ran = Exec::new(plan, staging, exec).run(targets)?;
             let report = report()?;
             let report = match (&plan.quant, ran.orbax) {
-                (Some(_), _) => {
-                    quantized_report(plan, report, &ran.quant_errors).map_err(T::Error::from)?
-                }
+                (Some(_), _) => quantized_report(plan, report, &ran.quant_errors, &ran.saturated)
+                    .map_err(T::Error::from)?,
                 (None, Some(orbax)) => serde_json::json!({ "orbax": orbax, "producer": report }),
                 (None, None) => report,
             };
-            Ok::<_, T::Error>(with_quantized_base(plan, report))
+            Ok::<_, T::Error>(with_unheld(with_quantized_base(plan, report), &ran.unheld))
         },
         hooks,
     )
@@ -142,12 +143,31 @@ fn with_quantized_base(plan: &Plan<'_>, report: serde_json::Value) -> serde_json
     }
 }
 
-/// The report of a quantized output: `tensors`, `quantization` (`quantize::report_json`)
-/// and, when adapters were merged, `merge` (the producer's report).
+/// The report with `nonfinite`: every tensor written with values its output cannot hold
+/// (allowed, `NonFinite::Allow`), in output order. A report without such values is
+/// returned as it is, so a valid input's manifest does not change.
+fn with_unheld(report: serde_json::Value, unheld: &[UnheldValues]) -> serde_json::Value {
+    if unheld.is_empty() {
+        return report;
+    }
+    let list: Vec<serde_json::Value> = unheld.iter().map(UnheldValues::to_json).collect();
+    match report {
+        serde_json::Value::Object(mut o) => {
+            o.insert("nonfinite".into(), list.into());
+            serde_json::Value::Object(o)
+        }
+        other => serde_json::json!({ "nonfinite": list, "producer": other }),
+    }
+}
+
+/// The report of a quantized output: `tensors`, `quantization` (`quantize::report_json`,
+/// with each scaled-fp8 tensor's `saturated` count and their sum in the summary) and, when
+/// adapters were merged, `merge` (the producer's report).
 fn quantized_report(
     plan: &Plan<'_>,
     merged: serde_json::Value,
     errors: &BTreeMap<String, ErrorStats>,
+    saturated: &BTreeMap<String, usize>,
 ) -> Result<serde_json::Value, PipelineError> {
     let Some(q) = &plan.quant else {
         return Ok(merged);
@@ -165,9 +185,16 @@ fn quantized_report(
         report.insert("merge".into(), merged);
     }
     report.insert("tensors".into(), q.tensors.len().into());
-    report.insert(
-        "quantization".into(),
-        crate::quant::encode::report_json(q, &stats),
-    );
+    let mut quantization = crate::quant::encode::report_json(q, &stats);
+    let mut total = None;
+    for t in q.tensors.iter().filter(|t| t.encoding == Encoding::Fp8) {
+        let n = saturated.get(&t.name).copied().unwrap_or(0);
+        quantization["tensors"][&t.name]["saturated"] = n.into();
+        *total.get_or_insert(0) += n;
+    }
+    if let Some(total) = total {
+        quantization["summary"][Encoding::Fp8.name()]["saturated"] = total.into();
+    }
+    report.insert("quantization".into(), quantization);
     Ok(serde_json::Value::Object(report))
 }

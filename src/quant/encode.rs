@@ -125,16 +125,6 @@ pub enum QuantError {
         /// The stored key.
         key: String,
     },
-    /// A weight that is NaN or infinite.
-    #[error("{what}: element {index} is {value}; a quantized output needs finite weights")]
-    NonFinite {
-        /// The file and key.
-        what: String,
-        /// The element's index.
-        index: usize,
-        /// Its value.
-        value: f32,
-    },
     /// A dtype the values cannot be converted to or from.
     #[error(transparent)]
     Dtype(#[from] dtype::UnsupportedDType),
@@ -551,7 +541,9 @@ impl Encoding {
 /// `y` (same length), as the loaders dequantize it. For fp8, `fp8_scale` is the whole
 /// tensor's scale ([`fp8::scale_for`] of its `max|W|`) when `w` is a part of it; `None`
 /// takes it from `w`. `what` names the tensor (file and key) in errors. A non-finite value
-/// is refused.
+/// is encoded as the format's rounding gives (fp8: a NaN code, ±448; ggml: whatever its
+/// block arithmetic makes of it): the caller checks `w` and `y` (`pipeline::Exec::encode_part`)
+/// and refuses them unless the output allows them.
 pub fn encode(
     options: &QuantOptions,
     encoding: Encoding,
@@ -560,13 +552,6 @@ pub fn encode(
     fp8_scale: Option<f32>,
     what: &str,
 ) -> Result<Encoded, QuantError> {
-    if let Some(i) = w.iter().position(|x| !x.is_finite()) {
-        return Err(QuantError::NonFinite {
-            what: what.to_string(),
-            index: i,
-            value: w[i],
-        });
-    }
     match encoding {
         Encoding::Plain(d) => {
             let bytes = dtype::from_f32_vec(d, w)?;
@@ -853,7 +838,7 @@ mod tests {
     }
 
     #[test]
-    fn non_finite_values_are_refused_naming_the_tensor() {
+    fn non_finite_values_are_encoded_as_the_format_rounds_them() {
         let o = QuantOptions {
             format: QuantFormat::Fp8Scaled,
             high_precision: None,
@@ -867,10 +852,18 @@ mod tests {
             &mut y,
             None,
             "f: k",
-        );
-        assert_eq!(
-            e.unwrap_err().to_string(),
-            "f: k: element 1 is NaN; a quantized output needs finite weights"
-        );
+        )
+        .unwrap();
+        assert_eq!(e.scale, Some(2.0 / 448.0));
+        assert_eq!(e.bytes[1], 0x7F, "a NaN code");
+        assert!(y[1].is_nan() && y[0] == 1.0 && y[2] == 2.0);
+        for ty in [GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::F16] {
+            let w: Vec<f32> = (0..256)
+                .map(|i| if i == 3 { f32::INFINITY } else { 0.5 })
+                .collect();
+            let mut y = vec![0f32; 256];
+            let ggml = Encoding::Ggml { ty, step1: ty };
+            assert!(encode(&o, ggml, &w, &mut y, None, "f: k").is_ok(), "{ty:?}");
+        }
     }
 }
