@@ -671,8 +671,8 @@ fn r_issue_45_every_merge_route_finds_the_same_values() {
 fn scan_rates() {
     use std::hint::black_box;
     use std::time::Instant;
+    use wanbake::codec::dtype::{all_finite_bytes, all_held, held_limit, vectorized};
     use wanbake::io::DType;
-    use wanbake::io::dtype::{all_finite_bytes, all_held, held_limit, vectorized};
     // 1 MiB bands (a merge band: 2^18 f32) and 8 MiB bands (a copy band), 2 GiB in all
     let f32s: Vec<f32> = (0..1usize << 18).map(|i| (i as f32).sin()).collect();
     let bytes: Vec<u8> = (0..8usize << 20).map(|i| (i % 251) as u8 & 0x3F).collect();

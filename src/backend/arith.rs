@@ -52,7 +52,7 @@ pub fn widen_bits_f16(h: u16) -> u32 {
 }
 
 /// f32 bits → bf16 bits with round-to-nearest-even (`narrow_bits_bf16`): the kernel's
-/// integer sequence is `io::dtype::round_to_bf16`'s, so this is that function (NaN keeps sign
+/// integer sequence is `codec::dtype::round_to_bf16`'s, so this is that function (NaN keeps sign
 /// and top payload bits and gains the quiet bit).
 #[inline(always)]
 pub fn narrow_bits_bf16(b: u32) -> u16 {
@@ -64,8 +64,8 @@ pub fn narrow_bits_bf16(b: u32) -> u16 {
 /// quiet bit 0x0200 (what `half::f16::from_f32` does in software and with F16C).
 ///
 /// The kernel's own integer algorithm (CUDA C has no `half` crate), mirrored here so the
-/// tests can hold it to `io::dtype::round_to_f16` for every f32; the host computes with
-/// `io::dtype::round_to_f16` itself ([`add_narrow_f16`], the CPU backend).
+/// tests can hold it to `codec::dtype::round_to_f16` for every f32; the host computes with
+/// `codec::dtype::round_to_f16` itself ([`add_narrow_f16`], the CPU backend).
 #[inline]
 pub fn narrow_bits_f16(x: u32) -> u16 {
     let sign = x & 0x8000_0000;

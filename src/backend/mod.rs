@@ -119,7 +119,7 @@ pub trait Backend {
     -> Result<Self::Mat, BackendError>;
 
     /// The f32 values of `bytes` (little-endian `dtype` storage, (rows, cols)), exactly as
-    /// `io::dtype::widen_to_f32`.
+    /// `codec::dtype::widen_to_f32`.
     fn widen(
         &mut self,
         dtype: DType,
@@ -216,7 +216,7 @@ pub trait Backend {
     ) -> Result<Option<NonFinite>, BackendError>;
 
     /// Writes `src` rounded once to `dtype` (BF16, F16 or F32) into `out`, exactly as
-    /// `io::dtype::narrow_from_f32`.
+    /// `codec::dtype::narrow_from_f32`.
     fn narrow(&mut self, src: &Self::Mat, dtype: DType, out: &mut [u8])
     -> Result<(), BackendError>;
 

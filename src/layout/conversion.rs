@@ -41,7 +41,7 @@ pub const PIECE_BAND_BYTES: usize = 8 << 20;
 /// bytes do not depend on `band_bytes`.
 ///
 /// Returns the values written as NaN or ±inf (non-finite in `src`, or finite ones beyond
-/// `dtype`'s range: `io::dtype::held_limit`), numbered in `src`'s own (stored) order, with
+/// `dtype`'s range: `codec::dtype::held_limit`), numbered in `src`'s own (stored) order, with
 /// their values before rounding. Each band is checked as it is written (a byte-for-byte
 /// copy too: a NaN stored in the input is still a NaN shipped), one vectorised scan of
 /// the bytes just produced; only when one fails is `src` widened again to find them.

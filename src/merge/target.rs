@@ -208,7 +208,7 @@ impl<'a> Merger<'a> {
     }
 }
 
-/// The magnitude the merged values of `job` must stay below (`io::dtype::held_limit`): the
+/// The magnitude the merged values of `job` must stay below (`codec::dtype::held_limit`): the
 /// output dtype's, or for an encoded output its plain dtype's; `+inf` (finite values) for
 /// fp8 and the ggml block types, whose encoder checks what it cannot hold.
 fn merged_limit(job: &Job) -> f32 {
@@ -342,7 +342,7 @@ impl Merger<'_> {
     /// Runs target `t`'s merge band by band, handing each checked band of merged rows
     /// (first row, values) to `band`; with `whole` (the (out, in') tensor), each band is
     /// computed in its place there instead of in a buffer of its own. Each band is checked
-    /// against `limit` (`io::dtype::all_held`, one vectorised pass over the band just
+    /// against `limit` (`codec::dtype::all_held`, one vectorised pass over the band just
     /// computed); returns the values it refuses, numbered in the (out, in') view, with the
     /// origin of the first (`Merger::attribute`). They are handed on as they are.
     #[allow(clippy::too_many_arguments)]

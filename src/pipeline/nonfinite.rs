@@ -8,7 +8,7 @@
 //! the first index and value, the count, the origin, the way out; the error of a refusal and
 //! the manifest's `nonfinite` entry of an allowed one; its hint, worded for the front end that
 //! ran, is the binary's, `cli::hint`). Does not own: the scans
-//! (`io::dtype::{all_held, all_finite_bytes, Unheld}`), where they run (`pipeline::exec`,
+//! (`codec::dtype::{all_held, all_finite_bytes, Unheld}`), where they run (`pipeline::exec`,
 //! `merge`, `extract`).
 
 use std::fmt;
