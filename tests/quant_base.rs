@@ -51,6 +51,28 @@ fn assert_same_tensors(got: &Path, want: &Path) {
     }
 }
 
+/// `merge --base base --adapter adapter --dtype f32 --out out` in `dir`: the weights file and
+/// the printed summary.
+fn merge_f32(dir: &Path, base: &Path, adapter: &Path, out: &str) -> (PathBuf, String) {
+    let stdout = ok(run(
+        dir,
+        &[
+            "merge",
+            "--base",
+            base.to_str().unwrap(),
+            "--adapter",
+            adapter.to_str().unwrap(),
+            "--dtype",
+            "f32",
+            "--out",
+            out,
+            "--device",
+            "cpu",
+        ],
+    ));
+    (weights_in(&dir.join(out)), stdout)
+}
+
 fn convert_f32(dir: &Path, input: &Path, out: &str) -> PathBuf {
     let o = dir.join(out);
     ok(run(
@@ -98,27 +120,8 @@ fn merge_onto_a_quantized_base_is_the_merge_onto_its_decoding() {
     ];
     for (base, decoded) in cases {
         let d = tmp();
-        let merge = |b: &Path, out: &str| {
-            ok(run(
-                d.path(),
-                &[
-                    "merge",
-                    "--base",
-                    b.to_str().unwrap(),
-                    "--adapter",
-                    lora.to_str().unwrap(),
-                    "--dtype",
-                    "f32",
-                    "--out",
-                    out,
-                    "--device",
-                    "cpu",
-                ],
-            ));
-            weights_in(&d.path().join(out))
-        };
-        let got = merge(&quant(base), "q");
-        let want = merge(&quant(decoded), "f");
+        let (got, _) = merge_f32(d.path(), &quant(base), &lora, "q");
+        let (want, _) = merge_f32(d.path(), &quant(decoded), &lora, "f");
         assert_same_tensors(&got, &want);
     }
 }
@@ -159,28 +162,6 @@ fn a_scaled_fp8_output_converted_back_holds_weights_not_codes() {
 }
 
 // ---- refusals: a marked input wanbake does not decode is never read as raw codes ---------
-
-/// A safetensors file of (name, dtype, shape, bytes), with optional `__metadata__`.
-fn write_raw(path: &Path, tensors: &[(&str, &str, Vec<usize>, Vec<u8>)], meta: Option<&str>) {
-    let mut json = String::from("{");
-    if let Some(m) = meta {
-        json.push_str(&format!("\"__metadata__\":{m},"));
-    }
-    let mut data = Vec::new();
-    for (i, (name, dtype, shape, bytes)) in tensors.iter().enumerate() {
-        let begin = data.len();
-        data.extend_from_slice(bytes);
-        if i > 0 {
-            json.push(',');
-        }
-        json.push_str(&format!(
-            "\"{name}\":{{\"dtype\":\"{dtype}\",\"shape\":{shape:?},\"data_offsets\":[{begin},{}]}}",
-            data.len()
-        ));
-    }
-    json.push('}');
-    fs_err::write(path, st_bytes(&json, &data)).unwrap();
-}
 
 fn f32s(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
@@ -491,27 +472,9 @@ fn merge_onto_every_quantized_format_is_the_merge_onto_its_decoding() {
         "gguf_orig_shape.gguf",
     ] {
         let decoded = convert_f32(d.path(), &quant_base(file), &format!("dec_{file}"));
-        let merge = |b: &Path, out: &str| {
-            let stdout = ok(run(
-                d.path(),
-                &[
-                    "merge",
-                    "--base",
-                    b.to_str().unwrap(),
-                    "--adapter",
-                    "lora.safetensors",
-                    "--dtype",
-                    "f32",
-                    "--out",
-                    out,
-                    "--device",
-                    "cpu",
-                ],
-            ));
-            (weights_in(&d.path().join(out)), stdout)
-        };
-        let (got, stdout) = merge(&quant_base(file), &format!("q_{file}"));
-        let (want, _) = merge(&decoded, &format!("f_{file}"));
+        let lora = d.path().join("lora.safetensors");
+        let (got, stdout) = merge_f32(d.path(), &quant_base(file), &lora, &format!("q_{file}"));
+        let (want, _) = merge_f32(d.path(), &decoded, &lora, &format!("f_{file}"));
         assert_same_tensors(&got, &want);
         assert!(stdout.contains("base: "), "{file}: {stdout}");
     }

@@ -63,25 +63,38 @@ pub fn st_bytes(json: &str, data: &[u8]) -> Vec<u8> {
     v
 }
 
-/// Writes a well-formed safetensors file of f32 tensors (name, shape, values).
-pub fn write_f32(path: &Path, tensors: &[(&str, Vec<usize>, Vec<f32>)]) {
+/// A safetensors file of (name, dtype, shape, bytes), with optional `__metadata__`.
+pub fn write_raw(path: &Path, tensors: &[(&str, &str, Vec<usize>, Vec<u8>)], meta: Option<&str>) {
     let mut json = String::from("{");
+    if let Some(m) = meta {
+        json.push_str(&format!("\"__metadata__\":{m},"));
+    }
     let mut data = Vec::new();
-    for (i, (name, shape, vals)) in tensors.iter().enumerate() {
+    for (i, (name, dtype, shape, bytes)) in tensors.iter().enumerate() {
         let begin = data.len();
-        for v in vals {
-            data.extend_from_slice(&v.to_le_bytes());
-        }
+        data.extend_from_slice(bytes);
         if i > 0 {
             json.push(',');
         }
         json.push_str(&format!(
-            "\"{name}\":{{\"dtype\":\"F32\",\"shape\":{shape:?},\"data_offsets\":[{begin},{}]}}",
+            "\"{name}\":{{\"dtype\":\"{dtype}\",\"shape\":{shape:?},\"data_offsets\":[{begin},{}]}}",
             data.len()
         ));
     }
     json.push('}');
     std::fs::write(path, st_bytes(&json, &data)).expect("write fixture");
+}
+
+/// Writes a well-formed safetensors file of f32 tensors (name, shape, values).
+pub fn write_f32(path: &Path, tensors: &[(&str, Vec<usize>, Vec<f32>)]) {
+    let raw: Vec<(&str, &str, Vec<usize>, Vec<u8>)> = tensors
+        .iter()
+        .map(|(name, shape, vals)| {
+            let bytes = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+            (*name, "F32", shape.clone(), bytes)
+        })
+        .collect();
+    write_raw(path, &raw, None);
 }
 
 /// Lists every entry (recursively) under `dir`, relative, sorted.
