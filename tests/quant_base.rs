@@ -505,3 +505,79 @@ fn malformed_quantized_inputs_are_refused() {
         assert!(!d.path().join("o").exists(), "{file}");
     }
 }
+
+/// The small model's diffusers config (golden/quant_base_golden.py's `MODELS["small"]`).
+fn small_config(path: &Path) {
+    let config = serde_json::json!({
+        "_class_name": "WanTransformer3DModel",
+        "attention_head_dim": 64, "num_attention_heads": 1, "num_layers": 1,
+        "ffn_dim": 256, "freq_dim": 16, "text_dim": 16, "in_channels": 4, "out_channels": 4,
+        "patch_size": [1, 2, 2], "eps": 1e-6, "qk_norm": "rms_norm_across_heads",
+        "cross_attn_norm": true, "rope_max_seq_len": 32, "added_kv_proj_dim": null,
+        "image_dim": null, "pos_embed_seq_len": null,
+    });
+    fs_err::write(path, config.to_string()).unwrap();
+}
+
+/// `run --model model` on the small model's inputs: the noise prediction's bytes.
+fn small_forward(dir: &Path, model: &Path, out: &str) -> Vec<u8> {
+    let (cfg, inputs) = (dir.join("config.json"), dir.join("inputs.safetensors"));
+    ok(run(
+        dir,
+        &[
+            "run",
+            "--model",
+            model.to_str().unwrap(),
+            "--config",
+            cfg.to_str().unwrap(),
+            "--inputs",
+            inputs.to_str().unwrap(),
+            "--out",
+            out,
+        ],
+    ));
+    let f = SafetensorsFile::open(&dir.join(out)).unwrap();
+    f.view("noise_pred").unwrap().bytes.to_vec()
+}
+
+/// The runner reads every quantized format through the same decoder as the pipeline, tensor
+/// by tensor: its forward on each golden file is, bit for bit, its forward on that file's
+/// decoding (which the tests above hold to the runtime's).
+#[test]
+fn runner_forwards_every_quantized_format_as_its_decoding() {
+    let d = tmp();
+    small_config(&d.path().join("config.json"));
+    let mut rng = Rng::new(0x5EED_0041);
+    let mut draw = |n: usize| (0..n).map(|_| rng.signed_f32()).collect::<Vec<f32>>();
+    write_f32(
+        &d.path().join("inputs.safetensors"),
+        &[
+            ("hidden_states", vec![1, 4, 1, 4, 4], draw(64)),
+            ("timestep", vec![1], vec![500.0]),
+            ("encoder_hidden_states", vec![1, 8, 16], draw(128)),
+        ],
+    );
+    for file in [
+        "comfy_nvfp4.safetensors",
+        "comfy_mxfp8_e8m0.safetensors",
+        "comfy_int8.safetensors",
+        "comfy_fp8_header.safetensors",
+        "lightx2v_int8.safetensors",
+        "lightx2v_fp8.safetensors",
+        "legacy_prefixed.safetensors",
+        "plain_e5m2.safetensors",
+        "gguf_orig_shape.gguf",
+    ] {
+        let decoded = convert_f32(d.path(), &quant_base(file), &format!("dec_{file}"));
+        let got = small_forward(
+            d.path(),
+            &quant_base(file),
+            &format!("q_{file}.safetensors"),
+        );
+        let want = small_forward(d.path(), &decoded, &format!("f_{file}.safetensors"));
+        assert!(
+            got == want,
+            "{file}: the forward differs from its decoding's"
+        );
+    }
+}

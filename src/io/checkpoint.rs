@@ -39,7 +39,7 @@ pub struct TensorRef<'a> {
 }
 
 /// One logical state dict: one file, or the shards of an index.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct TensorSet {
     files: Vec<SafetensorsFile>,
     index_path: Option<PathBuf>,

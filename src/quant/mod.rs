@@ -9,6 +9,7 @@
 
 pub mod base;
 pub mod convention;
+pub mod decode;
 pub mod encode;
 pub mod inspect;
 pub mod layers;
