@@ -8,18 +8,18 @@
 //! (`pipeline::write` with `CopyOnly`, whose copy-or-convert loop every producing command
 //! uses: a tensor whose dtype does not change is copied byte for byte, otherwise it is
 //! widened to f32 and rounded once with round-to-nearest-even). Does not own: the executor
-//! (`pipeline::exec`), the atomic writer (`release`, `io::staging`).
+//! (`pipeline::exec`), the atomic writer (`release`, `release::staging`).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use crate::format::header_layout::PlannedTensor;
 use crate::io::checkpoint::Checkpoint;
-use crate::io::header_layout::PlannedTensor;
-use crate::io::staging::Replace;
-use crate::io::writer::{ComponentOutput, OutputPlan, Slot};
 use crate::layout::{KeepF32, OutputDType};
 use crate::model::transform::Transform;
 use crate::pipeline::{CopyOnly, Job, OutputOptions, PipelineError, Plan, Writing, write};
+use crate::release::staging::Replace;
+use crate::release::writer::{ComponentOutput, OutputPlan, Slot};
 use crate::release::{Hooks, Release, ReleaseError};
 
 /// A conversion request.
@@ -70,7 +70,7 @@ pub fn convert_release(spec: &ConvertSpec, hooks: Hooks<'_>) -> Result<Release, 
             max_shard_bytes: spec.shard_bytes,
         })
         .collect();
-    let root = ck.root_aux_files();
+    let root = crate::release::writer::root_aux_files(&ck);
     let jobs = mirror_jobs(&ck, &components);
     let mut output = OutputPlan::build(&components, &root).map_err(|e| {
         ReleaseError::produce(PipelineError::Plan(format!(

@@ -441,11 +441,8 @@ pub fn render_text(r: &InspectReport) -> String {
     s
 }
 
-fn orbax_report(
-    o: &crate::io::orbax::source::OrbaxInput,
-    hash: bool,
-) -> Result<OrbaxReport, ReadError> {
-    use crate::io::orbax::Level;
+fn orbax_report(o: &crate::io::orbax::OrbaxInput, hash: bool) -> Result<OrbaxReport, ReadError> {
+    use crate::format::orbax::Level;
     use rayon::prelude::*;
     let files = o
         .files
@@ -628,7 +625,7 @@ pub fn gguf_keys(path: &std::path::Path, glob: &str) -> Result<Vec<KeyRow>, Read
             component: String::new(),
             name: t.name.clone(),
             dtype: t.ty.name().to_string(),
-            shape: crate::io::gguf::torch_shape(&t.ne),
+            shape: crate::format::gguf::torch_shape(&t.ne),
         })
         .collect())
 }

@@ -12,7 +12,7 @@ mod cli;
 use cli::{Cli, Status};
 
 fn main() -> ExitCode {
-    wanbake::io::staging::install_signal_guards();
+    wanbake::release::staging::install_signal_guards();
     wanbake::io::mmap::install_sigbus_guard();
     // Every faer call in wanbake passes its parallelism explicitly; an accidental high-level
     // call that reads faer's global default (whose results depend on the core count) panics.

@@ -11,10 +11,10 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::io::writer::{ComponentOutput, OutputPlan};
 use crate::layout::restack::{RestackError, RestackOptions, plan_restack, restack_report};
 use crate::pipeline::output::conversion_jobs;
 use crate::pipeline::{CopyOnly, ExecOptions, OutputOptions, Plan, Writing, write};
+use crate::release::writer::{ComponentOutput, OutputPlan};
 use crate::release::{Hooks, Release};
 
 /// What a restack wrote.
@@ -38,7 +38,7 @@ pub fn restack_release(
     let checkpoint = crate::quant::base::open(input)?;
     let plans = plan_restack(&checkpoint, options)?;
     let components: Vec<ComponentOutput> = plans.iter().map(|p| p.output.clone()).collect();
-    let root = checkpoint.root_aux_files();
+    let root = crate::release::writer::root_aux_files(&checkpoint);
     let output_err = |source: Box<dyn std::error::Error + Send + Sync>| RestackError::Output {
         path: out.to_path_buf(),
         source,

@@ -10,14 +10,14 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::LazyLock;
 
-use crate::io::header_layout::PlannedTensor;
-use crate::io::staging::{Allocation, Replace, Staging};
-use crate::io::writer::{ComponentOutput, OutputPlan};
+use crate::format::header_layout::PlannedTensor;
 use crate::io::{DType, dtype};
 use crate::model::sa3::{Sa3Variant, sa3_params};
 use crate::model::wan::{ParamSpec, WanConfig, WanVariant};
 use crate::model::wan_layout::{Layout, stamp_config};
 use crate::model::wan_names::parse_canonical;
+use crate::release::staging::{Allocation, Replace, Staging};
+use crate::release::writer::{ComponentOutput, OutputPlan};
 use crate::release::{Hooks, Release, ReleaseError, ReleaseRequest, write_release};
 use crate::rng::SplitMix64;
 
@@ -196,7 +196,9 @@ fn planned(params: &[ParamSpec], dtype: DType) -> Vec<PlannedTensor> {
 }
 
 /// The output plan of a synthetic checkpoint.
-pub fn synth_plan(spec: &SynthSpec) -> Result<OutputPlan, crate::io::header_layout::LayoutError> {
+pub fn synth_plan(
+    spec: &SynthSpec,
+) -> Result<OutputPlan, crate::format::header_layout::LayoutError> {
     let wan = |cfg: WanConfig| with_layers(cfg, spec.layers);
     let (components, root) = match &spec.model {
         SynthModel::Wan(v) => (
@@ -232,7 +234,7 @@ pub fn synth_plan(spec: &SynthSpec) -> Result<OutputPlan, crate::io::header_layo
                     wan_component(&cfg, "transformer", spec.dtype, spec.shard_bytes),
                     wan_component(&cfg, "transformer_2", spec.dtype, spec.shard_bytes),
                 ],
-                vec![crate::io::writer::AuxFile {
+                vec![crate::release::writer::AuxFile {
                     rel_path: "model_index.json".into(),
                     bytes,
                 }],
@@ -289,7 +291,7 @@ pub fn synth_release(
         req,
         |staging| {
             let plan = staging.plan();
-            let jobs: Vec<(String, crate::io::Slot)> =
+            let jobs: Vec<(String, crate::release::writer::Slot)> =
                 plan.slots().map(|(_, n, s)| (n.to_string(), s)).collect();
             staging.for_each_in_file_order(
                 &jobs,
@@ -320,15 +322,15 @@ pub struct SynthFillError {
     tensor: String,
     /// Why.
     #[source]
-    source: Box<crate::io::WriteError>,
+    source: Box<crate::release::staging::WriteError>,
 }
 
 fn fill_random(
-    staging: &crate::io::Staging,
-    slot: crate::io::Slot,
-    info: &crate::io::TensorInfo,
+    staging: &crate::release::staging::Staging,
+    slot: crate::release::writer::Slot,
+    info: &crate::format::header::TensorInfo,
     seed: u64,
-) -> Result<(), crate::io::WriteError> {
+) -> Result<(), crate::release::staging::WriteError> {
     const CHUNK: usize = 1 << 20;
     let numel = info.numel();
     let fan_in: usize = info.shape.iter().skip(1).product::<usize>().max(1);
@@ -340,7 +342,7 @@ fn fill_random(
         0.1
     };
     let mut rng = SplitMix64::new(seed ^ fnv1a(info.name.as_bytes()));
-    let size = info.dtype.size().unwrap_or(4);
+    let size = info.dtype.element_bytes();
     let mut vals = vec![0f32; CHUNK.min(numel)];
     let mut bytes = vec![0u8; vals.len() * size];
     let mut done = 0;
@@ -352,7 +354,7 @@ fn fill_random(
             *v = if is_norm { 1.0 + 0.1 * u } else { amp * u };
         }
         dtype::narrow_from_f32(info.dtype, &vals[..n], &mut bytes[..n * size]).map_err(|e| {
-            crate::io::WriteError::Io {
+            crate::release::staging::WriteError::Io {
                 path: info.name.clone().into(),
                 source: std::io::Error::other(e),
             }

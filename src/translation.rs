@@ -4,7 +4,7 @@
 //! the adapter, resolve its module names, render it with `adapter::translate::render_set`,
 //! write it), and [`write_adapter_file`]: one adapter file (and its sidecars) as a release,
 //! the writer `translate`, `extract` and `resize` share. Does not own: reading adapters,
-//! names and rendering (`adapter`), the atomic writer (`release`, `io::staging`). On any
+//! names and rendering (`adapter`), the atomic writer (`release`, `release::staging`). On any
 //! error nothing is written.
 
 use std::borrow::Cow;
@@ -15,11 +15,11 @@ use serde::Serialize;
 
 use crate::adapter::translate::{OutTensor, module_ids, render_set, tensor_bytes};
 use crate::adapter::{AdapterError, AdapterOptions, AdapterSet, Convention};
+use crate::format::header_layout::PlannedTensor;
 use crate::io::ReadError;
-use crate::io::header_layout::PlannedTensor;
-use crate::io::staging::{Allocation, Replace};
-use crate::io::writer::{ComponentOutput, OutputPlan};
-use crate::manifest::{InputFile, InputRecord, record_inputs};
+use crate::release::manifest::{InputFile, InputRecord, record_inputs};
+use crate::release::staging::{Allocation, Replace};
+use crate::release::writer::{ComponentOutput, OutputPlan};
 use crate::release::{Hooks, Release, ReleaseError, ReleaseRequest, write_release};
 
 /// A request to translate one adapter.

@@ -736,7 +736,7 @@ fn unmerged_reference_is_computed_not_written_and_equals_the_f32_merge() {
             &f32_reference,
             &merging,
             &written,
-            wanbake::io::staging::Replace::Never,
+            wanbake::release::staging::Replace::Never,
         )
         .unwrap();
         let old = wanbake::runner::ModelSet::open(&written, None).unwrap();

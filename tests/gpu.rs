@@ -215,7 +215,7 @@ fn kernel_errors_name_module_and_kernel() {
 }
 
 // ------------------------------------------------------------------------------------------
-// The kernels' arithmetic against io::dtype and independent oracles
+// The kernels' arithmetic against codec::dtype and independent oracles
 // ------------------------------------------------------------------------------------------
 
 /// The value of a float with `ebits` exponent and `mbits` mantissa bits (IEEE layout), in f64,
@@ -334,7 +334,7 @@ fn widen_reference_equals_io_dtype_and_the_value_formula_for_every_16_bit_patter
 fn narrow_reference_equals_io_dtype_and_exact_rne_over_the_f32_sweep() {
     let sweep = f32_sweep();
     let values: Vec<f32> = sweep.iter().map(|&b| f32::from_bits(b)).collect();
-    // io::dtype's slice path (F16C for F16, AVX2/AVX-512 for BF16, where the CPU has them)
+    // codec::dtype's slice path (F16C for F16, AVX2/AVX-512 for BF16, where the CPU has them)
     // and scalar path.
     let mut io_bf16 = vec![0u8; values.len() * 2];
     let mut io_f16 = vec![0u8; values.len() * 2];
@@ -527,7 +527,7 @@ fn widen_gives_the_ieee_value_of_every_16_bit_pattern<B: Backend>(b: &mut B) -> 
                     x.is_nan() && x.is_sign_negative() == (h & 0x8000 != 0),
                     "{dtype} {h:#06x}"
                 );
-                // Payload: bf16 keeps it as is; f16 keeps it and is quieted (io::dtype).
+                // Payload: bf16 keeps it as is; f16 keeps it and is quieted (codec::dtype).
                 let want = match dtype {
                     DType::BF16 => u32::from(h) << 16,
                     _ => (u32::from(h & 0x8000) << 16) | 0x7FC0_0000 | (u32::from(h & 0x3FF) << 13),

@@ -6,11 +6,11 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::*;
+use wanbake::format::header_layout::{HeaderLayout, PlannedTensor};
 use wanbake::io::DType;
-use wanbake::io::header_layout::{HeaderLayout, PlannedTensor};
-use wanbake::io::staging::Replace;
 use wanbake::model::sa3::{Sa3Variant, sa3_params};
 use wanbake::model::wan::{ParamSpec, WanConfig, WanVariant};
+use wanbake::release::staging::Replace;
 use wanbake::synth::{Fill, SynthModel, SynthSpec, synth_release};
 
 const T1: &str = r#""a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}"#;
@@ -417,7 +417,7 @@ fn round_trip_is_exact_and_output_bytes_do_not_depend_on_thread_count() {
 
 #[test]
 fn written_values_read_back_identically() {
-    use wanbake::io::writer::{ComponentOutput, OutputPlan};
+    use wanbake::release::writer::{ComponentOutput, OutputPlan};
     use wanbake::release::{Hooks, ReleaseError, ReleaseRequest, write_release};
     let root = tmp();
     let vals: Vec<f32> = (0..30).map(|i| (i as f32 - 15.0) * 0.37).collect();
@@ -451,23 +451,24 @@ fn written_values_read_back_identically() {
         command: "test",
         options: serde_json::json!({}),
         replace: Replace::Never,
-        allocation: wanbake::io::staging::Allocation::Reserve,
+        allocation: wanbake::release::staging::Allocation::Reserve,
     };
-    let produce = |s: &wanbake::io::Staging| -> Result<serde_json::Value, ReleaseError> {
-        let p = s.plan();
-        let w: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
-        // Written in two pieces, second first, to exercise positional writes.
-        let slot = p.slot(0, "w").unwrap();
-        assert!(
-            s.write(slot, 119, &[0, 0]).is_err(),
-            "a write past the slot must be refused"
-        );
-        s.write(slot, 60, &w[60..])?;
-        s.write(slot, 0, &w[..60])?;
-        let h = wanbake::codec::dtype::from_f32_vec(DType::F16, &vals).unwrap();
-        s.write(p.slot(0, "h").unwrap(), 0, &h)?;
-        Ok(serde_json::json!({}))
-    };
+    let produce =
+        |s: &wanbake::release::staging::Staging| -> Result<serde_json::Value, ReleaseError> {
+            let p = s.plan();
+            let w: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+            // Written in two pieces, second first, to exercise positional writes.
+            let slot = p.slot(0, "w").unwrap();
+            assert!(
+                s.write(slot, 119, &[0, 0]).is_err(),
+                "a write past the slot must be refused"
+            );
+            s.write(slot, 60, &w[60..])?;
+            s.write(slot, 0, &w[..60])?;
+            let h = wanbake::codec::dtype::from_f32_vec(DType::F16, &vals).unwrap();
+            s.write(p.slot(0, "h").unwrap(), 0, &h)?;
+            Ok(serde_json::json!({}))
+        };
     write_release(req, produce, Hooks::default()).unwrap();
     let f = wanbake::io::SafetensorsFile::open(&dest.join("model.safetensors")).unwrap();
     assert_eq!(f.read_f32("w").unwrap(), vals);
@@ -630,13 +631,13 @@ fn writing_over_an_input_or_an_existing_output_is_refused() {
     ));
     assert_eq!(code, 1);
     assert!(err.contains("already exists"), "{err}");
-    let err = wanbake::io::staging::check_not_input(
+    let err = wanbake::release::staging::check_not_input(
         &root.path().join("rel/sub"),
         &[root.path().join("rel")],
     )
     .unwrap_err();
     assert!(err.to_string().contains("overlaps the input"), "{err}");
-    let err = wanbake::io::staging::check_not_input(
+    let err = wanbake::release::staging::check_not_input(
         root.path(),
         &[root.path().join("rel/x.safetensors")],
     )
@@ -811,9 +812,9 @@ fn held_at_gate(root: &Path, command: &str) -> std::process::Child {
 #[ignore = "run by the changed-input tests in a child process"]
 fn gated_command() {
     use wanbake::adapter::{AdapterSpec, bind_specs};
-    use wanbake::io::staging::Replace;
     use wanbake::merge::{MergeOptions, Merging, write_merge};
     use wanbake::pipeline::{Compute, OutputChoices, OutputOptions, Plan, Writing};
+    use wanbake::release::staging::Replace;
     gated_child(|command, hooks| {
         let (base, out) = (Path::new("base"), Path::new("out"));
         match command {
@@ -1299,7 +1300,7 @@ fn the_fuzz_seed_corpus_is_the_hand_made_seeds() {
     for (name, bytes) in hand_made_seeds() {
         assert_eq!(std::fs::read(dir.join(name)).unwrap(), bytes, "{name}");
         // Both readers accept every seed, so mutations start on the accepting side.
-        wanbake::io::Header::parse(&bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
+        wanbake::format::header::Header::parse(&bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
         safetensors::SafeTensors::deserialize(&bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
     }
 }
@@ -1348,7 +1349,7 @@ fn mutate(rng: &mut Rng, mut b: Vec<u8>) -> Vec<u8> {
 /// (The same property runs unbounded under libFuzzer: `fuzz/fuzz_targets/differential.rs`.)
 #[test]
 fn the_header_parser_never_accepts_what_the_safetensors_crate_rejects() {
-    use wanbake::io::Header;
+    use wanbake::format::header::Header;
     let mut rng = Rng::new(0x5afe);
     let (mut accepted, mut tried) = (0, 0);
     for seed in differential_seeds() {

@@ -405,7 +405,7 @@ fn comfyui_gguf_loads_each_k_type_as_wanbake_dequantizes_it() {
         assert_eq!(tensors.len(), g.header().tensors.len(), "{to}");
         for (j, t) in g.header().tensors.iter().enumerate() {
             let w = &tensors[&t.name];
-            let shape = wanbake::io::gguf::torch_shape(&t.ne);
+            let shape = wanbake::format::gguf::torch_shape(&t.ne);
             let want_shape: Vec<usize> = serde_json::from_value(w["shape"].clone()).unwrap();
             assert_eq!(shape, want_shape, "{to}: {}", t.name);
             assert_eq!(t.ty.name(), w["type"].as_str().unwrap(), "{to}: {}", t.name);

@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use common::Rng;
 
-use wanbake::io::header_layout::{HeaderLayout, PlannedTensor};
+use wanbake::format::header_layout::{HeaderLayout, PlannedTensor};
 use wanbake::io::{Checkpoint, DType};
 use wanbake::layout::restack::RestackOptions;
 use wanbake::layout::{Conversion, KeepF32, OutputDType, WritePlan};
@@ -172,7 +172,7 @@ fn restack_options(to: Layout) -> RestackOptions {
         dtype: OutputDType::Keep,
         keep_f32: None,
         shard_bytes: None,
-        replace: wanbake::io::staging::Replace::Never,
+        replace: wanbake::release::staging::Replace::Never,
         config: None,
         // The random bit patterns of these tests hold NaN payloads and infinities, written
         // as they are (issue 45: allowed, and listed in the report).
@@ -1604,7 +1604,7 @@ mod restack_cli {
 
     #[test]
     fn norm_added_q_is_reported_in_the_manifest() {
-        use wanbake::io::header_layout::{HeaderLayout, PlannedTensor};
+        use wanbake::format::header_layout::{HeaderLayout, PlannedTensor};
         let dir = tempfile::tempdir().unwrap();
         let model = dir.path().join("in");
         std::fs::create_dir(&model).unwrap();
@@ -1716,7 +1716,7 @@ fn bench_executor_1_3b_f32_to_nnx_scanned_bf16() {
         std::env::var("WANBAKE_BENCH_OUT").unwrap_or_else(|_| "/tmp/wanbake-bench-nnx-bf16".into());
     let options = RestackOptions {
         dtype: OutputDType::BF16,
-        replace: wanbake::io::staging::Replace::Overwrite,
+        replace: wanbake::release::staging::Replace::Overwrite,
         ..restack_options(Layout::NnxScanned)
     };
     let start = std::time::Instant::now();

@@ -841,7 +841,7 @@ fn cache_detects_a_truncated_entry() {
 fn cache_detects_a_wrong_shape_entry() {
     no_global_parallelism();
     use std::collections::BTreeMap;
-    use wanbake::io::header_layout::{HeaderLayout, PlannedTensor};
+    use wanbake::format::header_layout::{HeaderLayout, PlannedTensor};
     check_damage_is_repaired(
         |p| {
             let file = wanbake::io::SafetensorsFile::open(p).unwrap();
@@ -1120,7 +1120,7 @@ fn max_diff(X1: &[f32], X2: &[f32], ld: usize, r: usize) -> f64 {
 
 /// Writes named f32 tensors to a safetensors file (for the torch comparison script).
 fn dump(path: &std::path::Path, tensors: &[(&str, Vec<usize>, &[f32])]) {
-    use wanbake::io::header_layout::{HeaderLayout, PlannedTensor};
+    use wanbake::format::header_layout::{HeaderLayout, PlannedTensor};
     let planned: Vec<PlannedTensor> = tensors
         .iter()
         .map(|(n, s, _)| PlannedTensor {

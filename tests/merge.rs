@@ -21,13 +21,13 @@ use wanbake::adapter::{
     AdapterSet, BaseIndex, Convention, Entry, Kind, ParamRole, ScaleSource, TensorSource,
 };
 use wanbake::gpu::CudaDevice;
-use wanbake::io::staging::Replace;
 use wanbake::io::{Checkpoint, DType, SafetensorsFile};
 use wanbake::layout::OutputDType;
 use wanbake::merge::{DoraStrength, MergeOptions, MergeOutcome, Merging, merge_release};
 use wanbake::model::base_model::BaseModel;
 use wanbake::model::wan_layout::Layout;
 use wanbake::pipeline::{Compute, OutputChoices, OutputOptions};
+use wanbake::release::staging::Replace;
 
 // ---------------------------------------------------------------------------------------
 // Building adapters by hand.
@@ -2416,7 +2416,7 @@ fn an_i2v_adapter_on_a_t2v_base_is_explained_in_model_terms_first() {
 #[test]
 fn xs_bases_on_lanes_complete_through_a_one_chunk_window() {
     let tmp = common::tmp();
-    let run = |name: &str, geometry: Option<wanbake::io::ordered::Geometry>| {
+    let run = |name: &str, geometry: Option<wanbake::release::ordered::Geometry>| {
         let dest = tmp.path().join(name);
         let to = dest.clone();
         let (done, result) = std::sync::mpsc::channel();
@@ -2441,7 +2441,7 @@ fn xs_bases_on_lanes_complete_through_a_one_chunk_window() {
             };
             let pool = rayon::ThreadPoolBuilder::new().num_threads(8).build();
             let r = pool.unwrap().install(|| match geometry {
-                Some(g) => wanbake::io::ordered::with_geometry(g, merge),
+                Some(g) => wanbake::release::ordered::with_geometry(g, merge),
                 None => merge(),
             });
             let _ = done.send(r);
@@ -2452,7 +2452,7 @@ fn xs_bases_on_lanes_complete_through_a_one_chunk_window() {
         r.unwrap_or_else(|e| panic!("{name}: {e}"));
         output_tensors(&dest, "")
     };
-    let tight = wanbake::io::ordered::Geometry {
+    let tight = wanbake::release::ordered::Geometry {
         chunk: 4096,
         window: 1,
         small: 0,

@@ -581,10 +581,10 @@ fn r_issue_45_resize_and_extract_check_what_they_write() {
 #[test]
 fn r_issue_45_every_merge_route_finds_the_same_values() {
     use wanbake::adapter::{AdapterSpec, bind_specs};
-    use wanbake::io::staging::Replace;
     use wanbake::layout::OutputDType;
     use wanbake::merge::{MergeOptions, Merging, merge_release};
     use wanbake::pipeline::{Compute, NonFinite, OutputChoices, OutputOptions};
+    use wanbake::release::staging::Replace;
 
     let d = tmp();
     let dir = d.path();

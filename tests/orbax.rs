@@ -5,8 +5,8 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::Value as Json;
+use wanbake::format::orbax::{self, Item, Level, ZarrVersion};
 use wanbake::io::DType;
-use wanbake::io::orbax::{self, Item, Level, ZarrVersion};
 
 fn golden(p: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -231,7 +231,7 @@ fn ocdbt_root_refers_to_the_per_process_database() {
 // ---------------------------------------------------------------------------------------
 // Encoders.
 
-use wanbake::io::orbax::encode::{self, ArrayIn, MetadataLeaf};
+use wanbake::format::orbax::encode::{self, ArrayIn, MetadataLeaf};
 
 /// Deterministic pseudo-random bytes (an LCG): no test depends on a rng crate's stream.
 fn lcg_bytes(seed: u64, n: usize) -> Vec<u8> {
@@ -507,7 +507,7 @@ fn encoded_items_are_the_bytes_orbax_restored() {
 // Malformed input: one test per failure, each checking the variant and that the message
 // names the file (and key where there is one).
 
-use wanbake::io::orbax::{FormatError, OrbaxError, ocdbt, zarr};
+use wanbake::format::orbax::{FormatError, OrbaxError, ocdbt, zarr};
 
 fn varint(out: &mut Vec<u8>, mut v: u64) {
     loop {
@@ -1043,7 +1043,7 @@ fn malformed_zarr_metadata_and_chunks() {
 
 #[test]
 fn malformed_metadata_json() {
-    use wanbake::io::orbax::metadata;
+    use wanbake::format::orbax::metadata;
     assert!(matches!(
         metadata::parse_tree_metadata(b"[]"),
         Err(FormatError::Json { .. })
@@ -1099,7 +1099,7 @@ fn parsers_survive_mutated_real_objects() {
         let _ = ocdbt::decode_version_node(b, b"", 4);
         let _ = zarr::parse_zarray(b);
         let _ = zarr::parse_zarr_json(b);
-        let _ = wanbake::io::orbax::metadata::parse_tree_metadata(b);
+        let _ = wanbake::format::orbax::metadata::parse_tree_metadata(b);
     };
     for obj in [&manifest, &node, &real_manifest] {
         for cut in 0..obj.len() {

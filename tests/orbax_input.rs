@@ -466,9 +466,9 @@ fn bake_from_an_orbax_cache_and_lora_equals_bake_from_their_safetensors() {
     );
 }
 
-fn names_of(dir: &Path) -> wanbake::io::orbax::source::TreeNames {
-    let item = wanbake::io::orbax::Item::open(dir).unwrap();
-    wanbake::io::orbax::source::tensor_names(&item.tree, dir).unwrap()
+fn names_of(dir: &Path) -> wanbake::io::orbax::TreeNames {
+    let item = wanbake::format::orbax::Item::open(dir).unwrap();
+    wanbake::io::orbax::tensor_names(&item.tree, dir).unwrap()
 }
 
 #[test]
@@ -519,8 +519,8 @@ fn a_tree_with_a_leaf_and_its_value_twin_is_refused() {
         leaf(&["norm", "scale"]),
         leaf(&["norm", "scale", "value"])
     );
-    let tree = wanbake::io::orbax::metadata::parse_tree_metadata(text.as_bytes()).unwrap();
-    let err = wanbake::io::orbax::source::tensor_names(&tree, Path::new("item"))
+    let tree = wanbake::format::orbax::metadata::parse_tree_metadata(text.as_bytes()).unwrap();
+    let err = wanbake::io::orbax::tensor_names(&tree, Path::new("item"))
         .unwrap_err()
         .to_string();
     assert!(

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use common::{ok, parts, repo, run, tmp};
 use serde_json::Value as Json;
-use wanbake::io::orbax::Item;
+use wanbake::format::orbax::Item;
 
 fn golden(p: &str) -> PathBuf {
     repo().join("golden").join(p)
@@ -125,7 +125,7 @@ fn convert_t2v_is_maxdiffusions_scanned_cache() {
     assert_same_as_maxdiffusion(&out, "t2v_scanned");
     // Large chunks live in files of their own, small ones inline.
     let item = Item::open(&out.join("0/wan_state")).unwrap();
-    let wanbake::io::orbax::Store::Ocdbt(db) = &item.store else {
+    let wanbake::format::orbax::Store::Ocdbt(db) = &item.store else {
         panic!("expected OCDBT")
     };
     assert_eq!(db.manifest.latest().unwrap().root_height, 0);
@@ -436,7 +436,7 @@ fn bake_to_orbax_with_checks_is_refused_before_writing() {
     assert!(!out.exists());
 }
 
-/// wanbake reads back the cache it writes (the input half, `io::orbax::source`): restacking
+/// wanbake reads back the cache it writes (the input half, `io::orbax`): restacking
 /// the cache to diffusers gives the bytes of the same restack from the nnx-scanned
 /// safetensors of the same weights, for a single transformer and for the A14B pair (whose
 /// items come back as transformer/ and transformer_2/).

@@ -398,7 +398,7 @@ fn gated_convert() {
             out: PathBuf::from("out"),
             dtype: wanbake::layout::OutputDType::BF16,
             shard_bytes: None,
-            replace: wanbake::io::staging::Replace::Never,
+            replace: wanbake::release::staging::Replace::Never,
             nonfinite: wanbake::pipeline::NonFinite::Refuse,
         };
         wanbake::convert::convert_release(&spec, hooks)?;

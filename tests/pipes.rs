@@ -212,7 +212,7 @@ fn gated_synth() {
             shard_bytes: None,
         };
         let out = Path::new("out");
-        synth_release(&spec, out, wanbake::io::staging::Replace::Never, hooks)?;
+        synth_release(&spec, out, wanbake::release::staging::Replace::Never, hooks)?;
         Ok(())
     });
 }

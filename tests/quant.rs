@@ -155,7 +155,7 @@ fn dequantize_inverts_reference_bytes() {
 /// weights, so GGUFReader reads our files exactly as it reads its own.
 #[test]
 fn gguf_container_matches_gguf_py() {
-    use wanbake::io::gguf::{self, GgufLayout, TensorPlan};
+    use wanbake::format::gguf::{self, GgufLayout, TensorPlan};
     let dir = repo().join("golden/quant");
     let file = fs_err::read(dir.join("gguf_written.gguf")).unwrap();
     let want: serde_json::Value =
@@ -359,7 +359,7 @@ fn verify_detects_a_changed_gguf_byte() {
     let out = convert(d.path(), "gguf:q8_0", &[]);
     let f = out.join("model-q8_0.gguf");
     let mut bytes = fs_err::read(&f).unwrap();
-    let g = wanbake::io::gguf::parse(&bytes).unwrap();
+    let g = wanbake::format::gguf::parse(&bytes).unwrap();
     let i = g.range(0).start + 5;
     bytes[i] ^= 1;
     fs_err::write(&f, &bytes).unwrap();
@@ -939,7 +939,7 @@ fn bf16_source_to_gguf_is_byte_identical_to_gguf_py() {
     let ours = fs_err::read(d.path().join("q/model-q8_0.gguf")).unwrap();
     let want = fs_err::read(repo().join("golden/quant/expect_t2v_bf16src_q8_0.gguf")).unwrap();
     assert!(ours == want, "differs from gguf-py's file");
-    let g = wanbake::io::gguf::parse(&ours).unwrap();
+    let g = wanbake::format::gguf::parse(&ours).unwrap();
     assert!(g.tensors.iter().any(|t| t.ty == GgmlType::BF16));
     assert!(g.tensors.iter().all(|t| t.ty != GgmlType::F16));
 }
@@ -1125,7 +1125,8 @@ fn quant_recipe(dir: &std::path::Path, output: &str, checks: &str) -> std::path:
 /// tensors by ggml type and torch shape, and the runner's checks run on the quantized file.
 #[test]
 fn bake_to_gguf_is_the_merge_with_provenance_and_checks() {
-    use wanbake::io::gguf::{GgufFile, Value};
+    use wanbake::format::gguf::Value;
+    use wanbake::io::gguf::GgufFile;
     let d = tmp();
     let inputs = repo().join("golden/runner/t2v__inputs.safetensors");
     let fused = repo().join("golden/runner/t2v__peft_plain__fused_forward.safetensors");
@@ -1495,14 +1496,14 @@ fn tensors_larger_than_a_band_encode_as_whole_tensors() {
 /// Runs `produce` into `out` on a thread of its own under `geometry` (or the default),
 /// failing after 60 s instead of hanging.
 fn produce_under(
-    geometry: Option<wanbake::io::ordered::Geometry>,
+    geometry: Option<wanbake::release::ordered::Geometry>,
     out: std::path::PathBuf,
     produce: std::sync::Arc<dyn Fn(&std::path::Path) + Send + Sync>,
 ) {
     let (done, result) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         match geometry {
-            Some(g) => wanbake::io::ordered::with_geometry(g, || produce(&out)),
+            Some(g) => wanbake::release::ordered::with_geometry(g, || produce(&out)),
             None => produce(&out),
         }
         let _ = done.send(());
@@ -1538,7 +1539,6 @@ fn every_encoding_and_layout_completes_through_a_one_chunk_window() {
     use wanbake::adapter::{AdapterSpec, bind_specs};
     use wanbake::convert::encoded_release;
     use wanbake::convert::{ConvertSpec, convert_release};
-    use wanbake::io::staging::Replace;
     use wanbake::layout::dtype_policy::OutputDType;
     use wanbake::layout::restack::RestackOptions;
     use wanbake::merge::{MergeOptions, Merging, merge_release};
@@ -1546,6 +1546,7 @@ fn every_encoding_and_layout_completes_through_a_one_chunk_window() {
     use wanbake::pipeline::{Compute, ExecOptions, OutputChoices, OutputOptions};
     use wanbake::quant::rules::QuantFormat;
     use wanbake::release::Hooks;
+    use wanbake::release::staging::Replace;
     use wanbake::restack::restack_release;
 
     let base = repo().join("golden/models/t2v");
@@ -1648,7 +1649,7 @@ fn every_encoding_and_layout_completes_through_a_one_chunk_window() {
     }
     let d = tmp();
     // Writes of more than 256 bytes may wait: the tiny model's weights are a few KiB.
-    let small = wanbake::io::ordered::Geometry {
+    let small = wanbake::release::ordered::Geometry {
         chunk: 4096,
         window: 1,
         small: 256,

@@ -9,12 +9,12 @@ use std::path::{Path, PathBuf};
 
 use common::{parts, repo, run, tmp};
 use wanbake::io::SafetensorsFile;
-use wanbake::io::staging::Replace;
 use wanbake::layout::OutputDType;
 use wanbake::layout::restack::RestackOptions;
 use wanbake::model::wan_layout::Layout;
 use wanbake::pipeline::ExecOptions;
 use wanbake::release::Hooks;
+use wanbake::release::staging::Replace;
 use wanbake::restack::restack_release;
 use wanbake::runner::output::write_f32_file;
 use wanbake::runner::{RunInputs, Tensor};

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use common::*;
-use wanbake::io::header_layout::{HeaderLayout, PlannedTensor};
+use wanbake::format::header_layout::{HeaderLayout, PlannedTensor};
 use wanbake::io::{Checkpoint, DType};
 use wanbake::model::wan::{WanConfig, WanVariant};
 
@@ -1031,7 +1031,7 @@ fn comfyui_gguf_loads_the_variants_as_wanbake_dequantizes_them() {
             let w = &tensors[&t.name];
             let what = format!("{case}: {}", t.name);
             let shape: Vec<usize> = serde_json::from_value(w["shape"].clone()).unwrap();
-            assert_eq!(wanbake::io::gguf::torch_shape(&t.ne), shape, "{what}");
+            assert_eq!(wanbake::format::gguf::torch_shape(&t.ne), shape, "{what}");
             assert_eq!(t.ty.name(), w["type"].as_str().unwrap(), "{what}");
             assert_eq!(w["same_as_gguf_py"], true, "{what}");
             let got = sha256_f32(&gg.read_f32(j));

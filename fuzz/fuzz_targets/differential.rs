@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 
 use libfuzzer_sys::fuzz_target;
-use wanbake::io::Header;
+use wanbake::format::header::Header;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(ours) = Header::parse(data) else {

@@ -1,11 +1,11 @@
-//! Feeds arbitrary bytes to the GGUF parser (`wanbake::io::gguf::parse`): it must return Ok or
+//! Feeds arbitrary bytes to the GGUF parser (`wanbake::format::gguf::parse`): it must return Ok or
 //! Err, never panic, overflow or allocate without bound. A successful parse is re-checked: every
 //! tensor's data is aligned, lies inside the file, overlaps no other, its row is whole blocks,
 //! and it decodes (`ggml::dequantize`) without panicking.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use wanbake::io::gguf;
+use wanbake::format::gguf;
 use wanbake::codec::ggml;
 
 fuzz_target!(|data: &[u8]| {

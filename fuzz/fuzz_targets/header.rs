@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use wanbake::io::Header;
+use wanbake::format::header::Header;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(h) = Header::parse(data) {

@@ -5,7 +5,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use wanbake::io::orbax::{metadata, ocdbt, zarr};
+use wanbake::format::orbax::{metadata, ocdbt, zarr};
 
 fuzz_target!(|data: &[u8]| {
     let _ = ocdbt::decode_manifest(data);

@@ -200,7 +200,7 @@ pub struct ParseInput<'a> {
     /// The options.
     pub opts: &'a AdapterOptions,
     /// Whether the adapter is an Orbax checkpoint (its file is a decoded copy whose
-    /// metadata came from `_CHECKPOINT_METADATA`, `io::orbax::source`).
+    /// metadata came from `_CHECKPOINT_METADATA`, `io::orbax`).
     pub orbax: bool,
 }
 

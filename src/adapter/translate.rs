@@ -354,7 +354,7 @@ pub fn tensor_bytes(set: &AdapterSet, t: &OutTensor) -> Result<Vec<u8>, ReadErro
                     format!("cannot transpose {:?}", src.shape),
                 ));
             };
-            let size = dtype.size().unwrap_or(1);
+            let size = dtype.element_bytes();
             Ok(super::transpose_bytes(&bytes, rows, cols, size))
         }
     }

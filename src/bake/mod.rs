@@ -28,11 +28,11 @@ pub use check::CheckOutcome;
 pub use error::BakeError;
 pub use plan::{BakeInputs, BakePlan, DryRun, HashCheck, Planned, Space, open_bake};
 
-use crate::io::staging::Replace;
 use crate::linalg::SvdCache;
-use crate::manifest::{VerifyReport, verify_committed};
 use crate::merge::{MergeReport, Merging, write_merge};
 use crate::pipeline::{Compute, OutputOptions, Plan, Writing};
+use crate::release::manifest::{VerifyReport, verify_committed};
+use crate::release::staging::Replace;
 use crate::release::{Checked, DirHook, HookError, Hooks, Release};
 use crate::runner::Tensor;
 
@@ -165,7 +165,7 @@ fn open_cache(recipe: &crate::recipe::Recipe) -> Result<Option<SvdCache>, BakeEr
 /// The provenance stamped into every output file's `__metadata__`.
 fn provenance(
     normalised: &serde_json::Value,
-    inputs: &[crate::manifest::InputRecord],
+    inputs: &[crate::release::manifest::InputRecord],
 ) -> BTreeMap<String, String> {
     let inputs: Vec<serde_json::Value> = inputs
         .iter()

@@ -12,16 +12,16 @@ use std::path::{Path, PathBuf};
 
 use super::error::BakeError;
 use crate::adapter::Convention;
-use crate::io::WriteError;
-use crate::io::staging::check_not_input;
+use crate::release::staging::WriteError;
+use crate::release::staging::check_not_input;
 
 use crate::adapter::{AdapterSpec, BoundAdapter, BoundSet, ComponentChoice, bind_specs};
-use crate::manifest::InputRecord;
 use crate::merge::MergeOptions;
 use crate::model::base_model::BaseModel;
 use crate::model::fingerprint::Fingerprint;
 use crate::pipeline::{OutputOptions, Plan, Ready};
 use crate::recipe::{CheckSpec, Recipe, Sha256Spec};
+use crate::release::manifest::InputRecord;
 use crate::runner::{ModelSet, RunInputs};
 
 /// Free space at the output's file system.

@@ -10,8 +10,8 @@
 use std::path::Path;
 
 use crate::io::ReadError;
-use crate::manifest::{Manifest, verify_committed};
 use crate::recipe::Recipe;
+use crate::release::manifest::{Manifest, verify_committed};
 use crate::signing::{self, SIGNATURE_NAME, SigningKey};
 
 use super::BakeError;
@@ -56,9 +56,9 @@ impl Signer {
     /// Checks the staged release against its manifest, then signs it with the digests of
     /// that manifest, naming the subject `name` (the release's final folder name). The seal
     /// has just hashed every staged file, from the bytes written, to make that manifest, so
-    /// the check here is the listing and the sizes (`manifest::verify_committed`), not a read.
+    /// the check here is the listing and the sizes (`release::manifest::verify_committed`), not a read.
     pub fn sign_staged(&self, tmp: &Path, name: &str) -> Result<(), BakeError> {
-        let mpath = tmp.join(crate::io::staging::MANIFEST_NAME);
+        let mpath = tmp.join(crate::io::checkpoint::MANIFEST_NAME);
         let bytes = fs_err::read(&mpath).map_err(|e| ReadError::io(&mpath, e))?;
         let report = verify_committed(tmp, &bytes)?;
         if !report.ok() {

@@ -219,7 +219,7 @@ fn describe_outcome(o: &BakeOutcome, seconds: f64, p: &mut Printer) -> serde_jso
         p.line(format!(
             "  ... and {} more files (every sha256 in {})",
             files.len() - SHOWN,
-            wanbake::io::staging::MANIFEST_NAME
+            wanbake::io::checkpoint::MANIFEST_NAME
         ));
     }
     p.line(format!(

@@ -19,11 +19,11 @@
 use std::path::PathBuf;
 
 use wanbake::human::plural;
-use wanbake::io::staging::Replace;
 use wanbake::layout::{KeepF32, OutputDType};
 use wanbake::model::wan_layout::Layout;
 use wanbake::pipeline::NonFinite;
 use wanbake::release::Release;
+use wanbake::release::staging::Replace;
 
 /// `--shard-size`: decimal (KB, MB, GB) or binary (KiB, MiB, GiB) units, or bytes.
 pub fn size(s: &str) -> Result<u64, String> {

@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 
 use super::{Printer, Status};
-use wanbake::manifest::{Manifest, verify_dir};
+use wanbake::release::manifest::{Manifest, verify_dir};
 use wanbake::signing::{self, SignError, SigningKey, VerifyingKey};
 
 /// Arguments of `sign`.
@@ -78,14 +78,14 @@ pub fn verify_signed(
 ) -> anyhow::Result<Status> {
     let key = load_public_key(public_key)?;
     let signature = signature.map_or_else(|| signing::default_signature(dir), Path::to_path_buf);
-    let has_manifest = dir.join(wanbake::io::staging::MANIFEST_NAME).is_file();
+    let has_manifest = dir.join(wanbake::io::checkpoint::MANIFEST_NAME).is_file();
     let mut manifest: Option<Manifest> = None;
     let mut manifest_report = None;
     if has_manifest {
         let report = verify_dir(dir)?;
         if report.ok() {
             // Just verified: its digests stand in for a second hashing pass.
-            let bytes = fs_err::read(dir.join(wanbake::io::staging::MANIFEST_NAME))?;
+            let bytes = fs_err::read(dir.join(wanbake::io::checkpoint::MANIFEST_NAME))?;
             manifest = Manifest::from_bytes(&bytes).ok();
         }
         manifest_report = Some(report);

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use super::{Printer, Status};
 use wanbake::human::plural;
-use wanbake::manifest::{VerifyReport, verify_dir};
+use wanbake::release::manifest::{VerifyReport, verify_dir};
 use wanbake::signing::SignatureReport;
 
 /// Arguments of `verify`.
@@ -108,7 +108,7 @@ pub(super) fn verify_json(
 /// (the values written that the output cannot hold, `--allow-nonfinite`). `None` for a
 /// release with neither (or a manifest that cannot be read, which verify reports itself).
 fn recorded_values(dir: &Path) -> Option<serde_json::Value> {
-    let path = dir.join(wanbake::io::staging::MANIFEST_NAME);
+    let path = dir.join(wanbake::io::checkpoint::MANIFEST_NAME);
     let m: serde_json::Value = serde_json::from_slice(&fs_err::read(path).ok()?).ok()?;
     let report = &m["report"];
     let mut values = serde_json::Map::new();
@@ -130,7 +130,7 @@ fn recorded_values(dir: &Path) -> Option<serde_json::Value> {
 /// A release is a folder: say so when `dir` is missing, is a file, or (without a key, which
 /// can check a folder by its signature alone) holds no manifest.
 fn check_release_folder(dir: &Path, with_key: bool) -> anyhow::Result<()> {
-    let manifest = wanbake::io::staging::MANIFEST_NAME;
+    let manifest = wanbake::io::checkpoint::MANIFEST_NAME;
     if !dir.exists() {
         anyhow::bail!("{}: no such folder", dir.display());
     }

@@ -155,9 +155,17 @@ impl DType {
         b.is_multiple_of(8).then_some(b / 8)
     }
 
+    /// Bytes that hold one element: its size for every whole-byte type, and 1 for the packed
+    /// sub-byte types (F4, F6_*), whose storage is [`DType::byte_len`] of the element count.
+    /// The one answer to "how many bytes per element" for a stride or a buffer of a type the
+    /// caller checked is whole-byte.
+    pub fn element_bytes(self) -> usize {
+        self.bits().div_ceil(8)
+    }
+
     /// Natural alignment in bytes, used to order tensors in written files.
     pub fn alignment(self) -> usize {
-        self.size().unwrap_or(1)
+        self.element_bytes()
     }
 
     /// True for the types wanbake can widen to `f32` and compute on.
@@ -350,8 +358,7 @@ pub fn narrow_from_f32(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<(), 
 
 /// Narrows to a fresh byte vector; see [`narrow_from_f32`].
 pub fn from_f32_vec(dtype: DType, src: &[f32]) -> Result<Vec<u8>, UnsupportedDType> {
-    let size = dtype.size().unwrap_or(0);
-    let mut out = vec![0u8; src.len() * size];
+    let mut out = vec![0u8; src.len() * dtype.element_bytes()];
     narrow_from_f32(dtype, src, &mut out)?;
     Ok(out)
 }
@@ -549,6 +556,21 @@ fn decode_f8(kind: F8Kind, b: u8) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One answer per dtype: the whole-byte size where there is one; packed types take one
+    /// byte for one element and `byte_len` for their storage (two F4 a byte).
+    #[test]
+    fn element_bytes_is_the_size_and_packed_types_store_by_byte_len() {
+        for d in ALL_DTYPES {
+            match d.size() {
+                Some(n) => assert_eq!((d.element_bytes(), d.byte_len(3)), (n, Some(3 * n)), "{d}"),
+                None => assert_eq!(d.element_bytes(), 1, "{d}"),
+            }
+        }
+        assert_eq!(DType::F4.byte_len(4), Some(2));
+        assert_eq!(DType::F6_E2M3.byte_len(4), Some(3));
+        assert_eq!(DType::F4.byte_len(3), None);
+    }
 
     fn bf(x: u32) -> u16 {
         round_to_bf16(f32::from_bits(x))

@@ -21,7 +21,7 @@
 
 use half::f16;
 
-use crate::io::DType;
+use crate::codec::dtype::DType;
 
 use super::kquant::{self, QK_K};
 use crate::codec::dtype::{round_to_bf16, round_to_f16};

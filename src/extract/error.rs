@@ -26,7 +26,7 @@ pub enum ExtractError {
     },
     /// Writing failed before the release writer started (the destination exists).
     #[error(transparent)]
-    Write(#[from] crate::io::WriteError),
+    Write(#[from] crate::release::staging::WriteError),
     /// Writing failed.
     #[error(transparent)]
     Release(#[from] ReleaseError),

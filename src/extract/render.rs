@@ -19,11 +19,11 @@ use crate::adapter::Convention;
 use crate::adapter::names::{ModuleId, Role};
 use crate::adapter::peft_config::ConfigPlan;
 use crate::codec::dtype::{Unheld, all_held, held_limit};
+use crate::format::header_layout::PlannedTensor;
 use crate::io::DType;
-use crate::io::header_layout::PlannedTensor;
-use crate::io::staging::Replace;
 use crate::pipeline::{NonFinite, Origin, UnheldValues};
 use crate::release::Release;
+use crate::release::staging::Replace;
 
 use crate::translation::{AdapterFile, Provenance, write_adapter_file};
 

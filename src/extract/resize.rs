@@ -24,9 +24,9 @@ use super::{ExtractError, ExtractOutcome, RankRule};
 use crate::adapter::translate::{OutData, module_ids, render_set, tensor_bytes};
 use crate::adapter::{AdapterOptions, AdapterSet, Entry, Kind, ParamRole};
 use crate::io::DType;
-use crate::io::staging::Replace;
 use crate::linalg::factored_top_singular;
 use crate::pipeline::{NonFinite, Origin};
+use crate::release::staging::Replace;
 use crate::translation::Provenance;
 
 /// A request to resize one adapter.

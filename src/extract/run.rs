@@ -22,13 +22,13 @@ use super::route::SvdRoute;
 use super::{ExtractError, RankRule};
 use crate::adapter::Convention;
 use crate::adapter::names::Role;
-use crate::io::staging::Replace;
 use crate::io::{DType, TensorSet};
 use crate::linalg::TruncMethod;
-use crate::manifest::InputRecord;
 use crate::model::base_model::BaseModel;
 use crate::pipeline::{Compute, NonFinite, Origin, Ready, TargetValues};
 use crate::progress;
+use crate::release::manifest::InputRecord;
+use crate::release::staging::Replace;
 use crate::translation::Provenance;
 
 /// The conventions extract writes, the default first (`translate` converts the result to any
@@ -373,9 +373,9 @@ fn per_rank(p: &TensorPair, req: &ExtractRequest) -> u64 {
     (p.shape[0] + p.shape[1]) as u64 * element_bytes(req)
 }
 
-/// Bytes of one element of `--dtype`.
+/// Bytes of one element of `--dtype` (an output float).
 fn element_bytes(req: &ExtractRequest) -> u64 {
-    req.dtype.size().unwrap_or(4) as u64
+    req.dtype.element_bytes() as u64
 }
 
 /// The largest rank `--budget` could give pair `p`: the whole budget, its full rank, and

@@ -437,7 +437,7 @@ impl Backend for CudaBackend {
             let values = to_f32_vec(dtype, bytes)?;
             return self.upload(&values, rows, cols);
         };
-        let size = dtype.size().unwrap_or(0);
+        let size = dtype.element_bytes();
         assert_eq!(
             bytes.len(),
             n * size,

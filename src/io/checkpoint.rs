@@ -4,7 +4,7 @@
 //! the sharded-index cross-checks) and `Checkpoint` (what a path on disk is: a single file, a
 //! `*.safetensors.index.json`, a diffusers model folder, a pipeline folder with
 //! `transformer/` and `transformer_2/` (Wan 2.2 A14B), a PEFT adapter folder, or a folder
-//! with one weights file, or an Orbax checkpoint, decoded by `orbax::source`), and which files
+//! with one weights file, or an Orbax checkpoint, decoded by `io::orbax`), and which files
 //! of a pipeline folder an output carries over unchanged (`Checkpoint::carried`: every file
 //! but the transformers' and wanbake's own release files, symlinks followed). Does not own:
 //! what the tensors mean (`model`, `adapter`).
@@ -13,8 +13,7 @@ use std::collections::BTreeMap;
 use std::path::{Component as PathComponent, Path, PathBuf};
 
 use super::file::{ReadError, SafetensorsFile, TensorView, refuse_by_name};
-use super::orbax::{self, source::OrbaxInput};
-use super::writer::CarriedFile;
+use super::orbax::{self, OrbaxInput};
 
 /// Suffix of HF shard index files.
 pub const INDEX_SUFFIX: &str = ".safetensors.index.json";
@@ -124,7 +123,7 @@ impl TensorSet {
         })
     }
 
-    /// A set over one opened file (a decoded Orbax item's scratch file, `orbax::source`).
+    /// A set over one opened file (a decoded Orbax item's scratch file, `io::orbax`).
     pub fn from_opened(file: SafetensorsFile) -> TensorSet {
         let by_name = file
             .infos()
@@ -487,18 +486,6 @@ impl Checkpoint {
         self.components.iter().find(|c| c.name == name)
     }
 
-    /// The root files (a pipeline's `model_index.json`, ...) as an output carries them:
-    /// the same bytes under the same relative paths.
-    pub fn root_aux_files(&self) -> Vec<super::writer::AuxFile> {
-        self.root_files
-            .iter()
-            .map(|s| super::writer::AuxFile {
-                rel_path: PathBuf::from(&s.name),
-                bytes: s.text.clone().into_bytes(),
-            })
-            .collect()
-    }
-
     /// True for a folder of several transformers (a pipeline, an Orbax A14B pair).
     pub fn is_pipeline(&self) -> bool {
         match self.kind {
@@ -623,7 +610,7 @@ fn names_of(paths: &[&PathBuf]) -> String {
 }
 
 fn open_dir(dir: &Path) -> Result<Checkpoint, ReadError> {
-    if orbax::source::looks_like_orbax(dir) {
+    if orbax::looks_like_orbax(dir) {
         return open_orbax(dir);
     }
     // A PEFT adapter folder: adapter_config.json + adapter_model.safetensors.
@@ -748,14 +735,31 @@ fn open_pipeline(dir: &Path) -> Result<Checkpoint, ReadError> {
     })
 }
 
+/// Name of the manifest every release folder carries (written by `release`).
+pub const MANIFEST_NAME: &str = "wanbake.manifest.json";
+
+/// The default name of a release's model signature (`signing`): it signs the release and is
+/// not one of its outputs, so `verify` does not report it as unlisted.
+pub const SIGNATURE_NAME: &str = "model.sig";
+
 /// Files at a pipeline folder's root that an output does not carry: `model_index.json` travels
-/// as a root file, and a release's manifest and signature (`manifest::SIGNATURE_NAME`) describe
-/// that release, not the output made from it.
-pub const NOT_CARRIED_AT_ROOT: [&str; 3] = [
-    "model_index.json",
-    super::staging::MANIFEST_NAME,
-    "model.sig",
-];
+/// as a root file, and a release's manifest and signature describe that release, not the
+/// output made from it.
+pub const NOT_CARRIED_AT_ROOT: [&str; 3] = ["model_index.json", MANIFEST_NAME, SIGNATURE_NAME];
+
+/// A file of the input that the output holds unchanged, byte for byte (a pipeline's
+/// components other than the transformers wanbake writes). `release::staging`
+/// hard-links it into the output where the file system allows, and copies it otherwise.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CarriedFile {
+    /// Path relative to the output root (the same as relative to the input root).
+    pub rel_path: PathBuf,
+    /// The file read: the input's path with every symlink resolved (a Hugging Face cache
+    /// snapshot's links lead to its blobs).
+    pub source: PathBuf,
+    /// Its size when the input was opened.
+    pub bytes: u64,
+}
 
 /// How deep a pipeline folder's components may nest (a symlink loop ends here).
 const MAX_CARRIED_DEPTH: usize = 16;
@@ -813,10 +817,10 @@ fn carried_files(
     Ok(())
 }
 
-/// An Orbax checkpoint: each chosen item decoded once (`orbax::source`); a Wan 2.2 A14B pair
+/// An Orbax checkpoint: each chosen item decoded once (`io::orbax`); a Wan 2.2 A14B pair
 /// becomes `transformer/` and `transformer_2/`, named like a diffusers pipeline's.
 fn open_orbax(dir: &Path) -> Result<Checkpoint, ReadError> {
-    let (input, decoded) = orbax::source::open(dir)?;
+    let (input, decoded) = orbax::open(dir)?;
     let components = decoded
         .into_iter()
         .map(|d| Component {

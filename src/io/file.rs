@@ -9,8 +9,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use super::dtype::{self, DType};
-use super::header::{FormatError, Header, TensorInfo};
 use super::mmap::{self, ReadOnlyMap};
+use crate::format::header::{FormatError, Header, TensorInfo};
 
 /// File extensions of pickle-based formats, refused before the file is even opened.
 pub const PICKLE_EXTENSIONS: &[&str] = &["bin", "pt", "pth", "ckpt", "pkl", "pickle"];
@@ -79,7 +79,7 @@ pub enum ReadError {
     },
     /// An Orbax checkpoint could not be read (the error names the file and the key).
     #[error(transparent)]
-    Orbax(#[from] super::orbax::OrbaxError),
+    Orbax(#[from] crate::format::orbax::OrbaxError),
     /// A tensor a quantized format marks that wanbake does not decode (or that breaks the
     /// format): refused, never read as raw codes.
     #[error("{}: tensor `{tensor}`: {format}: {reason}", path.display())]
@@ -172,7 +172,7 @@ impl SafetensorsFile {
     }
 
     /// Maps and fully validates an already open file, named `path` in messages (an input
-    /// decoded into an unnamed scratch file is opened this way: `io::orbax::source`).
+    /// decoded into an unnamed scratch file is opened this way: `io::orbax`).
     pub fn from_file(file: &std::fs::File, path: &Path) -> Result<SafetensorsFile, ReadError> {
         let meta = file.metadata().map_err(|e| ReadError::io(path, e))?;
         if meta.is_dir() {

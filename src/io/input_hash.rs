@@ -3,8 +3,8 @@
 //! Owns: [`sha256_input`] (size and sha256 of a whole input file, streamed with bounded
 //! memory, refused when the file changes while it is read) and the content-hash cache that
 //! lets a pipeline baking many adapters onto one base hash that base once. Does not own:
-//! hashing outputs (`io::digest`, `io::staging`) or the manifest's input records
-//! (`manifest`).
+//! hashing outputs (`io::digest`, `release::staging`) or the manifest's input records
+//! (`release::manifest`).
 //!
 //! # The cache
 //! An entry maps a file's identity ([`FileStamp`]: device, inode, size, modification and
@@ -142,7 +142,7 @@ pub fn sha256_input(
 
 /// Records `sha` as the content of the file whose identity is now `stamp` (when the cache is
 /// on): a file whose change time moved without its bytes changing, as a hard link moves it
-/// (`io::carry`, which checked the bytes stayed), is then not hashed again next time.
+/// (`release::carry`, which checked the bytes stayed), is then not hashed again next time.
 pub fn remember_unchanged(stamp: &FileStamp, sha: &str) {
     remember(stamp, sha);
 }

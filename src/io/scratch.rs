@@ -7,16 +7,16 @@
 //! is not available: nothing is left behind even when the process is killed), checking that
 //! every tensor got exactly its bytes, and the per-process cache that maps a second open of
 //! the same input onto the same file instead of decoding it again. Does not own: what is
-//! decoded (`io::orbax::source`, `quant::base`).
+//! decoded (`io::orbax`, `quant::base`).
 
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use super::file::ReadError;
-use super::header::TensorInfo;
-use super::header_layout::HeaderLayout;
 use super::mmap::FileStamp;
+use crate::format::header::TensorInfo;
+use crate::format::header_layout::HeaderLayout;
 
 /// What a scratch file was decoded from: the input's path (absolute), its identity when
 /// decoded (a rewritten input is decoded again) and whatever else changes the decoding.

@@ -18,8 +18,8 @@ use std::collections::HashMap;
 use super::dtype_policy::{KeepF32, OutputDType, decide_dtypes};
 use super::write::WritePlan;
 use crate::codec::dtype::{Unheld, all_finite_bytes, held_limit};
+use crate::format::header_layout::PlannedTensor;
 use crate::io::DType;
-use crate::io::header_layout::PlannedTensor;
 use crate::model::animate::Constant;
 use crate::model::plan_error::PlanError;
 use crate::model::read_plan::ReadPlan;
@@ -66,7 +66,7 @@ pub fn convert_piece<E>(
     let mut held = true;
     if transform.keeps_order() && src.dtype == dtype {
         // Whole elements per band, so each band is checked on its own.
-        let size = dtype.size().unwrap_or(1);
+        let size = dtype.element_bytes();
         let step = (band_bytes / size).max(1) * size;
         for (i, chunk) in src.bytes.chunks(step).enumerate() {
             write(i * step, chunk)?;

@@ -17,8 +17,6 @@ use super::conversion::Conversion;
 use super::dtype_policy::{KeepF32, OutputDType};
 use crate::io::ReadError;
 use crate::io::checkpoint::{Checkpoint, Component, TensorSet};
-use crate::io::staging::Replace;
-use crate::io::writer::ComponentOutput;
 use crate::model::base_model::{BaseModel, ComponentModel};
 use crate::model::plan_error::PlanError;
 use crate::model::read_plan::{INFERRED_HEAD_DIM, ReadPlan, StoredTensor};
@@ -26,6 +24,8 @@ use crate::model::wan::WanConfig;
 use crate::model::wan_layout::Layout;
 use crate::model::wan_layout::stamp_config;
 use crate::release::ReleaseError;
+use crate::release::staging::Replace;
+use crate::release::writer::ComponentOutput;
 
 /// What to convert to and how.
 #[derive(Clone, Debug)]

@@ -32,11 +32,11 @@ use sha2::{Digest, Sha256};
 
 use super::engine::SvdEngine;
 use super::svd::{LinalgError, XsBases, check_rank, xs_bases};
+use crate::format::header_layout::{HeaderLayout, LayoutError, PlannedTensor};
 use crate::io::DType;
 use crate::io::SafetensorsFile;
 use crate::io::TensorView;
-use crate::io::header_layout::{HeaderLayout, LayoutError, PlannedTensor};
-use crate::io::staging::{WriteError, replace_file_durable};
+use crate::release::staging::{WriteError, replace_file_durable};
 
 /// Version of everything that decides the bits of a basis besides its engine (which the key
 /// names separately): the f64 SVD of the f32-widened weight, SA3's sign convention, the
@@ -351,7 +351,7 @@ impl SvdCache {
         }))
     }
 
-    /// Writes the entry atomically (`io::staging::replace_file_durable`: temp file in the
+    /// Writes the entry atomically (`release::staging::replace_file_durable`: temp file in the
     /// cache dir, fsync, rename, fsync dir).
     fn store(
         &self,

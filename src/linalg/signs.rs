@@ -30,7 +30,7 @@ pub trait SignFloat:
     fn zero() -> Self;
 }
 
-/// Seals [`SignFloat`] to `f32` and `f64` (named apart from `io::staging::Sealed`, an
+/// Seals [`SignFloat`] to `f32` and `f64` (named apart from `release::staging::Sealed`, an
 /// unrelated type).
 mod private {
     pub trait SignFloatSealed {}

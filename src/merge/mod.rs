@@ -38,10 +38,10 @@ pub use target::{Merger, TargetScratch};
 use std::path::Path;
 
 use crate::adapter::BoundAdapter;
-use crate::io::staging::Replace;
 use crate::linalg::SvdCache;
 use crate::model::base_model::BaseModel;
 use crate::pipeline::{Compute, OutputOptions, PipelineError, Plan, Ready, Writing};
+use crate::release::staging::Replace;
 use crate::release::{Hooks, Release, ReleaseError};
 
 /// How a merge is computed and recorded besides its plan.

@@ -427,7 +427,7 @@ impl Merger<'_> {
                 let output = keeps_layout.then_some(job.dtype);
                 let (base, final_dtype) = rows.whole(t.out, output, &mut host)?;
                 let dtype = final_dtype.unwrap_or(DType::F32);
-                let mut bytes = vec![0u8; t.out * t.inp * dtype.size().unwrap_or(4)];
+                let mut bytes = vec![0u8; t.out * t.inp * dtype.element_bytes()];
                 let non_finite = merge_whole(b, base, (t.out, t.inp), &updates, dtype, &mut bytes)
                     .map_err(device)?;
                 if final_dtype.is_some() {
@@ -643,15 +643,19 @@ impl<'a> Emit<'a> {
             Unheld::add(&mut self.found, part);
             return Ok(());
         }
-        let size = self.job.dtype.size().unwrap_or(4);
-        self.bytes.resize(stored.len() * size, 0);
+        self.bytes
+            .resize(stored.len() * self.job.dtype.element_bytes(), 0);
         narrow_from_f32(self.job.dtype, &stored, &mut self.bytes).map_err(|e| {
             PipelineError::Convert {
                 tensor: self.t.name.clone(),
                 reason: e.to_string(),
             }
         })?;
-        exec.write(self.job, r0 * self.t.inp * size, &self.bytes)
+        exec.write(
+            self.job,
+            r0 * self.t.inp * self.job.dtype.element_bytes(),
+            &self.bytes,
+        )
     }
 
     /// Writes what was assembled, if anything; hands the assembly and byte buffers back for
@@ -679,8 +683,7 @@ impl<'a> Emit<'a> {
         // permuted: rounding each element commutes with moving it, and the permutation moves
         // half the bytes of the f32 tensor for a 16-bit output.
         let mut narrowed = std::mem::take(&mut self.bytes);
-        let size = self.job.dtype.size().unwrap_or(4);
-        narrowed.resize(whole.len() * size, 0);
+        narrowed.resize(whole.len() * self.job.dtype.element_bytes(), 0);
         narrow_from_f32(self.job.dtype, &whole, &mut narrowed).map_err(|e| {
             PipelineError::Convert {
                 tensor: self.t.name.clone(),

@@ -18,7 +18,8 @@ use super::transform::Transform;
 use super::wan::{CONTROL_UNSHUFFLE, ParamSpec, WanConfig};
 use super::wan_layout::Layout;
 use super::wan_names::{self, Dim, NameRow, Position, SKIPPED_MARKER, Scope, WanPart};
-use crate::io::{DType, TensorInfo, TensorView};
+use crate::format::header::TensorInfo;
+use crate::io::{DType, TensorView};
 
 /// A tensor of the input as its header describes it.
 #[derive(Clone, Debug, PartialEq, Eq)]

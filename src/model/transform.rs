@@ -255,7 +255,7 @@ pub fn convert_rows(
             direction: "from",
         }));
     }
-    convert_widening(&geometry, src, dst_dtype, rows, dst);
+    convert_widening(&geometry, src, (src_size, dst_size), dst_dtype, rows, dst);
     Ok(())
 }
 
@@ -426,23 +426,24 @@ fn transpose_blocked<T: Copy>(
 
 /// Dtype-converting kernel: widen source runs to `f32` (`codec::dtype`), narrow destination
 /// runs once with round-to-nearest-even (`codec::dtype`).
+/// `sizes`: the element sizes of the source and destination dtypes, which the caller checked
+/// are whole bytes.
 fn convert_widening(
     g: &Geometry,
     src: SrcTensor<'_>,
+    (size, dst_size): (usize, usize),
     dst_dtype: DType,
     rows: Range<usize>,
     dst: &mut [u8],
 ) {
-    let dst_size = dst_dtype.size().unwrap_or(1);
     let narrow = |run: &[f32], out: &mut [u8]| {
         // Infallible: dst_dtype was checked to be an output float by the caller.
         let _ = dtype::narrow_from_f32(dst_dtype, run, out);
     };
     if !g.permuted {
-        convert_contiguous(g, src, rows, dst, dst_size, narrow);
+        convert_contiguous(g, src, rows, dst, (size, dst_size), narrow);
         return;
     }
-    let size = src.dtype.size().unwrap_or(1);
     let widen = |start: usize, out: &mut [f32]| {
         let bytes = &src.bytes[start * size..(start + out.len()) * size];
         // Infallible: the caller checked src.dtype is a float.
@@ -457,11 +458,10 @@ fn convert_contiguous(
     src: SrcTensor<'_>,
     rows: Range<usize>,
     dst: &mut [u8],
-    dst_size: usize,
+    (src_size, dst_size): (usize, usize),
     narrow: impl Fn(&[f32], &mut [u8]),
 ) {
     const CHUNK: usize = 4096;
-    let src_size = src.dtype.size().unwrap_or(1);
     let first = rows.start * g.row_len;
     let count = rows.len() * g.row_len;
     let mut wide = [0f32; CHUNK];

@@ -19,16 +19,19 @@ pub fn layer_bytes<'a>(
     layer: Option<usize>,
     slice_shape: &[usize],
 ) -> Result<&'a [u8], PipelineError> {
-    let len = slice_shape.iter().product::<usize>() * view.dtype.size().unwrap_or(0);
-    let start = layer.unwrap_or(0) * len;
-    view.bytes
-        .get(start..start + len)
+    let len = view.dtype.byte_len(slice_shape.iter().product());
+    let range = len.and_then(|len| {
+        let start = layer.unwrap_or(0).checked_mul(len)?;
+        Some(start..start.checked_add(len)?)
+    });
+    range
+        .and_then(|r| view.bytes.get(r))
         .ok_or_else(|| PipelineError::Convert {
             tensor: view.name.to_string(),
             reason: format!(
-                "holds {} bytes; layer {layer:?} of shape {slice_shape:?} needs {}",
+                "holds {} bytes of {}; layer {layer:?} of shape {slice_shape:?} is not inside them",
                 view.bytes.len(),
-                start + len
+                view.dtype
             ),
         })
 }

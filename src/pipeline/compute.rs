@@ -226,7 +226,7 @@ impl<B: Backend> Lanes<B> {
             }
             // A producer of an ordered output waiting here is blocked for the writes of
             // others: the lanes it waits for may be held by those very writes.
-            pool = crate::io::ordered::waiting_elsewhere(|| self.returned.wait(pool))
+            pool = crate::release::ordered::waiting_elsewhere(|| self.returned.wait(pool))
                 .unwrap_or_else(|e| e.into_inner());
         }
     }
@@ -389,13 +389,13 @@ mod tests {
     }
 
     /// A producer of an ordered output that waits for a lane is blocked for the writes of
-    /// others (`io::ordered::waiting_elsewhere`): here the one lane is held by a write far
+    /// others (`release::ordered::waiting_elsewhere`): here the one lane is held by a write far
     /// ahead of the front, which may wait only on producers that keep writing, and the
     /// producer of the front waits for that lane. Before the fix this hung (a CUDA -xs merge
     /// of SA3-small on an H200: bases computed on a lane while lanes were held by writes).
     #[test]
     fn a_producer_waiting_for_a_lane_does_not_hold_up_a_write_that_holds_one() {
-        use crate::io::ordered::{Geometry, NewFile, OrderedFiles};
+        use crate::release::ordered::{Geometry, NewFile, OrderedFiles};
         use std::sync::mpsc::channel;
         const C: usize = 4096;
         let bytes: Vec<u8> = (0..3 * C).map(|i| (i * 7 + i / C) as u8).collect();

@@ -75,7 +75,7 @@ pub enum PipelineError {
         tensor: String,
         /// Why.
         #[source]
-        source: Box<crate::io::WriteError>,
+        source: Box<crate::release::staging::WriteError>,
     },
     /// An Orbax item could not be encoded (`--to orbax`).
     #[error("Orbax item `{item}`")]
@@ -84,7 +84,7 @@ pub enum PipelineError {
         item: String,
         /// Why.
         #[source]
-        source: crate::io::orbax::encode::EncodeError,
+        source: crate::format::orbax::encode::EncodeError,
     },
 }
 

@@ -14,7 +14,7 @@
 //! target (`merge`), reading
 //! base rows (`pipeline::base_rows`), the copy-and-convert kernel
 //! (`layout::conversion::convert_piece`, over `model::transform`), the encodings
-//! (`quant::encode`), or the atomic output (`io::staging`).
+//! (`quant::encode`), or the atomic output (`release::staging`).
 //!
 //! Memory: a worker holds a band of at most [`BAND_ELEMS`] f32 values (an encoded tensor) or
 //! `ExecOptions::band_bytes` destination bytes (a converted one); what a target holds beyond
@@ -39,11 +39,12 @@ use super::plan::Plan;
 use crate::codec::dtype::narrow_from_f32;
 use crate::codec::dtype::widen_to_f32;
 use crate::codec::dtype::{Unheld, all_held};
-use crate::io::{Staging, TensorRef};
+use crate::io::TensorRef;
 use crate::layout::conversion::{PIECE_BAND_BYTES, convert_piece};
 use crate::model::animate::Constant;
 use crate::model::transform::{SrcTensor, Transform};
 use crate::quant::encode::{self, Encoding, ErrorStats, ErrorSum};
+use crate::release::staging::Staging;
 
 /// Largest band of a tensor a worker holds in one f32 buffer (1 MiB: a band, the base rows
 /// it widens and the bytes it is rounded to stay in a core's L2 cache between the passes
@@ -287,7 +288,7 @@ impl<'a> Exec<'a> {
     ///
     /// Every worker of the pool takes the next job in output-file order
     /// (`Staging::for_each_in_file_order`) until none is left, so the output is written front
-    /// to back through the bounded window of `io::ordered`, which hashes and writes each byte
+    /// to back through the bounded window of `release::ordered`, which hashes and writes each byte
     /// once. The order never changes a byte (each job writes its own slot range, front to
     /// back, from its own inputs).
     fn run_jobs<T: TargetWriter>(&self, targets: &T) -> Result<(), T::Error> {
@@ -334,8 +335,7 @@ impl<'a> Exec<'a> {
     /// A constant no input tensor carries (`Job::constant`), written in the job's dtype.
     fn write_constant(&self, job: &Job, constant: Constant) -> Result<(), PipelineError> {
         let values = constant.values();
-        let size = job.dtype.size().unwrap_or(4);
-        let mut bytes = vec![0u8; values.len() * size];
+        let mut bytes = vec![0u8; values.len() * job.dtype.element_bytes()];
         narrow_from_f32(job.dtype, &values, &mut bytes).map_err(|e| PipelineError::Convert {
             tensor: job.output.clone(),
             reason: e.to_string(),

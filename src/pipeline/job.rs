@@ -8,10 +8,11 @@
 //! running them (`pipeline::exec`).
 
 use crate::adapter::Kind;
-use crate::io::{DType, Slot};
+use crate::io::DType;
 use crate::model::animate::Constant;
 use crate::model::transform::Transform;
 use crate::quant::encode::Encoding;
+use crate::release::writer::Slot;
 
 /// How a row of a target's 2-D (out, in') view is stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -20,7 +20,7 @@
 //! Does not own: how a merged target is computed (`merge`, plugged in through
 //! [`TargetWriter`] and [`TargetValues`]), binding (`adapter`), model facts and layouts
 //! (`model`, `layout`), the encodings (`quant::encode`, `codec`), the atomic output and its
-//! manifest (`release`, `io::staging`, `manifest`). Producers: `merge`, `convert`,
+//! manifest (`release`). Producers: `merge`, `convert`,
 //! `restack`, `extract` (its `--adapter` stack), `bake`.
 
 pub mod base_rows;

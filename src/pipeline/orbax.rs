@@ -15,7 +15,7 @@
 //! Does not own: the tree's names, shapes and dtypes (the `nnx` / `nnx-scanned` layouts and
 //! MaxDiffusion's keep-f32 rule, `layout`), MaxDiffusion's item names and `wan_config`
 //! (`model::maxdiffusion`), the encodings (`io::orbax::encode`), the staged output
-//! (`io::staging`).
+//! (`release::staging`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
@@ -24,15 +24,16 @@ use std::sync::{Arc, Mutex};
 
 use super::error::PipelineError;
 use super::job::Job;
-use crate::io::header_layout::PlannedTensor;
-use crate::io::orbax::encode::{
+use crate::format::header_layout::PlannedTensor;
+use crate::format::orbax::encode::{
     self, ChunkEncoder, EncodeError, ItemDb, Located, MAX_INLINE_VALUE_BYTES, MetadataLeaf,
 };
-use crate::io::ordered::lock;
-use crate::io::staging::{LateFile, LateName, Staging};
-use crate::io::writer::AuxFile;
-use crate::io::{DType, WriteError};
+use crate::io::DType;
 use crate::model::maxdiffusion;
+use crate::release::ordered::lock;
+use crate::release::staging::WriteError;
+use crate::release::staging::{LateFile, LateName, Staging};
+use crate::release::writer::AuxFile;
 
 /// One array of an item.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -187,7 +188,7 @@ impl OrbaxPlan {
     /// Bytes of every array before compression.
     pub fn array_bytes(&self) -> u64 {
         (self.items.iter().flat_map(|i| &i.arrays))
-            .map(|a| a.shape.iter().product::<u64>() * a.dtype.size().unwrap_or(0) as u64)
+            .map(|a| a.shape.iter().product::<u64>() * a.dtype.bits() as u64 / 8)
             .sum()
     }
 

@@ -10,7 +10,7 @@
 //! carrying its encoding), and an Orbax output (`--to orbax`: the `nnx` / `nnx-scanned`
 //! conversion of each transformer as an item of MaxDiffusion's cache, `pipeline::orbax`). Does not own: which tensors change (`pipeline::plan`), the layouts
 //! and name tables themselves (`model`), the keep-f32 rules (`layout`), the quantization rules
-//! and encodings (`quant::encode`), laying out files (`io::writer`).
+//! and encodings (`quant::encode`), laying out files (`release::writer`).
 
 use std::collections::BTreeMap;
 
@@ -18,9 +18,8 @@ use super::error::PipelineError;
 use super::job::Job;
 use super::nonfinite::NonFinite;
 use super::orbax::{ItemInput, OrbaxPlan};
-use crate::io::header_layout::PlannedTensor;
-use crate::io::writer::{ComponentOutput, OutputPlan};
-use crate::io::{Component, DType, Slot};
+use crate::format::header_layout::PlannedTensor;
+use crate::io::{Component, DType};
 use crate::layout::{Conversion, KeepF32, OutputDType};
 use crate::model::base_model::{BaseModel, ComponentModel};
 use crate::model::read_plan::{ReadPlan, StoredTensor};
@@ -30,6 +29,8 @@ use crate::model::wan_layout::Layout;
 use crate::model::wan_layout::stamp_config;
 use crate::quant::encode::{self, QuantError, QuantOptions, QuantPlan};
 use crate::quant::rules::QuantFormat;
+use crate::release::writer::Slot;
+use crate::release::writer::{ComponentOutput, OutputPlan};
 
 /// How to write: the output's dtype, keep-f32 policy, layout, shards, or quantized encoding.
 #[derive(Clone, Debug)]
@@ -342,7 +343,7 @@ pub fn plan_output(base: &BaseModel, options: &OutputOptions) -> Result<OutputSi
         jobs.extend(c.jobs);
         dropped.extend(c.dropped);
     }
-    let aux = base.root_aux_files();
+    let aux = crate::release::writer::root_aux_files(base);
     let mut output = OutputPlan::build(&outputs, &aux)
         .map_err(|e| PipelineError::Plan(format!("the output cannot be laid out: {e}")))?;
     // A pipeline in gives a pipeline out: its other components travel unchanged.
@@ -562,7 +563,7 @@ fn same_layout(
             );
         match (stacked, v.shape.split_first()) {
             (true, Some((&layers, slice))) => {
-                let bytes = slice.iter().product::<usize>() * out.size().unwrap_or(0);
+                let bytes = slice.iter().product::<usize>() * out.element_bytes();
                 jobs.extend((0..layers).map(|l| job(Some(l), slice, l * bytes)));
             }
             _ => jobs.push(job(None, v.shape, 0)),

@@ -23,13 +23,13 @@ use super::nonfinite::{Origin, UnheldValues};
 use super::output::{OutputOptions, OutputSide, plan_output, resolve_slots};
 use crate::adapter::{BoundAdapter, Entry, view_2d};
 use crate::codec::dtype::Unheld;
-use crate::io::writer::OutputPlan;
 use crate::io::{Checkpoint, Component, ReadError, TensorView};
-use crate::manifest::{InputFile, InputRecord, record_inputs};
 use crate::model::base_model::BaseModel;
 use crate::model::sa3;
 use crate::model::transform::Transform;
 use crate::quant::encode::QuantPlan;
+use crate::release::manifest::{InputFile, InputRecord, record_inputs};
+use crate::release::writer::OutputPlan;
 
 /// Everything a producing command will write, and from what.
 #[derive(Debug)]

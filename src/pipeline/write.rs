@@ -14,8 +14,8 @@ use super::error::PipelineError;
 use super::exec::{Exec, ExecOptions, TargetWriter};
 use super::nonfinite::UnheldValues;
 use super::plan::{Plan, Ready};
-use crate::io::staging::{Allocation, Replace};
 use crate::quant::encode::{Encoding, ErrorStats};
+use crate::release::staging::{Allocation, Replace};
 use crate::release::{Hooks, Release, ReleaseError, ReleaseRequest, write_release};
 
 /// How a plan is written and recorded.

@@ -18,9 +18,9 @@ use std::path::{Path, PathBuf};
 
 use super::convention::QUANT_METADATA;
 use super::decode::{self, QuantSource, Recognised};
+use crate::format::header_layout::HeaderLayout;
 use crate::io::checkpoint::{Checkpoint, Component, QuantizedInput, SourceKind, TensorSet};
 use crate::io::gguf::single_gguf_in;
-use crate::io::header_layout::HeaderLayout;
 use crate::io::{ReadError, SafetensorsFile, scratch};
 use crate::model::base_model::BaseModel;
 

@@ -14,7 +14,7 @@
 //! read it a tensor at a time; `quant::base` writes a base's scratch file from it), and
 //! [`recognise_set`], what a state dict's convention asks of its reader. Does not own: the
 //! names (`convention`), the layer plans (`layers`), the numbers (`codec`), the containers
-//! (`io::file`, `io::gguf`).
+//! (`format`, `io::file`, `io::gguf`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
@@ -26,8 +26,9 @@ use crate::codec::dtype::widen_to_f32;
 use crate::codec::ggml::{self, GgmlType};
 use crate::codec::int8::{self, Scale};
 use crate::codec::{CodecError, mxfp8, nvfp4};
-use crate::io::gguf::{GgufFile, Value, torch_shape};
-use crate::io::header_layout::PlannedTensor;
+use crate::format::gguf::{Value, torch_shape};
+use crate::format::header_layout::PlannedTensor;
+use crate::io::gguf::GgufFile;
 use crate::io::{DType, ReadError, TensorSet, TensorView};
 
 /// Elements decoded per chunk when a tensor is streamed (4 MiB of f32).

@@ -5,7 +5,7 @@
 //! Owns: `QuantPlan` (every output tensor under its original-Wan name with its encoding and
 //! the reason, from `quant::rules`), the output file plan of each format (one
 //! `.safetensors` with the `scaled_fp8` marker and `scale_weight` tensors, or one `.gguf`
-//! laid out by `io::gguf`), [`encode`] (f32 values of a tensor, or of a band of its whole
+//! laid out by `format::gguf`), [`encode`] (f32 values of a tensor, or of a band of its whole
 //! rows, to the bytes of its encoding, plus the values a loader dequantizes), the error
 //! sums and the quantization report. Does not own: the encodings themselves (`codec`),
 //! the rules (`quant::rules`), name tables (`model::wan_names`), the jobs that feed
@@ -23,11 +23,10 @@ use serde_json::json;
 
 use crate::codec::fp8;
 use crate::codec::ggml::{self, GgmlType};
+use crate::format::gguf::{self, TensorPlan};
+use crate::format::header_layout::LayoutError;
+use crate::format::header_layout::PlannedTensor;
 use crate::io::checkpoint::Component;
-use crate::io::gguf::{self, TensorPlan};
-use crate::io::header_layout::LayoutError;
-use crate::io::header_layout::PlannedTensor;
-use crate::io::writer::{ComponentOutput, GgufParts, OutputPlan};
 use crate::io::{DType, ReadError, dtype};
 use crate::model::animate::{is_animate_module, is_blur_kernel};
 use crate::model::base_model::{BaseModel, ComponentModel};
@@ -35,6 +34,7 @@ use crate::model::plan_error::{ANIMATE_NOT_QUANTIZED, ANIMATE_UNKNOWN, PlanError
 use crate::model::wan_layout::Layout;
 use crate::model::wan_names::{self, Position};
 use crate::quant::rules::{self, GgufMix, QuantFormat, Why};
+use crate::release::writer::{ComponentOutput, GgufParts, OutputPlan};
 
 /// The name of the fp8 marker tensor.
 pub const FP8_MARKER: &str = crate::quant::convention::SCALED_FP8_MARKER;

@@ -6,7 +6,7 @@
 //! shape view that fingerprints it without its scale tensors, and the whole GGUF report
 //! (metadata, types, torch shapes, fingerprint, optional sha256) and its `--keys` listing.
 //! Does not own: the
-//! safetensors report (`inspect`), the GGUF parser (`io::gguf`) or fingerprints
+//! safetensors report (`inspect`), the GGUF parser (`format::gguf`) or fingerprints
 //! (`model::fingerprint`).
 
 use std::collections::BTreeMap;
@@ -14,8 +14,9 @@ use std::path::Path;
 
 use serde_json::json;
 
+use crate::format::gguf::{Value, torch_shape};
 use crate::human::{grouped, plural, size};
-use crate::io::gguf::{GgufFile, Value, torch_shape};
+use crate::io::gguf::GgufFile;
 use crate::io::{DType, ReadError, TensorSet, digest};
 use crate::model::fingerprint::{Fingerprint, ShapeSource, fingerprint};
 use crate::quant::convention::{self, Format};

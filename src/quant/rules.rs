@@ -5,7 +5,7 @@
 //!
 //! Owns: the quantized output formats (`QuantFormat`), their names on the command line, the
 //! GGUF `general.file_type` of each, and the per-tensor decision with its reason. Does not
-//! own: the encodings (`codec`), the GGUF container (`io::gguf`) or the name mapping from
+//! own: the encodings (`codec`), the GGUF container (`format::gguf`) or the name mapping from
 //! diffusers (`model::wan_names`).
 
 use std::fmt;

@@ -129,7 +129,7 @@ impl RunInputs {
 
 /// Integer timesteps, converted like `tensor.float()` (round to nearest f32).
 fn integers_as_f32(dtype: DType, bytes: &[u8]) -> Vec<f32> {
-    let size = dtype.size().unwrap_or(1);
+    let size = dtype.element_bytes();
     bytes
         .chunks_exact(size)
         .map(|c| {

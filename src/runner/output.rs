@@ -1,8 +1,8 @@
 //! Writing the runner's results: f32 tensors to one safetensors file, atomically.
 //!
-//! Owns: `write_f32_file`, which lays the header out with `io::header::HeaderLayout`
+//! Owns: `write_f32_file`, which lays the header out with `format::header_layout::HeaderLayout`
 //! (canonical, sorted, deterministic) and writes the file through the one durable writer
-//! (`io::staging::replace_file_durable`: temporary sibling, fsync, rename, folder fsync), so
+//! (`release::staging::replace_file_durable`: temporary sibling, fsync, rename, folder fsync), so
 //! a reader never sees a half-written file and a failure leaves nothing behind.
 
 use std::collections::BTreeMap;
@@ -10,8 +10,8 @@ use std::path::Path;
 
 use super::error::RunError;
 use super::tensor::Tensor;
+use crate::format::header_layout::{HeaderLayout, PlannedTensor};
 use crate::io::DType;
-use crate::io::header_layout::{HeaderLayout, PlannedTensor};
 
 /// Writes `tensors` as F32 with `metadata` to `path` (temp sibling, fsync, rename).
 pub fn write_f32_file(
@@ -41,7 +41,7 @@ pub fn write_f32_file(
         }
     }
     debug_assert_eq!(bytes.len(), layout.file_len());
-    crate::io::staging::replace_file_durable(path, &bytes).map_err(|e| RunError::Write {
+    crate::release::staging::replace_file_durable(path, &bytes).map_err(|e| RunError::Write {
         path: path.to_path_buf(),
         source: Box::new(e),
     })

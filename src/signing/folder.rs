@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use super::SignError;
 use super::statement::Resource;
 use crate::io::digest;
-use crate::manifest::Manifest;
+use crate::release::manifest::Manifest;
 
 /// The top-level paths the reference tool ignores by default (`--ignore-git-paths`).
 pub const GIT_PATHS: [&str; 4] = [".git", ".gitattributes", ".github", ".gitignore"];

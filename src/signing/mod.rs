@@ -9,7 +9,7 @@
 //! Owns: `sign` (write a signature for a folder) and `verify` (check one), and the rules on
 //! what a verifier refuses even though the reference tool accepts it (`ignore_paths` entries
 //! that would hide a release file, `.`/empty/absolute/`..` entries). Does not own: the
-//! release manifest or its verification (`manifest`), which only provides the per-file
+//! release manifest or its verification (`release::manifest`), which only provides the per-file
 //! digests when the caller found it valid for the folder.
 
 pub mod bundle;
@@ -22,11 +22,11 @@ use std::path::{Path, PathBuf};
 
 pub use keys::{Curve, KeyError, SigningKey, VerifyingKey};
 
-use crate::io::staging::MANIFEST_NAME;
-use crate::manifest::Manifest;
+use crate::io::checkpoint::MANIFEST_NAME;
+use crate::release::manifest::Manifest;
 
 /// The default signature file name inside a release (the name the OMS tools use).
-pub use crate::manifest::SIGNATURE_NAME;
+pub use crate::io::checkpoint::SIGNATURE_NAME;
 
 /// Why signing or verifying could not run. A signature that does not hold is not an error:
 /// it is a `SignatureReport` with problems.
@@ -66,7 +66,7 @@ pub enum SignError {
     Read(#[from] crate::io::ReadError),
     /// Writing the signature failed (the error names the file).
     #[error(transparent)]
-    Write(#[from] crate::io::WriteError),
+    Write(#[from] crate::release::staging::WriteError),
     /// A manifest records a digest that is not a sha256.
     #[error("{file}: bad sha256 `{hex}`")]
     BadDigest {
@@ -125,14 +125,14 @@ impl SignatureReport {
     }
 }
 
-/// The release manifest of `dir` when it is present and `manifest::verify_dir` finds every
+/// The release manifest of `dir` when it is present and `release::manifest::verify_dir` finds every
 /// file as recorded (so its digests can stand in for a second hashing pass); `None` otherwise.
 pub fn valid_manifest(dir: &Path) -> Result<Option<Manifest>, SignError> {
     let path = dir.join(MANIFEST_NAME);
     if !path.is_file() {
         return Ok(None);
     }
-    let report = crate::manifest::verify_dir(dir)?;
+    let report = crate::release::manifest::verify_dir(dir)?;
     if !report.ok() {
         return Ok(None);
     }
@@ -179,7 +179,7 @@ pub fn sign_named(
     let vk = key.verifying_key();
     let hint = vk.hint();
     let bytes = bundle::write(&hint, &payload, &sig);
-    crate::io::staging::replace_file_durable(signature, &bytes)?;
+    crate::release::staging::replace_file_durable(signature, &bytes)?;
     Ok(SignReport {
         signature: signature.to_path_buf(),
         curve: vk.curve().name(),

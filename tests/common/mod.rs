@@ -181,7 +181,7 @@ pub fn gated_child(
     let Ok(command) = std::env::var(GATE_COMMAND) else {
         return;
     };
-    wanbake::io::staging::install_signal_guards();
+    wanbake::release::staging::install_signal_guards();
     wanbake::io::mmap::install_sigbus_guard();
     faer::disable_global_parallelism();
     let gate = || {

@@ -29,7 +29,7 @@ use serde_json::Value as Json;
 
 use super::db::{Store, Value};
 use super::error::{FormatError, OrbaxError};
-use crate::io::DType;
+use crate::codec::dtype::DType;
 
 /// Most dimensions an array may have.
 pub const MAX_RANK: usize = 32;
@@ -147,7 +147,7 @@ pub struct ArrayMeta {
 impl ArrayMeta {
     /// Bytes of one element.
     pub fn item_size(&self) -> usize {
-        self.dtype.size().unwrap_or(1)
+        self.dtype.element_bytes()
     }
 
     /// Number of elements of the array.
@@ -284,7 +284,7 @@ pub fn fill_bytes(
     dtype: DType,
     what: &'static str,
 ) -> Result<Option<Vec<u8>>, FormatError> {
-    let size = dtype.size().unwrap_or(1);
+    let size = dtype.element_bytes();
     let bad = || json_err(what, format!("fill_value {v} does not fit {dtype:?}"));
     if v.is_null() {
         return Ok(None);

@@ -8,8 +8,8 @@
 //! data file), zarr v2 / v3 arrays and their chunk reassembly, whole or streamed row by row
 //! (`zarr`), Orbax's JSON files (`metadata`: `_METADATA`, `_CHECKPOINT_METADATA`), path
 //! resolution of a CheckpointManager root, step or item (`checkpoint`), and the encoders
-//! (`encode`), and Orbax checkpoints as inputs (`source`: items chosen, tree paths as
-//! tensor names, each item decoded once into a scratch safetensors file). Does not own: what the trees mean (model/adapter code), staging, hashing.
+//! (`encode`). Does not own: Orbax checkpoints as inputs (`io::orbax`), what the trees mean
+//! (model/adapter code), staging, hashing.
 //!
 //! Follows tensorstore `google/tensorstore@bc4fbc11` (`kvstore/ocdbt/format/`, `index.rst`;
 //! where the two differ the code wins, see `ocdbt`'s doc), orbax `google/orbax@3ff7b24a`,
@@ -29,7 +29,6 @@ pub mod encode;
 pub mod error;
 pub mod metadata;
 pub mod ocdbt;
-pub mod source;
 pub mod zarr;
 
 pub use checkpoint::{Item, Level, Resolved, read_checkpoint_metadata, resolve};

@@ -4,12 +4,12 @@
 //! Owns: `PlannedTensor` (what the writer will lay out), `HeaderLayout` (the canonical,
 //! deterministic header bytes and every tensor's byte range: names sorted, offsets from 0,
 //! the JSON padded with spaces to 8 bytes) and `LayoutError`. Does not own: parsing
-//! untrusted headers (`io::header`), or files (`io::writer`, `io::staging`).
+//! untrusted headers (`format::header`), or files (`release::writer`, `release::staging`).
 
 use std::collections::BTreeMap;
 
-use super::dtype::DType;
 use super::header::{MAX_HEADER_SIZE, TensorInfo};
+use crate::codec::dtype::DType;
 
 /// A tensor as the writer will lay it out.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -190,7 +190,7 @@ fn header_json(infos: &[TensorInfo], metadata: &BTreeMap<String, String>) -> Str
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::io::header::Header;
+    use crate::format::header::Header;
 
     #[test]
     fn layout_is_canonical_and_round_trips() {

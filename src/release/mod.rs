@@ -1,15 +1,24 @@
 //! The one write path every producing command shares (synth, convert, merge, restack,
 //! translate, bake): plan → stage (temp sibling, reserved space) → produce tensors in
 //! parallel while the inputs are hashed on a thread of their own (paced to the producer:
-//! `HASH_LEAD`), each output hashed as it is written (`io::ordered`) → seal (every byte
+//! `HASH_LEAD`), each output hashed as it is written (`ordered`) → seal (every byte
 //! written, fsync) → checks → inputs unchanged? → manifest → atomic rename.
 //!
-//! Owns: `ReleaseRequest`, `write_release` and its `Hooks`. Producers only fill slots; they never see
+//! Owns: `ReleaseRequest`, `write_release` and its `Hooks`; what an output will contain
+//! (`writer`), the files it carries over unchanged from its input (`carry`), the atomic,
+//! durable writing of it (`staging`) through an ordered window that hashes and writes each
+//! byte once (`ordered`), and the manifest (`release::manifest`). Producers only fill slots; they never see
 //! paths, temp files or manifests, so no command can forget a step. Before committing, every
 //! mapped input is checked against its identity at the time it was mapped
 //! (`io::mmap::check_maps_unchanged`), so a release is never committed from an input that
 //! changed under the run, and its manifest never records a hash of other bytes than the ones
 //! read.
+
+pub mod carry;
+pub mod manifest;
+pub mod ordered;
+pub mod staging;
+pub mod writer;
 
 use std::cell::Cell;
 use std::path::{Path, PathBuf};
@@ -17,10 +26,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use crate::io::ReadError;
-use crate::io::carry::Carried;
-use crate::io::staging::{Allocation, MANIFEST_NAME, Replace, Staging, WriteError, write_durable};
-use crate::io::writer::OutputPlan;
-use crate::manifest::{InputFile, InputRecord, Manifest, record_inputs_here};
+use crate::io::checkpoint::MANIFEST_NAME;
+use crate::release::carry::Carried;
+use crate::release::manifest::{InputFile, InputRecord, Manifest, record_inputs_here};
+use crate::release::staging::{Allocation, Replace, Staging, WriteError, write_durable};
+use crate::release::writer::OutputPlan;
 
 /// Everything needed to write one release directory.
 pub struct ReleaseRequest<'a> {
@@ -53,7 +63,7 @@ pub struct Release {
     /// The manifest as written.
     pub manifest: Manifest,
     /// How the files carried over unchanged from the input reached it (hard links or
-    /// copies; `io::carry`).
+    /// copies; `release::carry`).
     pub carried: Carried,
     /// Files of a pipeline input this output's format has no place for (`OutputPlan::left_out`).
     pub left_out: Vec<PathBuf>,
@@ -316,9 +326,9 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::format::header_layout::PlannedTensor;
     use crate::io::DType;
-    use crate::io::header_layout::PlannedTensor;
-    use crate::io::writer::ComponentOutput;
+    use crate::release::writer::ComponentOutput;
 
     /// A staged output of one 4096-byte tensor, in `dir`.
     fn staged(dir: &Path) -> Staging {

@@ -23,8 +23,8 @@
 //! decoding plus a sequential write (measured on the shared 2-core dev VM: 541 MB of bf16 in
 //! 1.6–2.2 s, peak RSS 19 MB; README "Orbax input").
 //!
-//! Does not own: the container formats (`db`, `zarr`, `metadata`, `checkpoint`), what the
-//! names mean (`model`, `adapter`).
+//! Does not own: the container formats (`format::orbax`: `db`, `zarr`, `metadata`,
+//! `checkpoint`), what the names mean (`model`, `adapter`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
@@ -32,11 +32,11 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value as Json;
 
-use super::checkpoint::{Item, Level, Resolved, resolve};
-use super::metadata::{Leaf, TreeMetadata};
-use super::zarr::{ArrayReader, MAX_CHUNK_BYTES};
+use crate::format::header_layout::{HeaderLayout, PlannedTensor};
+use crate::format::orbax::checkpoint::{Item, Level, Resolved, resolve};
+use crate::format::orbax::metadata::{Leaf, TreeMetadata};
+use crate::format::orbax::zarr::{ArrayReader, MAX_CHUNK_BYTES};
 use crate::io::file::{ReadError, SafetensorsFile};
-use crate::io::header_layout::{HeaderLayout, PlannedTensor};
 use crate::io::scratch;
 
 /// MaxDiffusion's item of a single WAN transformer.

@@ -65,8 +65,8 @@ use std::thread::JoinHandle;
 use memmap2::MmapMut;
 use sha2::{Digest, Sha256};
 
-use super::digest::{ElementType, SafetensorsDigest, TensorDigest, hex};
-use super::header::TensorInfo;
+use crate::format::header::TensorInfo;
+use crate::io::digest::{ElementType, SafetensorsDigest, TensorDigest, hex};
 use crate::progress::PhaseGuard;
 
 /// Bytes of a file one chunk holds (a multiple of every block size `O_DIRECT` asks for).

@@ -1,4 +1,4 @@
-//! Files an output holds unchanged from its input (`writer::CarriedFile`: a pipeline's VAE,
+//! Files an output holds unchanged from its input (`io::checkpoint::CarriedFile`: a pipeline's VAE,
 //! text encoder, tokenizer, scheduler, model card), put into the staged output.
 //!
 //! Owns: how a carried file reaches the temporary output (a hard link where the file system
@@ -15,11 +15,11 @@ use std::path::{Path, PathBuf};
 
 use sha2::Digest;
 
-use super::digest;
-use super::file::ReadError;
-use super::input_hash::{NO_PACE, remember_unchanged, sha256_input};
-use super::mmap::{FileStamp, describe_change};
-use super::writer::CarriedFile;
+use crate::io::checkpoint::CarriedFile;
+use crate::io::digest;
+use crate::io::file::ReadError;
+use crate::io::input_hash::{NO_PACE, remember_unchanged, sha256_input};
+use crate::io::mmap::{FileStamp, describe_change};
 use crate::progress::Progress;
 
 /// Bytes read and written per step of a copy.

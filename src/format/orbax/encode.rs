@@ -36,7 +36,7 @@ use std::io::Write;
 use sha2::{Digest, Sha256};
 
 use super::ocdbt::{BTREE_NODE_MAGIC, MANIFEST_MAGIC, MAX_KEY_LEN};
-use crate::io::DType;
+use crate::codec::dtype::DType;
 
 /// zstd level of chunks (Orbax's zarr v2 compressor: `{"id": "zstd", "level": 1}`).
 pub const CHUNK_ZSTD_LEVEL: i32 = 1;

@@ -5,7 +5,7 @@
 //! (`fallocate`, so running out of space fails before the first tensor), positional writes
 //! from any number of threads (`write_at`: the header is known in advance, so tensors and
 //! slices of stacked tensors land in place in any order), the check that every planned
-//! tensor byte was written, the digests (taken as the bytes pass through `io::ordered`; a
+//! tensor byte was written, the digests (taken as the bytes pass through `release::ordered`; a
 //! GGUF file is re-read at the seal), the fsync, the rename into place, and the cleanup of
 //! temporaries left by killed runs (each run holds an advisory lock on a sibling `.lock`
 //! file; a lock nobody holds means its owner is dead). A `Staging` dropped before `commit`
@@ -18,7 +18,7 @@
 //! (so names do not depend on which thread finished first); the seal lists them with the
 //! aux files. They are not pre-sized, so the free-space check does not cover them.
 //!
-//! The plan's carried files (`writer::CarriedFile`) are put into the temporary directory by
+//! The plan's carried files (`io::checkpoint::CarriedFile`) are put into the temporary directory by
 //! `begin`, hard-linked or copied (`carry`; a copy's bytes are checked against the free space
 //! first), and the seal lists them with the aux files too: an interrupted or failed run
 //! removes them with the rest, and an input's own link count is restored.
@@ -30,17 +30,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::carry::{self, Carried};
-use super::digest::{self, SafetensorsDigest};
-use super::durable::{self, TMP_MARK, parent_dir};
-use super::file::ReadError;
-use super::header::Header;
-use super::header_layout::HeaderLayout;
 use super::ordered::{NewFile, OrderedError, OrderedFiles, lock};
 use super::writer::{OutputPlan, Slot};
+use crate::format::header::Header;
+use crate::format::header_layout::HeaderLayout;
+use crate::io::digest::{self, SafetensorsDigest};
+use crate::io::durable::{self, TMP_MARK, parent_dir};
+use crate::io::file::ReadError;
 use crate::progress::{self, PhaseGuard};
-
-/// Name of the manifest every output directory carries.
-pub const MANIFEST_NAME: &str = "wanbake.manifest.json";
 
 /// Why an output could not be written. Every variant names the path.
 #[derive(Debug, thiserror::Error)]
@@ -555,7 +552,7 @@ impl Staging {
     /// taking the next item in the order the items' bytes lie in the output (`slot_of`:
     /// where an item starts writing). Every producer with many items runs through here:
     /// with each item writing its own range front to back, the item at the front of a file
-    /// is usually running, so the window of `io::ordered` moves steadily; where the layout
+    /// is usually running, so the window of `release::ordered` moves steadily; where the layout
     /// puts bytes of later items at the front (scaled fp8's scales), the window's invariant
     /// spills instead of waiting, so any layout completes. Each thread is one of the
     /// window's registered producers while it takes items. `init` makes each thread's
@@ -596,7 +593,7 @@ impl Staging {
         }
         // Every thread is a registered producer until it has no item left (or fails), and
         // says where each item it runs starts: a write of another thread may wait for the
-        // front only on a producer whose item can complete it (`io::ordered`'s invariant).
+        // front only on a producer whose item can complete it (`release::ordered`'s invariant).
         let producers: Vec<std::sync::Mutex<Option<_>>> = match &self.ordered {
             Some(o) => (o.producers(rayon::current_num_threads()).into_iter())
                 .map(|p| std::sync::Mutex::new(Some(p)))
@@ -671,7 +668,7 @@ impl Staging {
     /// Finishes writing, flushes every file to disk and returns the digests of the weight
     /// files (plan order) and aux files.
     ///
-    /// A safetensors file was hashed from the bytes as they were written (`io::ordered`):
+    /// A safetensors file was hashed from the bytes as they were written (`release::ordered`):
     /// the seal waits for the hashers and the disk writer to pass the end of every file,
     /// then fsyncs; nothing is read again (a GGUF file is re-read and hashed here). No byte
     /// changes once sealing starts (every writer has returned). Every planned safetensors
@@ -777,7 +774,7 @@ impl Staging {
 
     /// Writes the manifest, fsyncs the tree, and renames the temporary directory into place.
     pub fn commit(self, manifest: &[u8]) -> Result<PathBuf, WriteError> {
-        let mpath = self.tmp.join(MANIFEST_NAME);
+        let mpath = self.tmp.join(crate::io::checkpoint::MANIFEST_NAME);
         write_durable(&mpath, manifest)?;
         self.commit_as_is()
     }
@@ -1016,9 +1013,9 @@ fn reserve(file: &File, len: u64) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::format::header_layout::PlannedTensor;
     use crate::io::DType;
-    use crate::io::header_layout::PlannedTensor;
-    use crate::io::writer::ComponentOutput;
+    use crate::release::writer::ComponentOutput;
 
     fn two_tensor_plan() -> OutputPlan {
         let t = |name: &str| PlannedTensor {

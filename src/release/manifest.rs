@@ -11,16 +11,13 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::io::checkpoint::{MANIFEST_NAME, SIGNATURE_NAME};
 use crate::io::digest::{self, TensorDigest};
 use crate::io::file::ReadError;
 use crate::io::input_hash::{NO_PACE, Pace};
-use crate::io::staging::{MANIFEST_NAME, Sealed};
-use crate::io::writer::OutputPlan;
 use crate::progress::Progress;
-
-/// The default name of a release's model signature (`signing`): it signs the release and is
-/// not one of its outputs, so `verify` does not report it as unlisted.
-pub const SIGNATURE_NAME: &str = "model.sig";
+use crate::release::staging::Sealed;
+use crate::release::writer::OutputPlan;
 
 /// Identifies the manifest schema.
 pub const FORMAT: &str = "wanbake.manifest/1";
@@ -295,7 +292,7 @@ pub fn verify_dir(dir: &Path) -> Result<VerifyReport, ReadError> {
 }
 
 /// Checks a release this process has just committed, without reading its weights again:
-/// the manifest was made from the digests of the bytes written (`io::ordered`) and sealed,
+/// the manifest was made from the digests of the bytes written (`release::ordered`) and sealed,
 /// so here the manifest on disk must be the bytes that were written, and every listed file
 /// must exist with its recorded size and nothing else be there. (`verify_dir`, what
 /// `wanbake verify` runs, re-reads everything.)

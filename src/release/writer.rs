@@ -3,14 +3,16 @@
 //! Owns: `OutputPlan` (every output file with its complete canonical header, HF-style
 //! sharding and `*.safetensors.index.json`, JSON sidecars such as config.json), and the
 //! lookup from (component, tensor name) to the file and slot a producer writes into, and the
-//! files carried over unchanged from the input ([`CarriedFile`]: a pipeline's VAE, text
+//! files carried over unchanged from the input (`io::checkpoint::CarriedFile`: a pipeline's VAE, text
 //! encoder, tokenizer, scheduler, model card). Does not own: the bytes on disk (`staging`).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use super::gguf;
-use super::header_layout::{HeaderLayout, LayoutError, PlannedTensor};
+use crate::io::checkpoint::CarriedFile;
+
+use crate::format::gguf;
+use crate::format::header_layout::{HeaderLayout, LayoutError, PlannedTensor};
 
 /// One component (model or pipeline transformer) of an output, as the producer sees it.
 #[derive(Clone, Debug)]
@@ -81,20 +83,6 @@ pub struct AuxFile {
     pub bytes: Vec<u8>,
 }
 
-/// A file of the input that the output holds unchanged, byte for byte (a pipeline's
-/// components other than the transformers wanbake writes: `io::checkpoint`). `io::staging`
-/// hard-links it into the output where the file system allows, and copies it otherwise.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CarriedFile {
-    /// Path relative to the output root (the same as relative to the input root).
-    pub rel_path: PathBuf,
-    /// The file read: the input's path with every symlink resolved (a Hugging Face cache
-    /// snapshot's links lead to its blobs).
-    pub source: PathBuf,
-    /// Its size when the input was opened.
-    pub bytes: u64,
-}
-
 /// Where a tensor goes: file index and tensor index inside that file's layout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Slot {
@@ -111,13 +99,13 @@ pub struct OutputPlan {
     pub files: Vec<PlannedFile>,
     /// Other files.
     pub aux: Vec<AuxFile>,
-    /// The expected size of the late files (`io::staging`: an Orbax output's chunks, whose
+    /// The expected size of the late files (`release::staging`: an Orbax output's chunks, whose
     /// sizes are known only once compressed; their size before compression, which zstd
     /// does not grow by more than a few bytes per block), for the free-space check and
     /// progress.
     pub late_bytes: u64,
     /// Files carried over unchanged from the input (not counted in `total_bytes`: a hard
-    /// link takes no space; `io::staging` checks the space a copy needs).
+    /// link takes no space; `release::staging` checks the space a copy needs).
     pub carried: Vec<CarriedFile>,
     /// Files of a pipeline input that this output's format has no place for (a quantized
     /// file, an Orbax cache: transformers only), relative to the input, for the summary.
@@ -228,7 +216,7 @@ impl OutputPlan {
         Ok(())
     }
 
-    /// Adds a GGUF weight file (`io::gguf`, laid out as gguf-py does): its header is
+    /// Adds a GGUF weight file (`format::gguf`, laid out as gguf-py does): its header is
     /// written at offset 0, each tensor's raw byte range becomes a slot of component
     /// `component`, and the bytes between them stay zero. The file is digested by its
     /// extension (`gguf::digest_weight_file`).
@@ -304,6 +292,18 @@ fn split_shards<'a>(
         size += n;
     }
     Ok(shards)
+}
+
+/// The root files of `ck` (a pipeline's `model_index.json`, ...) as an output carries them:
+/// the same bytes under the same relative paths.
+pub fn root_aux_files(ck: &crate::io::Checkpoint) -> Vec<AuxFile> {
+    ck.root_files
+        .iter()
+        .map(|s| AuxFile {
+            rel_path: PathBuf::from(&s.name),
+            bytes: s.text.clone().into_bytes(),
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 //! (length prefix, size cap, UTF-8, JSON object without duplicate keys, `__metadata__` as a
 //! string map, known dtypes, shape × dtype = byte range, ranges contiguous from 0 and
 //! covering the data section exactly). Does not own: file access (`io::file`) or the header
-//! wanbake writes (`io::header_layout`).
+//! wanbake writes (`format::header_layout`).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -13,7 +13,7 @@ use std::fmt;
 use serde::Deserialize;
 use serde::de::{Deserializer, MapAccess, Visitor};
 
-use super::dtype::DType;
+use crate::codec::dtype::DType;
 
 /// Largest header wanbake accepts, as the safetensors crate does (100 MB).
 pub const MAX_HEADER_SIZE: usize = 100_000_000;
