@@ -4,7 +4,8 @@
 //!
 //! Owns: writing a canonical `HeaderLayout` and each tensor's bytes, streamed by the caller,
 //! into an unnamed file in `$TMPDIR` (`O_TMPFILE`, or created and unlinked at once where that
-//! is not available: nothing is left behind even when the process is killed), checking that
+//! is not available: nothing is left behind even when the process is killed), its whole size
+//! reserved before a byte is decoded (a `$TMPDIR` without room is refused at once), checking that
 //! every tensor got exactly its bytes, and the per-process cache that maps a second open of
 //! the same input onto the same file instead of decoding it again. Does not own: what is
 //! decoded (`io::orbax`, `quant::base`).
@@ -60,6 +61,7 @@ pub fn write(
     let tmp = std::env::temp_dir();
     let io = |e| ReadError::io(label, e);
     let file = tempfile::tempfile_in(&tmp).map_err(|e| ReadError::io(&tmp, e))?;
+    reserve(&file, layout, &tmp, label)?;
     let mut w = BufWriter::with_capacity(8 << 20, &file);
     w.write_all(&layout.prefix).map_err(io)?;
     for info in &layout.tensors {
@@ -87,4 +89,39 @@ pub fn label(kind: &str, input: &Path) -> PathBuf {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     std::env::temp_dir().join(format!("wanbake-{kind}-scratch-{name}.safetensors"))
+}
+
+/// Allocates the whole scratch file before a byte is decoded, so a temporary directory too
+/// small for the decoded input is refused at once, naming what it needs, instead of failing
+/// (or filling the disk) part way.
+fn reserve(
+    file: &std::fs::File,
+    layout: &HeaderLayout,
+    tmp: &Path,
+    label: &Path,
+) -> Result<(), ReadError> {
+    // The tensors' offsets are absolute: the last end is the file's length.
+    let end = layout.tensors.iter().map(|t| t.end).max().unwrap_or(0);
+    let len = end.max(layout.prefix.len()) as u64;
+    if len == 0 {
+        return Ok(());
+    }
+    match rustix::fs::fallocate(file, rustix::fs::FallocateFlags::empty(), 0, len) {
+        Ok(()) => Ok(()),
+        Err(e) if e == rustix::io::Errno::OPNOTSUPP || e == rustix::io::Errno::NOSYS => Ok(()),
+        Err(e) if e == rustix::io::Errno::NOSPC || e == rustix::io::Errno::FBIG => {
+            let free = rustix::fs::statvfs(tmp)
+                .map(|st| st.f_bavail.saturating_mul(st.f_frsize).to_string())
+                .unwrap_or_else(|_| "an unknown number of".into());
+            Err(ReadError::Unsupported {
+                path: tmp.to_path_buf(),
+                reason: format!(
+                    "decoding {} needs {len} bytes of scratch space here, but {free} bytes \
+                     are free (set TMPDIR to a file system with room)",
+                    label.file_name().unwrap_or_default().to_string_lossy()
+                ),
+            })
+        }
+        Err(e) => Err(ReadError::io(tmp, e.into())),
+    }
 }

@@ -10,7 +10,7 @@
 use super::error::PipelineError;
 use super::job::{Job, RowOrder, Target};
 use crate::codec::dtype::widen_to_f32;
-use crate::io::{DType, ReadError, TensorRef, TensorView};
+use crate::io::{DType, ReadError, SafetensorsFile, TensorRef, TensorView};
 use crate::model::transform::{SrcTensor, Transform};
 
 /// The bytes of one layer of a stacked tensor (or the whole tensor).
@@ -60,7 +60,7 @@ enum Rows<'a> {
     Stored {
         view: TensorView<'a>,
         bytes: &'a [u8],
-        path: &'a std::path::Path,
+        file: &'a SafetensorsFile,
         inp: usize,
         order: RowOrder,
         size: usize,
@@ -82,7 +82,7 @@ impl<'a> BaseRows<'a> {
             return Ok(BaseRows(Rows::Stored {
                 view,
                 bytes,
-                path: src.file.path(),
+                file: src.file,
                 inp: t.inp,
                 order: t.rows,
                 size,
@@ -164,7 +164,7 @@ impl<'a> BaseRows<'a> {
 
     /// Fills `dst` ((n, inp) f32) with rows `r0 .. r0 + n`.
     pub fn read(&self, r0: usize, n: usize, dst: &mut [f32]) -> Result<(), PipelineError> {
-        let (view, bytes, path, inp, order, size) = match &self.0 {
+        let (view, bytes, file, inp, order, size) = match &self.0 {
             Rows::Canonical { data, inp } => {
                 dst.copy_from_slice(&data[r0 * inp..(r0 + n) * inp]);
                 return Ok(());
@@ -172,21 +172,27 @@ impl<'a> BaseRows<'a> {
             Rows::Stored {
                 view,
                 bytes,
-                path,
+                file,
                 inp,
                 order,
                 size,
-            } => (view, bytes, path, *inp, *order, *size),
+            } => (view, bytes, *file, *inp, *order, *size),
         };
         let band = &bytes[r0 * inp * size..(r0 + n) * inp * size];
         let widen = |dst: &mut [f32]| {
-            widen_to_f32(view.dtype, band, dst).map_err(|e| {
+            let widened = widen_to_f32(view.dtype, band, dst).map_err(|e| {
                 PipelineError::Read(ReadError::Tensor {
-                    path: path.to_path_buf(),
+                    path: file.path().to_path_buf(),
                     tensor: view.name.to_string(),
                     reason: e.to_string(),
                 })
-            })
+            });
+            // The band is held as f32 now: its mapped pages leave the resident set, so a
+            // tensor costs a band of memory, not its whole size (a second read of the band
+            // faults them back in from the page cache).
+            let start = band.as_ptr() as usize - file.bytes().as_ptr() as usize;
+            file.release_bytes(start, start + band.len());
+            widened
         };
         match order {
             RowOrder::Torch => widen(dst),
