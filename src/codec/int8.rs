@@ -221,6 +221,40 @@ pub fn encode_rowwise(
     Ok((codes, scales))
 }
 
+/// LightX2V's lower clamp of a row's `max|W|` (`QuantWeightINT8` / `QuantWeightFP8`:
+/// `amax(dim=1).clamp(min=1e-5)`).
+pub const LIGHTX2V_MIN_AMAX: f32 = 1e-5;
+
+/// LightX2V's `QuantWeightINT8.load_int8_weight` (ModelTC/LightX2V @f8aee98
+/// `tools/convert/quant/quant.py`) on a row-major `[rows, cols]` f32 weight: per row
+/// `scale = max(max|W|, 1e-5) / 127`, codes `round_half_even(W / scale)` clamped to
+/// `[-128, 127]`. Returns the codes and the `rows` scales (stored `[rows, 1]`).
+pub fn encode_rowwise_lightx2v(
+    w: &[f32],
+    rows: usize,
+    cols: usize,
+) -> Result<(Vec<u8>, Vec<f32>), CodecError> {
+    check_len("INT8 input", mul(rows, cols, "INT8 input size")?, w.len())?;
+    check_finite(w)?;
+    let mut codes = vec![0u8; w.len()];
+    let mut scales = vec![LIGHTX2V_MIN_AMAX / QMAX; rows];
+    if cols == 0 {
+        return Ok((codes, scales));
+    }
+    let rows_iter = w.chunks_exact(cols).zip(codes.chunks_exact_mut(cols));
+    for ((row, out), s) in rows_iter.zip(&mut scales) {
+        *s = row
+            .iter()
+            .fold(0f32, |m, x| m.max(x.abs()))
+            .max(LIGHTX2V_MIN_AMAX)
+            / QMAX;
+        for (o, &x) in out.iter_mut().zip(row) {
+            *o = quantize_one(x, *s);
+        }
+    }
+    Ok((codes, scales))
+}
+
 /// `quantize_int8_convrot_weight(w, group)`: the rotated weight `W·Hᵀ` per group (exact,
 /// rounded once to f32), quantized per row. Returns the codes and the `rows` scales.
 pub fn encode_convrot(
