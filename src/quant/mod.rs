@@ -11,5 +11,6 @@ pub mod base;
 pub mod convention;
 pub mod encode;
 pub mod inspect;
+pub mod layer_codec;
 pub mod layers;
 pub mod rules;
