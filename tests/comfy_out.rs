@@ -70,24 +70,26 @@ fn sha256(b: &[u8]) -> String {
         .collect()
 }
 
-/// Every stored tensor of the reference file (index.json `stored`) is in `got` with the same
-/// dtype, shape and bytes, and `got` holds nothing else.
+/// Every tensor of `want` (name → dtype, shape, sha256 of the stored bytes, as the golden
+/// index.json files record them) is in `got` with the same dtype, shape and bytes, and `got`
+/// holds nothing else.
+fn assert_stored(got: &SafetensorsFile, want: &serde_json::Map<String, Value>, what: &str) {
+    assert_eq!(got.infos().len(), want.len(), "{what}: tensor count");
+    for (name, t) in want {
+        let v = (got.view(name)).unwrap_or_else(|| panic!("{what}: {name} missing"));
+        assert_eq!(v.dtype.as_str(), t["dtype"], "{what}: {name} dtype");
+        let shape: Vec<usize> = serde_json::from_value(t["shape"].clone()).unwrap();
+        assert_eq!(v.shape, shape.as_slice(), "{what}: {name} shape");
+        assert_eq!(sha256(v.bytes), t["sha256"], "{what}: {name} bytes");
+    }
+}
+
+/// [`assert_stored`] against a golden/quant_base file (index.json `stored`).
 fn assert_stored_as_reference(got: &SafetensorsFile, golden: &str) {
     let index: Value =
         serde_json::from_slice(&fs_err::read(quant_base("index.json")).unwrap()).unwrap();
-    let want = index["files"][golden]["stored"]["tensors"]
-        .as_object()
-        .unwrap();
-    assert_eq!(got.infos().len(), want.len(), "{golden}: tensor count");
-    for (name, t) in want {
-        let v = got
-            .view(name)
-            .unwrap_or_else(|| panic!("{golden}: {name} missing"));
-        assert_eq!(v.dtype.as_str(), t["dtype"], "{golden}: {name} dtype");
-        let shape: Vec<usize> = serde_json::from_value(t["shape"].clone()).unwrap();
-        assert_eq!(v.shape, shape.as_slice(), "{golden}: {name} shape");
-        assert_eq!(sha256(v.bytes), t["sha256"], "{golden}: {name} bytes");
-    }
+    let want = index["files"][golden]["stored"]["tensors"].as_object();
+    assert_stored(got, want.unwrap(), golden);
 }
 
 /// A `comfy:*` file's header names exactly the layers that carry a `comfy_quant`, with the
@@ -215,8 +217,18 @@ fn small_lora(path: &Path) {
 
 /// The source with `name`'s values replaced by `f(index, value)`.
 fn source_with(path: &Path, name: &str, f: impl Fn(usize, f32) -> f32) {
+    source_plus(path, name, f, None);
+}
+
+/// [`source_with`], and `extra` added (values 0.5).
+fn source_plus(
+    path: &Path,
+    name: &str,
+    f: impl Fn(usize, f32) -> f32,
+    extra: Option<(&str, Vec<usize>)>,
+) {
     let src = SafetensorsFile::open(&source()).unwrap();
-    let tensors: Vec<(String, Vec<usize>, Vec<f32>)> = (src.infos().iter())
+    let mut tensors: Vec<(String, Vec<usize>, Vec<f32>)> = (src.infos().iter())
         .map(|i| {
             let v = src.view(&i.name).unwrap();
             let mut x = v.to_f32().unwrap();
@@ -226,6 +238,10 @@ fn source_with(path: &Path, name: &str, f: impl Fn(usize, f32) -> f32) {
             (i.name.clone(), v.shape.to_vec(), x)
         })
         .collect();
+    if let Some((n, shape)) = extra {
+        let len = shape.iter().product();
+        tensors.push((n.to_string(), shape, vec![0.5; len]));
+    }
     let refs: Vec<(&str, Vec<usize>, Vec<f32>)> = (tensors.iter())
         .map(|(n, s, v)| (n.as_str(), s.clone(), v.clone()))
         .collect();
@@ -245,6 +261,10 @@ fn weights_the_reference_quantizers_turn_into_nan_are_refused_with_nothing_writt
     source_with(&tiny, key, |j, x| if j < 32 { 1e-40 } else { x });
     let nan = d.path().join("nan.safetensors");
     source_with(&nan, key, |j, x| if j == 70 { f32::NAN } else { x });
+    // an Animate face-encoder tensor: LightX2V's wan_dit converter deletes keys with "ca"
+    let ca = d.path().join("ca.safetensors");
+    let conv = "face_encoder.conv1_local.conv.weight";
+    source_plus(&ca, key, |_, x| x, Some((conv, vec![64, 16, 3])));
     for (input, to, reason) in [
         (&zero, "comfy:fp8", "max |W| is 0"),
         (&zero, "comfy:nvfp4", "max |W| is 0"),
@@ -255,6 +275,7 @@ fn weights_the_reference_quantizers_turn_into_nan_are_refused_with_nothing_writt
             "lightx2v:fp8",
             "value NaN at element 70 is not finite",
         ),
+        (&ca, "lightx2v:int8", "deletes every key containing \"ca\""),
     ] {
         let out = d.path().join("out");
         let args = [
@@ -267,7 +288,8 @@ fn weights_the_reference_quantizers_turn_into_nan_are_refused_with_nothing_writt
         ];
         let (code, _, stderr) = parts(&run(d.path(), &args));
         assert_eq!(code, 1, "{to}: {stderr}");
-        for needle in [input.to_str().unwrap(), key, reason] {
+        let named = if input == &ca { conv } else { key };
+        for needle in [input.to_str().unwrap(), named, reason] {
             assert!(stderr.contains(needle), "{to}: `{needle}` not in: {stderr}");
         }
         assert_eq!(
@@ -284,5 +306,36 @@ fn weights_the_reference_quantizers_turn_into_nan_are_refused_with_nothing_writt
         (&tiny, "comfy:fp8"),
     ] {
         convert_to(d.path(), input, to, &[], "1");
+    }
+}
+
+/// Real WAN shapes (1.3B, 2 blocks; T2V and I2V with `k_img` / `v_img`): `synth` then
+/// `convert --to`, every stored tensor against the digests of the files comfy-kitchen and
+/// LightX2V made from the same f32 weights (golden/comfy_out_golden.py, index.json).
+#[test]
+fn real_wan_shapes_are_byte_identical_to_the_reference_tools() {
+    let index: Value =
+        serde_json::from_slice(&fs_err::read(repo().join("golden/comfy_out/index.json")).unwrap())
+            .unwrap();
+    let synth: Vec<String> = serde_json::from_value(index["synth"].clone()).unwrap();
+    let d = tmp();
+    for (key, entry) in index["models"].as_object().unwrap() {
+        let model = entry["model"].as_str().unwrap();
+        let input = d.path().join(key);
+        let mut args = vec!["synth", "--model", model, "--out", input.to_str().unwrap()];
+        args.extend(synth.iter().map(String::as_str));
+        ok(run(d.path(), &args));
+        for (to, want) in entry["outputs"].as_object().unwrap() {
+            let extra: &[&str] = if to.starts_with("lightx2v:") {
+                &["--dtype", "bf16"]
+            } else {
+                &[]
+            };
+            let sub = d.path().join(format!("{key}_out"));
+            fs_err::create_dir_all(&sub).unwrap();
+            let out = convert_to(&sub, &input, to, extra, "2");
+            let f = SafetensorsFile::open(&weights_in(&out)).unwrap();
+            assert_stored(&f, want.as_object().unwrap(), &format!("{key} {to}"));
+        }
     }
 }

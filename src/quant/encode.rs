@@ -285,16 +285,6 @@ pub fn plan(
             skipped.push(name.clone());
             continue;
         }
-        let lightx2v = matches!(
-            options.format,
-            QuantFormat::LightX2vInt8 | QuantFormat::LightX2vFp8
-        );
-        if lightx2v && (name.contains("ca") || name.contains("audio")) {
-            return Err(QuantError::LightX2vIgnored {
-                key: name.clone(),
-                format: options.format,
-            });
-        }
         if is_animate_module(name) && layout != Layout::Wan {
             return Err(QuantError::Animate { key: name.clone() });
         }
@@ -322,6 +312,18 @@ pub fn plan(
         };
         let (wan, _) = entry.stored_name(Layout::Wan, block);
         tensors.push((wan, name, shape, *dt));
+    }
+    // LightX2V's converter deletes these original-Wan names: refused, not dropped.
+    let lightx2v = matches!(
+        options.format,
+        QuantFormat::LightX2vInt8 | QuantFormat::LightX2vFp8
+    );
+    let ignored = |wan: &str| wan.contains("ca") || wan.contains("audio");
+    if let Some((_, key, _, _)) = tensors.iter().find(|t| lightx2v && ignored(&t.0)) {
+        return Err(QuantError::LightX2vIgnored {
+            key: key.to_string(),
+            format: options.format,
+        });
     }
     // llama-quantize visits tensors in byte-wise name order, and a K mix's "first N" v
     // projections are counted in that order (spec quant_formats.md K.2).
