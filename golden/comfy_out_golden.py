@@ -34,6 +34,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from fractions import Fraction
+
+import numpy as np  # noqa: F401 (also through quant_base_golden)
 import torch
 from safetensors import safe_open
 
@@ -47,6 +50,7 @@ SYNTH = ["--layers", "2", "--seed", "41"]
 BLOCK_LINEAR = re.compile(
     r"blocks\.\d+\.(?:(?:self|cross)_attn\.(?:[qkvo]|[kv]_img)|ffn\.[02])\.weight")
 COMFY_FORMATS = ("fp8", "nvfp4", "mxfp8", "int8")
+GROUP = 256
 LIGHTX2V_FORMATS = ("int8", "fp8")
 
 
@@ -61,6 +65,87 @@ def f32_source(wanbake: str, model: str, d: Path) -> Path:
 def load(path: Path) -> dict:
     with safe_open(str(path), "np") as f:
         return {k: f.get_tensor(k) for k in f.keys()}
+
+
+# ------------------------------------------------------ ConvRot: the exact rule (issue 41)
+# comfy-kitchen rotates with an f32 matmul whose last bits depend on the BLAS kernel, so its
+# bytes are not reproducible; the oracle is the exact rotation: per group of 256 inputs
+# W_rot = W @ H.T with H = kron^4(H4) / 16, computed in integers; row scale
+# clamp(f32(max |W_rot|) / 127, 1e-30) (f32 rounding of the exact maximum, then torch's f32
+# division); code = round_half_even(W_rot / scale) of the exact quotient, clamped.
+
+CONVROT_ROWS = 8  # the first and the last 8 rows of every block Linear (rows are independent)
+TWO = Fraction(2)
+
+
+def fwht(a: list) -> None:
+    """In place: the unnormalised kron^m(H4) product of one group (Python ints: exact)."""
+    n, stride = len(a), 1
+    while stride < n:
+        for base in range(0, n, 4 * stride):
+            for k in range(base, base + stride):
+                p, q, r, t = a[k], a[k + stride], a[k + 2 * stride], a[k + 3 * stride]
+                a[k], a[k + stride] = p + q + r - t, p + q - r + t
+                a[k + 2 * stride], a[k + 3 * stride] = p - q + r + t, q + r + t - p
+        stride *= 4
+
+
+def rne(x: Fraction) -> int:
+    f = x.numerator // x.denominator
+    rest = x - f
+    return f + (1 if rest > Fraction(1, 2) or (rest == Fraction(1, 2) and f % 2) else 0)
+
+
+def f32_of(x: Fraction) -> np.float32:
+    """x rounded once to f32 (nearest even; the normal range, asserted)."""
+    if x == 0:
+        return np.float32(0.0)
+    e = x.numerator.bit_length() - x.denominator.bit_length()
+    e += 1 if x >= TWO ** (e + 1) else (-1 if x < TWO ** e else 0)
+    assert -126 <= e <= 127, e
+    return np.float32(rne(x / TWO ** (e - 23)) * 2.0 ** (e - 23))
+
+
+def convrot_row(row: np.ndarray) -> tuple[np.ndarray, np.float32]:
+    """The exact rule on one row of f32 weights: codes and scale."""
+    a = [int(Fraction(float(v)) * 2 ** 149) for v in row]  # every f32 is a multiple of 2^-149
+    for g in range(0, len(a), GROUP):
+        part = a[g:g + GROUP]
+        fwht(part)
+        a[g:g + GROUP] = part
+    unit = TWO ** -(149 + 4)  # H = kron^4(H4) / sqrt(256)
+    amax = f32_of(max(abs(x) for x in a) * unit)
+    s = max(np.float32(amax / np.float32(127.0)), np.float32(1e-30))
+    fs = Fraction(float(s))
+    codes = np.array([max(-128, min(127, rne(x * unit / fs))) for x in a], dtype=np.int8)
+    return codes, s
+
+
+def convrot_rows(src: dict, c) -> dict:
+    """Per block Linear: sha256 of the exact rule's codes (I8 bytes) and scales (F32 bytes) on
+    the first and the last CONVROT_ROWS rows, and how comfy-kitchen's own bytes on those rows
+    compare (codes that differ: by how much, and how far the exact quotient is from a tie)."""
+    ck = qbg.comfy_state_dict(c, src, "int8_convrot")
+    out = {}
+    for name in sorted(n for n in src if BLOCK_LINEAR.fullmatch(n)):
+        w = src[name]
+        rows = list(range(CONVROT_ROWS)) + list(range(w.shape[0] - CONVROT_ROWS, w.shape[0]))
+        res = [convrot_row(w[r]) for r in rows]
+        codes = np.stack([q for q, _ in res])
+        scales = np.array([s for _, s in res], dtype=np.float32)
+        layer = name[:-len(".weight")]
+        ck_q = ck[name].numpy()[rows]
+        ck_s = ck[f"{layer}.weight_scale"].numpy()[rows, 0]
+        diff = np.argwhere(ck_q != codes)
+        out[name] = {
+            "rows": rows,
+            "codes_sha256": qbg.sha(codes.tobytes()),
+            "scales_sha256": qbg.sha(scales.astype("<f4").tobytes()),
+            "comfy_kitchen_codes_differ": int(len(diff)),
+            "comfy_kitchen_max_code_diff": int(np.abs(ck_q.astype(int) - codes).max()),
+            "comfy_kitchen_scales_differ": int((ck_s != scales).sum()),
+        }
+    return out
 
 
 def main(wanbake: str) -> None:
@@ -87,6 +172,8 @@ def main(wanbake: str) -> None:
                 qbg.save_st(sd, out)
                 entry["outputs"][f"comfy:{fmt}"] = qbg.stored_info(out)["tensors"]
                 print(key, fmt, len(sd), flush=True)
+            entry["convrot"] = convrot_rows(src, c)
+            print(key, "convrot", flush=True)
             for fmt in LIGHTX2V_FORMATS:
                 out = d / f"lightx2v_{fmt}.safetensors"
                 qbg.lightx2v_file(fmt, path, out)

@@ -126,7 +126,7 @@ pub struct OutputSpec {
     #[serde(default)]
     pub overwrite: bool,
     /// A quantized output: `fp8-scaled`, `gguf:<type>` (spec quant_formats.md),
-    /// `comfy:fp8|nvfp4|mxfp8|int8` or `lightx2v:int8|fp8` (quant_formats_2026.md), one file
+    /// `comfy:fp8|nvfp4|mxfp8|int8|int8-convrot` or `lightx2v:int8|fp8` (quant_formats_2026.md), one file
     /// with original-Wan names; or `orbax`: MaxDiffusion's pretrained Orbax cache (`layout`
     /// `nnx-scanned` (default) or `nnx`, `dtype` its weights_dtype, bf16 by default; no
     /// checks).

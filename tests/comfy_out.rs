@@ -339,3 +339,101 @@ fn real_wan_shapes_are_byte_identical_to_the_reference_tools() {
         }
     }
 }
+
+/// `comfy:int8-convrot` on real WAN shapes: the first and last rows of every block Linear
+/// hold exactly the codes and scales of the exact rotation rule (golden/comfy_out_golden.py
+/// computes it in Python integers and fractions, and records how comfy-kitchen's own,
+/// BLAS-rounded, bytes compare: within one code of it), every other tensor is `comfy:int8`'s.
+#[test]
+fn convrot_on_real_wan_shapes_is_the_exact_rotation() {
+    let index: Value =
+        serde_json::from_slice(&fs_err::read(repo().join("golden/comfy_out/index.json")).unwrap())
+            .unwrap();
+    let synth: Vec<String> = serde_json::from_value(index["synth"].clone()).unwrap();
+    let d = tmp();
+    for (key, entry) in index["models"].as_object().unwrap() {
+        let input = d.path().join(key);
+        let model = entry["model"].as_str().unwrap();
+        let mut args = vec!["synth", "--model", model, "--out", input.to_str().unwrap()];
+        args.extend(synth.iter().map(String::as_str));
+        ok(run(d.path(), &args));
+        let sub = d.path().join(format!("{key}_out"));
+        fs_err::create_dir_all(&sub).unwrap();
+        let out = convert_to(&sub, &input, "comfy:int8-convrot", &[], "1");
+        let f = SafetensorsFile::open(&weights_in(&out)).unwrap();
+        let convrot = entry["convrot"].as_object().unwrap();
+        let int8 = entry["outputs"]["comfy:int8"].as_object().unwrap();
+        assert_eq!(f.infos().len(), int8.len(), "{key}: tensor count");
+        for (name, t) in int8 {
+            let layer = name.rsplit_once('.').map_or("", |p| p.0);
+            if convrot.contains_key(&format!("{layer}.weight")) {
+                continue; // the layer's own tensors: below
+            }
+            let v = f.view(name).unwrap();
+            assert_eq!(sha256(v.bytes), t["sha256"], "{key}: {name}");
+        }
+        for (name, t) in convrot {
+            let w = f.view(name).unwrap();
+            let layer = name.strip_suffix(".weight").unwrap();
+            let s = f.view(&format!("{layer}.weight_scale")).unwrap();
+            assert_eq!(
+                (w.dtype.as_str(), s.dtype.as_str()),
+                ("I8", "F32"),
+                "{key}: {name}"
+            );
+            assert_eq!(s.shape, [w.shape[0], 1], "{key}: {name}");
+            let rows: Vec<usize> = serde_json::from_value(t["rows"].clone()).unwrap();
+            let k = w.shape[1];
+            let codes: Vec<u8> = rows
+                .iter()
+                .flat_map(|&r| w.bytes[r * k..][..k].to_vec())
+                .collect();
+            let scales: Vec<u8> = rows
+                .iter()
+                .flat_map(|&r| s.bytes[r * 4..][..4].to_vec())
+                .collect();
+            assert_eq!(sha256(&codes), t["codes_sha256"], "{key}: {name} codes");
+            assert_eq!(sha256(&scales), t["scales_sha256"], "{key}: {name} scales");
+            assert!(
+                t["comfy_kitchen_max_code_diff"].as_u64().unwrap() <= 1,
+                "{name}"
+            );
+            let marker = f.view(&format!("{layer}.comfy_quant")).unwrap().bytes;
+            let want =
+                r#"{"format": "int8_tensorwise", "convrot": true, "convrot_groupsize": 256}"#;
+            assert_eq!(marker, want.as_bytes(), "{key}: {name}");
+        }
+        let header = f.metadata().get("_quantization_metadata").unwrap();
+        let h: Value = serde_json::from_str(header).unwrap();
+        let first = format!(
+            "{}",
+            convrot
+                .keys()
+                .next()
+                .unwrap()
+                .strip_suffix(".weight")
+                .unwrap()
+        );
+        assert_eq!(h["layers"][&first]["convrot"], true, "{key}");
+        assert_eq!(
+            h["layers"].as_object().unwrap().len(),
+            convrot.len(),
+            "{key}"
+        );
+    }
+    // in_features not a multiple of 256 (the small model's 64): refused as comfy-kitchen
+    // raises, nothing written
+    let src = source();
+    let args = [
+        "convert",
+        src.to_str().unwrap(),
+        "--to",
+        "comfy:int8-convrot",
+        "--out",
+        "o",
+    ];
+    let (code, _, stderr) = parts(&run(d.path(), &args));
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("is not a multiple of 256"), "{stderr}");
+    assert!(!d.path().join("o").exists());
+}

@@ -102,7 +102,7 @@ pub struct Args {
     #[arg(long)]
     pub json: bool,
     /// Quantize the merged f32 weights for ComfyUI: one scaled-fp8 .safetensors, one
-    /// ComfyUI-GGUF .gguf, one ComfyUI mixed-precision (comfy:fp8|nvfp4|mxfp8|int8) or one
+    /// ComfyUI-GGUF .gguf, one ComfyUI mixed-precision (comfy:fp8|nvfp4|mxfp8|int8|int8-convrot) or one
     /// LightX2V (lightx2v:int8|fp8) .safetensors, original-Wan names (`wanbake convert --help`). One pass: each
     /// merged tensor is quantized as it is written. --dtype is then the high-precision
     /// type: fp8-scaled's (default f16), comfy:*'s (default bf16), lightx2v:*'s (default

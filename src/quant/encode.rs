@@ -488,8 +488,8 @@ impl QuantPlan {
                             shape: lt.shape,
                         });
                     }
-                    if let Some(f) = codec.comfy_format() {
-                        layers.push((layer, f));
+                    if let Some(conf) = codec.comfy_quant() {
+                        layers.push((layer, conf));
                     }
                 }
                 Encoding::Plain(d) => planned.push(PlannedTensor {
@@ -504,7 +504,7 @@ impl QuantPlan {
         }
         if !layers.is_empty() {
             let header = crate::quant::layer_codec::quantization_metadata(
-                layers.iter().map(|(l, f)| (*l, *f)),
+                layers.iter().map(|(l, c)| (*l, c.as_str())),
             );
             metadata.insert(crate::quant::convention::QUANT_METADATA.into(), header);
         }

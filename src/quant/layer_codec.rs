@@ -19,12 +19,15 @@
 //! | comfy nvfp4 | U8 [pad16(n), pad16(k)/2] | F8_E4M3 swizzled [128⌈·⌉, 4⌈·⌉] | `weight_scale_2` F32 [], `comfy_quant` `{"format": "nvfp4"}` |
 //! | comfy mxfp8 | F8_E4M3 [pad32(n), pad32(k)] | U8 (E8M0 bytes) swizzled | `comfy_quant` `{"format": "mxfp8"}` |
 //! | comfy int8 | I8 [n, k] | F32 [n, 1] per row | `comfy_quant` `{"format": "int8_tensorwise"}` |
+//! | comfy int8 ConvRot | I8 [n, k] (rotated) | F32 [n, 1] per row | `comfy_quant` `{"format": "int8_tensorwise", "convrot": true, "convrot_groupsize": 256}` |
 //! | lightx2v int8 / fp8 | I8 / F8_E4M3 [n, k] | F32 [n, 1] per row | none |
 //!
 //! Shapes: NVFP4 and MXFP8 pad a dimension that is not a multiple of their block with zeros
 //! (comfy-kitchen's `TensorCoreNVFP4Layout` / `TensorCoreMXFP8Layout` `quantize` with
 //! `pad_16x` / `pad_32x`, and ComfyUI loads the padded storage against the module's shape),
-//! so no shape is refused; fp8, int8 and LightX2V have no block. Refused, with the reason:
+//! so no shape is refused; fp8, int8 and LightX2V have no block. ConvRot refuses
+//! `in_features` not a multiple of 256, as comfy-kitchen's `_rotate_weight` raises. Refused,
+//! with the reason:
 //! an all-zero weight under comfy fp8 or nvfp4 (comfy-kitchen's per-tensor scale is 0 and it
 //! writes NaN codes) and an MXFP8 block below 448·2^-127 (`codec::mxfp8::encode`).
 //!
@@ -50,11 +53,18 @@ pub enum LayerCodec {
     ComfyMxfp8,
     /// comfy-kitchen `TensorWiseINT8Layout` (`int8_tensorwise`), `per_channel=True`.
     ComfyInt8,
+    /// comfy-kitchen `TensorWiseINT8Layout` with `convrot=True, convrot_groupsize=256`, the
+    /// rotation done exactly (`codec::int8::encode_convrot`).
+    ComfyInt8ConvRot,
     /// LightX2V `QuantWeightINT8`.
     LightX2vInt8,
     /// LightX2V `QuantWeightFP8` (qtorch rounding).
     LightX2vFp8,
 }
+
+/// ConvRot's Hadamard group (comfy-kitchen's default `convrot_groupsize`, what Comfy-Org's
+/// WAN file uses); `in_features` must be a multiple of it.
+pub const CONVROT_GROUP: usize = 256;
 
 /// The `.weight` suffix of a layer's stored weight.
 const WEIGHT: &str = ".weight";
@@ -89,6 +99,7 @@ impl LayerCodec {
             QuantFormat::ComfyNvfp4 => LayerCodec::ComfyNvfp4,
             QuantFormat::ComfyMxfp8 => LayerCodec::ComfyMxfp8,
             QuantFormat::ComfyInt8 => LayerCodec::ComfyInt8,
+            QuantFormat::ComfyInt8ConvRot => LayerCodec::ComfyInt8ConvRot,
             QuantFormat::LightX2vInt8 => LayerCodec::LightX2vInt8,
             QuantFormat::LightX2vFp8 => LayerCodec::LightX2vFp8,
             _ => return None,
@@ -102,22 +113,32 @@ impl LayerCodec {
             LayerCodec::ComfyNvfp4 => "comfy nvfp4",
             LayerCodec::ComfyMxfp8 => "comfy mxfp8",
             LayerCodec::ComfyInt8 => "comfy int8_tensorwise",
+            LayerCodec::ComfyInt8ConvRot => "comfy int8_tensorwise convrot",
             LayerCodec::LightX2vInt8 => "lightx2v int8",
             LayerCodec::LightX2vFp8 => "lightx2v fp8",
         }
     }
 
-    /// The `format` of the layer's `comfy_quant` marker (ComfyUI's `QUANT_ALGOS` key);
-    /// `None` for LightX2V, whose files carry no marker.
-    pub fn comfy_format(self) -> Option<&'static str> {
+    /// The layer's `comfy_quant` JSON as ComfyUI's `_quantized_weight_state_dict` writes it
+    /// (`json.dumps(quant_conf)`: `{"format": ...}`, ConvRot then `"convrot": true,
+    /// "convrot_groupsize": 256`, Python's `", "` / `": "` separators); `None` for LightX2V,
+    /// whose files carry no marker.
+    pub fn comfy_quant(self) -> Option<String> {
         use crate::quant::convention as c;
-        match self {
-            LayerCodec::ComfyFp8 => Some(c::COMFY_FORMAT_FP8),
-            LayerCodec::ComfyNvfp4 => Some(c::COMFY_FORMAT_NVFP4),
-            LayerCodec::ComfyMxfp8 => Some(c::COMFY_FORMAT_MXFP8),
-            LayerCodec::ComfyInt8 => Some(c::COMFY_FORMAT_INT8),
-            LayerCodec::LightX2vInt8 | LayerCodec::LightX2vFp8 => None,
-        }
+        let format = match self {
+            LayerCodec::ComfyFp8 => c::COMFY_FORMAT_FP8,
+            LayerCodec::ComfyNvfp4 => c::COMFY_FORMAT_NVFP4,
+            LayerCodec::ComfyMxfp8 => c::COMFY_FORMAT_MXFP8,
+            LayerCodec::ComfyInt8 | LayerCodec::ComfyInt8ConvRot => c::COMFY_FORMAT_INT8,
+            LayerCodec::LightX2vInt8 | LayerCodec::LightX2vFp8 => return None,
+        };
+        let convrot = match self {
+            LayerCodec::ComfyInt8ConvRot => {
+                format!(", \"convrot\": true, \"convrot_groupsize\": {CONVROT_GROUP}")
+            }
+            _ => String::new(),
+        };
+        Some(format!("{{\"format\": {}{convrot}}}", json_str(format)))
     }
 
     /// True when the whole tensor's `max|W|` is needed before any band is encoded.
@@ -193,17 +214,19 @@ impl LayerCodec {
                     ),
                 ]
             }
-            LayerCodec::ComfyInt8 | LayerCodec::LightX2vInt8 => vec![
-                t(WEIGHT, DType::I8, &[n, k]),
-                t(WEIGHT_SCALE, DType::F32, &[n, 1]),
-            ],
+            LayerCodec::ComfyInt8 | LayerCodec::ComfyInt8ConvRot | LayerCodec::LightX2vInt8 => {
+                vec![
+                    t(WEIGHT, DType::I8, &[n, k]),
+                    t(WEIGHT_SCALE, DType::F32, &[n, 1]),
+                ]
+            }
             LayerCodec::LightX2vFp8 => vec![
                 t(WEIGHT, DType::F8_E4M3, &[n, k]),
                 t(WEIGHT_SCALE, DType::F32, &[n, 1]),
             ],
         };
-        if let Some(format) = self.comfy_format() {
-            v.push(t(COMFY_QUANT, DType::U8, &[comfy_quant(format).len()]));
+        if let Some(marker) = self.comfy_quant() {
+            v.push(t(COMFY_QUANT, DType::U8, &[marker.len()]));
         }
         Ok(v)
     }
@@ -274,45 +297,42 @@ impl LayerCodec {
                 parts.push(part(WEIGHT, r0 * e.stored[1], e.codes));
                 parts.push(part(WEIGHT_SCALE, r0 * e.scale_shape[1], e.scales));
             }
-            LayerCodec::ComfyInt8 | LayerCodec::LightX2vInt8 | LayerCodec::LightX2vFp8 => {
+            _ => {
                 let (q, s) = match self {
                     LayerCodec::ComfyInt8 => int8::encode_rowwise(w, rows, k)?,
+                    LayerCodec::ComfyInt8ConvRot => {
+                        int8::encode_convrot(w, rows, k, CONVROT_GROUP)?
+                    }
                     LayerCodec::LightX2vInt8 => int8::encode_rowwise_lightx2v(w, rows, k)?,
                     _ => mxfp8::encode_fp8_rowwise_lightx2v(w, rows, k)?,
                 };
-                if self == LayerCodec::LightX2vFp8 {
-                    mxfp8::decode_fp8_rowwise_into(&q, &s, rows, k, y)?;
-                } else {
-                    int8::decode_into(&q, int8::Scale::Rows(&s), rows, k, y)?;
+                match self {
+                    LayerCodec::LightX2vFp8 => mxfp8::decode_fp8_rowwise_into(&q, &s, rows, k, y)?,
+                    LayerCodec::ComfyInt8ConvRot => {
+                        let s = int8::Scale::Rows(&s);
+                        int8::decode_convrot_into(&q, s, rows, k, CONVROT_GROUP, y)?
+                    }
+                    _ => int8::decode_into(&q, int8::Scale::Rows(&s), rows, k, y)?,
                 }
                 parts.push(part(WEIGHT, r0 * k, q));
                 parts.push(part(WEIGHT_SCALE, r0 * 4, f32_bytes(&s)));
             }
         }
-        if let (Some(format), 0) = (self.comfy_format(), r0) {
-            parts.push(part(COMFY_QUANT, 0, comfy_quant(format)));
+        if let (Some(marker), 0) = (self.comfy_quant(), r0) {
+            parts.push(part(COMFY_QUANT, 0, marker.into_bytes()));
         }
         Ok(parts)
     }
 }
 
-/// A layer's `comfy_quant` bytes as ComfyUI writes them:
-/// `json.dumps({"format": format})` (Python's `", "` / `": "` separators), UTF-8, no NUL.
-pub fn comfy_quant(format: &str) -> Vec<u8> {
-    format!("{{\"format\": {}}}", json_str(format)).into_bytes()
-}
-
 /// The `_quantization_metadata` header value of a file whose quantized layers are
-/// `layers` (`(layer, comfy format)`), as `convert_old_quants` reads it and as
+/// `layers` (`(layer, comfy_quant JSON)`), as `convert_old_quants` reads it and as
 /// convert_to_quant's `--save-quant-metadata` writes it beside the markers:
-/// `json.dumps({"format_version": "1.0", "layers": {<L>: {"format": f}, ...}})`, layers in
-/// the order given.
+/// `json.dumps({"format_version": "1.0", "layers": {<L>: conf, ...}})`, layers in the order
+/// given.
 pub fn quantization_metadata<'a>(layers: impl Iterator<Item = (&'a str, &'a str)>) -> String {
     let entries: Vec<String> = layers
-        .map(|(l, f)| {
-            let marker = String::from_utf8(comfy_quant(f)).unwrap_or_default();
-            format!("{}: {marker}", json_str(l))
-        })
+        .map(|(l, conf)| format!("{}: {conf}", json_str(l)))
         .collect();
     format!(
         "{{\"format_version\": \"1.0\", \"layers\": {{{}}}}}",
@@ -331,9 +351,15 @@ mod tests {
 
     #[test]
     fn markers_are_spelled_as_python_json_dumps() {
-        assert_eq!(comfy_quant("nvfp4"), br#"{"format": "nvfp4"}"#);
+        let nv = LayerCodec::ComfyNvfp4.comfy_quant().unwrap();
+        assert_eq!(nv, r#"{"format": "nvfp4"}"#);
+        assert_eq!(
+            LayerCodec::ComfyInt8ConvRot.comfy_quant().unwrap(),
+            r#"{"format": "int8_tensorwise", "convrot": true, "convrot_groupsize": 256}"#
+        );
+        assert_eq!(LayerCodec::LightX2vFp8.comfy_quant(), None);
         let h = quantization_metadata(
-            [("blocks.0.ffn.0", "nvfp4"), ("blocks.0.ffn.2", "nvfp4")].into_iter(),
+            [("blocks.0.ffn.0", &nv[..]), ("blocks.0.ffn.2", &nv)].into_iter(),
         );
         assert_eq!(
             h,
@@ -347,7 +373,7 @@ mod tests {
     /// codec, with a ragged last band and padded shapes.
     #[test]
     fn bands_give_the_whole_tensors_bytes() {
-        let (n, k) = (300, 80);
+        let (n, k) = (300, 256);
         let mut rng = crate::rng::SplitMix64::new(41);
         let w: Vec<f32> = (0..n * k).map(|_| rng.signed_f32()).collect();
         for codec in [
@@ -355,6 +381,7 @@ mod tests {
             LayerCodec::ComfyNvfp4,
             LayerCodec::ComfyMxfp8,
             LayerCodec::ComfyInt8,
+            LayerCodec::ComfyInt8ConvRot,
             LayerCodec::LightX2vInt8,
             LayerCodec::LightX2vFp8,
         ] {

@@ -57,6 +57,8 @@ pub enum QuantFormat {
     ComfyMxfp8,
     /// ComfyUI mixed precision, `int8_tensorwise` block Linears with a per-row scale.
     ComfyInt8,
+    /// ComfyUI mixed precision, `int8_tensorwise` with ConvRot (group-256 Hadamard rotation).
+    ComfyInt8ConvRot,
     /// LightX2V's converter, `--linear_type int8`.
     LightX2vInt8,
     /// LightX2V's converter, `--linear_type fp8`.
@@ -66,7 +68,7 @@ pub enum QuantFormat {
 impl QuantFormat {
     /// Every format, in the order `--help` lists them: a closed set (each GGUF block type is
     /// its own value), so `--to` is a `clap::ValueEnum` like every other enumerated flag.
-    pub const ALL: [QuantFormat; 20] = [
+    pub const ALL: [QuantFormat; 21] = [
         QuantFormat::Fp8Scaled,
         QuantFormat::GgufQ8_0,
         QuantFormat::GgufQ4_0,
@@ -85,6 +87,7 @@ impl QuantFormat {
         QuantFormat::ComfyNvfp4,
         QuantFormat::ComfyMxfp8,
         QuantFormat::ComfyInt8,
+        QuantFormat::ComfyInt8ConvRot,
         QuantFormat::LightX2vInt8,
         QuantFormat::LightX2vFp8,
     ];
@@ -110,6 +113,7 @@ impl QuantFormat {
             QuantFormat::ComfyNvfp4 => "comfy:nvfp4",
             QuantFormat::ComfyMxfp8 => "comfy:mxfp8",
             QuantFormat::ComfyInt8 => "comfy:int8",
+            QuantFormat::ComfyInt8ConvRot => "comfy:int8-convrot",
             QuantFormat::LightX2vInt8 => "lightx2v:int8",
             QuantFormat::LightX2vFp8 => "lightx2v:fp8",
         }
@@ -140,6 +144,7 @@ impl QuantFormat {
             | QuantFormat::ComfyNvfp4
             | QuantFormat::ComfyMxfp8
             | QuantFormat::ComfyInt8
+            | QuantFormat::ComfyInt8ConvRot
             | QuantFormat::LightX2vInt8
             | QuantFormat::LightX2vFp8 => None,
             QuantFormat::GgufF16 => Some(1),
