@@ -245,7 +245,7 @@ impl LayerCodec {
         tensor_scale: Option<f32>,
         y: &mut [f32],
     ) -> Result<Vec<LayerPart>, CodecError> {
-        let rows = if k == 0 { 0 } else { w.len() / k };
+        let rows = w.len().checked_div(k).unwrap_or(0);
         crate::codec::check_len("layer band", rows * k, w.len())?;
         crate::codec::check_multiple("band's first row", r0, self.row_align())?;
         // Refused whatever `--nonfinite` says: no codec here has a code for it.
