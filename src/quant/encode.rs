@@ -223,7 +223,8 @@ pub struct QuantOptions {
     /// `None`, convert.py's own rule: F16, or BF16 from a bf16 source), which the tensors
     /// llama-quantize leaves unquantized keep and `city96_rounding` quantizes: F32 gives the
     /// unquantized 2-D tensors of city96's published Wan 2.1 files (spec quant_formats.md
-    /// K.5). Unused by the plain GGUF formats.
+    /// K.5). Unused by the plain GGUF formats. `comfy:*` / `lightx2v:*`: the dtype of
+    /// every tensor that is not a block Linear weight (`QuantOptions::plain_dtype`).
     pub high_precision: Option<DType>,
     /// GGUF block types: quantize convert.py's step-1 rounding (F16/BF16) of each weight
     /// instead of the f32 weight, for byte-compatibility with city96's two-step files.
