@@ -46,8 +46,8 @@ pub struct OutputOptions {
     pub shard_bytes: Option<u64>,
     /// A quantized output (`--to`, recipe `output.to`): one fp8-scaled, GGUF, `comfy:*` or
     /// `lightx2v:*` file with original-Wan names, each tensor encoded from its f32 value
-    /// (`quant::encode`); `dtype` is its high-precision dtype, `keep_f32`, `layout` and
-    /// `shard_bytes` are then unused.
+    /// (`quant::encode`); `dtype`, `keep_f32`, `layout` and `shard_bytes` are then unused
+    /// (the high-precision dtype is `QuantOptions::high_precision`).
     pub quantize: Option<QuantOptions>,
     /// The container the tensors go in (`--to orbax`: MaxDiffusion's pretrained cache,
     /// `pipeline::orbax`; `layout` is then `nnx` or `nnx-scanned` and `keep_f32`
