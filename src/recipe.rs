@@ -108,7 +108,8 @@ pub struct OutputSpec {
     /// Output directory.
     pub dir: PathBuf,
     /// `bf16`, `f16`, `f32` or `keep` (default `bf16`; with `to`: the high-precision dtype
-    /// of fp8-scaled, default f16, not allowed for GGUF, and Orbax's weights_dtype). Read it through
+    /// of fp8-scaled, default f16; of `comfy:*`, default bf16; of `lightx2v:*`, default f32;
+    /// not allowed for GGUF, and Orbax's weights_dtype). Read it through
     /// [`OutputSpec::dtype`].
     #[serde(default, rename = "dtype", skip_serializing_if = "Option::is_none")]
     pub dtype_field: Option<String>,
@@ -124,7 +125,8 @@ pub struct OutputSpec {
     /// Replace an existing output directory (default false).
     #[serde(default)]
     pub overwrite: bool,
-    /// A quantized output: `fp8-scaled` or `gguf:<type>` (spec quant_formats.md), one file
+    /// A quantized output: `fp8-scaled`, `gguf:<type>` (spec quant_formats.md),
+    /// `comfy:fp8|nvfp4|mxfp8|int8|int8-convrot` or `lightx2v:int8|fp8` (quant_formats_2026.md), one file
     /// with original-Wan names; or `orbax`: MaxDiffusion's pretrained Orbax cache (`layout`
     /// `nnx-scanned` (default) or `nnx`, `dtype` its weights_dtype, bf16 by default; no
     /// checks).

@@ -417,7 +417,7 @@ fn refusals_write_nothing() {
     for (args, want) in [
         (
             vec!["convert", inp, "--to", "gguf:q3_k", "--out", "o"],
-            "invalid value 'gguf:q3_k' for '--to <FORMAT>'\n  [possible values: fp8-scaled, gguf:q8_0, gguf:q4_0, gguf:q5_0, gguf:bf16, gguf:f16, gguf:q2_k, gguf:q3_k_s, gguf:q3_k_m, gguf:q4_k_s, gguf:q4_k_m, gguf:q5_k_s, gguf:q5_k_m, gguf:q6_k, orbax]",
+            "invalid value 'gguf:q3_k' for '--to <FORMAT>'\n  [possible values: fp8-scaled, gguf:q8_0, gguf:q4_0, gguf:q5_0, gguf:bf16, gguf:f16, gguf:q2_k, gguf:q3_k_s, gguf:q3_k_m, gguf:q4_k_s, gguf:q4_k_m, gguf:q5_k_s, gguf:q5_k_m, gguf:q6_k, comfy:fp8, comfy:nvfp4, comfy:mxfp8, comfy:int8, comfy:int8-convrot, lightx2v:int8, lightx2v:fp8, orbax]",
         ),
         (
             vec!["convert", inp, "--to", "gguf:q8_0", "--out", "o.gguf"],
@@ -1553,7 +1553,10 @@ fn every_encoding_and_layout_completes_through_a_one_chunk_window() {
     let lora = repo().join("golden/adapters/peft_plain");
     type Produce = Arc<dyn Fn(&std::path::Path) + Send + Sync>;
     let mut cases: Vec<(String, Produce)> = Vec::new();
-    for to in QuantFormat::ALL {
+    // Every format but ConvRot, which refuses this model's in_features (32, not a multiple of
+    // its 256-group, as comfy-kitchen raises); its 256-wide layers: tests/comfy_out.rs.
+    let formats = || (QuantFormat::ALL.into_iter()).filter(|&f| f != QuantFormat::ComfyInt8ConvRot);
+    for to in formats() {
         let b = base.clone();
         cases.push((
             format!("convert --to {}", to.as_str()),
@@ -1567,8 +1570,8 @@ fn every_encoding_and_layout_completes_through_a_one_chunk_window() {
             }),
         ));
     }
-    let merges: Vec<(String, OutputChoices)> = (QuantFormat::ALL.iter())
-        .map(|&to| {
+    let merges: Vec<(String, OutputChoices)> = formats()
+        .map(|to| {
             let c = OutputChoices {
                 to: Some(to.into()),
                 ..OutputChoices::default()

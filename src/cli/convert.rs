@@ -25,7 +25,10 @@ pub struct Args {
     #[command(flatten)]
     pub dtype: FloatDtypeArg,
     /// A quantized output for ComfyUI: fp8-scaled (one scaled-fp8 .safetensors) or a GGUF
-    /// block type (one ComfyUI-GGUF .gguf), original-Wan names; or orbax: MaxDiffusion's
+    /// block type (one ComfyUI-GGUF .gguf), original-Wan names; comfy:fp8|nvfp4|mxfp8|int8|int8-convrot
+    /// (ComfyUI mixed precision: block Linears quantized with comfy-kitchen's rules, the rest
+    /// in --dtype, default bf16) or lightx2v:int8|fp8 (LightX2V's converter's file, the rest
+    /// in --dtype, default f32), one .safetensors; or orbax: MaxDiffusion's
     /// pretrained Orbax cache (point `pretrained_orbax_dir` at --out; --dtype is its
     /// weights_dtype, bf16 by default, --layout nnx-scanned (default) or nnx).
     #[arg(long, value_enum, value_name = "FORMAT")]

@@ -101,10 +101,12 @@ pub struct Args {
     /// Print the merge report as JSON.
     #[arg(long)]
     pub json: bool,
-    /// Quantize the merged f32 weights for ComfyUI: one scaled-fp8 .safetensors or one
-    /// ComfyUI-GGUF .gguf, original-Wan names (`wanbake convert --help`). One pass: each
+    /// Quantize the merged f32 weights for ComfyUI: one scaled-fp8 .safetensors, one
+    /// ComfyUI-GGUF .gguf, one ComfyUI mixed-precision (comfy:fp8|nvfp4|mxfp8|int8|int8-convrot) or one
+    /// LightX2V (lightx2v:int8|fp8) .safetensors, original-Wan names (`wanbake convert --help`). One pass: each
     /// merged tensor is quantized as it is written. --dtype is then the high-precision
-    /// type: fp8-scaled's (default f16); a GGUF block mix's step-1 type of the 2-D tensors
+    /// type: fp8-scaled's (default f16), comfy:*'s (default bf16), lightx2v:*'s (default
+    /// f32); a GGUF block mix's step-1 type of the 2-D tensors
     /// (default f16, bf16 from a bf16 base; f32 as city96's published Wan 2.1 files hold
     /// them); refused for gguf:bf16|f16.
     /// `orbax`: MaxDiffusion's pretrained Orbax cache of the merged weights (point

@@ -102,6 +102,55 @@ pub fn encode_scaled(w: &[f32], scale: f32, out: &mut [u8]) {
     }
 }
 
+/// comfy-kitchen's `quantize_per_tensor_fp8` (eager, `TensorCoreFP8Layout.quantize` with
+/// `scale="recalculate"`): `scale = max|W| / 448` (one f32 division, no zero guard: the caller
+/// refuses an all-zero weight, whose codes the reference makes NaN), then the codes of
+/// `clamp(W * (1/scale), ±448)`: a product with the f32 reciprocal, not a division (comfy-kitchen
+/// 0.2.40 `backends/eager/quantization.py`: `x * (1.0 / scale).to(x.dtype)`).
+#[track_caller]
+pub fn encode_comfy(w: &[f32], scale: f32, out: &mut [u8]) {
+    assert_eq!(w.len(), out.len(), "encode_comfy: length mismatch");
+    let recip = 1.0 / scale;
+    for (o, &x) in out.iter_mut().zip(w) {
+        *o = f32_to_e4m3fn((x * recip).clamp(-E4M3_MAX, E4M3_MAX));
+    }
+}
+
+/// qtorch 0.3.0's `float_quantize(x, exp=4, man=3, rounding="nearest")` on the CPU
+/// (`quant/quant_cpu/quant_cpu.cpp`, `float_quantize` with `round_bitwise` and
+/// `bit_helper.cpp` `clip_exponent`), which LightX2V's fp8 converter rounds with before its
+/// exact cast to e4m3fn. Not torch's rounding: `round_bitwise` adds half an ulp of the 3-bit
+/// mantissa to the f32 bits and truncates (ties away from zero); below 2^-6 (e4m3's
+/// subnormals) the value is first shifted by `±2^-6` with an f32 addition, rounded the same
+/// way and shifted back with an f32 subtraction, so a negative value that rounds to zero
+/// comes out +0. Values above the largest normal binade clip to `±1.875·2^8`
+/// (`clip_exponent`); LightX2V clips to ±448 before, so that never happens there.
+pub fn round_e4m3_qtorch(x: f32) -> f32 {
+    const MAN: u32 = 3;
+    let round = |bits: u32| {
+        let mask = (1u32 << (23 - MAN)) - 1;
+        bits.wrapping_add(1 << (23 - MAN - 1)) & !mask
+    };
+    let bits = x.to_bits();
+    let exp = ((bits << 1) >> 24) as i32 - 127;
+    const MIN_EXP: i32 = -6; // -((1 << (4 - 1)) - 2)
+    if exp < MIN_EXP {
+        let shift = f32::from_bits((((127 + MIN_EXP) as u32) << 23) | (bits >> 31 << 31));
+        let val = x + shift;
+        return f32::from_bits(round(val.to_bits())) - shift;
+    }
+    let q = round(bits);
+    if q == 0 {
+        return 0.0;
+    }
+    let max_exp_store = (1u32 << 3) + 127;
+    if (q << 1) >> 24 > max_exp_store {
+        let max_man = (u32::MAX << 9 >> 9) >> (23 - MAN) << (23 - MAN);
+        return f32::from_bits((bits >> 31 << 31) | (max_exp_store << 23) | max_man);
+    }
+    f32::from_bits(q)
+}
+
 /// One scaled-fp8 tensor: the `scale_weight` and the codes, row-major like the weight.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ScaledFp8 {
@@ -223,5 +272,21 @@ mod tests {
         let q = quantize_scaled(&[0.0, -0.0, 0.0]);
         assert_eq!(q.scale, 1.0);
         assert_eq!(q.codes, vec![0, 0x80, 0]);
+    }
+
+    #[test]
+    fn qtorch_rounds_ties_away_and_negative_zero_to_plus_zero() {
+        // golden/quant_base/README.md, row 11: LightX2V's ties
+        assert_eq!(round_e4m3_qtorch(1.0625), 1.125);
+        assert_eq!(round_e4m3_qtorch(-1.0625), -1.125);
+        assert_eq!(round_e4m3_qtorch(2f32.powi(-10)), 2f32.powi(-9));
+        assert_eq!(round_e4m3_qtorch(-(2f32.powi(-10))), -(2f32.powi(-9)));
+        assert_eq!(round_e4m3_qtorch(-3.8e-4).to_bits(), 0, "+0, not -0");
+        assert_eq!(round_e4m3_qtorch(-0.0).to_bits(), 0);
+        assert_eq!(round_e4m3_qtorch(447.0), 448.0);
+        assert_eq!(round_e4m3_qtorch(1.06), 1.0);
+        assert_eq!(round_e4m3_qtorch(3.0 * 2f32.powi(-10)), 2f32.powi(-8));
+        // torch's cast rounds the same ties to even
+        assert_eq!(e4m3fn_to_f32(f32_to_e4m3fn(1.0625)), 1.0);
     }
 }

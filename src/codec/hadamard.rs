@@ -107,6 +107,95 @@ pub fn rotate_rows_f32(w: &[f32], cols: usize, group: usize) -> Result<Vec<f32>,
     Ok(tmp.into_iter().map(|x| x as f32).collect())
 }
 
+/// Headroom bits of [`rotate_group_exact`]'s integers: values below `2^(top - EXACT_SPAN)`
+/// of a group's largest (`top` its leading bit) cannot share one `i128` with it.
+pub const EXACT_SPAN: i32 = 126 - 8 - 1;
+
+/// The exact rotation of one group of 256 (or any `4^m ≤ 256`) f32 values: `out[j] · 2^e =
+/// (v·H)[j]` exactly, returned `e`. Every value is written as an integer multiple of the
+/// group's smallest set bit, the ±1 butterflies are summed in `i128` and `/2^m` goes into
+/// the exponent: no rounding anywhere. Refused (`Unrepresentable`): a group whose nonzero
+/// magnitudes span more than [`EXACT_SPAN`] bits (a subnormal beside an O(1) value), which
+/// one `i128` cannot hold; an all-zero group gives zeros and `e = 0`.
+pub fn rotate_group_exact(v: &[f32], out: &mut [i128]) -> Result<i32, CodecError> {
+    let m = log4(v.len())?;
+    if m > 4 {
+        return Err(CodecError::GroupSize(v.len()));
+    }
+    super::check_len("exact rotation output", v.len(), out.len())?;
+    // (integer mantissa, exponent of its unit) of a finite f32
+    let parts = |x: f32| -> (i64, i32) {
+        let b = x.to_bits();
+        let (exp, man) = ((b >> 23) & 0xFF, i64::from(b & 0x7F_FFFF));
+        let (man, e) = if exp == 0 {
+            (man, -149)
+        } else {
+            (man | 0x80_0000, exp as i32 - 150)
+        };
+        (if b >> 31 == 1 { -man } else { man }, e)
+    };
+    let (mut low, mut top) = (i32::MAX, i32::MIN);
+    for &x in v.iter().filter(|x| **x != 0.0) {
+        let (man, e) = parts(x);
+        low = low.min(e + man.trailing_zeros() as i32);
+        top = top.max(e + 63 - man.unsigned_abs().leading_zeros() as i32);
+    }
+    if low == i32::MAX {
+        out.fill(0);
+        return Ok(0);
+    }
+    if top - low > EXACT_SPAN {
+        return Err(CodecError::Unrepresentable(format!(
+            "a ConvRot group whose nonzero magnitudes span 2^{low}..2^{top}: more than the \
+             2^{EXACT_SPAN} wanbake rotates exactly"
+        )));
+    }
+    for (o, &x) in out.iter_mut().zip(v) {
+        let (man, e) = parts(x);
+        // e - low < 0 only where the mantissa's low bits are zero: exact either way
+        let man = i128::from(man);
+        *o = match e - low {
+            _ if x == 0.0 => 0,
+            sh if sh >= 0 => man << sh,
+            sh => man >> -sh,
+        };
+    }
+    butterflies(out);
+    Ok(low - m as i32) // H = H4^{⊗m} / 2^m
+}
+
+/// `a · 2^e` rounded once to f32 (nearest, ties to even; subnormals and overflow to ±inf as
+/// IEEE rounds them).
+pub fn exact_to_f32(a: i128, e: i32) -> f32 {
+    if a == 0 {
+        return 0.0;
+    }
+    let mag = a.unsigned_abs();
+    let bits = 128 - mag.leading_zeros() as i32;
+    let lead = bits - 1 + e; // exponent of the leading bit
+    let f = if lead > 127 {
+        f32::INFINITY
+    } else if lead < -150 {
+        0.0
+    } else {
+        let precision = 24 - (-126 - lead).max(0); // 0..=24 significant bits
+        let shift = bits - precision;
+        let q = if shift <= 0 {
+            mag << -shift
+        } else {
+            // shift ≤ 128 (precision ≥ 0, bits ≤ 128)
+            let q = mag.checked_shr(shift as u32).unwrap_or(0);
+            let rest = mag - q.checked_shl(shift as u32).unwrap_or(0);
+            let half = 1u128 << (shift - 1);
+            q + u128::from(rest > half || (rest == half && q & 1 == 1))
+        };
+        // q ≤ 2^24 and q·2^(e+shift) is an f32 by construction: exact in f64, then in f32
+        let k = e + shift;
+        (q as f64 * f64::from_bits(((1023 + k) as u64) << 52)) as f32
+    };
+    if a < 0 { -f } else { f }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -212,5 +301,42 @@ mod tests {
         for (a, b) in w.iter().zip(&back) {
             assert!((a - b).abs() <= 1e-8, "{a} {b}");
         }
+    }
+
+    #[test]
+    fn exact_rotation_and_rounding() {
+        // f32 rounding of a·2^e: ties to even, subnormals, zero, overflow
+        assert_eq!(exact_to_f32(3, -1), 1.5);
+        assert_eq!(exact_to_f32(-(1 << 24) - 1, 0), -16777216.0, "tie to even");
+        assert_eq!(
+            exact_to_f32((1 << 24) + 3, 0),
+            16777220.0,
+            "tie to even (up)"
+        );
+        assert_eq!(exact_to_f32(1, -149), f32::from_bits(1));
+        assert_eq!(
+            exact_to_f32(1, -150),
+            0.0,
+            "half the smallest subnormal: even"
+        );
+        assert_eq!(exact_to_f32(3, -151), f32::from_bits(1), "above half");
+        assert_eq!(exact_to_f32(3, -150), f32::from_bits(2), "1.5 ulp: even");
+        assert_eq!(exact_to_f32(1, 128), f32::INFINITY);
+        assert_eq!(exact_to_f32(0, 9), 0.0);
+        // against the f64 transform where f64 is exact
+        let mut rng = crate::rng::SplitMix64::new(7);
+        let v: Vec<f32> = (0..256).map(|_| rng.signed_f32()).collect();
+        let mut a = vec![0i128; 256];
+        let e = rotate_group_exact(&v, &mut a).unwrap();
+        let mut x: Vec<f64> = v.iter().map(|&y| y.into()).collect();
+        transform(&mut x).unwrap();
+        for (&ai, &xi) in a.iter().zip(&x) {
+            assert_eq!(exact_to_f32(ai, e), xi as f32);
+        }
+        // a span too wide for one i128 is refused; an all-zero group is zeros
+        let mut wide = vec![0f32; 256];
+        (wide[0], wide[1]) = (1.0, f32::from_bits(1));
+        assert!(rotate_group_exact(&wide, &mut a).is_err());
+        assert_eq!(rotate_group_exact(&[0.0; 16], &mut a[..16]), Ok(0));
     }
 }

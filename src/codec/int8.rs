@@ -26,10 +26,10 @@
 //!   round(x / scale).clamp(-128, 127)` (`_round_int8`: `torch.round`, half to even).
 //! - `quantize_int8_rowwise(x)`: the same per row, scale `[N, 1]`.
 //! - `quantize_int8_convrot_weight(w, group)`: `_rotate_weight(w, H, group)` then
-//!   `quantize_int8_rowwise`. [`encode_convrot`] rotates exactly and rounds the rotated weight
-//!   once to f32 before the same per-row quantization, so its bytes are comfy-kitchen's
-//!   whenever that matmul's f32 results are correctly rounded (a BLAS kernel may differ in
-//!   the last bit, so comfy-kitchen's own bytes are not reproducible across machines).
+//!   `quantize_int8_rowwise`. [`encode_convrot`] rotates exactly and rounds each code from
+//!   the exact rotated value (issue 41's rule), so its bytes are comfy-kitchen's wherever
+//!   that matmul's f32 results round to the same codes (a BLAS kernel may differ in the last
+//!   bit, so comfy-kitchen's own bytes are not reproducible across machines).
 //! - `backends/eager/quantization.py`, `int8_linear` (the forward): rotates the activation
 //!   `x·H` per group, quantizes it per row, multiplies by the stored codes transposed and
 //!   scales by `weight_scale · x_scale`; so the stored codes are the rotated weight and the
@@ -221,8 +221,50 @@ pub fn encode_rowwise(
     Ok((codes, scales))
 }
 
-/// `quantize_int8_convrot_weight(w, group)`: the rotated weight `W·Hᵀ` per group (exact,
-/// rounded once to f32), quantized per row. Returns the codes and the `rows` scales.
+/// LightX2V's lower clamp of a row's `max|W|` (`QuantWeightINT8` / `QuantWeightFP8`:
+/// `amax(dim=1).clamp(min=1e-5)`).
+pub const LIGHTX2V_MIN_AMAX: f32 = 1e-5;
+
+/// LightX2V's `QuantWeightINT8.load_int8_weight` (ModelTC/LightX2V @f8aee98
+/// `tools/convert/quant/quant.py`) on a row-major `[rows, cols]` f32 weight: per row
+/// `scale = max(max|W|, 1e-5) / 127`, codes `round_half_even(W / scale)` clamped to
+/// `[-128, 127]`. Returns the codes and the `rows` scales (stored `[rows, 1]`).
+pub fn encode_rowwise_lightx2v(
+    w: &[f32],
+    rows: usize,
+    cols: usize,
+) -> Result<(Vec<u8>, Vec<f32>), CodecError> {
+    check_len("INT8 input", mul(rows, cols, "INT8 input size")?, w.len())?;
+    check_finite(w)?;
+    let mut codes = vec![0u8; w.len()];
+    let mut scales = vec![LIGHTX2V_MIN_AMAX / QMAX; rows];
+    if cols == 0 {
+        return Ok((codes, scales));
+    }
+    let rows_iter = w.chunks_exact(cols).zip(codes.chunks_exact_mut(cols));
+    for ((row, out), s) in rows_iter.zip(&mut scales) {
+        *s = row
+            .iter()
+            .fold(0f32, |m, x| m.max(x.abs()))
+            .max(LIGHTX2V_MIN_AMAX)
+            / QMAX;
+        for (o, &x) in out.iter_mut().zip(row) {
+            *o = quantize_one(x, *s);
+        }
+    }
+    Ok((codes, scales))
+}
+
+/// `quantize_int8_convrot_weight(w, group)` with the rotation done exactly (issue 41; the
+/// reference's f32 `torch.matmul` rounds by its BLAS kernel, so its bytes are not
+/// reproducible): per group the exact `W·Hᵀ` ([`hadamard::rotate_group_exact`]), the row
+/// scale `clamp(f32(max |exact|) / 127, 1e-30)` (the f32 rounding of the exact maximum, then
+/// comfy-kitchen's f32 division), and each code `round_half_even(exact / scale)` of the
+/// exact quotient, clamped to `[-128, 127]`. Wherever comfy-kitchen's matmul happens to be
+/// correctly rounded this is its result; elsewhere a code may differ where the exact quotient
+/// lies within the matmul's rounding of a half-integer. Returns the codes and the `rows`
+/// scales. Refused: `cols` not a multiple of `group` (comfy-kitchen raises), a group too wide
+/// for exact integers (`rotate_group_exact`), and a rotated maximum beyond f32.
 pub fn encode_convrot(
     w: &[f32],
     rows: usize,
@@ -231,8 +273,73 @@ pub fn encode_convrot(
 ) -> Result<(Vec<u8>, Vec<f32>), CodecError> {
     check_len("INT8 input", mul(rows, cols, "INT8 input size")?, w.len())?;
     check_finite(w)?;
-    let rotated = hadamard::rotate_rows_f32(w, cols, group)?;
-    encode_rowwise(&rotated, rows, cols)
+    hadamard::log4(group)?;
+    super::check_multiple("in_features (ConvRot group)", cols, group)?;
+    let mut codes = vec![0u8; w.len()];
+    let mut scales = vec![MIN_SCALE; rows];
+    if cols == 0 {
+        return Ok((codes, scales));
+    }
+    let mut rot = vec![0i128; cols];
+    let mut exps = vec![0i32; cols / group];
+    let rows_iter = w.chunks_exact(cols).zip(codes.chunks_exact_mut(cols));
+    for ((row, out), s) in rows_iter.zip(&mut scales) {
+        let groups = row.chunks_exact(group).zip(rot.chunks_exact_mut(group));
+        for ((g, a), e) in groups.zip(&mut exps) {
+            *e = hadamard::rotate_group_exact(g, a)?;
+        }
+        let per_group = || rot.chunks_exact(group).zip(&exps);
+        let amax = per_group()
+            .flat_map(|(a, &e)| a.iter().map(move |&x| hadamard::exact_to_f32(x.abs(), e)))
+            .fold(0f32, f32::max);
+        if !amax.is_finite() {
+            return Err(CodecError::Unrepresentable(
+                "a ConvRot row whose rotated maximum exceeds f32 (comfy-kitchen's scale would \
+                 be inf)"
+                    .into(),
+            ));
+        }
+        *s = scale_for(amax);
+        for ((a, &e), o) in per_group().zip(out.chunks_exact_mut(group)) {
+            for (o, &x) in o.iter_mut().zip(a) {
+                *o = rne_quotient(x, e, *s) as u8;
+            }
+        }
+    }
+    Ok((codes, scales))
+}
+
+/// `round_half_even(a · 2^e / s)` clamped to `[-128, 127]`, exactly (`s` a positive normal
+/// f32, `|a| < 2^127`).
+fn rne_quotient(a: i128, e: i32, s: f32) -> i8 {
+    if a == 0 {
+        return 0;
+    }
+    let b = s.to_bits();
+    let (sm, se) = (
+        u128::from(b & 0x7F_FFFF | 0x80_0000),
+        ((b >> 23) & 0xFF) as i32 - 150,
+    );
+    let t = e - se;
+    let mag = a.unsigned_abs();
+    // |a|·2^t / sm as num / den; a shift that overflows means a quotient beyond any code
+    // (t > 0: clamp) or below one half (t < 0: zero)
+    let (num, den) = if t >= 0 {
+        match mag.checked_shl(t as u32).filter(|n| n >> t == mag) {
+            Some(n) => (n, sm),
+            None => return if a < 0 { -128 } else { 127 },
+        }
+    } else {
+        match sm.checked_shl((-t) as u32).filter(|d| d >> -t == sm) {
+            Some(d) => (mag, d),
+            None => return 0,
+        }
+    };
+    let q = num / den;
+    let rest = num - q * den;
+    let q = q + u128::from(rest > den - rest || (rest == den - rest && q & 1 == 1));
+    let q = i128::try_from(q).unwrap_or(i128::MAX);
+    (if a < 0 { -q } else { q }).clamp(-128, 127) as i8
 }
 
 #[cfg(test)]
@@ -369,8 +476,66 @@ mod tests {
                 "row {r}: {err}"
             );
         }
-        // The rotated weight's codes are comfy-kitchen's per-row quantization of the rotation.
+        // Wherever no exact quotient is near a tie, the codes are comfy-kitchen's per-row
+        // quantization of the (correctly rounded) rotation.
         let rot = hadamard::rotate_rows_f32(&w, cols, 256).unwrap();
         assert_eq!(encode_rowwise(&rot, rows, cols).unwrap(), (q, s));
+    }
+
+    /// The exact rule against an independent f64 computation where f64 is exact (values on
+    /// a 2^-20 grid: every sum exact), away from ties; and planted exact ties round to even.
+    #[test]
+    fn convrot_codes_are_the_exact_quotients_rounded_half_even() {
+        let (rows, cols) = (6, 512);
+        let mut rng = crate::rng::SplitMix64::new(0xC0);
+        let mut w: Vec<f32> = (0..rows * cols)
+            .map(|_| (rng.signed_f32() * 65536.0).round() / 1048576.0)
+            .collect();
+        w[5 * cols..].fill(0.0);
+        let (q, s) = encode_convrot(&w, rows, cols, 256).unwrap();
+        assert_eq!(s[5], MIN_SCALE, "zero row");
+        for r in 0..rows {
+            let mut x: Vec<f64> = w[r * cols..(r + 1) * cols]
+                .iter()
+                .map(|&v| v.into())
+                .collect();
+            for g in x.chunks_exact_mut(256) {
+                hadamard::transform(g).unwrap();
+            }
+            let amax = x.iter().fold(0f64, |m, v| m.max(v.abs())) as f32;
+            assert_eq!(s[r], scale_for(amax), "row {r}");
+            for (c, &v) in x.iter().enumerate() {
+                let t = v / f64::from(s[r]);
+                if (t.abs().fract() - 0.5).abs() < 1e-6 {
+                    continue;
+                }
+                let want = t.round_ties_even().clamp(-128.0, 127.0) as i8;
+                assert_eq!(q[r * cols + c] as i8, want, "[{r}, {c}]");
+            }
+        }
+        // a row whose rotation is [2.5, 1.5, 0.5, -0.5, ...]·2^-2 after H (group 4) at scale
+        // 2^-2·2.5/127 is not a tie; build one that is: amax 127·s, and one value 0.5·s.
+        let mut v = [0f32; 4];
+        // H4·[a, b, c, d] / 2 with a = 127, others chosen so one output is 2.5:
+        // outputs (a+b+c-d)/2, (a+b-c+d)/2, (a-b+c+d)/2, (-a+b+c+d)/2
+        let want_out = [127.0f32, 2.5, -0.5, 1.5];
+        // inverse = same transform
+        let mut x: Vec<f64> = want_out.iter().map(|&v| v.into()).collect();
+        hadamard::transform(&mut x).unwrap();
+        for (o, &y) in v.iter_mut().zip(&x) {
+            *o = y as f32;
+        }
+        let (q, s) = encode_convrot(&v, 1, 4, 4).unwrap();
+        assert_eq!(s[0], 1.0);
+        let q: Vec<i8> = q.iter().map(|&b| b as i8).collect();
+        assert_eq!(q, [127, 2, 0, 2], "ties to even");
+        assert!(
+            encode_convrot(&[0.0; 12], 1, 12, 8).is_err(),
+            "group not a power of 4"
+        );
+        assert!(
+            encode_convrot(&[0.0; 12], 1, 12, 16).is_err(),
+            "in_features % group"
+        );
     }
 }

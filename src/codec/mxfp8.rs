@@ -2,7 +2,7 @@
 //! E4M3 (`codec::fp8`), and LightX2V's per-channel fp8.
 //!
 //! Owns: E8M0 in both directions (as comfy-kitchen's helpers compute it), the MXFP8 decoder
-//! and encoder, their size facts, and the LightX2V per-channel fp8 decoder. Does not own: the
+//! and encoder, their size facts, and LightX2V's per-channel fp8 (decoder and encoder). Does not own: the
 //! E4M3 cast (`fp8`, the one copy), the swizzle (`blocked`), or which tensors carry which
 //! part (`quant/`).
 //!
@@ -30,7 +30,7 @@
 //! finite 448, subnormal step 2^-9. The encoder rounds to nearest even.
 
 use super::blocked::{blocked_len, from_blocked, to_blocked};
-use super::fp8::{E4M3_MAX, e4m3fn_to_f32, f32_to_e4m3fn};
+use super::fp8::{E4M3_MAX, e4m3fn_to_f32, f32_to_e4m3fn, round_e4m3_qtorch};
 use super::{CodecError, check_finite, check_len, check_multiple, mul, round_up};
 
 /// MXFP8 block size along K.
@@ -207,6 +207,34 @@ pub fn encode(w: &[f32], n: usize, k: usize) -> Result<Mxfp8, CodecError> {
         stored: [rows, cols],
         scale_shape,
     })
+}
+
+/// LightX2V's `QuantWeightFP8.load_fp8_weight` (ModelTC/LightX2V @f8aee98
+/// `tools/convert/quant/quant.py`) on a row-major `[rows, cols]` f32 weight: per row
+/// `scale = max(max|W|, 1e-5) / 448`, then `clip(W / scale, ±448)` rounded by qtorch's
+/// `float_quantize` ([`round_e4m3_qtorch`]: ties away from zero, never -0) and cast exactly
+/// to e4m3fn. Returns the codes and the `rows` scales (stored `[rows, 1]`).
+pub fn encode_fp8_rowwise_lightx2v(
+    w: &[f32],
+    rows: usize,
+    cols: usize,
+) -> Result<(Vec<u8>, Vec<f32>), CodecError> {
+    check_len("fp8 input", mul(rows, cols, "fp8 input size")?, w.len())?;
+    check_finite(w)?;
+    let min_amax = super::int8::LIGHTX2V_MIN_AMAX;
+    let mut codes = vec![0u8; w.len()];
+    let mut scales = vec![min_amax / E4M3_MAX; rows];
+    if cols == 0 {
+        return Ok((codes, scales));
+    }
+    let rows_iter = w.chunks_exact(cols).zip(codes.chunks_exact_mut(cols));
+    for ((row, out), s) in rows_iter.zip(&mut scales) {
+        *s = row.iter().fold(0f32, |m, x| m.max(x.abs())).max(min_amax) / E4M3_MAX;
+        for (o, &x) in out.iter_mut().zip(row) {
+            *o = f32_to_e4m3fn(round_e4m3_qtorch((x / *s).clamp(-E4M3_MAX, E4M3_MAX)));
+        }
+    }
+    Ok((codes, scales))
 }
 
 /// LightX2V's per-channel fp8 (`dit_quant_scheme` `fp8-*`): `weight` F8_E4M3 `[out, in]` and

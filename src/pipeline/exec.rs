@@ -250,6 +250,7 @@ impl<'a> Exec<'a> {
             None => (job.dtype.to_string(), Some(job.dtype)),
             Some(Encoding::Plain(d)) => (d.to_string(), Some(d)),
             Some(Encoding::Fp8) => ("scaled F8_E4M3".into(), None),
+            Some(Encoding::Layer { codec, .. }) => (codec.name().into(), None),
             Some(Encoding::Ggml { ty, .. }) => match ty {
                 GgmlType::F32 => ("GGUF F32".into(), Some(DType::F32)),
                 GgmlType::F16 => ("GGUF F16".into(), Some(DType::F16)),
@@ -381,8 +382,9 @@ impl<'a> Exec<'a> {
         }
     }
     /// An untouched tensor of a quantized output: widened to f32 in bands of whole rows
-    /// (innermost dimension) and encoded band by band; a scaled-fp8 weight first has its
-    /// `max|W|` taken over the same bands.
+    /// (innermost dimension; a multiple of the encoding's `row_align` rows) and encoded band
+    /// by band; a weight whose encoding has a per-tensor scale (scaled fp8, comfy fp8,
+    /// NVFP4) first has its `max|W|` taken over the same bands.
     fn copy_encoded(
         &self,
         job: &Job,
@@ -395,7 +397,7 @@ impl<'a> Exec<'a> {
             reason: format!("dtype {} cannot be quantized", view.dtype),
         })?;
         let row = view.shape.last().copied().unwrap_or(1).max(1);
-        let band = (BAND_ELEMS / row).max(1) * row;
+        let band = (BAND_ELEMS / row).max(1).next_multiple_of(enc.row_align()) * row;
         let n = view.numel();
         let read = |at: usize, buf: &mut Vec<f32>| -> Result<(), PipelineError> {
             let k = band.min(n - at);
@@ -408,22 +410,25 @@ impl<'a> Exec<'a> {
             })
         };
         let mut buf = Vec::new();
-        let mut fp8_scale = None;
-        if enc == Encoding::Fp8 {
+        let what = format!("{}: {}", src.file.path().display(), job.stored);
+        let mut tensor_scale = None;
+        if enc.needs_amax() {
             let mut amax = 0f32;
             for at in (0..n).step_by(band) {
                 read(at, &mut buf)?;
                 amax = amax.max(crate::codec::fp8::amax(&buf));
             }
-            fp8_scale = Some(crate::codec::fp8::scale_for(amax));
+            // A non-finite weight is found (and named) by the encoding pass below.
+            if amax.is_finite() {
+                tensor_scale = enc.tensor_scale(amax, &what)?;
+            }
         }
-        let what = format!("{}: {}", src.file.path().display(), job.stored);
         let mut sum = ErrorSum::default();
         let mut found = None;
         // `n.max(1)`: an empty tensor is still encoded once (an fp8 scale is written)
         for at in (0..n.max(1)).step_by(band) {
             read(at, &mut buf)?;
-            let part = self.encode_part(job, enc, at, &buf, fp8_scale, &what, &mut sum)?;
+            let part = self.encode_part(job, enc, at, &buf, tensor_scale, &what, &mut sum)?;
             Unheld::add(&mut found, part);
         }
         self.record_error(job, &sum);
@@ -434,7 +439,8 @@ impl<'a> Exec<'a> {
     }
 
     /// Encodes `w`, the f32 values of elements `first ..` of `job`'s tensor, into its slot
-    /// (and the fp8 scale into its own), adding the dequantized error to `sum`. Returns the
+    /// (the fp8 scale, or a per-layer format's side tensors, into theirs), adding the
+    /// dequantized error to `sum`. Returns the
     /// values the encoding cannot hold, for the caller to name their origin: a non-finite
     /// `w`, or a finite one whose decoded value is not (an F16 overflow, a block whose F16
     /// scale overflows); they are written as the encoder rounds them.
@@ -445,7 +451,7 @@ impl<'a> Exec<'a> {
         enc: Encoding,
         first: usize,
         w: &[f32],
-        fp8_scale: Option<f32>,
+        tensor_scale: Option<f32>,
         what: &str,
         sum: &mut ErrorSum,
     ) -> Result<Option<Unheld>, PipelineError> {
@@ -457,24 +463,24 @@ impl<'a> Exec<'a> {
             .map(|q| q.options)
             .ok_or_else(|| internal("an encoded job in a plan without a quantized output"))?;
         let mut y = vec![0f32; w.len()];
-        let e = encode::encode(&options, enc, w, &mut y, fp8_scale, what)?;
-        let at = enc
-            .byte_offset(first)
-            .ok_or_else(|| internal("a band that does not start on a block boundary"))?;
-        self.write(job, at, &e.bytes)?;
+        let e = encode::encode(&options, enc, (w, first), &mut y, tensor_scale, what)?;
+        if e.layer.is_empty() {
+            let at = enc
+                .byte_offset(first)
+                .ok_or_else(|| internal("a band that does not start on a block boundary"))?;
+            self.write(job, at, &e.bytes)?;
+        }
         if let (Some(scale), 0) = (e.scale, first) {
-            let name = encode::scale_name(&job.output);
-            let staging = self.staging;
-            let slot = staging
-                .plan()
-                .slot(job.component, &name)
-                .ok_or_else(|| PipelineError::Internal(format!("no output slot for `{name}`")))?;
-            staging
-                .write(slot, 0, &scale.to_le_bytes())
-                .map_err(|source| PipelineError::Write {
-                    tensor: name,
-                    source: Box::new(source),
-                })?;
+            self.write_side(
+                job,
+                encode::scale_name(&job.output),
+                0,
+                &scale.to_le_bytes(),
+            )?;
+        }
+        for p in &e.layer {
+            let name = format!("{}{}", encode::layer_name(&job.output), p.suffix);
+            self.write_side(job, name, p.offset, &p.bytes)?;
         }
         sum.add(w, &y);
         if let (Encoding::Fp8, Some(scale)) = (enc, e.scale) {
@@ -486,6 +492,28 @@ impl<'a> Exec<'a> {
         }
         let blocks = matches!(enc, Encoding::Ggml { ty, .. } if ty.is_block());
         Ok(unheld_encoded(w, &y, first, blocks))
+    }
+
+    /// Writes `bytes` at `offset` of the output tensor `name` of `job`'s component (a scale
+    /// or another side tensor the weight's job writes; a per-layer weight too).
+    fn write_side(
+        &self,
+        job: &Job,
+        name: String,
+        offset: usize,
+        bytes: &[u8],
+    ) -> Result<(), PipelineError> {
+        let staging = self.staging;
+        let slot = staging
+            .plan()
+            .slot(job.component, &name)
+            .ok_or_else(|| PipelineError::Internal(format!("no output slot for `{name}`")))?;
+        staging
+            .write(slot, offset, bytes)
+            .map_err(|source| PipelineError::Write {
+                tensor: name,
+                source: Box::new(source),
+            })
     }
 
     /// Records `sum` as the dequantized error of `job`'s output tensor.

@@ -6,7 +6,7 @@
 //! component: the same names and layouts as the base, or another WAN layout through the read
 //! plan (`model::read_plan`) and the layout module's write plans; the keep-f32 policy and its
 //! defaults; config.json with the layout stamped; sharding like the base or as asked), and a
-//! quantized output (one fp8-scaled or GGUF file from `quant::encode`'s plan: one job per tensor
+//! quantized output (one fp8-scaled, GGUF, `comfy:*` or `lightx2v:*` file from `quant::encode`'s plan: one job per tensor
 //! carrying its encoding), and an Orbax output (`--to orbax`: the `nnx` / `nnx-scanned`
 //! conversion of each transformer as an item of MaxDiffusion's cache, `pipeline::orbax`). Does not own: which tensors change (`pipeline::plan`), the layouts
 //! and name tables themselves (`model`), the keep-f32 rules (`layout`), the quantization rules
@@ -45,9 +45,10 @@ pub struct OutputOptions {
     /// Largest output shard in bytes; `None` shards like the base (one file for a one-file
     /// base, shards no larger than the base's largest for a sharded one).
     pub shard_bytes: Option<u64>,
-    /// A quantized output (`--to`, recipe `output.to`): one fp8-scaled or GGUF file with
-    /// original-Wan names, each tensor encoded from its f32 value (`quant::encode`); `dtype`,
-    /// `keep_f32`, `layout` and `shard_bytes` are then unused.
+    /// A quantized output (`--to`, recipe `output.to`): one fp8-scaled, GGUF, `comfy:*` or
+    /// `lightx2v:*` file with original-Wan names, each tensor encoded from its f32 value
+    /// (`quant::encode`); `dtype`, `keep_f32`, `layout` and `shard_bytes` are then unused
+    /// (the high-precision dtype is `QuantOptions::high_precision`).
     pub quantize: Option<QuantOptions>,
     /// The container the tensors go in (`--to orbax`: MaxDiffusion's pretrained cache,
     /// `pipeline::orbax`; `layout` is then `nnx` or `nnx-scanned` and `keep_f32`
@@ -71,7 +72,7 @@ pub enum Container {
 /// What `--to` (recipe `output.to`) names: a quantized file, or an Orbax cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OutputFormat {
-    /// One fp8-scaled or GGUF file.
+    /// One fp8-scaled, GGUF, `comfy:*` or `lightx2v:*` file.
     Quantized(QuantFormat),
     /// MaxDiffusion's pretrained Orbax cache (`pipeline::orbax`).
     Orbax,
@@ -427,7 +428,7 @@ fn orbax_output(base: &BaseModel, options: &OutputOptions) -> Result<OutputSide,
     })
 }
 
-/// A quantized output: the one transformer of `base` as one fp8-scaled or GGUF file under
+/// A quantized output: the one transformer of `base` as one quantized file under
 /// original-Wan names; every job reads its source tensor whole (no layer slices: the
 /// diffusers and original layouts store PyTorch-layout tensors) and carries its encoding.
 fn quantized(base: &BaseModel, q: QuantOptions) -> Result<OutputSide, PipelineError> {

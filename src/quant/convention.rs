@@ -32,6 +32,14 @@ pub const INPUT_SCALE: &str = ".input_scale";
 pub const COMFY_QUANT: &str = ".comfy_quant";
 /// The safetensors header key of mixed precision's per-layer formats.
 pub const QUANT_METADATA: &str = "_quantization_metadata";
+/// Mixed precision's `comfy_quant` format of per-tensor-scaled e4m3 (ComfyUI `QUANT_ALGOS`).
+pub const COMFY_FORMAT_FP8: &str = "float8_e4m3fn";
+/// Mixed precision's `comfy_quant` format of NVFP4.
+pub const COMFY_FORMAT_NVFP4: &str = "nvfp4";
+/// Mixed precision's `comfy_quant` format of MXFP8.
+pub const COMFY_FORMAT_MXFP8: &str = "mxfp8";
+/// Mixed precision's `comfy_quant` format of INT8 (scalar or per-row scale, ConvRot).
+pub const COMFY_FORMAT_INT8: &str = "int8_tensorwise";
 
 /// Side-tensor suffixes of every format wanbake knows: a tensor ending in one of these is
 /// never a model parameter.

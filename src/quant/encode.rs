@@ -1,11 +1,14 @@
-//! Quantized deployment outputs of a WAN transformer: ComfyUI scaled fp8 safetensors and
-//! city96 ComfyUI-GGUF files (spec quant_formats.md), as output encodings of the merge's
-//! one writer and job loop.
+//! Quantized deployment outputs of a WAN transformer: ComfyUI scaled fp8 safetensors,
+//! city96 ComfyUI-GGUF files (spec quant_formats.md), ComfyUI mixed-precision and LightX2V
+//! safetensors (quant_formats_2026.md), as output encodings of the merge's one writer and
+//! job loop.
 //!
 //! Owns: `QuantPlan` (every output tensor under its original-Wan name with its encoding and
 //! the reason, from `quant::rules`), the output file plan of each format (one
-//! `.safetensors` with the `scaled_fp8` marker and `scale_weight` tensors, or one `.gguf`
-//! laid out by `format::gguf`), [`encode`] (f32 values of a tensor, or of a band of its whole
+//! `.safetensors` with the `scaled_fp8` marker and `scale_weight` tensors, one
+//! `.safetensors` whose block Linears carry the tensors of `quant::layer_codec` (and, for
+//! `comfy:*`, the `_quantization_metadata` header), or one `.gguf` laid out by
+//! `format::gguf`), [`encode`] (f32 values of a tensor, or of a band of its whole
 //! rows, to the bytes of its encoding, plus the values a loader dequantizes), the error
 //! sums and the quantization report. Does not own: the encodings themselves (`codec`),
 //! the rules (`quant::rules`), name tables (`model::wan_names`), the jobs that feed
@@ -21,6 +24,7 @@ use std::path::PathBuf;
 
 use serde_json::json;
 
+use crate::codec::CodecError;
 use crate::codec::fp8;
 use crate::codec::ggml::{self, GgmlType};
 use crate::format::gguf::{self, TensorPlan};
@@ -33,6 +37,7 @@ use crate::model::base_model::{BaseModel, ComponentModel};
 use crate::model::plan_error::{ANIMATE_NOT_QUANTIZED, ANIMATE_UNKNOWN, PlanError};
 use crate::model::wan_layout::Layout;
 use crate::model::wan_names::{self, Position};
+use crate::quant::layer_codec::{LayerCodec, LayerPart};
 use crate::quant::rules::{self, GgufMix, QuantFormat, Why};
 use crate::release::writer::{ComponentOutput, GgufParts, OutputPlan};
 
@@ -128,6 +133,25 @@ pub enum QuantError {
     /// A dtype the values cannot be converted to or from.
     #[error(transparent)]
     Dtype(#[from] dtype::UnsupportedDType),
+    /// A key whose name LightX2V's `wan_dit` converter deletes (`ignore_key`).
+    #[error(
+        "{key}: LightX2V's wan_dit converter deletes every key containing \"ca\" or \"audio\" \
+         (its ignore_key); {format} cannot hold this model's tensors"
+    )]
+    LightX2vIgnored {
+        /// The stored key.
+        key: String,
+        /// The format asked for.
+        format: QuantFormat,
+    },
+    /// A weight a per-layer format cannot encode (`quant::layer_codec`).
+    #[error("{what}: {reason}")]
+    Codec {
+        /// The file and key.
+        what: String,
+        /// Why (not a `source`: the message already says it).
+        reason: CodecError,
+    },
     /// A bug: values that are not whole blocks of their ggml type.
     #[error("internal: {what} is not whole {ty} blocks")]
     Blocks {
@@ -145,6 +169,14 @@ pub enum Encoding {
     Plain(DType),
     /// F8_E4M3 codes plus a 0-d F32 `scale_weight`.
     Fp8,
+    /// A block Linear of a `comfy:*` / `lightx2v:*` output, `k` values a row: its weight
+    /// and side tensors (`quant::layer_codec`).
+    Layer {
+        /// The layer's format.
+        codec: LayerCodec,
+        /// Row length (in_features).
+        k: usize,
+    },
     /// A ggml type in a GGUF file; `step1` is city96's step-1 type of the tensor.
     Ggml {
         /// The type written.
@@ -160,6 +192,7 @@ impl Encoding {
         match self {
             Encoding::Plain(d) => d.as_str(),
             Encoding::Fp8 => "F8_E4M3",
+            Encoding::Layer { codec, .. } => codec.name(),
             Encoding::Ggml { ty, .. } => ty.name(),
         }
     }
@@ -191,7 +224,8 @@ pub struct QuantOptions {
     /// `None`, convert.py's own rule: F16, or BF16 from a bf16 source), which the tensors
     /// llama-quantize leaves unquantized keep and `city96_rounding` quantizes: F32 gives the
     /// unquantized 2-D tensors of city96's published Wan 2.1 files (spec quant_formats.md
-    /// K.5). Unused by the plain GGUF formats.
+    /// K.5). Unused by the plain GGUF formats. `comfy:*` / `lightx2v:*`: the dtype of
+    /// every tensor that is not a block Linear weight (`QuantOptions::plain_dtype`).
     pub high_precision: Option<DType>,
     /// GGUF block types: quantize convert.py's step-1 rounding (F16/BF16) of each weight
     /// instead of the f32 weight, for byte-compatibility with city96's two-step files.
@@ -199,16 +233,23 @@ pub struct QuantOptions {
 }
 
 impl QuantOptions {
-    /// fp8-scaled's high-precision dtype.
-    pub fn fp8_high_precision(&self) -> DType {
-        self.high_precision.unwrap_or(DType::F16)
+    /// The dtype of the tensors fp8-scaled, `comfy:*` and `lightx2v:*` keep in high
+    /// precision: `--dtype`, else F16 (fp8-scaled), BF16 (`comfy:*`, as Comfy-Org's files)
+    /// or F32 (`lightx2v:*`, its converter's default `--non_linear_dtype torch.float`).
+    pub fn plain_dtype(&self) -> DType {
+        let default = match self.format {
+            QuantFormat::LightX2vInt8 | QuantFormat::LightX2vFp8 => DType::F32,
+            f if f.is_per_layer() => DType::BF16,
+            _ => DType::F16,
+        };
+        self.high_precision.unwrap_or(default)
     }
 
-    /// The high-precision type as reports and manifests record it: fp8-scaled's always,
-    /// a GGUF format's when one was asked for.
+    /// The high-precision type as reports and manifests record it: fp8-scaled's, `comfy:*`'s
+    /// and `lightx2v:*`'s always, a GGUF format's when one was asked for.
     pub fn high_precision_label(&self) -> Option<&'static str> {
         match self.format {
-            QuantFormat::Fp8Scaled => Some(self.fp8_high_precision().as_str()),
+            f if !f.is_gguf() => Some(self.plain_dtype().as_str()),
             _ => self.high_precision.map(DType::as_str),
         }
     }
@@ -274,6 +315,18 @@ pub fn plan(
         let (wan, _) = entry.stored_name(Layout::Wan, block);
         tensors.push((wan, name, shape, *dt));
     }
+    // LightX2V's converter deletes these original-Wan names: refused, not dropped.
+    let lightx2v = matches!(
+        options.format,
+        QuantFormat::LightX2vInt8 | QuantFormat::LightX2vFp8
+    );
+    let ignored = |wan: &str| wan.contains("ca") || wan.contains("audio");
+    if let Some((_, key, _, _)) = tensors.iter().find(|t| lightx2v && ignored(&t.0)) {
+        return Err(QuantError::LightX2vIgnored {
+            key: key.to_string(),
+            format: options.format,
+        });
+    }
     // llama-quantize visits tensors in byte-wise name order, and a K mix's "first N" v
     // projections are counted in that order (spec quant_formats.md K.2).
     tensors.sort_by(|a, b| a.0.cmp(&b.0));
@@ -311,7 +364,7 @@ pub fn plan(
     let clash = tensors
         .iter()
         .find(|t| crate::quant::convention::is_side_tensor(&t.name));
-    if let (QuantFormat::Fp8Scaled, Some(t)) = (options.format, clash) {
+    if let (false, Some(t)) = (options.format.is_gguf(), clash) {
         return Err(QuantError::Fp8Name {
             key: t.source.clone(),
         });
@@ -334,7 +387,15 @@ fn decide(
         return if rules::is_fp8_linear(name, shape) {
             (Encoding::Fp8, Why::Fp8Linear)
         } else {
-            (Encoding::Plain(o.fp8_high_precision()), Why::HighPrecision)
+            (Encoding::Plain(o.plain_dtype()), Why::HighPrecision)
+        };
+    }
+    if let Some(codec) = LayerCodec::of(o.format) {
+        return if rules::is_block_linear(o.format, name, shape) {
+            let k = shape[1];
+            (Encoding::Layer { codec, k }, Why::BlockLinear)
+        } else {
+            (Encoding::Plain(o.plain_dtype()), Why::NotBlockLinear)
         };
     }
     let c = mix.choose(name, shape, src);
@@ -348,13 +409,17 @@ fn decide(
 }
 
 impl QuantPlan {
-    /// The output file plan: one fp8-scaled `.safetensors` named `{stem}.safetensors`, or
-    /// one GGUF file `{stem}.gguf`, at the root of the release.
+    /// The output file plan: one fp8-scaled, `comfy:*` or `lightx2v:*` `.safetensors`
+    /// named `{stem}.safetensors`, or one GGUF file `{stem}.gguf`, at the root of the
+    /// release.
     pub fn output_plan(
         &self,
         stem: &str,
         metadata: BTreeMap<String, String>,
     ) -> Result<OutputPlan, LayoutError> {
+        if self.options.format.is_per_layer() {
+            return self.per_layer_plan(stem, metadata);
+        }
         if self.options.format == QuantFormat::Fp8Scaled {
             let mut planned = vec![PlannedTensor {
                 name: FP8_MARKER.into(),
@@ -380,7 +445,9 @@ impl QuantPlan {
                         dtype: d,
                         shape: t.shape.clone(),
                     }),
-                    Encoding::Ggml { .. } => unreachable!("fp8 plans hold no ggml tensors"),
+                    Encoding::Ggml { .. } | Encoding::Layer { .. } => {
+                        unreachable!("fp8 plans hold no ggml or per-layer tensors")
+                    }
                 }
             }
             let c = ComponentOutput {
@@ -396,6 +463,62 @@ impl QuantPlan {
         let mut out = OutputPlan::build(&[], &[])?;
         out.add_gguf_file(0, PathBuf::from(format!("{stem}.gguf")), self.gguf_parts());
         Ok(out)
+    }
+
+    /// A `comfy:*` / `lightx2v:*` file: each block Linear's tensors (`LayerCodec::tensors`)
+    /// and every other tensor in its plain dtype; a `comfy:*` file also gets the
+    /// `_quantization_metadata` header, naming the same layers and formats as the markers.
+    fn per_layer_plan(
+        &self,
+        stem: &str,
+        mut metadata: BTreeMap<String, String>,
+    ) -> Result<OutputPlan, LayoutError> {
+        let mut planned = Vec::new();
+        let mut layers = Vec::new();
+        for t in &self.tensors {
+            match t.encoding {
+                Encoding::Layer { codec, k } => {
+                    let layer = layer_name(&t.name);
+                    let n = t.shape.first().copied().unwrap_or(0);
+                    let tensors = codec.tensors(n, k).map_err(|_| LayoutError::Overflow {
+                        name: t.name.clone(),
+                    })?;
+                    for lt in tensors {
+                        planned.push(PlannedTensor {
+                            name: format!("{layer}{}", lt.suffix),
+                            dtype: lt.dtype,
+                            shape: lt.shape,
+                        });
+                    }
+                    if let Some(conf) = codec.comfy_quant() {
+                        layers.push((layer, conf));
+                    }
+                }
+                Encoding::Plain(d) => planned.push(PlannedTensor {
+                    name: t.name.clone(),
+                    dtype: d,
+                    shape: t.shape.clone(),
+                }),
+                Encoding::Fp8 | Encoding::Ggml { .. } => {
+                    unreachable!("per-layer plans hold no fp8-scaled or ggml tensors")
+                }
+            }
+        }
+        if !layers.is_empty() {
+            let header = crate::quant::layer_codec::quantization_metadata(
+                layers.iter().map(|(l, c)| (*l, c.as_str())),
+            );
+            metadata.insert(crate::quant::convention::QUANT_METADATA.into(), header);
+        }
+        let c = ComponentOutput {
+            rel_dir: PathBuf::new(),
+            stem: stem.to_string(),
+            tensors: planned,
+            metadata,
+            sidecars: Vec::new(),
+            max_shard_bytes: None,
+        };
+        OutputPlan::build(&[c], &[])
     }
 
     /// GGUF metadata (spec §2.2) and tensor infos (`ne` = torch shape reversed, every
@@ -431,11 +554,16 @@ impl QuantPlan {
     }
 }
 
+/// `L.weight` → `L` (a per-layer format's layer name).
+pub fn layer_name(weight: &str) -> &str {
+    weight.strip_suffix(".weight").unwrap_or(weight)
+}
+
 /// `L.weight` → `L.scale_weight`.
 pub fn scale_name(weight: &str) -> String {
     format!(
         "{}{}",
-        weight.strip_suffix(".weight").unwrap_or(weight),
+        layer_name(weight),
         crate::quant::convention::SCALE_WEIGHT
     )
 }
@@ -510,36 +638,82 @@ impl ErrorStats {
     }
 }
 
-/// One output tensor encoded: its bytes (codes for fp8) and, for fp8, its `scale_weight`.
+/// One output tensor encoded: its bytes (codes for fp8) and, for fp8, its `scale_weight`;
+/// for a per-layer format, the bytes of each of the layer's tensors.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Encoded {
     /// The bytes of the tensor's own slot (or of the part encoded).
     pub bytes: Vec<u8>,
     /// `scale_weight` of an fp8 weight.
     pub scale: Option<f32>,
+    /// A per-layer format's tensors (`.weight` included; `bytes` is then empty), each at
+    /// its byte offset in its tensor.
+    pub layer: Vec<LayerPart>,
 }
 
 impl Encoding {
     /// True when a run of whole rows can be encoded on its own (every encoding but fp8,
-    /// whose scale is the whole tensor's `max|W|`).
+    /// whose scale is the whole tensor's `max|W|`, and the per-layer codecs that need it or
+    /// 128-row bands: `LayerCodec::streams`).
     pub fn streams(&self) -> bool {
-        !matches!(self, Encoding::Fp8)
+        match self {
+            Encoding::Fp8 => false,
+            Encoding::Layer { codec, .. } => codec.streams(),
+            _ => true,
+        }
+    }
+
+    /// True when the whole tensor's `max|W|` is taken before it is encoded in bands.
+    pub fn needs_amax(&self) -> bool {
+        match self {
+            Encoding::Fp8 => true,
+            Encoding::Layer { codec, .. } => codec.needs_amax(),
+            _ => false,
+        }
+    }
+
+    /// The per-tensor scale every band is encoded with, from the tensor's `max|W|` (see
+    /// [`Encoding::needs_amax`]); `what` names the tensor in the error.
+    pub fn tensor_scale(&self, amax: f32, what: &str) -> Result<Option<f32>, QuantError> {
+        match self {
+            Encoding::Fp8 => Ok(Some(fp8::scale_for(amax))),
+            Encoding::Layer { codec, .. } => {
+                codec
+                    .tensor_scale(amax)
+                    .map_err(|reason| QuantError::Codec {
+                        what: what.to_string(),
+                        reason,
+                    })
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// A band of rows must start on a multiple of this many rows.
+    pub fn row_align(&self) -> usize {
+        match self {
+            Encoding::Layer { codec, .. } => codec.row_align(),
+            _ => 1,
+        }
     }
 
     /// Byte offset in the encoded tensor of flat element `elems` (a band's first element);
-    /// `None` when it is not on a block boundary.
+    /// `None` when it is not on a block boundary, and for a per-layer format (whose parts
+    /// carry their own offsets).
     pub fn byte_offset(&self, elems: usize) -> Option<usize> {
         match self {
             Encoding::Plain(d) => d.byte_len(elems),
             Encoding::Fp8 => Some(elems),
+            Encoding::Layer { .. } => None,
             Encoding::Ggml { ty, .. } => ty.byte_len(elems),
         }
     }
 }
 
-/// Encodes `w` (f32: a whole tensor, or a run of whole rows) and decodes the result into
-/// `y` (same length), as the loaders dequantize it. For fp8, `fp8_scale` is the whole
-/// tensor's scale ([`fp8::scale_for`] of its `max|W|`) when `w` is a part of it; `None`
+/// Encodes `w` (f32: a whole tensor, or a run of whole rows starting at flat element
+/// `first`) and decodes the result into `y` (same length), as the loaders dequantize it.
+/// For fp8 and the per-layer codecs with a per-tensor scale, `tensor_scale` is the whole
+/// tensor's ([`Encoding::tensor_scale`] of its `max|W|`) when `w` is a part of it; `None`
 /// takes it from `w`. `what` names the tensor (file and key) in errors. A non-finite value
 /// is encoded as the format's rounding gives (fp8: a NaN code, ±448; ggml: whatever its
 /// block arithmetic makes of it): the caller checks `w` and `y` (`pipeline::Exec::encode_part`)
@@ -547,25 +721,41 @@ impl Encoding {
 pub fn encode(
     options: &QuantOptions,
     encoding: Encoding,
-    w: &[f32],
+    (w, first): (&[f32], usize),
     y: &mut [f32],
-    fp8_scale: Option<f32>,
+    tensor_scale: Option<f32>,
     what: &str,
 ) -> Result<Encoded, QuantError> {
+    let plain = |bytes, scale| Encoded {
+        bytes,
+        scale,
+        layer: Vec::new(),
+    };
     match encoding {
         Encoding::Plain(d) => {
             let bytes = dtype::from_f32_vec(d, w)?;
             dtype::widen_to_f32(d, &bytes, y)?;
-            Ok(Encoded { bytes, scale: None })
+            Ok(plain(bytes, None))
         }
         Encoding::Fp8 => {
-            let scale = fp8_scale.unwrap_or_else(|| fp8::scale_for(fp8::amax(w)));
+            let scale = tensor_scale.unwrap_or_else(|| fp8::scale_for(fp8::amax(w)));
             let mut codes = vec![0u8; w.len()];
             fp8::encode_scaled(w, scale, &mut codes);
             fp8::decode_scaled(&codes, scale, y);
+            Ok(plain(codes, Some(scale)))
+        }
+        Encoding::Layer { codec, k } => {
+            let r0 = first.checked_div(k).unwrap_or(0);
+            let layer = (codec.encode_rows(w, r0, k, tensor_scale, y)).map_err(|reason| {
+                QuantError::Codec {
+                    what: what.to_string(),
+                    reason,
+                }
+            })?;
             Ok(Encoded {
-                bytes: codes,
-                scale: Some(scale),
+                bytes: Vec::new(),
+                scale: None,
+                layer,
             })
         }
         Encoding::Ggml { ty, step1 } => {
@@ -589,7 +779,7 @@ pub fn encode(
                 ty,
             })?;
             ggml::dequantize(ty, &bytes, y);
-            Ok(Encoded { bytes, scale: None })
+            Ok(plain(bytes, None))
         }
     }
 }
@@ -643,6 +833,7 @@ pub fn report_json(plan: &QuantPlan, stats: &[ErrorStats]) -> serde_json::Value 
 pub fn output_stem(format: QuantFormat) -> String {
     match format {
         QuantFormat::Fp8Scaled => "model_fp8_scaled".into(),
+        f if f.is_per_layer() => format!("model_{}", f.as_str().replace([':', '-'], "_")),
         f => format!("model-{}", f.as_str().trim_start_matches("gguf:")),
     }
 }
@@ -700,7 +891,7 @@ mod tests {
             };
             for enc in encodings {
                 let mut y = vec![0f32; w.len()];
-                let whole = encode(&o, enc, &w, &mut y, None, "t").unwrap();
+                let whole = encode(&o, enc, (&w, 0), &mut y, None, "t").unwrap();
                 let mut sum = ErrorSum::default();
                 sum.add(&w, &y);
                 let scale = whole.scale;
@@ -709,7 +900,7 @@ mod tests {
                 for band in w.chunks(3 * cols) {
                     let mut y = vec![0f32; band.len()];
                     let first = (band.as_ptr() as usize - w.as_ptr() as usize) / 4;
-                    let part = encode(&o, enc, band, &mut y, scale, "t").unwrap();
+                    let part = encode(&o, enc, (band, first), &mut y, scale, "t").unwrap();
                     assert_eq!(enc.byte_offset(first), Some(bytes.len()), "{enc:?}");
                     bytes.extend(part.bytes);
                     banded.add(band, &y);
@@ -848,7 +1039,7 @@ mod tests {
         let e = encode(
             &o,
             Encoding::Fp8,
-            &[1.0, f32::NAN, 2.0],
+            (&[1.0, f32::NAN, 2.0], 0),
             &mut y,
             None,
             "f: k",
@@ -863,7 +1054,10 @@ mod tests {
                 .collect();
             let mut y = vec![0f32; 256];
             let ggml = Encoding::Ggml { ty, step1: ty };
-            assert!(encode(&o, ggml, &w, &mut y, None, "f: k").is_ok(), "{ty:?}");
+            assert!(
+                encode(&o, ggml, (&w, 0), &mut y, None, "f: k").is_ok(),
+                "{ty:?}"
+            );
         }
     }
 }

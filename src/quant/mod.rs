@@ -12,5 +12,6 @@ pub mod convention;
 pub mod decode;
 pub mod encode;
 pub mod inspect;
+pub mod layer_codec;
 pub mod layers;
 pub mod rules;

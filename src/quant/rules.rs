@@ -49,12 +49,26 @@ pub enum QuantFormat {
     GgufQ5KM,
     /// GGUF, Q6_K throughout.
     GgufQ6K,
+    /// ComfyUI mixed precision, `float8_e4m3fn` block Linears (per-tensor scale).
+    ComfyFp8,
+    /// ComfyUI mixed precision, `nvfp4` block Linears.
+    ComfyNvfp4,
+    /// ComfyUI mixed precision, `mxfp8` block Linears.
+    ComfyMxfp8,
+    /// ComfyUI mixed precision, `int8_tensorwise` block Linears with a per-row scale.
+    ComfyInt8,
+    /// ComfyUI mixed precision, `int8_tensorwise` with ConvRot (group-256 Hadamard rotation).
+    ComfyInt8ConvRot,
+    /// LightX2V's converter, `--linear_type int8`.
+    LightX2vInt8,
+    /// LightX2V's converter, `--linear_type fp8`.
+    LightX2vFp8,
 }
 
 impl QuantFormat {
     /// Every format, in the order `--help` lists them: a closed set (each GGUF block type is
     /// its own value), so `--to` is a `clap::ValueEnum` like every other enumerated flag.
-    pub const ALL: [QuantFormat; 14] = [
+    pub const ALL: [QuantFormat; 21] = [
         QuantFormat::Fp8Scaled,
         QuantFormat::GgufQ8_0,
         QuantFormat::GgufQ4_0,
@@ -69,6 +83,13 @@ impl QuantFormat {
         QuantFormat::GgufQ5KS,
         QuantFormat::GgufQ5KM,
         QuantFormat::GgufQ6K,
+        QuantFormat::ComfyFp8,
+        QuantFormat::ComfyNvfp4,
+        QuantFormat::ComfyMxfp8,
+        QuantFormat::ComfyInt8,
+        QuantFormat::ComfyInt8ConvRot,
+        QuantFormat::LightX2vInt8,
+        QuantFormat::LightX2vFp8,
     ];
 
     /// The spelling of `--to` and of recipes' `output.to` (`fp8-scaled`, `gguf:q8_0`, ...).
@@ -88,12 +109,25 @@ impl QuantFormat {
             QuantFormat::GgufQ5KS => "gguf:q5_k_s",
             QuantFormat::GgufQ5KM => "gguf:q5_k_m",
             QuantFormat::GgufQ6K => "gguf:q6_k",
+            QuantFormat::ComfyFp8 => "comfy:fp8",
+            QuantFormat::ComfyNvfp4 => "comfy:nvfp4",
+            QuantFormat::ComfyMxfp8 => "comfy:mxfp8",
+            QuantFormat::ComfyInt8 => "comfy:int8",
+            QuantFormat::ComfyInt8ConvRot => "comfy:int8-convrot",
+            QuantFormat::LightX2vInt8 => "lightx2v:int8",
+            QuantFormat::LightX2vFp8 => "lightx2v:fp8",
         }
     }
 
     /// True for the GGUF formats.
     pub fn is_gguf(self) -> bool {
-        self != QuantFormat::Fp8Scaled
+        self.as_str().starts_with("gguf:")
+    }
+
+    /// True for the formats that quantize only the block Linears and store each with its
+    /// side tensors (`comfy:*`, `lightx2v:*`: `quant::layer_codec`).
+    pub fn is_per_layer(self) -> bool {
+        !self.is_gguf() && self != QuantFormat::Fp8Scaled
     }
 
     /// True for the GGUF formats that quantize nothing (`gguf:bf16`, `gguf:f16`).
@@ -105,7 +139,14 @@ impl QuantFormat {
     /// `LlamaFileType`, spec quant_formats.md §2.2 and K.2).
     pub fn file_type(self) -> Option<u32> {
         match self {
-            QuantFormat::Fp8Scaled => None,
+            QuantFormat::Fp8Scaled
+            | QuantFormat::ComfyFp8
+            | QuantFormat::ComfyNvfp4
+            | QuantFormat::ComfyMxfp8
+            | QuantFormat::ComfyInt8
+            | QuantFormat::ComfyInt8ConvRot
+            | QuantFormat::LightX2vInt8
+            | QuantFormat::LightX2vFp8 => None,
             QuantFormat::GgufF16 => Some(1),
             QuantFormat::GgufQ4_0 => Some(2),
             QuantFormat::GgufQ8_0 => Some(7),
@@ -139,7 +180,7 @@ impl QuantFormat {
             QuantFormat::GgufQ4KS | QuantFormat::GgufQ4KM => Some(GgmlType::Q4_K),
             QuantFormat::GgufQ5KS | QuantFormat::GgufQ5KM => Some(GgmlType::Q5_K),
             QuantFormat::GgufQ6K => Some(GgmlType::Q6_K),
-            QuantFormat::Fp8Scaled | QuantFormat::GgufBf16 | QuantFormat::GgufF16 => None,
+            _ => None,
         }
     }
 }
@@ -201,6 +242,10 @@ pub enum Why {
     Fp8Linear,
     /// fp8-scaled: not an nn.Linear weight (bias, norm, modulation, Conv3d): high precision.
     HighPrecision,
+    /// comfy:* / lightx2v:*: a block Linear weight, in the format with its side tensors.
+    BlockLinear,
+    /// comfy:* / lightx2v:*: not a block Linear weight: high precision (`--dtype`).
+    NotBlockLinear,
 }
 
 impl Why {
@@ -227,6 +272,8 @@ impl Why {
             Why::Plain => "plain: the format's float type",
             Why::Fp8Linear => "quantized: nn.Linear weight, F8_E4M3 + scale_weight",
             Why::HighPrecision => "kept: not an nn.Linear weight (high precision)",
+            Why::BlockLinear => "quantized: block Linear weight, with its side tensors",
+            Why::NotBlockLinear => "kept: not a block Linear weight (high precision)",
         }
     }
 }
@@ -473,6 +520,47 @@ pub fn is_fp8_linear(name: &str, shape: &[usize]) -> bool {
         && wan_names::parse_stored(Layout::Wan, name).is_some_and(|(row, _)| {
             row.to_nnx == Transform::Transpose && row.wan.ends_with(".weight")
         })
+}
+
+/// The tensors `comfy:*` and `lightx2v:*` quantize (the other tensors stay high precision
+/// in `--dtype`): a 2-D `.weight` whose name (original-Wan, no prefix) is
+/// `<blocks>.<N>.<module>.<...>.weight` with `<module>` one of `self_attn`, `cross_attn`,
+/// `ffn`.
+///
+/// - `comfy:*`: `<blocks>` is `blocks` only: the set Comfy-Org quantizes in its own WAN file
+///   (spec quant_formats_2026.md §1.5: `wan2.2_animate_14B_int8_convrot`, 480 layers = 40
+///   blocks x {self,cross}_attn.{q,k,v,o}, cross_attn.{k_img,v_img}, ffn.{0,2}; no
+///   embedding, head or modulation). Per variant (`model::wan::WanVariant`): T2V 1.3B / 14B,
+///   TI2V-5B, each A14B expert and SkyReels-V2: `blocks.N.{self,cross}_attn.{q,k,v,o}`,
+///   `ffn.{0,2}` (SkyReels-V2's `fps_projection` stays high precision); I2V / FLF2V also
+///   `cross_attn.{k_img,v_img}` (`img_emb` stays); VACE and Fun: the same `blocks.N`
+///   Linears, while `vace_blocks.N.*`, `before_proj` / `after_proj` and Fun's control
+///   embedding stay high precision (Comfy-Org publishes no such file to say otherwise);
+///   Animate: `blocks.N` as I2V, its `face_adapter`, `face_encoder` and `motion_encoder`
+///   stay high precision (as in Comfy-Org's animate file). Norm weights and biases are 1-D.
+/// - `lightx2v:*`: LightX2V's `quantize_model` (ModelTC/LightX2V @f8aee98
+///   `tools/convert/converter.py`, `wan_dit`: `key_idx` 2, `target_keys` self_attn,
+///   cross_attn, ffn; every 2-D tensor whose third dot-separated part is one of them), so
+///   also `vace_blocks.N.*` of a VACE model; everything else is cast to `--dtype`
+///   (its `--non_linear_dtype`). Every 2-D tensor there is a `.weight` in original-Wan
+///   names, so `<L>.weight` + `_scale` is `<L>.weight_scale` (`key + "_scale"`). Its
+///   `ignore_key` (`"ca"`, `"audio"`: keys containing them are deleted) matches no T2V,
+///   I2V, TI2V or VACE name; `quant::encode::plan` refuses a name it matches (Animate's
+///   `face_encoder.conv1_local`) instead of dropping it.
+pub fn is_block_linear(format: QuantFormat, name: &str, shape: &[usize]) -> bool {
+    let parts: Vec<&str> = name.split('.').collect();
+    let module = parts
+        .get(2)
+        .is_some_and(|m| matches!(*m, "self_attn" | "cross_attn" | "ffn"));
+    let weight = parts.last() == Some(&"weight");
+    if matches!(format, QuantFormat::LightX2vInt8 | QuantFormat::LightX2vFp8) {
+        return shape.len() == 2 && module && weight;
+    }
+    shape.len() == 2
+        && module
+        && parts[0] == "blocks"
+        && parts[1].parse::<usize>().is_ok()
+        && weight
 }
 
 #[cfg(test)]
