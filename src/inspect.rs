@@ -72,7 +72,7 @@ pub struct ComponentReport {
     /// Adapter details, filled by the adapter module.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub adapter: Option<serde_json::Value>,
-    /// ComfyUI scaled-fp8 details (`quant::inspect`), when the `scaled_fp8` marker is present.
+    /// ComfyUI scaled-fp8 details (`quant::inspect`), when the file carries its marker (`quant::convention`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub quantization: Option<serde_json::Value>,
 }

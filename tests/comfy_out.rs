@@ -248,7 +248,7 @@ fn source_plus(
     write_f32(path, &refs);
 }
 
-/// One refusal per documented one (`quant::layer_codec`): exit 1, the file, the key and the
+/// One refusal per documented one (`quant::layer_format`): exit 1, the file, the key and the
 /// reason named, nothing written.
 #[test]
 fn weights_the_reference_quantizers_turn_into_nan_are_refused_with_nothing_written() {

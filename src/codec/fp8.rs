@@ -3,7 +3,7 @@
 //!
 //! Owns: `f32 → F8_E4M3` (round to nearest, ties to even, subnormals down to 2⁻⁹, −0 for
 //! negatives that round to zero, saturation of every finite |x| > 448 and of ±inf to ±448,
-//! NaN → 0x7f with the sign bit kept), its inverse, and `scale_weight = max|W| / 448` (one f32
+//! NaN → 0x7f with the sign bit kept), its inverse, and the per-tensor scale `max|W| / 448` (one f32
 //! division, spec quant_formats.md §1.5) with the codes `W / scale` (one f32 division per
 //! element). Does not own: which tensors are quantized (the release encoding) or the file.
 //!
@@ -86,7 +86,7 @@ pub fn amax(w: &[f32]) -> f32 {
     w.iter().fold(0f32, |m, &x| m.max(x.abs()))
 }
 
-/// The stored `scale_weight` of a weight whose `max|W|` is `amax`: `amax / 448` as one f32
+/// The stored per-tensor scale of a weight whose `max|W|` is `amax`: `amax / 448` as one f32
 /// division (not `amax * (1/448)`, which differs by an ulp for many tensors); 1.0 for an
 /// all-zero weight (see the module docs).
 pub fn scale_for(amax: f32) -> f32 {
@@ -151,10 +151,10 @@ pub fn round_e4m3_qtorch(x: f32) -> f32 {
     f32::from_bits(q)
 }
 
-/// One scaled-fp8 tensor: the `scale_weight` and the codes, row-major like the weight.
+/// One scaled-fp8 tensor: the per-tensor scale and the codes, row-major like the weight.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ScaledFp8 {
-    /// `scale_weight` (0-d F32 in the file).
+    /// The per-tensor scale (0-d F32 in the file; its name: `quant::convention`).
     pub scale: f32,
     /// F8_E4M3 codes of `W / scale`.
     pub codes: Vec<u8>,

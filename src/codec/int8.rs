@@ -32,14 +32,14 @@
 //!   bit, so comfy-kitchen's own bytes are not reproducible across machines).
 //! - `backends/eager/quantization.py`, `int8_linear` (the forward): rotates the activation
 //!   `x·H` per group, quantizes it per row, multiplies by the stored codes transposed and
-//!   scales by `weight_scale · x_scale`; so the stored codes are the rotated weight and the
+//!   scales by the weight's scale times `x_scale`; so the stored codes are the rotated weight and the
 //!   weight the layer computes with is `dequant(W_rot)·H`.
 //!
 //! LightX2V (ModelTC/LightX2V @f8aee98): `tools/convert/quant/quant.py` `QuantWeightINT8`
-//! writes `weight` I8 `[out, in]` and `weight_scale` `[out, 1]` (`clamp(rowabsmax, 1e-5) / 127`
+//! writes the weight I8 `[out, in]` and its scale `[out, 1]` (`clamp(rowabsmax, 1e-5) / 127`
 //! in the source weight's dtype); the loader's torch fallback
 //! (`lightx2v/common/ops/mm/mm_weight.py`, `MMWeightFp8IntelXpu.apply`, the one dequantizing
-//! path: `weight.to(dtype) * weight_scale.to(dtype)`) is [`decode_into`] with
+//! path: `weight.to(dtype) * scale.to(dtype)`) is [`decode_into`] with
 //! [`Scale::Rows`]; the int8 kernels (vllm, q8f, torchao, triton) compute with the same
 //! `code · row scale`.
 
@@ -56,9 +56,9 @@ pub const MIN_SCALE: f32 = 1e-30;
 /// How an INT8 weight is scaled.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Scale<'a> {
-    /// One scale for the whole tensor (a scalar `weight_scale`).
+    /// One scale for the whole tensor (a scalar scale tensor).
     Tensor(f32),
-    /// One scale per row (a `[N, 1]` `weight_scale`), widened to f32.
+    /// One scale per row (a `[N, 1]` scale tensor), widened to f32.
     Rows(&'a [f32]),
 }
 
@@ -120,7 +120,7 @@ pub fn decode(
     Ok(out)
 }
 
-/// Decodes a ConvRot INT8 weight (`comfy_quant` `"convrot": true`) into the un-rotated weight
+/// Decodes a ConvRot INT8 weight (a ConvRot layer's marker says `"convrot": true`) into the un-rotated weight
 /// the layer computes with: per group of `group` columns, the integer sums `k = q·H4^{⊗m}`
 /// (exact), then `f32(s · k / 2^m)` with `s` the row's (or the tensor's) scale, one f64
 /// product (exact: 24-bit `s` times `|k| ≤ 128·group`) and one rounding. `cols` must be a

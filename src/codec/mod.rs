@@ -151,6 +151,7 @@ pub(crate) fn check_finite(w: &[f32]) -> Result<(), CodecError> {
 mod golden {
     use super::{fp8, int8, mxfp8, nvfp4};
     use crate::io::{DType, SafetensorsFile};
+    use crate::quant::convention::{WEIGHT_SCALE, WEIGHT_SCALE_2};
     use serde_json::Value;
     use sha2::{Digest, Sha256};
     use std::path::{Path, PathBuf};
@@ -185,9 +186,9 @@ mod golden {
         (v.bytes, v.shape.to_vec())
     }
 
-    /// The row scales or the scalar of an int8 / per-channel `weight_scale`.
+    /// The row scales or the scalar of an int8 / per-channel scale tensor.
     fn scale_of(f: &SafetensorsFile, layer: &str, n: usize) -> Vec<f32> {
-        let name = format!("{layer}.weight_scale");
+        let name = format!("{layer}{WEIGHT_SCALE}");
         let v = f.view(&name).unwrap();
         let s = f32s(f, &name);
         assert!(
@@ -205,15 +206,15 @@ mod golden {
         match file {
             "comfy_nvfp4.safetensors" => {
                 let (q, qs) = bytes(f, &w, &[DType::U8]);
-                let (s, _) = bytes(f, &format!("{layer}.weight_scale"), &[DType::F8_E4M3]);
-                let ts = f32s(f, &format!("{layer}.weight_scale_2"));
+                let (s, _) = bytes(f, &format!("{layer}{WEIGHT_SCALE}"), &[DType::F8_E4M3]);
+                let ts = f32s(f, &format!("{layer}{WEIGHT_SCALE_2}"));
                 nvfp4::decode(q, s, ts[0], [qs[0], qs[1] * 2], shape).unwrap()
             }
             "comfy_mxfp8.safetensors" | "comfy_mxfp8_e8m0.safetensors" => {
                 let (q, qs) = bytes(f, &w, &[DType::F8_E4M3]);
                 let (s, _) = bytes(
                     f,
-                    &format!("{layer}.weight_scale"),
+                    &format!("{layer}{WEIGHT_SCALE}"),
                     &[DType::U8, DType::F8_E8M0],
                 );
                 mxfp8::decode(q, s, [qs[0], qs[1]], shape).unwrap()
@@ -258,7 +259,7 @@ mod golden {
     ];
 
     /// The quantized layers of one file: `(layer, [n, k])` for every tensor whose stored form
-    /// comes with a `weight_scale`.
+    /// comes with a scale tensor.
     fn layers(entry: &Value) -> Vec<(String, [usize; 2])> {
         let mut out = Vec::new();
         for (name, t) in entry["expect"]["tensors"].as_object().unwrap() {
@@ -270,7 +271,7 @@ mod golden {
                 .map_or(&[][..], |v| v.as_slice());
             if with
                 .iter()
-                .any(|w| w == &Value::from(format!("{layer}.weight_scale")))
+                .any(|w| w == &Value::from(format!("{layer}{WEIGHT_SCALE}")))
             {
                 let s: Vec<usize> = t["shape"]
                     .as_array()
@@ -385,12 +386,12 @@ mod golden {
                         assert_eq!(e.weight, raw(&f, &name), "{file}: {name}");
                         assert_eq!(
                             e.block_scales,
-                            raw(&f, &format!("{layer}.weight_scale")),
+                            raw(&f, &format!("{layer}{WEIGHT_SCALE}")),
                             "{file}: {layer} scales"
                         );
                         assert_eq!(
                             e.tensor_scale,
-                            f32s(&f, &format!("{layer}.weight_scale_2"))[0]
+                            f32s(&f, &format!("{layer}{WEIGHT_SCALE_2}"))[0]
                         );
                     }
                     "comfy_mxfp8.safetensors" => {
@@ -398,14 +399,14 @@ mod golden {
                         assert_eq!(e.codes, raw(&f, &name), "{file}: {name}");
                         assert_eq!(
                             e.scales,
-                            raw(&f, &format!("{layer}.weight_scale")),
+                            raw(&f, &format!("{layer}{WEIGHT_SCALE}")),
                             "{file}: {layer} scales"
                         );
                     }
                     "comfy_int8.safetensors" => {
                         let (q, s) = int8::encode_rowwise(&w, n, k).unwrap();
                         assert_eq!(q, raw(&f, &name), "{file}: {name}");
-                        assert_eq!(scale_bytes(&s), raw(&f, &format!("{layer}.weight_scale")));
+                        assert_eq!(scale_bytes(&s), raw(&f, &format!("{layer}{WEIGHT_SCALE}")));
                     }
                     "comfy_fp8.safetensors" => {
                         let scale = fp8::amax(&w) / fp8::E4M3_MAX;
@@ -414,23 +415,26 @@ mod golden {
                         assert_eq!(q, raw(&f, &name), "{file}: {name}");
                         assert_eq!(
                             scale_bytes(&[scale]),
-                            raw(&f, &format!("{layer}.weight_scale"))
+                            raw(&f, &format!("{layer}{WEIGHT_SCALE}"))
                         );
                     }
                     "lightx2v_int8.safetensors" => {
                         let (q, s) = int8::encode_rowwise_lightx2v(&w, n, k).unwrap();
                         assert_eq!(q, raw(&f, &name), "{file}: {name}");
-                        assert_eq!(scale_bytes(&s), raw(&f, &format!("{layer}.weight_scale")));
+                        assert_eq!(scale_bytes(&s), raw(&f, &format!("{layer}{WEIGHT_SCALE}")));
                     }
                     "lightx2v_fp8.safetensors" => {
                         let (q, s) = mxfp8::encode_fp8_rowwise_lightx2v(&w, n, k).unwrap();
                         assert_eq!(q, raw(&f, &name), "{file}: {name}");
-                        assert_eq!(scale_bytes(&s), raw(&f, &format!("{layer}.weight_scale")));
+                        assert_eq!(scale_bytes(&s), raw(&f, &format!("{layer}{WEIGHT_SCALE}")));
                     }
                     "comfy_int8_scalar.safetensors" => {
                         let (q, s) = int8::encode_tensorwise(&w).unwrap();
                         assert_eq!(q, raw(&f, &name), "{file}: {name}");
-                        assert_eq!(scale_bytes(&[s]), raw(&f, &format!("{layer}.weight_scale")));
+                        assert_eq!(
+                            scale_bytes(&[s]),
+                            raw(&f, &format!("{layer}{WEIGHT_SCALE}"))
+                        );
                     }
                     _ => {
                         // comfy-kitchen rotated with an f32 BLAS matmul (not reproducible); ours

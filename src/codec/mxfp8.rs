@@ -137,7 +137,7 @@ pub fn decode(
     Ok(out)
 }
 
-/// An encoded MXFP8 weight: what comfy-kitchen stores as `weight` and `weight_scale`.
+/// An encoded MXFP8 weight: what comfy-kitchen stores as the weight and its block scales.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Mxfp8 {
     /// F8_E4M3 codes, row-major `stored`.
@@ -146,7 +146,7 @@ pub struct Mxfp8 {
     pub scales: Vec<u8>,
     /// The stored (padded) `[rows, cols]`.
     pub stored: [usize; 2],
-    /// The swizzled scale matrix's `[rows, cols]` (the `weight_scale` tensor's shape).
+    /// The swizzled scale matrix's `[rows, cols]` (the block scales' tensor shape).
     pub scale_shape: [usize; 2],
 }
 
@@ -238,9 +238,9 @@ pub fn encode_fp8_rowwise_lightx2v(
 }
 
 /// LightX2V's per-channel fp8 (`dit_quant_scheme` `fp8-*`): `weight` F8_E4M3 `[out, in]` and
-/// `weight_scale` `[out, 1]`, decoded as the loader's torch fallback does
+/// per-row scale `[out, 1]`, decoded as the loader's torch fallback does
 /// (`lightx2v/common/ops/mm/mm_weight.py`, `MMWeightFp8IntelXpu.apply`:
-/// `weight.to(dtype) * weight_scale.to(dtype)`, here with dtype float32). `scale` holds the
+/// `weight.to(dtype) * scale.to(dtype)`, here with dtype float32). `scale` holds the
 /// `out` row scales already widened to f32 (the converter writes them in the weight's dtype:
 /// f32, or bf16 for a bf16 source; widening is exact).
 pub fn decode_fp8_rowwise_into(

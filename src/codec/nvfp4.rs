@@ -15,7 +15,7 @@
 //!   `value * total` (with float32 as the output type: two f32 products in that order).
 //! - `tensor/nvfp4.py`, `TensorCoreNVFP4Layout`: `Params._validate_tensor_fields` widens the
 //!   per-tensor scale to float32; `state_dict_tensors` writes `weight` (the packed codes),
-//!   `weight_scale` (the swizzled block scales) and `weight_scale_2` (the per-tensor scale);
+//!   the swizzled block scales and the per-tensor scale (their names: `quant::convention`);
 //!   `quant::encode` computes `scale = amax(|W|) / (448·6)` and calls `quantize_nvfp4` with
 //!   `pad_16x` when a dimension is not a multiple of 16; `get_padded_shape` is
 //!   `(roundup(N,16), roundup(K,16))`, `get_storage_shape` `(roundup(N,16), roundup(K,16)/2)`.
@@ -132,7 +132,7 @@ fn check_shapes(
 ///
 /// `weight` is the stored U8 tensor `[rows, cols / 2]` with `stored = [rows, cols]` in elements
 /// (`cols` a multiple of 16); `block_scales` the stored swizzled F8_E4M3 bytes
-/// (`128·⌈rows/128⌉ · 4·⌈(cols/16)/4⌉` of them); `tensor_scale` is `weight_scale_2` widened to
+/// (`128·⌈rows/128⌉ · 4·⌈(cols/16)/4⌉` of them); `tensor_scale` is the stored per-tensor scale widened to
 /// f32. `logical` is the layer's `[out_features, in_features]`: the file does not hold it
 /// (ComfyUI takes it from the model's Linear); pass `logical = stored` when it is not known
 /// (for multiples of 16 they agree).
@@ -188,19 +188,19 @@ pub fn decode(
     Ok(out)
 }
 
-/// An encoded NVFP4 weight: what comfy-kitchen stores as `weight`, `weight_scale` and
-/// `weight_scale_2`.
+/// An encoded NVFP4 weight: what comfy-kitchen stores as the weight, its block scales and
+/// its per-tensor scale.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Nvfp4 {
     /// Packed codes (even element in the high nibble), row-major `[stored[0], stored[1] / 2]`.
     pub weight: Vec<u8>,
     /// F8_E4M3 block scales in the swizzled layout.
     pub block_scales: Vec<u8>,
-    /// The per-tensor scale (`weight_scale_2`).
+    /// The per-tensor scale.
     pub tensor_scale: f32,
     /// The stored (padded) `[rows, cols]` in elements.
     pub stored: [usize; 2],
-    /// The swizzled scale matrix's `[rows, cols]` (the `weight_scale` tensor's shape).
+    /// The swizzled scale matrix's `[rows, cols]` (the block scales' tensor shape).
     pub scale_shape: [usize; 2],
 }
 

@@ -6,7 +6,7 @@
 //! Owns: `QuantPlan` (every output tensor under its original-Wan name with its encoding and
 //! the reason, from `quant::rules`), the output file plan of each format (one
 //! `.safetensors` with the `scaled_fp8` marker and `scale_weight` tensors, one
-//! `.safetensors` whose block Linears carry the tensors of `quant::layer_codec` (and, for
+//! `.safetensors` whose block Linears carry the tensors of `quant::layer_format` (and, for
 //! `comfy:*`, the `_quantization_metadata` header), or one `.gguf` laid out by
 //! `format::gguf`), [`encode`] (f32 values of a tensor, or of a band of its whole
 //! rows, to the bytes of its encoding, plus the values a loader dequantizes), the error
@@ -37,7 +37,7 @@ use crate::model::base_model::{BaseModel, ComponentModel};
 use crate::model::plan_error::{ANIMATE_NOT_QUANTIZED, ANIMATE_UNKNOWN, PlanError};
 use crate::model::wan_layout::Layout;
 use crate::model::wan_names::{self, Position};
-use crate::quant::layer_codec::{LayerCodec, LayerPart};
+use crate::quant::layer_format::{LayerFormat, LayerPart};
 use crate::quant::rules::{self, GgufMix, QuantFormat, Why};
 use crate::release::writer::{ComponentOutput, GgufParts, OutputPlan};
 
@@ -144,7 +144,7 @@ pub enum QuantError {
         /// The format asked for.
         format: QuantFormat,
     },
-    /// A weight a per-layer format cannot encode (`quant::layer_codec`).
+    /// A weight a per-layer format cannot encode (`quant::layer_format`).
     #[error("{what}: {reason}")]
     Codec {
         /// The file and key.
@@ -170,10 +170,10 @@ pub enum Encoding {
     /// F8_E4M3 codes plus a 0-d F32 `scale_weight`.
     Fp8,
     /// A block Linear of a `comfy:*` / `lightx2v:*` output, `k` values a row: its weight
-    /// and side tensors (`quant::layer_codec`).
+    /// and side tensors (`quant::layer_format`).
     Layer {
         /// The layer's format.
-        codec: LayerCodec,
+        codec: LayerFormat,
         /// Row length (in_features).
         k: usize,
     },
@@ -390,7 +390,7 @@ fn decide(
             (Encoding::Plain(o.plain_dtype()), Why::HighPrecision)
         };
     }
-    if let Some(codec) = LayerCodec::of(o.format) {
+    if let Some(codec) = LayerFormat::of(o.format) {
         return if rules::is_block_linear(o.format, name, shape) {
             let k = shape[1];
             (Encoding::Layer { codec, k }, Why::BlockLinear)
@@ -465,7 +465,7 @@ impl QuantPlan {
         Ok(out)
     }
 
-    /// A `comfy:*` / `lightx2v:*` file: each block Linear's tensors (`LayerCodec::tensors`)
+    /// A `comfy:*` / `lightx2v:*` file: each block Linear's tensors (`LayerFormat::tensors`)
     /// and every other tensor in its plain dtype; a `comfy:*` file also gets the
     /// `_quantization_metadata` header, naming the same layers and formats as the markers.
     fn per_layer_plan(
@@ -505,7 +505,7 @@ impl QuantPlan {
             }
         }
         if !layers.is_empty() {
-            let header = crate::quant::layer_codec::quantization_metadata(
+            let header = crate::quant::layer_format::quantization_metadata(
                 layers.iter().map(|(l, c)| (*l, c.as_str())),
             );
             metadata.insert(crate::quant::convention::QUANT_METADATA.into(), header);
@@ -654,7 +654,7 @@ pub struct Encoded {
 impl Encoding {
     /// True when a run of whole rows can be encoded on its own (every encoding but fp8,
     /// whose scale is the whole tensor's `max|W|`, and the per-layer codecs that need it or
-    /// 128-row bands: `LayerCodec::streams`).
+    /// 128-row bands: `LayerFormat::streams`).
     pub fn streams(&self) -> bool {
         match self {
             Encoding::Fp8 => false,

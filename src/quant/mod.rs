@@ -12,6 +12,6 @@ pub mod convention;
 pub mod decode;
 pub mod encode;
 pub mod inspect;
-pub mod layer_codec;
+pub mod layer_format;
 pub mod layers;
 pub mod rules;

@@ -125,7 +125,7 @@ impl QuantFormat {
     }
 
     /// True for the formats that quantize only the block Linears and store each with its
-    /// side tensors (`comfy:*`, `lightx2v:*`: `quant::layer_codec`).
+    /// side tensors (`comfy:*`, `lightx2v:*`: `quant::layer_format`).
     pub fn is_per_layer(self) -> bool {
         !self.is_gguf() && self != QuantFormat::Fp8Scaled
     }

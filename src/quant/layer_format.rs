@@ -3,7 +3,7 @@
 //! and, for ComfyUI, the `<L>.comfy_quant` marker and the `_quantization_metadata` header
 //! entry), and encoding a band of its whole rows into those tensors.
 //!
-//! Owns: [`LayerCodec`] (one per format), the stored dtypes and shapes of each layer, the
+//! Owns: [`LayerFormat`] (one per format), the stored dtypes and shapes of each layer, the
 //! marker bytes (`json.dumps(conf)` spelling) and where each band's bytes go in each tensor.
 //! Does not own: the numbers (`codec::{fp8, nvfp4, mxfp8, int8}`, each byte-identical to
 //! comfy-kitchen 0.2.40 / LightX2V @f8aee98), the names of markers and scales
@@ -33,8 +33,8 @@
 //!
 //! Bands: the per-row formats (int8, LightX2V) encode any run of whole rows on its own. The
 //! swizzled scales of NVFP4 and MXFP8 are laid out in tiles of 128 rows, so a band must start
-//! on a multiple of [`LayerCodec::row_align`] rows; comfy fp8 and NVFP4 need the whole
-//! tensor's `max|W|` first ([`LayerCodec::tensor_scale`], passed to every band).
+//! on a multiple of [`LayerFormat::row_align`] rows; comfy fp8 and NVFP4 need the whole
+//! tensor's `max|W|` first ([`LayerFormat::tensor_scale`], passed to every band).
 
 use crate::codec::blocked::blocked_shape;
 use crate::codec::{CodecError, fp8, int8, mxfp8, nvfp4};
@@ -44,7 +44,7 @@ use crate::quant::rules::QuantFormat;
 
 /// The per-layer format of a block Linear in a `comfy:*` or `lightx2v:*` output.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LayerCodec {
+pub enum LayerFormat {
     /// comfy-kitchen `TensorCoreFP8Layout` (`float8_e4m3fn`), per-tensor scale.
     ComfyFp8,
     /// comfy-kitchen `TensorCoreNVFP4Layout` (`nvfp4`).
@@ -91,17 +91,17 @@ pub struct LayerPart {
     pub bytes: Vec<u8>,
 }
 
-impl LayerCodec {
+impl LayerFormat {
     /// The codec of a per-layer format (`QuantFormat::is_per_layer`).
-    pub fn of(format: QuantFormat) -> Option<LayerCodec> {
+    pub fn of(format: QuantFormat) -> Option<LayerFormat> {
         Some(match format {
-            QuantFormat::ComfyFp8 => LayerCodec::ComfyFp8,
-            QuantFormat::ComfyNvfp4 => LayerCodec::ComfyNvfp4,
-            QuantFormat::ComfyMxfp8 => LayerCodec::ComfyMxfp8,
-            QuantFormat::ComfyInt8 => LayerCodec::ComfyInt8,
-            QuantFormat::ComfyInt8ConvRot => LayerCodec::ComfyInt8ConvRot,
-            QuantFormat::LightX2vInt8 => LayerCodec::LightX2vInt8,
-            QuantFormat::LightX2vFp8 => LayerCodec::LightX2vFp8,
+            QuantFormat::ComfyFp8 => LayerFormat::ComfyFp8,
+            QuantFormat::ComfyNvfp4 => LayerFormat::ComfyNvfp4,
+            QuantFormat::ComfyMxfp8 => LayerFormat::ComfyMxfp8,
+            QuantFormat::ComfyInt8 => LayerFormat::ComfyInt8,
+            QuantFormat::ComfyInt8ConvRot => LayerFormat::ComfyInt8ConvRot,
+            QuantFormat::LightX2vInt8 => LayerFormat::LightX2vInt8,
+            QuantFormat::LightX2vFp8 => LayerFormat::LightX2vFp8,
             _ => return None,
         })
     }
@@ -109,13 +109,13 @@ impl LayerCodec {
     /// The name in reports.
     pub fn name(self) -> &'static str {
         match self {
-            LayerCodec::ComfyFp8 => "comfy float8_e4m3fn",
-            LayerCodec::ComfyNvfp4 => "comfy nvfp4",
-            LayerCodec::ComfyMxfp8 => "comfy mxfp8",
-            LayerCodec::ComfyInt8 => "comfy int8_tensorwise",
-            LayerCodec::ComfyInt8ConvRot => "comfy int8_tensorwise convrot",
-            LayerCodec::LightX2vInt8 => "lightx2v int8",
-            LayerCodec::LightX2vFp8 => "lightx2v fp8",
+            LayerFormat::ComfyFp8 => "comfy float8_e4m3fn",
+            LayerFormat::ComfyNvfp4 => "comfy nvfp4",
+            LayerFormat::ComfyMxfp8 => "comfy mxfp8",
+            LayerFormat::ComfyInt8 => "comfy int8_tensorwise",
+            LayerFormat::ComfyInt8ConvRot => "comfy int8_tensorwise convrot",
+            LayerFormat::LightX2vInt8 => "lightx2v int8",
+            LayerFormat::LightX2vFp8 => "lightx2v fp8",
         }
     }
 
@@ -126,14 +126,14 @@ impl LayerCodec {
     pub fn comfy_quant(self) -> Option<String> {
         use crate::quant::convention as c;
         let format = match self {
-            LayerCodec::ComfyFp8 => c::COMFY_FORMAT_FP8,
-            LayerCodec::ComfyNvfp4 => c::COMFY_FORMAT_NVFP4,
-            LayerCodec::ComfyMxfp8 => c::COMFY_FORMAT_MXFP8,
-            LayerCodec::ComfyInt8 | LayerCodec::ComfyInt8ConvRot => c::COMFY_FORMAT_INT8,
-            LayerCodec::LightX2vInt8 | LayerCodec::LightX2vFp8 => return None,
+            LayerFormat::ComfyFp8 => c::COMFY_FORMAT_FP8,
+            LayerFormat::ComfyNvfp4 => c::COMFY_FORMAT_NVFP4,
+            LayerFormat::ComfyMxfp8 => c::COMFY_FORMAT_MXFP8,
+            LayerFormat::ComfyInt8 | LayerFormat::ComfyInt8ConvRot => c::COMFY_FORMAT_INT8,
+            LayerFormat::LightX2vInt8 | LayerFormat::LightX2vFp8 => return None,
         };
         let convrot = match self {
-            LayerCodec::ComfyInt8ConvRot => {
+            LayerFormat::ComfyInt8ConvRot => {
                 format!(", \"convrot\": true, \"convrot_groupsize\": {CONVROT_GROUP}")
             }
             _ => String::new(),
@@ -143,14 +143,14 @@ impl LayerCodec {
 
     /// True when the whole tensor's `max|W|` is needed before any band is encoded.
     pub fn needs_amax(self) -> bool {
-        matches!(self, LayerCodec::ComfyFp8 | LayerCodec::ComfyNvfp4)
+        matches!(self, LayerFormat::ComfyFp8 | LayerFormat::ComfyNvfp4)
     }
 
     /// A band must start on a multiple of this many rows (the 128-row tiles of the swizzled
     /// block scales).
     pub fn row_align(self) -> usize {
         match self {
-            LayerCodec::ComfyNvfp4 | LayerCodec::ComfyMxfp8 => 128,
+            LayerFormat::ComfyNvfp4 | LayerFormat::ComfyMxfp8 => 128,
             _ => 1,
         }
     }
@@ -165,8 +165,8 @@ impl LayerCodec {
     /// for the codecs without one. An all-zero weight is refused.
     pub fn tensor_scale(self, amax: f32) -> Result<Option<f32>, CodecError> {
         let scale = match self {
-            LayerCodec::ComfyFp8 => amax / fp8::E4M3_MAX,
-            LayerCodec::ComfyNvfp4 => nvfp4::tensor_scale_for(amax),
+            LayerFormat::ComfyFp8 => amax / fp8::E4M3_MAX,
+            LayerFormat::ComfyNvfp4 => nvfp4::tensor_scale_for(amax),
             _ => return Ok(None),
         };
         if !(scale.is_finite() && scale > 0.0) {
@@ -187,11 +187,11 @@ impl LayerCodec {
             shape: shape.to_vec(),
         };
         let mut v = match self {
-            LayerCodec::ComfyFp8 => vec![
+            LayerFormat::ComfyFp8 => vec![
                 t(WEIGHT, DType::F8_E4M3, &[n, k]),
                 t(WEIGHT_SCALE, DType::F32, &[]),
             ],
-            LayerCodec::ComfyNvfp4 => {
+            LayerFormat::ComfyNvfp4 => {
                 let [rows, cols] = nvfp4::stored_shape(n, k)?;
                 vec![
                     t(WEIGHT, DType::U8, &[rows, cols / 2]),
@@ -203,7 +203,7 @@ impl LayerCodec {
                     t(WEIGHT_SCALE_2, DType::F32, &[]),
                 ]
             }
-            LayerCodec::ComfyMxfp8 => {
+            LayerFormat::ComfyMxfp8 => {
                 let [rows, cols] = mxfp8::stored_shape(n, k)?;
                 vec![
                     t(WEIGHT, DType::F8_E4M3, &[rows, cols]),
@@ -214,13 +214,13 @@ impl LayerCodec {
                     ),
                 ]
             }
-            LayerCodec::ComfyInt8 | LayerCodec::ComfyInt8ConvRot | LayerCodec::LightX2vInt8 => {
+            LayerFormat::ComfyInt8 | LayerFormat::ComfyInt8ConvRot | LayerFormat::LightX2vInt8 => {
                 vec![
                     t(WEIGHT, DType::I8, &[n, k]),
                     t(WEIGHT_SCALE, DType::F32, &[n, 1]),
                 ]
             }
-            LayerCodec::LightX2vFp8 => vec![
+            LayerFormat::LightX2vFp8 => vec![
                 t(WEIGHT, DType::F8_E4M3, &[n, k]),
                 t(WEIGHT_SCALE, DType::F32, &[n, 1]),
             ],
@@ -232,8 +232,8 @@ impl LayerCodec {
     }
 
     /// Encodes rows `r0 ..` of a layer (`w`: whole rows of `k` values, `r0` a multiple of
-    /// [`LayerCodec::row_align`]) and writes the values a loader dequantizes into `y`.
-    /// `tensor_scale` is [`LayerCodec::tensor_scale`] of the whole tensor where the codec
+    /// [`LayerFormat::row_align`]) and writes the values a loader dequantizes into `y`.
+    /// `tensor_scale` is [`LayerFormat::tensor_scale`] of the whole tensor where the codec
     /// has one (`None`: taken from `w`, which must then be the whole tensor). Returns the
     /// bytes of each tensor the band covers; the per-tensor ones (scalar scales, the marker)
     /// with the band at row 0.
@@ -269,7 +269,7 @@ impl LayerCodec {
         let f32_bytes = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
         let mut parts = Vec::new();
         match self {
-            LayerCodec::ComfyFp8 => {
+            LayerFormat::ComfyFp8 => {
                 let s = scale.unwrap_or(1.0);
                 let mut q = vec![0u8; w.len()];
                 fp8::encode_comfy(w, s, &mut q);
@@ -279,7 +279,7 @@ impl LayerCodec {
                     parts.push(part(WEIGHT_SCALE, 0, s.to_le_bytes().to_vec()));
                 }
             }
-            LayerCodec::ComfyNvfp4 => {
+            LayerFormat::ComfyNvfp4 => {
                 let s = scale.unwrap_or(1.0);
                 let e = nvfp4::encode_with_scale(w, rows, k, s)?;
                 let d = nvfp4::decode(&e.weight, &e.block_scales, s, e.stored, [rows, k])?;
@@ -290,7 +290,7 @@ impl LayerCodec {
                     parts.push(part(WEIGHT_SCALE_2, 0, s.to_le_bytes().to_vec()));
                 }
             }
-            LayerCodec::ComfyMxfp8 => {
+            LayerFormat::ComfyMxfp8 => {
                 let e = mxfp8::encode(w, rows, k)?;
                 let d = mxfp8::decode(&e.codes, &e.scales, e.stored, [rows, k])?;
                 y.copy_from_slice(&d);
@@ -299,16 +299,16 @@ impl LayerCodec {
             }
             _ => {
                 let (q, s) = match self {
-                    LayerCodec::ComfyInt8 => int8::encode_rowwise(w, rows, k)?,
-                    LayerCodec::ComfyInt8ConvRot => {
+                    LayerFormat::ComfyInt8 => int8::encode_rowwise(w, rows, k)?,
+                    LayerFormat::ComfyInt8ConvRot => {
                         int8::encode_convrot(w, rows, k, CONVROT_GROUP)?
                     }
-                    LayerCodec::LightX2vInt8 => int8::encode_rowwise_lightx2v(w, rows, k)?,
+                    LayerFormat::LightX2vInt8 => int8::encode_rowwise_lightx2v(w, rows, k)?,
                     _ => mxfp8::encode_fp8_rowwise_lightx2v(w, rows, k)?,
                 };
                 match self {
-                    LayerCodec::LightX2vFp8 => mxfp8::decode_fp8_rowwise_into(&q, &s, rows, k, y)?,
-                    LayerCodec::ComfyInt8ConvRot => {
+                    LayerFormat::LightX2vFp8 => mxfp8::decode_fp8_rowwise_into(&q, &s, rows, k, y)?,
+                    LayerFormat::ComfyInt8ConvRot => {
                         let s = int8::Scale::Rows(&s);
                         int8::decode_convrot_into(&q, s, rows, k, CONVROT_GROUP, y)?
                     }
@@ -351,13 +351,13 @@ mod tests {
 
     #[test]
     fn markers_are_spelled_as_python_json_dumps() {
-        let nv = LayerCodec::ComfyNvfp4.comfy_quant().unwrap();
+        let nv = LayerFormat::ComfyNvfp4.comfy_quant().unwrap();
         assert_eq!(nv, r#"{"format": "nvfp4"}"#);
         assert_eq!(
-            LayerCodec::ComfyInt8ConvRot.comfy_quant().unwrap(),
+            LayerFormat::ComfyInt8ConvRot.comfy_quant().unwrap(),
             r#"{"format": "int8_tensorwise", "convrot": true, "convrot_groupsize": 256}"#
         );
-        assert_eq!(LayerCodec::LightX2vFp8.comfy_quant(), None);
+        assert_eq!(LayerFormat::LightX2vFp8.comfy_quant(), None);
         let h = quantization_metadata(
             [("blocks.0.ffn.0", &nv[..]), ("blocks.0.ffn.2", &nv)].into_iter(),
         );
@@ -377,13 +377,13 @@ mod tests {
         let mut rng = crate::rng::SplitMix64::new(41);
         let w: Vec<f32> = (0..n * k).map(|_| rng.signed_f32()).collect();
         for codec in [
-            LayerCodec::ComfyFp8,
-            LayerCodec::ComfyNvfp4,
-            LayerCodec::ComfyMxfp8,
-            LayerCodec::ComfyInt8,
-            LayerCodec::ComfyInt8ConvRot,
-            LayerCodec::LightX2vInt8,
-            LayerCodec::LightX2vFp8,
+            LayerFormat::ComfyFp8,
+            LayerFormat::ComfyNvfp4,
+            LayerFormat::ComfyMxfp8,
+            LayerFormat::ComfyInt8,
+            LayerFormat::ComfyInt8ConvRot,
+            LayerFormat::LightX2vInt8,
+            LayerFormat::LightX2vFp8,
         ] {
             let tensors = codec.tensors(n, k).unwrap();
             let mut whole_y = vec![0f32; w.len()];
