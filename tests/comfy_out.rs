@@ -496,3 +496,29 @@ fn bake_to_per_layer_formats_is_the_merge_and_runs_its_checks() {
         ok(run(d.path(), &["inspect", &format!("b_{name}")]));
     }
 }
+
+/// The files the runtimes' own loaders read (golden/comfy_out_load.py: ComfyUI's
+/// MixedPrecisionOps on comfy-kitchen's layouts, LightX2V's `weight * weight_scale`) to the
+/// reference tools' values are the files the binary still writes: their sha256 is recorded
+/// in golden/comfy_out/loaded.json with the loader's verdict.
+#[test]
+fn the_runtimes_loaders_read_these_very_files() {
+    let text = fs_err::read_to_string(repo().join("golden/comfy_out/loaded.json")).unwrap();
+    let loaded: Value = serde_json::from_str(&text).unwrap();
+    let d = tmp();
+    for (to, _, extra) in CASES {
+        let entry = &loaded[to];
+        assert_eq!(
+            entry["differ"],
+            serde_json::json!([]),
+            "{to}: the loader disagreed"
+        );
+        let out = convert_to(d.path(), &source(), to, extra, "2");
+        let bytes = fs_err::read(weights_in(&out)).unwrap();
+        assert_eq!(
+            sha256(&bytes),
+            entry["file_sha256"].as_str().unwrap(),
+            "{to}: not the file golden/comfy_out_load.py loaded"
+        );
+    }
+}
