@@ -11,7 +11,7 @@
 //! `forward` (the model), `vace` (the VACE context blocks and their hints), `job` (one run: a forward or a sampling loop), `scheduler` (FlowMatchEulerDiscreteScheduler), `sampler` (CFG
 //! loop and expert switch), `weights` (the `WeightSource` trait, checkpoints of any layout
 //! through `model::read_plan::ReadPlan`, in-memory weights),
-//! `quant_weights` (GGUF and scaled-fp8 checkpoints, dequantized per tensor),
+//! `quant_weights` (quantized checkpoints of every format `quant::decode` reads, per tensor),
 //! `model_dir` (what `--model` may name), `inputs` and `output` (the files of `wanbake
 //! run`), `error`.
 //!

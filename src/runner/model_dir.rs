@@ -49,7 +49,7 @@ impl ModelSet<'static> {
     /// Opens `path` (see the module doc); `config` replaces every transformer's
     /// config.json.
     pub fn open(path: &Path, config: Option<&Path>) -> Result<ModelSet<'static>, RunError> {
-        // A GGUF or scaled-fp8 transformer (`runner::quant_weights`).
+        // A quantized transformer of one state dict (`runner::quant_weights`).
         if let Some(q) = super::quant_weights::open_quantized(path, config)? {
             return Ok(ModelSet {
                 path: path.to_path_buf(),
