@@ -42,18 +42,6 @@ const CASES: [(&str, &str, &[&str]); 6] = [
     ),
 ];
 
-/// The one weights file of an output folder.
-fn weights_in(dir: &Path) -> PathBuf {
-    let found: Vec<PathBuf> = fs_err::read_dir(dir)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
-        .collect();
-    assert_eq!(found.len(), 1, "{}: {found:?}", dir.display());
-    found[0].clone()
-}
-
 fn convert_to(dir: &Path, input: &Path, to: &str, extra: &[&str], threads: &str) -> PathBuf {
     let out = dir.join(format!("{}_{threads}", to.replace(':', "_")));
     let mut args = vec!["--threads", threads, "convert", input.to_str().unwrap()];
@@ -163,7 +151,11 @@ fn lightx2v_keeps_the_rest_in_f32_by_default_and_comfy_in_bf16() {
 fn merge_to_is_the_f32_merge_converted() {
     let d = tmp();
     let lora = d.path().join("lora.safetensors");
-    small_lora(&lora);
+    small_lora(
+        &lora,
+        0x5EED_0041,
+        &[("self_attn.q", 64, 64), ("ffn.0", 256, 64)],
+    );
     let base = source();
     let merge = |out: &str, extra: &[&str]| {
         let mut args = vec!["merge", "--base", base.to_str().unwrap()];
@@ -195,24 +187,6 @@ fn merge_to_is_the_f32_merge_converted() {
             "{to}: merge --to differs from merge then convert --to"
         );
     }
-}
-
-/// A ComfyUI-named LoRA on two block Linears of the small model (rank 2).
-fn small_lora(path: &Path) {
-    let mut rng = Rng::new(0x5EED_0041);
-    let mut t: Vec<(String, Vec<usize>, Vec<f32>)> = Vec::new();
-    for (m, out, inp) in [("self_attn.q", 64, 64), ("ffn.0", 256, 64)] {
-        let p = format!("diffusion_model.blocks.0.{m}");
-        let down = (0..2 * inp).map(|_| rng.signed_f32() * 0.1).collect();
-        let up = (0..out * 2).map(|_| rng.signed_f32() * 0.1).collect();
-        t.push((format!("{p}.lora_down.weight"), vec![2, inp], down));
-        t.push((format!("{p}.lora_up.weight"), vec![out, 2], up));
-    }
-    let refs: Vec<(&str, Vec<usize>, Vec<f32>)> = t
-        .iter()
-        .map(|(n, s, v)| (n.as_str(), s.clone(), v.clone()))
-        .collect();
-    write_f32(path, &refs);
 }
 
 /// The source with `name`'s values replaced by `f(index, value)`.

@@ -15,18 +15,6 @@ fn quant(name: &str) -> PathBuf {
     repo().join("golden/quant").join(name)
 }
 
-/// The one weights file (`.safetensors`) an output folder holds.
-fn weights_in(dir: &Path) -> PathBuf {
-    let mut found: Vec<PathBuf> = fs_err::read_dir(dir)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
-        .collect();
-    assert_eq!(found.len(), 1, "{}: {found:?}", dir.display());
-    found.remove(0)
-}
-
 /// Every tensor of `want` is in `got` with the same dtype, shape and bytes, and nothing else.
 #[track_caller]
 fn assert_same_tensors(got: &Path, want: &Path) {
@@ -438,30 +426,16 @@ fn every_quantized_format_converts_to_its_runtimes_decoding() {
     }
 }
 
-/// A ComfyUI-named LoRA on two block Linears of the small model (rank 2).
-fn small_lora(path: &Path) {
-    let mut rng = Rng::new(0x5EED_0040);
-    let mut t: Vec<(String, Vec<usize>, Vec<f32>)> = Vec::new();
-    for (m, out, inp) in [("self_attn.q", 64, 64), ("ffn.2", 64, 256)] {
-        let p = format!("diffusion_model.blocks.0.{m}");
-        let down = (0..2 * inp).map(|_| rng.signed_f32() * 0.1).collect();
-        let up = (0..out * 2).map(|_| rng.signed_f32() * 0.1).collect();
-        t.push((format!("{p}.lora_down.weight"), vec![2, inp], down));
-        t.push((format!("{p}.lora_up.weight"), vec![out, 2], up));
-    }
-    let refs: Vec<(&str, Vec<usize>, Vec<f32>)> = t
-        .iter()
-        .map(|(n, s, v)| (n.as_str(), s.clone(), v.clone()))
-        .collect();
-    write_f32(path, &refs);
-}
-
 /// A merge onto each format equals the same merge onto its decoded f32 values, byte for byte,
 /// and the report says what the base was.
 #[test]
 fn merge_onto_every_quantized_format_is_the_merge_onto_its_decoding() {
     let d = tmp();
-    small_lora(&d.path().join("lora.safetensors"));
+    small_lora(
+        &d.path().join("lora.safetensors"),
+        0x5EED_0040,
+        &[("self_attn.q", 64, 64), ("ffn.2", 64, 256)],
+    );
     for file in [
         "comfy_nvfp4.safetensors",
         "comfy_mxfp8.safetensors",

@@ -320,3 +320,34 @@ pub fn write_small_wan(path: &std::path::Path, model: &serde_json::Value) {
         .collect();
     write_seeded_f32(path, &tensors, &model["first_tensor"]);
 }
+
+/// The one weights file (`.safetensors`) an output folder holds.
+pub fn weights_in(dir: &Path) -> PathBuf {
+    let mut found: Vec<PathBuf> = fs_err::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .collect();
+    assert_eq!(found.len(), 1, "{}: {found:?}", dir.display());
+    found.remove(0)
+}
+
+/// A rank-2 ComfyUI-named LoRA (`diffusion_model.blocks.0.<module>.lora_{down,up}`) on
+/// `modules` (`(module, out, in)`) of block 0, seeded values in ±0.1.
+pub fn small_lora(path: &Path, seed: u64, modules: &[(&str, usize, usize)]) {
+    let mut rng = Rng::new(seed);
+    let mut t: Vec<(String, Vec<usize>, Vec<f32>)> = Vec::new();
+    for &(m, out, inp) in modules {
+        let p = format!("diffusion_model.blocks.0.{m}");
+        let down = (0..2 * inp).map(|_| rng.signed_f32() * 0.1).collect();
+        let up = (0..out * 2).map(|_| rng.signed_f32() * 0.1).collect();
+        t.push((format!("{p}.lora_down.weight"), vec![2, inp], down));
+        t.push((format!("{p}.lora_up.weight"), vec![out, 2], up));
+    }
+    let refs: Vec<(&str, Vec<usize>, Vec<f32>)> = t
+        .iter()
+        .map(|(n, s, v)| (n.as_str(), s.clone(), v.clone()))
+        .collect();
+    write_f32(path, &refs);
+}
