@@ -69,8 +69,9 @@ pub fn convert_piece<E>(
         let size = dtype.element_bytes();
         let step = (band_bytes / size).max(1) * size;
         for (i, chunk) in src.bytes.chunks(step).enumerate() {
-            write(i * step, chunk)?;
+            // Checked before it is written: the writer may drop the source's pages.
             held &= all_finite_bytes(dtype, chunk);
+            write(i * step, chunk)?;
         }
         return Ok(if held { None } else { find(src) });
     }

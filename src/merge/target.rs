@@ -697,7 +697,7 @@ impl<'a> Emit<'a> {
         };
         // What the output cannot hold was found in the merged values, against the same
         // dtype's limit (`merged_limit`): the rounding and the permutation add nothing.
-        let _ = exec.convert_bands(self.job, self.to_output, src)?;
+        let _ = exec.convert_bands(self.job, self.to_output, src, None)?;
         Ok((whole, narrowed, None))
     }
 }

@@ -39,7 +39,7 @@ use super::plan::Plan;
 use crate::codec::dtype::narrow_from_f32;
 use crate::codec::dtype::widen_to_f32;
 use crate::codec::dtype::{Unheld, all_held};
-use crate::io::TensorRef;
+use crate::io::{DType, SafetensorsFile, TensorRef};
 use crate::layout::conversion::{PIECE_BAND_BYTES, convert_piece};
 use crate::model::animate::Constant;
 use crate::model::transform::{SrcTensor, Transform};
@@ -376,7 +376,7 @@ impl<'a> Exec<'a> {
             shape: &job.stored_shape,
             bytes: layer_bytes(&view, job.layer, &job.stored_shape)?,
         };
-        match self.convert_bands(job, job.transform, stored)? {
+        match self.convert_bands(job, job.transform, stored, Some(src.file))? {
             Some(found) => self.found(self.base_finding(job, src, found)),
             None => Ok(()),
         }
@@ -402,12 +402,16 @@ impl<'a> Exec<'a> {
         let read = |at: usize, buf: &mut Vec<f32>| -> Result<(), PipelineError> {
             let k = band.min(n - at);
             buf.resize(k, 0.0);
-            widen_to_f32(view.dtype, &view.bytes[at * size..(at + k) * size], buf).map_err(|e| {
-                PipelineError::Convert {
+            let bytes = &view.bytes[at * size..(at + k) * size];
+            let widened =
+                widen_to_f32(view.dtype, bytes, buf).map_err(|e| PipelineError::Convert {
                     tensor: job.stored.clone(),
                     reason: e.to_string(),
-                }
-            })
+                });
+            // Held as f32 now: the band's mapped pages leave the resident set.
+            let start = bytes.as_ptr() as usize - src.file.bytes().as_ptr() as usize;
+            src.file.release_bytes(start, start + bytes.len());
+            widened
         };
         let mut buf = Vec::new();
         let what = format!("{}: {}", src.file.path().display(), job.stored);
@@ -526,18 +530,31 @@ impl<'a> Exec<'a> {
     /// Writes `transform(src)` converted to the job's dtype (`layout::conversion::convert_piece`);
     /// returns the values the output holds as NaN or ±inf (non-finite in `src`, or beyond
     /// the job's dtype), counted in the piece's output order, for the caller to name.
+    ///
+    /// When `src` is mapped from `file` and the transform keeps the element order, the mapped
+    /// pages of each band leave the resident set once the band is written, so a copied
+    /// tensor costs a band of memory, not its size (a 14B `time_projection` is 629 MB in
+    /// f32); a later read faults them back from the page cache.
     pub fn convert_bands(
         &self,
         job: &Job,
         transform: Transform,
         src: SrcTensor<'_>,
+        file: Option<&SafetensorsFile>,
     ) -> Result<Option<Unheld>, PipelineError> {
         let err = |e: crate::model::transform::KernelError| PipelineError::Convert {
             tensor: job.stored.clone(),
             reason: e.to_string(),
         };
+        let consumed = band_source(file, transform, &src, job.dtype);
         let mut buf = Vec::new();
-        let write = |offset: usize, bytes: &[u8]| self.write(job, offset, bytes);
+        let write = |offset: usize, bytes: &[u8]| {
+            self.write(job, offset, bytes)?;
+            if let Some(release) = &consumed {
+                release(offset, bytes.len());
+            }
+            Ok(())
+        };
         convert_piece(
             transform,
             src,
@@ -548,6 +565,33 @@ impl<'a> Exec<'a> {
             err,
         )
     }
+}
+
+/// For a `src` mapped from `file` and converted in its own element order: what releases the
+/// source bytes behind output bytes `[offset, offset + len)` of the piece (element `i` of the
+/// output is element `i` of the source). `None` when nothing can be released band by band.
+fn band_source<'s>(
+    file: Option<&'s SafetensorsFile>,
+    transform: Transform,
+    src: &SrcTensor<'s>,
+    dtype: DType,
+) -> Option<impl Fn(usize, usize) + 's> {
+    let file = file?;
+    if !transform.keeps_order() {
+        return None;
+    }
+    // Same dtype: byte for byte (packed types included); else whole elements of each.
+    let (num, den) = match src.dtype == dtype {
+        true => (1, 1),
+        false => (src.dtype.size()?, dtype.size()?),
+    };
+    let base = (src.bytes.as_ptr() as usize).checked_sub(file.bytes().as_ptr() as usize)?;
+    let len = src.bytes.len();
+    Some(move |offset: usize, n: usize| {
+        let begin = (offset / den * num).min(len);
+        let end = ((offset + n) / den * num).min(len);
+        file.release_bytes(base + begin, base + end);
+    })
 }
 
 /// The values of `w` (elements `first ..` of a tensor) that are not finite, or else (a
