@@ -9,7 +9,7 @@
 //! entry's tensors (for a LyCORIS entry: its whole `f(W0) − W0` from `merge::lycoris`, added
 //! like a diff, since OFT/BOFT mix rows across bands), `w` and σ of a contribution, the band
 //! buffers, and where merged bands go (`Emit`: narrowed or encoded straight into the output,
-//! or assembled whole for a permuting layout or a scaled-fp8 weight). Does not own: the
+//! or assembled whole for a permuting layout). Does not own: the
 //! formulas (`merge::math`) or the whole-tensor program (`merge::device`), the job loop and
 //! the writes (`pipeline::exec`), reading base rows (`pipeline::base_rows`), the -xs bases
 //! (`merge::xs`).
@@ -19,8 +19,11 @@
 //! kinds the target's whole W0 and delta (f32). A merged tensor written through a permuting
 //! layout (`--layout nnx`) is assembled whole (f32) before it is transposed. So is every
 //! target on the whole-tensor route, at most `pipeline::compute::MAX_LANES` at a time (host and
-//! device memory: W0, the accumulator, V and the output bytes of one tensor per lane), and
-//! a merged target of a scaled-fp8 output (its scale is the whole tensor's `max|W|`).
+//! device memory: W0, the accumulator, V and the output bytes of one tensor per lane). A
+//! merged target whose encoding needs the whole tensor's `max|W|` first (scaled fp8, comfy
+//! fp8, NVFP4) is not assembled: its bands are computed twice, once for the `max|W|` and once
+//! to encode (the same bits each time), and an encoding whose bands start on 128-row tiles
+//! (NVFP4, MXFP8) holds back at most a tile of merged rows.
 
 #![allow(non_snake_case)]
 
@@ -49,7 +52,7 @@ use crate::pipeline::exec::{Exec, band_rows, stored};
 use crate::pipeline::{Compute, TargetValues, TargetWriter};
 use crate::pipeline::{Contribution, Job, Lanes, PipelineError, Plan, Target};
 use crate::pipeline::{Origin, UnheldValues};
-use crate::quant::encode::ErrorSum;
+use crate::quant::encode::{AmaxPass, Encoding, ErrorSum};
 
 /// The merge engine of one plan: computes each target on the route `compute` names, its
 /// -xs bases through the SVD cache when one is given.
@@ -261,29 +264,60 @@ impl Merger<'_> {
         src: &TensorRef<'_>,
         scratch: &mut TargetScratch,
     ) -> Result<(), MergeError> {
-        let svd = &self.svd;
         let mut out = Emit::new(job, t)?;
         out.bytes = std::mem::take(&mut scratch.bytes);
         let math = &mut scratch.math;
         let limit = merged_limit(job);
-        let merged = if out.assembles() {
+        let p = self.prepare(job, t, src, &self.svd)?;
+        self.plan_encoding(&p, t, math, limit, &mut out)?;
+        let merged = if out.assemble {
             // Merged in place, band by band, into the whole tensor the output needs (the
             // worker's buffer of the last one, so its pages are not faulted in again; every
             // element is overwritten).
             let mut whole = std::mem::take(&mut scratch.whole);
             whole.resize(t.out * t.inp, 0.0);
             let into = Some(&mut whole[..]);
-            let found = self.merge_bands(job, t, src, math, svd, into, limit, |_, _, _| Ok(()))?;
+            let found = self.run_bands(&p, t, math, into, limit, |_, _, _| Ok(()))?;
             out.whole = whole;
             found
         } else {
-            self.merge_bands(job, t, src, math, svd, None, limit, |rows, r0, D| {
+            self.run_bands(&p, t, math, None, limit, |rows, r0, D| {
                 Ok(out.band(exec, rows, r0, D)?)
             })?
         };
         let encoded;
         (scratch.whole, scratch.bytes, encoded) = out.finish(exec)?;
         self.found(exec, job, t, src, merged, encoded)
+    }
+
+    /// Lets `out` encode a non-streaming encoding band by band instead of assembling the
+    /// merged tensor: for one that needs the tensor's `max|W|`, a first pass over the merged
+    /// bands takes it (the second, the encoding pass, computes the same bits again). A
+    /// non-finite merge is assembled whole, as the encoder has always seen it.
+    fn plan_encoding(
+        &self,
+        p: &Prepared<'_>,
+        t: &Target,
+        math: &mut Scratch,
+        limit: f32,
+        out: &mut Emit<'_>,
+    ) -> Result<(), MergeError> {
+        let Some(enc) = out.banded_encoding() else {
+            return Ok(());
+        };
+        out.assemble = false;
+        if enc.needs_amax() {
+            let mut pass = AmaxPass::default();
+            self.run_bands(p, t, math, None, limit, |rows, _, D| {
+                pass.add(&rows.to_stored_order(D));
+                Ok(())
+            })?;
+            match pass.scale(enc, &t.name).map_err(PipelineError::from)? {
+                Some(scale) => out.tensor_scale = Some(scale),
+                None => out.assemble = true,
+            }
+        }
+        Ok(())
     }
 
     /// The merged f32 values of target `t` (read through `job`) in PyTorch layout, band by
@@ -353,18 +387,52 @@ impl Merger<'_> {
         src: &TensorRef<'_>,
         scratch: &mut Scratch,
         svd: &SvdCounters,
+        whole: Option<&mut [f32]>,
+        limit: f32,
+        band: impl FnMut(&BaseRows<'_>, usize, &[f32]) -> Result<(), MergeError>,
+    ) -> Result<Option<(Unheld, Origin)>, MergeError> {
+        let prepared = self.prepare(job, t, src, svd)?;
+        self.run_bands(&prepared, t, scratch, whole, limit, band)
+    }
+
+    /// What every band of target `t` is computed from: its base rows, its contributions'
+    /// factors and their column scales (a pass over the base for DoRA).
+    fn prepare<'s>(
+        &self,
+        job: &Job,
+        t: &Target,
+        src: &TensorRef<'s>,
+        svd: &SvdCounters,
+    ) -> Result<Prepared<'s>, MergeError> {
+        let rows = BaseRows::new(t, src, job)?;
+        let loaded = self.load_factors(t, &rows, svd)?;
+        let band_len = band_rows(t.inp);
+        let col_scales = weighted_updates(&loaded)
+            .iter()
+            .map(|(u, _)| column_scales(u, t.out, t.inp, band_len, |r0, n, d| rows.read(r0, n, d)))
+            .collect::<Result<Vec<_>, PipelineError>>()?;
+        Ok(Prepared {
+            rows,
+            loaded,
+            col_scales,
+        })
+    }
+
+    /// The band loop of [`Merger::merge_bands`] over what [`Merger::prepare`] loaded; run
+    /// twice for an encoding that needs the merged tensor's `max|W|` first (`Merger::merge`),
+    /// each run computing the same bits.
+    fn run_bands(
+        &self,
+        p: &Prepared<'_>,
+        t: &Target,
+        scratch: &mut Scratch,
         mut whole: Option<&mut [f32]>,
         limit: f32,
         mut band: impl FnMut(&BaseRows<'_>, usize, &[f32]) -> Result<(), MergeError>,
     ) -> Result<Option<(Unheld, Origin)>, MergeError> {
-        let rows = BaseRows::new(t, src, job)?;
-        let loaded = self.load_factors(t, &rows, svd)?;
-        let updates = weighted_updates(&loaded);
+        let (rows, col_scales) = (&p.rows, &p.col_scales);
+        let updates = weighted_updates(&p.loaded);
         let band_len = band_rows(t.inp);
-        let col_scales = updates
-            .iter()
-            .map(|(u, _)| column_scales(u, t.out, t.inp, band_len, |r0, n, d| rows.read(r0, n, d)))
-            .collect::<Result<Vec<_>, PipelineError>>()?;
         let mut band_buf = Band::default();
         let mut own = Vec::new();
         let (mut found, mut origin) = (None, None);
@@ -378,17 +446,17 @@ impl Merger<'_> {
                     &mut own
                 }
             };
-            band_buf.merged(D, &rows, &updates, &col_scales, t, r0, scratch)?;
+            band_buf.merged(D, rows, &updates, col_scales, t, r0, scratch)?;
             if !all_held(D, limit) {
                 let part = Unheld::scan(D, limit, r0 * t.inp);
                 if let (None, Some(p)) = (&origin, part) {
                     let at = (r0, n, p.first - r0 * t.inp);
-                    let o = self.attribute(t, &rows, &updates, &col_scales, at, limit, scratch)?;
+                    let o = self.attribute(t, rows, &updates, col_scales, at, limit, scratch)?;
                     origin = Some(o);
                 }
                 Unheld::add(&mut found, part);
             }
-            band(&rows, r0, D)?;
+            band(rows, r0, D)?;
             r0 += n;
         }
         Ok(found.zip(origin))
@@ -571,8 +639,9 @@ impl Band {
 
 /// Where merged bands go: narrowed (or encoded, for a quantized output) straight into the
 /// output when the output layout is the PyTorch layout (or the MLX row order), else
-/// assembled whole and converted at the end; a scaled-fp8 weight is assembled whole and
-/// encoded at the end (its scale needs the whole tensor's `max|W|`).
+/// assembled whole and converted at the end. An encoding that needs the tensor's `max|W|`
+/// gets it from a first pass (`Merger::merge`); on the whole-tensor route, or when that
+/// `max|W|` is not finite, the tensor is assembled and encoded at the end.
 struct Emit<'a> {
     job: &'a Job,
     t: &'a Target,
@@ -582,6 +651,15 @@ struct Emit<'a> {
     error: ErrorSum,
     /// Values a quantized output's encoder could not hold.
     found: Option<Unheld>,
+    /// The merged tensor is assembled whole before it is written: a permuting layout, or an
+    /// encoding that does not stream (unless `Merger::merge` streams it in two passes).
+    assemble: bool,
+    /// The per-tensor scale every band is encoded with (`Encoding::needs_amax`).
+    tensor_scale: Option<f32>,
+    /// Merged rows not encoded yet, from row `pending_r0`: an encoding whose bands start on
+    /// a multiple of `Encoding::row_align` rows.
+    pending: Vec<f32>,
+    pending_r0: usize,
 }
 
 impl<'a> Emit<'a> {
@@ -602,6 +680,7 @@ impl<'a> Emit<'a> {
                 t.name
             )));
         }
+        let streams = job.encoding.is_none_or(|e| e.streams());
         Ok(Emit {
             job,
             t,
@@ -610,17 +689,70 @@ impl<'a> Emit<'a> {
             whole: Vec::new(),
             error: ErrorSum::default(),
             found: None,
+            assemble: to_output != Transform::Identity || !streams,
+            tensor_scale: None,
+            pending: Vec::new(),
+            pending_r0: 0,
         })
+    }
+
+    /// The encoding, when it does not stream but can be encoded in bands of the stored
+    /// layout (its scale taken first, its bands aligned).
+    fn banded_encoding(&self) -> Option<Encoding> {
+        let enc = self.job.encoding?;
+        (self.to_output == Transform::Identity && !enc.streams()).then_some(enc)
+    }
+
+    /// Encodes merged rows `r0 ..` (stored order) into the output, holding back the rows
+    /// past the last whole multiple of the encoding's `row_align` until more come or
+    /// `last`.
+    fn encode_rows(
+        &mut self,
+        exec: &Exec<'_>,
+        enc: Encoding,
+        r0: usize,
+        stored: &[f32],
+        last: bool,
+    ) -> Result<(), PipelineError> {
+        let inp = self.t.inp.max(1);
+        let align = enc.row_align();
+        if align == 1 && self.pending.is_empty() {
+            let (first, what) = (r0 * inp, &self.t.name);
+            let ts = self.tensor_scale;
+            let part = exec.encode_part(self.job, enc, first, stored, ts, what, &mut self.error)?;
+            Unheld::add(&mut self.found, part);
+            return Ok(());
+        }
+        let mut pending = std::mem::take(&mut self.pending);
+        if pending.is_empty() {
+            self.pending_r0 = r0;
+        }
+        pending.extend_from_slice(stored);
+        let rows = pending.len() / inp;
+        let ready = if last { rows } else { rows / align * align };
+        if ready > 0 || (last && !pending.is_empty()) {
+            let n = if last { pending.len() } else { ready * inp };
+            let (first, what) = (self.pending_r0 * inp, &self.t.name);
+            let part = exec.encode_part(
+                self.job,
+                enc,
+                first,
+                &pending[..n],
+                self.tensor_scale,
+                what,
+                &mut self.error,
+            )?;
+            Unheld::add(&mut self.found, part);
+            pending.drain(..n);
+            self.pending_r0 += ready;
+        }
+        self.pending = pending;
+        Ok(())
     }
 
     /// Are merged values written as the backend rounds them (a plain dtype, stored layout)?
     fn direct(&self) -> bool {
         self.to_output == Transform::Identity && self.job.encoding.is_none()
-    }
-
-    /// Is the merged tensor assembled whole before it is written?
-    fn assembles(&self) -> bool {
-        self.to_output != Transform::Identity || self.job.encoding.is_some_and(|e| !e.streams())
     }
 
     fn band(
@@ -630,18 +762,13 @@ impl<'a> Emit<'a> {
         r0: usize,
         D: &[f32],
     ) -> Result<(), PipelineError> {
-        if self.assembles() {
+        if self.assemble {
             self.whole.extend_from_slice(D);
             return Ok(());
         }
         let stored = rows.to_stored_order(D);
         if let Some(enc) = self.job.encoding {
-            let first = r0 * self.t.inp;
-            let what = self.t.name.clone();
-            let part =
-                exec.encode_part(self.job, enc, first, &stored, None, &what, &mut self.error)?;
-            Unheld::add(&mut self.found, part);
-            return Ok(());
+            return self.encode_rows(exec, enc, r0, &stored, false);
         }
         self.bytes
             .resize(stored.len() * self.job.dtype.element_bytes(), 0);
@@ -667,7 +794,10 @@ impl<'a> Emit<'a> {
     ) -> Result<(Vec<f32>, Vec<u8>, Option<Unheld>), PipelineError> {
         let whole = std::mem::take(&mut self.whole);
         if let Some(enc) = self.job.encoding {
-            if self.assembles() {
+            if !self.assemble && !self.pending.is_empty() {
+                self.encode_rows(exec, enc, self.pending_r0, &[], true)?;
+            }
+            if self.assemble {
                 let what = self.t.name.clone();
                 let part =
                     exec.encode_part(self.job, enc, 0, &whole, None, &what, &mut self.error)?;
@@ -700,6 +830,14 @@ impl<'a> Emit<'a> {
         let _ = exec.convert_bands(self.job, self.to_output, src, None)?;
         Ok((whole, narrowed, None))
     }
+}
+
+/// What every band of one target is computed from (`Merger::prepare`).
+struct Prepared<'a> {
+    rows: BaseRows<'a>,
+    loaded: Vec<Loaded>,
+    /// Per contribution, DoRA's column scales.
+    col_scales: Vec<Option<Vec<f64>>>,
 }
 
 /// Each loaded contribution's formula with its weight, in contribution order.

@@ -43,7 +43,7 @@ use crate::io::{DType, SafetensorsFile, TensorRef};
 use crate::layout::conversion::{PIECE_BAND_BYTES, convert_piece};
 use crate::model::animate::Constant;
 use crate::model::transform::{SrcTensor, Transform};
-use crate::quant::encode::{self, Encoding, ErrorStats, ErrorSum};
+use crate::quant::encode::{self, AmaxPass, Encoding, ErrorStats, ErrorSum};
 use crate::release::staging::Staging;
 
 /// Largest band of a tensor a worker holds in one f32 buffer (1 MiB: a band, the base rows
@@ -417,15 +417,13 @@ impl<'a> Exec<'a> {
         let what = format!("{}: {}", src.file.path().display(), job.stored);
         let mut tensor_scale = None;
         if enc.needs_amax() {
-            let mut amax = 0f32;
+            let mut pass = AmaxPass::default();
             for at in (0..n).step_by(band) {
                 read(at, &mut buf)?;
-                amax = amax.max(crate::codec::fp8::amax(&buf));
+                pass.add(&buf);
             }
             // A non-finite weight is found (and named) by the encoding pass below.
-            if amax.is_finite() {
-                tensor_scale = enc.tensor_scale(amax, &what)?;
-            }
+            tensor_scale = pass.scale(enc, &what)?;
         }
         let mut sum = ErrorSum::default();
         let mut found = None;

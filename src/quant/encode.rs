@@ -581,6 +581,29 @@ pub struct ErrorStats {
     pub rms_w: f64,
 }
 
+/// The first of an encoding's two passes when its bands share the whole tensor's scale
+/// ([`Encoding::needs_amax`]): `max|W|` over the bands as they come, then the scale. Used by
+/// every producer that encodes such a tensor in bands (an untouched tensor, a merged one).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AmaxPass(f32);
+
+impl AmaxPass {
+    /// Takes the next band into the maximum.
+    pub fn add(&mut self, band: &[f32]) {
+        self.0 = self.0.max(fp8::amax(band));
+    }
+
+    /// The per-tensor scale every band is encoded with; `None` when the maximum is not
+    /// finite (the weight holds ±inf: the encoding pass finds and names it) or the encoding
+    /// has no such scale. `what` names the tensor in the error of an unusable scale.
+    pub fn scale(self, enc: Encoding, what: &str) -> Result<Option<f32>, QuantError> {
+        match self.0.is_finite() {
+            true => enc.tensor_scale(self.0, what),
+            false => Ok(None),
+        }
+    }
+}
+
 /// [`ErrorStats`] summed over the parts of one tensor in element order, so a tensor
 /// encoded in bands gives the same sums (and bits) as one encoded whole.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
