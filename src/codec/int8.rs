@@ -43,6 +43,7 @@
 //! [`Scale::Rows`]; the int8 kernels (vllm, q8f, torchao, triton) compute with the same
 //! `code · row scale`.
 
+use super::dtype::vectorized;
 use super::hadamard;
 use super::{CodecError, check_finite, check_len, mul};
 
@@ -189,11 +190,25 @@ pub fn quantize_one(x: f32, scale: f32) -> u8 {
     (x / scale).round_ties_even().clamp(QMIN, QMAX) as i8 as u8
 }
 
+/// The codes of `w` at `scale` into `out`, compiled for the CPU's vector width
+/// (`dtype::vectorized`: `roundps` instead of a call to `rintf` per element). Each code is
+/// [`quantize_one`]'s: the division rounds once and the rounding and clamp are exact at any
+/// width.
+fn quantize_into(w: &[f32], scale: f32, out: &mut [u8]) {
+    vectorized(|| {
+        for (o, &x) in out.iter_mut().zip(w) {
+            *o = quantize_one(x, scale);
+        }
+    })
+}
+
 /// `quantize_int8_tensorwise(w)`: the codes and the one scale. Non-finite input is refused.
 pub fn encode_tensorwise(w: &[f32]) -> Result<(Vec<u8>, f32), CodecError> {
     check_finite(w)?;
-    let s = scale_for(w.iter().fold(0f32, |m, x| m.max(x.abs())));
-    Ok((w.iter().map(|&x| quantize_one(x, s)).collect(), s))
+    let s = scale_for(super::fp8::amax(w));
+    let mut codes = vec![0u8; w.len()];
+    quantize_into(w, s, &mut codes);
+    Ok((codes, s))
 }
 
 /// `quantize_int8_rowwise(w)` of a row-major `[rows, cols]` weight: codes and `rows` scales
@@ -212,10 +227,8 @@ pub fn encode_rowwise(
         return Ok((codes, scales));
     }
     for (row, out) in w.chunks_exact(cols).zip(codes.chunks_exact_mut(cols)) {
-        let s = scale_for(row.iter().fold(0f32, |m, x| m.max(x.abs())));
-        for (o, &x) in out.iter_mut().zip(row) {
-            *o = quantize_one(x, s);
-        }
+        let s = scale_for(super::fp8::amax(row));
+        quantize_into(row, s, out);
         scales.push(s);
     }
     Ok((codes, scales))
@@ -243,14 +256,8 @@ pub fn encode_rowwise_lightx2v(
     }
     let rows_iter = w.chunks_exact(cols).zip(codes.chunks_exact_mut(cols));
     for ((row, out), s) in rows_iter.zip(&mut scales) {
-        *s = row
-            .iter()
-            .fold(0f32, |m, x| m.max(x.abs()))
-            .max(LIGHTX2V_MIN_AMAX)
-            / QMAX;
-        for (o, &x) in out.iter_mut().zip(row) {
-            *o = quantize_one(x, *s);
-        }
+        *s = super::fp8::amax(row).max(LIGHTX2V_MIN_AMAX) / QMAX;
+        quantize_into(row, *s, out);
     }
     Ok((codes, scales))
 }

@@ -229,7 +229,7 @@ pub fn encode_fp8_rowwise_lightx2v(
     }
     let rows_iter = w.chunks_exact(cols).zip(codes.chunks_exact_mut(cols));
     for ((row, out), s) in rows_iter.zip(&mut scales) {
-        *s = row.iter().fold(0f32, |m, x| m.max(x.abs())).max(min_amax) / E4M3_MAX;
+        *s = super::fp8::amax(row).max(min_amax) / E4M3_MAX;
         for (o, &x) in out.iter_mut().zip(row) {
             *o = f32_to_e4m3fn(round_e4m3_qtorch((x / *s).clamp(-E4M3_MAX, E4M3_MAX)));
         }

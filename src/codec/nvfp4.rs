@@ -218,7 +218,7 @@ pub fn tensor_scale_for(amax: f32) -> f32 {
 pub fn encode(w: &[f32], n: usize, k: usize) -> Result<Nvfp4, CodecError> {
     check_len("NVFP4 input", mul(n, k, "NVFP4 input size")?, w.len())?;
     check_finite(w)?;
-    let amax = w.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let amax = super::fp8::amax(w);
     if amax == 0.0 {
         return Err(CodecError::Unrepresentable(
             "NVFP4 of an all-zero weight: comfy-kitchen's per-tensor scale is 0 and its block \
