@@ -61,21 +61,22 @@ pub fn f32_to_e2m1(x: f32) -> u8 {
     let sign = bits & 0x8000_0000;
     let abs = bits ^ sign;
     let xa = f32::from_bits(abs);
-    let code = if xa >= E2M1_MAX {
-        7
-    } else if xa < 1.0 {
-        // Adding 2^22 puts the f32 ulp at 0.5, the subnormal step; the addition rounds to
-        // nearest even (denorm_exp = 149 in the reference).
-        const DENORM: u32 = 149 << 23;
-        ((xa + f32::from_bits(DENORM)).to_bits() - DENORM) as u8
-    } else {
-        // Rebias 127 -> 1, round the 22 dropped mantissa bits to nearest even.
-        let odd = (abs >> 22) & 1;
-        let v = abs
-            .wrapping_add(1u32.wrapping_sub(127) << 23)
-            .wrapping_add((1 << 21) - 1)
-            .wrapping_add(odd);
-        (v >> 22) as u8
+    // Both roundings are computed and one is selected, so a loop over codes has no branch.
+    // Below 1: adding 2^22 puts the f32 ulp at 0.5, the subnormal step; the addition rounds
+    // to nearest even (denorm_exp = 149 in the reference).
+    const DENORM: u32 = 149 << 23;
+    let sub = (xa + f32::from_bits(DENORM)).to_bits().wrapping_sub(DENORM) as u8;
+    // From 1: rebias 127 -> 1, round the 22 dropped mantissa bits to nearest even.
+    let odd = (abs >> 22) & 1;
+    let v = abs
+        .wrapping_add(1u32.wrapping_sub(127) << 23)
+        .wrapping_add((1 << 21) - 1)
+        .wrapping_add(odd);
+    let normal = (v >> 22) as u8;
+    let code = match (xa >= E2M1_MAX, xa < 1.0) {
+        (true, _) => 7,
+        (false, true) => sub,
+        (false, false) => normal,
     };
     code | ((sign >> 28) as u8 & 0x08)
 }
@@ -158,10 +159,14 @@ pub fn decode_into(
     for r in 0..lr {
         let bytes = &weight[r * half..(r + 1) * half];
         let t = &totals[r * nb..(r + 1) * nb];
-        for (c, o) in out[r * lc..(r + 1) * lc].iter_mut().enumerate() {
-            let b = bytes[c / 2];
-            let code = if c % 2 == 0 { b >> 4 } else { b & 0x0F };
-            *o = e2m1_to_f32(code) * t[c / BLOCK];
+        let row = &mut out[r * lc..(r + 1) * lc];
+        // Block by block (the last one may be cut by the logical width); the even element
+        // is the high nibble.
+        for ((blk, codes), &total) in row.chunks_mut(BLOCK).zip(bytes.chunks(BLOCK / 2)).zip(t) {
+            for (j, o) in blk.iter_mut().enumerate() {
+                let code = codes[j / 2] >> (4 * (1 - (j & 1)));
+                *o = e2m1_to_f32(code) * total;
+            }
         }
     }
     Ok(())
@@ -248,28 +253,15 @@ pub fn encode_with_scale(
     let nb = cols / BLOCK;
     let mut weight = vec![0u8; mul(rows, cols / 2, "NVFP4 weight size")?];
     let mut scales = vec![0u8; mul(rows, nb, "NVFP4 scale size")?];
-    let mut block = [0f32; BLOCK];
-    for r in 0..rows {
-        for b in 0..nb {
-            for (j, x) in block.iter_mut().enumerate() {
-                let c = b * BLOCK + j;
-                *x = if r < n && c < k { w[r * k + c] } else { 0.0 };
-            }
-            let max_abs = block.iter().fold(0f32, |m, x| m.max(x.abs()));
-            let scaled = (max_abs / E2M1_MAX / tensor_scale).min(448.0);
-            let fp8 = f32_to_e4m3fn(scaled);
-            scales[r * nb + b] = fp8;
-            let total = tensor_scale * e4m3fn_to_f32(fp8);
-            if total == 0.0 {
-                continue; // codes stay 0 (the reference forces +0 there)
-            }
-            let out = &mut weight[r * cols / 2 + b * BLOCK / 2..r * cols / 2 + (b + 1) * BLOCK / 2];
-            for (o, pair) in out.iter_mut().zip(block.chunks_exact(2)) {
-                let q = |x: f32| f32_to_e2m1((x / total).clamp(-E2M1_MAX, E2M1_MAX));
-                *o = (q(pair[0]) << 4) | q(pair[1]);
+    // Compiled for the CPU's vector width: every operation is the scalar one, element-wise.
+    super::dtype::vectorized(|| {
+        for r in 0..rows {
+            for b in 0..nb {
+                let out = &mut weight[r * cols / 2 + b * BLOCK / 2..][..BLOCK / 2];
+                scales[r * nb + b] = encode_block(w, (n, k), (r, b), tensor_scale, out);
             }
         }
-    }
+    });
     Ok(Nvfp4 {
         weight,
         block_scales: to_blocked(&scales, rows, nb)?,
@@ -277,6 +269,40 @@ pub fn encode_with_scale(
         stored: [rows, cols],
         scale_shape: blocked_shape(rows, nb)?,
     })
+}
+
+/// Block `b` of row `r` of the logical `[n, k]` weight `w` (zeros past its edges, as the
+/// reference pads): its packed codes into `out`, and its e4m3 block scale returned.
+#[inline(always)]
+fn encode_block(
+    w: &[f32],
+    (n, k): (usize, usize),
+    (r, b): (usize, usize),
+    tensor_scale: f32,
+    out: &mut [u8],
+) -> u8 {
+    let mut block = [0f32; BLOCK];
+    let c0 = b * BLOCK;
+    if r < n && c0 < k {
+        let m = BLOCK.min(k - c0);
+        block[..m].copy_from_slice(&w[r * k + c0..][..m]);
+    }
+    let max_abs = block.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let scaled = (max_abs / E2M1_MAX / tensor_scale).min(448.0);
+    let fp8 = f32_to_e4m3fn(scaled);
+    let total = tensor_scale * e4m3fn_to_f32(fp8);
+    if total == 0.0 {
+        out.fill(0); // the reference forces +0 there
+        return fp8;
+    }
+    let mut codes = [0u8; BLOCK];
+    for (q, &x) in codes.iter_mut().zip(&block) {
+        *q = f32_to_e2m1((x / total).clamp(-E2M1_MAX, E2M1_MAX));
+    }
+    for (o, pair) in out.iter_mut().zip(codes.chunks_exact(2)) {
+        *o = (pair[0] << 4) | pair[1];
+    }
+    fp8
 }
 
 #[cfg(test)]

@@ -282,8 +282,7 @@ impl LayerFormat {
             LayerFormat::ComfyNvfp4 => {
                 let s = scale.unwrap_or(1.0);
                 let e = nvfp4::encode_with_scale(w, rows, k, s)?;
-                let d = nvfp4::decode(&e.weight, &e.block_scales, s, e.stored, [rows, k])?;
-                y.copy_from_slice(&d);
+                nvfp4::decode_into(&e.weight, &e.block_scales, s, e.stored, [rows, k], y)?;
                 parts.push(part(WEIGHT, r0 * e.stored[1] / 2, e.weight));
                 parts.push(part(WEIGHT_SCALE, r0 * e.scale_shape[1], e.block_scales));
                 if r0 == 0 {
@@ -292,8 +291,7 @@ impl LayerFormat {
             }
             LayerFormat::ComfyMxfp8 => {
                 let e = mxfp8::encode(w, rows, k)?;
-                let d = mxfp8::decode(&e.codes, &e.scales, e.stored, [rows, k])?;
-                y.copy_from_slice(&d);
+                mxfp8::decode_into(&e.codes, &e.scales, e.stored, [rows, k], y)?;
                 parts.push(part(WEIGHT, r0 * e.stored[1], e.codes));
                 parts.push(part(WEIGHT_SCALE, r0 * e.scale_shape[1], e.scales));
             }
