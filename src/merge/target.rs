@@ -292,8 +292,9 @@ impl Merger<'_> {
 
     /// Lets `out` encode a non-streaming encoding band by band instead of assembling the
     /// merged tensor: for one that needs the tensor's `max|W|`, a first pass over the merged
-    /// bands takes it (the second, the encoding pass, computes the same bits again). A
-    /// non-finite merge is assembled whole, as the encoder has always seen it.
+    /// bands takes it (the second, the encoding pass, computes the same bits again). A merge
+    /// with values the output cannot hold (NaN, ±inf) is assembled whole, so the encoder
+    /// sees and names them as it always has.
     fn plan_encoding(
         &self,
         p: &Prepared<'_>,
@@ -308,13 +309,13 @@ impl Merger<'_> {
         out.assemble = false;
         if enc.needs_amax() {
             let mut pass = AmaxPass::default();
-            self.run_bands(p, t, math, None, limit, |rows, _, D| {
+            let unheld = self.run_bands(p, t, math, None, limit, |rows, _, D| {
                 pass.add(&rows.to_stored_order(D));
                 Ok(())
             })?;
-            match pass.scale(enc, &t.name).map_err(PipelineError::from)? {
-                Some(scale) => out.tensor_scale = Some(scale),
-                None => out.assemble = true,
+            match unheld {
+                None => out.tensor_scale = pass.scale(enc, &t.name).map_err(PipelineError::from)?,
+                Some(_) => out.assemble = true,
             }
         }
         Ok(())
