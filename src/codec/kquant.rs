@@ -44,7 +44,11 @@
 //! compiled for the CPU's widest vector set (`pulp`'s run-time dispatch). Everything per block
 //! lives on the stack.
 
-#![allow(non_snake_case)] // ggml's names: L, Laux
+#![allow(non_snake_case)] // ggml's names: L, Laux, D
+
+mod lanes;
+
+use lanes::{V, to_lanes};
 
 /// Elements per K-quant super-block (`QK_K`).
 pub const QK_K: usize = 256;
@@ -264,134 +268,113 @@ fn make_q3_quants<const N: usize>(nmax: i32, x: &[f32; N], L: &mut [i8]) -> f32 
     if suml2 > 0.0 { sumlx / suml2 } else { 0.0 }
 }
 
-/// Trial steps of [`make_qkx2_quants`] evaluated side by side.
-const LANES: usize = 8;
-
-/// ggml's `make_qkx2_quants`: an affine fit `x ≈ scale·L − the_min` (`the_min ≥ 0`) with
-/// codes in `[0, nmax]`, the step searched over `nstep + 1` candidates
+/// ggml's `make_qkx2_quants` on `W` sub-blocks at once, one per lane (`x[i]`: element `i` of
+/// every sub-block, see [`to_lanes`]): per sub-block an affine fit `x ≈ scale·L − the_min`
+/// (`the_min ≥ 0`) with codes in `[0, nmax]`, the step searched over `nstep + 1` candidates
 /// `(rmin + rdelta·is + nmax)/(max − min)` against weighted squared (or absolute, `use_mad`)
-/// error. Writes `L` and returns `(scale, the_min)`.
+/// error. Writes `L[N·j + i]` and returns `(scale, the_min)` per lane.
 ///
-/// ggml tries the candidates one after another, and a candidate that wins moves `min`, which
-/// the later candidates use. Here [`LANES`] candidates are evaluated at once with the current
-/// `min`, each lane summing in ggml's element order, and then taken in ggml's order; when a
-/// winner changes `min` (its bits), the candidates after it are evaluated again from the
-/// next one. Every value ggml compares is thus computed from the same operands, in the same
-/// order, as ggml computes it.
-#[allow(clippy::too_many_arguments)]
+/// Each lane runs ggml's loop as written, trial after trial with its own moving `min` and
+/// element sums in ggml's order; the sub-blocks of a super-block are independent, so nothing
+/// is speculated or re-evaluated (an earlier version put trial scales in lanes and restarted
+/// a batch whenever a winner moved `min`). Every `if` is a per-lane select, and the winner's
+/// codes are recomputed once at the end from its `iscale` and `min` instead of being copied
+/// at every improvement.
 #[inline(always)]
-fn make_qkx2_quants<const N: usize>(
-    nmax: i32,
-    x: &[f32; N],
-    weights: &[f32; N],
+fn make_qkx2_quants<const N: usize, const W: usize>(
+    p: Qkx2,
+    x: &[V<W>; N],
+    weights: &[V<W>; N],
     L: &mut [u8],
-    rmin: f32,
-    rdelta: f32,
-    nstep: i32,
-    use_mad: bool,
-) -> (f32, f32) {
+) -> (V<W>, V<W>) {
     let mut min = x[0];
     let mut max = x[0];
     let mut sum_w = weights[0];
     let mut sum_x = sum_w * x[0];
     for i in 1..N {
-        if x[i] < min {
-            min = x[i];
-        }
-        if x[i] > max {
-            max = x[i];
-        }
-        let w = weights[i];
-        sum_w += w;
-        sum_x += w * x[i];
+        min = x[i].lt(min).select(x[i], min);
+        max = x[i].gt(max).select(x[i], max);
+        sum_w = sum_w + weights[i];
+        sum_x = sum_x + weights[i] * x[i];
     }
-    if min > 0.0 {
-        min = 0.0;
-    }
-    if max == min {
-        L[..N].fill(0);
-        return (0.0, -min);
-    }
-    let nmaxf = nmax as f32;
-    let iscale = nmaxf / (max - min);
-    let mut scale = 1.0 / iscale;
-    let mut best_error = 0f32;
-    for i in 0..N {
-        let l = nearest_int(iscale * (x[i] - min));
-        L[i] = clampi(l, 0, nmax) as u8;
-        let mut diff = scale * L[i] as f32 + min - x[i];
-        diff = if use_mad { diff.abs() } else { diff * diff };
-        best_error += weights[i] * diff;
-    }
-    if nstep < 1 {
-        return (scale, -min);
-    }
-    let mut laux = [[0f32; LANES]; N];
-    let mut is0 = 0i32;
-    while is0 <= nstep {
-        let count = ((nstep + 1 - is0) as usize).min(LANES);
-        let mut isc = [0f32; LANES];
-        for (k, v) in isc.iter_mut().enumerate() {
-            *v = (rmin + rdelta * (is0 + k as i32) as f32 + nmaxf) / (max - min);
-        }
-        let mut sum_l = [0f32; LANES];
-        let mut sum_l2 = [0f32; LANES];
-        let mut sum_xl = [0f32; LANES];
+    let zero = V::splat(0.0);
+    min = min.gt(zero).select(zero, min);
+    let flat = max.eq(min);
+    let min0 = min;
+    let nmaxf = p.nmax as f32;
+    let mut best_is = V::splat(nmaxf) / (max - min);
+    let mut scale = V::splat(1.0) / best_is;
+    let mut best_m = min;
+    let mut best_error = qkx2_error(p.use_mad, x, weights, scale, min, |i| {
+        (best_is * (x[i] - min)).code(0.0, nmaxf)
+    });
+    let mut laux = [zero; N];
+    let nstep = if p.nstep < 1 { -1 } else { p.nstep }; // ggml returns before the search
+    for is in 0..=nstep {
+        let iscale = V::splat(p.rmin + p.rdelta * is as f32 + nmaxf) / (max - min);
+        let (mut sum_l, mut sum_l2, mut sum_xl) = (zero, zero, zero);
         for i in 0..N {
-            let xm = x[i] - min;
-            let (w, xi) = (weights[i], x[i]);
-            // the clamp is exact in f32: nearest_int's result is an integer below 2^23
-            let l: [f32; LANES] =
-                std::array::from_fn(|k| (nearest_int(isc[k] * xm) as f32).clamp(0.0, nmaxf));
+            let l = (iscale * (x[i] - min)).code(0.0, nmaxf);
             laux[i] = l;
-            let wl: [f32; LANES] = std::array::from_fn(|k| w * l[k]);
-            sum_l = std::array::from_fn(|k| sum_l[k] + wl[k]);
-            sum_l2 = std::array::from_fn(|k| sum_l2[k] + wl[k] * l[k]);
-            sum_xl = std::array::from_fn(|k| sum_xl[k] + wl[k] * xi);
+            let wl = weights[i] * l;
+            sum_l = sum_l + wl;
+            sum_l2 = sum_l2 + wl * l;
+            sum_xl = sum_xl + wl * x[i];
         }
-        let mut ok = [false; LANES];
-        let mut this_scale = [0f32; LANES];
-        let mut this_min = [0f32; LANES];
-        for k in 0..LANES {
-            let D = sum_w * sum_l2[k] - sum_l[k] * sum_l[k];
-            ok[k] = D > 0.0;
-            let mut s = (sum_w * sum_xl[k] - sum_x * sum_l[k]) / D;
-            let mut m = (sum_l2[k] * sum_x - sum_l[k] * sum_xl[k]) / D;
-            if m > 0.0 {
-                m = 0.0;
-                s = sum_xl[k] / sum_l2[k];
-            }
-            this_scale[k] = s;
-            this_min[k] = m;
-        }
-        let mut cur_error = [0f32; LANES];
-        for i in 0..N {
-            let (w, xi, la) = (weights[i], x[i], laux[i]);
-            let diff: [f32; LANES] = std::array::from_fn(|k| {
-                let diff = this_scale[k] * la[k] + this_min[k] - xi;
-                if use_mad { diff.abs() } else { diff * diff }
-            });
-            cur_error = std::array::from_fn(|k| cur_error[k] + w * diff[k]);
-        }
-        let mut next = is0 + count as i32;
-        for k in 0..count {
-            if ok[k] && cur_error[k] < best_error {
-                for i in 0..N {
-                    L[i] = laux[i][k] as u8;
-                }
-                best_error = cur_error[k];
-                scale = this_scale[k];
-                let moved = this_min[k].to_bits() != min.to_bits();
-                min = this_min[k];
-                if moved {
-                    next = is0 + k as i32 + 1;
-                    break;
-                }
-            }
-        }
-        is0 = next;
+        let D = sum_w * sum_l2 - sum_l * sum_l;
+        let this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
+        let this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
+        let pos = this_min.gt(zero);
+        let this_min = pos.select(zero, this_min);
+        let this_scale = pos.select(sum_xl / sum_l2, this_scale);
+        let cur_error = qkx2_error(p.use_mad, x, weights, this_scale, this_min, |i| laux[i]);
+        let win = D.gt(zero) & cur_error.lt(best_error);
+        best_error = win.select(cur_error, best_error);
+        scale = win.select(this_scale, scale);
+        best_is = win.select(iscale, best_is);
+        best_m = win.select(min, best_m);
+        min = win.select(this_min, min);
     }
-    (scale, -min)
+    for i in 0..N {
+        let l = flat.select(zero, (best_is * (x[i] - best_m)).code(0.0, nmaxf));
+        for k in 0..W {
+            L[N * k + i] = l.0[k] as u8;
+        }
+    }
+    let scale = flat.select(zero, scale);
+    let min = flat.select(min0, min);
+    (scale, zero - min)
+}
+
+/// `Σ w·|scale·l + min − x|` (`use_mad`) or `Σ w·(scale·l + min − x)²` over the elements in
+/// ggml's order, per lane, with `l(i)` the codes.
+#[inline(always)]
+fn qkx2_error<const N: usize, const W: usize>(
+    use_mad: bool,
+    x: &[V<W>; N],
+    weights: &[V<W>; N],
+    scale: V<W>,
+    min: V<W>,
+    l: impl Fn(usize) -> V<W>,
+) -> V<W> {
+    let mut err = V::splat(0.0);
+    for i in 0..N {
+        let diff = scale * l(i) + min - x[i];
+        let diff = if use_mad { diff.abs() } else { diff * diff };
+        err = err + weights[i] * diff;
+    }
+    err
+}
+
+/// The constant arguments of [`make_qkx2_quants`] (ggml's `nmax, rmin, rdelta, nstep,
+/// use_mad`).
+#[derive(Clone, Copy)]
+struct Qkx2 {
+    nmax: i32,
+    rmin: f32,
+    rdelta: f32,
+    nstep: i32,
+    use_mad: bool,
 }
 
 /// ggml's `get_scale_min_k4`: the 6-bit scale and min of sub-block `j` from the 12 packed
@@ -431,20 +414,23 @@ pub const Q6_K_BYTES: usize = 210;
 pub fn quantize_q2_k(x: &[f32; QK_K], y: &mut [u8]) {
     assert_eq!(y.len(), Q2_K_BYTES, "Q2_K block bytes");
     let mut L = [0u8; QK_K];
-    let mut mins = [0f32; QK_K / 16];
-    let mut scales = [0f32; QK_K / 16];
     let q4scale = 15f32;
     let mut max_scale = 0f32;
     let mut max_min = 0f32;
-    for j in 0..QK_K / 16 {
-        let xs = sub::<16>(x, j);
-        let mut weights = [0f32; 16];
-        for l in 0..16 {
-            weights[l] = xs[l].abs();
-        }
-        let (s, m) = make_qkx2_quants::<16>(3, xs, &weights, &mut L[16 * j..], -0.5, 0.1, 15, true);
-        scales[j] = s;
-        mins[j] = m;
+    let xt = to_lanes::<16, 16>(x);
+    let mut weights = xt;
+    for w in &mut weights {
+        *w = w.abs();
+    }
+    let p = Qkx2 {
+        nmax: 3,
+        rmin: -0.5,
+        rdelta: 0.1,
+        nstep: 15,
+        use_mad: true,
+    };
+    let (V(scales), V(mins)) = make_qkx2_quants::<16, 16>(p, &xt, &weights, &mut L);
+    for (&s, &m) in scales.iter().zip(&mins) {
         if s > max_scale {
             max_scale = s;
         }
@@ -648,33 +634,27 @@ fn quantize_q45_k<const BITS: u32>(x: &[f32; QK_K], y: &mut [u8]) {
         (-0.5f32, 15)
     };
     let mut L = [0u8; QK_K];
-    let mut mins = [0f32; QK_K / 32];
-    let mut scales = [0f32; QK_K / 32];
+    let xt = to_lanes::<32, 8>(x);
+    let mut sum_x2 = V::splat(0.0);
+    for r in xt {
+        sum_x2 = sum_x2 + r * r;
+    }
+    let av_x = (sum_x2 / V::splat(32.0)).sqrt();
+    let mut weights = xt;
+    for w in &mut weights {
+        *w = av_x + w.abs();
+    }
+    let p = Qkx2 {
+        nmax,
+        rmin,
+        rdelta: 0.1,
+        nstep,
+        use_mad: false,
+    };
+    let (V(scales), V(mins)) = make_qkx2_quants::<32, 8>(p, &xt, &weights, &mut L);
     let mut max_scale = 0f32;
     let mut max_min = 0f32;
-    for j in 0..QK_K / 32 {
-        let xs = sub::<32>(x, j);
-        let mut sum_x2 = 0f32;
-        for &v in xs {
-            sum_x2 += v * v;
-        }
-        let av_x = (sum_x2 / 32.0).sqrt();
-        let mut weights = [0f32; 32];
-        for l in 0..32 {
-            weights[l] = av_x + xs[l].abs();
-        }
-        let (s, m) = make_qkx2_quants::<32>(
-            nmax,
-            xs,
-            &weights,
-            &mut L[32 * j..],
-            rmin,
-            0.1,
-            nstep,
-            false,
-        );
-        scales[j] = s;
-        mins[j] = m;
+    for (&s, &m) in scales.iter().zip(&mins) {
         if s > max_scale {
             max_scale = s;
         }
@@ -1245,46 +1225,75 @@ mod tests {
         };
         for _ in 0..n {
             let x16 = g.block::<16>();
-            let x32 = g.block::<32>();
             // Q6_K
             let (mut a, mut b) = ([0i8; 16], [0i8; 16]);
             let sa = make_qx_quants::<16>(32, &x16, &mut a);
             let sb = make_qx_quants_literal::<16>(32, &x16, &mut b);
             assert_eq!((sa.to_bits(), a), (sb.to_bits(), b), "qx {x16:?}");
-            // Q2_K
-            let mut w16 = [0f32; 16];
-            for (w, v) in w16.iter_mut().zip(&x16) {
-                *w = v.abs();
-            }
-            let (mut a, mut b) = ([0u8; 16], [0u8; 16]);
-            let ra = make_qkx2_quants::<16>(3, &x16, &w16, &mut a, -0.5, 0.1, 15, true);
-            let rb = make_qkx2_quants_literal::<16>(3, &x16, &w16, &mut b, -0.5, 0.1, 15, true);
-            assert_eq!(
-                (ra.0.to_bits(), ra.1.to_bits(), a),
-                (rb.0.to_bits(), rb.1.to_bits(), b),
-                "qkx2/Q2_K {x16:?}"
-            );
-            // Q4_K, Q5_K
-            let mut sum_x2 = 0f32;
-            for &v in &x32 {
-                sum_x2 += v * v;
-            }
-            let av_x = (sum_x2 / 32.0).sqrt();
-            let mut w32 = [0f32; 32];
-            for (w, v) in w32.iter_mut().zip(&x32) {
-                *w = av_x + v.abs();
-            }
-            for (nmax, rmin, nstep) in [(15, -1.0f32, 20), (31, -0.5, 15)] {
-                let (mut a, mut b) = ([0u8; 32], [0u8; 32]);
-                let ra = make_qkx2_quants::<32>(nmax, &x32, &w32, &mut a, rmin, 0.1, nstep, false);
-                let rb = make_qkx2_quants_literal::<32>(
-                    nmax, &x32, &w32, &mut b, rmin, 0.1, nstep, false,
-                );
+        }
+        for _ in 0..n / 8 {
+            // Q2_K: 16 sub-blocks of 16 side by side
+            let x: Vec<f32> = (0..16).flat_map(|_| g.block::<16>()).collect();
+            let xt = to_lanes::<16, 16>(&x);
+            let wt = xt.map(V::abs);
+            let p = Qkx2 {
+                nmax: 3,
+                rmin: -0.5,
+                rdelta: 0.1,
+                nstep: 15,
+                use_mad: true,
+            };
+            let mut a = [0u8; 256];
+            let (V(s), V(m)) = make_qkx2_quants::<16, 16>(p, &xt, &wt, &mut a);
+            for j in 0..16 {
+                let xs: &[f32; 16] = x[16 * j..16 * j + 16].try_into().unwrap();
+                let w16 = xs.map(f32::abs);
+                let mut b = [0u8; 16];
+                let rb = make_qkx2_quants_literal::<16>(3, xs, &w16, &mut b, -0.5, 0.1, 15, true);
                 assert_eq!(
-                    (ra.0.to_bits(), ra.1.to_bits(), a),
-                    (rb.0.to_bits(), rb.1.to_bits(), b),
-                    "qkx2/nmax {nmax} {x32:?}"
+                    (s[j].to_bits(), m[j].to_bits(), &a[16 * j..16 * j + 16]),
+                    (rb.0.to_bits(), rb.1.to_bits(), &b[..]),
+                    "qkx2/Q2_K {xs:?}"
                 );
+            }
+            // Q4_K, Q5_K: 8 sub-blocks of 32 side by side
+            let x: Vec<f32> = (0..8).flat_map(|_| g.block::<32>()).collect();
+            let xt = to_lanes::<32, 8>(&x);
+            for (nmax, rmin, nstep) in [(15, -1.0f32, 20), (31, -0.5, 15)] {
+                let mut w = [0f32; 256];
+                for (wj, xj) in w.chunks_exact_mut(32).zip(x.chunks_exact(32)) {
+                    let mut sum_x2 = 0f32;
+                    for &v in xj {
+                        sum_x2 += v * v;
+                    }
+                    let av_x = (sum_x2 / 32.0).sqrt();
+                    for (wi, v) in wj.iter_mut().zip(xj) {
+                        *wi = av_x + v.abs();
+                    }
+                }
+                let wt = to_lanes::<32, 8>(&w);
+                let p = Qkx2 {
+                    nmax,
+                    rmin,
+                    rdelta: 0.1,
+                    nstep,
+                    use_mad: false,
+                };
+                let mut a = [0u8; 256];
+                let (V(s), V(m)) = make_qkx2_quants::<32, 8>(p, &xt, &wt, &mut a);
+                for j in 0..8 {
+                    let xs: &[f32; 32] = x[32 * j..32 * j + 32].try_into().unwrap();
+                    let ws: &[f32; 32] = w[32 * j..32 * j + 32].try_into().unwrap();
+                    let mut b = [0u8; 32];
+                    let rb = make_qkx2_quants_literal::<32>(
+                        nmax, xs, ws, &mut b, rmin, 0.1, nstep, false,
+                    );
+                    assert_eq!(
+                        (s[j].to_bits(), m[j].to_bits(), &a[32 * j..32 * j + 32]),
+                        (rb.0.to_bits(), rb.1.to_bits(), &b[..]),
+                        "qkx2/nmax {nmax} {xs:?}"
+                    );
+                }
             }
         }
     }
