@@ -48,7 +48,7 @@
 
 mod lanes;
 
-use lanes::{V, to_lanes};
+use lanes::{M, V, to_lanes};
 
 /// Elements per K-quant super-block (`QK_K`).
 pub const QK_K: usize = 256;
@@ -134,138 +134,137 @@ fn put_f16(b: &mut [u8], h: u16) {
     b[..2].copy_from_slice(&h.to_le_bytes());
 }
 
-/// ggml's `make_qx_quants(n, nmax, x, L, rmse_type = 1, qw = NULL)`: a symmetric scale for
-/// `x` searched over 19 candidates `−(nmax + 0.1·is)/max`, weights `x²`. Writes `L` (codes
-/// offset by `nmax`) and returns the scale.
-///
-/// The 18 trial scales do not depend on one another (only the comparison with `best` is
-/// sequential), so their sums run side by side, one lane each, every lane accumulating in
-/// ggml's element order; the winner is then picked in ggml's order `is = −9 … 9` and its codes
-/// recomputed once (ggml rewrites `L` at every improvement; the last one stands).
+/// Per lane, ggml's `max` (the element of largest |x|, the first of equals) and whether the
+/// sub-block counts as zero (`amax < GROUP_MAX_EPS`).
 #[inline(always)]
-fn make_qx_quants<const N: usize>(nmax: i32, x: &[f32; N], L: &mut [i8]) -> f32 {
-    let mut max = 0f32;
-    let mut amax = 0f32;
+fn signed_max<const N: usize, const W: usize>(x: &[V<W>; N]) -> (V<W>, M<W>) {
+    let mut max = V::splat(0.0);
+    let mut amax = V::splat(0.0);
     for &xi in x {
         let ax = xi.abs();
-        if ax > amax {
-            amax = ax;
-            max = xi;
-        }
+        let more = ax.gt(amax);
+        amax = more.select(ax, amax);
+        max = more.select(xi, max);
     }
-    if amax < GROUP_MAX_EPS {
-        L[..N].fill(0);
-        return 0.0;
-    }
-    let nmaxf = nmax as f32;
-    let iscale = -nmaxf / max;
-    let mut sumlx = 0f32;
-    let mut suml2 = 0f32;
-    for i in 0..N {
-        let l = clampi(nearest_int(iscale * x[i]), -nmax, nmax - 1);
-        L[i] = (l + nmax) as i8;
-        let w = x[i] * x[i];
-        let lf = l as f32;
-        sumlx += w * x[i] * lf;
-        suml2 += w * lf * lf;
-    }
-    let mut scale = if suml2 != 0.0 { sumlx / suml2 } else { 0.0 };
-    let mut best = scale * sumlx;
-    const C: usize = 18; // is = −9 … −1, 1 … 9
-    let mut isc = [0f32; C];
-    for (c, v) in isc.iter_mut().enumerate() {
-        let is = if c < 9 { c as i32 - 9 } else { c as i32 - 8 };
-        *v = -(nmaxf + 0.1f32 * is as f32) / max;
-    }
-    let (lo, hi) = (-nmaxf, (nmax - 1) as f32);
-    let mut slx = [0f32; C];
-    let mut sl2 = [0f32; C];
-    for &xi in x {
-        let w = xi * xi;
-        let wx = w * xi;
-        for c in 0..C {
-            // the clamp is exact in f32: nearest_int's result is an integer below 2^23
-            let l = (nearest_int(isc[c] * xi) as f32).clamp(lo, hi);
-            slx[c] += wx * l;
-            sl2[c] += w * l * l;
-        }
-    }
-    let mut win = None;
-    for c in 0..C {
-        if sl2[c] > 0.0 && slx[c] * slx[c] > best * sl2[c] {
-            scale = slx[c] / sl2[c];
-            best = scale * slx[c];
-            win = Some(c);
-        }
-    }
-    if let Some(c) = win {
-        for i in 0..N {
-            let l = nearest_int(isc[c] * x[i]);
-            L[i] = (nmax + clampi(l, -nmax, nmax - 1)) as i8;
-        }
-    }
-    scale
+    (max, amax.lt(V::splat(GROUP_MAX_EPS)))
 }
 
-/// ggml's `make_q3_quants(n, nmax, x, L, do_rmse = true)`: codes `−nmax/max·x` refined by
-/// coordinate descent on the weighted (`x²`) least-squares fit. Writes `L` (codes offset by
-/// `nmax`) and returns the scale.
+/// ggml's `make_qx_quants(n, nmax, x, L, rmse_type = 1, qw = NULL)` on `W` sub-blocks at
+/// once, one per lane (`x[i]`: element `i` of every sub-block, see [`to_lanes`]): per
+/// sub-block a symmetric scale searched over 19 candidates `−(nmax + 0.1·is)/max`, weights
+/// `x²`. Writes `L[N·j + i]` (codes offset by `nmax`) and returns the scales.
+///
+/// Each lane runs ggml's loop as written (`is = −9 … 9` in order, sums in element order); the
+/// winner's codes are recomputed once from its `iscale` (ggml rewrites `L` at every
+/// improvement; the last one stands).
 #[inline(always)]
-fn make_q3_quants<const N: usize>(nmax: i32, x: &[f32; N], L: &mut [i8]) -> f32 {
-    let mut max = 0f32;
-    let mut amax = 0f32;
-    for &xi in x {
-        let ax = xi.abs();
-        if ax > amax {
-            amax = ax;
-            max = xi;
+fn make_qx_quants<const N: usize, const W: usize>(nmax: i32, x: &[V<W>; N], L: &mut [i8]) -> V<W> {
+    let (max, zero_block) = signed_max(x);
+    let zero = V::splat(0.0);
+    let nmaxf = nmax as f32;
+    let (lo, hi) = (-nmaxf, (nmax - 1) as f32);
+    let mut w = *x;
+    let mut wx = *x;
+    for i in 0..N {
+        w[i] = x[i] * x[i];
+        wx[i] = w[i] * x[i];
+    }
+    let mut best_is = V::splat(-nmaxf) / max;
+    let (sumlx, suml2) = qx_sums(x, &w, &wx, best_is, lo, hi);
+    let mut scale = suml2.ne(zero).select(sumlx / suml2, zero);
+    let mut best = scale * sumlx;
+    for is in (-9i32..=9).filter(|&is| is != 0) {
+        let iscale = V::splat(-(nmaxf + 0.1f32 * is as f32)) / max;
+        let (slx, sl2) = qx_sums(x, &w, &wx, iscale, lo, hi);
+        let win = sl2.gt(zero) & (slx * slx).gt(best * sl2);
+        scale = win.select(slx / sl2, scale);
+        best = win.select(scale * slx, best);
+        best_is = win.select(iscale, best_is);
+    }
+    for i in 0..N {
+        let l = zero_block.select(V::splat(-nmaxf), (best_is * x[i]).code(lo, hi));
+        for k in 0..W {
+            L[N * k + i] = (l.0[k] as i32 + nmax) as i8;
         }
     }
-    if amax < GROUP_MAX_EPS {
-        L[..N].fill(0);
-        return 0.0;
-    }
-    let iscale = -(nmax as f32) / max;
-    let mut sumlx = 0f32;
-    let mut suml2 = 0f32;
+    zero_block.select(zero, scale)
+}
+
+/// One [`make_qx_quants`] trial per lane: `(Σ w·x·l, Σ w·l²)` in element order, `l` the codes
+/// of `iscale·x` clamped to `[lo, hi]` (a function, not a closure: a closure
+/// may be compiled out of line, without the dispatched instruction set).
+#[inline(always)]
+fn qx_sums<const N: usize, const W: usize>(
+    x: &[V<W>; N],
+    w: &[V<W>; N],
+    wx: &[V<W>; N],
+    iscale: V<W>,
+    lo: f32,
+    hi: f32,
+) -> (V<W>, V<W>) {
+    let (mut slx, mut sl2) = (V::splat(0.0), V::splat(0.0));
     for i in 0..N {
-        let l = clampi(nearest_int(iscale * x[i]), -nmax, nmax - 1);
-        L[i] = l as i8;
-        let w = x[i] * x[i];
-        let lf = l as f32;
-        sumlx += w * x[i] * lf;
-        suml2 += w * lf * lf;
+        let l = (iscale * x[i]).code(lo, hi);
+        slx = slx + wx[i] * l;
+        sl2 = sl2 + w[i] * l * l;
+    }
+    (slx, sl2)
+}
+
+/// ggml's `make_q3_quants(n, nmax, x, L, do_rmse = true)` on `W` sub-blocks at once, one per
+/// lane (`x[i]`: element `i` of every sub-block): codes `−nmax/max·x` refined by coordinate
+/// descent on the weighted (`x²`) least-squares fit. Writes `L[N·j + i]` (codes offset by
+/// `nmax`) and returns the scales.
+///
+/// Each lane runs ggml's passes as written, every `if` a per-lane select. ggml stops a
+/// sub-block after a pass that changed nothing; here the passes go on until no lane changed
+/// (at most 5), which leaves a finished lane as it was: a pass that changed nothing starts and
+/// ends in the same state, so running it again changes nothing either.
+#[inline(always)]
+fn make_q3_quants<const N: usize, const W: usize>(nmax: i32, x: &[V<W>; N], L: &mut [i8]) -> V<W> {
+    let (max, zero_block) = signed_max(x);
+    let zero = V::splat(0.0);
+    let nmaxf = nmax as f32;
+    let (lo, hi) = (-nmaxf, (nmax - 1) as f32);
+    let iscale = V::splat(-nmaxf) / max;
+    let mut w = *x;
+    let mut wx = *x;
+    let mut l = *x;
+    let (mut sumlx, mut suml2) = (zero, zero);
+    for i in 0..N {
+        w[i] = x[i] * x[i];
+        wx[i] = w[i] * x[i];
+        l[i] = (iscale * x[i]).code(lo, hi);
+        sumlx = sumlx + wx[i] * l[i];
+        suml2 = suml2 + w[i] * l[i] * l[i];
     }
     for _itry in 0..5 {
-        let mut n_changed = 0;
+        let mut changed = M([0; W]);
         for i in 0..N {
-            let w = x[i] * x[i];
-            let li = L[i] as f32;
-            let mut slx = sumlx - w * x[i] * li;
-            if slx > 0.0 {
-                let mut sl2 = suml2 - w * li * li;
-                let new_l = clampi(nearest_int(x[i] * sl2 / slx), -nmax, nmax - 1);
-                if new_l != L[i] as i32 {
-                    let nl = new_l as f32;
-                    slx += w * x[i] * nl;
-                    sl2 += w * nl * nl;
-                    if sl2 > 0.0 && slx * slx * suml2 > sumlx * sumlx * sl2 {
-                        L[i] = new_l as i8;
-                        sumlx = slx;
-                        suml2 = sl2;
-                        n_changed += 1;
-                    }
-                }
-            }
+            let li = l[i];
+            let slx = sumlx - wx[i] * li;
+            let sl2 = suml2 - w[i] * li * li;
+            let new_l = (x[i] * sl2 / slx).code(lo, hi);
+            let slx_new = slx + wx[i] * new_l;
+            let sl2_new = sl2 + w[i] * new_l * new_l;
+            let better = (slx_new * slx_new * suml2).gt(sumlx * sumlx * sl2_new);
+            let take = slx.gt(zero) & new_l.ne(li) & sl2_new.gt(zero) & better;
+            l[i] = take.select(new_l, li);
+            sumlx = take.select(slx_new, sumlx);
+            suml2 = take.select(sl2_new, suml2);
+            changed = changed | take;
         }
-        if n_changed == 0 {
+        if !changed.any() {
             break;
         }
     }
-    for l in &mut L[..N] {
-        *l += nmax as i8;
+    for i in 0..N {
+        let li = zero_block.select(V::splat(-nmaxf), l[i]);
+        for k in 0..W {
+            L[N * k + i] = (li.0[k] as i32 + nmax) as i8;
+        }
     }
-    if suml2 > 0.0 { sumlx / suml2 } else { 0.0 }
+    (suml2.gt(zero) & !zero_block).select(sumlx / suml2, zero)
 }
 
 /// ggml's `make_qkx2_quants` on `W` sub-blocks at once, one per lane (`x[i]`: element `i` of
@@ -305,10 +304,11 @@ fn make_qkx2_quants<const N: usize, const W: usize>(
     let mut best_is = V::splat(nmaxf) / (max - min);
     let mut scale = V::splat(1.0) / best_is;
     let mut best_m = min;
-    let mut best_error = qkx2_error(p.use_mad, x, weights, scale, min, |i| {
-        (best_is * (x[i] - min)).code(0.0, nmaxf)
-    });
     let mut laux = [zero; N];
+    for i in 0..N {
+        laux[i] = (best_is * (x[i] - min)).code(0.0, nmaxf);
+    }
+    let mut best_error = qkx2_error(p.use_mad, x, weights, scale, min, &laux);
     let nstep = if p.nstep < 1 { -1 } else { p.nstep }; // ggml returns before the search
     for is in 0..=nstep {
         let iscale = V::splat(p.rmin + p.rdelta * is as f32 + nmaxf) / (max - min);
@@ -327,7 +327,7 @@ fn make_qkx2_quants<const N: usize, const W: usize>(
         let pos = this_min.gt(zero);
         let this_min = pos.select(zero, this_min);
         let this_scale = pos.select(sum_xl / sum_l2, this_scale);
-        let cur_error = qkx2_error(p.use_mad, x, weights, this_scale, this_min, |i| laux[i]);
+        let cur_error = qkx2_error(p.use_mad, x, weights, this_scale, this_min, &laux);
         let win = D.gt(zero) & cur_error.lt(best_error);
         best_error = win.select(cur_error, best_error);
         scale = win.select(this_scale, scale);
@@ -343,11 +343,11 @@ fn make_qkx2_quants<const N: usize, const W: usize>(
     }
     let scale = flat.select(zero, scale);
     let min = flat.select(min0, min);
-    (scale, zero - min)
+    (scale, -min)
 }
 
 /// `Σ w·|scale·l + min − x|` (`use_mad`) or `Σ w·(scale·l + min − x)²` over the elements in
-/// ggml's order, per lane, with `l(i)` the codes.
+/// ggml's order, per lane, `l` the codes.
 #[inline(always)]
 fn qkx2_error<const N: usize, const W: usize>(
     use_mad: bool,
@@ -355,11 +355,11 @@ fn qkx2_error<const N: usize, const W: usize>(
     weights: &[V<W>; N],
     scale: V<W>,
     min: V<W>,
-    l: impl Fn(usize) -> V<W>,
+    l: &[V<W>; N],
 ) -> V<W> {
     let mut err = V::splat(0.0);
     for i in 0..N {
-        let diff = scale * l(i) + min - x[i];
+        let diff = scale * l[i] + min - x[i];
         let diff = if use_mad { diff.abs() } else { diff * diff };
         err = err + weights[i] * diff;
     }
@@ -389,11 +389,6 @@ fn get_scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
             (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
         )
     }
-}
-
-#[inline(always)]
-fn sub<const N: usize>(x: &[f32], j: usize) -> &[f32; N] {
-    x[N * j..N * (j + 1)].try_into().expect("sub-block")
 }
 
 /// Bytes of one Q2_K block: scales\[16\], qs\[64\], d, dmin.
@@ -517,15 +512,13 @@ pub fn dequantize_q2_k(b: &[u8], y: &mut [f32; QK_K]) {
 pub fn quantize_q3_k(x: &[f32; QK_K], y: &mut [u8]) {
     assert_eq!(y.len(), Q3_K_BYTES, "Q3_K block bytes");
     let mut L = [0i8; QK_K];
-    let mut scales = [0f32; QK_K / 16];
+    let V(scales) = make_q3_quants::<16, 16>(4, &to_lanes(x), &mut L);
     let mut max_scale = 0f32;
     let mut amax = 0f32;
-    for j in 0..QK_K / 16 {
-        scales[j] = make_q3_quants::<16>(4, sub::<16>(x, j), &mut L[16 * j..]);
-        let scale = scales[j].abs();
-        if scale > amax {
-            amax = scale;
-            max_scale = scales[j];
+    for &s in &scales {
+        if s.abs() > amax {
+            amax = s.abs();
+            max_scale = s;
         }
     }
     let (hmask, rest) = y.split_at_mut(QK_K / 8);
@@ -804,12 +797,10 @@ pub fn dequantize_q5_k(b: &[u8], y: &mut [f32; QK_K]) {
 pub fn quantize_q6_k(x: &[f32; QK_K], y: &mut [u8]) {
     assert_eq!(y.len(), Q6_K_BYTES, "Q6_K block bytes");
     let mut L = [0i8; QK_K];
-    let mut scales = [0f32; QK_K / 16];
+    let V(scales) = make_qx_quants::<16, 16>(32, &to_lanes(x), &mut L);
     let mut max_scale = 0f32;
     let mut max_abs_scale = 0f32;
-    for ib in 0..QK_K / 16 {
-        let scale = make_qx_quants::<16>(32, sub::<16>(x, ib), &mut L[16 * ib..]);
-        scales[ib] = scale;
+    for &scale in &scales {
         let abs_scale = scale.abs();
         if abs_scale > max_abs_scale {
             max_abs_scale = abs_scale;
@@ -949,6 +940,66 @@ mod tests {
             }
         }
         scale
+    }
+
+    /// ggml's `make_q3_quants(n, nmax, x, L, do_rmse = true)`: codes `−nmax/max·x` refined by
+    /// coordinate descent on the weighted (`x²`) least-squares fit. Writes `L` (codes offset by
+    /// `nmax`) and returns the scale.
+    fn make_q3_quants_literal<const N: usize>(nmax: i32, x: &[f32; N], L: &mut [i8]) -> f32 {
+        let mut max = 0f32;
+        let mut amax = 0f32;
+        for &xi in x {
+            let ax = xi.abs();
+            if ax > amax {
+                amax = ax;
+                max = xi;
+            }
+        }
+        if amax < GROUP_MAX_EPS {
+            L[..N].fill(0);
+            return 0.0;
+        }
+        let iscale = -(nmax as f32) / max;
+        let mut sumlx = 0f32;
+        let mut suml2 = 0f32;
+        for i in 0..N {
+            let l = clampi(nearest_int(iscale * x[i]), -nmax, nmax - 1);
+            L[i] = l as i8;
+            let w = x[i] * x[i];
+            let lf = l as f32;
+            sumlx += w * x[i] * lf;
+            suml2 += w * lf * lf;
+        }
+        for _itry in 0..5 {
+            let mut n_changed = 0;
+            for i in 0..N {
+                let w = x[i] * x[i];
+                let li = L[i] as f32;
+                let mut slx = sumlx - w * x[i] * li;
+                if slx > 0.0 {
+                    let mut sl2 = suml2 - w * li * li;
+                    let new_l = clampi(nearest_int(x[i] * sl2 / slx), -nmax, nmax - 1);
+                    if new_l != L[i] as i32 {
+                        let nl = new_l as f32;
+                        slx += w * x[i] * nl;
+                        sl2 += w * nl * nl;
+                        if sl2 > 0.0 && slx * slx * suml2 > sumlx * sumlx * sl2 {
+                            L[i] = new_l as i8;
+                            sumlx = slx;
+                            suml2 = sl2;
+                            n_changed += 1;
+                        }
+                    }
+                }
+            }
+            if n_changed == 0 {
+                break;
+            }
+        }
+        for l in &mut L[..N] {
+            *l += nmax as i8;
+        }
+        if suml2 > 0.0 { sumlx / suml2 } else { 0.0 }
     }
 
     /// ggml's `make_qkx2_quants`: an affine fit `x ≈ scale·L − the_min` (`the_min ≥ 0`) with
@@ -1223,15 +1274,31 @@ mod tests {
         } else {
             30_000
         };
-        for _ in 0..n {
-            let x16 = g.block::<16>();
-            // Q6_K
-            let (mut a, mut b) = ([0i8; 16], [0i8; 16]);
-            let sa = make_qx_quants::<16>(32, &x16, &mut a);
-            let sb = make_qx_quants_literal::<16>(32, &x16, &mut b);
-            assert_eq!((sa.to_bits(), a), (sb.to_bits(), b), "qx {x16:?}");
-        }
         for _ in 0..n / 8 {
+            // Q6_K, Q3_K: 16 sub-blocks of 16 side by side
+            let x: Vec<f32> = (0..16).flat_map(|_| g.block::<16>()).collect();
+            let xt = to_lanes::<16, 16>(&x);
+            let mut a = [0i8; 256];
+            let V(sa) = make_qx_quants::<16, 16>(32, &xt, &mut a);
+            let mut a3 = [0i8; 256];
+            let V(sa3) = make_q3_quants::<16, 16>(4, &xt, &mut a3);
+            for j in 0..16 {
+                let xs: &[f32; 16] = x[16 * j..16 * j + 16].try_into().unwrap();
+                let mut b = [0i8; 16];
+                let sb = make_qx_quants_literal::<16>(32, xs, &mut b);
+                let r = 16 * j..16 * j + 16;
+                assert_eq!(
+                    (sa[j].to_bits(), &a[r.clone()]),
+                    (sb.to_bits(), &b[..]),
+                    "qx {xs:?}"
+                );
+                let sb = make_q3_quants_literal::<16>(4, xs, &mut b);
+                assert_eq!(
+                    (sa3[j].to_bits(), &a3[r]),
+                    (sb.to_bits(), &b[..]),
+                    "q3 {xs:?}"
+                );
+            }
             // Q2_K: 16 sub-blocks of 16 side by side
             let x: Vec<f32> = (0..16).flat_map(|_| g.block::<16>()).collect();
             let xt = to_lanes::<16, 16>(&x);

@@ -7,7 +7,7 @@
 //! compiler maps each one onto vector instructions (`W = 8`: one AVX2 register, `W = 16`: two)
 //! inside `pulp`'s dispatch; nothing here is `unsafe`.
 
-use std::ops::{Add, BitAnd, BitOr, Div, Mul, Not, Sub};
+use std::ops::{Add, BitAnd, BitOr, Div, Mul, Neg, Not, Sub};
 
 /// One f32 per lane.
 #[derive(Clone, Copy, Debug)]
@@ -37,6 +37,14 @@ lane_op!(Add, add, +);
 lane_op!(Sub, sub, -);
 lane_op!(Mul, mul, *);
 lane_op!(Div, div, /);
+
+impl<const W: usize> Neg for V<W> {
+    type Output = V<W>;
+    #[inline(always)]
+    fn neg(self) -> V<W> {
+        self.map(|v| -v)
+    }
+}
 
 impl<const W: usize> BitAnd for M<W> {
     type Output = M<W>;
