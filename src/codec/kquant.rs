@@ -37,12 +37,15 @@
 //! Q4_K and Q5_K get there when one sub-block's large offset makes `dmin` coarse next to a
 //! narrow sub-block's step) and f16 scales that overflow to infinity.
 //!
-//! Speed without changing a bit: the trial-scale searches (`make_qkx2_quants`,
-//! `make_qx_quants`) evaluate several candidates side by side, one vector lane each, every
-//! lane summing in ggml's element order and the candidates compared in ggml's order (see those
-//! functions for why that gives ggml's choice), and `ggml::quantize` runs the block loop
-//! compiled for the CPU's widest vector set (`pulp`'s run-time dispatch). Everything per block
-//! lives on the stack.
+//! Speed without changing a bit: the sub-blocks of a super-block are independent, so each
+//! search (`make_qkx2_quants`, `make_qx_quants`, `make_q3_quants`) runs ggml's sequential loop
+//! on all of them at once, one sub-block per vector lane (`lanes`: 8 lanes for Q4_K/Q5_K, 16
+//! for Q2_K, Q3_K, Q6_K), each lane doing ggml's f32 operations in ggml's order and every `if`
+//! a per-lane select. This replaced trial scales in lanes, which had to restart a batch
+//! whenever a winner moved Q4_K/Q5_K's `min` (5.2 batches per sub-block where 3 would do);
+//! lanes of sub-blocks restart nothing. `ggml::quantize` runs the block loop compiled for the
+//! CPU's widest vector set (`pulp`'s run-time dispatch). Everything per block lives on the
+//! stack.
 
 #![allow(non_snake_case)] // ggml's names: L, Laux, D
 

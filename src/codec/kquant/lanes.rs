@@ -7,6 +7,9 @@
 //! compiler maps each one onto vector instructions (`W = 8`: one AVX2 register, `W = 16`: two)
 //! inside `pulp`'s dispatch; nothing here is `unsafe`.
 
+// Lane-indexed loops over fixed arrays are the shape LLVM turns into vector instructions.
+#![allow(clippy::needless_range_loop)]
+
 use std::ops::{Add, BitAnd, BitOr, Div, Mul, Neg, Not, Sub};
 
 /// One f32 per lane.
