@@ -156,7 +156,9 @@ fn crafted_inputs_reach_the_edge_cases() {
 }
 
 /// Encodes a (5120, 13824) f32 matrix (a 14B WAN FFN weight's shape) to each K-quant on one
-/// thread and prints the input rate; numbers go to BENCHMARKS.md, nothing is asserted.
+/// thread and prints the input rate and a digest of the bytes (bench/kquant_ggml_time.py
+/// prints ggml's for the same matrix, written to `$KQUANT_SPEED_DUMP` when set); numbers go to
+/// BENCHMARKS.md, nothing is asserted.
 #[test]
 #[ignore = "timing only: cargo test --release --test kquant -- --ignored --nocapture"]
 fn kquant_speed_5120x13824() {
@@ -174,15 +176,24 @@ fn kquant_speed_5120x13824() {
             (a + b - 1.0) * 0.03
         })
         .collect();
+    if let Ok(path) = std::env::var("KQUANT_SPEED_DUMP") {
+        // the same matrix for bench/kquant_ggml_time.py (ggml's side), f32 little endian
+        let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+        std::fs::write(path, bytes).unwrap();
+    }
     let mb = (x.len() * 4) as f64 / 1e6;
     for (tname, ty) in TYPES {
         let mut out = vec![0u8; ty.byte_len(x.len()).unwrap()];
         let (wall, cpu) = (std::time::Instant::now(), thread_cpu_s());
         ggml::quantize(ty, &x, &mut out);
         let (wall, cpu) = (wall.elapsed().as_secs_f64(), thread_cpu_s() - cpu);
+        let sha: String = Sha256::digest(&out)[..8]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
         println!(
             "{tname}: {cpu:.2} s CPU ({wall:.2} s wall) for {mb:.0} MB of f32: {:.1} MB/s \
-             ({:.1} ns/element) of CPU time, one thread",
+             ({:.1} ns/element) of CPU time, one thread; bytes sha256 {sha}",
             mb / cpu,
             cpu * 1e9 / x.len() as f64
         );

@@ -37,14 +37,21 @@
 //! Q4_K and Q5_K get there when one sub-block's large offset makes `dmin` coarse next to a
 //! narrow sub-block's step) and f16 scales that overflow to infinity.
 //!
-//! Speed without changing a bit: the trial-scale searches (`make_qkx2_quants`,
-//! `make_qx_quants`) evaluate several candidates side by side, one vector lane each, every
-//! lane summing in ggml's element order and the candidates compared in ggml's order (see those
-//! functions for why that gives ggml's choice), and `ggml::quantize` runs the block loop
-//! compiled for the CPU's widest vector set (`pulp`'s run-time dispatch). Everything per block
-//! lives on the stack.
+//! Speed without changing a bit: the sub-blocks of a super-block are independent, so each
+//! search (`make_qkx2_quants`, `make_qx_quants`, `make_q3_quants`) runs ggml's sequential loop
+//! on all of them at once, one sub-block per vector lane (`lanes`: 8 lanes for Q4_K/Q5_K, 16
+//! for Q2_K, Q3_K, Q6_K), each lane doing ggml's f32 operations in ggml's order and every `if`
+//! a per-lane select. This replaced trial scales in lanes, which had to restart a batch
+//! whenever a winner moved Q4_K/Q5_K's `min` (5.2 batches per sub-block where 3 would do);
+//! lanes of sub-blocks restart nothing. `ggml::quantize` runs the block loop compiled for the
+//! CPU's widest vector set (`pulp`'s run-time dispatch). Everything per block lives on the
+//! stack.
 
-#![allow(non_snake_case)] // ggml's names: L, Laux
+#![allow(non_snake_case)] // ggml's names: L, Laux, D
+
+mod lanes;
+
+use lanes::{M, V, to_lanes};
 
 /// Elements per K-quant super-block (`QK_K`).
 pub const QK_K: usize = 256;
@@ -130,268 +137,247 @@ fn put_f16(b: &mut [u8], h: u16) {
     b[..2].copy_from_slice(&h.to_le_bytes());
 }
 
-/// ggml's `make_qx_quants(n, nmax, x, L, rmse_type = 1, qw = NULL)`: a symmetric scale for
-/// `x` searched over 19 candidates `−(nmax + 0.1·is)/max`, weights `x²`. Writes `L` (codes
-/// offset by `nmax`) and returns the scale.
-///
-/// The 18 trial scales do not depend on one another (only the comparison with `best` is
-/// sequential), so their sums run side by side, one lane each, every lane accumulating in
-/// ggml's element order; the winner is then picked in ggml's order `is = −9 … 9` and its codes
-/// recomputed once (ggml rewrites `L` at every improvement; the last one stands).
+/// Per lane, ggml's `max` (the element of largest |x|, the first of equals) and whether the
+/// sub-block counts as zero (`amax < GROUP_MAX_EPS`).
 #[inline(always)]
-fn make_qx_quants<const N: usize>(nmax: i32, x: &[f32; N], L: &mut [i8]) -> f32 {
-    let mut max = 0f32;
-    let mut amax = 0f32;
+fn signed_max<const N: usize, const W: usize>(x: &[V<W>; N]) -> (V<W>, M<W>) {
+    let mut max = V::splat(0.0);
+    let mut amax = V::splat(0.0);
     for &xi in x {
         let ax = xi.abs();
-        if ax > amax {
-            amax = ax;
-            max = xi;
-        }
+        let more = ax.gt(amax);
+        amax = more.select(ax, amax);
+        max = more.select(xi, max);
     }
-    if amax < GROUP_MAX_EPS {
-        L[..N].fill(0);
-        return 0.0;
-    }
-    let nmaxf = nmax as f32;
-    let iscale = -nmaxf / max;
-    let mut sumlx = 0f32;
-    let mut suml2 = 0f32;
-    for i in 0..N {
-        let l = clampi(nearest_int(iscale * x[i]), -nmax, nmax - 1);
-        L[i] = (l + nmax) as i8;
-        let w = x[i] * x[i];
-        let lf = l as f32;
-        sumlx += w * x[i] * lf;
-        suml2 += w * lf * lf;
-    }
-    let mut scale = if suml2 != 0.0 { sumlx / suml2 } else { 0.0 };
-    let mut best = scale * sumlx;
-    const C: usize = 18; // is = −9 … −1, 1 … 9
-    let mut isc = [0f32; C];
-    for (c, v) in isc.iter_mut().enumerate() {
-        let is = if c < 9 { c as i32 - 9 } else { c as i32 - 8 };
-        *v = -(nmaxf + 0.1f32 * is as f32) / max;
-    }
-    let (lo, hi) = (-nmaxf, (nmax - 1) as f32);
-    let mut slx = [0f32; C];
-    let mut sl2 = [0f32; C];
-    for &xi in x {
-        let w = xi * xi;
-        let wx = w * xi;
-        for c in 0..C {
-            // the clamp is exact in f32: nearest_int's result is an integer below 2^23
-            let l = (nearest_int(isc[c] * xi) as f32).clamp(lo, hi);
-            slx[c] += wx * l;
-            sl2[c] += w * l * l;
-        }
-    }
-    let mut win = None;
-    for c in 0..C {
-        if sl2[c] > 0.0 && slx[c] * slx[c] > best * sl2[c] {
-            scale = slx[c] / sl2[c];
-            best = scale * slx[c];
-            win = Some(c);
-        }
-    }
-    if let Some(c) = win {
-        for i in 0..N {
-            let l = nearest_int(isc[c] * x[i]);
-            L[i] = (nmax + clampi(l, -nmax, nmax - 1)) as i8;
-        }
-    }
-    scale
+    (max, amax.lt(V::splat(GROUP_MAX_EPS)))
 }
 
-/// ggml's `make_q3_quants(n, nmax, x, L, do_rmse = true)`: codes `−nmax/max·x` refined by
-/// coordinate descent on the weighted (`x²`) least-squares fit. Writes `L` (codes offset by
-/// `nmax`) and returns the scale.
+/// ggml's `make_qx_quants(n, nmax, x, L, rmse_type = 1, qw = NULL)` on `W` sub-blocks at
+/// once, one per lane (`x[i]`: element `i` of every sub-block, see [`to_lanes`]): per
+/// sub-block a symmetric scale searched over 19 candidates `−(nmax + 0.1·is)/max`, weights
+/// `x²`. Writes `L[N·j + i]` (codes offset by `nmax`) and returns the scales.
+///
+/// Each lane runs ggml's loop as written (`is = −9 … 9` in order, sums in element order); the
+/// winner's codes are recomputed once from its `iscale` (ggml rewrites `L` at every
+/// improvement; the last one stands).
 #[inline(always)]
-fn make_q3_quants<const N: usize>(nmax: i32, x: &[f32; N], L: &mut [i8]) -> f32 {
-    let mut max = 0f32;
-    let mut amax = 0f32;
-    for &xi in x {
-        let ax = xi.abs();
-        if ax > amax {
-            amax = ax;
-            max = xi;
+fn make_qx_quants<const N: usize, const W: usize>(nmax: i32, x: &[V<W>; N], L: &mut [i8]) -> V<W> {
+    let (max, zero_block) = signed_max(x);
+    let zero = V::splat(0.0);
+    let nmaxf = nmax as f32;
+    let (lo, hi) = (-nmaxf, (nmax - 1) as f32);
+    let mut w = *x;
+    let mut wx = *x;
+    for i in 0..N {
+        w[i] = x[i] * x[i];
+        wx[i] = w[i] * x[i];
+    }
+    let mut best_is = V::splat(-nmaxf) / max;
+    let (sumlx, suml2) = qx_sums(x, &w, &wx, best_is, lo, hi);
+    let mut scale = suml2.ne(zero).select(sumlx / suml2, zero);
+    let mut best = scale * sumlx;
+    for is in (-9i32..=9).filter(|&is| is != 0) {
+        let iscale = V::splat(-(nmaxf + 0.1f32 * is as f32)) / max;
+        let (slx, sl2) = qx_sums(x, &w, &wx, iscale, lo, hi);
+        let win = sl2.gt(zero) & (slx * slx).gt(best * sl2);
+        scale = win.select(slx / sl2, scale);
+        best = win.select(scale * slx, best);
+        best_is = win.select(iscale, best_is);
+    }
+    for i in 0..N {
+        let l = zero_block.select(V::splat(-nmaxf), (best_is * x[i]).code(lo, hi));
+        for k in 0..W {
+            L[N * k + i] = (l.0[k] as i32 + nmax) as i8;
         }
     }
-    if amax < GROUP_MAX_EPS {
-        L[..N].fill(0);
-        return 0.0;
-    }
-    let iscale = -(nmax as f32) / max;
-    let mut sumlx = 0f32;
-    let mut suml2 = 0f32;
+    zero_block.select(zero, scale)
+}
+
+/// One [`make_qx_quants`] trial per lane: `(Σ w·x·l, Σ w·l²)` in element order, `l` the codes
+/// of `iscale·x` clamped to `[lo, hi]` (a function, not a closure: a closure
+/// may be compiled out of line, without the dispatched instruction set).
+#[inline(always)]
+fn qx_sums<const N: usize, const W: usize>(
+    x: &[V<W>; N],
+    w: &[V<W>; N],
+    wx: &[V<W>; N],
+    iscale: V<W>,
+    lo: f32,
+    hi: f32,
+) -> (V<W>, V<W>) {
+    let (mut slx, mut sl2) = (V::splat(0.0), V::splat(0.0));
     for i in 0..N {
-        let l = clampi(nearest_int(iscale * x[i]), -nmax, nmax - 1);
-        L[i] = l as i8;
-        let w = x[i] * x[i];
-        let lf = l as f32;
-        sumlx += w * x[i] * lf;
-        suml2 += w * lf * lf;
+        let l = (iscale * x[i]).code(lo, hi);
+        slx = slx + wx[i] * l;
+        sl2 = sl2 + w[i] * l * l;
+    }
+    (slx, sl2)
+}
+
+/// ggml's `make_q3_quants(n, nmax, x, L, do_rmse = true)` on `W` sub-blocks at once, one per
+/// lane (`x[i]`: element `i` of every sub-block): codes `−nmax/max·x` refined by coordinate
+/// descent on the weighted (`x²`) least-squares fit. Writes `L[N·j + i]` (codes offset by
+/// `nmax`) and returns the scales.
+///
+/// Each lane runs ggml's passes as written, every `if` a per-lane select. ggml stops a
+/// sub-block after a pass that changed nothing; here the passes go on until no lane changed
+/// (at most 5), which leaves a finished lane as it was: a pass that changed nothing starts and
+/// ends in the same state, so running it again changes nothing either.
+#[inline(always)]
+fn make_q3_quants<const N: usize, const W: usize>(nmax: i32, x: &[V<W>; N], L: &mut [i8]) -> V<W> {
+    let (max, zero_block) = signed_max(x);
+    let zero = V::splat(0.0);
+    let nmaxf = nmax as f32;
+    let (lo, hi) = (-nmaxf, (nmax - 1) as f32);
+    let iscale = V::splat(-nmaxf) / max;
+    let mut w = *x;
+    let mut wx = *x;
+    let mut l = *x;
+    let (mut sumlx, mut suml2) = (zero, zero);
+    for i in 0..N {
+        w[i] = x[i] * x[i];
+        wx[i] = w[i] * x[i];
+        l[i] = (iscale * x[i]).code(lo, hi);
+        sumlx = sumlx + wx[i] * l[i];
+        suml2 = suml2 + w[i] * l[i] * l[i];
     }
     for _itry in 0..5 {
-        let mut n_changed = 0;
+        let mut changed = M([0; W]);
         for i in 0..N {
-            let w = x[i] * x[i];
-            let li = L[i] as f32;
-            let mut slx = sumlx - w * x[i] * li;
-            if slx > 0.0 {
-                let mut sl2 = suml2 - w * li * li;
-                let new_l = clampi(nearest_int(x[i] * sl2 / slx), -nmax, nmax - 1);
-                if new_l != L[i] as i32 {
-                    let nl = new_l as f32;
-                    slx += w * x[i] * nl;
-                    sl2 += w * nl * nl;
-                    if sl2 > 0.0 && slx * slx * suml2 > sumlx * sumlx * sl2 {
-                        L[i] = new_l as i8;
-                        sumlx = slx;
-                        suml2 = sl2;
-                        n_changed += 1;
-                    }
-                }
-            }
+            let li = l[i];
+            let slx = sumlx - wx[i] * li;
+            let sl2 = suml2 - w[i] * li * li;
+            let new_l = (x[i] * sl2 / slx).code(lo, hi);
+            let slx_new = slx + wx[i] * new_l;
+            let sl2_new = sl2 + w[i] * new_l * new_l;
+            let better = (slx_new * slx_new * suml2).gt(sumlx * sumlx * sl2_new);
+            let take = slx.gt(zero) & new_l.ne(li) & sl2_new.gt(zero) & better;
+            l[i] = take.select(new_l, li);
+            sumlx = take.select(slx_new, sumlx);
+            suml2 = take.select(sl2_new, suml2);
+            changed = changed | take;
         }
-        if n_changed == 0 {
+        if !changed.any() {
             break;
         }
     }
-    for l in &mut L[..N] {
-        *l += nmax as i8;
+    for i in 0..N {
+        let li = zero_block.select(V::splat(-nmaxf), l[i]);
+        for k in 0..W {
+            L[N * k + i] = (li.0[k] as i32 + nmax) as i8;
+        }
     }
-    if suml2 > 0.0 { sumlx / suml2 } else { 0.0 }
+    (suml2.gt(zero) & !zero_block).select(sumlx / suml2, zero)
 }
 
-/// Trial steps of [`make_qkx2_quants`] evaluated side by side.
-const LANES: usize = 8;
-
-/// ggml's `make_qkx2_quants`: an affine fit `x ≈ scale·L − the_min` (`the_min ≥ 0`) with
-/// codes in `[0, nmax]`, the step searched over `nstep + 1` candidates
+/// ggml's `make_qkx2_quants` on `W` sub-blocks at once, one per lane (`x[i]`: element `i` of
+/// every sub-block, see [`to_lanes`]): per sub-block an affine fit `x ≈ scale·L − the_min`
+/// (`the_min ≥ 0`) with codes in `[0, nmax]`, the step searched over `nstep + 1` candidates
 /// `(rmin + rdelta·is + nmax)/(max − min)` against weighted squared (or absolute, `use_mad`)
-/// error. Writes `L` and returns `(scale, the_min)`.
+/// error. Writes `L[N·j + i]` and returns `(scale, the_min)` per lane.
 ///
-/// ggml tries the candidates one after another, and a candidate that wins moves `min`, which
-/// the later candidates use. Here [`LANES`] candidates are evaluated at once with the current
-/// `min`, each lane summing in ggml's element order, and then taken in ggml's order; when a
-/// winner changes `min` (its bits), the candidates after it are evaluated again from the
-/// next one. Every value ggml compares is thus computed from the same operands, in the same
-/// order, as ggml computes it.
-#[allow(clippy::too_many_arguments)]
+/// Each lane runs ggml's loop as written, trial after trial with its own moving `min` and
+/// element sums in ggml's order; the sub-blocks of a super-block are independent, so nothing
+/// is speculated or re-evaluated (an earlier version put trial scales in lanes and restarted
+/// a batch whenever a winner moved `min`). Every `if` is a per-lane select, and the winner's
+/// codes are recomputed once at the end from its `iscale` and `min` instead of being copied
+/// at every improvement.
 #[inline(always)]
-fn make_qkx2_quants<const N: usize>(
-    nmax: i32,
-    x: &[f32; N],
-    weights: &[f32; N],
+fn make_qkx2_quants<const N: usize, const W: usize>(
+    p: Qkx2,
+    x: &[V<W>; N],
+    weights: &[V<W>; N],
     L: &mut [u8],
-    rmin: f32,
-    rdelta: f32,
-    nstep: i32,
-    use_mad: bool,
-) -> (f32, f32) {
+) -> (V<W>, V<W>) {
     let mut min = x[0];
     let mut max = x[0];
     let mut sum_w = weights[0];
     let mut sum_x = sum_w * x[0];
     for i in 1..N {
-        if x[i] < min {
-            min = x[i];
-        }
-        if x[i] > max {
-            max = x[i];
-        }
-        let w = weights[i];
-        sum_w += w;
-        sum_x += w * x[i];
+        min = x[i].lt(min).select(x[i], min);
+        max = x[i].gt(max).select(x[i], max);
+        sum_w = sum_w + weights[i];
+        sum_x = sum_x + weights[i] * x[i];
     }
-    if min > 0.0 {
-        min = 0.0;
-    }
-    if max == min {
-        L[..N].fill(0);
-        return (0.0, -min);
-    }
-    let nmaxf = nmax as f32;
-    let iscale = nmaxf / (max - min);
-    let mut scale = 1.0 / iscale;
-    let mut best_error = 0f32;
+    let zero = V::splat(0.0);
+    min = min.gt(zero).select(zero, min);
+    let flat = max.eq(min);
+    let min0 = min;
+    let nmaxf = p.nmax as f32;
+    let mut best_is = V::splat(nmaxf) / (max - min);
+    let mut scale = V::splat(1.0) / best_is;
+    let mut best_m = min;
+    let mut laux = [zero; N];
     for i in 0..N {
-        let l = nearest_int(iscale * (x[i] - min));
-        L[i] = clampi(l, 0, nmax) as u8;
-        let mut diff = scale * L[i] as f32 + min - x[i];
-        diff = if use_mad { diff.abs() } else { diff * diff };
-        best_error += weights[i] * diff;
+        laux[i] = (best_is * (x[i] - min)).code(0.0, nmaxf);
     }
-    if nstep < 1 {
-        return (scale, -min);
-    }
-    let mut laux = [[0f32; LANES]; N];
-    let mut is0 = 0i32;
-    while is0 <= nstep {
-        let count = ((nstep + 1 - is0) as usize).min(LANES);
-        let mut isc = [0f32; LANES];
-        for (k, v) in isc.iter_mut().enumerate() {
-            *v = (rmin + rdelta * (is0 + k as i32) as f32 + nmaxf) / (max - min);
-        }
-        let mut sum_l = [0f32; LANES];
-        let mut sum_l2 = [0f32; LANES];
-        let mut sum_xl = [0f32; LANES];
+    let mut best_error = qkx2_error(p.use_mad, x, weights, scale, min, &laux);
+    let nstep = if p.nstep < 1 { -1 } else { p.nstep }; // ggml returns before the search
+    for is in 0..=nstep {
+        let iscale = V::splat(p.rmin + p.rdelta * is as f32 + nmaxf) / (max - min);
+        let (mut sum_l, mut sum_l2, mut sum_xl) = (zero, zero, zero);
         for i in 0..N {
-            let xm = x[i] - min;
-            let (w, xi) = (weights[i], x[i]);
-            // the clamp is exact in f32: nearest_int's result is an integer below 2^23
-            let l: [f32; LANES] =
-                std::array::from_fn(|k| (nearest_int(isc[k] * xm) as f32).clamp(0.0, nmaxf));
+            let l = (iscale * (x[i] - min)).code(0.0, nmaxf);
             laux[i] = l;
-            let wl: [f32; LANES] = std::array::from_fn(|k| w * l[k]);
-            sum_l = std::array::from_fn(|k| sum_l[k] + wl[k]);
-            sum_l2 = std::array::from_fn(|k| sum_l2[k] + wl[k] * l[k]);
-            sum_xl = std::array::from_fn(|k| sum_xl[k] + wl[k] * xi);
+            let wl = weights[i] * l;
+            sum_l = sum_l + wl;
+            sum_l2 = sum_l2 + wl * l;
+            sum_xl = sum_xl + wl * x[i];
         }
-        let mut ok = [false; LANES];
-        let mut this_scale = [0f32; LANES];
-        let mut this_min = [0f32; LANES];
-        for k in 0..LANES {
-            let D = sum_w * sum_l2[k] - sum_l[k] * sum_l[k];
-            ok[k] = D > 0.0;
-            let mut s = (sum_w * sum_xl[k] - sum_x * sum_l[k]) / D;
-            let mut m = (sum_l2[k] * sum_x - sum_l[k] * sum_xl[k]) / D;
-            if m > 0.0 {
-                m = 0.0;
-                s = sum_xl[k] / sum_l2[k];
-            }
-            this_scale[k] = s;
-            this_min[k] = m;
-        }
-        let mut cur_error = [0f32; LANES];
-        for i in 0..N {
-            let (w, xi, la) = (weights[i], x[i], laux[i]);
-            let diff: [f32; LANES] = std::array::from_fn(|k| {
-                let diff = this_scale[k] * la[k] + this_min[k] - xi;
-                if use_mad { diff.abs() } else { diff * diff }
-            });
-            cur_error = std::array::from_fn(|k| cur_error[k] + w * diff[k]);
-        }
-        let mut next = is0 + count as i32;
-        for k in 0..count {
-            if ok[k] && cur_error[k] < best_error {
-                for i in 0..N {
-                    L[i] = laux[i][k] as u8;
-                }
-                best_error = cur_error[k];
-                scale = this_scale[k];
-                let moved = this_min[k].to_bits() != min.to_bits();
-                min = this_min[k];
-                if moved {
-                    next = is0 + k as i32 + 1;
-                    break;
-                }
-            }
-        }
-        is0 = next;
+        let D = sum_w * sum_l2 - sum_l * sum_l;
+        let this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
+        let this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
+        let pos = this_min.gt(zero);
+        let this_min = pos.select(zero, this_min);
+        let this_scale = pos.select(sum_xl / sum_l2, this_scale);
+        let cur_error = qkx2_error(p.use_mad, x, weights, this_scale, this_min, &laux);
+        let win = D.gt(zero) & cur_error.lt(best_error);
+        best_error = win.select(cur_error, best_error);
+        scale = win.select(this_scale, scale);
+        best_is = win.select(iscale, best_is);
+        best_m = win.select(min, best_m);
+        min = win.select(this_min, min);
     }
+    for i in 0..N {
+        let l = flat.select(zero, (best_is * (x[i] - best_m)).code(0.0, nmaxf));
+        for k in 0..W {
+            L[N * k + i] = l.0[k] as u8;
+        }
+    }
+    let scale = flat.select(zero, scale);
+    let min = flat.select(min0, min);
     (scale, -min)
+}
+
+/// `Σ w·|scale·l + min − x|` (`use_mad`) or `Σ w·(scale·l + min − x)²` over the elements in
+/// ggml's order, per lane, `l` the codes.
+#[inline(always)]
+fn qkx2_error<const N: usize, const W: usize>(
+    use_mad: bool,
+    x: &[V<W>; N],
+    weights: &[V<W>; N],
+    scale: V<W>,
+    min: V<W>,
+    l: &[V<W>; N],
+) -> V<W> {
+    let mut err = V::splat(0.0);
+    for i in 0..N {
+        let diff = scale * l[i] + min - x[i];
+        let diff = if use_mad { diff.abs() } else { diff * diff };
+        err = err + weights[i] * diff;
+    }
+    err
+}
+
+/// The constant arguments of [`make_qkx2_quants`] (ggml's `nmax, rmin, rdelta, nstep,
+/// use_mad`).
+#[derive(Clone, Copy)]
+struct Qkx2 {
+    nmax: i32,
+    rmin: f32,
+    rdelta: f32,
+    nstep: i32,
+    use_mad: bool,
 }
 
 /// ggml's `get_scale_min_k4`: the 6-bit scale and min of sub-block `j` from the 12 packed
@@ -406,11 +392,6 @@ fn get_scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
             (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
         )
     }
-}
-
-#[inline(always)]
-fn sub<const N: usize>(x: &[f32], j: usize) -> &[f32; N] {
-    x[N * j..N * (j + 1)].try_into().expect("sub-block")
 }
 
 /// Bytes of one Q2_K block: scales\[16\], qs\[64\], d, dmin.
@@ -431,20 +412,23 @@ pub const Q6_K_BYTES: usize = 210;
 pub fn quantize_q2_k(x: &[f32; QK_K], y: &mut [u8]) {
     assert_eq!(y.len(), Q2_K_BYTES, "Q2_K block bytes");
     let mut L = [0u8; QK_K];
-    let mut mins = [0f32; QK_K / 16];
-    let mut scales = [0f32; QK_K / 16];
     let q4scale = 15f32;
     let mut max_scale = 0f32;
     let mut max_min = 0f32;
-    for j in 0..QK_K / 16 {
-        let xs = sub::<16>(x, j);
-        let mut weights = [0f32; 16];
-        for l in 0..16 {
-            weights[l] = xs[l].abs();
-        }
-        let (s, m) = make_qkx2_quants::<16>(3, xs, &weights, &mut L[16 * j..], -0.5, 0.1, 15, true);
-        scales[j] = s;
-        mins[j] = m;
+    let xt = to_lanes::<16, 16>(x);
+    let mut weights = xt;
+    for w in &mut weights {
+        *w = w.abs();
+    }
+    let p = Qkx2 {
+        nmax: 3,
+        rmin: -0.5,
+        rdelta: 0.1,
+        nstep: 15,
+        use_mad: true,
+    };
+    let (V(scales), V(mins)) = make_qkx2_quants::<16, 16>(p, &xt, &weights, &mut L);
+    for (&s, &m) in scales.iter().zip(&mins) {
         if s > max_scale {
             max_scale = s;
         }
@@ -531,15 +515,13 @@ pub fn dequantize_q2_k(b: &[u8], y: &mut [f32; QK_K]) {
 pub fn quantize_q3_k(x: &[f32; QK_K], y: &mut [u8]) {
     assert_eq!(y.len(), Q3_K_BYTES, "Q3_K block bytes");
     let mut L = [0i8; QK_K];
-    let mut scales = [0f32; QK_K / 16];
+    let V(scales) = make_q3_quants::<16, 16>(4, &to_lanes(x), &mut L);
     let mut max_scale = 0f32;
     let mut amax = 0f32;
-    for j in 0..QK_K / 16 {
-        scales[j] = make_q3_quants::<16>(4, sub::<16>(x, j), &mut L[16 * j..]);
-        let scale = scales[j].abs();
-        if scale > amax {
-            amax = scale;
-            max_scale = scales[j];
+    for &s in &scales {
+        if s.abs() > amax {
+            amax = s.abs();
+            max_scale = s;
         }
     }
     let (hmask, rest) = y.split_at_mut(QK_K / 8);
@@ -648,33 +630,27 @@ fn quantize_q45_k<const BITS: u32>(x: &[f32; QK_K], y: &mut [u8]) {
         (-0.5f32, 15)
     };
     let mut L = [0u8; QK_K];
-    let mut mins = [0f32; QK_K / 32];
-    let mut scales = [0f32; QK_K / 32];
+    let xt = to_lanes::<32, 8>(x);
+    let mut sum_x2 = V::splat(0.0);
+    for r in xt {
+        sum_x2 = sum_x2 + r * r;
+    }
+    let av_x = (sum_x2 / V::splat(32.0)).sqrt();
+    let mut weights = xt;
+    for w in &mut weights {
+        *w = av_x + w.abs();
+    }
+    let p = Qkx2 {
+        nmax,
+        rmin,
+        rdelta: 0.1,
+        nstep,
+        use_mad: false,
+    };
+    let (V(scales), V(mins)) = make_qkx2_quants::<32, 8>(p, &xt, &weights, &mut L);
     let mut max_scale = 0f32;
     let mut max_min = 0f32;
-    for j in 0..QK_K / 32 {
-        let xs = sub::<32>(x, j);
-        let mut sum_x2 = 0f32;
-        for &v in xs {
-            sum_x2 += v * v;
-        }
-        let av_x = (sum_x2 / 32.0).sqrt();
-        let mut weights = [0f32; 32];
-        for l in 0..32 {
-            weights[l] = av_x + xs[l].abs();
-        }
-        let (s, m) = make_qkx2_quants::<32>(
-            nmax,
-            xs,
-            &weights,
-            &mut L[32 * j..],
-            rmin,
-            0.1,
-            nstep,
-            false,
-        );
-        scales[j] = s;
-        mins[j] = m;
+    for (&s, &m) in scales.iter().zip(&mins) {
         if s > max_scale {
             max_scale = s;
         }
@@ -824,12 +800,10 @@ pub fn dequantize_q5_k(b: &[u8], y: &mut [f32; QK_K]) {
 pub fn quantize_q6_k(x: &[f32; QK_K], y: &mut [u8]) {
     assert_eq!(y.len(), Q6_K_BYTES, "Q6_K block bytes");
     let mut L = [0i8; QK_K];
-    let mut scales = [0f32; QK_K / 16];
+    let V(scales) = make_qx_quants::<16, 16>(32, &to_lanes(x), &mut L);
     let mut max_scale = 0f32;
     let mut max_abs_scale = 0f32;
-    for ib in 0..QK_K / 16 {
-        let scale = make_qx_quants::<16>(32, sub::<16>(x, ib), &mut L[16 * ib..]);
-        scales[ib] = scale;
+    for &scale in &scales {
         let abs_scale = scale.abs();
         if abs_scale > max_abs_scale {
             max_abs_scale = abs_scale;
@@ -969,6 +943,66 @@ mod tests {
             }
         }
         scale
+    }
+
+    /// ggml's `make_q3_quants(n, nmax, x, L, do_rmse = true)`: codes `−nmax/max·x` refined by
+    /// coordinate descent on the weighted (`x²`) least-squares fit. Writes `L` (codes offset by
+    /// `nmax`) and returns the scale.
+    fn make_q3_quants_literal<const N: usize>(nmax: i32, x: &[f32; N], L: &mut [i8]) -> f32 {
+        let mut max = 0f32;
+        let mut amax = 0f32;
+        for &xi in x {
+            let ax = xi.abs();
+            if ax > amax {
+                amax = ax;
+                max = xi;
+            }
+        }
+        if amax < GROUP_MAX_EPS {
+            L[..N].fill(0);
+            return 0.0;
+        }
+        let iscale = -(nmax as f32) / max;
+        let mut sumlx = 0f32;
+        let mut suml2 = 0f32;
+        for i in 0..N {
+            let l = clampi(nearest_int(iscale * x[i]), -nmax, nmax - 1);
+            L[i] = l as i8;
+            let w = x[i] * x[i];
+            let lf = l as f32;
+            sumlx += w * x[i] * lf;
+            suml2 += w * lf * lf;
+        }
+        for _itry in 0..5 {
+            let mut n_changed = 0;
+            for i in 0..N {
+                let w = x[i] * x[i];
+                let li = L[i] as f32;
+                let mut slx = sumlx - w * x[i] * li;
+                if slx > 0.0 {
+                    let mut sl2 = suml2 - w * li * li;
+                    let new_l = clampi(nearest_int(x[i] * sl2 / slx), -nmax, nmax - 1);
+                    if new_l != L[i] as i32 {
+                        let nl = new_l as f32;
+                        slx += w * x[i] * nl;
+                        sl2 += w * nl * nl;
+                        if sl2 > 0.0 && slx * slx * suml2 > sumlx * sumlx * sl2 {
+                            L[i] = new_l as i8;
+                            sumlx = slx;
+                            suml2 = sl2;
+                            n_changed += 1;
+                        }
+                    }
+                }
+            }
+            if n_changed == 0 {
+                break;
+            }
+        }
+        for l in &mut L[..N] {
+            *l += nmax as i8;
+        }
+        if suml2 > 0.0 { sumlx / suml2 } else { 0.0 }
     }
 
     /// ggml's `make_qkx2_quants`: an affine fit `x ≈ scale·L − the_min` (`the_min ≥ 0`) with
@@ -1243,48 +1277,93 @@ mod tests {
         } else {
             30_000
         };
-        for _ in 0..n {
-            let x16 = g.block::<16>();
-            let x32 = g.block::<32>();
-            // Q6_K
-            let (mut a, mut b) = ([0i8; 16], [0i8; 16]);
-            let sa = make_qx_quants::<16>(32, &x16, &mut a);
-            let sb = make_qx_quants_literal::<16>(32, &x16, &mut b);
-            assert_eq!((sa.to_bits(), a), (sb.to_bits(), b), "qx {x16:?}");
-            // Q2_K
-            let mut w16 = [0f32; 16];
-            for (w, v) in w16.iter_mut().zip(&x16) {
-                *w = v.abs();
-            }
-            let (mut a, mut b) = ([0u8; 16], [0u8; 16]);
-            let ra = make_qkx2_quants::<16>(3, &x16, &w16, &mut a, -0.5, 0.1, 15, true);
-            let rb = make_qkx2_quants_literal::<16>(3, &x16, &w16, &mut b, -0.5, 0.1, 15, true);
-            assert_eq!(
-                (ra.0.to_bits(), ra.1.to_bits(), a),
-                (rb.0.to_bits(), rb.1.to_bits(), b),
-                "qkx2/Q2_K {x16:?}"
-            );
-            // Q4_K, Q5_K
-            let mut sum_x2 = 0f32;
-            for &v in &x32 {
-                sum_x2 += v * v;
-            }
-            let av_x = (sum_x2 / 32.0).sqrt();
-            let mut w32 = [0f32; 32];
-            for (w, v) in w32.iter_mut().zip(&x32) {
-                *w = av_x + v.abs();
-            }
-            for (nmax, rmin, nstep) in [(15, -1.0f32, 20), (31, -0.5, 15)] {
-                let (mut a, mut b) = ([0u8; 32], [0u8; 32]);
-                let ra = make_qkx2_quants::<32>(nmax, &x32, &w32, &mut a, rmin, 0.1, nstep, false);
-                let rb = make_qkx2_quants_literal::<32>(
-                    nmax, &x32, &w32, &mut b, rmin, 0.1, nstep, false,
-                );
+        for _ in 0..n / 8 {
+            // Q6_K, Q3_K: 16 sub-blocks of 16 side by side
+            let x: Vec<f32> = (0..16).flat_map(|_| g.block::<16>()).collect();
+            let xt = to_lanes::<16, 16>(&x);
+            let mut a = [0i8; 256];
+            let V(sa) = make_qx_quants::<16, 16>(32, &xt, &mut a);
+            let mut a3 = [0i8; 256];
+            let V(sa3) = make_q3_quants::<16, 16>(4, &xt, &mut a3);
+            for j in 0..16 {
+                let xs: &[f32; 16] = x[16 * j..16 * j + 16].try_into().unwrap();
+                let mut b = [0i8; 16];
+                let sb = make_qx_quants_literal::<16>(32, xs, &mut b);
+                let r = 16 * j..16 * j + 16;
                 assert_eq!(
-                    (ra.0.to_bits(), ra.1.to_bits(), a),
-                    (rb.0.to_bits(), rb.1.to_bits(), b),
-                    "qkx2/nmax {nmax} {x32:?}"
+                    (sa[j].to_bits(), &a[r.clone()]),
+                    (sb.to_bits(), &b[..]),
+                    "qx {xs:?}"
                 );
+                let sb = make_q3_quants_literal::<16>(4, xs, &mut b);
+                assert_eq!(
+                    (sa3[j].to_bits(), &a3[r]),
+                    (sb.to_bits(), &b[..]),
+                    "q3 {xs:?}"
+                );
+            }
+            // Q2_K: 16 sub-blocks of 16 side by side
+            let x: Vec<f32> = (0..16).flat_map(|_| g.block::<16>()).collect();
+            let xt = to_lanes::<16, 16>(&x);
+            let wt = xt.map(V::abs);
+            let p = Qkx2 {
+                nmax: 3,
+                rmin: -0.5,
+                rdelta: 0.1,
+                nstep: 15,
+                use_mad: true,
+            };
+            let mut a = [0u8; 256];
+            let (V(s), V(m)) = make_qkx2_quants::<16, 16>(p, &xt, &wt, &mut a);
+            for j in 0..16 {
+                let xs: &[f32; 16] = x[16 * j..16 * j + 16].try_into().unwrap();
+                let w16 = xs.map(f32::abs);
+                let mut b = [0u8; 16];
+                let rb = make_qkx2_quants_literal::<16>(3, xs, &w16, &mut b, -0.5, 0.1, 15, true);
+                assert_eq!(
+                    (s[j].to_bits(), m[j].to_bits(), &a[16 * j..16 * j + 16]),
+                    (rb.0.to_bits(), rb.1.to_bits(), &b[..]),
+                    "qkx2/Q2_K {xs:?}"
+                );
+            }
+            // Q4_K, Q5_K: 8 sub-blocks of 32 side by side
+            let x: Vec<f32> = (0..8).flat_map(|_| g.block::<32>()).collect();
+            let xt = to_lanes::<32, 8>(&x);
+            for (nmax, rmin, nstep) in [(15, -1.0f32, 20), (31, -0.5, 15)] {
+                let mut w = [0f32; 256];
+                for (wj, xj) in w.chunks_exact_mut(32).zip(x.chunks_exact(32)) {
+                    let mut sum_x2 = 0f32;
+                    for &v in xj {
+                        sum_x2 += v * v;
+                    }
+                    let av_x = (sum_x2 / 32.0).sqrt();
+                    for (wi, v) in wj.iter_mut().zip(xj) {
+                        *wi = av_x + v.abs();
+                    }
+                }
+                let wt = to_lanes::<32, 8>(&w);
+                let p = Qkx2 {
+                    nmax,
+                    rmin,
+                    rdelta: 0.1,
+                    nstep,
+                    use_mad: false,
+                };
+                let mut a = [0u8; 256];
+                let (V(s), V(m)) = make_qkx2_quants::<32, 8>(p, &xt, &wt, &mut a);
+                for j in 0..8 {
+                    let xs: &[f32; 32] = x[32 * j..32 * j + 32].try_into().unwrap();
+                    let ws: &[f32; 32] = w[32 * j..32 * j + 32].try_into().unwrap();
+                    let mut b = [0u8; 32];
+                    let rb = make_qkx2_quants_literal::<32>(
+                        nmax, xs, ws, &mut b, rmin, 0.1, nstep, false,
+                    );
+                    assert_eq!(
+                        (s[j].to_bits(), m[j].to_bits(), &a[32 * j..32 * j + 32]),
+                        (rb.0.to_bits(), rb.1.to_bits(), &b[..]),
+                        "qkx2/nmax {nmax} {xs:?}"
+                    );
+                }
             }
         }
     }
