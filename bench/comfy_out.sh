@@ -6,11 +6,6 @@
 source "$(dirname "$0")/common.sh"
 cd /tmp/wb
 export WANBAKE_CACHE_DIR=/tmp/wb/hcache-41
-floor() {
-  local n=$(( ($1 + 16777215) / 16777216 ))
-  sync; echo "FLOOR $(( n * 16777216 )) | $(T dd if=/dev/zero of=ddfloor bs=16M count=$n conv=fsync)"
-  rm -f ddfloor
-}
 $W -q merge --base base --adapter lora --out o --dtype bf16 --device cpu --overwrite; rm -rf o
 for to in bf16 comfy:fp8 comfy:nvfp4 comfy:mxfp8 comfy:int8 comfy:int8-convrot lightx2v:int8 lightx2v:fp8; do
   case $to in bf16) args="--dtype bf16";; *) args="--to $to";; esac

@@ -20,3 +20,9 @@ layout = "nnx-scanned"
 overwrite = true
 TOML
 }
+# The durable-write floor of $1 bytes (rounded up to 16 MiB blocks), in the current folder.
+floor() {
+  local n=$(( ($1 + 16777215) / 16777216 ))
+  sync; echo "FLOOR $(( n * 16777216 )) | $(T dd if=/dev/zero of=ddfloor bs=16M count=$n conv=fsync)"
+  rm -f ddfloor
+}

@@ -12,11 +12,6 @@
 source "$(dirname "$0")/common.sh"
 cd "$1"
 only=${2:-.}
-floor() {  # durable write of $1 bytes, rounded up to 16 MiB blocks
-  local n=$(( ($1 + 16777215) / 16777216 ))
-  sync; echo "FLOOR $(( n * 16777216 )) | $(T dd if=/dev/zero of=ddfloor bs=16M count=$n conv=fsync)"
-  rm -f ddfloor
-}
 run() {  # name out command...
   local name=$1 out=$2; shift 2
   [[ $name =~ $only ]] || return 0

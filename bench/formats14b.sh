@@ -7,11 +7,6 @@
 # Usage: bench/formats14b.sh DIR [FORMAT...]   (DIR is made if missing; default formats below)
 source "$(dirname "$0")/common.sh"
 mkdir -p "$1" && cd "$1" && shift
-floor() {
-  local n=$(( ($1 + 16777215) / 16777216 ))
-  sync; echo "FLOOR $(( n * 16777216 )) | $(T dd if=/dev/zero of=ddfloor bs=16M count=$n conv=fsync)"
-  rm -f ddfloor
-}
 [ -d base ] || $W -q synth --model wan2.1-t2v-14b --dtype bf16 --fill zero --out base
 [ -d lora ] || $P "$B/make_lora.py" lora 16 5120 13824 40
 export WANBAKE_CACHE_DIR=$PWD/hcache

@@ -8,11 +8,6 @@
 # and `make_lora.py DIR/lora 16 5120 13824 10`). $TMPDIR must hold the decoded f32 base.
 source "$(dirname "$0")/common.sh"
 cd "$1"
-floor() {
-  local n=$(( ($1 + 16777215) / 16777216 ))
-  sync; echo "FLOOR $(( n * 16777216 )) | $(T dd if=/dev/zero of=ddfloor bs=16M count=$n conv=fsync)"
-  rm -f ddfloor
-}
 [ -d q-fp8 ] || $W -q convert base --to fp8-scaled --out q-fp8
 [ -d q-q4km ] || $W -q convert base --to gguf:q4_k_m --out q-q4km
 for b in base q-fp8/model_fp8_scaled.safetensors q-q4km/model-q4_k_m.gguf; do

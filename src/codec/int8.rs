@@ -218,20 +218,7 @@ pub fn encode_rowwise(
     rows: usize,
     cols: usize,
 ) -> Result<(Vec<u8>, Vec<f32>), CodecError> {
-    check_len("INT8 input", mul(rows, cols, "INT8 input size")?, w.len())?;
-    check_finite(w)?;
-    let mut codes = vec![0u8; w.len()];
-    let mut scales = Vec::with_capacity(rows);
-    if cols == 0 {
-        scales.resize(rows, MIN_SCALE);
-        return Ok((codes, scales));
-    }
-    for (row, out) in w.chunks_exact(cols).zip(codes.chunks_exact_mut(cols)) {
-        let s = scale_for(super::fp8::amax(row));
-        quantize_into(row, s, out);
-        scales.push(s);
-    }
-    Ok((codes, scales))
+    encode_rows_by(w, rows, cols, scale_for)
 }
 
 /// LightX2V's lower clamp of a row's `max|W|` (`QuantWeightINT8` / `QuantWeightFP8`:
@@ -247,16 +234,27 @@ pub fn encode_rowwise_lightx2v(
     rows: usize,
     cols: usize,
 ) -> Result<(Vec<u8>, Vec<f32>), CodecError> {
+    encode_rows_by(w, rows, cols, |amax| amax.max(LIGHTX2V_MIN_AMAX) / QMAX)
+}
+
+/// Per-row int8 of a row-major `[rows, cols]` weight whose row scale is `scale_of(max|row|)`
+/// (an empty row's is `scale_of(0)`): the one loop of both row-wise conventions.
+fn encode_rows_by(
+    w: &[f32],
+    rows: usize,
+    cols: usize,
+    scale_of: impl Fn(f32) -> f32,
+) -> Result<(Vec<u8>, Vec<f32>), CodecError> {
     check_len("INT8 input", mul(rows, cols, "INT8 input size")?, w.len())?;
     check_finite(w)?;
     let mut codes = vec![0u8; w.len()];
-    let mut scales = vec![LIGHTX2V_MIN_AMAX / QMAX; rows];
+    let mut scales = vec![scale_of(0.0); rows];
     if cols == 0 {
         return Ok((codes, scales));
     }
     let rows_iter = w.chunks_exact(cols).zip(codes.chunks_exact_mut(cols));
     for ((row, out), s) in rows_iter.zip(&mut scales) {
-        *s = super::fp8::amax(row).max(LIGHTX2V_MIN_AMAX) / QMAX;
+        *s = scale_of(super::fp8::amax(row));
         quantize_into(row, *s, out);
     }
     Ok((codes, scales))
