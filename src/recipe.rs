@@ -32,8 +32,13 @@ pub struct Recipe {
     pub base: BaseSpec,
     /// Adapters, in application order.
     pub adapters: Vec<RecipeAdapter>,
-    /// Output.
+    /// The output (of a release matrix, its first; every one is baked as the recipe with
+    /// it alone: [`Recipe::alone`]).
     pub output: OutputSpec,
+    /// A release matrix (`[[output]]` tables, two or more): every output, in order; empty
+    /// for one `[output]`.
+    #[serde(skip)]
+    pub matrix: Vec<OutputSpec>,
     /// Merge options.
     pub merge: MergeSpec,
     /// Post-write checks.
@@ -101,8 +106,8 @@ fn one() -> f64 {
     1.0
 }
 
-/// `[output]`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// `[output]`, or one `[[output]]` table of a release matrix.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OutputSpec {
     /// Output directory.
@@ -259,13 +264,41 @@ struct RawRecipe {
     base: BaseSpec,
     #[serde(default, rename = "adapter")]
     adapters: Vec<RecipeAdapter>,
-    output: OutputSpec,
+    output: RawOutputs,
     #[serde(default)]
     merge: MergeSpec,
     #[serde(default, rename = "check")]
     checks: Vec<CheckSpec>,
     #[serde(default)]
     sign: Option<SignSpec>,
+}
+
+/// `[output]` (one table) or `[[output]]` (an array of tables: a release matrix), read
+/// through toml's own deserializer either way, so an error inside one still names its line.
+enum RawOutputs {
+    One(OutputSpec),
+    Many(Vec<OutputSpec>),
+}
+
+impl<'de> Deserialize<'de> for RawOutputs {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = RawOutputs;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an [output] table or [[output]] tables")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, a: A) -> Result<RawOutputs, A::Error> {
+                let d = serde::de::value::MapAccessDeserializer::new(a);
+                OutputSpec::deserialize(d).map(RawOutputs::One)
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, a: A) -> Result<RawOutputs, A::Error> {
+                let d = serde::de::value::SeqAccessDeserializer::new(a);
+                Vec::<OutputSpec>::deserialize(d).map(RawOutputs::Many)
+            }
+        }
+        d.deserialize_any(Visit)
+    }
 }
 
 /// Why a recipe was rejected.
@@ -385,10 +418,8 @@ impl Recipe {
                     })
                 })
                 .collect::<Result<_, RecipeError>>()?,
-            output: OutputSpec {
-                dir: resolve(&raw.output.dir),
-                ..raw.output
-            },
+            output: OutputSpec::default(),
+            matrix: Vec::new(),
             merge: MergeSpec {
                 svd_cache: raw.merge.svd_cache.as_deref().map(resolve),
                 ..raw.merge
@@ -410,6 +441,22 @@ impl Recipe {
                 key: resolve(&s.key),
             }),
         };
+        let resolved = |o: OutputSpec| OutputSpec {
+            dir: resolve(&o.dir),
+            ..o
+        };
+        match raw.output {
+            RawOutputs::One(o) => r.output = resolved(o),
+            RawOutputs::Many(many) => {
+                r.matrix = many.into_iter().map(resolved).collect();
+                match r.matrix.as_slice() {
+                    [] => return Err(r.invalid("output", "[[output]] needs at least one table")),
+                    // One [[output]] table is the recipe with that [output].
+                    [one] => (r.output, r.matrix) = (one.clone(), Vec::new()),
+                    [first, ..] => r.output = first.clone(),
+                }
+            }
+        }
         r.validate()?;
         for (i, c) in r.checks.iter_mut().enumerate() {
             c.name.get_or_insert_with(|| format!("check-{}", i + 1));
@@ -466,7 +513,13 @@ impl Recipe {
         }
         check_sha_spec(self.base.sha256.as_ref()).map_err(|m| self.invalid("base.sha256", m))?;
         self.merge_options()?;
-        self.output_options()?;
+        self.check_matrix()?;
+        for (i, r) in self.outputs().iter().enumerate() {
+            r.output_options().map_err(|e| match self.is_matrix() {
+                true => e.in_matrix(i),
+                false => e,
+            })?;
+        }
         for (i, c) in self.checks.iter().enumerate() {
             if !(c.tolerance.is_finite() && c.tolerance >= 0.0) {
                 return Err(self.invalid(
@@ -474,6 +527,70 @@ impl Recipe {
                     "must be a non-negative number",
                 ));
             }
+        }
+        Ok(())
+    }
+
+    /// Is this a release matrix (two or more `[[output]]` tables)?
+    pub fn is_matrix(&self) -> bool {
+        !self.matrix.is_empty()
+    }
+
+    /// The recipe of each output baked alone, in order (this recipe itself without a
+    /// matrix): the same base, adapters, merge, signing and checks, with that one output
+    /// (an Orbax output, which the runner cannot load, without the checks). What each
+    /// output of a matrix records (manifest, file metadata) is its recipe alone's, so it is
+    /// byte-identical to the same output baked alone.
+    pub fn outputs(&self) -> Vec<Recipe> {
+        if self.matrix.is_empty() {
+            return vec![self.clone()];
+        }
+        (0..self.matrix.len()).map(|i| self.alone(i)).collect()
+    }
+
+    /// The recipe with output `i` of the matrix alone ([`Recipe::outputs`]).
+    pub fn alone(&self, i: usize) -> Recipe {
+        let output = self
+            .matrix
+            .get(i)
+            .cloned()
+            .unwrap_or_else(|| self.output.clone());
+        let orbax = output.to.as_deref() == Some("orbax");
+        Recipe {
+            output,
+            matrix: Vec::new(),
+            checks: if orbax {
+                Vec::new()
+            } else {
+                self.checks.clone()
+            },
+            ..self.clone()
+        }
+    }
+
+    /// A matrix's outputs: each in a folder of its own (not the same, not one inside
+    /// another), and the checks run on at least one of them.
+    fn check_matrix(&self) -> Result<(), RecipeError> {
+        for (i, a) in self.matrix.iter().enumerate() {
+            for (j, b) in self.matrix.iter().enumerate().skip(i + 1) {
+                if a.dir.starts_with(&b.dir) || b.dir.starts_with(&a.dir) {
+                    return Err(self.invalid(
+                        format!("output[{j}].dir"),
+                        format!(
+                            "{} and output[{i}]'s {} overlap: each output needs a folder of its own",
+                            self.relative(&b.dir),
+                            self.relative(&a.dir)
+                        ),
+                    ));
+                }
+            }
+        }
+        let runnable = self.matrix.iter().any(|o| o.to.as_deref() != Some("orbax"));
+        if self.is_matrix() && !self.checks.is_empty() && !runnable {
+            return Err(self.invalid(
+                "output",
+                "every output is an Orbax cache, which the checks' runner cannot load; drop the [[check]] tables or add a safetensors output",
+            ));
         }
         Ok(())
     }
@@ -554,8 +671,46 @@ impl Recipe {
                 v["checks"][i]["expected"] = rel(Path::new(&c.expected)).into();
             }
         }
+        if self.is_matrix() {
+            let outputs = self.outputs();
+            v["output"] = (outputs.iter().map(|r| r.normalised()["output"].clone())).collect();
+        }
         // Round-trip through a string so object keys come out sorted.
         serde_json::from_str(&v.to_string()).expect("valid JSON")
+    }
+}
+
+impl RecipeError {
+    /// This error of output `i` of a matrix alone, naming its field as the matrix's
+    /// (`output[1].dtype`, not `output.dtype`).
+    fn in_matrix(self, i: usize) -> RecipeError {
+        let rename = |field: String| match field.strip_prefix("output") {
+            Some(rest) => format!("output[{i}]{rest}"),
+            None => field,
+        };
+        match self {
+            RecipeError::Invalid {
+                path,
+                field,
+                message,
+            } => RecipeError::Invalid {
+                path,
+                field: rename(field),
+                message,
+            },
+            RecipeError::UnknownValue {
+                path,
+                field,
+                value,
+                message,
+            } => RecipeError::UnknownValue {
+                path,
+                field: rename(field),
+                value,
+                message,
+            },
+            other => other,
+        }
     }
 }
 

@@ -722,7 +722,7 @@ fn unmerged_reference_is_computed_not_written_and_equals_the_f32_merge() {
         let recipe = wanbake::recipe::Recipe::load(&path).unwrap();
         let inputs = open_bake(recipe).unwrap();
         let plan = inputs.dry_run().unwrap();
-        assert_eq!(plan.space.needed, plan.ready.output.total_bytes());
+        assert_eq!(plan.space[0].needed, plan.ready[0].output.total_bytes());
         let f32_reference = OutputOptions::f32_reference();
         let written = t.path().join(format!("written{i}"));
         let merging = Merging {

@@ -102,14 +102,14 @@ pub fn read_expected(c: &CheckSpec) -> Result<Tensor, BakeError> {
 }
 
 /// Runs check `c` on the baked model at `model` (with `config`, as [`run_on`]) against
-/// `expected`.
+/// `expected`; returns the outcome and the tensor the run produced.
 pub fn run_check(
     recipe: &Recipe,
     model: &Path,
     config: Option<&Path>,
     c: &CheckSpec,
     expected: &Tensor,
-) -> Result<CheckOutcome, BakeError> {
+) -> Result<(CheckOutcome, Tensor), BakeError> {
     let started = Instant::now();
     let got = run_on(model, config, c)?;
     let seconds = started.elapsed().as_secs_f64();
@@ -124,7 +124,7 @@ pub fn run_check(
         });
     }
     let diff = compare(&got.data, &expected.data);
-    Ok(CheckOutcome {
+    let outcome = CheckOutcome {
         name,
         inputs: recipe.relative(&c.inputs),
         expected: if c.expected == "unmerged" {
@@ -134,14 +134,15 @@ pub fn run_check(
         },
         steps: c.steps,
         tensor: expected_tensor_name(c.steps).to_string(),
-        shape: got.shape,
         max_abs_diff: diff.max_abs,
         mean_abs_diff: diff.mean_abs,
         max_abs_expected: diff.max_expected,
         tolerance: c.tolerance,
         passed: diff.max_abs <= c.tolerance,
         seconds,
-    })
+        shape: got.shape.clone(),
+    };
+    Ok((outcome, got))
 }
 
 /// Differences between two equally long slices.

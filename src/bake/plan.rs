@@ -62,8 +62,17 @@ pub struct BakeInputs {
     pub adapters: BoundSet,
     /// How to merge (`[merge]`).
     pub merge: MergeOptions,
-    /// How to write (`[output]`).
-    pub output: OutputOptions,
+    /// Every output (`[output]`, or each `[[output]]` of a release matrix), in order.
+    pub outputs: Vec<BakeOutput>,
+}
+
+/// One output of a bake: the recipe with it alone (what its manifest and files record:
+/// `Recipe::alone`) and how it is written.
+pub struct BakeOutput {
+    /// The recipe with this output alone.
+    pub recipe: Recipe,
+    /// How to write it (its `[output]`).
+    pub options: OutputOptions,
 }
 
 /// A planned bake: the merge planned, every input hashed (the manifest and every output
@@ -79,14 +88,23 @@ pub struct DryRun<'a>(Planned<'a>);
 pub struct Planned<'a> {
     /// The inputs, opened and bound.
     pub inputs: &'a BakeInputs,
-    /// The merge plan and the hashed inputs.
-    pub ready: Ready<'a>,
+    /// Each output's merge plan with the hashed inputs (the same inputs in each), in the
+    /// order of `inputs.outputs`.
+    pub ready: Vec<Ready<'a>>,
     /// Is the base hashed (always, except in a dry run with no declared sha256)?
     pub base_hashed: bool,
     /// Declared hashes, all matching.
     pub hashes: Vec<HashCheck>,
-    /// Free space for the output (an "unmerged" check writes nothing: `bake::reference`).
-    pub space: Space,
+    /// Free space for each output (an "unmerged" check writes nothing: `bake::reference`);
+    /// outputs on one file system must fit there together.
+    pub space: Vec<Space>,
+}
+
+impl Planned<'_> {
+    /// Does every output fit?
+    pub fn fits(&self) -> bool {
+        self.space.iter().all(|s| s.fits)
+    }
 }
 
 impl<'a> std::ops::Deref for BakePlan<'a> {
@@ -120,7 +138,12 @@ pub fn open_bake(recipe: Recipe) -> Result<BakeInputs, BakeError> {
         .collect();
     let specs = adapter_specs(&recipe)?;
     let merge = recipe.merge_options()?;
-    let output = recipe.output_options()?;
+    let outputs = (recipe.outputs().into_iter())
+        .map(|r| {
+            let options = r.output_options()?;
+            Ok(BakeOutput { recipe: r, options })
+        })
+        .collect::<Result<Vec<_>, BakeError>>()?;
     if let Some(dir) = &recipe.merge.svd_cache
         && dir.exists()
         && !dir.is_dir()
@@ -131,7 +154,9 @@ pub fn open_bake(recipe: Recipe) -> Result<BakeInputs, BakeError> {
             format!("{} exists and is not a directory", dir.display()),
         ));
     }
-    check_output_path(&recipe, &base)?;
+    for o in &outputs {
+        check_output_path(&o.recipe, &base)?;
+    }
     let adapters = bind_specs(&specs, &base, merge.allow_unmatched)?;
     for c in &recipe.checks {
         validate_check(&recipe, c)?;
@@ -142,7 +167,7 @@ pub fn open_bake(recipe: Recipe) -> Result<BakeInputs, BakeError> {
         fingerprints,
         adapters,
         merge,
-        output,
+        outputs,
     })
 }
 
@@ -160,15 +185,27 @@ impl BakeInputs {
     }
 
     fn planned(&self, hash_base: bool) -> Result<Planned<'_>, BakeError> {
-        let plan = Plan::new(&self.base, &self.adapters, &self.output)?;
-        let mut ready = match hash_base {
-            true => plan.hash_base("base")?,
-            false => plan.hash_base_while_writing("base"),
-        };
-        relative_input_paths(&mut ready.inputs, &self.recipe.root);
+        let mut ready: Vec<Ready<'_>> = Vec::with_capacity(self.outputs.len());
+        for o in &self.outputs {
+            let plan = Plan::new(&self.base, &self.adapters, &o.options)?;
+            let r = match (ready.first(), hash_base) {
+                (Some(first), _) => plan.ready_as(first),
+                (None, true) => plan.hash_base("base")?,
+                (None, false) => plan.hash_base_while_writing("base"),
+            };
+            ready.push(r);
+            if let [only] = ready.as_mut_slice() {
+                relative_input_paths(&mut only.inputs, &self.recipe.root);
+            }
+        }
+        let first = ready
+            .first()
+            .ok_or_else(|| BakeError::Internal("no output".into()))?;
         let hashes =
-            check_declared_hashes(&self.recipe, &self.base, &self.adapters, &ready.inputs)?;
-        let space = measure_space(&self.recipe.output.dir, ready.output.total_bytes());
+            check_declared_hashes(&self.recipe, &self.base, &self.adapters, &first.inputs)?;
+        let outputs = (self.outputs.iter().zip(&ready))
+            .map(|(o, r)| (o.recipe.output.dir.as_path(), r.output.total_bytes()));
+        let space = measure_space(outputs.collect());
         Ok(Planned {
             inputs: self,
             ready,
@@ -371,23 +408,44 @@ fn compare(
     Ok(out)
 }
 
-/// Free space at the output's nearest existing ancestor.
-fn measure_space(dest: &Path, needed: u64) -> Space {
-    let mut dir = dest.parent().map(Path::to_path_buf).unwrap_or_default();
-    while !dir.as_os_str().is_empty() && !dir.exists() {
-        dir = dir.parent().map(Path::to_path_buf).unwrap_or_default();
+/// Free space for each output (`dest`, bytes needed) at its nearest existing ancestor; the
+/// outputs on one file system must fit there together (a 1 MiB margin each).
+fn measure_space(outputs: Vec<(&Path, u64)>) -> Vec<Space> {
+    use std::os::unix::fs::MetadataExt;
+    let mut spaces: Vec<(Option<u64>, Space)> = Vec::with_capacity(outputs.len());
+    for (dest, needed) in outputs {
+        let mut dir = dest.parent().map(Path::to_path_buf).unwrap_or_default();
+        while !dir.as_os_str().is_empty() && !dir.exists() {
+            dir = dir.parent().map(Path::to_path_buf).unwrap_or_default();
+        }
+        if dir.as_os_str().is_empty() {
+            dir = PathBuf::from(".");
+        }
+        let available = rustix::fs::statvfs(&dir)
+            .ok()
+            .map(|st| st.f_bavail.saturating_mul(st.f_frsize));
+        let device = std::fs::metadata(&dir).ok().map(|m| m.dev());
+        let space = Space {
+            dir,
+            needed,
+            available,
+            fits: true,
+        };
+        spaces.push((device, space));
     }
-    if dir.as_os_str().is_empty() {
-        dir = PathBuf::from(".");
-    }
-    let available = rustix::fs::statvfs(&dir)
-        .ok()
-        .map(|st| st.f_bavail.saturating_mul(st.f_frsize));
-    let fits = available.is_none_or(|a| needed.saturating_add(1 << 20) <= a);
-    Space {
-        dir,
-        needed,
-        available,
-        fits,
-    }
+    let together = |device: Option<u64>| -> u64 {
+        (spaces.iter())
+            .filter(|(d, _)| device.is_some() && *d == device)
+            .map(|(_, s)| s.needed.saturating_add(1 << 20))
+            .sum()
+    };
+    let fits: Vec<bool> = (spaces.iter())
+        .map(|(device, s)| {
+            let needed = together(*device).max(s.needed.saturating_add(1 << 20));
+            s.available.is_none_or(|a| needed <= a)
+        })
+        .collect();
+    (spaces.into_iter().zip(fits))
+        .map(|((_, s), fits)| Space { fits, ..s })
+        .collect()
 }

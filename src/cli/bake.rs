@@ -12,8 +12,9 @@ use serde_json::json;
 
 use super::device::{DeviceArg, device_json};
 use super::{Printer, Status};
-use wanbake::bake::{self, BakeOutcome, Planned};
+use wanbake::bake::{self, BakeOutcome, Planned, Space};
 use wanbake::human::{plural, size};
+use wanbake::pipeline::Ready;
 use wanbake::recipe::Recipe;
 
 /// Arguments of `bake`.
@@ -56,12 +57,12 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
     if args.dry_run {
         let plan = inputs.dry_run()?;
         let plan_json = describe(&plan, p);
-        if !plan.space.fits {
+        for s in plan.space.iter().filter(|s| !s.fits) {
             p.warn(format!(
                 "the output would not fit: {} needs {}, {} free (a bake would stop here)",
-                plan.space.dir.display(),
-                size(plan.space.needed),
-                size(plan.space.available.unwrap_or(0))
+                s.dir.display(),
+                size(plan.space.iter().map(|s| s.needed).sum()),
+                size(s.available.unwrap_or(0))
             ));
         }
         p.line("dry run: nothing written");
@@ -71,24 +72,30 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
     let plan = inputs.plan()?;
     let plan_json = describe(&plan, p);
     let started = Instant::now();
-    let outcome = bake::execute(plan, &compute)?;
+    let outcomes = bake::execute(plan, &compute)?;
     let seconds = started.elapsed().as_secs_f64();
-    let result = describe_outcome(&outcome, seconds, p);
+    let result = match outcomes.as_slice() {
+        [one] => describe_outcome(one, seconds, p),
+        many => describe_matrix(many, seconds, &inputs.recipe, p),
+    };
     p.json(&json!({ "plan": plan_json, "dry_run": false, "result": result }));
-    if outcome.passed {
-        Ok(Status::Ok)
-    } else {
+    let failed: Vec<&BakeOutcome> = outcomes.iter().filter(|o| !o.passed).collect();
+    for o in &failed {
         p.warn(format!(
             "a check failed: {} is written, its manifest says status `check_failed`",
-            outcome.release.dir.display()
+            o.release.dir.display()
         ));
-        Ok(Status::Failed)
+    }
+    match failed.is_empty() {
+        true => Ok(Status::Ok),
+        false => Ok(Status::Failed),
     }
 }
 
 /// Prints the plan for people and returns it as JSON.
 fn describe_plan(plan: &Planned<'_>, p: &mut Printer) -> serde_json::Value {
     let r = &plan.inputs.recipe;
+    let first = &plan.ready[0];
     let base_hash = if !plan.hashes.iter().any(|h| h.what == "base") {
         if plan.base_hashed {
             "hashed"
@@ -106,7 +113,7 @@ fn describe_plan(plan: &Planned<'_>, p: &mut Printer) -> serde_json::Value {
         let name = if name.is_empty() { "model" } else { name };
         p.line(format!("           {name}: {}", f.description));
     }
-    for a in &plan.ready.adapter_reports {
+    for a in &first.adapter_reports {
         let comp = if a.component.is_empty() {
             String::new()
         } else {
@@ -120,47 +127,10 @@ fn describe_plan(plan: &Planned<'_>, p: &mut Printer) -> serde_json::Value {
     for h in &plan.hashes {
         p.line(format!("  sha256   {} {}: ok", h.what, h.path));
     }
-    let out = &plan.ready.output;
-    let o = &r.output;
-    let encoding = match (&o.to, o.city96_rounding) {
-        (Some(to), _) if to == "orbax" => format!(
-            "MaxDiffusion's Orbax cache, {}, layout {}",
-            o.dtype().unwrap_or("bf16"),
-            o.layout.as_deref().unwrap_or("nnx-scanned")
-        ),
-        (Some(to), false) => format!("{to}, original-Wan names"),
-        (Some(to), true) => format!("{to} (city96 rounding), original-Wan names"),
-        (None, _) => format!(
-            "{}, layout {}, keep-f32 {}",
-            o.dtype().unwrap_or("bf16"),
-            o.layout.as_deref().unwrap_or("same as the base"),
-            plan.ready.keep_f32
-        ),
-    };
-    match &plan.ready.orbax {
-        // Its chunk files and their sizes are known only once compressed.
-        Some(orbax) => p.line(format!(
-            "  output   {}: {}, {}",
-            r.relative(&o.dir),
-            encoding,
-            plural(orbax.array_count(), "array", "arrays")
-        )),
-        None => p.line(format!(
-            "  output   {}: {}, {}, {}, {}",
-            r.relative(&o.dir),
-            encoding,
-            plural(out.files.len() + out.aux.len() + 1, "file", "files"),
-            plural(out.tensor_count(), "tensor", "tensors"),
-            size(out.total_bytes())
-        )),
+    let mut outputs = Vec::with_capacity(plan.ready.len());
+    for ((o, ready), space) in plan.inputs.outputs.iter().zip(&plan.ready).zip(&plan.space) {
+        outputs.push(describe_output(&o.recipe, ready, space, p));
     }
-    let free = plan.space.available.map_or("unknown".to_string(), size);
-    p.line(format!(
-        "  space    {} free at {}{}",
-        free,
-        plan.space.dir.display(),
-        if plan.space.fits { "" } else { " (NOT ENOUGH)" }
-    ));
     for c in &r.checks {
         let what = if c.steps == 0 {
             "one forward".to_string()
@@ -178,23 +148,122 @@ fn describe_plan(plan: &Planned<'_>, p: &mut Printer) -> serde_json::Value {
             c.tolerance
         ));
     }
-    json!({
+    let mut plan_json = json!({
         "recipe": r.normalised(),
         "fingerprints": plan.inputs.fingerprints.iter().map(|(n, f)| json!({"component": n, "fingerprint": f})).collect::<Vec<_>>(),
-        "adapters": plan.ready.adapter_reports,
-        "inputs": plan.ready.inputs,
+        "adapters": first.adapter_reports,
+        "inputs": first.inputs,
         "base_hashed": plan.base_hashed,
         "declared_hashes": plan.hashes,
-        "output": {
-            "dir": r.relative(&o.dir),
-            "files": out.files.iter().map(|f| f.rel_path.display().to_string()).collect::<Vec<_>>(),
-            "tensors": out.tensor_count(),
-            "bytes": out.total_bytes(),
-            "tensor_bytes": out.files.iter().map(|f| f.layout.data_len as u64).sum::<u64>(),
-            "keep_f32": plan.ready.keep_f32,
-        },
-        "space": plan.space,
-    })
+    });
+    match outputs.as_mut_slice() {
+        [(one, space)] => {
+            plan_json["output"] = one.take();
+            plan_json["space"] = space.take();
+        }
+        many => {
+            let (o, s): (Vec<_>, Vec<_>) =
+                many.iter_mut().map(|(o, s)| (o.take(), s.take())).unzip();
+            plan_json["outputs"] = o.into();
+            plan_json["space"] = s.into();
+        }
+    }
+    plan_json
+}
+
+/// Prints one output of the plan and returns it, and its space, as JSON.
+fn describe_output(
+    r: &Recipe,
+    ready: &Ready<'_>,
+    space: &Space,
+    p: &mut Printer,
+) -> (serde_json::Value, serde_json::Value) {
+    let out = &ready.output;
+    let o = &r.output;
+    let encoding = match (&o.to, o.city96_rounding) {
+        (Some(to), _) if to == "orbax" => format!(
+            "MaxDiffusion's Orbax cache, {}, layout {}",
+            o.dtype().unwrap_or("bf16"),
+            o.layout.as_deref().unwrap_or("nnx-scanned")
+        ),
+        (Some(to), false) => format!("{to}, original-Wan names"),
+        (Some(to), true) => format!("{to} (city96 rounding), original-Wan names"),
+        (None, _) => format!(
+            "{}, layout {}, keep-f32 {}",
+            o.dtype().unwrap_or("bf16"),
+            o.layout.as_deref().unwrap_or("same as the base"),
+            ready.keep_f32
+        ),
+    };
+    match &ready.orbax {
+        // Its chunk files and their sizes are known only once compressed.
+        Some(orbax) => p.line(format!(
+            "  output   {}: {}, {}",
+            r.relative(&o.dir),
+            encoding,
+            plural(orbax.array_count(), "array", "arrays")
+        )),
+        None => p.line(format!(
+            "  output   {}: {}, {}, {}, {}",
+            r.relative(&o.dir),
+            encoding,
+            plural(out.files.len() + out.aux.len() + 1, "file", "files"),
+            plural(out.tensor_count(), "tensor", "tensors"),
+            size(out.total_bytes())
+        )),
+    }
+    // Which tensors a quantized output encodes, and how (a matrix's dry run shows what
+    // each format does to the model).
+    let quantized = ready.quant.as_ref().map(|q| {
+        let mut by: std::collections::BTreeMap<String, usize> = Default::default();
+        for t in &q.tensors {
+            *by.entry(t.encoding.name().to_string()).or_default() += 1;
+        }
+        let counts: Vec<String> = by.iter().map(|(e, n)| format!("{n} {e}")).collect();
+        p.line(format!("           tensors: {}", counts.join(", ")));
+        json!(by)
+    });
+    let free = space.available.map_or("unknown".to_string(), size);
+    p.line(format!(
+        "  space    {} free at {}{}",
+        free,
+        space.dir.display(),
+        if space.fits { "" } else { " (NOT ENOUGH)" }
+    ));
+    let mut out_json = json!({
+        "dir": r.relative(&o.dir),
+        "files": out.files.iter().map(|f| f.rel_path.display().to_string()).collect::<Vec<_>>(),
+        "tensors": out.tensor_count(),
+        "bytes": out.total_bytes(),
+        "tensor_bytes": out.files.iter().map(|f| f.layout.data_len as u64).sum::<u64>(),
+        "keep_f32": ready.keep_f32,
+    });
+    if let Some(q) = quantized {
+        out_json["encodings"] = q;
+    }
+    (out_json, json!(space))
+}
+
+/// Prints a release matrix's summary and quality table and returns them as JSON.
+fn describe_matrix(
+    outcomes: &[BakeOutcome],
+    seconds: f64,
+    recipe: &Recipe,
+    p: &mut Printer,
+) -> serde_json::Value {
+    p.line(format!(
+        "wrote {} in {seconds:.1} s, one pass over the base",
+        plural(outcomes.len(), "release", "releases")
+    ));
+    let mut results = Vec::with_capacity(outcomes.len());
+    for o in outcomes {
+        results.push(describe_outcome(o, seconds, p));
+    }
+    let quality = bake::quality::table(outcomes, recipe);
+    for line in bake::quality::render(&quality) {
+        p.line(line);
+    }
+    json!({ "seconds": seconds, "outputs": results, "quality": quality })
 }
 
 /// Prints the summary and returns it as JSON.

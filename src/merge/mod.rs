@@ -33,7 +33,7 @@ mod xs;
 pub use error::MergeError;
 pub use options::{DoraStrength, MergeOptions};
 pub use report::{MergeReport, SvdReport};
-pub use target::{Merger, TargetScratch};
+pub use target::{MergedTarget, Merger, TargetScratch};
 
 use std::path::Path;
 
@@ -133,31 +133,63 @@ pub fn write_merge(
     writing: Writing<'_>,
     hooks: Hooks<'_>,
 ) -> Result<MergeOutcome, ReleaseError> {
-    let plan: &Plan<'_> = ready;
-    let merger = Merger::new(plan, &merging.options, merging.compute, merging.svd_cache);
-    let mut report = None;
-    let release = crate::pipeline::write(
-        ready,
-        writing,
-        &merger,
-        || {
+    let mut outcomes = write_merges(vec![(ready, writing, hooks)], merging)?;
+    outcomes.pop().ok_or_else(|| {
+        ReleaseError::produce(PipelineError::Internal("a merge wrote no release".into()))
+    })
+}
+
+/// Writes several ready plans of the same merge (a release matrix: the same base and
+/// adapters, any outputs) in one pass, each target merged once (`pipeline::write_matrix`),
+/// all or none; each release and report as [`write_merge`] writes it alone.
+pub fn write_merges(
+    outputs: Vec<(&Ready<'_>, Writing<'_>, Hooks<'_>)>,
+    merging: &Merging<'_>,
+) -> Result<Vec<MergeOutcome>, ReleaseError> {
+    let plans: Vec<&Plan<'_>> = outputs.iter().map(|(r, _, _)| &***r).collect();
+    let Some(first) = plans.first() else {
+        return Ok(Vec::new());
+    };
+    let lead = Merger::new(first, &merging.options, merging.compute, merging.svd_cache);
+    let mut mergers = vec![];
+    for plan in &plans[1..] {
+        mergers.push(lead.alongside(plan, &merging.options));
+    }
+    mergers.insert(0, lead);
+    let mut reports: Vec<Option<MergeReport>> = vec![None; plans.len()];
+    let mut matrix = Vec::with_capacity(plans.len());
+    let each = outputs.into_iter().zip(&mergers).zip(reports.iter_mut());
+    for (((ready, writing, hooks), merger), slot) in each {
+        let plan: &Plan<'_> = ready;
+        let report = move || {
             let r = merging.report(plan, merger.svd_report());
             let json = serde_json::to_value(&r).map_err(|e| {
-                MergeError::from(crate::pipeline::PipelineError::Internal(format!(
-                    "the report: {e}"
-                )))
+                MergeError::from(PipelineError::Internal(format!("the report: {e}")))
             })?;
-            report = Some(r);
+            *slot = Some(r);
             Ok(json)
-        },
-        hooks,
-    )?;
-    let report = report.ok_or_else(|| {
-        ReleaseError::produce(crate::pipeline::PipelineError::Internal(
-            "the merge finished without a report".into(),
-        ))
-    })?;
-    Ok(MergeOutcome { release, report })
+        };
+        matrix.push(crate::pipeline::MatrixOutput {
+            ready,
+            writing,
+            targets: merger,
+            report: Box::new(report),
+            hooks,
+        });
+    }
+    let releases = crate::pipeline::write_matrix(matrix)?;
+    releases
+        .into_iter()
+        .zip(reports)
+        .map(|(release, report)| {
+            let report = report.ok_or_else(|| {
+                ReleaseError::produce(PipelineError::Internal(
+                    "the merge finished without a report".into(),
+                ))
+            })?;
+            Ok(MergeOutcome { release, report })
+        })
+        .collect()
 }
 
 /// Why [`merge_release`] failed. Nothing is left at the destination.

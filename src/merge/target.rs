@@ -64,7 +64,9 @@ pub struct Merger<'a> {
     route: Route,
     /// The engine of the -xs bases on this route (`Compute::svd_engine`).
     svd_engine: SvdEngine,
-    svd: SvdCounters,
+    /// Shared by the mergers of a release matrix on the band route (`Merger::alongside`):
+    /// a basis computed once counts once in every output's report.
+    svd: std::sync::Arc<SvdCounters>,
 }
 
 /// Where a [`Merger`] computes: row bands on the worker, or whole tensors on lanes.
@@ -97,8 +99,19 @@ impl<'a> Merger<'a> {
             svd_cache,
             route,
             svd_engine: compute.svd_engine(),
-            svd: SvdCounters::default(),
+            svd: Default::default(),
         }
+    }
+
+    /// The merge of `plan`, another output of the same base and adapters as `self`'s in a
+    /// release matrix: on the band route its -xs bases are counted with `self`'s, since a
+    /// target is computed once for all of them (`pipeline::matrix`).
+    pub fn alongside(&self, plan: &'a Plan<'a>, options: &MergeOptions) -> Merger<'a> {
+        let mut m = Merger::new(plan, options, self.compute, self.svd_cache);
+        if matches!(self.route, Route::Bands) {
+            m.svd = self.svd.clone();
+        }
+        m
     }
 
     /// The merge of `plan` on the CPU band path with no SVD cache, for callers that use its
@@ -244,6 +257,50 @@ impl TargetWriter for Merger<'_> {
             Route::Reference(lanes) => self.merge_whole(exec, lanes, job, target, src),
         }
     }
+
+    type Shared = MergedTarget;
+
+    /// On the band route: the whole merged tensor, computed band by band as a single run
+    /// computes it (the same bits). The whole-tensor routes do not share.
+    fn share(
+        &self,
+        scratch: &mut TargetScratch,
+        job: &Job,
+        t: &Target,
+        src: &TensorRef<'_>,
+    ) -> Result<Option<MergedTarget>, MergeError> {
+        if !matches!(self.route, Route::Bands) {
+            return Ok(None);
+        }
+        let p = self.prepare(job, t, src, &self.svd)?;
+        let mut whole = vec![0f32; t.out * t.inp];
+        let (into, limit) = (Some(&mut whole[..]), f32::INFINITY);
+        let found = self.run_bands(&p, t, &mut scratch.math, into, limit, |_, _, _| Ok(()))?;
+        Ok(Some(MergedTarget {
+            whole,
+            non_finite: found.is_some(),
+        }))
+    }
+
+    fn write_shared(
+        &self,
+        exec: &Exec<'_>,
+        scratch: &mut TargetScratch,
+        job: &Job,
+        t: &Target,
+        src: &TensorRef<'_>,
+        shared: &MergedTarget,
+    ) -> Result<(), MergeError> {
+        self.emit_merged(exec, scratch, job, t, src, shared)
+    }
+}
+
+/// A merged target computed once for every output of a release matrix
+/// (`pipeline::matrix`): its (out, in') values in the order the bands compute them.
+pub struct MergedTarget {
+    whole: Vec<f32>,
+    /// Did any value come out NaN or ±inf?
+    non_finite: bool,
 }
 
 impl TargetValues for Merger<'_> {
@@ -288,6 +345,58 @@ impl Merger<'_> {
         let encoded;
         (scratch.whole, scratch.bytes, encoded) = out.finish(exec)?;
         self.found(exec, job, t, src, merged, encoded)
+    }
+
+    /// Writes a target merged once (`shared`) into `job`'s output as [`Merger::merge`]
+    /// writes it: the same bands handed to the same [`Emit`], its `max|W|` taken from the
+    /// merged values first where the encoding needs it. Values the output cannot hold take
+    /// the single run's path, which names where the first came from.
+    fn emit_merged(
+        &self,
+        exec: &Exec<'_>,
+        scratch: &mut TargetScratch,
+        job: &Job,
+        t: &Target,
+        src: &TensorRef<'_>,
+        shared: &MergedTarget,
+    ) -> Result<(), MergeError> {
+        let limit = merged_limit(job);
+        if shared.non_finite || !all_held(&shared.whole, limit) {
+            return self.merge(exec, job, t, src, scratch);
+        }
+        let rows = BaseRows::new(t, src, job)?;
+        let mut out = Emit::new(job, t)?;
+        out.bytes = std::mem::take(&mut scratch.bytes);
+        let bands = || {
+            let n = band_rows(t.inp) * t.inp.max(1);
+            (shared.whole.chunks(n.max(1)).enumerate()).map(move |(b, d)| (b * band_rows(t.inp), d))
+        };
+        if let Some(enc) = out.banded_encoding()
+            && t.out > 0
+            && t.inp > 0
+        {
+            out.assemble = false;
+            if enc.needs_amax() {
+                let mut pass = AmaxPass::default();
+                for (_, d) in bands() {
+                    pass.add(&rows.to_stored_order(d));
+                }
+                out.tensor_scale = pass.scale(enc, &t.name).map_err(PipelineError::from)?;
+            }
+        }
+        if out.assemble {
+            let mut whole = std::mem::take(&mut scratch.whole);
+            whole.clear();
+            whole.extend_from_slice(&shared.whole);
+            out.whole = whole;
+        } else {
+            for (r0, d) in bands() {
+                out.band(exec, &rows, r0, d)?;
+            }
+        }
+        let encoded;
+        (scratch.whole, scratch.bytes, encoded) = out.finish(exec)?;
+        self.found(exec, job, t, src, None, encoded)
     }
 
     /// Lets `out` encode a non-streaming encoding band by band instead of assembling the

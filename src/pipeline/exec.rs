@@ -76,6 +76,33 @@ pub trait TargetWriter: Sync {
         target: &Target,
         src: &TensorRef<'_>,
     ) -> Result<(), Self::Error>;
+
+    /// What a target computed once holds for every output of a release matrix that writes
+    /// it (`pipeline::matrix`).
+    type Shared: Send + Sync;
+
+    /// Computes `target` once for several outputs (read through `job`, a job of any of
+    /// them); `None` when this writer does not share (each output's job then computes it
+    /// through [`TargetWriter::write_target`]).
+    fn share(
+        &self,
+        worker: &mut Self::Worker,
+        job: &Job,
+        target: &Target,
+        src: &TensorRef<'_>,
+    ) -> Result<Option<Self::Shared>, Self::Error>;
+
+    /// Writes `target`, computed once (`shared`), into `job`'s slot through `exec`: the
+    /// same bytes [`TargetWriter::write_target`] writes.
+    fn write_shared(
+        &self,
+        exec: &Exec<'_>,
+        worker: &mut Self::Worker,
+        job: &Job,
+        target: &Target,
+        src: &TensorRef<'_>,
+        shared: &Self::Shared,
+    ) -> Result<(), Self::Error>;
 }
 
 /// The [`TargetWriter`] of a plan that changes no tensor (`convert`, `restack`): a job that
@@ -100,6 +127,30 @@ impl TargetWriter for CopyOnly {
             "`{}` reads a target, in a plan that changes no tensor",
             job.stored
         )))
+    }
+
+    type Shared = ();
+
+    fn share(
+        &self,
+        _: &mut (),
+        _: &Job,
+        _: &Target,
+        _: &TensorRef<'_>,
+    ) -> Result<Option<()>, PipelineError> {
+        Ok(None)
+    }
+
+    fn write_shared(
+        &self,
+        exec: &Exec<'_>,
+        worker: &mut (),
+        job: &Job,
+        target: &Target,
+        src: &TensorRef<'_>,
+        _: &(),
+    ) -> Result<(), PipelineError> {
+        self.write_target(exec, worker, job, target, src)
     }
 }
 
@@ -134,7 +185,7 @@ impl Default for ExecOptions {
 
 impl ExecOptions {
     /// Runs `f` on a pool of `threads` workers, or on rayon's global pool.
-    fn install<T: Send, E: From<PipelineError> + Send>(
+    pub fn install<T: Send, E: From<PipelineError> + Send>(
         &self,
         f: impl FnOnce() -> Result<T, E> + Send,
     ) -> Result<T, E> {
@@ -163,6 +214,9 @@ pub struct ExecOutcome {
     /// Each scaled-fp8 output tensor's saturated values: `|W / scale| > 448`, written as
     /// ±448, the clamp the format applies by design (not an error).
     pub saturated: BTreeMap<String, usize>,
+    /// CPU seconds this output's jobs took in a release matrix (`pipeline::matrix`; 0
+    /// elsewhere): for a quality table, never a byte of the output.
+    pub cpu_seconds: f64,
 }
 
 /// The executor of one plan writing into one staged output.
@@ -199,6 +253,21 @@ impl<'a> Exec<'a> {
     /// output. Returns what it reports besides the bytes ([`ExecOutcome`]).
     pub fn run<T: TargetWriter>(self, targets: &T) -> Result<ExecOutcome, T::Error> {
         self.options.install(|| self.run_jobs(targets))?;
+        Ok(self.finish()?)
+    }
+
+    /// Tuning of this run.
+    pub fn options(&self) -> &ExecOptions {
+        &self.options
+    }
+
+    /// The staged output this executor writes.
+    pub fn staging(&self) -> &Staging {
+        self.staging
+    }
+
+    /// What the run reports, once every job has run.
+    pub fn finish(self) -> Result<ExecOutcome, PipelineError> {
         let orbax = match self.chunks {
             Some(chunks) => Some(chunks.finish()?),
             None => None,
@@ -222,6 +291,7 @@ impl<'a> Exec<'a> {
             orbax,
             unheld,
             saturated,
+            cpu_seconds: 0.0,
         })
     }
 
@@ -293,44 +363,49 @@ impl<'a> Exec<'a> {
     /// once. The order never changes a byte (each job writes its own slot range, front to
     /// back, from its own inputs).
     fn run_jobs<T: TargetWriter>(&self, targets: &T) -> Result<(), T::Error> {
-        let mut uses: HashMap<(usize, &str), AtomicUsize> = HashMap::new();
-        for j in &self.plan.jobs {
-            uses.entry((j.component, j.stored.as_str()))
-                .or_insert_with(|| AtomicUsize::new(0))
-                .fetch_add(1, Ordering::Relaxed);
-        }
-        let run_one = |worker: &mut T::Worker, job: &Job| {
-            if let Some(constant) = job.constant {
-                return Ok(self.write_constant(job, constant)?);
-            }
-            let src = stored(self.plan, job)?;
-            if let Some(c) = &self.chunks {
-                c.start(job)?;
-            }
-            match job.target {
-                None => self.copy(job, &src)?,
-                Some(t) => targets.write_target(self, worker, job, &self.plan.targets[t], &src)?,
-            }
-            if let Some(c) = &self.chunks {
-                c.end(job)?;
-            }
-            let key = (job.component, job.stored.as_str());
-            if uses
-                .get(&key)
-                .is_some_and(|left| left.fetch_sub(1, Ordering::AcqRel) == 1)
-            {
-                src.file.release(src.position);
-            } else if job.layer.is_some() {
-                release_layer(&src, job);
-            }
-            Ok::<(), T::Error>(())
-        };
+        let uses = Uses::new(&self.plan.jobs);
         self.staging.for_each_in_file_order(
             &self.plan.jobs,
             |job| (job.slot, job.dst_offset),
             || targets.worker(),
-            run_one,
+            |worker, job| {
+                let src = self.run_job(targets, worker, job, None)?;
+                uses.done(job, src.as_ref());
+                Ok(())
+            },
         )
+    }
+
+    /// Runs one job (its target computed once for a matrix when `shared`); returns the
+    /// stored tensor it read, for the caller to release ([`Uses::done`]).
+    pub fn run_job<T: TargetWriter>(
+        &self,
+        targets: &T,
+        worker: &mut T::Worker,
+        job: &Job,
+        shared: Option<&T::Shared>,
+    ) -> Result<Option<TensorRef<'a>>, T::Error> {
+        if let Some(constant) = job.constant {
+            self.write_constant(job, constant)?;
+            return Ok(None);
+        }
+        let src = stored(self.plan, job)?;
+        if let Some(c) = &self.chunks {
+            c.start(job)?;
+        }
+        match (job.target, shared) {
+            (None, _) => self.copy(job, &src)?,
+            (Some(t), None) => {
+                targets.write_target(self, worker, job, &self.plan.targets[t], &src)?
+            }
+            (Some(t), Some(s)) => {
+                targets.write_shared(self, worker, job, &self.plan.targets[t], &src, s)?
+            }
+        }
+        if let Some(c) = &self.chunks {
+            c.end(job)?;
+        }
+        Ok(Some(src))
     }
 
     /// A constant no input tensor carries (`Job::constant`), written in the job's dtype.
@@ -562,6 +637,37 @@ impl<'a> Exec<'a> {
             write,
             err,
         )
+    }
+}
+
+/// How many jobs still read each stored base tensor: its mapped pages are dropped after its
+/// last job (a stacked tensor's, layer by layer), however many outputs read it.
+pub struct Uses<'j> {
+    left: HashMap<(usize, &'j str), AtomicUsize>,
+}
+
+impl<'j> Uses<'j> {
+    /// The count of `jobs` (of one plan, or of every output of a matrix).
+    pub fn new(jobs: impl IntoIterator<Item = &'j Job>) -> Uses<'j> {
+        let mut left: HashMap<(usize, &str), AtomicUsize> = HashMap::new();
+        for j in jobs {
+            left.entry((j.component, j.stored.as_str()))
+                .or_insert_with(|| AtomicUsize::new(0))
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        Uses { left }
+    }
+
+    /// `job` has read `src`: its pages go once no job is left to read them, or its layer's
+    /// at once.
+    pub fn done(&self, job: &Job, src: Option<&TensorRef<'_>>) {
+        let Some(src) = src else { return };
+        let key = (job.component, job.stored.as_str());
+        if (self.left.get(&key)).is_some_and(|left| left.fetch_sub(1, Ordering::AcqRel) == 1) {
+            src.file.release(src.position);
+        } else if job.layer.is_some() {
+            release_layer(src, job);
+        }
     }
 }
 

@@ -171,6 +171,13 @@ impl<'a> Plan<'a> {
         Ok(Ready::new(self, inputs, Vec::new()))
     }
 
+    /// Accounts for this plan's inputs as `other`'s are (another output of the same base
+    /// and adapters in a release matrix: hashed once, recorded in every manifest).
+    pub fn ready_as(self, other: &Ready<'_>) -> Ready<'a> {
+        let inputs = other.inputs.clone();
+        Ready::new(self, inputs, other.hash_while_writing.clone())
+    }
+
     /// Schedules the base's files to be hashed, under `role`, on a thread of their own while
     /// the plan is written (the base is read once either way).
     pub fn hash_base_while_writing(self, role: &str) -> Ready<'a> {

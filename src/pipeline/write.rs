@@ -11,12 +11,13 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::error::PipelineError;
-use super::exec::{Exec, ExecOptions, TargetWriter};
+use super::exec::{Exec, ExecOptions, ExecOutcome, TargetWriter};
+use super::matrix::run_matrix;
 use super::nonfinite::UnheldValues;
 use super::plan::{Plan, Ready};
 use crate::quant::encode::{Encoding, ErrorStats};
 use crate::release::staging::{Allocation, Replace};
-use crate::release::{Hooks, Release, ReleaseError, ReleaseRequest, write_release};
+use crate::release::{Hooks, Release, ReleaseError, ReleaseRequest, write_releases};
 
 /// How a plan is written and recorded.
 pub struct Writing<'a> {
@@ -32,6 +33,9 @@ pub struct Writing<'a> {
     pub file_metadata: BTreeMap<String, String>,
     /// Threads and band size (never a byte of the output).
     pub exec: ExecOptions,
+    /// Where the CPU seconds the output's own jobs took go (`ExecOutcome::cpu_seconds`), for
+    /// a release matrix's quality table; never a byte of the output.
+    pub cpu_seconds: Option<&'a std::sync::Mutex<f64>>,
 }
 
 impl<'a> Writing<'a> {
@@ -50,6 +54,7 @@ impl<'a> Writing<'a> {
             options,
             file_metadata: BTreeMap::new(),
             exec: ExecOptions::default(),
+            cpu_seconds: None,
         }
     }
 }
@@ -70,47 +75,126 @@ pub fn write<T: TargetWriter>(
 where
     T::Error: std::error::Error + Sync + 'static,
 {
-    let plan: &Plan<'_> = ready;
-    let mut output = plan.output.clone();
-    if !writing.file_metadata.is_empty() {
-        output.stamp_metadata(&writing.file_metadata).map_err(|e| {
-            ReleaseError::produce(PipelineError::Internal(format!("output header: {e}")))
-        })?;
-    }
-    // The paths as given (a folder's own path: nothing may be written inside it) and every
-    // file read, for the overlap check and the inputs-unchanged check.
-    let input_paths: Vec<PathBuf> = std::iter::once(plan.base.path.clone())
-        .chain(plan.base.input_files())
-        .chain(plan.adapters.iter().map(|a| a.set.path.clone()))
-        .chain(plan.adapters.iter().flat_map(|a| a.set.input_files()))
-        .collect();
-    let req = ReleaseRequest {
-        dest: writing.dest,
-        plan: output,
-        input_paths: &input_paths,
-        inputs: ready.inputs.clone(),
-        hash_while_writing: ready.hash_while_writing.clone(),
-        command: writing.command,
-        options: writing.options,
-        replace: writing.replace,
-        allocation: Allocation::Reserve,
+    let output = MatrixOutput {
+        ready,
+        writing,
+        targets,
+        report: Box::new(report),
+        hooks,
     };
-    let exec = writing.exec;
-    write_release(
-        req,
-        |staging| {
-            let ran = Exec::new(plan, staging, exec).run(targets)?;
-            let report = report()?;
-            let report = match (&plan.quant, ran.orbax) {
-                (Some(_), _) => quantized_report(plan, report, &ran.quant_errors, &ran.saturated)
-                    .map_err(T::Error::from)?,
-                (None, Some(orbax)) => serde_json::json!({ "orbax": orbax, "producer": report }),
-                (None, None) => report,
-            };
-            Ok::<_, T::Error>(with_unheld(with_quantized_base(plan, report), &ran.unheld))
+    let mut releases = write_matrix(vec![output])?;
+    releases
+        .pop()
+        .ok_or_else(|| ReleaseError::produce(PipelineError::Internal("no release".into())))
+}
+
+/// The report of one output of a matrix, made once every output has run.
+pub type Report<'a, E> = Box<dyn FnOnce() -> Result<serde_json::Value, E> + 'a>;
+
+/// One output of [`write_matrix`]: as the arguments of [`write`].
+pub struct MatrixOutput<'a, 'p, T: TargetWriter> {
+    /// Its ready plan (every output's of the same base, adapters and inputs).
+    pub ready: &'a Ready<'p>,
+    /// How it is written and recorded.
+    pub writing: Writing<'a>,
+    /// Its target writer.
+    pub targets: &'a T,
+    /// Its producer's report.
+    pub report: Report<'a, T::Error>,
+    /// Its hooks.
+    pub hooks: Hooks<'a>,
+}
+
+/// Writes several plans of the same base and adapters as releases in one pass
+/// (`pipeline::matrix`: each stored tensor read once, each target computed once), all or
+/// none (`release::write_releases`). Each release is byte-identical to the same plan written
+/// alone by [`write`]. On any error nothing is left at any destination.
+pub fn write_matrix<T: TargetWriter>(
+    outputs: Vec<MatrixOutput<'_, '_, T>>,
+) -> Result<Vec<Release>, ReleaseError>
+where
+    T::Error: std::error::Error + Sync + 'static,
+{
+    let mut paths = Vec::with_capacity(outputs.len());
+    let mut plans = Vec::with_capacity(outputs.len());
+    for o in &outputs {
+        let plan: &Plan<'_> = o.ready;
+        let mut output = plan.output.clone();
+        if !o.writing.file_metadata.is_empty() {
+            output
+                .stamp_metadata(&o.writing.file_metadata)
+                .map_err(|e| {
+                    ReleaseError::produce(PipelineError::Internal(format!("output header: {e}")))
+                })?;
+        }
+        plans.push(output);
+        // The paths as given (a folder's own path: nothing may be written inside it) and
+        // every file read, for the overlap check and the inputs-unchanged check.
+        let input_paths: Vec<PathBuf> = std::iter::once(plan.base.path.clone())
+            .chain(plan.base.input_files())
+            .chain(plan.adapters.iter().map(|a| a.set.path.clone()))
+            .chain(plan.adapters.iter().flat_map(|a| a.set.input_files()))
+            .collect();
+        paths.push(input_paths);
+    }
+    let mut reqs = Vec::with_capacity(outputs.len());
+    let mut runs = Vec::with_capacity(outputs.len());
+    let mut hooks = Vec::with_capacity(outputs.len());
+    for ((o, output), input_paths) in outputs.into_iter().zip(plans).zip(&paths) {
+        reqs.push(ReleaseRequest {
+            dest: o.writing.dest,
+            plan: output,
+            input_paths,
+            inputs: o.ready.inputs.clone(),
+            hash_while_writing: o.ready.hash_while_writing.clone(),
+            command: o.writing.command,
+            options: o.writing.options,
+            replace: o.writing.replace,
+            allocation: Allocation::Reserve,
+        });
+        runs.push((
+            o.ready,
+            o.writing.exec,
+            o.targets,
+            o.report,
+            o.writing.cpu_seconds,
+        ));
+        hooks.push(o.hooks);
+    }
+    write_releases(
+        reqs,
+        |stagings| {
+            let execs = (runs.iter().zip(stagings))
+                .map(|((ready, exec, ..), staging)| Exec::new(ready, staging, exec.clone()))
+                .collect();
+            let targets: Vec<&T> = runs.iter().map(|r| r.2).collect();
+            let ran = run_matrix(execs, &targets)?;
+            let mut reports = Vec::with_capacity(ran.len());
+            for ((ready, _, _, report, cpu), ran) in runs.into_iter().zip(ran) {
+                if let Some(Ok(mut c)) = cpu.map(|c| c.lock()) {
+                    *c = ran.cpu_seconds;
+                }
+                reports.push(full_report(ready, report()?, ran)?);
+            }
+            Ok::<_, T::Error>(reports)
         },
         hooks,
     )
+}
+
+/// The manifest's report of `ready` from its producer's `report` and what its run found.
+fn full_report<E: From<PipelineError>>(
+    ready: &Ready<'_>,
+    report: serde_json::Value,
+    ran: ExecOutcome,
+) -> Result<serde_json::Value, E> {
+    let plan: &Plan<'_> = ready;
+    let report = match (&plan.quant, ran.orbax) {
+        (Some(_), _) => quantized_report(plan, report, &ran.quant_errors, &ran.saturated)?,
+        (None, Some(orbax)) => serde_json::json!({ "orbax": orbax, "producer": report }),
+        (None, None) => report,
+    };
+    Ok(with_unheld(with_quantized_base(plan, report), &ran.unheld))
 }
 
 /// `report` with what a quantized base was (`base_quantized`: its format, the facts

@@ -137,49 +137,119 @@ pub fn write_release<E: std::error::Error + Send + Sync + 'static>(
     produce: impl FnOnce(&Staging) -> Result<serde_json::Value, E>,
     hooks: Hooks<'_>,
 ) -> Result<Release, ReleaseError> {
-    let mut staging = Staging::begin(
-        req.dest,
-        req.plan,
-        req.input_paths,
-        req.replace,
-        req.allocation,
+    let mut releases = write_releases(
+        vec![req],
+        |stagings| produce(&stagings[0]).map(|report| vec![report]),
+        vec![hooks],
     )?;
-    if let Some(gate) = hooks.gate {
-        gate();
+    releases
+        .pop()
+        .ok_or_else(|| ReleaseError::Produce("internal error: a release of one output".into()))
+}
+
+/// Writes several releases from one production, all or none (a release matrix): every
+/// output is staged, `produce` fills them all at once (the inputs are hashed once, on one
+/// thread, paced to the first output) and returns each one's report, then each is sealed,
+/// checked (its own `hooks`) and given its manifest, and only when every one has got this
+/// far are they committed together (`Staging::commit_all`). On any error, or an interrupt,
+/// no output is left and no temporary. Every request names the same inputs: the first's
+/// `inputs` and `hash_while_writing` are recorded in every manifest.
+pub fn write_releases<E: std::error::Error + Send + Sync + 'static>(
+    reqs: Vec<ReleaseRequest<'_>>,
+    produce: impl FnOnce(&[Staging]) -> Result<Vec<serde_json::Value>, E>,
+    hooks: Vec<Hooks<'_>>,
+) -> Result<Vec<Release>, ReleaseError> {
+    let internal = |m: &str| ReleaseError::Produce(format!("internal error: {m}").into());
+    let lead = reqs
+        .first()
+        .ok_or_else(|| internal("a release of no output"))?;
+    if hooks.len() != reqs.len() {
+        return Err(internal("one set of hooks per output"));
     }
-    staging.report_progress(crate::progress::begin(
-        "writing",
-        staging.plan().total_bytes(),
-        0,
-    ));
+    let (inputs, hash_while_writing) = (lead.inputs.clone(), lead.hash_while_writing.clone());
+    let input_paths: Vec<PathBuf> = reqs.iter().flat_map(|r| r.input_paths.to_vec()).collect();
+    let mut stagings = Vec::with_capacity(reqs.len());
+    for r in &reqs {
+        stagings.push(Staging::begin(
+            r.dest,
+            r.plan.clone(),
+            r.input_paths,
+            r.replace,
+            r.allocation,
+        )?);
+    }
+    let mut hooks = hooks;
+    for h in &mut hooks {
+        if let Some(gate) = h.gate.take() {
+            gate();
+        }
+    }
+    let total = stagings[0].plan().total_bytes();
+    stagings[0].report_progress(crate::progress::begin("writing", total, 0));
     let produced = AtomicBool::new(false);
-    let (report, hashed) = std::thread::scope(|s| {
+    let (reports, hashed) = std::thread::scope(|s| {
         let hashing = s.spawn(|| {
-            let inputs = req.hash_while_writing.iter().map(|(_, p, _)| p);
-            let pacer = HashPacer::new(&staging, inputs, &produced, PRODUCER_STALL);
-            record_inputs_here(&req.hash_while_writing, &|read, size| {
-                pacer.wait(read, size)
-            })
+            let inputs = hash_while_writing.iter().map(|(_, p, _)| p);
+            let pacer = HashPacer::new(&stagings[0], inputs, &produced, PRODUCER_STALL);
+            record_inputs_here(&hash_while_writing, &|read, size| pacer.wait(read, size))
         });
-        let report = {
+        let reports = {
             let _done = SetOnDrop(&produced);
-            produce(&staging)
+            produce(&stagings)
         };
         let hashed: Result<Vec<InputRecord>, ReadError> = hashing.join().unwrap_or_else(|_| {
             Err(ReadError::io(
-                req.dest,
+                lead.dest,
                 std::io::Error::other("input hashing panicked"),
             ))
         });
-        (report, hashed)
+        (reports, hashed)
     });
     // An input that changed explains any other failure, so it is reported first.
-    inputs_unchanged(req.input_paths)?;
-    let report = report.map_err(ReleaseError::produce)?;
-    let mut inputs = req.inputs;
+    inputs_unchanged(&input_paths)?;
+    let reports = reports.map_err(ReleaseError::produce)?;
+    if reports.len() != reqs.len() {
+        return Err(internal("one report per output"));
+    }
+    let mut inputs = inputs;
     inputs.extend(hashed?);
     inputs.sort();
     inputs.dedup();
+    let mut staged = Vec::with_capacity(reqs.len());
+    let mut kept = Vec::with_capacity(reqs.len());
+    let each = reqs.into_iter().zip(stagings).zip(reports).zip(hooks);
+    for (((req, mut staging), report), hooks) in each {
+        let bytes = record(&mut staging, req, inputs.clone(), report, hooks)?;
+        kept.push((staging.carried(), staging.plan().left_out.clone()));
+        staged.push((staging, bytes));
+    }
+    inputs_unchanged(&input_paths)?;
+    let manifests: Vec<Vec<u8>> = staged.iter().map(|(_, b)| b.clone()).collect();
+    let dirs = Staging::commit_all(staged)?;
+    let mut releases = Vec::with_capacity(dirs.len());
+    for ((dir, bytes), (carried, left_out)) in dirs.into_iter().zip(manifests).zip(kept) {
+        let manifest = Manifest::from_bytes(&bytes).map_err(|e| {
+            ReleaseError::Produce(format!("the manifest just written does not parse: {e}").into())
+        })?;
+        releases.push(Release {
+            dir,
+            manifest,
+            carried,
+            left_out,
+        });
+    }
+    Ok(releases)
+}
+
+/// Seals a produced output, runs its check hook, writes its manifest into the temporary
+/// directory and runs its `before_commit` hook: what it commits with (the manifest's bytes).
+fn record(
+    staging: &mut Staging,
+    req: ReleaseRequest<'_>,
+    inputs: Vec<InputRecord>,
+    report: serde_json::Value,
+    hooks: Hooks<'_>,
+) -> Result<Vec<u8>, ReleaseError> {
     let sealed = staging.seal()?;
     let checked = match hooks.check {
         Some(check) => check(staging.tmp_dir()).map_err(ReleaseError::Produce)?,
@@ -207,18 +277,7 @@ pub fn write_release<E: std::error::Error + Send + Sync + 'static>(
     if let Some(before_commit) = hooks.before_commit {
         before_commit(staging.tmp_dir()).map_err(ReleaseError::Produce)?;
     }
-    let carried = staging.carried();
-    let left_out = staging.plan().left_out.clone();
-    let dir = staging.commit(&bytes)?;
-    let manifest = Manifest::from_bytes(&bytes).map_err(|e| {
-        ReleaseError::Produce(format!("the manifest just written does not parse: {e}").into())
-    })?;
-    Ok(Release {
-        dir,
-        manifest,
-        carried,
-        left_out,
-    })
+    Ok(bytes)
 }
 
 /// How far the input hasher may read ahead of the producer's progress through the inputs

@@ -789,51 +789,84 @@ impl Staging {
         self.commit_as_is()
     }
 
-    fn commit_as_is(mut self) -> Result<PathBuf, WriteError> {
-        sync_tree(&self.tmp)?;
-        // Under the list's lock: an interrupt now waits for the rename (see `LIVE`).
+    fn commit_as_is(self) -> Result<PathBuf, WriteError> {
+        let mut dirs = Staging::commit_together(vec![self])?;
+        dirs.pop().ok_or_else(|| WriteError::Io {
+            path: PathBuf::new(),
+            source: std::io::Error::other("internal error: a commit of one output gave none"),
+        })
+    }
+
+    /// Commits several outputs, each with its manifest, all or none: every temporary is
+    /// completed and synced first, then all are renamed into place under the list of live
+    /// outputs' lock (an interrupt waits for the last rename, or finds every temporary still
+    /// there and removes them all). A rename that fails undoes the ones before it (each
+    /// destination gets back what it held), and the temporaries are removed. Only once every
+    /// output is in place are the releases they replaced removed. A release matrix commits
+    /// this way (`release::write_releases`).
+    pub fn commit_all(outputs: Vec<(Staging, Vec<u8>)>) -> Result<Vec<PathBuf>, WriteError> {
+        let mut stagings = Vec::with_capacity(outputs.len());
+        for (staging, manifest) in outputs {
+            let mpath = staging.tmp.join(crate::io::checkpoint::MANIFEST_NAME);
+            write_durable(&mpath, &manifest)?;
+            stagings.push(staging);
+        }
+        Staging::commit_together(stagings)
+    }
+
+    fn commit_together(mut stagings: Vec<Staging>) -> Result<Vec<PathBuf>, WriteError> {
+        for s in &stagings {
+            sync_tree(&s.tmp)?;
+        }
+        // Under the list's lock: an interrupt now waits for every rename (see `LIVE`).
         let mut live = live();
-        match self.replace {
-            Replace::Overwrite if self.dest.symlink_metadata().is_ok() => {
-                rustix::fs::renameat_with(
-                    rustix::fs::CWD,
-                    &self.tmp,
-                    rustix::fs::CWD,
-                    &self.dest,
-                    rustix::fs::RenameFlags::EXCHANGE,
-                )
-                .map_err(|e| WriteError::Io {
-                    path: self.dest.clone(),
-                    source: e.into(),
-                })?;
+        let mut exchanged = Vec::with_capacity(stagings.len());
+        for (i, s) in stagings.iter().enumerate() {
+            let exchange = s.replace == Replace::Overwrite && s.dest.symlink_metadata().is_ok();
+            if let Err(e) = rename_into_place(&s.tmp, &s.dest, exchange) {
+                // Undone newest first: each destination gets back what it held.
+                for (done, &was_exchange) in stagings[..i].iter().zip(&exchanged).rev() {
+                    let _ = rename_into_place(&done.dest, &done.tmp, was_exchange);
+                }
+                return Err(e);
+            }
+            exchanged.push(exchange);
+        }
+        for (s, &was_exchange) in stagings.iter_mut().zip(&exchanged) {
+            if was_exchange {
                 // `tmp` now holds the previous release; remove it.
-                let _ = std::fs::remove_dir_all(&self.tmp);
-                forget_live(&mut live, &self.tmp);
+                let _ = std::fs::remove_dir_all(&s.tmp);
             }
-            _ => {
-                rustix::fs::renameat_with(
-                    rustix::fs::CWD,
-                    &self.tmp,
-                    rustix::fs::CWD,
-                    &self.dest,
-                    rustix::fs::RenameFlags::NOREPLACE,
-                )
-                .map_err(|e| WriteError::Io {
-                    path: self.dest.clone(),
-                    source: e.into(),
-                })?;
-                forget_live(&mut live, &self.tmp);
-            }
+            forget_live(&mut live, &s.tmp);
+            s.committed = true;
         }
         drop(live);
-        self.committed = true;
-        let parent = parent_dir(&self.dest);
-        File::open(&parent)
-            .and_then(|d| d.sync_all())
-            .map_err(io_err(&parent))?;
-        let _ = std::fs::remove_file(&self.lock_path);
-        Ok(self.dest.clone())
+        let mut dirs = Vec::with_capacity(stagings.len());
+        for s in &stagings {
+            let parent = parent_dir(&s.dest);
+            File::open(&parent)
+                .and_then(|d| d.sync_all())
+                .map_err(io_err(&parent))?;
+            let _ = std::fs::remove_file(&s.lock_path);
+            dirs.push(s.dest.clone());
+        }
+        Ok(dirs)
     }
+}
+
+/// Renames `from` to `to`: atomically exchanging the two when `exchange` (`to` exists and is
+/// replaced), else only where `to` does not exist.
+fn rename_into_place(from: &Path, to: &Path, exchange: bool) -> Result<(), WriteError> {
+    let flags = match exchange {
+        true => rustix::fs::RenameFlags::EXCHANGE,
+        false => rustix::fs::RenameFlags::NOREPLACE,
+    };
+    rustix::fs::renameat_with(rustix::fs::CWD, from, rustix::fs::CWD, to, flags).map_err(|e| {
+        WriteError::Io {
+            path: to.to_path_buf(),
+            source: e.into(),
+        }
+    })
 }
 
 impl Drop for Staging {
