@@ -18,9 +18,11 @@ use wanbake::adapter::{AdapterSpec, bind_specs};
 use wanbake::human::{plural, size};
 use wanbake::io::Checkpoint;
 use wanbake::linalg::SvdCache;
-use wanbake::merge::{DoraStrength, MergeOptions, MergeReport, Merging, merge_release};
+use wanbake::merge::{
+    DoraStrength, MergeOptions, MergeOutcome, MergeReport, Merging, merge_releases,
+};
 use wanbake::model::wan_layout::Layout;
-use wanbake::pipeline::{BadOption, OutputChoices, OutputOptions};
+use wanbake::pipeline::{BadOption, OutputChoices, OutputFormat, OutputOptions};
 
 const AFTER_HELP: &str = "\
 ADAPTERS
@@ -112,8 +114,13 @@ pub struct Args {
     /// `orbax`: MaxDiffusion's pretrained Orbax cache of the merged weights (point
     /// `pretrained_orbax_dir` at --out; --layout nnx-scanned (default) or nnx, --dtype its
     /// weights_dtype, bf16 by default).
+    ///
+    /// Repeated (`--to fp8-scaled --to gguf:q4_k_m …`): a release matrix, every format from
+    /// one read of the base with each tensor merged once, each in `--out DIR/<format>/`
+    /// (`:` written `-`: `DIR/gguf-q4_k_m/`), a release of its own, byte-identical to the
+    /// same merge with that `--to` alone; all are committed together or none is.
     #[arg(long, value_enum, value_name = "FORMAT")]
-    pub to: Option<wanbake::pipeline::OutputFormat>,
+    pub to: Vec<wanbake::pipeline::OutputFormat>,
     /// With --to gguf:<block type>: quantize the step-1 rounding (F16 unless --dtype says
     /// otherwise), as city96's two-step pipeline does.
     #[arg(long)]
@@ -123,18 +130,42 @@ pub struct Args {
     pub nonfinite: NonFiniteArg,
 }
 
-/// The output options, checked by the builder recipes use too (`OutputOptions::new`).
-fn output_options(args: &Args) -> Result<OutputOptions, UsageError> {
+/// The output options with `to`, checked by the builder recipes use too
+/// (`OutputOptions::new`).
+fn output_options(args: &Args, to: Option<OutputFormat>) -> Result<OutputOptions, UsageError> {
     OutputOptions::new(OutputChoices {
         dtype: args.dtype.dtype,
         keep_f32: args.dtype.keep_f32.clone(),
         layout: args.layout,
         shard_bytes: args.shard.shard_size,
-        to: args.to,
+        to,
         city96_rounding: args.city96_rounding,
         nonfinite: args.nonfinite.policy(),
     })
     .map_err(flag_error)
+}
+
+/// Every output of the command: one at `--out` (no `--to`, or one), or with `--to` repeated
+/// one per format in `--out DIR/<format>/`; a format's refusal names it.
+fn outputs(args: &Args) -> Result<Vec<(OutputOptions, PathBuf)>, UsageError> {
+    let out = &args.output.out;
+    if args.to.len() <= 1 {
+        return Ok(vec![(
+            output_options(args, args.to.first().copied())?,
+            out.clone(),
+        )]);
+    }
+    let mut outputs: Vec<(OutputOptions, PathBuf)> = Vec::with_capacity(args.to.len());
+    for &to in &args.to {
+        let options = output_options(args, Some(to))
+            .map_err(|e| UsageError(format!("--to {}: {}", to.as_str(), e.0)))?;
+        let dest = out.join(to.as_str().replace(':', "-"));
+        if outputs.iter().any(|(_, d)| d == &dest) {
+            return Err(UsageError(format!("--to {} is given twice", to.as_str())));
+        }
+        outputs.push((options, dest));
+    }
+    Ok(outputs)
 }
 
 /// A builder refusal, named as the flag (`--keep-f32: ...`).
@@ -156,7 +187,8 @@ pub(super) fn adapter_specs(args: &[String]) -> anyhow::Result<Vec<AdapterSpec>>
 
 /// Runs `merge`.
 pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
-    let output = output_options(&args)?;
+    let outputs = outputs(&args)?;
+    let quantizes = outputs.iter().any(|(o, _)| o.quantize.is_some());
     let options = MergeOptions {
         dora_strength: args.dora_strength,
         allow_unmatched: args.allow_unmatched,
@@ -170,11 +202,11 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
         .map_err(|e| super::hint::FlagError::new("svd-cache", e))?;
     let (compute, device) = args.device.select()?;
     p.line(format!("device: {}", device.reason));
-    if output.quantize.is_some() {
+    if quantizes {
         refuse_gguf_out(&args.output.out)?;
     }
     let base = wanbake::quant::base::open(&args.base)?;
-    print_base_format(p, &base, output.quantize.is_some());
+    print_base_format(p, &base, quantizes);
     let adapters = bind_specs(&specs, &base, options.allow_unmatched)?;
     if base.components.len() > 1 {
         for a in adapters.iter() {
@@ -189,14 +221,26 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
         compute: &compute,
         svd_cache: cache.as_ref(),
     };
-    let outcome = merge_release(
-        &base,
-        &adapters,
-        &output,
-        &merging,
-        &args.output.out,
-        args.output.replace(),
-    )?;
+    let planned: Vec<(&OutputOptions, &Path)> =
+        outputs.iter().map(|(o, d)| (o, d.as_path())).collect();
+    let replace = args.output.replace();
+    let outcomes = merge_releases(&base, &adapters, &planned, &merging, replace)?;
+    let mut json = Vec::with_capacity(outcomes.len());
+    for (outcome, (output, _)) in outcomes.iter().zip(&outputs) {
+        json.push(describe(p, outcome, output));
+    }
+    let json = match json.len() {
+        1 => json.swap_remove(0),
+        _ => serde_json::json!({ "outputs": json }),
+    };
+    let mut json = json;
+    json["device"] = device_json(&device);
+    p.json(&json);
+    Ok(Status::Ok)
+}
+
+/// Prints one written release's summary and returns it as JSON.
+fn describe(p: &mut Printer, outcome: &MergeOutcome, output: &OutputOptions) -> serde_json::Value {
     let files = &outcome.release.manifest.files;
     let bytes: u64 = files.iter().map(|f| f.bytes).sum();
     let quantized = output.quantize.is_some();
@@ -209,22 +253,20 @@ pub fn execute(args: Args, p: &mut Printer) -> anyhow::Result<Status> {
     );
     print_carried(p, &outcome.release, output.layout);
     let report = match &output.quantize {
-        None => serde_json::to_value(&outcome.report)?,
+        None => serde_json::to_value(&outcome.report).unwrap_or_default(),
         Some(q) => {
             p.line(format!("  quantized: {}", q.format));
             print_quantization(p, &outcome.release.manifest.report, "    ");
             outcome.release.manifest.report.clone()
         }
     };
-    p.json(&serde_json::json!({
+    serde_json::json!({
         "dir": outcome.release.dir,
         "files": files.len(),
         "bytes": bytes,
         "carried": outcome.release.carried,
         "report": report,
-        "device": device_json(&device),
-    }));
-    Ok(Status::Ok)
+    })
 }
 
 /// What a quantized base was, and a warning when the output quantizes it again; nothing for

@@ -214,10 +214,37 @@ pub fn merge_release(
     dest: &Path,
     replace: Replace,
 ) -> Result<MergeOutcome, MergeFailure> {
-    let plan = Plan::new(base, adapters, output)
-        .map_err(|e| MergeFailure::Plan(Box::new(e)))?
-        .hash_base_while_writing("base");
-    let writing = Writing::new(dest, replace, "merge", merging.options_json(&plan));
-    write_merge(&plan, merging, writing, Hooks::default())
-        .map_err(|e| MergeFailure::Write(Box::new(e)))
+    let mut outcomes = merge_releases(base, adapters, &[(output, dest)], merging, replace)?;
+    outcomes.pop().ok_or_else(|| {
+        let e = PipelineError::Internal("a merge wrote no release".into());
+        MergeFailure::Write(Box::new(ReleaseError::produce(e)))
+    })
+}
+
+/// `wanbake merge --to A --to B …`: as [`merge_release`] for every (output, destination)
+/// of a release matrix, planned first (every refusal before anything exists), then written
+/// in one pass over the base, all or none (`write_merges`).
+pub fn merge_releases(
+    base: &BaseModel,
+    adapters: &[BoundAdapter],
+    outputs: &[(&OutputOptions, &Path)],
+    merging: &Merging<'_>,
+    replace: Replace,
+) -> Result<Vec<MergeOutcome>, MergeFailure> {
+    let mut ready: Vec<Ready<'_>> = Vec::with_capacity(outputs.len());
+    for (output, _) in outputs {
+        let plan =
+            Plan::new(base, adapters, output).map_err(|e| MergeFailure::Plan(Box::new(e)))?;
+        ready.push(match ready.first() {
+            Some(first) => plan.ready_as(first),
+            None => plan.hash_base_while_writing("base"),
+        });
+    }
+    let writes = (ready.iter().zip(outputs))
+        .map(|(r, (_, dest))| {
+            let writing = Writing::new(dest, replace, "merge", merging.options_json(r));
+            (r, writing, Hooks::default())
+        })
+        .collect();
+    write_merges(writes, merging).map_err(|e| MergeFailure::Write(Box::new(e)))
 }

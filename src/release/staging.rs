@@ -240,6 +240,24 @@ fn live() -> std::sync::MutexGuard<'static, Vec<LiveOutput>> {
     LIVE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Folders `Staging::begin` created for outputs (a matrix's `DIR` of `DIR/<format>/`):
+/// removed, once empty, when their outputs fail or are interrupted, so a failed run leaves
+/// no folder it made; forgotten once an output is committed inside them.
+static CREATED: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+fn created() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
+    CREATED.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Removes every created folder that is empty now (deepest first), forgetting those gone.
+fn remove_created(created: &mut Vec<PathBuf>) {
+    created.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    created.retain(|d| match std::fs::remove_dir(d) {
+        Ok(()) => false,
+        Err(e) => e.kind() != std::io::ErrorKind::NotFound,
+    });
+}
+
 /// Takes `tmp` off the list (it was committed or removed).
 fn forget_live(live: &mut Vec<LiveOutput>, tmp: &Path) {
     live.retain(|o| o.tmp != tmp);
@@ -253,6 +271,9 @@ fn remove_live_outputs(signal: i32) {
     for o in live.iter() {
         let _ = std::fs::remove_dir_all(&o.tmp);
         let _ = std::fs::remove_file(&o.lock);
+    }
+    remove_created(&mut created());
+    for o in live.iter() {
         // Not eprintln!: it panics on a closed stderr, which would end this thread with the
         // signal taken and the process running on.
         let _ = std::io::Write::write_fmt(
@@ -364,12 +385,18 @@ impl Staging {
             });
         }
         let parent = parent_dir(dest);
+        let missing: Vec<PathBuf> = (parent.ancestors())
+            .take_while(|p| !p.as_os_str().is_empty() && p.symlink_metadata().is_err())
+            .map(Path::to_path_buf)
+            .collect();
         std::fs::create_dir_all(&parent).map_err(|source| parent_error(&parent, source))?;
         clean_stale(dest);
         if allocation == Allocation::Reserve {
             check_space(&parent, plan.total_bytes())?;
         }
         let (tmp, lock_path, lock) = create_tmp(dest)?;
+        // Listed once the temporary is in them (never empty until it goes).
+        created().extend(missing);
         live().push(LiveOutput {
             dest: dest.to_path_buf(),
             tmp: tmp.clone(),
@@ -839,6 +866,7 @@ impl Staging {
             }
             forget_live(&mut live, &s.tmp);
             s.committed = true;
+            created().retain(|d| !s.dest.starts_with(d));
         }
         drop(live);
         let mut dirs = Vec::with_capacity(stagings.len());
@@ -875,6 +903,7 @@ impl Drop for Staging {
             let _ = std::fs::remove_dir_all(&self.tmp);
             let _ = std::fs::remove_file(&self.lock_path);
             forget_live(&mut live(), &self.tmp);
+            remove_created(&mut created());
         }
     }
 }
