@@ -24,7 +24,7 @@ use half::f16;
 use crate::codec::dtype::DType;
 
 use super::kquant::{self, QK_K};
-use crate::codec::dtype::{round_to_bf16, round_to_f16};
+use crate::codec::dtype::{round_to_bf16, round_to_f16, vectorized};
 
 /// Elements per block of the 32-wide block types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1).
 pub const QK: usize = 32;
@@ -221,20 +221,24 @@ pub fn quantize(ty: GgmlType, src: &[f32], dst: &mut [u8]) {
             }
         }
         _ if ty.is_k_quant() => quantize_k_blocks(ty, src, dst),
-        _ => {
-            let ts = ty.type_size();
-            for (out, x) in dst.chunks_exact_mut(ts).zip(src.chunks_exact(QK)) {
-                let x: &[f32; QK] = x.try_into().expect("chunks_exact(QK)");
-                match ty {
-                    GgmlType::Q8_0 => q8_0(x, out),
-                    GgmlType::Q4_0 => q_sym::<4>(x, out),
-                    GgmlType::Q5_0 => q_sym::<5>(x, out),
-                    GgmlType::Q4_1 => q_min::<4>(x, out),
-                    GgmlType::Q5_1 => q_min::<5>(x, out),
-                    _ => unreachable!("plain types handled above"),
-                }
-            }
-        }
+        // Compiled for the CPU's vector width: `roundf`'s floors become one instruction
+        // each instead of a libm call per element (the same values: floor is exact).
+        GgmlType::Q8_0 => vectorized(|| each_block(src, dst, q8_0)),
+        GgmlType::Q4_0 => vectorized(|| each_block(src, dst, q_sym::<4>)),
+        GgmlType::Q5_0 => vectorized(|| each_block(src, dst, q_sym::<5>)),
+        GgmlType::Q4_1 => vectorized(|| each_block(src, dst, q_min::<4>)),
+        GgmlType::Q5_1 => vectorized(|| each_block(src, dst, q_min::<5>)),
+        _ => unreachable!("every type is handled above"),
+    }
+}
+
+/// `encode` on every block of [`QK`] values of `src` into its bytes of `dst`.
+#[inline(always)]
+fn each_block(src: &[f32], dst: &mut [u8], encode: impl Fn(&[f32; QK], &mut [u8])) {
+    let ts = dst.len() / (src.len() / QK).max(1);
+    for (out, x) in dst.chunks_exact_mut(ts.max(1)).zip(src.chunks_exact(QK)) {
+        let x: &[f32; QK] = x.try_into().expect("chunks_exact(QK)");
+        encode(x, out);
     }
 }
 
@@ -245,13 +249,22 @@ pub fn quantize_vec(ty: GgmlType, src: &[f32]) -> Option<Vec<u8>> {
     Some(out)
 }
 
-/// `roundf`: halves away from zero (gguf-py's `np_roundf`).
-#[inline]
+/// `roundf`: halves away from zero (gguf-py's `np_roundf`), for a caller that saturates the
+/// result to i8 (`q8_0`). The floors are truncating conversions to i32 (of non-negative
+/// values: the floor), one vector instruction each where `f32::floor` is a libm call at this
+/// target's baseline. Exact for `|x| < 2^31`; beyond, the result is at least 2^31 in
+/// magnitude with `x`'s sign (i8 saturates it as it does the exact value); ±inf and NaN give
+/// NaN, as the floor formula does (`inf - inf`), which casts to 0.
+#[inline(always)]
 fn roundf(x: f32) -> f32 {
     let a = x.abs();
-    let fl = a.floor();
-    let b = fl + (2.0 * (a - fl)).floor();
-    b.copysign(x)
+    let fl = (a as i32) as f32;
+    let b = fl + ((2.0 * (a - fl)) as i32) as f32;
+    if a.is_finite() {
+        b.copysign(x)
+    } else {
+        f32::NAN
+    }
 }
 
 /// `1/d`, or 0 where `d == 0` (either sign).
@@ -264,6 +277,7 @@ fn put_f16(out: &mut [u8], x: f32) {
     out.copy_from_slice(&round_to_f16(x).to_le_bytes());
 }
 
+#[inline(always)]
 fn q8_0(x: &[f32; QK], out: &mut [u8]) {
     let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
     let d = amax / 127.0;
@@ -275,6 +289,7 @@ fn q8_0(x: &[f32; QK], out: &mut [u8]) {
 }
 
 /// Q4_0 (`BITS = 4`) and Q5_0 (`BITS = 5`).
+#[inline(always)]
 fn q_sym<const BITS: u32>(x: &[f32; QK], out: &mut [u8]) {
     let half = (1u32 << (BITS - 1)) as f32; // 8 or 16
     let top = (1u32 << BITS) - 1; // 15 or 31
@@ -289,14 +304,16 @@ fn q_sym<const BITS: u32>(x: &[f32; QK], out: &mut [u8]) {
     let id = inv(d);
     let mut q = [0u8; QK];
     for (qi, &v) in q.iter_mut().zip(x) {
-        let t = (v * id + (half + 0.5)).trunc();
-        *qi = (t as u32).min(top) as u8;
+        // `as u32` truncates as ggml's `(int8_t)` does (what it keeps is non-negative; a
+        // negative or NaN value saturates to 0, as its `trunc` would): no libm call.
+        *qi = ((v * id + (half + 0.5)) as u32).min(top) as u8;
     }
     put_f16(&mut out[..2], d);
     pack_nibbles::<BITS>(&q, &mut out[2..]);
 }
 
 /// Q4_1 (`BITS = 4`) and Q5_1 (`BITS = 5`).
+#[inline(always)]
 fn q_min<const BITS: u32>(x: &[f32; QK], out: &mut [u8]) {
     let top = (1u32 << BITS) - 1;
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -305,8 +322,7 @@ fn q_min<const BITS: u32>(x: &[f32; QK], out: &mut [u8]) {
     let id = inv(d);
     let mut q = [0u8; QK];
     for (qi, &v) in q.iter_mut().zip(x) {
-        let t = ((v - min) * id + 0.5).trunc();
-        *qi = (t as u32).min(top) as u8;
+        *qi = (((v - min) * id + 0.5) as u32).min(top) as u8;
     }
     put_f16(&mut out[..2], d);
     put_f16(&mut out[2..4], min);
@@ -315,6 +331,7 @@ fn q_min<const BITS: u32>(x: &[f32; QK], out: &mut [u8]) {
 
 /// Element j in the low nibble and j+16 in the high nibble of byte j; for 5 bits, the fifth
 /// bits first as a little-endian 32-bit mask (element i at bit i).
+#[inline(always)]
 fn pack_nibbles<const BITS: u32>(q: &[u8; QK], out: &mut [u8]) {
     let qs = if BITS == 5 {
         let mut qh = 0u32;
@@ -478,6 +495,46 @@ mod tests {
             (0.49999997, 0.0),
         ] {
             assert_eq!(roundf(x), r, "{x}");
+        }
+    }
+
+    /// What `q8_0` stores, `roundf(x) as i8`, equals the floor-based definition's for every
+    /// value class: halves, the largest codes, beyond i32, ±inf, NaN, and a sweep of bit
+    /// patterns.
+    #[test]
+    fn roundf_as_i8_is_the_floor_definitions() {
+        let exact = |x: f32| {
+            let a = x.abs();
+            let fl = a.floor();
+            (fl + (2.0 * (a - fl)).floor()).copysign(x)
+        };
+        let mut xs = vec![
+            0.0f32,
+            -0.0,
+            126.5,
+            -127.5,
+            127.49999,
+            128.0,
+            -129.0,
+            3e9,
+            -3e9,
+            2147483648.0,
+            f32::MAX,
+            f32::MIN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            1e-40,
+            -1e-40,
+        ];
+        let mut bits = 0x1234_5678u32;
+        for _ in 0..200_000 {
+            bits = bits.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            xs.push(f32::from_bits(bits));
+            xs.push(f32::from_bits(bits) % 200.0);
+        }
+        for x in xs {
+            assert_eq!(roundf(x) as i8, exact(x) as i8, "{x:e}");
         }
     }
 
