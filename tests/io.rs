@@ -528,13 +528,6 @@ fn verify_catches_a_flipped_byte_anywhere() {
     assert_eq!(parts(&run(root.path(), &["verify", "rel"])).0, 3);
 }
 
-fn leftovers(parent: &Path) -> Vec<String> {
-    tree(parent)
-        .into_iter()
-        .filter(|e| e.contains("wanbake-tmp"))
-        .collect()
-}
-
 #[test]
 fn kill_during_a_large_write_leaves_no_destination_and_the_next_run_cleans_up() {
     let root = tmp();

@@ -287,14 +287,6 @@ fn merge_with_several_to_writes_each_format_in_its_folder() {
     assert!(!d.path().join("twice").exists());
 }
 
-/// Temporaries of a run (`.NAME.wanbake-tmp-*`) anywhere under `dir`.
-fn leftovers(dir: &Path) -> Vec<String> {
-    tree(dir)
-        .into_iter()
-        .filter(|e| e.contains("wanbake-tmp"))
-        .collect()
-}
-
 #[test]
 fn a_recipe_matrix_refuses_overlapping_folders_and_names_a_bad_output() {
     let d = tmp();

@@ -4,9 +4,12 @@
 //! streaming pass with provenance stamped into every output file, run the recipe's checks
 //! on the sealed output (`check`, against golden files or the unmerged reference model,
 //! computed tensor by tensor and never written: `reference`), commit, and verify the
-//! committed release against its manifest. Does not own: the merge (`merge`), restacking
-//! (`layout`), the runner (`runner`), atomic writing and manifests (`release`, `io`,
-//! `manifest`), showing progress (the CLI).
+//! committed release against its manifest. A recipe with several `[[output]]` tables is a
+//! release matrix: every output is written in the same pass (`merge::write_merges`), each
+//! recording the recipe with it alone, checked against expected tensors computed once, and
+//! committed with the others or not at all; its quality table is `quality`. Does not own:
+//! the merge (`merge`), restacking (`layout`), the runner (`runner`), atomic writing and
+//! manifests (`release`, `io`, `manifest`), showing progress (the CLI).
 //!
 //! Provenance: the manifest's `options` is `{"recipe": <normalised recipe>}` and its
 //! `inputs` carry every input file's sha256 (paths as the recipe spells them); every weight

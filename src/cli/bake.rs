@@ -1,5 +1,6 @@
 //! `wanbake bake RECIPE [--dry-run] [--json] [--device auto|cpu|cuda]`: plan, merge +
-//! restack, check, commit and verify a release described by a recipe.
+//! restack, check, commit and verify a release described by a recipe (or every release of
+//! a matrix, with its quality table).
 //!
 //! This file prints the plan and the summary, and draws progress (indicatif bars on a
 //! terminal, plain lines otherwise, nothing with --quiet or --json). The work is in

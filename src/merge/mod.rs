@@ -3,8 +3,10 @@
 //! Owns: [`MergeOptions`] (how to merge), [`Merger`] (the `pipeline::TargetWriter` and
 //! `pipeline::TargetValues` of a plan with adapters: each target on the route
 //! `pipeline::Compute` names), [`write_merge`] (a ready plan written through
-//! `pipeline::write` with a `Merger`, and its report), [`merge_release`] (`wanbake merge`:
-//! plan, then write), and through its submodules the
+//! `pipeline::write` with a `Merger`, and its report), [`write_merges`] (a release matrix: the
+//! `Merger`s of several plans sharing each target, `pipeline::write_matrix`),
+//! [`merge_release`] and [`merge_releases`] (`wanbake merge`, one `--to` or several: plan,
+//! then write), and through its submodules the
 //! formulas (`math`), one merged target in bands or whole (`target`), the whole-tensor program
 //! of the device routes (`device`), LyCORIS deltas (`lycoris`), -xs bases (`xs`), the report
 //! (`report`) and the errors (`error`). Does not own: binding (`adapter`), the plan, the job

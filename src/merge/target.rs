@@ -282,6 +282,10 @@ impl TargetWriter for Merger<'_> {
         }))
     }
 
+    /// Writes a target merged once (`shared`) into `job`'s output as [`Merger::merge`]
+    /// writes it: the same bands handed to the same [`Emit`], its `max|W|` taken from the
+    /// merged values first where the encoding needs it. Values the output cannot hold take
+    /// the single run's path, which names where the first came from.
     fn write_shared(
         &self,
         exec: &Exec<'_>,
@@ -291,7 +295,40 @@ impl TargetWriter for Merger<'_> {
         src: &TensorRef<'_>,
         shared: &MergedTarget,
     ) -> Result<(), MergeError> {
-        self.emit_merged(exec, scratch, job, t, src, shared)
+        let limit = merged_limit(job);
+        if shared.non_finite || !all_held(&shared.whole, limit) {
+            return self.merge(exec, job, t, src, scratch);
+        }
+        let rows = BaseRows::new(t, src, job)?;
+        let mut out = Emit::new(job, t)?;
+        out.bytes = std::mem::take(&mut scratch.bytes);
+        let bands = || {
+            let n = band_rows(t.inp) * t.inp.max(1);
+            (shared.whole.chunks(n.max(1)).enumerate()).map(move |(b, d)| (b * band_rows(t.inp), d))
+        };
+        if let Some(enc) = out.banded_encoding()
+            && t.out > 0
+            && t.inp > 0
+        {
+            out.assemble = false;
+            if enc.needs_amax() {
+                let mut pass = AmaxPass::default();
+                for (_, d) in bands() {
+                    pass.add(&rows.to_stored_order(d));
+                }
+                out.tensor_scale = pass.scale(enc, &t.name).map_err(PipelineError::from)?;
+            }
+        }
+        let encoded;
+        if out.assemble {
+            (scratch.bytes, encoded) = out.finish_from(exec, &shared.whole)?;
+        } else {
+            for (r0, d) in bands() {
+                out.band(exec, &rows, r0, d)?;
+            }
+            (scratch.whole, scratch.bytes, encoded) = out.finish(exec)?;
+        }
+        self.found(exec, job, t, src, None, encoded)
     }
 }
 
@@ -345,58 +382,6 @@ impl Merger<'_> {
         let encoded;
         (scratch.whole, scratch.bytes, encoded) = out.finish(exec)?;
         self.found(exec, job, t, src, merged, encoded)
-    }
-
-    /// Writes a target merged once (`shared`) into `job`'s output as [`Merger::merge`]
-    /// writes it: the same bands handed to the same [`Emit`], its `max|W|` taken from the
-    /// merged values first where the encoding needs it. Values the output cannot hold take
-    /// the single run's path, which names where the first came from.
-    fn emit_merged(
-        &self,
-        exec: &Exec<'_>,
-        scratch: &mut TargetScratch,
-        job: &Job,
-        t: &Target,
-        src: &TensorRef<'_>,
-        shared: &MergedTarget,
-    ) -> Result<(), MergeError> {
-        let limit = merged_limit(job);
-        if shared.non_finite || !all_held(&shared.whole, limit) {
-            return self.merge(exec, job, t, src, scratch);
-        }
-        let rows = BaseRows::new(t, src, job)?;
-        let mut out = Emit::new(job, t)?;
-        out.bytes = std::mem::take(&mut scratch.bytes);
-        let bands = || {
-            let n = band_rows(t.inp) * t.inp.max(1);
-            (shared.whole.chunks(n.max(1)).enumerate()).map(move |(b, d)| (b * band_rows(t.inp), d))
-        };
-        if let Some(enc) = out.banded_encoding()
-            && t.out > 0
-            && t.inp > 0
-        {
-            out.assemble = false;
-            if enc.needs_amax() {
-                let mut pass = AmaxPass::default();
-                for (_, d) in bands() {
-                    pass.add(&rows.to_stored_order(d));
-                }
-                out.tensor_scale = pass.scale(enc, &t.name).map_err(PipelineError::from)?;
-            }
-        }
-        if out.assemble {
-            let mut whole = std::mem::take(&mut scratch.whole);
-            whole.clear();
-            whole.extend_from_slice(&shared.whole);
-            out.whole = whole;
-        } else {
-            for (r0, d) in bands() {
-                out.band(exec, &rows, r0, d)?;
-            }
-        }
-        let encoded;
-        (scratch.whole, scratch.bytes, encoded) = out.finish(exec)?;
-        self.found(exec, job, t, src, None, encoded)
     }
 
     /// Lets `out` encode a non-streaming encoding band by band instead of assembling the
@@ -906,6 +891,18 @@ impl<'a> Emit<'a> {
         exec: &Exec<'_>,
     ) -> Result<(Vec<f32>, Vec<u8>, Option<Unheld>), PipelineError> {
         let whole = std::mem::take(&mut self.whole);
+        let (bytes, found) = self.finish_from(exec, &whole)?;
+        Ok((whole, bytes, found))
+    }
+
+    /// [`Emit::finish`] with `whole` as what was assembled (a release matrix's target,
+    /// merged once and borrowed by every output: not copied); hands the byte buffer back,
+    /// with the values a quantized output's encoder could not hold.
+    fn finish_from(
+        mut self,
+        exec: &Exec<'_>,
+        whole: &[f32],
+    ) -> Result<(Vec<u8>, Option<Unheld>), PipelineError> {
         if let Some(enc) = self.job.encoding {
             if !self.assemble && !self.pending.is_empty() {
                 self.encode_rows(exec, enc, self.pending_r0, &[], true)?;
@@ -913,21 +910,21 @@ impl<'a> Emit<'a> {
             if self.assemble {
                 let what = self.t.name.clone();
                 let part =
-                    exec.encode_part(self.job, enc, 0, &whole, None, &what, &mut self.error)?;
+                    exec.encode_part(self.job, enc, 0, whole, None, &what, &mut self.error)?;
                 Unheld::add(&mut self.found, part);
             }
             exec.record_error(self.job, &self.error);
-            return Ok((whole, std::mem::take(&mut self.bytes), self.found));
+            return Ok((std::mem::take(&mut self.bytes), self.found));
         }
         if self.to_output == Transform::Identity {
-            return Ok((whole, std::mem::take(&mut self.bytes), None));
+            return Ok((std::mem::take(&mut self.bytes), None));
         }
         // Rounded once to the output dtype first (contiguous, so it vectorises), then only
         // permuted: rounding each element commutes with moving it, and the permutation moves
         // half the bytes of the f32 tensor for a 16-bit output.
         let mut narrowed = std::mem::take(&mut self.bytes);
         narrowed.resize(whole.len() * self.job.dtype.element_bytes(), 0);
-        narrow_from_f32(self.job.dtype, &whole, &mut narrowed).map_err(|e| {
+        narrow_from_f32(self.job.dtype, whole, &mut narrowed).map_err(|e| {
             PipelineError::Convert {
                 tensor: self.t.name.clone(),
                 reason: e.to_string(),
@@ -941,7 +938,7 @@ impl<'a> Emit<'a> {
         // What the output cannot hold was found in the merged values, against the same
         // dtype's limit (`merged_limit`): the rounding and the permutation add nothing.
         let _ = exec.convert_bands(self.job, self.to_output, src, None)?;
-        Ok((whole, narrowed, None))
+        Ok((narrowed, None))
     }
 }
 

@@ -11,7 +11,9 @@
 //!    (`base_rows`), with the compute routes and their lanes ([`Compute`], `compute`); a job
 //!    that reads a target goes to a [`TargetWriter`] (the merge engine's `merge::Merger`);
 //! 3. [`write`] (`write`): a [`Ready`] plan through the release writer (`release`); an
-//!    Orbax output's chunks stream through `orbax` and its databases are written last.
+//!    Orbax output's chunks stream through `orbax` and its databases are written last;
+//!    [`write_matrix`]: several plans of the same base and adapters in one pass (`matrix`:
+//!    each stored tensor read once, each target computed once), committed all or none.
 //!
 //! Every value written is checked in the pass that writes it: what the output cannot hold
 //! (NaN, ±inf, an overflow of its dtype or format) is refused, or written and reported when

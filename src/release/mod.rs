@@ -4,7 +4,8 @@
 //! `HASH_LEAD`), each output hashed as it is written (`ordered`) → seal (every byte
 //! written, fsync) → checks → inputs unchanged? → manifest → atomic rename.
 //!
-//! Owns: `ReleaseRequest`, `write_release` and its `Hooks`; what an output will contain
+//! Owns: `ReleaseRequest`, `write_release` and its `Hooks`, `write_releases` (several
+//! outputs of one production, committed all or none); what an output will contain
 //! (`writer`), the files it carries over unchanged from its input (`carry`), the atomic,
 //! durable writing of it (`staging`) through an ordered window that hashes and writes each
 //! byte once (`ordered`), and the manifest (`release::manifest`). Producers only fill slots; they never see

@@ -351,3 +351,11 @@ pub fn small_lora(path: &Path, seed: u64, modules: &[(&str, usize, usize)]) {
         .collect();
     write_f32(path, &refs);
 }
+
+/// Temporaries of a run (`.NAME.wanbake-tmp-*`) anywhere under `parent`.
+pub fn leftovers(parent: &Path) -> Vec<String> {
+    tree(parent)
+        .into_iter()
+        .filter(|e| e.contains("wanbake-tmp"))
+        .collect()
+}
