@@ -94,6 +94,17 @@ pub enum BakeError {
         /// The first differences.
         what: String,
     },
+    /// A check of a release matrix's output failed: a matrix commits only when every check
+    /// of every output passes, so nothing was written.
+    #[error(
+        "{output}: {what}; a release matrix commits only when every check passes, so no output was written"
+    )]
+    MatrixCheckFailed {
+        /// The output (its folder, as the recipe spells it).
+        output: String,
+        /// Each failed check with its difference and tolerance.
+        what: String,
+    },
     /// A bug: an invariant of the bake did not hold.
     #[error("internal error: {0}")]
     Internal(String),

@@ -38,7 +38,7 @@ use crate::merge::{MergeReport, Merging, write_merges};
 use crate::pipeline::{Compute, OutputOptions, Plan, Writing};
 use crate::release::manifest::{VerifyReport, verify_committed};
 use crate::release::staging::Replace;
-use crate::release::{Checked, DirHook, HookError, Hooks, Release};
+use crate::release::{Checked, HookError, Hooks, Release};
 use crate::runner::Tensor;
 
 /// A finished bake of one output (checks may have failed: see `passed`).
@@ -95,6 +95,7 @@ pub fn execute(plan: BakePlan<'_>, compute: &Compute) -> Result<Vec<BakeOutcome>
     let names: Vec<String> = (inputs.outputs.iter())
         .map(|o| release_name(&o.recipe.output.dir))
         .collect();
+    let verified: Vec<RefCell<Option<VerifyReport>>> = (0..n).map(|_| RefCell::default()).collect();
     let mut writes = Vec::with_capacity(n);
     for (i, (o, r)) in inputs.outputs.iter().zip(&ready).enumerate() {
         let normalised = o.recipe.normalised();
@@ -120,35 +121,47 @@ pub fn execute(plan: BakePlan<'_>, compute: &Compute) -> Result<Vec<BakeOutcome>
                 checks: serde_json::to_value(&json)?,
                 passed: checks.iter().all(|(c, _)| c.passed),
             };
+            if matrix && !checked.passed {
+                return Err(matrix_check_failed(&o.recipe, &checks).into());
+            }
             *outcomes.borrow_mut() = checks;
             Ok(checked)
         };
-        let name = &names[i];
+        let (name, verified, signer) = (&names[i], &verified[i], signer.as_ref());
+        // Signed, then (a matrix, which commits all or none) verified before the commit.
+        let before_commit = move |tmp: &Path| -> Result<(), HookError> {
+            if let Some(s) = signer {
+                s.sign_staged(tmp, name)?;
+            }
+            if matrix {
+                let manifest = std::fs::read(tmp.join(crate::io::checkpoint::MANIFEST_NAME))?;
+                let report = verify_committed(tmp, &manifest)?;
+                verified_ok(&o.recipe.output.dir, &report)?;
+                *verified.borrow_mut() = Some(report);
+            }
+            Ok(())
+        };
         let hooks = Hooks {
             check: Some(Box::new(check)),
-            before_commit: signer.as_ref().map(|s| {
-                Box::new(move |tmp: &Path| s.sign_staged(tmp, name).map_err(HookError::from))
-                    as DirHook<'_, ()>
-            }),
+            before_commit: Some(Box::new(before_commit)),
             gate: None,
         };
         writes.push((r, writing, hooks));
     }
     let written = write_merges(writes, &merging)?;
     let mut done = Vec::with_capacity(n);
-    for ((outcome, checks), cpu) in written.into_iter().zip(outcomes).zip(cpu) {
+    let each = written.into_iter().zip(outcomes).zip(cpu).zip(verified);
+    for (((outcome, checks), cpu), verified) in each {
         let dir = outcome.release.dir.clone();
-        let manifest = outcome.release.manifest.to_canonical_bytes();
-        let verify = verify_committed(&dir, &manifest)?;
-        if !verify.ok() {
-            let what: Vec<String> = (verify.mismatches.iter().take(5))
-                .map(|m| format!("{}: {}", m.path, m.what))
-                .collect();
-            return Err(BakeError::Verify {
-                dir: dir.display().to_string(),
-                what: what.join("; "),
-            });
-        }
+        let verify = match verified.into_inner() {
+            Some(before_commit) => before_commit,
+            None => {
+                let manifest = outcome.release.manifest.to_canonical_bytes();
+                let verify = verify_committed(&dir, &manifest)?;
+                verified_ok(&dir, &verify)?;
+                verify
+            }
+        };
         let checks = checks.into_inner();
         let forward_error = match matrix {
             true => expected.forward_errors(&checks),
@@ -166,6 +179,39 @@ pub fn execute(plan: BakePlan<'_>, compute: &Compute) -> Result<Vec<BakeOutcome>
         });
     }
     Ok(done)
+}
+
+/// A verification that found differences, as the error of the bake.
+fn verified_ok(dir: &Path, verify: &VerifyReport) -> Result<(), BakeError> {
+    if verify.ok() {
+        return Ok(());
+    }
+    let what: Vec<String> = (verify.mismatches.iter().take(5))
+        .map(|m| format!("{}: {}", m.path, m.what))
+        .collect();
+    Err(BakeError::Verify {
+        dir: dir.display().to_string(),
+        what: what.join("; "),
+    })
+}
+
+/// The error of a matrix output whose checks did not all pass.
+fn matrix_check_failed(
+    recipe: &crate::recipe::Recipe,
+    checks: &[(CheckOutcome, Tensor)],
+) -> BakeError {
+    let failed: Vec<String> = (checks.iter().filter(|(c, _)| !c.passed))
+        .map(|(c, _)| {
+            format!(
+                "check `{}` failed (max |diff| {:.3e}, tolerance {:.3e})",
+                c.name, c.max_abs_diff, c.tolerance
+            )
+        })
+        .collect();
+    BakeError::MatrixCheckFailed {
+        output: recipe.relative(&recipe.output.dir),
+        what: failed.join("; "),
+    }
 }
 
 /// Runs `recipe`'s checks (one output's) on the staged output at `staged`: each outcome with
