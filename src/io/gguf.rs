@@ -122,6 +122,43 @@ pub fn manifest_type_shape(t: &GgufTensor) -> (ElementType, Vec<usize>) {
     (ty, torch_shape(&t.ne))
 }
 
+/// The digest of a GGUF file wanbake has just written, from the digests made as it was
+/// written (`written`: the whole file's, and each tensor's bytes under its name, with
+/// placeholder types: `release::ordered`): the header is parsed back from the file (every
+/// tensor inside it, aligned, not overlapping) and must describe exactly the tensors at the
+/// byte ranges `planned` names; each tensor then gets the manifest's type and torch shape
+/// ([`manifest_type_shape`]), as [`digest_gguf`] gives them from a re-read of the whole file.
+pub fn digest_as_written(
+    path: &Path,
+    mut written: SafetensorsDigest,
+    planned: &BTreeMap<&str, std::ops::Range<usize>>,
+) -> Result<SafetensorsDigest, ReadError> {
+    let f = GgufFile::open(path)?;
+    let bad = |reason: String| ReadError::Unsupported {
+        path: path.to_path_buf(),
+        reason: format!("the GGUF header written does not describe the planned tensors: {reason}"),
+    };
+    let header = &f.header;
+    if header.tensors.len() != planned.len() || written.bytes != f.map.bytes().len() as u64 {
+        return Err(bad(format!(
+            "{} tensors in {} bytes, {} planned in {}",
+            header.tensors.len(),
+            f.map.bytes().len(),
+            planned.len(),
+            written.bytes
+        )));
+    }
+    for (i, t) in header.tensors.iter().enumerate() {
+        if planned.get(t.name.as_str()) != Some(&header.range(i)) {
+            return Err(bad(format!("`{}` at {:?}", t.name, header.range(i))));
+        }
+        let d = (written.tensors.get_mut(&t.name))
+            .ok_or_else(|| bad(format!("`{}` was not hashed", t.name)))?;
+        (d.dtype, d.shape) = manifest_type_shape(t);
+    }
+    Ok(written)
+}
+
 /// Digest of a weight file wanbake writes: GGUF when the name ends in `.gguf`
 /// ([`digest_gguf`]), safetensors otherwise.
 pub fn digest_weight_file(
@@ -184,4 +221,77 @@ pub fn digest_gguf(path: &Path) -> Result<SafetensorsDigest, ReadError> {
         sha256: digest::hex(&whole.finalize()),
         tensors,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::gguf::{GgufLayout, TensorPlan, Value};
+
+    /// A GGUF file of two tensors (a Q8_0 block pair and three F32s) with seeded bytes in
+    /// `dir`, and its layout.
+    fn written(dir: &Path) -> (PathBuf, GgufLayout) {
+        let kv = vec![("general.architecture".to_string(), Value::Str("wan".into()))];
+        let t = vec![
+            TensorPlan {
+                name: "a".into(),
+                ne: vec![32, 2],
+                ty: GgmlType::Q8_0,
+            },
+            TensorPlan {
+                name: "b".into(),
+                ne: vec![3],
+                ty: GgmlType::F32,
+            },
+        ];
+        let l = GgufLayout::new(&kv, &t);
+        let mut f = l.header.clone();
+        f.resize(l.len as usize, 0);
+        for (i, &(at, len)) in l.spans.iter().enumerate() {
+            for (k, b) in f[at as usize..(at + len) as usize].iter_mut().enumerate() {
+                *b = (k * 7 + i) as u8;
+            }
+        }
+        let path = dir.join("m.gguf");
+        std::fs::write(&path, f).unwrap();
+        (path, l)
+    }
+
+    /// What `release::ordered` hands the seal: the right hashes, placeholder types.
+    fn as_hashed(d: &SafetensorsDigest) -> SafetensorsDigest {
+        let mut d = d.clone();
+        for t in d.tensors.values_mut() {
+            (t.dtype, t.shape) = (ElementType::Dtype(DType::U8), vec![1]);
+        }
+        d
+    }
+
+    #[test]
+    fn a_digest_made_as_written_equals_the_re_read_and_a_wrong_plan_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, l) = written(dir.path());
+        let want = digest_gguf(&path).unwrap();
+        let names = ["a", "b"];
+        let ranges: Vec<std::ops::Range<usize>> = (l.spans.iter())
+            .map(|&(at, len)| at as usize..(at + len) as usize)
+            .collect();
+        let planned: BTreeMap<&str, _> = names.into_iter().zip(ranges.clone()).collect();
+        let got = digest_as_written(&path, as_hashed(&want), &planned).unwrap();
+        assert_eq!(got, want);
+        // A tensor the header puts elsewhere, a tensor it lacks, a file of another length.
+        let mut moved = planned.clone();
+        moved.insert("b", ranges[1].start + 32..ranges[1].end + 32);
+        let mut missing = planned.clone();
+        missing.remove("b");
+        let mut longer = as_hashed(&want);
+        longer.bytes += 1;
+        for (digest, plan) in [
+            (as_hashed(&want), moved),
+            (as_hashed(&want), missing),
+            (longer, planned),
+        ] {
+            let e = digest_as_written(&path, digest, &plan).unwrap_err().to_string();
+            assert!(e.contains("does not describe the planned tensors"), "{e}");
+        }
+    }
 }

@@ -45,13 +45,14 @@
 //! an item nobody runs yet (scaled fp8's scales) is not waited for, so no thread idles
 //! while another runs every job. The cost of such a layout is read-back, not a hang: an
 //! output whose front depends on its last job (scaled fp8) is read back once beyond the
-//! window, as a GGUF file is at the seal. Tests in this file drive each such layout
+//! window. Tests in this file drive each such layout
 //! through a one-chunk window.
 //!
-//! Does not own: the plan, fsync, the commit (`staging`), or the digests of a GGUF file
-//! (`gguf::digest_gguf`, by re-reading it at the seal; its bytes still go through here). The
-//! digests equal those `digest::digest_safetensors` computes from the committed file
-//! (tested), and `verify` recomputes them from the disk.
+//! Does not own: the plan, fsync, the commit (`staging`), or the types of a GGUF file's
+//! tensors (its tensors are hashed here like a safetensors file's, as byte spans; the seal
+//! parses the written header back and names their ggml types, `gguf::digest_as_written`).
+//! The digests equal those `digest::digest_safetensors` and `gguf::digest_gguf` compute
+//! from the committed file (tested), and `verify` recomputes them from the disk.
 
 use std::collections::BTreeMap;
 use std::fs::File;

@@ -6,7 +6,7 @@
 //! from any number of threads (`write_at`: the header is known in advance, so tensors and
 //! slices of stacked tensors land in place in any order), the check that every planned
 //! tensor byte was written, the digests (taken as the bytes pass through `release::ordered`; a
-//! GGUF file is re-read at the seal), the fsync, the rename into place, and the cleanup of
+//! GGUF file's header is parsed back at the seal for its tensors' types), the fsync, the rename into place, and the cleanup of
 //! temporaries left by killed runs (each run holds an advisory lock on a sibling `.lock`
 //! file; a lock nobody holds means its owner is dead). A `Staging` dropped before `commit`
 //! removes its temporary directory, and so does an interrupt ([`install_signal_guards`]).
@@ -240,6 +240,13 @@ fn live() -> std::sync::MutexGuard<'static, Vec<LiveOutput>> {
     LIVE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// `tensors` in the order their bytes lie in the file (what the tensor hasher walks).
+fn by_offset(tensors: &[crate::format::TensorInfo]) -> Vec<crate::format::TensorInfo> {
+    let mut v = tensors.to_vec();
+    v.sort_by_key(|t| (t.begin, t.end));
+    v
+}
+
 /// Folders `Staging::begin` created for outputs (a matrix's `DIR` of `DIR/<format>/`):
 /// removed, once empty, when their outputs fail or are interrupted, so a failed run leaves
 /// no folder it made; forgotten once an output is committed inside them.
@@ -465,7 +472,9 @@ impl Staging {
             new.push(NewFile {
                 path,
                 len: f.layout.file_len() as u64,
-                tensors: f.gguf.is_none().then(|| f.layout.tensors.clone()),
+                // A GGUF file's tensors too, in file order: hashed as written, their types
+                // given at the seal (`gguf::digest_as_written`).
+                tensors: Some(by_offset(&f.layout.tensors)),
                 gaps: unwritten_ranges(&f.layout),
             });
         }
@@ -697,7 +706,8 @@ impl Staging {
     ///
     /// A safetensors file was hashed from the bytes as they were written (`release::ordered`):
     /// the seal waits for the hashers and the disk writer to pass the end of every file,
-    /// then fsyncs; nothing is read again (a GGUF file is re-read and hashed here). No byte
+    /// then fsyncs; nothing is read again but a GGUF file's header, parsed back with the
+    /// reader's own rules and compared with the plan (`gguf::digest_as_written`). No byte
     /// changes once sealing starts (every writer has returned). Every planned safetensors
     /// header is first parsed back with the reader's own rules and compared with the plan.
     pub fn seal(&mut self) -> Result<Sealed, WriteError> {
@@ -708,15 +718,7 @@ impl Staging {
             path: self.tmp.clone(),
             source: std::io::Error::other("the output was sealed twice"),
         })?;
-        let reread: u64 = (self.plan.files.iter())
-            .filter(|f| f.gguf.is_some())
-            .map(|f| f.layout.file_len() as u64)
-            .sum();
-        let sealing = Arc::new(progress::begin(
-            "sealing",
-            ordered.unpassed_bytes() + reread,
-            0,
-        ));
+        let sealing = Arc::new(progress::begin("sealing", ordered.unpassed_bytes(), 0));
         let sparse = self.allocation == Allocation::Sparse;
         let hashed = ordered
             .finish(sparse, Some(sealing.clone()))
@@ -725,12 +727,20 @@ impl Staging {
         let weights = hashed
             .into_iter()
             .zip(&self.plan.files)
-            .map(|(d, p)| match d {
-                Some(d) => Ok(d),
-                None => Ok(crate::io::gguf::digest_weight_file(
-                    &self.tmp.join(&p.rel_path),
-                    &|n| sealing.add_bytes(n),
-                )?),
+            .map(|(d, p)| {
+                let path = self.tmp.join(&p.rel_path);
+                match (d, &p.gguf) {
+                    (Some(d), None) => Ok(d),
+                    (Some(d), Some(_)) => {
+                        let planned = (p.layout.tensors.iter())
+                            .map(|t| (t.name.as_str(), t.begin..t.end))
+                            .collect();
+                        Ok(crate::io::gguf::digest_as_written(&path, d, &planned)?)
+                    }
+                    (None, _) => Ok(crate::io::gguf::digest_weight_file(&path, &|n| {
+                        sealing.add_bytes(n)
+                    })?),
+                }
             })
             .collect::<Result<Vec<_>, WriteError>>()?;
         let mut aux = BTreeMap::new();
