@@ -290,7 +290,9 @@ mod tests {
             (as_hashed(&want), missing),
             (longer, planned),
         ] {
-            let e = digest_as_written(&path, digest, &plan).unwrap_err().to_string();
+            let e = digest_as_written(&path, digest, &plan)
+                .unwrap_err()
+                .to_string();
             assert!(e.contains("does not describe the planned tensors"), "{e}");
         }
     }
