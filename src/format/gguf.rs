@@ -628,11 +628,12 @@ impl GgufLayout {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::codec::ggml;
 
-    fn tiny() -> (Vec<(String, Value)>, Vec<TensorPlan>) {
+    /// A two-tensor plan (a Q8_0 block pair, three F32s) with three metadata keys.
+    pub(crate) fn tiny() -> (Vec<(String, Value)>, Vec<TensorPlan>) {
         let kv = vec![
             ("general.architecture".to_string(), Value::Str("wan".into())),
             ("general.file_type".to_string(), Value::U32(7)),

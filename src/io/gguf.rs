@@ -226,24 +226,12 @@ pub fn digest_gguf(path: &Path) -> Result<SafetensorsDigest, ReadError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::gguf::{GgufLayout, TensorPlan, Value};
+    use crate::format::gguf::GgufLayout;
 
     /// A GGUF file of two tensors (a Q8_0 block pair and three F32s) with seeded bytes in
     /// `dir`, and its layout.
     fn written(dir: &Path) -> (PathBuf, GgufLayout) {
-        let kv = vec![("general.architecture".to_string(), Value::Str("wan".into()))];
-        let t = vec![
-            TensorPlan {
-                name: "a".into(),
-                ne: vec![32, 2],
-                ty: GgmlType::Q8_0,
-            },
-            TensorPlan {
-                name: "b".into(),
-                ne: vec![3],
-                ty: GgmlType::F32,
-            },
-        ];
+        let (kv, t) = crate::format::gguf::tests::tiny();
         let l = GgufLayout::new(&kv, &t);
         let mut f = l.header.clone();
         f.resize(l.len as usize, 0);
