@@ -1352,14 +1352,16 @@ fn comfyui_gguf_loader_reads_our_files_as_our_manifest_and_report_say() {
                 }
                 quantized += 1;
             }
-            // the report's errors, recomputed from the loader's values (== x above)
+            // the report's errors, recomputed from the loader's values (== x above): the
+            // squares summed in f64, element i into lane i % 8, the lanes added in order
             let w = merged.read_f32(&t.name).unwrap();
-            let (mut max_abs, mut se) = (0f64, 0f64);
-            for (a, b) in w.iter().zip(&x) {
+            let (mut max_abs, mut se) = (0f64, [0f64; 8]);
+            for (i, (a, b)) in w.iter().zip(&x).enumerate() {
                 let e = (*a as f64 - *b as f64).abs();
                 max_abs = max_abs.max(e);
-                se += e * e;
+                se[i % 8] += e * e;
             }
+            let se = se.iter().fold(0f64, |s, &x| s + x);
             let r = &report[&t.name];
             assert_eq!(r["max_abs_err"].as_f64(), Some(max_abs), "{}", t.name);
             let rms = (se / w.len() as f64).sqrt();

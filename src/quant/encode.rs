@@ -604,39 +604,86 @@ impl AmaxPass {
     }
 }
 
-/// [`ErrorStats`] summed over the parts of one tensor in element order, so a tensor
-/// encoded in bands gives the same sums (and bits) as one encoded whole.
+/// Lanes of [`ErrorSum`]'s sums: element `i` of a tensor goes into lane `i % SUM_LANES`.
+const SUM_LANES: usize = 8;
+
+/// [`ErrorStats`] summed over the parts of one tensor, so a tensor encoded in bands gives the
+/// same sums (and bits) as one encoded whole. Element `i` of the tensor is added into lane
+/// `i % 8` of each sum (in f64), and the lanes are added in lane order at the end: a fixed
+/// order that depends on neither the bands nor the threads, and eight independent chains
+/// that vectorise instead of one serial chain of f64 additions (four cycles of latency per
+/// element). The maxima are exact in any order.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct ErrorSum {
     max_abs: f64,
-    se: f64,
+    se: [f64; SUM_LANES],
     amax: f64,
-    sw: f64,
+    sw: [f64; SUM_LANES],
     n: usize,
 }
 
 impl ErrorSum {
     /// Adds the next part: `w` the f32 weights, `y` their dequantized values.
     pub fn add(&mut self, w: &[f32], y: &[f32]) {
-        for (&a, &b) in w.iter().zip(y) {
-            let (a, b) = (a as f64, b as f64);
-            let e = (a - b).abs();
-            self.max_abs = self.max_abs.max(e);
-            self.se += e * e;
-            self.amax = self.amax.max(a.abs());
-            self.sw += a * a;
+        let len = w.len().min(y.len());
+        let (w, y) = (&w[..len], &y[..len]);
+        // Up to the next element whose index is a multiple of the lane count, one at a time.
+        let head = ((SUM_LANES - self.n % SUM_LANES) % SUM_LANES).min(len);
+        for i in 0..head {
+            self.add_one(self.n % SUM_LANES + i, w[i], y[i]);
         }
-        self.n += w.len().min(y.len());
+        let (w, y) = (&w[head..], &y[head..]);
+        let whole = w.len() / SUM_LANES * SUM_LANES;
+        crate::codec::dtype::vectorized(
+            #[inline(always)]
+            || self.add_lanes(&w[..whole], &y[..whole]),
+        );
+        for i in whole..w.len() {
+            self.add_one(i - whole, w[i], y[i]);
+        }
+        self.n += len;
+    }
+
+    /// Adds the pair `(a, b)` into lane `lane`.
+    #[inline]
+    fn add_one(&mut self, lane: usize, a: f32, b: f32) {
+        let (a, b) = (a as f64, b as f64);
+        let e = (a - b).abs();
+        self.max_abs = self.max_abs.max(e);
+        self.se[lane] += e * e;
+        self.amax = self.amax.max(a.abs());
+        self.sw[lane] += a * a;
+    }
+
+    /// Adds runs of `SUM_LANES` pairs whose first is in lane 0.
+    #[inline(always)]
+    fn add_lanes(&mut self, w: &[f32], y: &[f32]) {
+        let (mut max_abs, mut amax) = ([self.max_abs; SUM_LANES], [self.amax; SUM_LANES]);
+        let (mut se, mut sw) = (self.se, self.sw);
+        for (w, y) in w.chunks_exact(SUM_LANES).zip(y.chunks_exact(SUM_LANES)) {
+            for l in 0..SUM_LANES {
+                let (a, b) = (w[l] as f64, y[l] as f64);
+                let e = (a - b).abs();
+                max_abs[l] = max_abs[l].max(e);
+                se[l] += e * e;
+                amax[l] = amax[l].max(a.abs());
+                sw[l] += a * a;
+            }
+        }
+        self.max_abs = max_abs.iter().fold(self.max_abs, |m, &x| m.max(x));
+        self.amax = amax.iter().fold(self.amax, |m, &x| m.max(x));
+        (self.se, self.sw) = (se, sw);
     }
 
     /// The statistics of everything added.
     pub fn stats(&self) -> ErrorStats {
         let n = self.n.max(1) as f64;
+        let sum = |lanes: &[f64; SUM_LANES]| lanes.iter().fold(0.0, |s, &x| s + x);
         ErrorStats {
             max_abs: self.max_abs,
-            rms: (self.se / n).sqrt(),
+            rms: (sum(&self.se) / n).sqrt(),
             amax: self.amax,
-            rms_w: (self.sw / n).sqrt(),
+            rms_w: (sum(&self.sw) / n).sqrt(),
         }
     }
 }
@@ -889,6 +936,59 @@ pub fn single_transformer(
 mod tests {
     use super::*;
     use crate::rng::SplitMix64;
+
+    /// The error sums of parts split anywhere (not only on a lane boundary) are the sums of
+    /// the whole, bit for bit, and follow the documented order: element i's square in lane
+    /// i % 8, the lanes added in order; the maxima are the plain ones, NaN skipped.
+    #[test]
+    fn error_sums_in_lanes_do_not_depend_on_the_parts() {
+        let mut rng = SplitMix64::new(7);
+        let n = 1000;
+        let w: Vec<f32> = (0..n).map(|_| rng.signed_f32()).collect();
+        let mut y: Vec<f32> = w.iter().map(|x| x * 1.001 + 1e-4).collect();
+        y[17] = f32::NAN;
+        let mut whole = ErrorSum::default();
+        whole.add(&w, &y);
+        for cuts in [
+            vec![1, 3, 7],
+            vec![8, 16],
+            vec![5, 500, 999],
+            vec![0, 0, 13],
+        ] {
+            let mut parts = ErrorSum::default();
+            let mut at = 0;
+            for c in cuts.into_iter().chain([n]) {
+                parts.add(&w[at..c.max(at)], &y[at..c.max(at)]);
+                at = c.max(at);
+            }
+            assert_eq!(
+                format!("{:?}", parts.stats()),
+                format!("{:?}", whole.stats())
+            );
+        }
+        let (mut se, mut sw, mut max_abs, mut amax) = ([0f64; 8], [0f64; 8], 0f64, 0f64);
+        for (i, (&a, &b)) in w.iter().zip(&y).enumerate() {
+            let (a, b) = (a as f64, b as f64);
+            max_abs = max_abs.max((a - b).abs());
+            amax = amax.max(a.abs());
+            se[i % 8] += (a - b) * (a - b);
+            sw[i % 8] += a * a;
+        }
+        let total = |l: [f64; 8]| l.iter().fold(0f64, |s, &x| s + x);
+        let s = whole.stats();
+        assert!(s.rms.is_nan(), "a NaN value makes the squares' sum NaN");
+        assert_eq!(s.rms_w.to_bits(), (total(sw) / n as f64).sqrt().to_bits());
+        assert_eq!((s.max_abs, s.amax), (max_abs, amax));
+        y[17] = w[17];
+        let mut finite = ErrorSum::default();
+        finite.add(&w, &y);
+        let mut se = [0f64; 8];
+        for (i, (&a, &b)) in w.iter().zip(&y).enumerate() {
+            se[i % 8] += (a as f64 - b as f64) * (a as f64 - b as f64);
+        }
+        let want = (total(se) / n as f64).sqrt();
+        assert_eq!(finite.stats().rms.to_bits(), want.to_bits());
+    }
 
     /// What the job loop relies on: a tensor encoded in bands of whole rows (fp8 with the
     /// whole tensor's scale) gives the bytes and error statistics of the tensor encoded whole.
