@@ -212,6 +212,11 @@ pub struct UnsupportedDType {
 /// feature, which is off), so that a plain element loop inlined into `f` is auto-vectorised
 /// for it. The result is the scalar code's: only the instruction width
 /// changes, and every loop run this way is integer or exactly-rounded arithmetic.
+///
+/// Mark the closure `#[inline(always)]`: pulp calls it from the function compiled for the
+/// wider set, but a closure LLVM does not inline there stays a function of its own,
+/// compiled for the baseline (SSE2), and nothing is widened (seen in `perf annotate` of
+/// `fp8::amax` and `quant::encode::ErrorSum::add`).
 #[inline(always)]
 pub fn vectorized<R>(f: impl FnOnce() -> R) -> R {
     pulp::Arch::new().dispatch(f)
@@ -241,11 +246,14 @@ pub fn widen_to_f32(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<(), Uns
                 *d = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
             }
         }
-        DType::BF16 => vectorized(|| {
-            for (d, c) in dst.iter_mut().zip(src.as_chunks::<2>().0) {
-                *d = f32::from_bits((u16::from_le_bytes(*c) as u32) << 16);
-            }
-        }),
+        DType::BF16 => vectorized(
+            #[inline(always)]
+            || {
+                for (d, c) in dst.iter_mut().zip(src.as_chunks::<2>().0) {
+                    *d = f32::from_bits((u16::from_le_bytes(*c) as u32) << 16);
+                }
+            },
+        ),
         DType::F16 => widen_f16(src, dst),
         DType::F64 => {
             for (d, c) in dst.iter_mut().zip(src.chunks_exact(8)) {
@@ -336,11 +344,14 @@ pub fn narrow_from_f32(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<(), 
                 c.copy_from_slice(&x.to_le_bytes());
             }
         }
-        DType::BF16 => vectorized(|| {
-            for (c, &x) in dst.as_chunks_mut::<2>().0.iter_mut().zip(src) {
-                *c = round_to_bf16(x).to_le_bytes();
-            }
-        }),
+        DType::BF16 => vectorized(
+            #[inline(always)]
+            || {
+                for (c, &x) in dst.as_chunks_mut::<2>().0.iter_mut().zip(src) {
+                    *c = round_to_bf16(x).to_le_bytes();
+                }
+            },
+        ),
         DType::F16 => {
             let mut tmp = [f16::ZERO; 1024];
             for (cd, cs) in dst.chunks_mut(2048).zip(src.chunks(1024)) {
@@ -409,7 +420,10 @@ pub fn held(x: f32, limit: f32) -> bool {
 /// and every converted tensor goes through before it is written.
 #[inline]
 pub fn all_held(values: &[f32], limit: f32) -> bool {
-    vectorized(|| values.iter().fold(true, |ok, &x| ok & held(x, limit)))
+    vectorized(
+        #[inline(always)]
+        || values.iter().fold(true, |ok, &x| ok & held(x, limit)),
+    )
 }
 
 /// True when no element of the little-endian `bytes` of `dtype` is NaN or infinite (an
@@ -418,26 +432,41 @@ pub fn all_held(values: &[f32], limit: f32) -> bool {
 /// elements only: a trailing partial element is not looked at. No branch per element.
 pub fn all_finite_bytes(dtype: DType, bytes: &[u8]) -> bool {
     match dtype {
-        DType::BF16 => vectorized(|| {
-            (bytes.as_chunks::<2>().0.iter()).fold(true, |ok, c| {
-                ok & (u16::from_le_bytes(*c) & 0x7FFF < 0x7F80)
-            })
-        }),
-        DType::F16 => vectorized(|| {
-            (bytes.as_chunks::<2>().0.iter()).fold(true, |ok, c| {
-                ok & (u16::from_le_bytes(*c) & 0x7FFF < 0x7C00)
-            })
-        }),
-        DType::F32 => vectorized(|| {
-            (bytes.as_chunks::<4>().0.iter()).fold(true, |ok, c| {
-                ok & (u32::from_le_bytes(*c) & 0x7FFF_FFFF < 0x7F80_0000)
-            })
-        }),
+        DType::BF16 => vectorized(
+            #[inline(always)]
+            || {
+                (bytes.as_chunks::<2>().0.iter()).fold(true, |ok, c| {
+                    ok & (u16::from_le_bytes(*c) & 0x7FFF < 0x7F80)
+                })
+            },
+        ),
+        DType::F16 => vectorized(
+            #[inline(always)]
+            || {
+                (bytes.as_chunks::<2>().0.iter()).fold(true, |ok, c| {
+                    ok & (u16::from_le_bytes(*c) & 0x7FFF < 0x7C00)
+                })
+            },
+        ),
+        DType::F32 => vectorized(
+            #[inline(always)]
+            || {
+                (bytes.as_chunks::<4>().0.iter()).fold(true, |ok, c| {
+                    ok & (u32::from_le_bytes(*c) & 0x7FFF_FFFF < 0x7F80_0000)
+                })
+            },
+        ),
         DType::F64 => bytes.as_chunks::<8>().0.iter().fold(true, |ok, c| {
             ok & (u64::from_le_bytes(*c) & 0x7FFF_FFFF_FFFF_FFFF < 0x7FF0_0000_0000_0000)
         }),
-        DType::F8_E4M3 => vectorized(|| bytes.iter().fold(true, |ok, b| ok & (b & 0x7F != 0x7F))),
-        DType::F8_E5M2 => vectorized(|| bytes.iter().fold(true, |ok, b| ok & (b & 0x7F < 0x7C))),
+        DType::F8_E4M3 => vectorized(
+            #[inline(always)]
+            || bytes.iter().fold(true, |ok, b| ok & (b & 0x7F != 0x7F)),
+        ),
+        DType::F8_E5M2 => vectorized(
+            #[inline(always)]
+            || bytes.iter().fold(true, |ok, b| ok & (b & 0x7F < 0x7C)),
+        ),
         _ => true,
     }
 }

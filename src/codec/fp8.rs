@@ -85,18 +85,26 @@ pub fn e4m3fn_to_f32(b: u8) -> f32 {
 /// name non-finite weights). Taken in 16 lanes, compiled for the CPU's vector width: the
 /// maximum is exact, so any grouping gives the sequential fold's value.
 pub fn amax(w: &[f32]) -> f32 {
+    crate::codec::dtype::vectorized(
+        #[inline(always)]
+        || amax_in_lanes(w),
+    )
+}
+
+/// [`amax`] for a caller already compiled for the vector width (a ggml block's encoder):
+/// 16 lanes, the sequential fold's value.
+#[inline(always)]
+pub fn amax_in_lanes(w: &[f32]) -> f32 {
     const LANES: usize = 16;
-    crate::codec::dtype::vectorized(|| {
-        let mut lanes = [0f32; LANES];
-        let chunks = w.chunks_exact(LANES);
-        let tail = chunks.remainder().iter().fold(0f32, |m, &x| m.max(x.abs()));
-        for c in chunks {
-            for (m, &x) in lanes.iter_mut().zip(c) {
-                *m = m.max(x.abs());
-            }
+    let mut lanes = [0f32; LANES];
+    let chunks = w.chunks_exact(LANES);
+    let tail = chunks.remainder().iter().fold(0f32, |m, &x| m.max(x.abs()));
+    for c in chunks {
+        for (m, &x) in lanes.iter_mut().zip(c) {
+            *m = m.max(x.abs());
         }
-        lanes.iter().fold(tail, |m, &x| m.max(x))
-    })
+    }
+    lanes.iter().fold(tail, |m, &x| m.max(x))
 }
 
 /// The stored per-tensor scale of a weight whose `max|W|` is `amax`: `amax / 448` as one f32
@@ -110,9 +118,14 @@ pub fn scale_for(amax: f32) -> f32 {
 #[track_caller]
 pub fn encode_scaled(w: &[f32], scale: f32, out: &mut [u8]) {
     assert_eq!(w.len(), out.len(), "encode_scaled: length mismatch");
-    for (o, &x) in out.iter_mut().zip(w) {
-        *o = f32_to_e4m3fn(x / scale);
-    }
+    crate::codec::dtype::vectorized(
+        #[inline(always)]
+        || {
+            for (o, &x) in out.iter_mut().zip(w) {
+                *o = f32_to_e4m3fn(x / scale);
+            }
+        },
+    )
 }
 
 /// comfy-kitchen's `quantize_per_tensor_fp8` (eager, `TensorCoreFP8Layout.quantize` with
@@ -124,9 +137,14 @@ pub fn encode_scaled(w: &[f32], scale: f32, out: &mut [u8]) {
 pub fn encode_comfy(w: &[f32], scale: f32, out: &mut [u8]) {
     assert_eq!(w.len(), out.len(), "encode_comfy: length mismatch");
     let recip = 1.0 / scale;
-    for (o, &x) in out.iter_mut().zip(w) {
-        *o = f32_to_e4m3fn((x * recip).clamp(-E4M3_MAX, E4M3_MAX));
-    }
+    crate::codec::dtype::vectorized(
+        #[inline(always)]
+        || {
+            for (o, &x) in out.iter_mut().zip(w) {
+                *o = f32_to_e4m3fn((x * recip).clamp(-E4M3_MAX, E4M3_MAX));
+            }
+        },
+    )
 }
 
 /// qtorch 0.3.0's `float_quantize(x, exp=4, man=3, rounding="nearest")` on the CPU
@@ -185,9 +203,14 @@ pub fn quantize_scaled(w: &[f32]) -> ScaledFp8 {
 #[track_caller]
 pub fn decode_scaled(codes: &[u8], scale: f32, out: &mut [f32]) {
     assert_eq!(codes.len(), out.len(), "decode_scaled: length mismatch");
-    for (o, &b) in out.iter_mut().zip(codes) {
-        *o = e4m3fn_to_f32(b) * scale;
-    }
+    crate::codec::dtype::vectorized(
+        #[inline(always)]
+        || {
+            for (o, &b) in out.iter_mut().zip(codes) {
+                *o = e4m3fn_to_f32(b) * scale;
+            }
+        },
+    )
 }
 
 #[cfg(test)]

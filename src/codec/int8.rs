@@ -195,11 +195,14 @@ pub fn quantize_one(x: f32, scale: f32) -> u8 {
 /// [`quantize_one`]'s: the division rounds once and the rounding and clamp are exact at any
 /// width.
 fn quantize_into(w: &[f32], scale: f32, out: &mut [u8]) {
-    vectorized(|| {
-        for (o, &x) in out.iter_mut().zip(w) {
-            *o = quantize_one(x, scale);
-        }
-    })
+    vectorized(
+        #[inline(always)]
+        || {
+            for (o, &x) in out.iter_mut().zip(w) {
+                *o = quantize_one(x, scale);
+            }
+        },
+    )
 }
 
 /// `quantize_int8_tensorwise(w)`: the codes and the one scale. Non-finite input is refused.

@@ -254,14 +254,17 @@ pub fn encode_with_scale(
     let mut weight = vec![0u8; mul(rows, cols / 2, "NVFP4 weight size")?];
     let mut scales = vec![0u8; mul(rows, nb, "NVFP4 scale size")?];
     // Compiled for the CPU's vector width: every operation is the scalar one, element-wise.
-    super::dtype::vectorized(|| {
-        for r in 0..rows {
-            for b in 0..nb {
-                let out = &mut weight[r * cols / 2 + b * BLOCK / 2..][..BLOCK / 2];
-                scales[r * nb + b] = encode_block(w, (n, k), (r, b), tensor_scale, out);
+    super::dtype::vectorized(
+        #[inline(always)]
+        || {
+            for r in 0..rows {
+                for b in 0..nb {
+                    let out = &mut weight[r * cols / 2 + b * BLOCK / 2..][..BLOCK / 2];
+                    scales[r * nb + b] = encode_block(w, (n, k), (r, b), tensor_scale, out);
+                }
             }
-        }
-    });
+        },
+    );
     Ok(Nvfp4 {
         weight,
         block_scales: to_blocked(&scales, rows, nb)?,
