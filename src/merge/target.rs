@@ -302,10 +302,7 @@ impl TargetWriter for Merger<'_> {
         let rows = BaseRows::new(t, src, job)?;
         let mut out = Emit::new(job, t)?;
         out.bytes = std::mem::take(&mut scratch.bytes);
-        let bands = || {
-            let n = band_rows(t.inp) * t.inp.max(1);
-            (shared.whole.chunks(n.max(1)).enumerate()).map(move |(b, d)| (b * band_rows(t.inp), d))
-        };
+        let bands = || held_bands(&shared.whole, t);
         if let Some(enc) = out.banded_encoding()
             && t.out > 0
             && t.inp > 0
@@ -330,6 +327,20 @@ impl TargetWriter for Merger<'_> {
         }
         self.found(exec, job, t, src, None, encoded)
     }
+}
+
+/// What the workers together may hold of merged tensors kept between the two passes of an
+/// encoding that needs the tensor's `max|W|` (`Merger::plan_encoding`): one tensor per
+/// worker, a 14B attention projection (105 MB of f32) on two workers; above it (a 14B ffn
+/// weight, or many workers) the second pass computes the merge again instead.
+const HELD_MERGES_BYTES: usize = 512 << 20;
+
+/// The bands of a merged (out, in') tensor held whole, as `Merger::run_bands` computes and
+/// hands them on: (first row, values).
+fn held_bands<'w>(whole: &'w [f32], t: &Target) -> impl Iterator<Item = (usize, &'w [f32])> {
+    let rows = band_rows(t.inp);
+    let n = rows * t.inp.max(1);
+    (whole.chunks(n.max(1)).enumerate()).map(move |(b, d)| (b * rows, d))
 }
 
 /// A merged target computed once for every output of a release matrix
@@ -363,32 +374,52 @@ impl Merger<'_> {
         let math = &mut scratch.math;
         let limit = merged_limit(job);
         let p = self.prepare(job, t, src, &self.svd)?;
-        self.plan_encoding(&p, t, math, limit, &mut out)?;
-        let merged = if out.assemble {
-            // Merged in place, band by band, into the whole tensor the output needs (the
-            // worker's buffer of the last one, so its pages are not faulted in again; every
-            // element is overwritten).
-            let mut whole = std::mem::take(&mut scratch.whole);
-            whole.resize(t.out * t.inp, 0.0);
-            let into = Some(&mut whole[..]);
-            let found = self.run_bands(&p, t, math, into, limit, |_, _, _| Ok(()))?;
-            out.whole = whole;
-            found
-        } else {
-            self.run_bands(&p, t, math, None, limit, |rows, r0, D| {
+        let held = self.plan_encoding(&p, t, math, limit, &mut out, &mut scratch.whole)?;
+        let was_held = held.is_some();
+        let merged = match held {
+            // The first pass kept the merged tensor: the encoding pass reads it.
+            Some(found) if out.assemble => {
+                out.whole = std::mem::take(&mut scratch.whole);
+                found
+            }
+            Some(found) => {
+                for (r0, d) in held_bands(&scratch.whole, t) {
+                    out.band(exec, &p.rows, r0, d)?;
+                }
+                found
+            }
+            None if out.assemble => {
+                // Merged in place, band by band, into the whole tensor the output needs (the
+                // worker's buffer of the last one, so its pages are not faulted in again;
+                // every element is overwritten).
+                let mut whole = std::mem::take(&mut scratch.whole);
+                whole.resize(t.out * t.inp, 0.0);
+                let into = Some(&mut whole[..]);
+                let found = self.run_bands(&p, t, math, into, limit, |_, _, _| Ok(()))?;
+                out.whole = whole;
+                found
+            }
+            None => self.run_bands(&p, t, math, None, limit, |rows, r0, D| {
                 Ok(out.band(exec, rows, r0, D)?)
-            })?
+            })?,
         };
-        let encoded;
-        (scratch.whole, scratch.bytes, encoded) = out.finish(exec)?;
+        let (whole, bytes, encoded) = out.finish(exec)?;
+        scratch.bytes = bytes;
+        // A tensor kept between the passes and not assembled stays in the worker's buffer.
+        if !was_held || !whole.is_empty() {
+            scratch.whole = whole;
+        }
         self.found(exec, job, t, src, merged, encoded)
     }
 
     /// Lets `out` encode a non-streaming encoding band by band instead of assembling the
     /// merged tensor: for one that needs the tensor's `max|W|`, a first pass over the merged
-    /// bands takes it (the second, the encoding pass, computes the same bits again). A merge
-    /// with values the output cannot hold (NaN, ±inf) is assembled whole, so the encoder
-    /// sees and names them as it always has.
+    /// bands takes it. The encoding pass then reads the merged tensor the first pass kept in
+    /// `keep` (returned: `Some` with the values the bands refused) when the workers can
+    /// hold one each within [`HELD_MERGES_BYTES`], or computes the same bits again (`None`).
+    /// A merge with values the output cannot hold (NaN, ±inf) is assembled whole, so the
+    /// encoder sees and names them as it always has.
+    #[allow(clippy::type_complexity)]
     fn plan_encoding(
         &self,
         p: &Prepared<'_>,
@@ -396,26 +427,37 @@ impl Merger<'_> {
         math: &mut Scratch,
         limit: f32,
         out: &mut Emit<'_>,
-    ) -> Result<(), MergeError> {
+        keep: &mut Vec<f32>,
+    ) -> Result<Option<Option<(Unheld, Origin)>>, MergeError> {
         let Some(enc) = out.banded_encoding() else {
-            return Ok(());
+            return Ok(None);
         };
         if t.out == 0 || t.inp == 0 {
-            return Ok(()); // no band: encoded once, whole, as an empty tensor always was
+            return Ok(None); // no band: encoded once, whole, as an empty tensor always was
         }
         out.assemble = false;
-        if enc.needs_amax() {
-            let mut pass = AmaxPass::default();
-            let unheld = self.run_bands(p, t, math, None, limit, |rows, _, D| {
-                pass.add(&rows.to_stored_order(D));
-                Ok(())
-            })?;
-            match unheld {
-                None => out.tensor_scale = pass.scale(enc, &t.name).map_err(PipelineError::from)?,
-                Some(_) => out.assemble = true,
-            }
+        if !enc.needs_amax() {
+            return Ok(None);
         }
-        Ok(())
+        let bytes = (t.out * t.inp).saturating_mul(4);
+        let hold = bytes.saturating_mul(rayon::current_num_threads()) <= HELD_MERGES_BYTES;
+        let into = match hold {
+            true => {
+                keep.resize(t.out * t.inp, 0.0);
+                Some(&mut keep[..])
+            }
+            false => None,
+        };
+        let mut pass = AmaxPass::default();
+        let unheld = self.run_bands(p, t, math, into, limit, |rows, _, D| {
+            pass.add(&rows.to_stored_order(D));
+            Ok(())
+        })?;
+        match unheld {
+            None => out.tensor_scale = pass.scale(enc, &t.name).map_err(PipelineError::from)?,
+            Some(_) => out.assemble = true,
+        }
+        Ok(hold.then_some(unheld))
     }
 
     /// The merged f32 values of target `t` (read through `job`) in PyTorch layout, band by
