@@ -221,25 +221,33 @@ pub fn quantize(ty: GgmlType, src: &[f32], dst: &mut [u8]) {
             }
         }
         _ if ty.is_k_quant() => quantize_k_blocks(ty, src, dst),
-        // Compiled for the CPU's vector width: `roundf`'s floors become one instruction
-        // each instead of a libm call per element (the same values: floor is exact).
-        GgmlType::Q8_0 => vectorized(|| each_block(src, dst, q8_0)),
-        GgmlType::Q4_0 => vectorized(|| each_block(src, dst, q_sym::<4>)),
-        GgmlType::Q5_0 => vectorized(|| each_block(src, dst, q_sym::<5>)),
-        GgmlType::Q4_1 => vectorized(|| each_block(src, dst, q_min::<4>)),
-        GgmlType::Q5_1 => vectorized(|| each_block(src, dst, q_min::<5>)),
-        _ => unreachable!("every type is handled above"),
+        _ => legacy_blocks(ty, src, dst),
     }
 }
 
-/// `encode` on every block of [`QK`] values of `src` into its bytes of `dst`.
-#[inline(always)]
-fn each_block(src: &[f32], dst: &mut [u8], encode: impl Fn(&[f32; QK], &mut [u8])) {
+/// Every block of [`QK`] values of `src` encoded as the legacy type `ty` into its bytes of
+/// `dst`, compiled for the CPU's vector width: `roundf`'s floors become one instruction each
+/// instead of a libm call per element (the same values: floor is exact). The block encoders
+/// are called directly, not through a function value: LLVM leaves a call through `Fn` out of
+/// line, compiled for the baseline.
+fn legacy_blocks(ty: GgmlType, src: &[f32], dst: &mut [u8]) {
     let ts = dst.len() / (src.len() / QK).max(1);
-    for (out, x) in dst.chunks_exact_mut(ts.max(1)).zip(src.chunks_exact(QK)) {
-        let x: &[f32; QK] = x.try_into().expect("chunks_exact(QK)");
-        encode(x, out);
-    }
+    vectorized(
+        #[inline(always)]
+        || {
+            for (out, x) in dst.chunks_exact_mut(ts.max(1)).zip(src.chunks_exact(QK)) {
+                let x: &[f32; QK] = x.try_into().expect("chunks_exact(QK)");
+                match ty {
+                    GgmlType::Q8_0 => q8_0(x, out),
+                    GgmlType::Q4_0 => q_sym::<4>(x, out),
+                    GgmlType::Q5_0 => q_sym::<5>(x, out),
+                    GgmlType::Q4_1 => q_min::<4>(x, out),
+                    GgmlType::Q5_1 => q_min::<5>(x, out),
+                    _ => unreachable!("ggml::quantize hands on the legacy block types only"),
+                }
+            }
+        },
+    )
 }
 
 /// Encodes to a fresh vector; `None` when `src` is not a whole number of blocks.
@@ -249,22 +257,27 @@ pub fn quantize_vec(ty: GgmlType, src: &[f32]) -> Option<Vec<u8>> {
     Some(out)
 }
 
-/// `roundf`: halves away from zero (gguf-py's `np_roundf`), for a caller that saturates the
-/// result to i8 (`q8_0`). The floors are truncating conversions to i32 (of non-negative
-/// values: the floor), one vector instruction each where `f32::floor` is a libm call at this
-/// target's baseline. Exact for `|x| < 2^31`; beyond, the result is at least 2^31 in
-/// magnitude with `x`'s sign (i8 saturates it as it does the exact value); ±inf and NaN give
-/// NaN, as the floor formula does (`inf - inf`), which casts to 0.
+/// `roundf`: halves away from zero (gguf-py's `np_roundf`): `floor|x| + floor(2·(|x| −
+/// floor|x|))` with `x`'s sign, every step exact; ±inf and NaN give NaN (`inf − inf`). In
+/// [`legacy_blocks`] each floor is one vector instruction (`vroundps`); outside it, a libm
+/// call.
 #[inline(always)]
 fn roundf(x: f32) -> f32 {
     let a = x.abs();
-    let fl = (a as i32) as f32;
-    let b = fl + ((2.0 * (a - fl)) as i32) as f32;
-    if a.is_finite() {
-        b.copysign(x)
-    } else {
-        f32::NAN
-    }
+    let fl = a.floor();
+    (fl + (2.0 * (a - fl)).floor()).copysign(x)
+}
+
+/// The byte a saturating integer conversion of the integer-valued `c` gives once clamped to
+/// `lo..=hi` (both within ±2^22): `as i8 as u8` for `-128..=127`, the code itself for
+/// `0..=top`; NaN gives 0, as Rust's `as` does. Without that conversion, which AVX2 has no
+/// vector form of: adding 1.5·2^23 puts the integer, two's complement, in the low mantissa
+/// bits of the sum.
+#[inline(always)]
+fn clamped_byte(c: f32, lo: f32, hi: f32) -> u8 {
+    const SHIFT: f32 = 12_582_912.0; // 1.5 * 2^23
+    let c = if c.is_nan() { 0.0 } else { c.clamp(lo, hi) };
+    (c + SHIFT).to_bits() as u8
 }
 
 /// `1/d`, or 0 where `d == 0` (either sign).
@@ -279,12 +292,12 @@ fn put_f16(out: &mut [u8], x: f32) {
 
 #[inline(always)]
 fn q8_0(x: &[f32; QK], out: &mut [u8]) {
-    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let amax = super::fp8::amax_in_lanes(x);
     let d = amax / 127.0;
     let id = inv(d);
     put_f16(&mut out[..2], d);
     for (o, &v) in out[2..].iter_mut().zip(x) {
-        *o = (roundf(v * id) as i8) as u8;
+        *o = clamped_byte(roundf(v * id), -128.0, 127.0);
     }
 }
 
@@ -293,20 +306,20 @@ fn q8_0(x: &[f32; QK], out: &mut [u8]) {
 fn q_sym<const BITS: u32>(x: &[f32; QK], out: &mut [u8]) {
     let half = (1u32 << (BITS - 1)) as f32; // 8 or 16
     let top = (1u32 << BITS) - 1; // 15 or 31
-    // argmax of |x|: the first index on ties.
-    let mut m = x[0];
-    for &v in &x[1..] {
-        if v.abs() > m.abs() {
-            m = v;
-        }
-    }
+    // argmax of |x|, the first index on ties (ggml's loop keeps the first strictly larger
+    // |x|; a NaN never is, and a NaN x[0] stays): the maximum in lanes, then its first index.
+    let amax = super::fp8::amax_in_lanes(x);
+    let m = match x[0].is_nan() {
+        true => x[0],
+        false => x.iter().copied().find(|v| v.abs() == amax).unwrap_or(x[0]),
+    };
     let d = m / -half;
     let id = inv(d);
     let mut q = [0u8; QK];
     for (qi, &v) in q.iter_mut().zip(x) {
-        // `as u32` truncates as ggml's `(int8_t)` does (what it keeps is non-negative; a
-        // negative or NaN value saturates to 0, as its `trunc` would): no libm call.
-        *qi = ((v * id + (half + 0.5)) as u32).min(top) as u8;
+        // The floor truncates as ggml's `(int8_t)` does for what it keeps (non-negative; a
+        // negative or NaN value comes out 0, as its `trunc` and the clamp give).
+        *qi = clamped_byte((v * id + (half + 0.5)).floor(), 0.0, top as f32);
     }
     put_f16(&mut out[..2], d);
     pack_nibbles::<BITS>(&q, &mut out[2..]);
@@ -322,7 +335,7 @@ fn q_min<const BITS: u32>(x: &[f32; QK], out: &mut [u8]) {
     let id = inv(d);
     let mut q = [0u8; QK];
     for (qi, &v) in q.iter_mut().zip(x) {
-        *qi = (((v - min) * id + 0.5) as u32).min(top) as u8;
+        *qi = clamped_byte(((v - min) * id + 0.5).floor(), 0.0, top as f32);
     }
     put_f16(&mut out[..2], d);
     put_f16(&mut out[2..4], min);
@@ -360,7 +373,6 @@ pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
         src.len(),
         dst.len()
     );
-    let h = |b: &[u8]| f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
     match ty {
         GgmlType::F32 => {
             for (d, c) in dst.iter_mut().zip(src.chunks_exact(4)) {
@@ -369,7 +381,7 @@ pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
         }
         GgmlType::F16 => {
             for (d, c) in dst.iter_mut().zip(src.chunks_exact(2)) {
-                *d = h(c);
+                *d = f16_at(c);
             }
         }
         GgmlType::BF16 => {
@@ -378,49 +390,62 @@ pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
             }
         }
         _ if ty.is_k_quant() => dequantize_k_blocks(ty, src, dst),
-        _ => {
-            for (y, b) in dst
-                .chunks_exact_mut(QK)
-                .zip(src.chunks_exact(ty.type_size()))
-            {
-                let d = h(&b[..2]);
-                let (m, rest) = match ty {
-                    GgmlType::Q4_1 | GgmlType::Q5_1 => (Some(h(&b[2..4])), &b[4..]),
-                    _ => (None, &b[2..]),
+        _ => legacy_dequantize(ty, src, dst),
+    }
+}
+
+/// The f16 at the start of `b`, widened.
+#[inline(always)]
+fn f16_at(b: &[u8]) -> f32 {
+    f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()
+}
+
+/// [`dequantize`] of the legacy block types (gguf-py's `d·q` or `d·q + m`), compiled for the
+/// CPU's vector width: each block's codes unpacked whole, then one product per element.
+fn legacy_dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
+    let ts = ty.type_size();
+    vectorized(
+        #[inline(always)]
+        || {
+            for (y, b) in dst.chunks_exact_mut(QK).zip(src.chunks_exact(ts)) {
+                let d = f16_at(b);
+                let (q, m) = match ty {
+                    GgmlType::Q8_0 => (std::array::from_fn(|i| b[2 + i] as i8 as i32), None),
+                    GgmlType::Q4_0 => (codes::<4>(&b[2..], -8), None),
+                    GgmlType::Q5_0 => (codes::<5>(&b[2..], -16), None),
+                    GgmlType::Q4_1 => (codes::<4>(&b[4..], 0), Some(f16_at(&b[2..]))),
+                    GgmlType::Q5_1 => (codes::<5>(&b[4..], 0), Some(f16_at(&b[2..]))),
+                    _ => unreachable!("ggml::dequantize hands on the legacy block types only"),
                 };
-                let (qh, qs) = match ty {
-                    GgmlType::Q5_0 | GgmlType::Q5_1 => (
-                        u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]),
-                        &rest[4..],
-                    ),
-                    _ => (0, rest),
-                };
-                for (i, yi) in y.iter_mut().enumerate() {
-                    let q = match ty {
-                        GgmlType::Q8_0 => qs[i] as i8 as i32,
-                        _ => {
-                            let nib = if i < QK / 2 {
-                                qs[i] & 0x0F
-                            } else {
-                                qs[i - QK / 2] >> 4
-                            } as i32;
-                            let hi = ((qh >> i) & 1) as i32;
-                            match ty {
-                                GgmlType::Q4_0 => nib - 8,
-                                GgmlType::Q5_0 => (nib | hi << 4) - 16,
-                                GgmlType::Q4_1 => nib,
-                                _ => nib | hi << 4,
-                            }
-                        }
-                    };
-                    *yi = match m {
-                        Some(m) => d * q as f32 + m,
-                        None => d * q as f32,
-                    };
+                let q: [i32; QK] = q;
+                match m {
+                    Some(m) => (y.iter_mut().zip(q)).for_each(|(y, q)| *y = d * q as f32 + m),
+                    None => (y.iter_mut().zip(q)).for_each(|(y, q)| *y = d * q as f32),
                 }
             }
-        }
-    }
+        },
+    )
+}
+
+/// A 4- or 5-bit block's codes plus `offset`: element j in the low nibble and j+16 in the
+/// high nibble of byte j (after, for 5 bits, the fifth bits as a little-endian 32-bit mask);
+/// the inverse of [`pack_nibbles`].
+#[inline(always)]
+fn codes<const BITS: u32>(rest: &[u8], offset: i32) -> [i32; QK] {
+    let (qh, qs) = match BITS {
+        5 => (
+            u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]),
+            &rest[4..],
+        ),
+        _ => (0, rest),
+    };
+    std::array::from_fn(|i| {
+        let nib = match i < QK / 2 {
+            true => qs[i] & 0x0F,
+            false => qs[i - QK / 2] >> 4,
+        } as i32;
+        (nib | (((qh >> i) & 1) as i32) << 4) + offset
+    })
 }
 
 /// Encodes whole super-blocks of `src` into `dst` (`ty` one of Q2_K … Q6_K; lengths checked by
@@ -498,11 +523,12 @@ mod tests {
         }
     }
 
-    /// What `q8_0` stores, `roundf(x) as i8`, equals the floor-based definition's for every
-    /// value class: halves, the largest codes, beyond i32, ±inf, NaN, and a sweep of bit
-    /// patterns.
+    /// The bytes the blocks store equal Rust's saturating conversions of the reference
+    /// formulas (`roundf(x) as i8` for Q8_0, ggml's truncation `(x as u32).min(top)` for the
+    /// 4/5-bit codes) for every value class: halves, the largest codes, beyond i32, ±inf,
+    /// NaN, and a sweep of bit patterns.
     #[test]
-    fn roundf_as_i8_is_the_floor_definitions() {
+    fn stored_bytes_are_the_saturating_conversions() {
         let exact = |x: f32| {
             let a = x.abs();
             let fl = a.floor();
@@ -533,8 +559,14 @@ mod tests {
             xs.push(f32::from_bits(bits));
             xs.push(f32::from_bits(bits) % 200.0);
         }
+        xs.extend([15.5, 16.0, 31.9, 32.0, -0.5, -1.0, 0.99]);
         for x in xs {
-            assert_eq!(roundf(x) as i8, exact(x) as i8, "{x:e}");
+            let q8 = clamped_byte(roundf(x), -128.0, 127.0);
+            assert_eq!(q8, exact(x) as i8 as u8, "{x:e}");
+            for top in [15u32, 31] {
+                let code = clamped_byte(x.floor(), 0.0, top as f32);
+                assert_eq!(code, (x as u32).min(top) as u8, "{x:e} top {top}");
+            }
         }
     }
 
