@@ -156,19 +156,28 @@ pub fn decode_into(
         .collect();
     let [lr, lc] = logical;
     let half = cols / 2;
-    for r in 0..lr {
-        let bytes = &weight[r * half..(r + 1) * half];
-        let t = &totals[r * nb..(r + 1) * nb];
-        let row = &mut out[r * lc..(r + 1) * lc];
-        // Block by block (the last one may be cut by the logical width); the even element
-        // is the high nibble.
-        for ((blk, codes), &total) in row.chunks_mut(BLOCK).zip(bytes.chunks(BLOCK / 2)).zip(t) {
-            for (j, o) in blk.iter_mut().enumerate() {
-                let code = codes[j / 2] >> (4 * (1 - (j & 1)));
-                *o = e2m1_to_f32(code) * total;
+    // Compiled for the CPU's vector width: every operation is the scalar one, element-wise.
+    super::dtype::vectorized(
+        #[inline(always)]
+        || {
+            for r in 0..lr {
+                let bytes = &weight[r * half..(r + 1) * half];
+                let t = &totals[r * nb..(r + 1) * nb];
+                let row = &mut out[r * lc..(r + 1) * lc];
+                // Block by block (the last one may be cut by the logical width); the even
+                // element is the high nibble.
+                let blocks = row.chunks_mut(BLOCK).zip(bytes.chunks(BLOCK / 2)).zip(t);
+                for ((blk, codes), &total) in blocks {
+                    let mut v = [0f32; BLOCK];
+                    for (pair, &c) in v.chunks_exact_mut(2).zip(codes) {
+                        pair[0] = e2m1_to_f32(c >> 4) * total;
+                        pair[1] = e2m1_to_f32(c) * total;
+                    }
+                    blk.copy_from_slice(&v[..blk.len()]);
+                }
             }
-        }
-    }
+        },
+    );
     Ok(())
 }
 
@@ -290,7 +299,7 @@ fn encode_block(
         let m = BLOCK.min(k - c0);
         block[..m].copy_from_slice(&w[r * k + c0..][..m]);
     }
-    let max_abs = block.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let max_abs = super::fp8::amax_in_lanes(&block);
     let scaled = (max_abs / E2M1_MAX / tensor_scale).min(448.0);
     let fp8 = f32_to_e4m3fn(scaled);
     let total = tensor_scale * e4m3fn_to_f32(fp8);
@@ -311,6 +320,18 @@ fn encode_block(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn e2m1_values_are_the_table() {
+        for code in 0..=255u8 {
+            let want = E2M1[usize::from(code & 0x0F)];
+            assert_eq!(
+                e2m1_to_f32(code).to_bits(),
+                want.to_bits(),
+                "code {code:#04x}"
+            );
+        }
+    }
 
     #[test]
     fn e2m1_table() {

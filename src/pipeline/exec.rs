@@ -562,7 +562,13 @@ impl<'a> Exec<'a> {
         sum.add(w, &y);
         if let (Encoding::Fp8, Some(scale)) = (enc, e.scale) {
             let limit = crate::codec::fp8::E4M3_MAX;
-            let n = w.iter().filter(|&&x| (x / scale).abs() > limit).count();
+            let n = crate::codec::dtype::vectorized(
+                #[inline(always)]
+                || {
+                    w.iter()
+                        .fold(0, |n, &x| n + ((x / scale).abs() > limit) as usize)
+                },
+            );
             if let Ok(mut m) = self.saturated.lock() {
                 *m.entry(job.output.clone()).or_default() += n;
             }
