@@ -194,18 +194,8 @@ fn a_dry_run_plans_every_output_without_writing() {
 fn a_matrix_with_checks_reports_a_quality_row_per_output() {
     let d = tmp();
     let g = repo().join("golden");
-    let mut text = format!(
-        "[base]\npath = \"{}\"\n\n[[adapter]]\npath = \"{}\"\n\n",
-        g.join("models/t2v").display(),
-        g.join("adapters/peft_plain").display()
-    );
-    for (folder, body) in [FORMATS[0], FORMATS[2], FORMATS[3], FORMATS[15]] {
-        text.push_str(&format!("[[output]]\ndir = \"out/{folder}\"\n{body}\n\n"));
-    }
-    text.push_str(&format!(
-        "[[check]]\nname = \"fwd\"\ninputs = \"{}\"\nexpected = \"unmerged\"\ntolerance = 0.5\n",
-        g.join("runner/t2v__inputs.safetensors").display()
-    ));
+    let outputs = [FORMATS[0], FORMATS[2], FORMATS[3], FORMATS[15]];
+    let text = t2v_matrix_with_check(&g, &outputs, 0.5);
     let r = d.path().join("recipe.toml");
     fs_err::write(&r, text).unwrap();
     let json: serde_json::Value = serde_json::from_str(&ok(bake(&r, "2", &["--json"]))).unwrap();
@@ -240,6 +230,24 @@ fn a_matrix_with_checks_reports_a_quality_row_per_output() {
     assert!(outputs[3]["checks"].as_array().unwrap().is_empty());
 }
 
+/// A recipe of the golden t2v model with the plain PEFT adapter, one `[[output]]` per
+/// `(folder, body)` under `out/`, and a forward check against the unmerged f32 reference.
+fn t2v_matrix_with_check(g: &Path, outputs: &[(&str, &str)], tolerance: f64) -> String {
+    let mut text = format!(
+        "[base]\npath = \"{}\"\n\n[[adapter]]\npath = \"{}\"\n\n",
+        g.join("models/t2v").display(),
+        g.join("adapters/peft_plain").display()
+    );
+    for (folder, body) in outputs {
+        text.push_str(&format!("[[output]]\ndir = \"out/{folder}\"\n{body}\n\n"));
+    }
+    text.push_str(&format!(
+        "[[check]]\nname = \"fwd\"\ninputs = \"{}\"\nexpected = \"unmerged\"\ntolerance = {tolerance}\n",
+        g.join("runner/t2v__inputs.safetensors").display()
+    ));
+    text
+}
+
 /// A check that fails on one output of a matrix writes none of them (a bake of one output
 /// commits with status `check_failed`; a matrix commits only when every check passes), and
 /// the error names the output and the check.
@@ -247,19 +255,8 @@ fn a_matrix_with_checks_reports_a_quality_row_per_output() {
 fn a_failed_check_in_a_matrix_writes_no_output() {
     let d = tmp();
     let g = repo().join("golden");
-    let mut text = format!(
-        "[base]\npath = \"{}\"\n\n[[adapter]]\npath = \"{}\"\n\n",
-        g.join("models/t2v").display(),
-        g.join("adapters/peft_plain").display()
-    );
-    for (folder, body) in [FORMATS[0], FORMATS[2]] {
-        text.push_str(&format!("[[output]]\ndir = \"out/{folder}\"\n{body}\n\n"));
-    }
     // bf16 rounding alone passes (9.6e-3 in the demo); fp8's does not.
-    text.push_str(&format!(
-        "[[check]]\nname = \"fwd\"\ninputs = \"{}\"\nexpected = \"unmerged\"\ntolerance = 0.03\n",
-        g.join("runner/t2v__inputs.safetensors").display()
-    ));
+    let text = t2v_matrix_with_check(&g, &[FORMATS[0], FORMATS[2]], 0.03);
     let r = d.path().join("recipe.toml");
     fs_err::write(&r, text).unwrap();
     let (code, _, err) = parts(&bake(&r, "2", &[]));
