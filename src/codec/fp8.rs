@@ -42,43 +42,23 @@ pub fn f32_to_e4m3fn(x: f32) -> u8 {
     (sign | code) as u8
 }
 
-/// The bits of the `f32` value of `float8_e4m3fn` code `b` (see [`e4m3fn_to_f32`]).
-const fn e4m3fn_bits(b: u8) -> u32 {
-    let sign = ((b & 0x80) as u32) << 24;
-    let e = ((b >> 3) & 0x0F) as u32;
-    let m = (b & 0x07) as u32;
-    if b & 0x7F == 0x7F {
-        return sign | 0x7FF0_0000;
-    }
-    if e != 0 {
-        // (1 + m/8) · 2^(e − 7): the exponent rebiased from 7 to 127.
-        return sign | ((e + 120) << 23) | (m << 20);
-    }
-    if m == 0 {
-        return sign;
-    }
-    // m · 2⁻⁹ with m in 1..=7, normalised: its top bit p becomes the implicit one.
-    let p = 31 - m.leading_zeros();
-    sign | ((118 + p) << 23) | ((m << (23 - p)) & 0x7F_FFFF)
-}
-
-/// Every `float8_e4m3fn` code's value, built at compile time.
-const E4M3FN_VALUES: [f32; 256] = {
-    let mut t = [0f32; 256];
-    let mut i = 0;
-    while i < 256 {
-        t[i] = f32::from_bits(e4m3fn_bits(i as u8));
-        i += 1;
-    }
-    t
-};
-
 /// The value of `float8_e4m3fn` bits, as torch's cast (`c10` `fp8e4m3fn_to_fp32_value`):
 /// 0x7f / 0xff are NaN (with c10's payload, `0x7ff00000` and its sign); there are no
-/// infinities. A table lookup.
-#[inline]
+/// infinities. Branch-free, so a loop of decodes compiled for the vector width widens eight
+/// codes at a time (a table lookup stays one load per code).
+#[inline(always)]
 pub fn e4m3fn_to_f32(b: u8) -> f32 {
-    E4M3FN_VALUES[usize::from(b)]
+    // The code's exponent and mantissa bits put where an f32 keeps them read as an f32 with
+    // bias 127, times 2^120 (exact, a power of two): (1 + m/8)·2^(e − 7) for e > 0, and the
+    // f32 subnormal m·2^−129 becomes m·2^−9 for e = 0.
+    let mag = u32::from(b & 0x7F);
+    let v = f32::from_bits(mag << 20) * f32::from_bits((120 + 127) << 23);
+    let v = if mag == 0x7F {
+        f32::from_bits(0x7FF0_0000)
+    } else {
+        v
+    };
+    f32::from_bits(v.to_bits() | (u32::from(b & 0x80) << 24))
 }
 
 /// `max|W|` over the tensor (a NaN is skipped, as `f32::max` skips it; the callers refuse or
@@ -156,6 +136,10 @@ pub fn encode_comfy(w: &[f32], scale: f32, out: &mut [u8]) {
 /// way and shifted back with an f32 subtraction, so a negative value that rounds to zero
 /// comes out +0. Values above the largest normal binade clip to `±1.875·2^8`
 /// (`clip_exponent`); LightX2V clips to ±448 before, so that never happens there.
+///
+/// Branch-free (both paths computed, one selected), so the encoder's loop compiled for the
+/// vector width rounds eight values at a time.
+#[inline(always)]
 pub fn round_e4m3_qtorch(x: f32) -> f32 {
     const MAN: u32 = 3;
     let round = |bits: u32| {
@@ -163,23 +147,26 @@ pub fn round_e4m3_qtorch(x: f32) -> f32 {
         bits.wrapping_add(1 << (23 - MAN - 1)) & !mask
     };
     let bits = x.to_bits();
-    let exp = ((bits << 1) >> 24) as i32 - 127;
-    const MIN_EXP: i32 = -6; // -((1 << (4 - 1)) - 2)
-    if exp < MIN_EXP {
-        let shift = f32::from_bits((((127 + MIN_EXP) as u32) << 23) | (bits >> 31 << 31));
-        let val = x + shift;
-        return f32::from_bits(round(val.to_bits())) - shift;
-    }
+    const MIN_EXP: u32 = 121; // 127 - 6: -((1 << (4 - 1)) - 2), biased
+    // Below 2^-6: shifted by ±2^-6, rounded, shifted back.
+    let shift = f32::from_bits((MIN_EXP << 23) | (bits & 0x8000_0000));
+    let small = f32::from_bits(round((x + shift).to_bits())) - shift;
+    // Otherwise the bits rounded (a result of 0, from a wrapped NaN, is +0.0), clipped above
+    // the largest binade to ±1.875·2^8.
     let q = round(bits);
-    if q == 0 {
-        return 0.0;
-    }
     let max_exp_store = (1u32 << 3) + 127;
-    if (q << 1) >> 24 > max_exp_store {
-        let max_man = (u32::MAX << 9 >> 9) >> (23 - MAN) << (23 - MAN);
-        return f32::from_bits((bits >> 31 << 31) | (max_exp_store << 23) | max_man);
+    let max_man = (u32::MAX << 9 >> 9) >> (23 - MAN) << (23 - MAN);
+    let clipped = (bits & 0x8000_0000) | (max_exp_store << 23) | max_man;
+    let q = if (q << 1) >> 24 > max_exp_store {
+        clipped
+    } else {
+        q
+    };
+    if (bits << 1) >> 24 < MIN_EXP {
+        small
+    } else {
+        f32::from_bits(q)
     }
-    f32::from_bits(q)
 }
 
 /// One scaled-fp8 tensor: the per-tensor scale and the codes, row-major like the weight.
@@ -249,7 +236,7 @@ mod tests {
         }
     }
 
-    /// The table holds the format's definition: `m · 2⁻⁹` for e = 0, `(8 + m) · 2^(e − 10)`
+    /// The decoder gives the format's definition: `m · 2⁻⁹` for e = 0, `(8 + m) · 2^(e − 10)`
     /// otherwise, NaN (c10's payload) for S.1111.111.
     #[test]
     fn every_code_decodes_to_its_definition() {

@@ -128,7 +128,30 @@ pub(crate) fn check_multiple(what: &'static str, dim: usize, m: usize) -> Result
 
 /// Fails with [`CodecError::NonFinite`] at the first NaN or infinity.
 pub(crate) fn check_finite(w: &[f32]) -> Result<(), CodecError> {
-    match w.iter().position(|x| !x.is_finite()) {
+    // Runs of values checked whole (a loop with an early exit stays scalar), compiled for the
+    // vector width: the largest magnitude's bits reach the infinity's exactly when the run
+    // holds a NaN or ±inf. Only the first such run is searched again for the index.
+    const RUN: usize = 4096;
+    let bad_run = dtype::vectorized(
+        #[inline(always)]
+        || {
+            w.chunks(RUN).position(|run| {
+                let top = run
+                    .iter()
+                    .fold(0u32, |m, x| m.max(x.to_bits() & 0x7FFF_FFFF));
+                top >= f32::INFINITY.to_bits()
+            })
+        },
+    );
+    let Some(run) = bad_run else {
+        return Ok(());
+    };
+    let from = run * RUN;
+    match w[from..]
+        .iter()
+        .position(|x| !x.is_finite())
+        .map(|i| from + i)
+    {
         None => Ok(()),
         Some(index) => Err(CodecError::NonFinite {
             index,

@@ -114,13 +114,24 @@ pub fn decode_into(
     let s = from_blocked(scales, rows, cols / BLOCK)?;
     let nb = cols / BLOCK;
     let [lr, lc] = logical;
-    for r in 0..lr {
-        let row = &codes[r * cols..r * cols + lc];
-        let srow = &s[r * nb..(r + 1) * nb];
-        for (c, (o, &q)) in out[r * lc..(r + 1) * lc].iter_mut().zip(row).enumerate() {
-            *o = e4m3fn_to_f32(q) * e8m0_to_f32(srow[c / BLOCK]);
-        }
+    if lc == 0 {
+        return Ok(());
     }
+    crate::codec::dtype::vectorized(
+        #[inline(always)]
+        || {
+            let rows = out.chunks_exact_mut(lc).zip(codes.chunks_exact(cols));
+            for ((orow, qrow), srow) in rows.take(lr).zip(s.chunks_exact(nb)) {
+                let blocks = orow.chunks_mut(BLOCK).zip(qrow.chunks_exact(BLOCK));
+                for ((o, q), &e) in blocks.zip(srow) {
+                    let scale = e8m0_to_f32(e);
+                    for (o, &q) in o.iter_mut().zip(q) {
+                        *o = e4m3fn_to_f32(q) * scale;
+                    }
+                }
+            }
+        },
+    );
     Ok(())
 }
 
@@ -154,8 +165,26 @@ pub struct Mxfp8 {
 /// `clamp(ceil(log2(max(max_abs / 448, 2^-127))) + 127, 0, 254)`, with the division in f32 and
 /// `log2` the correctly rounded f32 one (torch's vectorized `log2` is within an ulp of it; the
 /// two can differ only when `max_abs / 448` lies within an f32 ulp of `log2` of a power of two).
+///
+/// Read from the bits where that is exact: `needed = (1 + m/2^23)·2^E` has `log2 = E` when
+/// `m = 0`, and when `m ≥ 2^10` its `log2 − E ≥ log2(1 + 2^−13) > 1.7·10^−4` is more than
+/// half an f32 ulp of any `|E| < 128` (at most 2^−17), so the rounded log2 lies above `E`
+/// and its ceiling is `E + 1`. Only a mantissa just above a power of two (or a subnormal)
+/// takes the logarithm ([`exponent_by_log2`]).
+#[inline(always)]
 pub fn exponent_for(max_abs: f32) -> u8 {
     let needed = (max_abs / E4M3_MAX).max(f32::from_bits(0x0040_0000)); // 2^-127
+    let bits = needed.to_bits();
+    let (biased, m) = (bits >> 23, bits & 0x7F_FFFF);
+    match (biased, m) {
+        (1.., 0) => biased.min(254) as u8,
+        (1.., 1024..) => (biased + 1).min(254) as u8,
+        _ => exponent_by_log2(needed),
+    }
+}
+
+/// [`exponent_for`] of a clamped `needed = max(max_abs / 448, 2^-127)` through the logarithm.
+fn exponent_by_log2(needed: f32) -> u8 {
     let l = (f64::from(needed).log2() as f32).ceil();
     (l as i32 + E8M0_BIAS).clamp(0, 254) as u8
 }
@@ -173,31 +202,38 @@ pub fn encode(w: &[f32], n: usize, k: usize) -> Result<Mxfp8, CodecError> {
     let nb = cols / BLOCK;
     let mut codes = vec![0u8; mul(rows, cols, "MXFP8 weight size")?];
     let mut exps = vec![0u8; mul(rows, nb, "MXFP8 scale size")?];
-    let mut block = [0f32; BLOCK];
-    for r in 0..rows {
-        for b in 0..nb {
-            for (j, x) in block.iter_mut().enumerate() {
-                let c = b * BLOCK + j;
-                *x = if r < n && c < k { w[r * k + c] } else { 0.0 };
-            }
-            let max_abs = block.iter().fold(0f32, |m, x| m.max(x.abs()));
-            if max_abs == 0.0 {
-                continue; // codes and byte stay 0
-            }
-            let e = exponent_for(max_abs);
-            if e == 0 {
-                return Err(CodecError::Unrepresentable(format!(
-                    "MXFP8 block (row {r}, block {b}): max |x| = {max_abs:e} is below 448·2^-127; \
-                     comfy-kitchen gives it a zero scale and divides by it"
-                )));
-            }
-            let s = e8m0_to_f32(e);
-            let out = &mut codes[r * cols + b * BLOCK..r * cols + (b + 1) * BLOCK];
-            for (o, &x) in out.iter_mut().zip(&block) {
-                *o = f32_to_e4m3fn((x / s).clamp(-E4M3_MAX, E4M3_MAX));
-            }
-            exps[r * nb + b] = e;
-        }
+    // Rows past `n` (padding) keep zero codes and bytes, as do all-zero blocks.
+    let refused = match k {
+        0 => None,
+        _ => crate::codec::dtype::vectorized(
+            #[inline(always)]
+            || {
+                let rows = w.chunks_exact(k).zip(codes.chunks_exact_mut(cols));
+                for (r, ((row, out), exps)) in rows.zip(exps.chunks_exact_mut(nb)).enumerate() {
+                    let blocks = out.chunks_exact_mut(BLOCK).zip(exps.iter_mut());
+                    for (b, (out, e)) in blocks.enumerate() {
+                        let from = b * BLOCK;
+                        let mut padded = [0f32; BLOCK];
+                        let block = match row[from..].first_chunk::<BLOCK>() {
+                            Some(block) => block,
+                            None => {
+                                padded[..k - from].copy_from_slice(&row[from..]);
+                                &padded
+                            }
+                        };
+                        *e = encode_block(block, out).map_err(|max_abs| (r, b, max_abs))?;
+                    }
+                }
+                Ok(())
+            },
+        )
+        .err(),
+    };
+    if let Some((r, b, max_abs)) = refused {
+        return Err(CodecError::Unrepresentable(format!(
+            "MXFP8 block (row {r}, block {b}): max |x| = {max_abs:e} is below 448·2^-127; \
+             comfy-kitchen gives it a zero scale and divides by it"
+        )));
     }
     let scales = to_blocked(&exps, rows, nb)?;
     let scale_shape = super::blocked::blocked_shape(rows, nb)?;
@@ -207,6 +243,27 @@ pub fn encode(w: &[f32], n: usize, k: usize) -> Result<Mxfp8, CodecError> {
         stored: [rows, cols],
         scale_shape,
     })
+}
+
+/// One block of 32: its codes into `out` and its exponent byte (0 with zero codes for an
+/// all-zero block), or the block's `max|x|` when its exponent byte would be 0.
+#[inline(always)]
+fn encode_block(block: &[f32; BLOCK], out: &mut [u8]) -> Result<u8, f32> {
+    let max_abs = super::fp8::amax_in_lanes(block);
+    if max_abs == 0.0 {
+        return Ok(0);
+    }
+    let e = exponent_for(max_abs);
+    if e == 0 {
+        return Err(max_abs);
+    }
+    // `x / 2^s` and `x · 2^−s` are the same real number rounded once (2^−s is exact down to
+    // 2^−127), so the product gives the reference's quotient.
+    let inv = 1.0 / e8m0_to_f32(e);
+    for (o, &x) in out.iter_mut().zip(block) {
+        *o = f32_to_e4m3fn((x * inv).clamp(-E4M3_MAX, E4M3_MAX));
+    }
+    Ok(e)
 }
 
 /// LightX2V's `QuantWeightFP8.load_fp8_weight` (ModelTC/LightX2V @f8aee98
@@ -227,13 +284,18 @@ pub fn encode_fp8_rowwise_lightx2v(
     if cols == 0 {
         return Ok((codes, scales));
     }
-    let rows_iter = w.chunks_exact(cols).zip(codes.chunks_exact_mut(cols));
-    for ((row, out), s) in rows_iter.zip(&mut scales) {
-        *s = super::fp8::amax(row).max(min_amax) / E4M3_MAX;
-        for (o, &x) in out.iter_mut().zip(row) {
-            *o = f32_to_e4m3fn(round_e4m3_qtorch((x / *s).clamp(-E4M3_MAX, E4M3_MAX)));
-        }
-    }
+    crate::codec::dtype::vectorized(
+        #[inline(always)]
+        || {
+            let rows_iter = w.chunks_exact(cols).zip(codes.chunks_exact_mut(cols));
+            for ((row, out), s) in rows_iter.zip(&mut scales) {
+                *s = super::fp8::amax_in_lanes(row).max(min_amax) / E4M3_MAX;
+                for (o, &x) in out.iter_mut().zip(row) {
+                    *o = f32_to_e4m3fn(round_e4m3_qtorch((x / *s).clamp(-E4M3_MAX, E4M3_MAX)));
+                }
+            }
+        },
+    );
     Ok((codes, scales))
 }
 
@@ -257,15 +319,17 @@ pub fn decode_fp8_rowwise_into(
     if cols == 0 {
         return Ok(());
     }
-    for ((orow, qrow), &s) in out
-        .chunks_exact_mut(cols)
-        .zip(codes.chunks_exact(cols))
-        .zip(scale)
-    {
-        for (o, &q) in orow.iter_mut().zip(qrow) {
-            *o = e4m3fn_to_f32(q) * s;
-        }
-    }
+    let rows_iter = out.chunks_exact_mut(cols).zip(codes.chunks_exact(cols));
+    crate::codec::dtype::vectorized(
+        #[inline(always)]
+        || {
+            for ((orow, qrow), &s) in rows_iter.zip(scale) {
+                for (o, &q) in orow.iter_mut().zip(qrow) {
+                    *o = e4m3fn_to_f32(q) * s;
+                }
+            }
+        },
+    );
     Ok(())
 }
 
@@ -325,6 +389,36 @@ mod tests {
         assert_eq!(exponent_for(1.0), 127 - 8); // 1/448 -> 2^-8.8 -> ceil -8
         assert_eq!(exponent_for(f32::MAX), 247); // 2^128/448 -> 2^119.2
         assert_eq!(exponent_for(1e-40), 0);
+    }
+
+    /// The exponent read from the bits is the logarithm's wherever the fast path answers:
+    /// every binade's smallest mantissas (the boundary at 2^10) and a sweep of all the
+    /// others. (Checked over every positive finite f32 when the fast path was written.)
+    #[test]
+    fn exponent_from_bits_is_the_logarithms() {
+        let by_log2 = |x: f32| exponent_by_log2((x / E4M3_MAX).max(f32::from_bits(0x0040_0000)));
+        let near_powers = (0..255u32).flat_map(|e| (0..2048u32).map(move |m| (e << 23) | m));
+        let sweep = (0..0x7F80_0000u32).step_by(4093);
+        for bits in near_powers.chain(sweep) {
+            // `needed` at this bit pattern, and the inputs on either side of it.
+            let needed = f32::from_bits(bits);
+            for x in [needed * E4M3_MAX, f32::from_bits(bits)] {
+                for x in [
+                    x,
+                    f32::from_bits(x.to_bits().saturating_sub(1)),
+                    f32::from_bits(x.to_bits() + 1),
+                ] {
+                    if x.is_finite() {
+                        assert_eq!(
+                            exponent_for(x),
+                            by_log2(x),
+                            "max_abs bits {:#x}",
+                            x.to_bits()
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]
