@@ -460,6 +460,26 @@ fn quantize_k_blocks(ty: GgmlType, src: &[f32], dst: &mut [u8]) {
         #[inline(always)]
         fn with_simd<S: pulp::Simd>(self, _: S) {
             let Op(ty, src, dst) = self;
+            let (src, dst) = match ty {
+                GgmlType::Q4_K | GgmlType::Q5_K => {
+                    let pairs = dst
+                        .chunks_exact_mut(2 * ty.type_size())
+                        .zip(src.chunks_exact(2 * QK_K));
+                    let done = pairs.len();
+                    for (out, x) in pairs {
+                        let x = x.try_into().expect("chunks_exact(2 * QK_K)");
+                        match ty {
+                            GgmlType::Q4_K => kquant::quantize_q4_k_pair(x, out),
+                            _ => kquant::quantize_q5_k_pair(x, out),
+                        }
+                    }
+                    (
+                        &src[done * 2 * QK_K..],
+                        &mut dst[done * 2 * ty.type_size()..],
+                    )
+                }
+                _ => (src, dst),
+            };
             let blocks = dst
                 .chunks_exact_mut(ty.type_size())
                 .zip(src.chunks_exact(QK_K));

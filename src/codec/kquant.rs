@@ -622,15 +622,15 @@ pub fn dequantize_q3_k(b: &[u8], y: &mut [f32; QK_K]) {
 /// on one super-block. 8 sub-blocks of 32, weights `sqrt(mean x²) + |x|`, 6-bit scales and
 /// mins.
 #[inline(always)]
-fn quantize_q45_k<const BITS: u32>(x: &[f32; QK_K], y: &mut [u8]) {
+fn quantize_q45_k<const BITS: u32, const W: usize>(x: &[f32], y: &mut [u8]) {
     let nmax = (1i32 << BITS) - 1;
     let (rmin, nstep) = if BITS == 4 {
         (-1.0f32, 20)
     } else {
         (-0.5f32, 15)
     };
-    let mut L = [0u8; QK_K];
-    let xt = to_lanes::<32, 8>(x);
+    let mut L = [0u8; 2 * QK_K];
+    let xt = to_lanes::<32, W>(x);
     let mut sum_x2 = V::splat(0.0);
     for r in xt {
         sum_x2 = sum_x2 + r * r;
@@ -647,10 +647,30 @@ fn quantize_q45_k<const BITS: u32>(x: &[f32; QK_K], y: &mut [u8]) {
         nstep,
         use_mad: false,
     };
-    let (V(scales), V(mins)) = make_qkx2_quants::<32, 8>(p, &xt, &weights, &mut L);
+    let (V(scales), V(mins)) = make_qkx2_quants::<32, W>(p, &xt, &weights, &mut L);
+    let bytes = y.len() / (W / 8);
+    let blocks = y.chunks_exact_mut(bytes).zip(x.chunks_exact(QK_K));
+    for (b, (y, x)) in blocks.enumerate() {
+        let x: &[f32; QK_K] = x.try_into().expect("chunks_exact(QK_K)");
+        let sub = 8 * b..8 * b + 8;
+        let L = &mut L[QK_K * b..QK_K * (b + 1)];
+        finish_q45_k::<BITS>(x, &scales[sub.clone()], &mins[sub], L, y);
+    }
+}
+
+/// The scales, mins and codes of one Q4_K/Q5_K super-block from its sub-blocks' search.
+#[inline(always)]
+fn finish_q45_k<const BITS: u32>(
+    x: &[f32; QK_K],
+    scales: &[f32],
+    mins: &[f32],
+    L: &mut [u8],
+    y: &mut [u8],
+) {
+    let nmax = (1i32 << BITS) - 1;
     let mut max_scale = 0f32;
     let mut max_min = 0f32;
-    for (&s, &m) in scales.iter().zip(&mins) {
+    for (&s, &m) in scales.iter().zip(mins) {
         if s > max_scale {
             max_scale = s;
         }
@@ -732,7 +752,7 @@ fn quantize_q45_k<const BITS: u32>(x: &[f32; QK_K], y: &mut [u8]) {
 #[inline(always)]
 pub fn quantize_q4_k(x: &[f32; QK_K], y: &mut [u8]) {
     assert_eq!(y.len(), Q4_K_BYTES, "Q4_K block bytes");
-    quantize_q45_k::<4>(x, y);
+    quantize_q45_k::<4, 8>(x, y);
 }
 
 /// `quantize_row_q5_K_ref` on one super-block.
@@ -740,7 +760,23 @@ pub fn quantize_q4_k(x: &[f32; QK_K], y: &mut [u8]) {
 #[inline(always)]
 pub fn quantize_q5_k(x: &[f32; QK_K], y: &mut [u8]) {
     assert_eq!(y.len(), Q5_K_BYTES, "Q5_K block bytes");
-    quantize_q45_k::<5>(x, y);
+    quantize_q45_k::<5, 8>(x, y);
+}
+
+/// [`quantize_q4_k`] of two consecutive super-blocks, searched together.
+#[track_caller]
+#[inline(always)]
+pub fn quantize_q4_k_pair(x: &[f32; 2 * QK_K], y: &mut [u8]) {
+    assert_eq!(y.len(), 2 * Q4_K_BYTES, "Q4_K block bytes");
+    quantize_q45_k::<4, 16>(x, y);
+}
+
+/// [`quantize_q5_k`] of two consecutive super-blocks, searched together.
+#[track_caller]
+#[inline(always)]
+pub fn quantize_q5_k_pair(x: &[f32; 2 * QK_K], y: &mut [u8]) {
+    assert_eq!(y.len(), 2 * Q5_K_BYTES, "Q5_K block bytes");
+    quantize_q45_k::<5, 16>(x, y);
 }
 
 /// `dequantize_row_q4_K` on one super-block: `d·sc·q − dmin·m`.
