@@ -168,12 +168,21 @@ pub fn decode_into(
                 // element is the high nibble.
                 let blocks = row.chunks_mut(BLOCK).zip(bytes.chunks(BLOCK / 2)).zip(t);
                 for ((blk, codes), &total) in blocks {
-                    let mut v = [0f32; BLOCK];
-                    for (pair, &c) in v.chunks_exact_mut(2).zip(codes) {
-                        pair[0] = e2m1_to_f32(c >> 4) * total;
-                        pair[1] = e2m1_to_f32(c) * total;
+                    let block = |v: &mut [f32; BLOCK]| {
+                        for (pair, &c) in v.chunks_exact_mut(2).zip(codes) {
+                            pair[0] = e2m1_to_f32(c >> 4) * total;
+                            pair[1] = e2m1_to_f32(c) * total;
+                        }
+                    };
+                    // Whole blocks in place (a copy of a run-time length is a call).
+                    match blk.first_chunk_mut::<BLOCK>() {
+                        Some(whole) => block(whole),
+                        None => {
+                            let mut v = [0f32; BLOCK];
+                            block(&mut v);
+                            blk.copy_from_slice(&v[..blk.len()]);
+                        }
                     }
-                    blk.copy_from_slice(&v[..blk.len()]);
                 }
             }
         },
@@ -295,8 +304,11 @@ fn encode_block(
 ) -> u8 {
     let mut block = [0f32; BLOCK];
     let c0 = b * BLOCK;
-    if r < n && c0 < k {
-        let m = BLOCK.min(k - c0);
+    if r < n && c0 + BLOCK <= k {
+        // A constant length: moved inline, not by a call.
+        block.copy_from_slice(&w[r * k + c0..][..BLOCK]);
+    } else if r < n && c0 < k {
+        let m = k - c0;
         block[..m].copy_from_slice(&w[r * k + c0..][..m]);
     }
     let max_abs = super::fp8::amax_in_lanes(&block);

@@ -664,9 +664,12 @@ impl ErrorSum {
             for l in 0..SUM_LANES {
                 let (a, b) = (w[l] as f64, y[l] as f64);
                 let e = (a - b).abs();
-                max_abs[l] = max_abs[l].max(e);
+                // `f64::max` without its NaN case (a compare and a blend more per lane):
+                // the maxima start at 0 and take only larger values, so a NaN is skipped
+                // either way.
+                max_abs[l] = if e > max_abs[l] { e } else { max_abs[l] };
                 se[l] += e * e;
-                amax[l] = amax[l].max(a.abs());
+                amax[l] = if a.abs() > amax[l] { a.abs() } else { amax[l] };
                 sw[l] += a * a;
             }
         }
