@@ -23,6 +23,7 @@ use half::f16;
 
 use crate::codec::dtype::DType;
 
+use super::clamped_byte;
 use super::kquant::{self, QK_K};
 use crate::codec::dtype::{round_to_bf16, round_to_f16, vectorized};
 
@@ -266,18 +267,6 @@ fn roundf(x: f32) -> f32 {
     let a = x.abs();
     let fl = a.floor();
     (fl + (2.0 * (a - fl)).floor()).copysign(x)
-}
-
-/// The byte a saturating integer conversion of the integer-valued `c` gives once clamped to
-/// `lo..=hi` (both within ±2^22): `as i8 as u8` for `-128..=127`, the code itself for
-/// `0..=top`; NaN gives 0, as Rust's `as` does. Without that conversion, which AVX2 has no
-/// vector form of: adding 1.5·2^23 puts the integer, two's complement, in the low mantissa
-/// bits of the sum.
-#[inline(always)]
-fn clamped_byte(c: f32, lo: f32, hi: f32) -> u8 {
-    const SHIFT: f32 = 12_582_912.0; // 1.5 * 2^23
-    let c = if c.is_nan() { 0.0 } else { c.clamp(lo, hi) };
-    (c + SHIFT).to_bits() as u8
 }
 
 /// `1/d`, or 0 where `d == 0` (either sign).

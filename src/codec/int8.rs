@@ -92,19 +92,21 @@ pub fn decode_into(
     if cols == 0 {
         return Ok(());
     }
-    for (r, (orow, qrow)) in out
-        .chunks_exact_mut(cols)
-        .zip(codes.chunks_exact(cols))
-        .enumerate()
-    {
-        let s = match scale {
-            Scale::Tensor(s) => s,
-            Scale::Rows(v) => v[r],
-        };
-        for (o, &q) in orow.iter_mut().zip(qrow) {
-            *o = f32::from(q as i8) * s;
-        }
-    }
+    let rows_iter = out.chunks_exact_mut(cols).zip(codes.chunks_exact(cols));
+    vectorized(
+        #[inline(always)]
+        || {
+            for (r, (orow, qrow)) in rows_iter.enumerate() {
+                let s = match scale {
+                    Scale::Tensor(s) => s,
+                    Scale::Rows(v) => v[r],
+                };
+                for (o, &q) in orow.iter_mut().zip(qrow) {
+                    *o = f32::from(q as i8) * s;
+                }
+            }
+        },
+    );
     Ok(())
 }
 
@@ -184,10 +186,12 @@ pub fn scale_for(amax: f32) -> f32 {
     (amax / QMAX).max(MIN_SCALE)
 }
 
-/// The code of `x` at `scale`: `round_half_even(x / scale)` clamped to `[-128, 127]`.
-#[inline]
+/// The code of `x` at `scale`: `round_half_even(x / scale)` clamped to `[-128, 127]`, as
+/// `as i8 as u8` would store it (without that conversion, which AVX2 has no vector form of:
+/// `super::clamped_byte`).
+#[inline(always)]
 pub fn quantize_one(x: f32, scale: f32) -> u8 {
-    (x / scale).round_ties_even().clamp(QMIN, QMAX) as i8 as u8
+    super::clamped_byte((x / scale).round_ties_even(), QMIN, QMAX)
 }
 
 /// The codes of `w` at `scale` into `out`, compiled for the CPU's vector width
@@ -353,6 +357,27 @@ fn rne_quotient(a: i128, e: i32, s: f32) -> i8 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The code is Rust's saturating conversion of the reference formula, for every class of
+    /// quotient (ties, the clamp's edges, beyond them, NaN) and a sweep of bit patterns.
+    #[test]
+    fn quantize_one_is_the_saturating_conversion() {
+        let reference = |x: f32, s: f32| (x / s).round_ties_even().clamp(QMIN, QMAX) as i8 as u8;
+        let mut xs = vec![
+            0.5, 1.5, 2.5, -0.5, -2.5, 126.5, 127.5, -128.5, -129.0, 1e30, -1e30,
+        ];
+        xs.extend([f32::INFINITY, f32::NEG_INFINITY, f32::NAN, -0.0, 1e-40]);
+        let mut bits = 0x9E37_79B9u32;
+        for _ in 0..200_000 {
+            bits = bits.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            xs.extend([f32::from_bits(bits), f32::from_bits(bits) % 300.0]);
+        }
+        for x in xs {
+            for s in [1.0, 0.37, 3e-3] {
+                assert_eq!(quantize_one(x, s), reference(x, s), "{x:e} / {s}");
+            }
+        }
+    }
 
     #[test]
     fn decode_hand_values() {

@@ -126,6 +126,18 @@ pub(crate) fn check_multiple(what: &'static str, dim: usize, m: usize) -> Result
     }
 }
 
+/// The byte a saturating integer conversion of the integer-valued `c` gives once clamped to
+/// `lo..=hi` (both within ±2^22): `as i8 as u8` for `-128..=127`, the code itself for
+/// `0..=top`; NaN gives 0, as Rust's `as` does. Without that conversion, which AVX2 has no
+/// vector form of: adding 1.5·2^23 puts the integer, two's complement, in the low mantissa
+/// bits of the sum.
+#[inline(always)]
+pub(crate) fn clamped_byte(c: f32, lo: f32, hi: f32) -> u8 {
+    const SHIFT: f32 = 12_582_912.0; // 1.5 * 2^23
+    let c = if c.is_nan() { 0.0 } else { c.clamp(lo, hi) };
+    (c + SHIFT).to_bits() as u8
+}
+
 /// Fails with [`CodecError::NonFinite`] at the first NaN or infinity.
 pub(crate) fn check_finite(w: &[f32]) -> Result<(), CodecError> {
     // Runs of values checked whole (a loop with an early exit stays scalar), compiled for the
