@@ -73,6 +73,9 @@ use crate::progress::PhaseGuard;
 /// Bytes of a file one chunk holds (a multiple of every block size `O_DIRECT` asks for).
 pub const CHUNK: usize = 4 << 20;
 
+/// How many spilled chunks past the one read back are asked of the disk ahead.
+const READ_AHEAD_CHUNKS: usize = 8;
+
 /// How many chunks past a file's front a large write may land before it waits.
 pub const WINDOW_CHUNKS: u64 = 16;
 
@@ -1087,20 +1090,27 @@ impl Shared {
         f.buffered()?.write_all_at(&buf[..len], at)
     }
 
-    /// Reads a spilled chunk back into a buffer of the pool (`O_DIRECT` while the file's
-    /// writes are, in whole blocks; else through the page cache).
+    /// Reads a spilled chunk back into a buffer of the pool, through the page cache: the
+    /// next [`READ_AHEAD_CHUNKS`] are asked of the disk first, so they arrive while this one
+    /// is hashed (a layout whose front chunk completes last, such as per-row scales at the
+    /// file's start, reads the whole file back after the last job: synchronous reads there
+    /// left the disk idle during every hash). What was read is dropped from the cache again
+    /// (the output is not read twice).
     fn read_chunk(&self, f: &OutFile, index: u64, len: usize) -> std::io::Result<MmapMut> {
+        use rustix::fs::{Advice, fadvise};
         let mut buf = self.pool.take()?;
         let at = self.geometry.start(index);
-        if f.direct.load(Ordering::Relaxed) {
-            let padded = len.div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN;
-            match read_full(&f.file, &mut buf[..padded], at, len) {
-                Ok(()) => return Ok(buf),
-                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
-                Err(e) => return Err(e),
-            }
-        }
-        read_full(f.buffered()?, &mut buf[..len], at, len)?;
+        let file = f.buffered()?;
+        let ahead = std::num::NonZeroU64::new((READ_AHEAD_CHUNKS * CHUNK) as u64);
+        // Hints: a failure changes only the speed.
+        let _ = fadvise(file, at + len as u64, ahead, Advice::WillNeed);
+        read_full(file, &mut buf[..len], at, len)?;
+        let _ = fadvise(
+            file,
+            at,
+            std::num::NonZeroU64::new(len as u64),
+            Advice::DontNeed,
+        );
         Ok(buf)
     }
 }
