@@ -298,9 +298,15 @@ fn q_sym<const BITS: u32>(x: &[f32; QK], out: &mut [u8]) {
     // argmax of |x|, the first index on ties (ggml's loop keeps the first strictly larger
     // |x|; a NaN never is, and a NaN x[0] stays): the maximum in lanes, then its first index.
     let amax = super::fp8::amax_in_lanes(x);
-    let m = match x[0].is_nan() {
-        true => x[0],
-        false => x.iter().copied().find(|v| v.abs() == amax).unwrap_or(x[0]),
+    // The first index as the lowest bit of a mask of matches (a search with an early exit
+    // is a branch per element).
+    let mut hits = 0u32;
+    for (i, v) in x.iter().enumerate() {
+        hits |= u32::from(v.abs() == amax) << i;
+    }
+    let m = match (x[0].is_nan(), hits.trailing_zeros() as usize) {
+        (false, first) if first < QK => x[first],
+        _ => x[0],
     };
     let d = m / -half;
     let id = inv(d);
@@ -399,7 +405,7 @@ fn legacy_dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
             for (y, b) in dst.chunks_exact_mut(QK).zip(src.chunks_exact(ts)) {
                 let d = f16_at(b);
                 let (q, m) = match ty {
-                    GgmlType::Q8_0 => (std::array::from_fn(|i| b[2 + i] as i8 as i32), None),
+                    GgmlType::Q8_0 => (q8_codes(&b[2..]), None),
                     GgmlType::Q4_0 => (codes::<4>(&b[2..], -8), None),
                     GgmlType::Q5_0 => (codes::<5>(&b[2..], -16), None),
                     GgmlType::Q4_1 => (codes::<4>(&b[4..], 0), Some(f16_at(&b[2..]))),
@@ -416,6 +422,16 @@ fn legacy_dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
     )
 }
 
+/// A Q8_0 block's codes (a plain loop: `array::from_fn` was left a call per element).
+#[inline(always)]
+fn q8_codes(qs: &[u8]) -> [i32; QK] {
+    let mut q = [0i32; QK];
+    for (v, &b) in q.iter_mut().zip(qs) {
+        *v = i32::from(b as i8);
+    }
+    q
+}
+
 /// A 4- or 5-bit block's codes plus `offset`: element j in the low nibble and j+16 in the
 /// high nibble of byte j (after, for 5 bits, the fifth bits as a little-endian 32-bit mask);
 /// the inverse of [`pack_nibbles`].
@@ -428,13 +444,16 @@ fn codes<const BITS: u32>(rest: &[u8], offset: i32) -> [i32; QK] {
         ),
         _ => (0, rest),
     };
-    std::array::from_fn(|i| {
-        let nib = match i < QK / 2 {
-            true => qs[i] & 0x0F,
-            false => qs[i - QK / 2] >> 4,
-        } as i32;
-        (nib | (((qh >> i) & 1) as i32) << 4) + offset
-    })
+    // Plain loops over the array (`array::from_fn` was left a call, element by element).
+    let mut q = [0i32; QK];
+    let (lo, hi) = q.split_at_mut(QK / 2);
+    for ((l, h), &b) in lo.iter_mut().zip(hi).zip(qs) {
+        (*l, *h) = (i32::from(b & 0x0F), i32::from(b >> 4));
+    }
+    for (i, v) in q.iter_mut().enumerate() {
+        *v = (*v | (((qh >> i) & 1) as i32) << 4) + offset;
+    }
+    q
 }
 
 /// Encodes whole super-blocks of `src` into `dst` (`ty` one of Q2_K … Q6_K; lengths checked by
