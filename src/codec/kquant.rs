@@ -39,9 +39,10 @@
 //!
 //! Speed without changing a bit: the sub-blocks of a super-block are independent, so each
 //! search (`make_qkx2_quants`, `make_qx_quants`, `make_q3_quants`) runs ggml's sequential loop
-//! on all of them at once, one sub-block per vector lane (`lanes`: 8 lanes for Q4_K/Q5_K, 16
-//! for Q2_K, Q3_K, Q6_K), each lane doing ggml's f32 operations in ggml's order and every `if`
-//! a per-lane select. This replaced trial scales in lanes, which had to restart a batch
+//! on all of them at once, one sub-block per vector lane (`lanes`: 16 lanes for Q2_K, Q3_K,
+//! Q6_K; for Q4_K/Q5_K, whose 8 sub-blocks fill one AVX2 register, two super-blocks at a time,
+//! so that each trial's chains of dependent sums have a second chain to overlap with), each
+//! lane doing ggml's f32 operations in ggml's order and every `if` a per-lane select. This replaced trial scales in lanes, which had to restart a batch
 //! whenever a winner moved Q4_K/Q5_K's `min` (5.2 batches per sub-block where 3 would do);
 //! lanes of sub-blocks restart nothing. `ggml::quantize` runs the block loop compiled for the
 //! CPU's widest vector set (`pulp`'s run-time dispatch). Everything per block lives on the
@@ -619,10 +620,12 @@ pub fn dequantize_q3_k(b: &[u8], y: &mut [f32; QK_K]) {
 }
 
 /// Q4_K (`BITS = 4`) and Q5_K (`BITS = 5`): `quantize_row_q4_K_ref` / `quantize_row_q5_K_ref`
-/// on one super-block. 8 sub-blocks of 32, weights `sqrt(mean x²) + |x|`, 6-bit scales and
-/// mins.
+/// on `W / 8` consecutive super-blocks (one or two: `x` holds `32·W` values, `y` their
+/// blocks), searched together as `W` lanes of sub-blocks. Per super-block, 8 sub-blocks of 32,
+/// weights `sqrt(mean x²) + |x|`, 6-bit scales and mins.
 #[inline(always)]
 fn quantize_q45_k<const BITS: u32, const W: usize>(x: &[f32], y: &mut [u8]) {
+    const { assert!(W == 8 || W == 16, "one or two super-blocks") };
     let nmax = (1i32 << BITS) - 1;
     let (rmin, nstep) = if BITS == 4 {
         (-1.0f32, 20)

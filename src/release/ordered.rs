@@ -1091,19 +1091,34 @@ impl Shared {
     }
 
     /// Reads a spilled chunk back into a buffer of the pool, through the page cache: the
-    /// next [`READ_AHEAD_CHUNKS`] are asked of the disk first, so they arrive while this one
-    /// is hashed (a layout whose front chunk completes last, such as per-row scales at the
-    /// file's start, reads the whole file back after the last job: synchronous reads there
-    /// left the disk idle during every hash). What was read is dropped from the cache again
-    /// (the output is not read twice).
+    /// spilled chunks right after it (up to [`READ_AHEAD_CHUNKS`], only ones already on the
+    /// disk) are asked of the disk first, so they arrive while this one is hashed (a layout
+    /// whose front chunk completes last, such as per-row scales at the file's start, reads
+    /// the whole file back after the last job: synchronous reads there left the disk idle
+    /// during every hash). What was read is dropped from the cache again (the output is not
+    /// read twice).
     fn read_chunk(&self, f: &OutFile, index: u64, len: usize) -> std::io::Result<MmapMut> {
         use rustix::fs::{Advice, fadvise};
         let mut buf = self.pool.take()?;
         let at = self.geometry.start(index);
         let file = f.buffered()?;
-        let ahead = std::num::NonZeroU64::new((READ_AHEAD_CHUNKS * CHUNK) as u64);
+        let spilled_after = {
+            let w = lock(&f.window);
+            let on_disk = |i: &u64| {
+                (w.chunks.get(&(index + i))).is_some_and(|c| lock(c).stage == Stage::OnDisk)
+            };
+            (1..=READ_AHEAD_CHUNKS as u64).take_while(on_disk).count()
+        };
+        let ahead = std::num::NonZeroU64::new((spilled_after * CHUNK) as u64);
         // Hints: a failure changes only the speed.
-        let _ = fadvise(file, at + len as u64, ahead, Advice::WillNeed);
+        if ahead.is_some() {
+            let _ = fadvise(
+                file,
+                self.geometry.start(index + 1),
+                ahead,
+                Advice::WillNeed,
+            );
+        }
         read_full(file, &mut buf[..len], at, len)?;
         let _ = fadvise(
             file,
