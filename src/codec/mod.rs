@@ -183,6 +183,45 @@ pub(crate) fn check_finite(w: &[f32]) -> Result<(), CodecError> {
 /// encoder is compared too. The folder is `golden/quant_base` of the repository, or
 /// `WANBAKE_QUANT_BASE`.
 #[cfg(test)]
+mod finite {
+    use super::{CodecError, check_finite};
+
+    /// The first NaN or infinity by index, wherever it lies against the runs checked whole
+    /// (4096 values): at a run's edges, in a later run than the first, past an earlier
+    /// infinity; the largest finite magnitude and subnormals pass.
+    #[test]
+    fn check_finite_names_the_first_bad_index() {
+        let mut w = vec![1.0f32; 10_000];
+        w[17] = f32::MAX;
+        w[18] = -f32::MAX;
+        w[19] = f32::from_bits(1);
+        assert!(check_finite(&w).is_ok());
+        assert!(check_finite(&[]).is_ok());
+        for (at, bad) in [
+            (0, f32::NAN),
+            (4095, f32::INFINITY),
+            (4096, f32::NEG_INFINITY),
+            (8191, -f32::NAN),
+            (9999, f32::NAN),
+        ] {
+            let mut w = w.clone();
+            w[at] = bad;
+            let last = w.len() - 1;
+            if at < last {
+                w[last] = f32::INFINITY; // a later one is not the first
+            }
+            match check_finite(&w) {
+                Err(CodecError::NonFinite { index, value }) => {
+                    assert_eq!(index, at);
+                    assert_eq!(value.to_bits(), bad.to_bits());
+                }
+                other => panic!("{at}: {other:?}"),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
 mod golden {
     use super::{fp8, int8, mxfp8, nvfp4};
     use crate::io::{DType, SafetensorsFile};
